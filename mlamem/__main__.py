@@ -1,0 +1,5 @@
+"""`python -m mlamem`."""
+
+from mlamem.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""A model of PyTorch's CUDA caching allocator (native backend, default settings).
+
+It reproduces the allocator's bookkeeping, not its timing: request rounding, the small and
+large pools, segment sizes, best-fit reuse of cached blocks, splitting, merging on free, and
+`empty_cache`. Fed the allocation events of a run, it gives the same allocated and reserved
+figures, peaks included, that `torch.cuda.memory_stats()` reports for that run. The constants
+are those of c10/cuda/CUDACachingAllocator.cpp.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+MIN_BLOCK_SIZE = 512  # every request is rounded up to a multiple of this
+SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
+SMALL_BUFFER = 2 << 20  # small-pool segment size
+LARGE_BUFFER = 20 << 20  # segment size for large requests below MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 << 20  # from here, segments are the request rounded to ROUND_LARGE
+ROUND_LARGE = 2 << 20
+
+
+def round_size(nbytes: int) -> int:
+    """Bytes a request occupies: at least 512, rounded up to a multiple of 512."""
+    if nbytes < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+
+
+def segment_size(rounded: int) -> int:
+    """Bytes cudaMalloc'd for a new segment that must hold a `rounded` request."""
+    if rounded <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if rounded < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-rounded // ROUND_LARGE) * ROUND_LARGE
+
+
+class AllocatorOutOfMemory(Exception):
+    """A new segment would exceed the memory limit, even after releasing cached segments."""
+
+    def __init__(self, requested_bytes: int, free_bytes: int):
+        super().__init__(f"out of memory: tried to allocate {requested_bytes} bytes "
+                         f"with {free_bytes} bytes free under the limit")
+        self.requested_bytes = requested_bytes
+        self.free_bytes = free_bytes
+
+
+@dataclass(eq=False)
+class Block:
+    """A contiguous range of one segment, allocated or cached."""
+
+    address: int
+    size: int
+    small: bool
+    free: bool = True
+    prev: Block | None = field(default=None, repr=False)
+    next: Block | None = field(default=None, repr=False)
+
+    @property
+    def whole_segment(self) -> bool:
+        return self.prev is None and self.next is None
+
+
+class CachingAllocatorModel:
+    """Allocated/reserved bookkeeping of one device's caching allocator, one stream."""
+
+    def __init__(self, limit_bytes: int | None = None):
+        self.limit_bytes = limit_bytes  # like set_per_process_memory_fraction; None: unlimited
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.num_ooms = 0
+        self._pools: dict[bool, list[Block]] = {True: [], False: []}  # small? -> cached blocks
+        self._segments: list[Block] = []  # first block of each segment
+        self._addresses = itertools.count(start=1 << 40, step=1 << 40)
+
+    def malloc(self, nbytes: int) -> Block:
+        """Allocate `nbytes`; returns the block (pass it to `free`)."""
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        block = self._best_fit(size, small) or self._new_segment(size, small)
+        self._pools[small].remove(block)
+        remaining = block.size - size
+        if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
+            rest = Block(block.address + size, remaining, small, prev=block, next=block.next)
+            if block.next:
+                block.next.prev = rest
+            block.next, block.size = rest, size
+            self._pools[small].append(rest)
+        block.free = False
+        self.allocated_bytes += block.size
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        return block
+
+    def free(self, block: Block) -> None:
+        """Return a block to its pool, merging it with free neighbours."""
+        block.free = True
+        self.allocated_bytes -= block.size
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free:
+                self._pools[block.small].remove(neighbour)
+                if neighbour is block.prev:
+                    block.address = neighbour.address
+                    block.prev = neighbour.prev
+                    if neighbour.prev:
+                        neighbour.prev.next = block
+                    else:
+                        self._segments[self._segments.index(neighbour)] = block
+                else:
+                    block.next = neighbour.next
+                    if neighbour.next:
+                        neighbour.next.prev = block
+                block.size += neighbour.size
+        self._pools[block.small].append(block)
+
+    def empty_cache(self) -> None:
+        """Release every segment that holds no allocation (torch.cuda.empty_cache)."""
+        for block in [b for b in self._segments if b.free and b.whole_segment]:
+            self._release(block)
+
+    def reset_peaks(self) -> None:
+        self.peak_allocated_bytes = self.allocated_bytes
+        self.peak_reserved_bytes = self.reserved_bytes
+
+    def _best_fit(self, size: int, small: bool) -> Block | None:
+        fitting = [b for b in self._pools[small] if b.size >= size]
+        return min(fitting, key=lambda b: (b.size, b.address), default=None)
+
+    def _new_segment(self, size: int, small: bool) -> Block:
+        alloc = segment_size(size)
+        if self.limit_bytes is not None and self.reserved_bytes + alloc > self.limit_bytes:
+            self.empty_cache()  # the allocator frees cached segments and retries before failing
+            if self.reserved_bytes + alloc > self.limit_bytes:
+                self.num_ooms += 1
+                raise AllocatorOutOfMemory(size, self.limit_bytes - self.reserved_bytes)
+        block = Block(next(self._addresses), alloc, small)
+        self._segments.append(block)
+        self._pools[small].append(block)
+        self.reserved_bytes += alloc
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        return block
+
+    def _release(self, block: Block) -> None:
+        self._segments.remove(block)
+        self._pools[block.small].remove(block)
+        self.reserved_bytes -= block.size

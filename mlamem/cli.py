@@ -1,0 +1,162 @@
+"""The `mlamem` command line: parse, call the library, render. No logic lives here."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mlamem import render
+from mlamem import scenario as scenarios
+from mlamem.errors import UserError
+from mlamem.files import write_atomic
+from mlamem.paths import PATH_NAMES
+from mlamem.profile import DEFAULT_TOKENS, run_profile
+
+try:  # typer >= 0.28 vendors click; older typer uses the click package
+    from typer._click import exceptions as click_errors
+except ImportError:
+    from click import exceptions as click_errors
+
+app = typer.Typer(
+    help="GPU memory profiler and OOM reproducer for LLM attention kernels (FlashMLA sparse "
+         "fp8 MLA). Start with `mlamem profile --tokens 32768`.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+stderr = Console(stderr=True)
+
+
+class Format(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+    csv = "csv"
+
+
+def parse_tokens(text: str) -> list[int]:
+    """'1024,8192' -> [1024, 8192]; every T a positive integer."""
+    values = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) <= 0:
+            raise UserError(f"--tokens: {item!r} is not a positive integer; "
+                            "write e.g. --tokens 1024,8192,32768")
+        values.append(int(item))
+    return values
+
+
+def parse_paths(text: str) -> list[str]:
+    paths = [p.strip() for p in text.split(",") if p.strip()]
+    for path in paths:
+        if path not in PATH_NAMES:
+            raise UserError(f"--paths: unknown path {path!r}; expected one of: "
+                            f"{', '.join(PATH_NAMES)}")
+    return paths or list(PATH_NAMES)
+
+
+ScenarioOption = Annotated[str, typer.Option(
+    "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
+                             "your own TOML file.")]
+
+
+@app.command()
+def profile(
+    tokens: Annotated[str, typer.Option(
+        help="Comma-separated T values: query tokens per step, the s_q of one decode call.")
+    ] = ",".join(map(str, DEFAULT_TOKENS)),
+    scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    paths: Annotated[str, typer.Option(
+        help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out) "
+             "and/or 'workspace' (q and out staged in buffers reserved up front).")
+    ] = ",".join(PATH_NAMES),
+    output_format: Annotated[Format, typer.Option(
+        "--format", help="table (terminal), markdown (the PR table), json (schema "
+                         "mlamem.profile/1) or csv.")] = Format.table,
+    output: Annotated[Path | None, typer.Option(
+        help="Write to this file instead of stdout (written whole or not at all).")] = None,
+    require_gpu: Annotated[bool, typer.Option(
+        help="Fail instead of printing predicted figures when nothing can be measured.")
+    ] = False,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Override the scenario's max_num_batched_tokens (sizes the workspace).")
+    ] = None,
+    predict: Annotated[bool, typer.Option(
+        help="Predict even where a GPU could measure: what a CPU-only machine prints.")
+    ] = False,
+) -> None:
+    """Per-call peak memory of the sparse fp8 MLA decode: allocating path vs workspace path.
+
+    On a Hopper/Blackwell GPU with flash_mla installed, each (T, path) is measured: torch
+    allocator peaks (allocated, reserved), NVML device memory, wall time, and whether both
+    paths give bit-identical out and lse. Without one, the same wrapper code runs on the meta
+    device against a model of the caching allocator, and every figure is labelled PREDICTED.
+    """
+    token_list, path_list = parse_tokens(tokens), parse_paths(paths)
+    chosen = scenarios.load(scenario)
+    if max_num_batched_tokens is not None:
+        chosen = dataclasses.replace(chosen, serving=dataclasses.replace(
+            chosen.serving, max_num_batched_tokens=max_num_batched_tokens))
+    command = "mlamem " + shlex.join(sys.argv[1:])
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True) as progress:
+        task = progress.add_task(f"profiling {chosen.name}", total=len(token_list) * len(path_list))
+
+        def advance(case) -> None:
+            status = case.failure or "ok"
+            progress.update(task, advance=1,
+                            description=f"{chosen.name}: T={case.tokens} {case.path} {status}")
+
+        result = run_profile(chosen, token_list, path_list, command=command,
+                             require_gpu=require_gpu, predict=predict, on_case=advance)
+    if not result.measured:
+        print(f"mlamem: not measured ({result.not_measured_reason}); "
+              "figures are PREDICTED by the allocator model", file=sys.stderr)
+    _emit(render.FORMATS[output_format.value](result), output,
+          terminal_table=render.table(result) if output_format is Format.table else None)
+
+
+@app.command("scenarios")
+def list_scenarios() -> None:
+    """List the shipped scenarios, one line each."""
+    for name in scenarios.shipped_names():
+        typer.echo(f"{name:24} {scenarios.load(name).one_line()}")
+
+
+def _emit(text: str, output: Path | None, terminal_table=None) -> None:
+    if output is not None:
+        write_atomic(output, text)
+        stderr.print(f"mlamem: wrote {output}", highlight=False)
+    elif terminal_table is not None:
+        Console().print(terminal_table)
+    else:
+        sys.stdout.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: user errors are one line on stderr with exit 2, never a traceback."""
+    try:
+        code = app(args=argv, prog_name="mlamem", standalone_mode=False)
+    except UserError as exc:
+        print(f"mlamem: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except click_errors.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx:  # bare `mlamem`
+            print(exc.ctx.get_help())
+            return 0
+        command = exc.ctx.command_path if exc.ctx else "mlamem"
+        message = exc.format_message().rstrip(".")
+        print(f"mlamem: error: {message}; see `{command} --help`", file=sys.stderr)
+        return 2
+    except click_errors.ClickException as exc:
+        print(f"mlamem: error: {exc.format_message()}", file=sys.stderr)
+        return exc.exit_code
+    except typer.Abort:
+        return 130
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,54 @@
+"""Synthetic but valid decode inputs: never zeros.
+
+Generated in the same order, with the same shapes, on a CUDA device or on the meta device, so
+the allocator sees the same requests in both. Large tensors are drawn directly on the device
+(no temporaries); the small KV cache is quantized on the CPU and copied over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize
+from mlamem.scenario import Scenario
+
+KV_POOL_TOPK_MULTIPLE = 4  # the synthetic KV pool holds 4 x topk tokens
+
+
+@dataclass
+class DecodeInputs:
+    """One step's attention inputs for one rank."""
+
+    q: torch.Tensor  # (T, heads_per_rank, 576) bfloat16
+    kv_cache: torch.Tensor  # (num_blocks, block_size, 1, 656) uint8, fp8_ds_mla
+    indices: torch.Tensor  # (1, T, topk) int32, in range, -1 where invalid
+
+
+def kv_pool_tokens(scenario: Scenario) -> int:
+    """Tokens in the synthetic KV pool: a whole number of blocks covering 4 x topk."""
+    block = scenario.serving.block_size
+    return -(-KV_POOL_TOPK_MULTIPLE * scenario.decode_topk // block) * block
+
+
+def make_inputs(scenario: Scenario, tokens: int, device: torch.device, seed: int = 0,
+                invalid_fraction: float = 0.0) -> DecodeInputs:
+    """Inputs for a step of `tokens` query tokens; the same seed gives the same values."""
+    pool = kv_pool_tokens(scenario)
+    cpu = torch.Generator().manual_seed(seed)
+    latent = torch.randn((pool, scenario.d_qk), generator=cpu)
+    cache = quantize(latent).view(pool // scenario.serving.block_size,
+                                  scenario.serving.block_size, 1, BYTES_PER_TOKEN)
+    kv_cache = cache.to(device)
+    on_device = {} if device.type == "meta" else {
+        "generator": torch.Generator(device).manual_seed(seed)}
+    indices = torch.randint(0, pool, (1, tokens, scenario.decode_topk), dtype=torch.int32,
+                            device=device, **on_device)
+    if invalid_fraction:
+        drop = torch.rand(indices.shape, device=device, **on_device) < invalid_fraction
+        drop[..., 0] = False  # every query keeps at least one valid key
+        indices.masked_fill_(drop, -1)
+    q = torch.randn((tokens, scenario.heads_per_rank, scenario.d_qk), dtype=torch.bfloat16,
+                    device=device, **on_device)
+    return DecodeInputs(q=q, kv_cache=kv_cache, indices=indices)

@@ -1,0 +1,124 @@
+"""Measuring one call: the protocol shared by the GPU and the prediction.
+
+For one (T, path): make the inputs, reserve the workspace (workspace path), warm up once at the
+same shape, release the cached segments, then measure one call:
+    peak allocated = max_memory_allocated after a reset - bytes allocated before
+    peak reserved  = max_memory_reserved  after a reset - bytes reserved before
+    NVML           = peak device used memory during the call - used before
+A cold cache makes the reserved figure what the call needs from the device, as on the first
+step of that size in an engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mlamem.inputs import make_inputs
+from mlamem.kernels.base import SparseDecodeKernel, simulate_decode
+from mlamem.memory import (
+    CudaMemory,
+    SimulatedMemory,
+    is_out_of_memory,
+    requested_bytes_from_message,
+)
+from mlamem.paths import PATHS, DecodeCall, Workspace
+from mlamem.scenario import Scenario
+
+
+OUT_OF_MEMORY = "out of memory"
+
+
+@dataclass
+class CallMeasurement:
+    """One measured (or predicted) call; byte counts are deltas over the state before it."""
+
+    tokens: int
+    path: str
+    measured: bool
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    nvml_peak_bytes: int | None = None
+    wall_time_ms: float | None = None
+    failure: str | None = None  # one line, when the call failed (OOM or otherwise)
+    oom_requested_bytes: int | None = None  # the request that failed, when known
+    out: torch.Tensor | None = None  # real heads of out, on the CPU (measured calls)
+    lse: torch.Tensor | None = None  # real heads of lse, on the CPU (measured calls)
+
+    @property
+    def oom(self) -> bool:
+        return self.failure == OUT_OF_MEMORY
+
+
+def decoder(kernel: SparseDecodeKernel, memory, sm_count: int):
+    """The kernel's decode on a GPU; on the meta device, its allocation spec stands in."""
+    if memory.measured or kernel.runs_on_meta:
+        return kernel.decode
+    return functools.partial(simulate_decode, kernel, sm_count)
+
+
+def measure_call(memory: CudaMemory | SimulatedMemory, scenario: Scenario,
+                 kernel: SparseDecodeKernel, tokens: int, path: str, *, sm_count: int,
+                 max_tokens: int, seed: int = 0) -> CallMeasurement:
+    """Measure one call of `path` at `tokens` query tokens; see the module docstring."""
+    result = CallMeasurement(tokens=tokens, path=path, measured=memory.measured)
+    with memory:  # on exit, every tensor of the case is gone and the cache is emptied
+        _measure(memory, scenario, kernel, result, sm_count=sm_count, max_tokens=max_tokens,
+                 seed=seed)
+    return result
+
+
+def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed) -> None:
+    tokens, path = result.tokens, result.path
+    capabilities = kernel.capabilities()
+    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    try:
+        inputs = make_inputs(scenario, tokens, memory.device, seed)
+        workspace = (Workspace.reserve(max_tokens, padded_heads, scenario.d_qk, scenario.d_v,
+                                       memory.device) if path == "workspace" else None)
+    except Exception as exc:
+        _failed(result, exc, None, memory, 0)
+        return
+    call = DecodeCall(decode=decoder(kernel, memory, sm_count), kv_cache=inputs.kv_cache,
+                      indices=inputs.indices, sm_scale=scenario.softmax_scale,
+                      d_v=scenario.d_v, padded_heads=padded_heads,
+                      takes_out=capabilities.takes_out)
+    step = functools.partial(PATHS[path], inputs.q, call, workspace)
+    for warmup in (True, False):
+        if not warmup:
+            memory.empty_cache()
+            memory.reset_peaks()
+        before, watch = memory.stats(), None
+        try:
+            with memory.watch() as watch:
+                start = time.perf_counter()
+                out, lse = step()
+                memory.synchronize()
+                wall = time.perf_counter() - start
+        except Exception as exc:
+            _failed(result, exc, watch, memory, before.num_ooms)
+            return
+        if warmup:
+            del out, lse
+    after = memory.stats()
+    result.peak_allocated_bytes = after.peak_allocated - before.allocated
+    result.peak_reserved_bytes = after.peak_reserved - before.reserved
+    if watch.nvml_peak_bytes is not None and before.device_used is not None:
+        result.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
+    if memory.measured:
+        result.wall_time_ms = wall * 1e3
+        result.out, result.lse = out.cpu(), lse.cpu()
+
+
+def _failed(result: CallMeasurement, exc: Exception, watch, memory, ooms_before: int) -> None:
+    """Fill in a failure: an OOM with the size that failed, or another error as such."""
+    if is_out_of_memory(exc, ooms_before, memory.stats().num_ooms):
+        result.failure = OUT_OF_MEMORY
+        result.oom_requested_bytes = (watch.oom_requested_bytes if watch else None) or (
+            requested_bytes_from_message(str(exc)))
+    else:
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        result.failure = f"{type(exc).__name__}: {first_line}"

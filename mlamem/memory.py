@@ -1,0 +1,199 @@
+"""Two memory backends behind one interface, so one measurement protocol serves both.
+
+`CudaMemory` reads the real caching allocator (`torch.cuda.memory_stats`), NVML and the
+allocator's event trace. `SimulatedMemory` runs the same code on the meta device: a dispatch
+mode feeds every meta allocation and free into `CachingAllocatorModel`, and the kernel adapters'
+allocation specs stand in for what a kernel allocates inside itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from mlamem import nvml
+from mlamem.allocator import AllocatorOutOfMemory, CachingAllocatorModel
+
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB)")
+_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+@dataclass
+class MemoryStats:
+    """Allocator and device counters at one moment, in bytes."""
+
+    allocated: int
+    reserved: int
+    peak_allocated: int
+    peak_reserved: int
+    device_used: int | None  # NVML's used memory (all processes); None without NVML
+    num_ooms: int
+
+
+@dataclass
+class CallWatch:
+    """What was seen while one call ran."""
+
+    nvml_peak_bytes: int | None = None  # peak NVML used memory during the call
+    oom_requested_bytes: int | None = None  # the request that failed, when one did
+    events: list[tuple[str, int]] = field(default_factory=list)  # allocator trace (action, bytes)
+
+
+class CudaMemory:
+    """The real caching allocator and NVML of one CUDA device."""
+
+    measured = True
+
+    def __init__(self, device: torch.device | None = None):
+        self.device = device or torch.device("cuda", torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(self.device)
+        self.nvml_handle = nvml.device_handle(str(getattr(props, "uuid", "")) or None)
+
+    def __enter__(self) -> CudaMemory:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.empty_cache()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def empty_cache(self) -> None:
+        self.synchronize()
+        torch.cuda.empty_cache()
+
+    def reset_peaks(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def stats(self) -> MemoryStats:
+        s = torch.cuda.memory_stats(self.device)
+        return MemoryStats(
+            allocated=s.get("allocated_bytes.all.current", 0),
+            reserved=s.get("reserved_bytes.all.current", 0),
+            peak_allocated=s.get("allocated_bytes.all.peak", 0),
+            peak_reserved=s.get("reserved_bytes.all.peak", 0),
+            device_used=nvml.used_bytes(self.nvml_handle),
+            num_ooms=s.get("num_ooms", 0),
+        )
+
+    @contextlib.contextmanager
+    def watch(self):
+        """Sample NVML and record the allocator's trace while the body runs."""
+        result = CallWatch()
+        torch.cuda.memory._record_memory_history(
+            context=None, stacks="python", max_entries=100_000, device=self.device,
+            clear_history=True)
+        try:
+            with nvml.PeakSampler(self.nvml_handle) as sampler:
+                try:
+                    yield result
+                finally:
+                    self.synchronize()
+        finally:
+            snapshot = torch.cuda.memory._snapshot(self.device)
+            torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
+            result.nvml_peak_bytes = sampler.peak_bytes
+            result.events = [(e["action"], e["size"]) for trace in snapshot["device_traces"]
+                             for e in trace]
+            ooms = [size for action, size in result.events if action == "oom"]
+            result.oom_requested_bytes = ooms[-1] if ooms else None
+
+
+class _MetaAllocations(TorchDispatchMode):
+    """Feeds the storage of every new meta tensor into the allocator model; frees on death."""
+
+    def __init__(self, model: CachingAllocatorModel):
+        super().__init__()
+        self.model = model
+        self.live: dict[int, object] = {}  # id(storage) -> model block
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(result):
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
+                self._track(tensor.untyped_storage())
+        return result
+
+    def _track(self, storage) -> None:
+        key = id(storage)
+        if key in self.live:  # a view or an in-place result: no new memory
+            return
+        self.live[key] = self.model.malloc(storage.nbytes())
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        block = self.live.pop(key, None)
+        if block is not None:
+            self.model.free(block)
+
+
+class SimulatedMemory:
+    """The allocator model, fed by meta-device tensors while this is entered."""
+
+    measured = False
+    device = torch.device("meta")
+
+    def __init__(self, limit_bytes: int | None = None):
+        self.model = CachingAllocatorModel(limit_bytes)
+        self._mode = _MetaAllocations(self.model)
+
+    def __enter__(self) -> SimulatedMemory:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+    def synchronize(self) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        self.model.empty_cache()
+
+    def reset_peaks(self) -> None:
+        self.model.reset_peaks()
+
+    def stats(self) -> MemoryStats:
+        m = self.model
+        return MemoryStats(
+            allocated=m.allocated_bytes, reserved=m.reserved_bytes,
+            peak_allocated=m.peak_allocated_bytes, peak_reserved=m.peak_reserved_bytes,
+            device_used=m.reserved_bytes,  # cudaMalloc'd segments are what NVML would add
+            num_ooms=m.num_ooms,
+        )
+
+    @contextlib.contextmanager
+    def watch(self):
+        result = CallWatch()
+        try:
+            yield result
+        except AllocatorOutOfMemory as exc:
+            result.oom_requested_bytes = exc.requested_bytes
+            raise
+        finally:
+            result.nvml_peak_bytes = self.model.peak_reserved_bytes  # reserved stands for NVML
+
+
+def is_out_of_memory(exc: BaseException, ooms_before: int, ooms_after: int) -> bool:
+    """Whether a failure was an out-of-memory, however it surfaced.
+
+    torch raises OutOfMemoryError; a stable-ABI kernel (FlashMLA) turns the same failure into a
+    RuntimeError about `torch_call_dispatcher`, but the allocator's num_ooms still counts it.
+    """
+    if isinstance(exc, torch.OutOfMemoryError | AllocatorOutOfMemory):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    return ooms_after > ooms_before or "out of memory" in str(exc).lower()
+
+
+def requested_bytes_from_message(message: str) -> int | None:
+    """The size in an allocator message 'Tried to allocate 8.00 GiB', in bytes (approximate)."""
+    match = _TRIED.search(message)
+    return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else None

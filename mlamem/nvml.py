@@ -1,0 +1,91 @@
+"""The one door to NVML: lazy init, failures become None, and a peak sampler."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+
+try:
+    import pynvml
+except ImportError:  # nvidia-ml-py is a dependency, but stay usable without it
+    pynvml = None
+
+
+@functools.cache
+def _initialised() -> bool:
+    if pynvml is None:
+        return False
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    return True
+
+
+def nvml_query(func_name: str, *args, default=None):
+    """Call pynvml.<func_name>(*args); on any NVML failure, return `default`."""
+    if not _initialised():
+        return default
+    try:
+        return getattr(pynvml, func_name)(*args)
+    except pynvml.NVMLError:
+        return default
+
+
+def device_handle(uuid: str | None):
+    """The NVML handle of the GPU with this torch device UUID, or None."""
+    if uuid is None:
+        return None
+    name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return nvml_query("nvmlDeviceGetHandleByUUID", name)
+
+
+def used_bytes(handle) -> int | None:
+    """Device memory in use, all processes, in bytes."""
+    if handle is None:
+        return None
+    info = nvml_query("nvmlDeviceGetMemoryInfo", handle)
+    return None if info is None else int(info.used)
+
+
+def driver_version() -> str | None:
+    version = nvml_query("nvmlSystemGetDriverVersion")
+    return version.decode() if isinstance(version, bytes) else version
+
+
+class PeakSampler:
+    """Samples a device's used memory on a background thread and keeps the maximum.
+
+    Use as a context manager around the region of interest; `peak_bytes` also includes one
+    reading taken on exit, so a short region is never missed entirely.
+    """
+
+    def __init__(self, handle, interval_s: float = 0.0005):
+        self.handle = handle
+        self.interval_s = interval_s
+        self.peak_bytes: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        used = used_bytes(self.handle)
+        if used is not None:
+            self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PeakSampler:
+        if self.handle is not None:
+            self._sample()
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.handle is not None:
+            self._stop.set()
+            self._thread.join()
+            self._sample()

@@ -1,0 +1,137 @@
+"""`mlamem profile`: per-call peaks of each path over a sweep of T, measured or predicted."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from mlamem import environment
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA, SparseDecodeKernel
+from mlamem.measure import CallMeasurement, measure_call
+from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.paths import PATH_NAMES, plan
+from mlamem.scenario import Scenario
+
+SCHEMA = "mlamem.profile/1"
+DEFAULT_TOKENS = (1024, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One (T, path). Bytes are per-call deltas over the state before the call."""
+
+    scenario: str
+    tokens: int  # T: query tokens in the step (s_q of the decode call)
+    path: str  # "alloc" or "workspace"
+    measured: bool  # False: predicted by the allocator model
+    peak_allocated_bytes: int | None  # torch max_memory_allocated delta
+    peak_reserved_bytes: int | None  # torch max_memory_reserved delta (cold cache)
+    nvml_peak_bytes: int | None  # NVML device-used delta (predicted: = reserved)
+    wall_time_ms: float | None  # host wall time of the call incl. sync (measured only)
+    outputs_equal: bool | None  # out and lse bit-identical across this T's paths
+    staged: list[str]  # buffers this path takes from the workspace
+    oom: bool  # the call ran out of memory
+    oom_requested_bytes: int | None  # the allocation that failed
+    failure: str | None  # one line when the call failed
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """A whole sweep: the JSON schema `mlamem.profile/1`."""
+
+    command: str
+    measured: bool
+    not_measured_reason: str | None  # why the figures are predicted
+    scenario: dict
+    kernel: dict
+    environment: environment.Environment
+    rows: list[ProfileRow]
+    notes: list[str] = field(default_factory=list)  # what could not be staged, and why
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str]) -> None:
+    """Reject what cannot run, before anything is allocated."""
+    for path in paths:
+        if path not in PATH_NAMES:
+            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
+    limit = scenario.serving.max_num_batched_tokens
+    too_big = [t for t in tokens if t > limit]
+    if "workspace" in paths and too_big:
+        raise UserError(f"T={too_big[0]} exceeds max_num_batched_tokens={limit}, which sizes the "
+                        f"workspace; raise it with --max-num-batched-tokens or drop that T")
+
+
+def scenario_summary(scenario: Scenario, padded_heads: int) -> dict:
+    return {
+        "name": scenario.name, "model": scenario.model.name, "source": scenario.source,
+        "heads_per_rank": scenario.heads_per_rank, "padded_heads": padded_heads,
+        "topk": scenario.decode_topk, "d_qk": scenario.d_qk, "d_v": scenario.d_v,
+        "max_num_batched_tokens": scenario.serving.max_num_batched_tokens,
+        "kv_cache_dtype": scenario.serving.kv_cache_dtype,
+    }
+
+
+def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str], *,
+                command: str, kernel: SparseDecodeKernel | None = None,
+                require_gpu: bool = False, predict: bool = False,
+                on_case: Callable[[CallMeasurement], None] | None = None) -> ProfileResult:
+    """Measure every (T, path) on the GPU, or predict it where the kernel cannot run."""
+    check_request(scenario, tokens, paths)
+    kernel = kernel or FlashMLA()
+    reason = "--predict was given" if predict else kernel.unavailable_reason()
+    if reason and require_gpu:
+        raise UserError(f"--require-gpu: cannot measure ({reason})")
+    capabilities = kernel.capabilities()
+    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    if reason is None:
+        sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    else:
+        sm_count = scenario.gpu.sm_count
+    rows, notes = [], []
+    for path in paths:
+        notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label).notes
+                  if n not in notes]
+    for t in tokens:
+        cases = []
+        for path in paths:
+            memory = CudaMemory() if reason is None else SimulatedMemory()
+            case = measure_call(memory, scenario, kernel, t, path, sm_count=sm_count,
+                                max_tokens=scenario.serving.max_num_batched_tokens)
+            cases.append(case)
+            if on_case:
+                on_case(case)
+        equal = _outputs_equal(cases)
+        for case in cases:
+            staged = plan(case.path, scenario.heads_per_rank, capabilities, kernel.label).staged
+            rows.append(ProfileRow(
+                scenario=scenario.name, tokens=t, path=case.path, measured=case.measured,
+                peak_allocated_bytes=case.peak_allocated_bytes,
+                peak_reserved_bytes=case.peak_reserved_bytes,
+                nvml_peak_bytes=case.nvml_peak_bytes, wall_time_ms=case.wall_time_ms,
+                outputs_equal=equal, staged=list(staged), oom=case.oom,
+                oom_requested_bytes=case.oom_requested_bytes, failure=case.failure,
+            ))
+    flash_mla_version = FlashMLA().version()
+    return ProfileResult(
+        command=command, measured=reason is None, not_measured_reason=reason,
+        scenario=scenario_summary(scenario, padded_heads),
+        kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
+                **dataclasses.asdict(capabilities)},
+        environment=environment.capture(flash_mla_version), rows=rows, notes=notes,
+    )
+
+
+def _outputs_equal(cases: list[CallMeasurement]) -> bool | None:
+    """Whether every path gave bit-identical out and lse; None if not comparable."""
+    if len(cases) < 2 or any(c.out is None for c in cases):
+        return None
+    first = cases[0]
+    return all(torch.equal(first.out, c.out) and torch.equal(first.lse, c.lse) for c in cases[1:])

@@ -1,0 +1,258 @@
+"""Scenarios: a model, its parallelism, a serving configuration and a target GPU, as data.
+
+Scenarios are TOML files (the shipped ones live in `scenarios/`) loaded into frozen, validated
+dataclasses. Derived sizes are properties; inputs are never overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from mlamem.errors import UserError
+
+DEFAULT_SCENARIO = "glm5-fp8-tp8"
+
+# KV-cache bytes per token per layer, by the engine's kv-cache dtype name.
+KV_CACHE_BYTES_PER_TOKEN = {
+    "fp8_ds_mla": 656,  # 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE
+    "fp8": 576,  # 576 fp8 values
+    "bf16": 1152,  # 576 bf16 values
+}
+
+
+@dataclass(frozen=True)
+class Model:
+    """Attention dimensions of one model (whole model, before any parallel split)."""
+
+    name: str  # display name, e.g. "GLM-5 FP8"
+    num_attention_heads: int  # query heads
+    num_layers: int  # decoder layers, each with one MLA attention
+    kv_lora_rank: int  # compressed KV latent dim (the absorbed value dim, d_v)
+    qk_rope_head_dim: int  # RoPE part of each q/k head
+    qk_nope_head_dim: int  # NoPE part of each q/k head before absorption
+    v_head_dim: int  # value head dim before absorption
+    index_topk: int | None = None  # DSA indexer top-k; None for a dense-MLA model
+
+    def __post_init__(self) -> None:
+        for name in ("num_attention_heads", "num_layers", "kv_lora_rank", "qk_rope_head_dim",
+                     "qk_nope_head_dim", "v_head_dim"):
+            _positive(self, "model", name)
+        if self.index_topk is not None:
+            _positive(self, "model", "index_topk")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How one rank sees the model."""
+
+    tensor_parallel: int  # TP size
+    attention_data_parallel: int = 1  # attention-DP size; heads are split over TP / DP ranks
+
+    def __post_init__(self) -> None:
+        _positive(self, "parallel", "tensor_parallel")
+        _positive(self, "parallel", "attention_data_parallel")
+        if self.tensor_parallel % self.attention_data_parallel:
+            raise _field_error("parallel", "attention_data_parallel",
+                               "must divide tensor_parallel")
+
+    @property
+    def attention_tensor_parallel(self) -> int:
+        """Ranks that split the attention heads (TP / attention-DP)."""
+        return self.tensor_parallel // self.attention_data_parallel
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The engine's serving configuration."""
+
+    max_num_batched_tokens: int  # tokens per step; sizes the engine's attention workspace
+    max_model_len: int  # longest sequence
+    kv_cache_dtype: str  # one of KV_CACHE_BYTES_PER_TOKEN
+    block_size: int  # KV-cache page size in tokens
+    synthetic_topk: int | None = None  # topk that drives the sparse decode for dense models
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_model_len", "block_size"):
+            _positive(self, "serving", name)
+        if self.synthetic_topk is not None:
+            _positive(self, "serving", "synthetic_topk")
+        if self.kv_cache_dtype not in KV_CACHE_BYTES_PER_TOKEN:
+            raise _field_error("serving", "kv_cache_dtype",
+                               f"expected one of {sorted(KV_CACHE_BYTES_PER_TOKEN)}, "
+                               f"got {self.kv_cache_dtype!r}")
+
+
+@dataclass(frozen=True)
+class TargetGPU:
+    """The GPU the scenario is sized for (not necessarily the one measuring it)."""
+
+    name: str  # e.g. "H100 SXM 80GB"
+    memory_mib: int  # total device memory as nvidia-smi reports it
+    gpu_memory_utilization: float  # the engine's fraction of memory it may use
+    sm_count: int  # streaming multiprocessors; FlashMLA's split-KV scheduling depends on it
+
+    def __post_init__(self) -> None:
+        _positive(self, "gpu", "memory_mib")
+        _positive(self, "gpu", "sm_count")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise _field_error("gpu", "gpu_memory_utilization", "must be in (0, 1]")
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 1024**2
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One tensor-parallel rank of a model served by an engine on a target GPU."""
+
+    name: str
+    description: str
+    model: Model
+    parallel: Parallelism
+    serving: Serving
+    gpu: TargetGPU
+    source: str = ""  # where it was loaded from
+
+    def __post_init__(self) -> None:
+        if self.model.num_attention_heads % self.parallel.attention_tensor_parallel:
+            raise _field_error("parallel", "tensor_parallel",
+                               "must divide model.num_attention_heads (with attention-DP)")
+        if self.model.index_topk is None and self.serving.synthetic_topk is None:
+            raise _field_error("serving", "synthetic_topk",
+                               "is required for a dense-MLA model (model.index_topk unset)")
+
+    @property
+    def heads_per_rank(self) -> int:
+        """Query heads one rank's attention computes."""
+        return self.model.num_attention_heads // self.parallel.attention_tensor_parallel
+
+    @property
+    def decode_topk(self) -> int:
+        """KV tokens each query attends in the sparse decode: the indexer's topk, else synthetic."""
+        return self.model.index_topk or self.serving.synthetic_topk  # type: ignore[return-value]
+
+    @property
+    def d_qk(self) -> int:
+        """q/k width seen by the absorbed MLA kernel: latent + RoPE (576 for these models)."""
+        return self.model.kv_lora_rank + self.model.qk_rope_head_dim
+
+    @property
+    def d_v(self) -> int:
+        """Output width of the absorbed MLA kernel: the latent (512)."""
+        return self.model.kv_lora_rank
+
+    @property
+    def softmax_scale(self) -> float:
+        """The model's attention scale, 1/sqrt(qk_nope + qk_rope)."""
+        return (self.model.qk_nope_head_dim + self.model.qk_rope_head_dim) ** -0.5
+
+    @property
+    def kv_cache_bytes_per_token_per_layer(self) -> int:
+        return KV_CACHE_BYTES_PER_TOKEN[self.serving.kv_cache_dtype]
+
+    def one_line(self) -> str:
+        """A one-line summary for listings."""
+        p = self.parallel
+        par = f"TP{p.tensor_parallel}" + (f" DP{p.attention_data_parallel}"
+                                          if p.attention_data_parallel > 1 else "")
+        return (f"{self.model.name}, {par}, {self.heads_per_rank} heads/rank, "
+                f"topk {self.decode_topk}, MNBT {self.serving.max_num_batched_tokens}, "
+                f"{self.serving.kv_cache_dtype}, {self.gpu.name} @ "
+                f"{self.gpu.gpu_memory_utilization}")
+
+
+_SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}
+
+
+class _FieldError(ValueError):
+    def __init__(self, section: str, field: str, problem: str):
+        super().__init__(f"[{section}].{field} {problem}")
+
+
+def _field_error(section: str, field: str, problem: str) -> _FieldError:
+    return _FieldError(section, field, problem)
+
+
+def _positive(obj: object, section: str, name: str) -> None:
+    if getattr(obj, name) <= 0:
+        raise _field_error(section, name, f"must be > 0, got {getattr(obj, name)}")
+
+
+def _build(cls: type, table: object, section: str):
+    """Build a section dataclass from a TOML table, checking names and types."""
+    if not isinstance(table, dict):
+        raise _field_error(section, "", "must be a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in table:
+        if key not in fields:
+            raise _field_error(section, key, f"is not a known field; expected one of {list(fields)}")
+    values = {}
+    for name, field in fields.items():
+        if name not in table:
+            if field.default is dataclasses.MISSING:
+                raise _field_error(section, name, "is missing")
+            continue
+        value, hint = table[name], hints[name]
+        wanted = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
+        ok = any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
+                 for t in wanted)
+        if float in wanted and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise _field_error(section, name, f"must be {' or '.join(t.__name__ for t in wanted)}, "
+                                              f"got {value!r}")
+        values[name] = value
+    return cls(**values)
+
+
+def shipped_names() -> list[str]:
+    """Names of the scenarios that ship with mlamem."""
+    root = resources.files("mlamem.scenarios")
+    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def load(name_or_path: str) -> Scenario:
+    """Load a shipped scenario by name, or a user's TOML file by path."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise UserError(f"scenario file {name_or_path} not found; pass an existing .toml path "
+                            f"or one of: {', '.join(shipped_names())}")
+        return parse(path.read_text(), str(path))
+    if name_or_path not in shipped_names():
+        raise UserError(f"unknown scenario {name_or_path!r}; expected one of: "
+                        f"{', '.join(shipped_names())} (or a path to a .toml file)")
+    text = (resources.files("mlamem.scenarios") / f"{name_or_path}.toml").read_text()
+    return parse(text, f"{name_or_path}.toml")
+
+
+def parse(text: str, source: str) -> Scenario:
+    """Parse scenario TOML text; errors name the source and the field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{source}: not valid TOML ({exc}); fix the file") from None
+    try:
+        unknown = set(data) - set(_SECTIONS) - {"name", "description"}
+        if unknown:
+            raise _field_error(sorted(unknown)[0], "", "is not a known section; expected "
+                               f"name, description, {', '.join(_SECTIONS)}")
+        for top in ("name", "description"):
+            if not isinstance(data.get(top), str):
+                raise _FieldError("top", top, "must be a string")
+        sections = {}
+        for key, cls in _SECTIONS.items():
+            if key not in data:
+                raise _field_error(key, "", "section is missing")
+            sections[key] = _build(cls, data[key], key)
+        return Scenario(name=data["name"], description=data["description"], source=source,
+                        **sections)
+    except _FieldError as exc:
+        raise UserError(f"{source}: {exc}; fix that field") from None

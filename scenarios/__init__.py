@@ -1,0 +1,1 @@
+"""Shipped scenarios, one TOML file each; `mlamem scenarios` lists them."""

@@ -1,0 +1,71 @@
+"""FlashMLA on the GPU: numerics against the reference, measured == predicted, OOM rows."""
+
+import pytest
+import torch
+from conftest import needs_flashmla
+
+from mlamem import scenario
+from mlamem.inputs import make_inputs
+from mlamem.kernels import FlashMLA, Reference
+from mlamem.measure import measure_call
+from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.profile import run_profile
+
+pytestmark = [needs_flashmla, pytest.mark.gpu]
+GLM5 = "glm5-fp8-tp8"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_flashmla_agrees_with_reference(seed):
+    """FlashMLA's out is within 1e-2 relative L2 of the torch reference; lse is close."""
+    glm = scenario.load(GLM5)
+    inputs = make_inputs(glm, 64, torch.device("cuda"), seed=seed, invalid_fraction=0.25)
+    q = torch.zeros((64, 64, 576), dtype=torch.bfloat16, device="cuda")
+    q[:, :8] = inputs.q  # GLM-5's 8 real heads, padded to 64 like the alloc path
+    kwargs = {"sm_scale": glm.softmax_scale, "d_v": 512}
+    out, lse = FlashMLA().decode(q.unsqueeze(0), inputs.kv_cache, inputs.indices, **kwargs)
+    ref_out, ref_lse = Reference().decode(q.unsqueeze(0), inputs.kv_cache, inputs.indices,
+                                          **kwargs)
+    error = (out.float() - ref_out.float()).norm() / ref_out.float().norm()
+    assert error <= 1e-2
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["glm5-fp8-tp8", "deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp"])
+@pytest.mark.parametrize("path", ["alloc", "workspace"])
+def test_measured_equals_predicted(name, path):
+    """The allocator model predicts the measured allocated and reserved peaks to the byte."""
+    chosen = scenario.load(name)
+    kwargs = {"sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+              "max_tokens": chosen.serving.max_num_batched_tokens}
+    for tokens in (1024, 8192):
+        measured = measure_call(CudaMemory(), chosen, FlashMLA(), tokens, path, **kwargs)
+        predicted = measure_call(SimulatedMemory(), chosen, FlashMLA(), tokens, path, **kwargs)
+        assert measured.failure is None
+        assert measured.peak_allocated_bytes == predicted.peak_allocated_bytes
+        assert measured.peak_reserved_bytes == predicted.peak_reserved_bytes
+
+
+def test_paths_give_bit_identical_outputs():
+    """Both paths give the same out and lse bits, so staging changes memory, not results."""
+    result = run_profile(scenario.load(GLM5), [4096], ["alloc", "workspace"], command="test")
+    assert result.measured
+    assert [row.outputs_equal for row in result.rows] == [True, True]
+
+
+def test_kernel_oom_becomes_a_row():
+    """An OOM inside the stable-ABI kernel (a RuntimeError) is a row with the failed size."""
+    glm = scenario.load(GLM5)
+    tokens = 8192
+    o_accum = 2 * tokens * 64 * 512 * 4
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    # room for inputs, padded q, out and lse, but not the 2 GiB o_accum
+    torch.cuda.set_per_process_memory_fraction((1.5 * 2**30) / total)
+    try:
+        row = measure_call(CudaMemory(), glm, FlashMLA(), tokens, "alloc", sm_count=132,
+                           max_tokens=32768)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    assert row.oom
+    assert row.oom_requested_bytes == o_accum
