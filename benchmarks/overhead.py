@@ -13,11 +13,11 @@ import torch
 import triton.testing
 
 from mlamem import scenario
+from mlamem.inputs import make_inputs
 from mlamem.kernels import FlashMLA
 from mlamem.measure import measure_call
 from mlamem.memory import CudaMemory
 from mlamem.paths import PATHS, DecodeCall
-from mlamem.inputs import make_inputs
 
 
 def bare_call(glm, kernel, tokens):

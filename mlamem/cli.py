@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from mlamem import render
 from mlamem import scenario as scenarios
 from mlamem.errors import UserError
-from mlamem.files import write_atomic
+from mlamem.files import check_output_path, write_atomic
 from mlamem.paths import PATH_NAMES
 from mlamem.profile import DEFAULT_TOKENS, run_profile
 
@@ -33,7 +33,7 @@ app = typer.Typer(
 stderr = Console(stderr=True)
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     markdown = "markdown"
     json = "json"
@@ -99,6 +99,8 @@ def profile(
     device against a model of the caching allocator, and every figure is labelled PREDICTED.
     """
     token_list, path_list = parse_tokens(tokens), parse_paths(paths)
+    if output is not None:
+        check_output_path(output)
     chosen = scenarios.load(scenario)
     if max_num_batched_tokens is not None:
         chosen = dataclasses.replace(chosen, serving=dataclasses.replace(

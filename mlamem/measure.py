@@ -28,7 +28,6 @@ from mlamem.memory import (
 from mlamem.paths import PATHS, DecodeCall, Workspace
 from mlamem.scenario import Scenario
 
-
 OUT_OF_MEMORY = "out of memory"
 
 

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from conftest import needs_flashmla
 
 from mlamem import scenario
 from mlamem.inputs import make_inputs
@@ -10,6 +9,7 @@ from mlamem.kernels import FlashMLA, Reference
 from mlamem.measure import measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import run_profile
+from mlamem.testing import needs_flashmla
 
 pytestmark = [needs_flashmla, pytest.mark.gpu]
 GLM5 = "glm5-fp8-tp8"

@@ -1,0 +1,108 @@
+"""The command line: predicted output without a GPU, every output form, and bad input."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from mlamem.cli import main
+from mlamem.testing import needs_flashmla
+
+no_gpu = pytest.mark.skipif(not needs_flashmla.args[0], reason="a GPU here measures instead")
+
+
+@no_gpu
+def test_profile_without_gpu_prints_predicted_table(capsys):
+    """`mlamem profile --tokens 32768` exits 0 with figures labelled PREDICTED."""
+    assert main(["profile", "--tokens", "32768"]) == 0
+    captured = capsys.readouterr()
+    assert "PREDICTED" in captured.out and "12.273" in captured.out
+    assert "not measured" in captured.err
+
+
+@no_gpu
+def test_json_schema(capsys):
+    """JSON rows carry the documented keys and measured: false, plus an environment block."""
+    assert main(["profile", "--tokens", "1024,8192", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "mlamem.profile/1" and data["measured"] is False
+    assert {"gpu", "driver", "torch", "flash_mla", "mlamem"} <= set(data["environment"])
+    assert len(data["rows"]) == 4
+    for row in data["rows"]:
+        assert {"scenario", "tokens", "path", "peak_allocated_bytes", "peak_reserved_bytes",
+                "nvml_peak_bytes", "outputs_equal", "measured"} <= set(row)
+        assert row["measured"] is False
+
+
+@no_gpu
+def test_markdown_has_the_prs_columns(capsys):
+    """Markdown gives T, before, after, saved, outputs equal, and says it is predicted."""
+    assert main(["profile", "--tokens", "1024", "--format", "markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| T | before (allocating path) | after (workspace path) | saved | outputs equal |" in text
+    assert "| 1024 | 0.384 GiB | 0.313 GiB | 0.070 GiB | n/a |" in text
+    assert "PREDICTED" in text and "out not staged" in text
+
+
+def test_csv_and_output_file(tmp_path):
+    """--output writes the whole file; CSV reads back with one row per (T, path)."""
+    target = tmp_path / "rows.csv"
+    assert main(["profile", "--tokens", "1024", "--format", "csv", "--output", str(target),
+                 "--predict"]) == 0
+    frame = pd.read_csv(io.StringIO(target.read_text()))
+    assert list(frame["path"]) == ["alloc", "workspace"]
+    assert list(frame["staged"].fillna("")) == ["", "padded_q"]
+    assert [p.name for p in tmp_path.iterdir()] == ["rows.csv"]
+
+
+def test_scenarios_lists_one_line_each(capsys):
+    """`mlamem scenarios` prints each shipped scenario on one line."""
+    assert main(["scenarios"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["deepseek-v32-fp8-tp8", "glm5-fp8-tp8",
+                                                    "kimi-k2-fp8-tp4-dp"]
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--tokens", "0"], "positive integer"),
+    (["--tokens", "1.5"], "positive integer"),
+    (["--tokens", "abc"], "positive integer"),
+    (["--tokens", "65536"], "--max-num-batched-tokens"),
+    (["--scenario", "glm6"], "glm5-fp8-tp8"),
+    (["--scenario", "missing/file.toml"], "not found"),
+    (["--paths", "alloc,fast"], "expected one of: alloc, workspace"),
+    (["--format", "xml"], "--format"),
+    (["--output", "/no/such/folder/x.json"], "does not exist"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, args, fix):
+    """Each bad input: exit 2 and one line on stderr naming the fix, no traceback."""
+    assert main(["profile", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]
+
+
+def test_malformed_toml_names_file_and_field(tmp_path, capsys):
+    """A scenario TOML with a bad field exits 2 naming the file and the field."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = 'x'\ndescription = 'y'\n[model]\nname = 1\n")
+    assert main(["profile", "--scenario", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "[model].name" in err
+
+
+@no_gpu
+def test_require_gpu_fails_without_one(capsys):
+    """--require-gpu turns 'predicted' into an error."""
+    assert main(["profile", "--require-gpu"]) == 2
+    assert "--require-gpu" in capsys.readouterr().err
+
+
+def test_python_dash_m_runs_as_a_real_process():
+    """`python -m mlamem --help` works in a fresh interpreter."""
+    done = subprocess.run([sys.executable, "-m", "mlamem", "profile", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "--tokens" in done.stdout

@@ -1,0 +1,66 @@
+"""Scenarios: shipped files load into validated dataclasses; bad TOML names file and field."""
+
+import pytest
+
+from mlamem import scenario
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA
+
+GOOD = (scenario.resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+
+
+def test_shipped_scenarios_have_the_issue_shapes():
+    """GLM-5 TP8 has 8 heads/rank padded to 64, DeepSeek-V3.2 16, Kimi-K2 with attention-DP 64."""
+    caps = FlashMLA().capabilities()
+    expect = {"glm5-fp8-tp8": (8, 64, 78), "deepseek-v32-fp8-tp8": (16, 64, 61),
+              "kimi-k2-fp8-tp4-dp": (64, 64, 61)}
+    assert scenario.shipped_names() == sorted(expect)
+    for name, (heads, padded, layers) in expect.items():
+        s = scenario.load(name)
+        assert (s.heads_per_rank, caps.padded_heads(s.heads_per_rank), s.model.num_layers) == (
+            heads, padded, layers)
+        assert (s.d_qk, s.d_v, s.decode_topk, s.kv_cache_bytes_per_token_per_layer) == (
+            576, 512, 2048, 656)
+
+
+def test_glm5_is_the_source_prs_crashing_config():
+    """The default scenario is 8xH100 80 GB at utilization 0.85 with MNBT 32768."""
+    s = scenario.load(scenario.DEFAULT_SCENARIO)
+    assert s.name == "glm5-fp8-tp8"
+    assert (s.serving.max_num_batched_tokens, s.gpu.gpu_memory_utilization) == (32768, 0.85)
+    assert s.gpu.memory_bytes == 81559 * 1024**2
+
+
+def test_user_toml_path_loads(tmp_path):
+    """A user's own TOML file, passed by path, loads like a shipped one."""
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD.replace('name = "glm5-fp8-tp8"', 'name = "mine"'))
+    assert scenario.load(str(path)).name == "mine"
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda t: t.replace("num_layers = 78", "num_layers = \"many\""), "[model].num_layers must be int"),
+    (lambda t: t.replace("kv_lora_rank = 512", ""), "[model].kv_lora_rank is missing"),
+    (lambda t: t.replace("block_size = 64", "block_size = 64\nblok = 3"), "[serving].blok is not a known"),
+    (lambda t: t.replace("gpu_memory_utilization = 0.85", "gpu_memory_utilization = 1.5"),
+     "[gpu].gpu_memory_utilization must be in (0, 1]"),
+    (lambda t: t.replace("tensor_parallel = 8", "tensor_parallel = 7"),
+     "[parallel].tensor_parallel must divide"),
+    (lambda t: t.replace("[serving]", "[serving"), "not valid TOML"),
+    (lambda t: t.replace("index_topk = 2048", ""), "[serving].synthetic_topk is required"),
+])
+def test_bad_toml_names_the_file_and_field(tmp_path, edit, expected):
+    """Each malformed scenario is a UserError that names the file and the field."""
+    path = tmp_path / "bad.toml"
+    path.write_text(edit(GOOD))
+    with pytest.raises(UserError) as info:
+        scenario.load(str(path))
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_unknown_scenario_lists_valid_names():
+    """An unknown name is rejected with every valid name in the message."""
+    with pytest.raises(UserError, match="glm5-fp8-tp8, kimi-k2-fp8-tp4-dp") as info:
+        scenario.load("glm6")
+    assert "deepseek-v32-fp8-tp8" in str(info.value)
