@@ -54,6 +54,7 @@ class Block:
     size: int
     small: bool
     free: bool = True
+    requested: int = 0  # bytes asked for, while allocated
     prev: Block | None = field(default=None, repr=False)
     next: Block | None = field(default=None, repr=False)
 
@@ -75,6 +76,12 @@ class CachingAllocatorModel:
         self._pools: dict[bool, list[Block]] = {True: [], False: []}  # small? -> cached blocks
         self._segments: list[Block] = []  # first block of each segment
         self._addresses = itertools.count(start=1 << 40, step=1 << 40)
+        self.trace: list[dict] | None = None  # when a list, events are appended as torch records them
+
+    def _record(self, action: str, address: int, size: int) -> None:
+        if self.trace is not None:
+            self.trace.append({"action": action, "addr": address, "size": size, "stream": 0,
+                               "frames": []})
 
     def malloc(self, nbytes: int) -> Block:
         """Allocate `nbytes`; returns the block (pass it to `free`)."""
@@ -89,14 +96,16 @@ class CachingAllocatorModel:
                 block.next.prev = rest
             block.next, block.size = rest, size
             self._pools[small].append(rest)
-        block.free = False
+        block.free, block.requested = False, nbytes
+        self._record("alloc", block.address, nbytes)
         self.allocated_bytes += block.size
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         return block
 
     def free(self, block: Block) -> None:
         """Return a block to its pool, merging it with free neighbours."""
-        block.free = True
+        self._record("free_completed", block.address, block.requested)
+        block.free, block.requested = True, 0
         self.allocated_bytes -= block.size
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:
@@ -134,15 +143,39 @@ class CachingAllocatorModel:
             self.empty_cache()  # the allocator frees cached segments and retries before failing
             if self.reserved_bytes + alloc > self.limit_bytes:
                 self.num_ooms += 1
+                self._record("oom", 0, size)
                 raise AllocatorOutOfMemory(size, self.limit_bytes - self.reserved_bytes)
         block = Block(next(self._addresses), alloc, small)
+        self._record("segment_alloc", block.address, alloc)
         self._segments.append(block)
         self._pools[small].append(block)
         self.reserved_bytes += alloc
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
         return block
 
+    def segments(self) -> list[dict]:
+        """The segments in the layout of torch.cuda.memory._snapshot()["segments"]."""
+        result = []
+        for first in self._segments:
+            blocks, block = [], first
+            while block is not None:
+                blocks.append({"address": block.address, "size": block.size,
+                               "requested_size": block.requested, "frames": [],
+                               "state": "inactive" if block.free else "active_allocated"})
+                block = block.next
+            used = [b for b in blocks if b["state"] == "active_allocated"]
+            result.append({
+                "device": 0, "address": first.address, "stream": 0,
+                "total_size": sum(b["size"] for b in blocks),
+                "allocated_size": sum(b["size"] for b in used),
+                "active_size": sum(b["size"] for b in used),
+                "requested_size": sum(b["requested_size"] for b in used),
+                "segment_type": "small" if first.small else "large", "blocks": blocks,
+            })
+        return result
+
     def _release(self, block: Block) -> None:
+        self._record("segment_free", block.address, block.size)
         self._segments.remove(block)
         self._pools[block.small].remove(block)
         self.reserved_bytes -= block.size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shlex
 import sys
@@ -13,12 +14,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mlamem import render
+from mlamem import render, snapshot
 from mlamem import scenario as scenarios
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
 from mlamem.paths import PATH_NAMES
 from mlamem.profile import DEFAULT_TOKENS, run_profile
+from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
+from mlamem.validate import run_validation
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors
@@ -90,6 +93,13 @@ def profile(
     predict: Annotated[bool, typer.Option(
         help="Predict even where a GPU could measure: what a CPU-only machine prints.")
     ] = False,
+    breakdown: Annotated[bool, typer.Option(
+        help="Show where the bytes go: every buffer allocated inside each call (padded_q, out, "
+             "lse, o_accum, ...), who allocated it, and whether it lives at the peak.")
+    ] = False,
+    snapshot_file: Annotated[Path | None, typer.Option(
+        "--snapshot", help="Also write a PyTorch memory snapshot of the measured calls (a "
+                           "pickle that opens in https://pytorch.org/memory_viz).")] = None,
 ) -> None:
     """Per-call peak memory of the sparse fp8 MLA decode: allocating path vs workspace path.
 
@@ -99,29 +109,83 @@ def profile(
     device against a model of the caching allocator, and every figure is labelled PREDICTED.
     """
     token_list, path_list = parse_tokens(tokens), parse_paths(paths)
-    if output is not None:
-        check_output_path(output)
+    formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
+    if output_format.value not in formats:
+        raise UserError(f"--format {output_format.value} has no breakdown view; use one of: "
+                        f"{', '.join(formats)}")
+    for path, option in ((output, "--output"), (snapshot_file, "--snapshot")):
+        if path is not None:
+            check_output_path(path, option)
     chosen = scenarios.load(scenario)
     if max_num_batched_tokens is not None:
         chosen = dataclasses.replace(chosen, serving=dataclasses.replace(
             chosen.serving, max_num_batched_tokens=max_num_batched_tokens))
     command = "mlamem " + shlex.join(sys.argv[1:])
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=True) as progress:
-        task = progress.add_task(f"profiling {chosen.name}", total=len(token_list) * len(path_list))
-
-        def advance(case) -> None:
-            status = case.failure or "ok"
-            progress.update(task, advance=1,
-                            description=f"{chosen.name}: T={case.tokens} {case.path} {status}")
-
-        result = run_profile(chosen, token_list, path_list, command=command,
-                             require_gpu=require_gpu, predict=predict, on_case=advance)
+    calls = []
+    with _progress(f"profiling {chosen.name}", len(token_list) * len(path_list)) as advance:
+        result = run_profile(
+            chosen, token_list, path_list, command=command, require_gpu=require_gpu,
+            predict=predict, record_stacks=snapshot_file is not None,
+            on_case=lambda case: advance(f"{chosen.name}: T={case.tokens} {case.path} "
+                                         f"{case.failure or 'ok'}"),
+            on_calls=calls.extend if snapshot_file is not None else None)
     if not result.measured:
         print(f"mlamem: not measured ({result.not_measured_reason}); "
               "figures are PREDICTED by the allocator model", file=sys.stderr)
-    _emit(render.FORMATS[output_format.value](result), output,
-          terminal_table=render.table(result) if output_format is Format.table else None)
+    if snapshot_file is not None:
+        snapshot.write(snapshot_file, calls)
+        print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
+              file=sys.stderr)
+    terminal = None
+    if output_format is Format.table:
+        terminal = render.breakdown_table(result) if breakdown else render.table(result)
+    _emit(formats[output_format.value](result), output, terminal_table=terminal)
+
+
+@app.command()
+def validate(
+    scenario: Annotated[str, typer.Option(
+        "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
+                                 "every shipped scenario.")] = "all",
+    tokens: Annotated[str, typer.Option(help="Comma-separated T values.")
+    ] = ",".join(map(str, VALIDATE_TOKENS)),
+    paths: Annotated[str, typer.Option(help="Comma-separated paths.")] = ",".join(PATH_NAMES),
+    output_format: Annotated[Format, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.validate/1).")] = Format.table,
+    output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Prove the no-GPU prediction: measure and predict every case, compare every byte.
+
+    For each (scenario, T, path) the call runs on the GPU and on the allocator model; every
+    buffer and the totals are compared, allocated and reserved. Exits 1 if any figure differs,
+    printing the difference in bytes. Needs a GPU with flash_mla.
+    """
+    token_list, path_list = parse_tokens(tokens), parse_paths(paths)
+    if output_format.value not in render.VALIDATION_FORMATS:
+        raise UserError(f"--format {output_format.value} is not available for validate; use one "
+                        f"of: {', '.join(render.VALIDATION_FORMATS)}")
+    if output is not None:
+        check_output_path(output)
+    names = scenarios.shipped_names() if scenario == "all" else scenario.split(",")
+    chosen = [scenarios.load(name.strip()) for name in names]
+    command = "mlamem " + shlex.join(sys.argv[1:])
+    total = len(chosen) * len(token_list) * len(path_list)
+    with _progress("validating", total) as advance:
+        comparisons = run_validation(chosen, token_list, path_list,
+                                     on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
+    _emit(render.VALIDATION_FORMATS[output_format.value](comparisons, command), output)
+    if not all(c.agrees for c in comparisons):
+        raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _progress(title: str, total: int):
+    """A transient progress bar on stderr; yields advance(description)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=stderr, transient=True) as progress:
+        task = progress.add_task(title, total=total)
+        yield lambda description: progress.update(task, advance=1, description=description)
 
 
 @app.command("scenarios")
@@ -161,4 +225,6 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort:
         return 130
+    except typer.Exit as exc:
+        return exc.exit_code
     return code if isinstance(code, int) else 0

@@ -31,6 +31,9 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output") -> Non
     try:
         with os.fdopen(fd, mode) as handle:
             handle.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

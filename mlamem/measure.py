@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mlamem.attribution import Breakdown, attribute, expected_buffers
 from mlamem.inputs import make_inputs
 from mlamem.kernels.base import SparseDecodeKernel, simulate_decode
 from mlamem.memory import (
@@ -25,7 +26,7 @@ from mlamem.memory import (
     is_out_of_memory,
     requested_bytes_from_message,
 )
-from mlamem.paths import PATHS, DecodeCall, Workspace
+from mlamem.paths import PATHS, DecodeCall, Workspace, plan, wrapper_allocations
 from mlamem.scenario import Scenario
 
 OUT_OF_MEMORY = "out of memory"
@@ -44,6 +45,9 @@ class CallMeasurement:
     wall_time_ms: float | None = None
     failure: str | None = None  # one line, when the call failed (OOM or otherwise)
     oom_requested_bytes: int | None = None  # the request that failed, when known
+    breakdown: Breakdown | None = None  # the call's allocations by buffer
+    trace: list[dict] | None = None  # allocator trace entries of the call (torch's layout)
+    segments: list[dict] | None = None  # allocator segments after the call
     out: torch.Tensor | None = None  # real heads of out, on the CPU (measured calls)
     lse: torch.Tensor | None = None  # real heads of lse, on the CPU (measured calls)
 
@@ -105,6 +109,13 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed) ->
     after = memory.stats()
     result.peak_allocated_bytes = after.peak_allocated - before.allocated
     result.peak_reserved_bytes = after.peak_reserved - before.reserved
+    staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
+    expected = expected_buffers(
+        wrapper_allocations(path, tokens, scenario.heads_per_rank, padded_heads, scenario.d_qk),
+        kernel.allocations((1, tokens, padded_heads, scenario.d_qk), scenario.d_v, sm_count),
+        staged)
+    result.breakdown = attribute(watch.events, expected)
+    result.trace, result.segments = watch.events, watch.segments
     if watch.nvml_peak_bytes is not None and before.device_used is not None:
         result.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
     if memory.measured:

@@ -42,7 +42,8 @@ class CallWatch:
 
     nvml_peak_bytes: int | None = None  # peak NVML used memory during the call
     oom_requested_bytes: int | None = None  # the request that failed, when one did
-    events: list[tuple[str, int]] = field(default_factory=list)  # allocator trace (action, bytes)
+    events: list[dict] = field(default_factory=list)  # allocator trace entries, torch's layout
+    segments: list[dict] = field(default_factory=list)  # allocator segments at the end
 
 
 class CudaMemory:
@@ -50,8 +51,9 @@ class CudaMemory:
 
     measured = True
 
-    def __init__(self, device: torch.device | None = None):
+    def __init__(self, device: torch.device | None = None, record_stacks: bool = False):
         self.device = device or torch.device("cuda", torch.cuda.current_device())
+        self.record_stacks = record_stacks  # Python stacks in the trace, for memory_viz
         props = torch.cuda.get_device_properties(self.device)
         self.nvml_handle = nvml.device_handle(str(getattr(props, "uuid", "")) or None)
 
@@ -87,8 +89,8 @@ class CudaMemory:
         """Sample NVML and record the allocator's trace while the body runs."""
         result = CallWatch()
         torch.cuda.memory._record_memory_history(
-            context=None, stacks="python", max_entries=100_000, device=self.device,
-            clear_history=True)
+            context="alloc" if self.record_stacks else None, stacks="python",
+            max_entries=100_000, device=self.device, clear_history=True)
         try:
             with nvml.PeakSampler(self.nvml_handle) as sampler:
                 try:
@@ -99,9 +101,11 @@ class CudaMemory:
             snapshot = torch.cuda.memory._snapshot(self.device)
             torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
             result.nvml_peak_bytes = sampler.peak_bytes
-            result.events = [(e["action"], e["size"]) for trace in snapshot["device_traces"]
-                             for e in trace]
-            ooms = [size for action, size in result.events if action == "oom"]
+            index = self.device.index or 0
+            traces = snapshot["device_traces"]
+            result.events = list(traces[index]) if index < len(traces) else []
+            result.segments = [s for s in snapshot["segments"] if s["device"] == index]
+            ooms = [e["size"] for e in result.events if e["action"] == "oom"]
             result.oom_requested_bytes = ooms[-1] if ooms else None
 
 
@@ -171,12 +175,15 @@ class SimulatedMemory:
     @contextlib.contextmanager
     def watch(self):
         result = CallWatch()
+        self.model.trace = result.events
         try:
             yield result
         except AllocatorOutOfMemory as exc:
             result.oom_requested_bytes = exc.requested_bytes
             raise
         finally:
+            self.model.trace = None
+            result.segments = self.model.segments()
             result.nvml_peak_bytes = self.model.peak_reserved_bytes  # reserved stands for NVML
 
 

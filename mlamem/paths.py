@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.kernels.base import Capabilities
+from mlamem.kernels.base import BufferSpec, Capabilities
 
 PATH_NAMES = ("alloc", "workspace")
 
@@ -86,6 +86,14 @@ def workspace_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | Non
 
 
 PATHS = {"alloc": alloc_path, "workspace": workspace_path}
+
+
+def wrapper_allocations(path: str, tokens: int, heads: int, padded_heads: int,
+                        d_qk: int) -> list[BufferSpec]:
+    """What a path's wrapper allocates per call (the kernel's own buffers are its adapter's)."""
+    if path == "alloc" and heads < padded_heads:
+        return [BufferSpec("padded_q", (tokens, padded_heads, d_qk), torch.bfloat16, "temporary")]
+    return []
 
 
 @dataclass(frozen=True)

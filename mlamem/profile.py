@@ -34,6 +34,12 @@ class ProfileRow:
     wall_time_ms: float | None  # host wall time of the call incl. sync (measured only)
     outputs_equal: bool | None  # out and lse bit-identical across this T's paths
     staged: list[str]  # buffers this path takes from the workspace
+    allocations_in_call: int | None  # allocations made inside the measured call (0 = graph-safe)
+    bytes_allocated_in_call: int | None  # their total requested bytes
+    buffers: list[dict]  # the breakdown: name, allocated_by, requested_bytes, block_bytes,
+    #                      live_at_peak, removed_by_workspace (alloc rows, when compared)
+    breakdown_peak_bytes: int | None  # sum of buffers live at the peak (= peak if it adds up)
+    missing_buffers: list[str]  # expected buffers never allocated
     oom: bool  # the call ran out of memory
     oom_requested_bytes: int | None  # the allocation that failed
     failure: str | None  # one line when the call failed
@@ -81,9 +87,14 @@ def scenario_summary(scenario: Scenario, padded_heads: int) -> dict:
 
 def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str], *,
                 command: str, kernel: SparseDecodeKernel | None = None,
-                require_gpu: bool = False, predict: bool = False,
-                on_case: Callable[[CallMeasurement], None] | None = None) -> ProfileResult:
-    """Measure every (T, path) on the GPU, or predict it where the kernel cannot run."""
+                require_gpu: bool = False, predict: bool = False, record_stacks: bool = False,
+                on_case: Callable[[CallMeasurement], None] | None = None,
+                on_calls: Callable[[list[CallMeasurement]], None] | None = None) -> ProfileResult:
+    """Measure every (T, path) on the GPU, or predict it where the kernel cannot run.
+
+    `on_case` sees each call as it finishes (progress); `on_calls` sees all of them at the end,
+    traces included (snapshots).
+    """
     check_request(scenario, tokens, paths)
     kernel = kernel or FlashMLA()
     reason = "--predict was given" if predict else kernel.unavailable_reason()
@@ -95,30 +106,45 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     else:
         sm_count = scenario.gpu.sm_count
-    rows, notes = [], []
+    rows, notes, calls = [], [], []
     for path in paths:
         notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label).notes
                   if n not in notes]
     for t in tokens:
         cases = []
         for path in paths:
-            memory = CudaMemory() if reason is None else SimulatedMemory()
+            memory = CudaMemory(record_stacks=record_stacks) if reason is None else SimulatedMemory()
             case = measure_call(memory, scenario, kernel, t, path, sm_count=sm_count,
                                 max_tokens=scenario.serving.max_num_batched_tokens)
             cases.append(case)
             if on_case:
                 on_case(case)
         equal = _outputs_equal(cases)
+        removed = _removed_by_workspace(cases)
         for case in cases:
             staged = plan(case.path, scenario.heads_per_rank, capabilities, kernel.label).staged
+            breakdown = case.breakdown
+            buffers = [] if breakdown is None else [
+                {**dataclasses.asdict(b),
+                 "removed_by_workspace": None if case.path != "alloc" or removed is None
+                 else b.name in removed}
+                for b in breakdown.buffers]
             rows.append(ProfileRow(
                 scenario=scenario.name, tokens=t, path=case.path, measured=case.measured,
                 peak_allocated_bytes=case.peak_allocated_bytes,
                 peak_reserved_bytes=case.peak_reserved_bytes,
                 nvml_peak_bytes=case.nvml_peak_bytes, wall_time_ms=case.wall_time_ms,
-                outputs_equal=equal, staged=list(staged), oom=case.oom,
+                outputs_equal=equal, staged=list(staged),
+                allocations_in_call=breakdown and breakdown.allocations,
+                bytes_allocated_in_call=breakdown and breakdown.allocated_bytes,
+                buffers=buffers, breakdown_peak_bytes=breakdown and breakdown.peak_bytes,
+                missing_buffers=[] if breakdown is None else breakdown.missing, oom=case.oom,
                 oom_requested_bytes=case.oom_requested_bytes, failure=case.failure,
             ))
+            case.out = case.lse = None  # the comparison is done; keep host memory small
+        calls += cases
+    if on_calls:
+        on_calls(calls)
     flash_mla_version = FlashMLA().version()
     return ProfileResult(
         command=command, measured=reason is None, not_measured_reason=reason,
@@ -127,6 +153,15 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 **dataclasses.asdict(capabilities)},
         environment=environment.capture(flash_mla_version), rows=rows, notes=notes,
     )
+
+
+def _removed_by_workspace(cases: list[CallMeasurement]) -> set[str] | None:
+    """Buffer names the alloc path allocates and the workspace path does not."""
+    by_path = {c.path: c.breakdown for c in cases}
+    alloc, workspace = by_path.get("alloc"), by_path.get("workspace")
+    if alloc is None or workspace is None:
+        return None
+    return {b.name for b in alloc.buffers} - {b.name for b in workspace.buffers}
 
 
 def _outputs_equal(cases: list[CallMeasurement]) -> bool | None:

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mlamem.profile import ProfileResult, ProfileRow
-from mlamem.units import gib
+from mlamem.units import format_bytes, gib
+from mlamem.validate import Comparison
 
 
 def _label(result: ProfileResult) -> str:
@@ -51,7 +52,7 @@ def table(result: ProfileResult) -> Table:
                       f"to {s['padded_heads']}, topk {s['topk']})",
                 caption="\n".join([_label(result), *result.notes]), caption_justify="left")
     for name in ("T", "path", "alloc GiB", "reserved GiB", "NVML GiB", "saved GiB", "ms",
-                 "staged", "equal"):
+                 "in-call allocs", "staged", "equal"):
         out.add_column(name, justify="left" if name in ("path", "staged") else "right")
     for tokens, paths in _by_tokens(result.rows).items():
         base = paths.get("alloc")
@@ -65,15 +66,13 @@ def table(result: ProfileResult) -> Table:
                 "" if failed else _gib(row.peak_reserved_bytes),
                 "" if failed else _gib(row.nvml_peak_bytes), saved,
                 "" if row.wall_time_ms is None else f"{row.wall_time_ms:.2f}",
-                ",".join(row.staged) or "-", _equal(row.outputs_equal),
+                _in_call(row), ",".join(row.staged) or "-", _equal(row.outputs_equal),
             )
     return out
 
 
-def render_table(result: ProfileResult, width: int | None = None) -> str:
-    console = Console(file=io.StringIO(), width=width or 120, record=True)
-    console.print(table(result))
-    return console.export_text()
+def render_table(result: ProfileResult) -> str:
+    return _console_text(table(result))
 
 
 def markdown(result: ProfileResult) -> str:
@@ -115,6 +114,72 @@ def _md_cell(row: ProfileRow) -> str:
     return f"{gib(row.peak_allocated_bytes):.3f} GiB"
 
 
+def _in_call(row: ProfileRow) -> str:
+    """'7 / 12.273 GiB': allocations made inside the call and their bytes."""
+    if row.allocations_in_call is None:
+        return ""
+    return f"{row.allocations_in_call} / {format_bytes(row.bytes_allocated_in_call)}"
+
+
+def _adds_up(row: ProfileRow) -> str:
+    if row.breakdown_peak_bytes == row.peak_allocated_bytes:
+        return f"buffers live at the peak add up to the measured peak ({row.peak_allocated_bytes} B)"
+    return (f"buffers live at the peak sum to {row.breakdown_peak_bytes} B, the peak is "
+            f"{row.peak_allocated_bytes} B: {row.peak_allocated_bytes - row.breakdown_peak_bytes:+} B "
+            "not attributed")
+
+
+def _removed(buffer: dict) -> str:
+    return {True: "removed", False: "kept", None: ""}[buffer["removed_by_workspace"]]
+
+
+def breakdown_table(result: ProfileResult) -> Table:
+    """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not."""
+    out = Table(title=f"mlamem profile --breakdown: {result.scenario['name']}",
+                caption="\n".join([_label(result), *result.notes]), caption_justify="left")
+    for name in ("T", "path", "buffer", "allocated by", "bytes", "GiB", "live at peak",
+                 "workspace path"):
+        out.add_column(name, justify="right" if name in ("T", "bytes", "GiB") else "left")
+    for row in result.rows:
+        if row.failure:
+            out.add_row(str(row.tokens), row.path, row.failure)
+            out.add_section()
+            continue
+        for b in row.buffers:
+            out.add_row(str(row.tokens), row.path, b["name"], b["allocated_by"],
+                        str(b["requested_bytes"]), f"{gib(b['requested_bytes']):.4f}",
+                        "yes" if b["live_at_peak"] else "no", _removed(b))
+        adds_up = row.breakdown_peak_bytes == row.peak_allocated_bytes
+        out.add_row(str(row.tokens), row.path, f"in call: {_in_call(row)}", "", "", "",
+                    "sum = peak" if adds_up else
+                    f"sum {row.breakdown_peak_bytes - row.peak_allocated_bytes:+} B off peak")
+        out.add_section()
+    return out
+
+
+def breakdown_markdown(result: ProfileResult) -> str:
+    """The per-buffer view as Markdown, one table per (T, path)."""
+    lines = [f"### Where the bytes go: {result.scenario['name']}", "", f"{_label(result)}.", ""]
+    for row in result.rows:
+        lines.append(f"#### T={row.tokens}, {row.path} path")
+        lines.append("")
+        if row.failure:
+            lines += [f"Failed: {row.failure}", ""]
+            continue
+        lines += ["| buffer | allocated by | bytes | size | live at peak | workspace path |",
+                  "|---|---|---|---|---|---|"]
+        for b in row.buffers:
+            lines.append(f"| {b['name']} | {b['allocated_by']} | {b['requested_bytes']} | "
+                         f"{format_bytes(b['requested_bytes'])} | "
+                         f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |")
+        lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row)}."]
+        if row.missing_buffers:
+            lines.append(f"Expected but not allocated: {', '.join(row.missing_buffers)}.")
+        lines.append("")
+    lines += [f"- {note}" for note in result.notes] + [f"- Command: `{result.command}`"]
+    return "\n".join(lines) + "\n"
+
+
 def to_json(result: ProfileResult) -> str:
     return json.dumps(result.to_dict(), indent=2) + "\n"
 
@@ -125,4 +190,81 @@ def to_csv(result: ProfileResult) -> str:
     return frame.to_csv(index=False)
 
 
+def _console_text(renderable, width: int = 120) -> str:
+    console = Console(file=io.StringIO(), width=width, record=True)
+    console.print(renderable)
+    return console.export_text()
+
+
 FORMATS = {"table": render_table, "markdown": markdown, "json": to_json, "csv": to_csv}
+BREAKDOWN_FORMATS = {"table": lambda r: _console_text(breakdown_table(r)),
+                     "markdown": breakdown_markdown, "json": to_json}
+
+
+def validation_rows(comparisons: list[Comparison]) -> list[dict]:
+    """One summary per (scenario, T, path): totals and the worst buffer difference."""
+    cases: dict[tuple, list[Comparison]] = {}
+    for c in comparisons:
+        cases.setdefault((c.scenario, c.tokens, c.path), []).append(c)
+    rows = []
+    for (scenario, tokens, path), items in cases.items():
+        total = {c.metric: c for c in items if c.item == "total"}
+        buffers = [c for c in items if c.item != "total"]
+        worst = max((abs(c.difference) if c.difference is not None else float("inf")
+                     for c in buffers), default=0)
+        rows.append({"scenario": scenario, "tokens": tokens, "path": path,
+                     "allocated": total["allocated"], "reserved": total["reserved"],
+                     "buffers": len(buffers) // 2, "worst_buffer_difference": worst,
+                     "agrees": all(c.agrees for c in items)})
+    return rows
+
+
+def _diff(c: Comparison) -> str:
+    return "n/a" if c.difference is None else f"{c.difference:+d}"
+
+
+def validation_table(comparisons: list[Comparison], command: str) -> str:
+    table_ = Table(title="mlamem validate: predicted vs measured, bytes",
+                   caption=f"Command: {command}", caption_justify="left")
+    for name in ("scenario", "T", "path", "alloc predicted", "alloc measured", "diff",
+                 "reserved predicted", "reserved measured", "diff", "buffers", "worst buffer diff",
+                 "verdict"):
+        table_.add_column(name, justify="left" if name in ("scenario", "path", "verdict")
+                          else "right")
+    for r in validation_rows(comparisons):
+        a, res = r["allocated"], r["reserved"]
+        table_.add_row(r["scenario"], str(r["tokens"]), r["path"], str(a.predicted),
+                       str(a.measured), _diff(a), str(res.predicted), str(res.measured),
+                       _diff(res), str(r["buffers"]), str(r["worst_buffer_difference"]),
+                       "equal" if r["agrees"] else "DIFFERS")
+    lines = [_console_text(table_, width=170)]
+    lines += [f"DIFFERS: {c.scenario} T={c.tokens} {c.path} {c.item} {c.metric}: predicted "
+              f"{c.predicted}, measured {c.measured} ({_diff(c)} B)"
+              for c in comparisons if not c.agrees]
+    return "\n".join(lines)
+
+
+def validation_markdown(comparisons: list[Comparison], command: str) -> str:
+    lines = ["### mlamem validate: predicted vs measured (bytes)", "",
+             "| scenario | T | path | allocated: predicted | measured | diff | reserved: predicted "
+             "| measured | diff | buffers | worst buffer diff | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in validation_rows(comparisons):
+        a, res = r["allocated"], r["reserved"]
+        lines.append(f"| {r['scenario']} | {r['tokens']} | {r['path']} | {a.predicted} | "
+                     f"{a.measured} | {_diff(a)} | {res.predicted} | {res.measured} | "
+                     f"{_diff(res)} | {r['buffers']} | {r['worst_buffer_difference']} | "
+                     f"{'equal' if r['agrees'] else 'DIFFERS'} |")
+    lines += ["", f"Command: `{command}`"]
+    return "\n".join(lines) + "\n"
+
+
+def validation_json(comparisons: list[Comparison], command: str) -> str:
+    items = [{**c.__dict__, "difference": c.difference} for c in comparisons]
+    return json.dumps({"schema": "mlamem.validate/1", "command": command,
+                       "agrees": all(c.agrees for c in comparisons), "comparisons": items},
+                      indent=2) + "\n"
+
+
+VALIDATION_FORMATS = {"table": validation_table, "markdown": validation_markdown,
+                      "json": validation_json}

@@ -69,3 +69,13 @@ def test_kernel_oom_becomes_a_row():
         torch.cuda.set_per_process_memory_fraction(1.0)
     assert row.oom
     assert row.oom_requested_bytes == o_accum
+
+
+def test_measured_breakdown_adds_up_and_names_every_buffer():
+    """On the GPU every allocation inside the call is named and the parts add up to the peak."""
+    result = run_profile(scenario.load(GLM5), [8192], ["alloc", "workspace"], command="test")
+    for row in result.rows:
+        assert row.measured
+        assert row.missing_buffers == []
+        assert "unattributed" not in [b["name"] for b in row.buffers]
+        assert row.breakdown_peak_bytes == row.peak_allocated_bytes

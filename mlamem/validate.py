@@ -1,0 +1,92 @@
+"""`mlamem validate`: the prediction against the hardware, buffer by buffer, to the byte.
+
+This is what makes the no-GPU mode trustworthy: every (scenario, T, path) is run twice, on the
+GPU and on the allocator model, and every figure must agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA
+from mlamem.measure import CallMeasurement, measure_call
+from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.profile import check_request
+from mlamem.scenario import Scenario
+
+SCHEMA = "mlamem.validate/1"
+DEFAULT_TOKENS = (1024, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One figure, predicted and measured, in bytes."""
+
+    scenario: str
+    tokens: int
+    path: str
+    item: str  # a buffer name, or "total"
+    metric: str  # "allocated" or "reserved"
+    predicted: int | None
+    measured: int | None
+
+    @property
+    def difference(self) -> int | None:
+        if self.predicted is None or self.measured is None:
+            return None
+        return self.measured - self.predicted
+
+    @property
+    def agrees(self) -> bool:
+        return self.difference == 0
+
+
+def compare(scenario: str, measured: CallMeasurement,
+            predicted: CallMeasurement) -> list[Comparison]:
+    """Every buffer (in allocation order, by name) and the totals, allocated and reserved."""
+    def row(item, metric, p, m):
+        return Comparison(scenario, measured.tokens, measured.path, item, metric, p, m)
+
+    rows = [row("total", "allocated", predicted.peak_allocated_bytes, measured.peak_allocated_bytes),
+            row("total", "reserved", predicted.peak_reserved_bytes, measured.peak_reserved_bytes)]
+    pred = predicted.breakdown.buffers if predicted.breakdown else []
+    meas = measured.breakdown.buffers if measured.breakdown else []
+    for i in range(max(len(pred), len(meas))):
+        p = pred[i] if i < len(pred) else None
+        m = meas[i] if i < len(meas) else None
+        if p and m and p.name != m.name:
+            name = f"{p.name} (predicted) / {m.name} (measured)"
+        else:
+            name = (m or p).name
+        rows.append(row(name, "allocated", p and p.block_bytes, m and m.block_bytes))
+        rows.append(row(name, "reserved", p and p.segment_bytes, m and m.segment_bytes))
+    return rows
+
+
+def run_validation(scenarios: Sequence[Scenario], tokens: Sequence[int], paths: Sequence[str],
+                   on_case: Callable[[str, int, str], None] | None = None) -> list[Comparison]:
+    """Measure and predict every case; needs a GPU with flash_mla."""
+    kernel = FlashMLA()
+    reason = kernel.unavailable_reason()
+    if reason is not None:
+        raise UserError(f"validate compares against the GPU and cannot measure here ({reason}); "
+                        "run it on a Hopper or Blackwell GPU with flash_mla")
+    for scenario in scenarios:
+        check_request(scenario, tokens, paths)
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rows = []
+    for scenario in scenarios:
+        for t in tokens:
+            for path in paths:
+                kwargs = {"sm_count": sm_count,
+                          "max_tokens": scenario.serving.max_num_batched_tokens}
+                measured = measure_call(CudaMemory(), scenario, kernel, t, path, **kwargs)
+                predicted = measure_call(SimulatedMemory(), scenario, kernel, t, path, **kwargs)
+                rows += compare(scenario.name, measured, predicted)
+                if on_case:
+                    on_case(scenario.name, t, path)
+    return rows
