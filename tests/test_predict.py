@@ -8,7 +8,7 @@ import torch
 
 from mlamem import scenario
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA
+from mlamem.kernels import FlashMLA, Reference
 from mlamem.measure import measure_call
 from mlamem.memory import SimulatedMemory
 from mlamem.profile import DEFAULT_TOKENS, run_profile
@@ -94,3 +94,14 @@ def test_workspace_tokens_above_max_num_batched_tokens_are_refused():
     """The workspace is sized for max_num_batched_tokens; larger T is a user error."""
     with pytest.raises(UserError, match="--max-num-batched-tokens"):
         run_profile(scenario.load("glm5-fp8-tp8"), [65536], ["workspace"], command="t")
+
+
+def test_reference_kernel_runs_the_same_protocol_on_meta():
+    """The torch reference runs itself on the meta device; its temporaries are unattributed."""
+    glm = scenario.load("glm5-fp8-tp8")
+    row = measure_call(SimulatedMemory(), glm, Reference(), 256, "alloc", sm_count=132,
+                       max_tokens=32768)
+    assert row.failure is None
+    names = {b.name for b in row.breakdown.buffers}
+    assert "padded_q" in names and "unattributed" in names
+    assert row.breakdown.peak_bytes == row.peak_allocated_bytes
