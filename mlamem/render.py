@@ -6,6 +6,7 @@ import io
 import json
 
 import pandas as pd
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -49,11 +50,13 @@ def table(result: ProfileResult) -> Table:
     """A rich table, one row per (T, path)."""
     s = result.scenario
     out = Table(title=f"mlamem profile: {s['name']} ({s['heads_per_rank']} heads/rank padded "
-                      f"to {s['padded_heads']}, topk {s['topk']})",
-                caption="\n".join([_label(result), *result.notes]), caption_justify="left")
-    for name in ("T", "path", "alloc GiB", "reserved GiB", "NVML GiB", "saved GiB", "ms",
-                 "in-call allocs", "staged", "equal"):
-        out.add_column(name, justify="left" if name in ("path", "staged") else "right")
+                      f"to {s['padded_heads']}, topk {s['topk']}); per-call peaks in GiB",
+                caption="\n".join([_label(result), *result.notes]), caption_justify="left",
+                box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for name in ("T", "path", "peak\nalloc", "peak\nresv", "NVML", "saved", "wall\nms",
+                 "allocs\nin call", "staged", "equal"):
+        out.add_column(name, justify="left" if name in ("path", "staged") else "right",
+                       no_wrap=name != "staged")
     for tokens, paths in _by_tokens(result.rows).items():
         base = paths.get("alloc")
         for row in paths.values():
@@ -66,7 +69,8 @@ def table(result: ProfileResult) -> Table:
                 "" if failed else _gib(row.peak_reserved_bytes),
                 "" if failed else _gib(row.nvml_peak_bytes), saved,
                 "" if row.wall_time_ms is None else f"{row.wall_time_ms:.2f}",
-                _in_call(row), ",".join(row.staged) or "-", _equal(row.outputs_equal),
+                "" if row.allocations_in_call is None else str(row.allocations_in_call),
+                ",".join(row.staged) or "-", _equal(row.outputs_equal),
             )
     return out
 
@@ -135,24 +139,19 @@ def _removed(buffer: dict) -> str:
 
 def breakdown_table(result: ProfileResult) -> Table:
     """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not."""
+    summaries = [f"T={row.tokens} {row.path}: " + (
+        row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row)}")
+        for row in result.rows]
     out = Table(title=f"mlamem profile --breakdown: {result.scenario['name']}",
-                caption="\n".join([_label(result), *result.notes]), caption_justify="left")
-    for name in ("T", "path", "buffer", "allocated by", "bytes", "GiB", "live at peak",
-                 "workspace path"):
-        out.add_column(name, justify="right" if name in ("T", "bytes", "GiB") else "left")
+                caption="\n".join([_label(result), *summaries, *result.notes]),
+                caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for name in ("T, path", "buffer", "by", "size", "live at\npeak", "workspace\npath"):
+        out.add_column(name, justify="right" if name == "size" else "left", no_wrap=True)
     for row in result.rows:
-        if row.failure:
-            out.add_row(str(row.tokens), row.path, row.failure)
-            out.add_section()
-            continue
-        for b in row.buffers:
-            out.add_row(str(row.tokens), row.path, b["name"], b["allocated_by"],
-                        str(b["requested_bytes"]), f"{gib(b['requested_bytes']):.4f}",
+        for i, b in enumerate(row.buffers):
+            out.add_row(f"{row.tokens} {row.path}" if i == 0 else "", b["name"],
+                        b["allocated_by"], format_bytes(b["requested_bytes"]),
                         "yes" if b["live_at_peak"] else "no", _removed(b))
-        adds_up = row.breakdown_peak_bytes == row.peak_allocated_bytes
-        out.add_row(str(row.tokens), row.path, f"in call: {_in_call(row)}", "", "", "",
-                    "sum = peak" if adds_up else
-                    f"sum {row.breakdown_peak_bytes - row.peak_allocated_bytes:+} B off peak")
         out.add_section()
     return out
 
