@@ -1,11 +1,9 @@
 """Helpers for mlamem's tests (and yours): skip markers for GPU-only tests."""
 
 import pytest
-import torch
 
 from mlamem.kernels import FlashMLA
 
 _reason = FlashMLA().unavailable_reason()
 needs_flashmla = pytest.mark.skipif(_reason is not None,
                                     reason=f"needs a CUDA GPU with flash_mla: {_reason}")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
