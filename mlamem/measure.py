@@ -45,6 +45,7 @@ class CallMeasurement:
     wall_time_ms: float | None = None
     failure: str | None = None  # one line, when the call failed (OOM or otherwise)
     oom_requested_bytes: int | None = None  # the request that failed, when known
+    staged: tuple[str, ...] = ()  # buffers the path took from the workspace
     breakdown: Breakdown | None = None  # the call's allocations by buffer
     trace: list[dict] | None = None  # allocator trace entries of the call (torch's layout)
     segments: list[dict] | None = None  # allocator segments after the call
@@ -54,6 +55,11 @@ class CallMeasurement:
     @property
     def oom(self) -> bool:
         return self.failure == OUT_OF_MEMORY
+
+
+def local_sm_count() -> int:
+    """Streaming multiprocessors of this process's CUDA device."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 def decoder(kernel: SparseDecodeKernel, memory, sm_count: int):
@@ -78,6 +84,7 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed) ->
     tokens, path = result.tokens, result.path
     capabilities = kernel.capabilities()
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    result.staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
     try:
         inputs = make_inputs(scenario, tokens, memory.device, seed)
         workspace = (Workspace.reserve(max_tokens, padded_heads, scenario.d_qk, scenario.d_v,
@@ -109,11 +116,10 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed) ->
     after = memory.stats()
     result.peak_allocated_bytes = after.peak_allocated - before.allocated
     result.peak_reserved_bytes = after.peak_reserved - before.reserved
-    staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
     expected = expected_buffers(
         wrapper_allocations(path, tokens, scenario.heads_per_rank, padded_heads, scenario.d_qk),
         kernel.allocations((1, tokens, padded_heads, scenario.d_qk), scenario.d_v, sm_count),
-        staged)
+        result.staged)
     result.breakdown = attribute(watch.events, expected)
     result.trace, result.segments = watch.events, watch.segments
     if watch.nvml_peak_bytes is not None and before.device_used is not None:

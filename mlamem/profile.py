@@ -11,7 +11,7 @@ import torch
 from mlamem import environment
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, SparseDecodeKernel
-from mlamem.measure import CallMeasurement, measure_call
+from mlamem.measure import CallMeasurement, local_sm_count, measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.paths import PATH_NAMES, plan
 from mlamem.scenario import Scenario
@@ -102,10 +102,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         raise UserError(f"--require-gpu: cannot measure ({reason})")
     capabilities = kernel.capabilities()
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-    if reason is None:
-        sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    else:
-        sm_count = scenario.gpu.sm_count
+    sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     rows, notes, calls = [], [], []
     for path in paths:
         notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label).notes
@@ -122,7 +119,6 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         equal = _outputs_equal(cases)
         removed = _removed_by_workspace(cases)
         for case in cases:
-            staged = plan(case.path, scenario.heads_per_rank, capabilities, kernel.label).staged
             breakdown = case.breakdown
             buffers = [] if breakdown is None else [
                 {**dataclasses.asdict(b),
@@ -134,7 +130,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 peak_allocated_bytes=case.peak_allocated_bytes,
                 peak_reserved_bytes=case.peak_reserved_bytes,
                 nvml_peak_bytes=case.nvml_peak_bytes, wall_time_ms=case.wall_time_ms,
-                outputs_equal=equal, staged=list(staged),
+                outputs_equal=equal, staged=list(case.staged),
                 allocations_in_call=breakdown and breakdown.allocations,
                 bytes_allocated_in_call=breakdown and breakdown.allocated_bytes,
                 buffers=buffers, breakdown_peak_bytes=breakdown and breakdown.peak_bytes,

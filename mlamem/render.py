@@ -24,9 +24,7 @@ def _label(result: ProfileResult) -> str:
             f"{result.kernel['sm_count']} SMs")
 
 
-def _gib(value: int | None, oom: bool = False) -> str:
-    if oom:
-        return "OOM"
+def _gib(value: int | None) -> str:
     return "n/a" if value is None else f"{gib(value):.3f}"
 
 

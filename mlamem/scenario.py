@@ -57,7 +57,7 @@ class Parallelism:
         _positive(self, "parallel", "tensor_parallel")
         _positive(self, "parallel", "attention_data_parallel")
         if self.tensor_parallel % self.attention_data_parallel:
-            raise _field_error("parallel", "attention_data_parallel",
+            raise _FieldError("parallel", "attention_data_parallel",
                                "must divide tensor_parallel")
 
     @property
@@ -82,7 +82,7 @@ class Serving:
         if self.synthetic_topk is not None:
             _positive(self, "serving", "synthetic_topk")
         if self.kv_cache_dtype not in KV_CACHE_BYTES_PER_TOKEN:
-            raise _field_error("serving", "kv_cache_dtype",
+            raise _FieldError("serving", "kv_cache_dtype",
                                f"expected one of {sorted(KV_CACHE_BYTES_PER_TOKEN)}, "
                                f"got {self.kv_cache_dtype!r}")
 
@@ -100,7 +100,7 @@ class TargetGPU:
         _positive(self, "gpu", "memory_mib")
         _positive(self, "gpu", "sm_count")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise _field_error("gpu", "gpu_memory_utilization", "must be in (0, 1]")
+            raise _FieldError("gpu", "gpu_memory_utilization", "must be in (0, 1]")
 
     @property
     def memory_bytes(self) -> int:
@@ -121,10 +121,10 @@ class Scenario:
 
     def __post_init__(self) -> None:
         if self.model.num_attention_heads % self.parallel.attention_tensor_parallel:
-            raise _field_error("parallel", "tensor_parallel",
+            raise _FieldError("parallel", "tensor_parallel",
                                "must divide model.num_attention_heads (with attention-DP)")
         if self.model.index_topk is None and self.serving.synthetic_topk is None:
-            raise _field_error("serving", "synthetic_topk",
+            raise _FieldError("serving", "synthetic_topk",
                                "is required for a dense-MLA model (model.index_topk unset)")
 
     @property
@@ -175,29 +175,25 @@ class _FieldError(ValueError):
         super().__init__(f"[{section}].{field} {problem}")
 
 
-def _field_error(section: str, field: str, problem: str) -> _FieldError:
-    return _FieldError(section, field, problem)
-
-
 def _positive(obj: object, section: str, name: str) -> None:
     if getattr(obj, name) <= 0:
-        raise _field_error(section, name, f"must be > 0, got {getattr(obj, name)}")
+        raise _FieldError(section, name, f"must be > 0, got {getattr(obj, name)}")
 
 
 def _build(cls: type, table: object, section: str):
     """Build a section dataclass from a TOML table, checking names and types."""
     if not isinstance(table, dict):
-        raise _field_error(section, "", "must be a table")
+        raise _FieldError(section, "", "must be a table")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in table:
         if key not in fields:
-            raise _field_error(section, key, f"is not a known field; expected one of {list(fields)}")
+            raise _FieldError(section, key, f"is not a known field; expected one of {list(fields)}")
     values = {}
     for name, field in fields.items():
         if name not in table:
             if field.default is dataclasses.MISSING:
-                raise _field_error(section, name, "is missing")
+                raise _FieldError(section, name, "is missing")
             continue
         value, hint = table[name], hints[name]
         wanted = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
@@ -206,7 +202,7 @@ def _build(cls: type, table: object, section: str):
         if float in wanted and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if not ok:
-            raise _field_error(section, name, f"must be {' or '.join(t.__name__ for t in wanted)}, "
+            raise _FieldError(section, name, f"must be {' or '.join(t.__name__ for t in wanted)}, "
                                               f"got {value!r}")
         values[name] = value
     return cls(**values)
@@ -242,7 +238,7 @@ def parse(text: str, source: str) -> Scenario:
     try:
         unknown = set(data) - set(_SECTIONS) - {"name", "description"}
         if unknown:
-            raise _field_error(sorted(unknown)[0], "", "is not a known section; expected "
+            raise _FieldError(sorted(unknown)[0], "", "is not a known section; expected "
                                f"name, description, {', '.join(_SECTIONS)}")
         for top in ("name", "description"):
             if not isinstance(data.get(top), str):
@@ -250,7 +246,7 @@ def parse(text: str, source: str) -> Scenario:
         sections = {}
         for key, cls in _SECTIONS.items():
             if key not in data:
-                raise _field_error(key, "", "section is missing")
+                raise _FieldError(key, "", "section is missing")
             sections[key] = _build(cls, data[key], key)
         return Scenario(name=data["name"], description=data["description"], source=source,
                         **sections)

@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
-from mlamem.measure import CallMeasurement, measure_call
+from mlamem.measure import CallMeasurement, local_sm_count, measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import check_request
 from mlamem.scenario import Scenario
@@ -77,7 +75,7 @@ def run_validation(scenarios: Sequence[Scenario], tokens: Sequence[int], paths: 
                         "run it on a Hopper or Blackwell GPU with flash_mla")
     for scenario in scenarios:
         check_request(scenario, tokens, paths)
-    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sm_count = local_sm_count()
     rows = []
     for scenario in scenarios:
         for t in tokens:
