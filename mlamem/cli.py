@@ -16,10 +16,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from mlamem import render, snapshot
 from mlamem import scenario as scenarios
+from mlamem.engine import Budget
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
 from mlamem.paths import PATH_NAMES
 from mlamem.profile import DEFAULT_TOKENS, run_profile
+from mlamem.repro import run_repro
+from mlamem.units import parse_bytes
 from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
 from mlamem.validate import run_validation
 
@@ -179,9 +182,87 @@ def validate(
         raise typer.Exit(1)
 
 
+class ReproFormat(StrEnum):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+
+
+@app.command("repro-oom")
+def repro_oom(
+    scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    gpu_memory: Annotated[str | None, typer.Option(
+        help="Target GPU memory to emulate, e.g. 80GiB or 81559MiB (default: the scenario's "
+             "GPU). Must not exceed the local GPU.")] = None,
+    utilization: Annotated[float | None, typer.Option(
+        help="The engine's --gpu-memory-utilization, in (0, 1] (default: the scenario's).")
+    ] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="Tokens per step (default: the scenario's): sizes the workspace, the profile pass "
+             "and the full step.")] = None,
+    paths: Annotated[str, typer.Option(help="Comma-separated paths to try.")
+    ] = ",".join(PATH_NAMES),
+    output_format: Annotated[ReproFormat, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.repro-oom/1).")
+    ] = ReproFormat.table,
+    output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
+    ] = None,
+    predict: Annotated[bool, typer.Option(
+        help="Predict on the allocator model even where a GPU could measure.")] = False,
+    expect_oom: Annotated[list[str] | None, typer.Option(
+        "--expect-oom", help="Exit 1 unless this path runs out of memory (repeatable).")] = None,
+    expect_fit: Annotated[list[str] | None, typer.Option(
+        "--expect-fit", help="Exit 1 unless this path fits (repeatable).")] = None,
+) -> None:
+    """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
+
+    Emulates the engine in its order on the local GPU: cap memory at the target GPU's, count
+    non-torch memory, reserve the workspace (workspace path), place the weights, run a profile
+    pass that skips attention, size the KV cache as `utilization x total - (init + profile peak
+    + non-torch)`, then run one full step. Each case runs in its own process. Prints each
+    path's verdict (fits with its headroom, or the allocation that failed and the free bytes),
+    and the largest max_num_batched_tokens that fits. Without a GPU the verdicts are PREDICTED.
+    Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
+    """
+    path_list = parse_paths(paths)
+    for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
+        for path in wanted or []:
+            if path not in path_list:
+                raise UserError(f"{option} {path}: not among --paths {','.join(path_list)}")
+    if output is not None:
+        check_output_path(output)
+    chosen = scenarios.load(scenario)
+    try:
+        memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
+    except ValueError as exc:
+        raise UserError(f"--gpu-memory: {exc}") from None
+    budget = Budget(
+        gpu_memory_bytes=memory_bytes,
+        utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
+        max_num_batched_tokens=(chosen.serving.max_num_batched_tokens
+                                if max_num_batched_tokens is None else max_num_batched_tokens))
+    command = "mlamem " + shlex.join(sys.argv[1:])
+    with _progress(f"repro-oom {chosen.name}", None) as advance:
+        result = run_repro(chosen, budget, path_list, command=command, predict=predict,
+                           on_progress=advance)
+    if not result.measured:
+        print(f"mlamem: not measured ({result.not_measured_reason}); verdicts are PREDICTED by "
+              "the allocator model", file=sys.stderr)
+    terminal = render.repro_table(result) if output_format is ReproFormat.table else None
+    _emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
+    verdicts = {c["path"]: c["verdict"] for c in result.cases}
+    unmet = [f"{p} was expected to OOM but {verdicts[p]}" for p in expect_oom or []
+             if verdicts[p] != "oom"]
+    unmet += [f"{p} was expected to fit but {verdicts[p]}" for p in expect_fit or []
+              if verdicts[p] != "fits"]
+    if unmet:
+        print(f"mlamem: {'; '.join(unmet)}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
 @contextlib.contextmanager
-def _progress(title: str, total: int):
-    """A transient progress bar on stderr; yields advance(description)."""
+def _progress(title: str, total: int | None):
+    """A transient progress bar on stderr (a spinner if total is None); yields advance(text)."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True) as progress:
         task = progress.add_task(title, total=total)

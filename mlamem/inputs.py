@@ -21,7 +21,7 @@ KV_POOL_TOPK_MULTIPLE = 4  # the synthetic KV pool holds 4 x topk tokens
 class DecodeInputs:
     """One step's attention inputs for one rank."""
 
-    q: torch.Tensor  # (T, heads_per_rank, 576) bfloat16
+    q: torch.Tensor | None  # (T, heads_per_rank, 576) bfloat16; None if not asked for
     kv_cache: torch.Tensor  # (num_blocks, block_size, 1, 656) uint8, fp8_ds_mla
     indices: torch.Tensor  # (1, T, topk) int32, in range, -1 where invalid
 
@@ -33,8 +33,12 @@ def kv_pool_tokens(scenario: Scenario) -> int:
 
 
 def make_inputs(scenario: Scenario, tokens: int, device: torch.device, seed: int = 0,
-                invalid_fraction: float = 0.0) -> DecodeInputs:
-    """Inputs for a step of `tokens` query tokens; the same seed gives the same values."""
+                invalid_fraction: float = 0.0, with_query: bool = True) -> DecodeInputs:
+    """Inputs for a step of `tokens` query tokens; the same seed gives the same values.
+
+    `with_query=False` leaves q to the caller (an engine allocates it as an activation and
+    fills it with `fill_query`).
+    """
     pool = kv_pool_tokens(scenario)
     cpu = torch.Generator().manual_seed(seed)
     latent = torch.randn((pool, scenario.d_qk), generator=cpu)
@@ -49,6 +53,15 @@ def make_inputs(scenario: Scenario, tokens: int, device: torch.device, seed: int
         drop = torch.rand(indices.shape, device=device, **on_device) < invalid_fraction
         drop[..., 0] = False  # every query keeps at least one valid key
         indices.masked_fill_(drop, -1)
-    q = torch.randn((tokens, scenario.heads_per_rank, scenario.d_qk), dtype=torch.bfloat16,
-                    device=device, **on_device)
+    q = None
+    if with_query:
+        q = torch.randn((tokens, scenario.heads_per_rank, scenario.d_qk), dtype=torch.bfloat16,
+                        device=device, **on_device)
     return DecodeInputs(q=q, kv_cache=kv_cache, indices=indices)
+
+
+def fill_query(q: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Fill an allocated q in place with standard normal values (never zeros)."""
+    if q.device.type == "meta":
+        return q
+    return q.normal_(generator=torch.Generator(q.device).manual_seed(seed))

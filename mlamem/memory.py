@@ -51,17 +51,47 @@ class CudaMemory:
 
     measured = True
 
-    def __init__(self, device: torch.device | None = None, record_stacks: bool = False):
+    def __init__(self, device: torch.device | None = None, record_stacks: bool = False,
+                 used_before_cuda: dict[str, int] | None = None):
         self.device = device or torch.device("cuda", torch.cuda.current_device())
         self.record_stacks = record_stacks  # Python stacks in the trace, for memory_viz
         props = torch.cuda.get_device_properties(self.device)
-        self.nvml_handle = nvml.device_handle(str(getattr(props, "uuid", "")) or None)
+        self.total_bytes = props.total_memory
+        uuid = nvml.uuid_name(str(getattr(props, "uuid", "")) or None)
+        self.nvml_handle = nvml.device_handle(uuid)
+        # device memory other processes used before this one touched CUDA (nvml.used_by_uuid)
+        self.used_by_others = (used_before_cuda or {}).get(uuid, 0)
+        self._limited = False
 
     def __enter__(self) -> CudaMemory:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._limited:
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+            self._limited = False
         self.empty_cache()
+
+    def set_limit(self, limit_bytes: int) -> int:
+        """Cap the allocator's reserved memory at about `limit_bytes`; returns the exact cap.
+
+        torch keeps `fraction x total` bytes, so the cap is that product, as torch computes it.
+        """
+        fraction = min(limit_bytes / self.total_bytes, 1.0)
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device)
+        self._limited = True
+        return int(fraction * self.total_bytes)
+
+    def non_torch_bytes(self) -> int | None:
+        """This process's device memory outside the allocator (CUDA context, libraries).
+
+        Device-used memory minus torch's reserved memory, as an engine counts it, less what
+        other processes used before this one started.
+        """
+        used = nvml.used_bytes(self.nvml_handle)
+        if used is None:
+            return None
+        return used - self.used_by_others - self.stats().reserved
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -146,6 +176,14 @@ class SimulatedMemory:
     def __init__(self, limit_bytes: int | None = None):
         self.model = CachingAllocatorModel(limit_bytes)
         self._mode = _MetaAllocations(self.model)
+
+    def set_limit(self, limit_bytes: int) -> int:
+        self.model.limit_bytes = limit_bytes
+        return limit_bytes
+
+    def non_torch_bytes(self) -> None:
+        """Unknown without a device: the model has no CUDA context or libraries."""
+        return None
 
     def __enter__(self) -> SimulatedMemory:
         self._mode.__enter__()

@@ -33,12 +33,29 @@ def nvml_query(func_name: str, *args, default=None):
         return default
 
 
-def device_handle(uuid: str | None):
-    """The NVML handle of the GPU with this torch device UUID, or None."""
-    if uuid is None:
+def uuid_name(torch_uuid: str | None) -> str | None:
+    """A torch device UUID in NVML's spelling ("GPU-...")."""
+    if torch_uuid is None:
         return None
-    name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-    return nvml_query("nvmlDeviceGetHandleByUUID", name)
+    return torch_uuid if torch_uuid.startswith(("GPU-", "MIG-")) else f"GPU-{torch_uuid}"
+
+
+def device_handle(uuid: str | None):
+    """The NVML handle of the GPU with this UUID (torch's or NVML's spelling), or None."""
+    name = uuid_name(uuid)
+    return None if name is None else nvml_query("nvmlDeviceGetHandleByUUID", name)
+
+
+def used_by_uuid() -> dict[str, int]:
+    """Used memory of every GPU, keyed by NVML UUID; read it before touching CUDA."""
+    result = {}
+    for index in range(nvml_query("nvmlDeviceGetCount", default=0)):
+        handle = nvml_query("nvmlDeviceGetHandleByIndex", index)
+        uuid = handle and nvml_query("nvmlDeviceGetUUID", handle)
+        used = used_bytes(handle)
+        if uuid is not None and used is not None:
+            result[uuid.decode() if isinstance(uuid, bytes) else uuid] = used
+    return result
 
 
 def used_bytes(handle) -> int | None:

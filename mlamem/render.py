@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlamem.profile import ProfileResult, ProfileRow
+from mlamem.repro import ReproResult
 from mlamem.units import format_bytes, gib
 from mlamem.validate import Comparison
 
@@ -265,3 +266,115 @@ def validation_json(comparisons: list[Comparison], command: str) -> str:
 
 VALIDATION_FORMATS = {"table": validation_table, "markdown": validation_markdown,
                       "json": validation_json}
+
+
+def _repro_label(result: ReproResult) -> str:
+    env = result.environment
+    if result.measured:
+        return (f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}, "
+                "each case in its own process")
+    return (f"PREDICTED, not measured ({result.not_measured_reason}); allocator model + "
+            f"{result.kernel['label']} allocation spec, {result.kernel['sm_count']} SMs")
+
+
+def _budget_lines(result: ReproResult) -> list[str]:
+    b, s = result.budget, result.scenario
+    first = result.cases[0] if result.cases else {}
+    lines = [f"target: {format_bytes(b['gpu_memory_bytes'])} ({s['target_gpu']} memory) at "
+             f"utilization {b['utilization']} = {format_bytes(b['requested_bytes'])} for the "
+             f"engine; max_num_batched_tokens {b['max_num_batched_tokens']}",
+             f"weights {format_bytes(first.get('weights_bytes', 0))} per rank"
+             + (f" ({s['weights_note']})" if s.get("weights_note") else "")]
+    if first.get("non_torch_bytes") is not None:
+        lines.append(f"non-torch memory (CUDA context, libraries): "
+                     f"{format_bytes(first['non_torch_bytes'])}")
+    return lines
+
+
+def verdict_text(case: dict) -> str:
+    """One line: what happened to this path."""
+    verdict = case["verdict"]
+    if verdict == "fits":
+        return (f"fits: step peak {format_bytes(case['step_peak_bytes'])} under a "
+                f"{format_bytes(case['torch_limit_bytes'])} cap, headroom "
+                f"{format_bytes(case['headroom_bytes'])}")
+    if verdict == "oom":
+        size = case.get("oom_requested_bytes")
+        what = case.get("oom_buffer") or "an unattributed allocation"
+        text = f"OOM in {case['phase']}: {what}"
+        if size is not None:
+            text += f" ({format_bytes(size)}, by {case.get('oom_allocated_by') or 'unknown'})"
+        if case.get("free_bytes_at_oom") is not None:
+            text += f" with {format_bytes(case['free_bytes_at_oom'])} free under the cap"
+        return text
+    if verdict == "no-kv-room":
+        return "does not start: " + case["failure"]
+    return f"{verdict}: {case.get('failure')}"
+
+
+def _kv(case: dict) -> str:
+    if case.get("kv_cache_bytes") is None:
+        return "n/a"
+    return f"{gib(case['kv_cache_bytes']):.3f} GiB ({case['kv_cache_tokens']} tokens)"
+
+
+def _safe(case: dict) -> str:
+    tokens = case.get("max_safe_tokens")
+    return "n/a" if tokens is None else ("none" if tokens == 0 else str(tokens))
+
+
+def _gain(case: dict) -> str:
+    gain = case.get("out_staging_gain_bytes")
+    return "-" if gain is None else f"+{gib(gain):.3f}"
+
+
+def repro_table(result: ReproResult) -> Table:
+    """One row per path: the verdict, the KV cache the engine chose, the largest safe T."""
+    caption = [_repro_label(result), *_budget_lines(result)]
+    caption += [f"{c['path']}: {verdict_text(c)}" for c in result.cases
+                if c["verdict"] not in ("fits", "oom")]
+    caption += [f"largest safe T ({c['path']}): {c.get('max_safe_method')}"
+                for c in result.cases]
+    caption += result.notes
+    out = Table(title=f"mlamem repro-oom: {result.scenario['name']}; GiB",
+                caption="\n".join(caption), caption_justify="left", box=box.SIMPLE_HEAD,
+                pad_edge=False, padding=(0, 1, 0, 0))
+    for name in ("path", "verdict", "failed\nalloc", "free at\nOOM", "KV\ncache", "head-\nroom",
+                 "+if out\nstaged", "max\nsafe T"):
+        out.add_column(name, justify="left" if name in ("path", "verdict") else "right",
+                       no_wrap=True)
+    for c in result.cases:
+        out.add_row(c["path"], c["verdict"].upper() if c["verdict"] == "oom" else c["verdict"],
+                    "" if c.get("oom_requested_bytes") is None
+                    else f"{c.get('oom_buffer') or '?'} {_gib(c['oom_requested_bytes'])}",
+                    _gib(c.get("free_bytes_at_oom")) if c["verdict"] == "oom" else "",
+                    "n/a" if c.get("kv_cache_bytes") is None else _gib(c["kv_cache_bytes"]),
+                    _gib(c.get("headroom_bytes")) if c["verdict"] == "fits" else "",
+                    _gain(c), _safe(c))
+    return out
+
+
+def repro_markdown(result: ReproResult) -> str:
+    """The reproduction as a PR section: budget, one row per path, how the limit was found."""
+    lines = [f"### Runtime OOM reproduction: {result.scenario['name']}", "",
+             f"{_repro_label(result)}.", ""]
+    lines += [f"- {line}" for line in _budget_lines(result)] + [""]
+    lines += ["| path | verdict | KV cache | headroom | + if out staged | largest safe "
+              "max_num_batched_tokens |", "|---|---|---|---|---|---|"]
+    for c in result.cases:
+        headroom = f"{_gib(c.get('headroom_bytes'))} GiB" if c["verdict"] == "fits" else "-"
+        gain = _gain(c) + (" GiB" if c.get("out_staging_gain_bytes") is not None else "")
+        lines.append(f"| {c['path']} | {verdict_text(c)} | {_kv(c)} | {headroom} | {gain} | "
+                     f"{_safe(c)} |")
+    lines += [""] + [f"- {c['path']}: largest safe max_num_batched_tokens by "
+                     f"{c.get('max_safe_method')}" for c in result.cases]
+    lines += [f"- {note}" for note in result.notes] + [f"- Command: `{result.command}`"]
+    return "\n".join(lines) + "\n"
+
+
+def repro_json(result: ReproResult) -> str:
+    return json.dumps(result.to_dict(), indent=2) + "\n"
+
+
+REPRO_FORMATS = {"table": lambda r: _console_text(repro_table(r)), "markdown": repro_markdown,
+                 "json": repro_json}

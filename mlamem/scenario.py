@@ -37,8 +37,11 @@ class Model:
     qk_nope_head_dim: int  # NoPE part of each q/k head before absorption
     v_head_dim: int  # value head dim before absorption
     index_topk: int | None = None  # DSA indexer top-k; None for a dense-MLA model
+    hidden_size: int | None = None  # residual-stream width; sizes the engine's activations
 
     def __post_init__(self) -> None:
+        if self.hidden_size is not None:
+            _positive(self, "model", "hidden_size")
         for name in ("num_attention_heads", "num_layers", "kv_lora_rank", "qk_rope_head_dim",
                      "qk_nope_head_dim", "v_head_dim"):
             _positive(self, "model", name)
@@ -52,13 +55,22 @@ class Parallelism:
 
     tensor_parallel: int  # TP size
     attention_data_parallel: int = 1  # attention-DP size; heads are split over TP / DP ranks
+    weights_gib_per_rank: float | None = None  # model weights one rank holds, GiB
+    weights_note: str = ""  # where weights_gib_per_rank comes from (measured, estimate, placeholder)
 
     def __post_init__(self) -> None:
+        if self.weights_gib_per_rank is not None and self.weights_gib_per_rank < 0:
+            raise _FieldError("parallel", "weights_gib_per_rank", "must be >= 0")
         _positive(self, "parallel", "tensor_parallel")
         _positive(self, "parallel", "attention_data_parallel")
         if self.tensor_parallel % self.attention_data_parallel:
             raise _FieldError("parallel", "attention_data_parallel",
                                "must divide tensor_parallel")
+
+    @property
+    def weights_bytes(self) -> int:
+        """Weights one rank holds; 0 when the scenario states none."""
+        return round((self.weights_gib_per_rank or 0) * 1024**3)
 
     @property
     def attention_tensor_parallel(self) -> int:
@@ -235,6 +247,20 @@ def parse(text: str, source: str) -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{source}: not valid TOML ({exc}); fix the file") from None
+    return from_dict(data, source)
+
+
+def to_dict(scenario: Scenario) -> dict:
+    """The scenario as plain data, in the TOML layout (`from_dict` reads it back)."""
+    data = {"name": scenario.name, "description": scenario.description}
+    for section in _SECTIONS:
+        fields = dataclasses.asdict(getattr(scenario, section))
+        data[section] = {k: v for k, v in fields.items() if v is not None}
+    return data
+
+
+def from_dict(data: dict, source: str) -> Scenario:
+    """Build a scenario from TOML-layout data; errors name the source and the field."""
     try:
         unknown = set(data) - set(_SECTIONS) - {"name", "description"}
         if unknown:

@@ -1,0 +1,218 @@
+"""`mlamem repro-oom`: reproduce a runtime OOM of one engine rank, per path, and find the limit.
+
+Each measured case runs `mlamem.engine` in its own process, so an OOM or a poisoned CUDA context
+never reaches the next case or this one; a process that dies still gets a verdict. Without a
+GPU every case is predicted by the same emulation on the allocator model.
+
+The largest safe max_num_batched_tokens is searched on the validated allocator model (fast,
+byte-exact against the GPU); on a GPU the answer T is then confirmed by measuring T (must fit)
+and T + 1 (must OOM), and bisected by measurement if either disagrees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import mlamem
+from mlamem import environment
+from mlamem.engine import CRASHED, ERROR, FITS, Budget, EngineCase, emulate
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA, SparseDecodeKernel
+from mlamem.measure import local_sm_count
+from mlamem.memory import SimulatedMemory
+from mlamem.paths import PATH_NAMES
+from mlamem.profile import scenario_summary
+from mlamem.scenario import Scenario, to_dict
+from mlamem.units import format_bytes
+
+SCHEMA = "mlamem.repro-oom/1"
+SEARCH_CAP_TOKENS = 1 << 21  # the search stops here: "at least this many"
+WORKER = (sys.executable, "-m", "mlamem.engine")
+CASE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class ReproResult:
+    """The JSON schema `mlamem.repro-oom/1`: one entry in `cases` per path."""
+
+    command: str
+    measured: bool
+    not_measured_reason: str | None  # why the verdicts are predicted
+    scenario: dict
+    kernel: dict
+    budget: dict  # gpu_memory_bytes, utilization, max_num_batched_tokens, requested_bytes
+    environment: environment.Environment
+    cases: list[dict]  # EngineCase fields + max_safe_tokens, max_safe_method
+    notes: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def largest_fitting(fits: Callable[[int], bool], guess: int,
+                    cap: int = SEARCH_CAP_TOKENS) -> tuple[int, int]:
+    """(largest T in [0, cap] with fits(T), number of fits calls), for a monotone `fits`.
+
+    Gallops away from `guess` in steps 1, 2, 4, ... until the answer is bracketed, then bisects;
+    a right guess costs two calls (guess fits, guess + 1 does not). 0 means nothing fits.
+    """
+    calls = 0
+
+    def probe(tokens: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return fits(tokens)
+
+    guess = min(max(guess, 1), cap)
+    step = 1
+    if probe(guess):
+        low = guess
+        while low < cap and probe(min(low + step, cap)):
+            low, step = min(low + step, cap), step * 2
+        if low == cap:
+            return cap, calls
+        high = min(low + step, cap)
+    else:
+        high = guess
+        while high > 1 and not probe(max(high - step, 1)):
+            high, step = max(high - step, 1), step * 2
+        if high == 1:
+            return 0, calls
+        low = max(high - step, 1)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if probe(middle) else (low, middle)
+    return low, calls
+
+
+def run_case(request: dict, worker: Sequence[str] = WORKER,
+             timeout_s: float = CASE_TIMEOUT_S) -> dict:
+    """Run one case in its own process; a process that dies without a result gets CRASHED."""
+    env = dict(os.environ)
+    root = str(Path(mlamem.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="mlamem-case-") as folder:
+        request_file, result_file = Path(folder, "request.json"), Path(folder, "result.json")
+        request_file.write_text(json.dumps(request))
+        try:
+            done = subprocess.run([*worker, str(request_file), str(result_file)], env=env,
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return _crashed(request, f"no result after {timeout_s:.0f} s; the case was killed")
+        if result_file.is_file():
+            return json.loads(result_file.read_text())
+        code = done.returncode
+        how = (f"killed by {signal.Signals(-code).name}" if code < 0
+               else f"exited with status {code}")
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "")
+        return _crashed(request, f"the case's process {how} without a result: {last}".rstrip(": "))
+
+
+def _crashed(request: dict, failure: str) -> dict:
+    case = EngineCase(path=request["path"], measured=True, verdict=CRASHED, failure=failure,
+                      max_num_batched_tokens=request["budget"]["max_num_batched_tokens"])
+    return case.to_dict()
+
+
+def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], on_model: int,
+                    announce: Callable[[int], None]) -> tuple[int, str]:
+    """Measure the model's answer T and T + 1; bisect by measurement if either disagrees."""
+    def fits(tokens: int) -> bool:
+        if tokens not in verdicts:
+            announce(tokens)
+            verdicts[tokens] = verdict_at(tokens)
+        return verdicts[tokens] == FITS
+
+    runs_before = len(verdicts)
+    on_gpu, _ = largest_fitting(fits, on_model)
+    if on_gpu == on_model:
+        return on_gpu, (f"validated allocator model, confirmed on the GPU ({on_gpu} fits, "
+                        f"{on_gpu + 1} runs out of memory)")
+    return on_gpu, (f"measured bisection on the GPU ({len(verdicts) - runs_before} runs); "
+                    f"the model said {on_model}")
+
+
+def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> None:
+    """Refuse to emulate a target GPU larger than the local one."""
+    if budget.gpu_memory_bytes > local_total_bytes:
+        raise UserError(f"--gpu-memory {format_bytes(budget.gpu_memory_bytes)} exceeds this "
+                        f"{local_name}'s {format_bytes(local_total_bytes)}; emulate a target GPU "
+                        "no larger than the local one")
+
+
+def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,
+              kernel: SparseDecodeKernel | None = None, predict: bool = False,
+              worker: Sequence[str] = WORKER,
+              on_progress: Callable[[str], None] | None = None) -> ReproResult:
+    """Emulate the rank once per path, then search each path's largest safe token budget."""
+    for path in paths:
+        if path not in PATH_NAMES:
+            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
+    kernel = kernel or FlashMLA()
+    reason = "--predict was given" if predict else kernel.unavailable_reason()
+    measured = reason is None
+    if measured:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        check_local_gpu(budget, props.total_memory, props.name)
+    sm_count = local_sm_count() if measured else scenario.gpu.sm_count
+    progress = on_progress or (lambda _: None)
+
+    def request(path: str, tokens: int) -> dict:
+        return {"scenario": to_dict(scenario), "source": scenario.source, "path": path,
+                "kernel": kernel.name,
+                "budget": {**dataclasses.asdict(budget), "max_num_batched_tokens": tokens}}
+
+    def predicted(path: str, tokens: int, non_torch: int) -> dict:
+        at = dataclasses.replace(budget, max_num_batched_tokens=tokens)
+        return emulate(SimulatedMemory(), scenario, kernel, at, path, sm_count=sm_count,
+                       assumed_non_torch_bytes=non_torch).to_dict()
+
+    cases = []
+    for path in paths:
+        tokens = budget.max_num_batched_tokens
+        progress(f"{path}: full step at {tokens} tokens")
+        case = run_case(request(path, tokens), worker) if measured else predicted(path, tokens, 0)
+        non_torch = case.get("non_torch_bytes") or 0
+        progress(f"{path}: searching the largest safe max_num_batched_tokens on the model")
+        on_model, _ = largest_fitting(
+            lambda t, p=path, n=non_torch: predicted(p, t, n)["verdict"] == FITS, tokens)
+        case["max_safe_tokens"] = on_model
+        case["max_safe_method"] = "validated allocator model (predicted, not measured)"
+        if measured and case["verdict"] not in (ERROR, CRASHED):
+            case["max_safe_tokens"], case["max_safe_method"] = _confirm_on_gpu(
+                lambda t, p=path: run_case(request(p, t), worker)["verdict"],
+                {tokens: case["verdict"]}, on_model,
+                lambda t, p=path: progress(f"{p}: confirming on the GPU at {t} tokens"))
+        cases.append(case)
+    capabilities = kernel.capabilities()
+    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    summary = {**scenario_summary(scenario, padded_heads),
+               "weights_note": scenario.parallel.weights_note,
+               "target_gpu": scenario.gpu.name}
+    notes = []
+    if not scenario.parallel.weights_gib_per_rank:
+        notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
+                      "verdicts do not depend on it, only the KV-cache size does")
+    if not measured:
+        notes.append("non-torch memory (CUDA context, libraries) is not known without a GPU and "
+                      "is taken as 0 B; it cancels out of the verdict, since the engine charges "
+                      "it to the KV cache")
+    flash_mla_version = FlashMLA().version()
+    return ReproResult(
+        command=command, measured=measured, not_measured_reason=reason, scenario=summary,
+        kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
+                **dataclasses.asdict(capabilities)},
+        budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},
+        environment=environment.capture(flash_mla_version), cases=cases, notes=notes)
