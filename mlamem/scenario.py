@@ -104,7 +104,7 @@ class TargetGPU:
     """The GPU the scenario is sized for (not necessarily the one measuring it)."""
 
     name: str  # e.g. "H100 SXM 80GB"
-    memory_mib: int  # total device memory as nvidia-smi reports it
+    memory_mib: int  # total device memory (as CUDA reports it, or nvidia-smi; see each file)
     gpu_memory_utilization: float  # the engine's fraction of memory it may use
     sm_count: int  # streaming multiprocessors; FlashMLA's split-KV scheduling depends on it
 

@@ -1,0 +1,203 @@
+"""repro-oom on the CPU: the engine's budget arithmetic, verdicts, the search, the subprocesses."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from mlamem import scenario as scenarios
+from mlamem.allocator import AllocatorOutOfMemory
+from mlamem.cli import main
+from mlamem.engine import Budget, activation_specs, emulate, kv_block_bytes, kv_cache_bytes
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA, simulate_decode
+from mlamem.memory import SimulatedMemory, is_out_of_memory
+from mlamem.repro import check_local_gpu, largest_fitting, run_case, run_repro
+from mlamem.testing import needs_flashmla
+
+GiB = 1024**3
+no_gpu = pytest.mark.skipif(not needs_flashmla.args[0], reason="a GPU here measures instead")
+
+
+@pytest.fixture(scope="module")
+def glm():
+    return scenarios.load("glm5-fp8-tp8")
+
+
+def glm_budget(glm, tokens=32768):
+    return Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, tokens)
+
+
+def test_kv_cache_arithmetic_by_hand():
+    """KV cache = utilization x total - non-KV, floored to whole blocks; never negative."""
+    budget = Budget(gpu_memory_bytes=80 * GiB, utilization=0.85, max_num_batched_tokens=32768)
+    assert budget.requested_bytes == 73_014_444_032  # 0.85 x 85,899,345,920
+    block = 64 * 656 * 78  # block_size x fp8_ds_mla bytes x layers = 3,274,752
+    # 73,014,444,032 - 53,687,091,200 = 19,327,352,832 = 5901.9 blocks -> 5901 blocks
+    assert kv_cache_bytes(budget, 50 * GiB, block) == 5901 * 3_274_752 == 19_324_311_552
+    assert kv_cache_bytes(budget, 70 * GiB, block) == 0
+
+
+def test_engine_case_adds_up_for_glm5(glm):
+    """The predicted glm5 case: block size, profile peak and KV size, each worked by hand."""
+    assert kv_block_bytes(glm) == 3_274_752
+    # hidden_states + residual (32768 x 6144 x 2 B each) + q (32768 x 8 x 576 x 2 B)
+    # + attn_output (32768 x 8 x 512 x 2 B) = 2 x 402,653,184 + 301,989,888 + 268,435,456
+    assert sum(s.nbytes for s in activation_specs(glm, 32768)) == 1_375_731_712
+    case = emulate(SimulatedMemory(), glm, FlashMLA(), glm_budget(glm), "workspace",
+                   sm_count=132)
+    assert case.profile_peak_bytes == 1_375_731_712
+    assert case.workspace_bytes == 32768 * 64 * (576 + 512) * 2  # padded q + out, bf16
+    non_kv = case.init_bytes + case.profile_peak_bytes  # non-torch is 0 when predicted
+    requested = int(0.85 * 81559 * 1024**2)
+    assert case.kv_cache_bytes == (requested - non_kv) // 3_274_752 * 3_274_752
+    assert case.kv_cache_tokens == case.kv_cache_bytes // 3_274_752 * 64
+    assert case.headroom_bytes == case.torch_limit_bytes - case.step_peak_bytes > 0
+
+
+def test_predicted_glm5_defaults(glm):
+    """glm5 defaults: the alloc path OOMs on the 8 GiB o_accum; the workspace path fits."""
+    result = run_repro(glm, glm_budget(glm), ["alloc", "workspace"], command="test",
+                       predict=True)
+    alloc, workspace = result.cases
+    assert not result.measured
+    assert alloc["verdict"] == "oom" and alloc["phase"] == "step"
+    assert alloc["oom_buffer"] == "o_accum" and alloc["oom_allocated_by"] == "kernel"
+    assert alloc["oom_requested_bytes"] == 8 * GiB
+    assert 0 < alloc["free_bytes_at_oom"] < 8 * GiB
+    assert workspace["verdict"] == "fits" and workspace["headroom_bytes"] > 0
+    assert alloc["out_staging_gain_bytes"] == 32768 * 64 * 512 * 2
+    assert 0 < alloc["max_safe_tokens"] < 32768 < workspace["max_safe_tokens"]
+    assert "predicted" in alloc["max_safe_method"]
+
+
+def test_max_safe_tokens_is_the_boundary(glm):
+    """The reported largest safe T fits and T + 1 does not, on the model."""
+    result = run_repro(glm, glm_budget(glm), ["alloc"], command="test", predict=True)
+    limit = result.cases[0]["max_safe_tokens"]
+    for tokens, verdict in ((limit, "fits"), (limit + 1, "oom")):
+        case = emulate(SimulatedMemory(), glm, FlashMLA(), glm_budget(glm, tokens), "alloc",
+                       sm_count=132)
+        assert case.verdict == verdict
+
+
+@pytest.mark.parametrize(("threshold", "guess"), [(37, 32768), (37, 37), (40000, 32768),
+                                                  (1, 5), (0, 100), (1 << 21, 3)])
+def test_largest_fitting_finds_the_threshold(threshold, guess):
+    """Galloping from the guess, then bisecting, finds the last T that fits."""
+    found, calls = largest_fitting(lambda t: t <= threshold, guess)
+    assert found == threshold
+    if guess == threshold and 0 < threshold < 1 << 21:
+        assert calls == 2  # a right guess is confirmed by two probes
+
+
+class _RaisingKernel(FlashMLA):
+    """Runs on the meta device and fails the way a stable-ABI kernel does."""
+
+    runs_on_meta = True
+
+    def __init__(self, error: str):
+        super().__init__()
+        self.error = error
+
+    def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+        if self.error == "oom":
+            try:
+                return simulate_decode(self, 132, q, kv_cache, indices, sm_scale=sm_scale,
+                                       d_v=d_v, out=out)
+            except AllocatorOutOfMemory:  # what crosses the stable ABI is a RuntimeError
+                raise RuntimeError('torch_call_dispatcher("aten::new_empty", ...) failed') from None
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_oom_as_runtime_error_is_an_oom(glm):
+    """An OOM that arrives as a RuntimeError is classified by num_ooms and named from the trace."""
+    case = emulate(SimulatedMemory(), glm, _RaisingKernel("oom"), glm_budget(glm), "alloc",
+                   sm_count=132)
+    assert case.verdict == "oom" and case.failure.startswith("RuntimeError: torch_call_dispatcher")
+    assert case.oom_buffer == "o_accum" and case.oom_requested_bytes == 8 * GiB
+
+
+def test_other_kernel_failure_is_an_error(glm):
+    """A kernel failure that is not an OOM is reported as an error, never as an OOM."""
+    case = emulate(SimulatedMemory(), glm, _RaisingKernel("illegal"), glm_budget(glm),
+                   "workspace", sm_count=132)
+    assert case.verdict == "error" and "illegal memory access" in case.failure
+    assert case.oom_buffer is None and case.oom_requested_bytes is None
+
+
+def test_is_out_of_memory_classification():
+    """OutOfMemoryError is an OOM; a RuntimeError only with num_ooms growing or OOM text."""
+    assert is_out_of_memory(torch.OutOfMemoryError("x"), 0, 0)
+    assert is_out_of_memory(RuntimeError("torch_call_dispatcher aten::new_empty"), 3, 4)
+    assert not is_out_of_memory(RuntimeError("CUDA error: illegal memory access"), 3, 3)
+    assert not is_out_of_memory(ValueError("CUDA out of memory"), 0, 1)
+
+
+def test_no_kv_room_is_its_own_verdict(glm):
+    """When init and profile leave nothing for the KV cache, the engine does not start."""
+    budget = Budget(48 * GiB, 0.85, 32768)  # 40 GiB of weights leave < 1 GiB for the rest
+    case = emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
+    assert case.verdict == "no-kv-room" and case.phase == "kv-cache"
+
+
+def test_a_crashed_case_still_gets_a_verdict(glm):
+    """A case process that dies without a result becomes 'crashed', naming the signal."""
+    request = {"path": "alloc", "budget": {"max_num_batched_tokens": 1024}}
+    case = run_case(request, worker=[sys.executable, "-c", "import os; os.abort()"])
+    assert case["verdict"] == "crashed" and "SIGABRT" in case["failure"]
+
+
+@no_gpu
+def test_case_process_reports_what_it_cannot_measure(glm):
+    """The real case process runs, and without a GPU says why it measured nothing."""
+    request = {"scenario": scenarios.to_dict(glm), "path": "alloc", "kernel": "flashmla",
+               "budget": {"gpu_memory_bytes": 80 * GiB, "utilization": 0.85,
+                          "max_num_batched_tokens": 1024}}
+    case = run_case(request)
+    assert case["verdict"] == "error" and case["failure"].startswith("cannot measure")
+
+
+def test_local_gpu_must_hold_the_target():
+    """A target GPU larger than the local one is refused with the fix."""
+    check_local_gpu(Budget(80 * GiB, 0.85, 1), 140 * GiB, "H200")
+    with pytest.raises(UserError, match="no larger than the local one"):
+        check_local_gpu(Budget(200 * GiB, 0.85, 1), 140 * GiB, "H200")
+
+
+@no_gpu
+def test_cli_json_and_expectations(capsys, tmp_path):
+    """JSON has a verdict per path; --expect-* turn verdicts into exit codes."""
+    target = tmp_path / "repro.json"
+    assert main(["repro-oom", "--format", "json", "--output", str(target),
+                 "--expect-oom", "alloc", "--expect-fit", "workspace"]) == 0
+    data = json.loads(target.read_text())
+    assert data["schema"] == "mlamem.repro-oom/1" and data["measured"] is False
+    assert [c["verdict"] for c in data["cases"]] == ["oom", "fits"]
+    assert main(["repro-oom", "--paths", "alloc", "--expect-fit", "alloc"]) == 1
+    assert "expected to fit but oom" in capsys.readouterr().err
+
+
+@no_gpu
+def test_cli_markdown_labels_prediction(capsys):
+    """The Markdown says PREDICTED and names the failing buffer."""
+    assert main(["repro-oom", "--format", "markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "PREDICTED" in text and "OOM in step: o_accum (8.000 GiB, by kernel)" in text
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--utilization", "0"], "outside (0, 1]"),
+    (["--utilization", "1.5"], "outside (0, 1]"),
+    (["--max-num-batched-tokens", "0"], "must be > 0"),
+    (["--max-num-batched-tokens", "-5"], "must be > 0"),
+    (["--gpu-memory", "lots"], "80GiB"),
+    (["--paths", "alloc", "--expect-oom", "workspace"], "not among --paths"),
+    (["--scenario", "glm6"], "glm5-fp8-tp8"),
+])
+def test_repro_bad_input_is_one_line_and_exit_2(capsys, args, fix):
+    """Each bad input: exit 2 and one line on stderr naming the fix."""
+    assert main(["repro-oom", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]

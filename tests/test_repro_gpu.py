@@ -1,0 +1,57 @@
+"""repro-oom on a GPU: the measured verdicts, confirmed limits and agreement with the model."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from mlamem import scenario as scenarios
+from mlamem.cli import main
+from mlamem.engine import Budget, emulate
+from mlamem.kernels import FlashMLA
+from mlamem.memory import SimulatedMemory
+from mlamem.repro import run_repro
+from mlamem.testing import needs_flashmla
+
+pytestmark = needs_flashmla
+GiB = 1024**3
+COMPARED = ("verdict", "phase", "workspace_bytes", "init_bytes", "profile_peak_bytes",
+            "kv_cache_bytes", "step_peak_bytes", "oom_requested_bytes", "oom_buffer",
+            "free_bytes_at_oom")
+
+
+@pytest.fixture(scope="module")
+def glm_result():
+    glm = scenarios.load("glm5-fp8-tp8")
+    budget = Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 32768)
+    return glm, budget, run_repro(glm, budget, ["alloc", "workspace"], command="test")
+
+
+def test_glm5_defaults_measured(glm_result):
+    """On the GPU the alloc path OOMs on the 8 GiB o_accum; the workspace path fits."""
+    _, _, result = glm_result
+    alloc, workspace = result.cases
+    assert result.measured
+    assert alloc["verdict"] == "oom" and alloc["oom_buffer"] == "o_accum"
+    assert alloc["oom_requested_bytes"] == 8 * GiB and alloc["non_torch_bytes"] > 0
+    assert workspace["verdict"] == "fits" and workspace["headroom_bytes"] > 0
+    for case in result.cases:
+        assert "confirmed on the GPU" in case["max_safe_method"], case["max_safe_method"]
+
+
+def test_measured_equals_the_model(glm_result):
+    """Given the measured non-torch memory, the model predicts every byte of each case."""
+    glm, budget, result = glm_result
+    for measured in result.cases:
+        predicted = emulate(SimulatedMemory(), glm, FlashMLA(), budget, measured["path"],
+                            sm_count=132, assumed_non_torch_bytes=measured["non_torch_bytes"])
+        predicted = dataclasses.asdict(predicted)
+        assert {k: predicted[k] for k in COMPARED} == {k: measured[k] for k in COMPARED}
+
+
+def test_target_larger_than_local_gpu_is_refused(capsys):
+    """--gpu-memory above the local GPU's memory exits 2 with one line."""
+    local = torch.cuda.get_device_properties(0).total_memory
+    assert main(["repro-oom", "--gpu-memory", f"{local // 1024**2 + 1}MiB"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no larger than the local one" in err[0]
