@@ -245,11 +245,11 @@ def gate(
         current = gating.run_sweep(
             chosen, names, token_list, path_list, command=command, predict=predict,
             on_case=lambda case: advance(f"T={case.tokens} {case.path} {case.failure or 'ok'}"))
+    if previous and not update and not allow_env_change:
+        gating.check_comparable(gating.environment_differences(previous, current), baseline)
     if not current.measured:
         print(f"mlamem: not measured ({current.not_measured_reason}); figures are PREDICTED by "
               "the allocator model", file=sys.stderr)
-    if previous and not update and not allow_env_change:
-        gating.check_comparable(gating.environment_differences(previous, current), baseline)
     tolerances = {**gating.default_tolerances(current.measured or bool(previous and
                                                                         previous.measured)),
                   **overrides}

@@ -42,11 +42,6 @@ class Tolerance:
     def allowed_bytes(self, baseline_bytes: int) -> int:
         return max(self.bytes, int(self.fraction * baseline_bytes))
 
-    def __str__(self) -> str:
-        if self.fraction:
-            return f"{self.fraction * 100:g}%"
-        return f"{self.bytes} B"
-
 
 EXACT = {metric: Tolerance() for metric in METRICS}
 # Measured baselines: the caching allocator is deterministic for a fixed request sequence, and
@@ -181,7 +176,7 @@ def load(path: Path) -> Baseline:
 
 def _get(data: dict, key: str, kind: type | tuple[type, ...], where: str):
     if not isinstance(data, dict) or key not in data:
-        raise KeyError(f"{where}.{key} is missing")
+        raise ValueError(f"{where}.{key} is missing")
     value = data[key]
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise TypeError(f"{where}.{key} has the wrong type")

@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from mlamem.gate import Change, GateResult
+from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.units import format_bytes, gib
 from mlamem.validate import Comparison
@@ -290,6 +290,13 @@ def _change_text(c: Change) -> str:
     return f"{diff:+d} B ({'+' if diff > 0 else ''}{format_bytes(diff)}, {relative})"
 
 
+def _tolerance_text(tolerance: Tolerance) -> str:
+    """'0 B', '1.000 MiB', '0.5%', or '1.000 MiB or 0.5%'."""
+    parts = ([format_bytes(tolerance.bytes)] if tolerance.bytes or not tolerance.fraction else []) + (
+        [f"{tolerance.fraction * 100:g}%"] if tolerance.fraction else [])
+    return " or ".join(parts)
+
+
 def _bytes_cell(value: int | None) -> str:
     return "-" if value is None else format_bytes(value)
 
@@ -311,13 +318,13 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
         title = "passed"
     lines = [f"### mlamem gate: {title}", ""]
     if updated:
-        lines.append(f"Wrote `{baseline}` ({kind} figures)." + (
+        lines.append(f"Wrote `{baseline}`, figures {kind}." + (
             " Changes from the previous baseline:" if result and result.changes else ""))
     else:
         lines.append(f"This run ({kind}) against `{baseline}`.")
     if result is None:
         return "\n".join(lines) + "\n"
-    tolerances = ", ".join(f"{m} {t}" for m, t in result.tolerances.items())
+    tolerances = ", ".join(f"{m} {_tolerance_text(t)}" for m, t in result.tolerances.items())
     lines += ["", f"Compared {result.compared_figures} figures over {result.compared_cases} cases "
                   f"(scenario, T, path); tolerances: {tolerances}."]
     if result.changes:
