@@ -220,22 +220,25 @@ def gate(
     overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
     token_list = parse_tokens(tokens) if tokens is not None else None
     path_list = parse_paths(paths) if paths is not None else None
-    previous = None
-    if not update:
-        previous = gating.load(baseline)
-    elif baseline.exists():
+    if update:
         check_output_path(baseline, "--baseline")
+    previous = None
+    if not update or baseline.exists():
         try:
             previous = gating.load(baseline)
         except UserError as exc:
+            if not update:
+                raise
             print(f"mlamem: replacing an unreadable baseline ({exc})", file=sys.stderr)
-    else:
-        check_output_path(baseline, "--baseline")
+    # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario.
     sweep = previous.sweep if previous else {"scenarios": scenarios.shipped_names(),
                                              "tokens": list(DEFAULT_TOKENS),
                                              "paths": list(PATH_NAMES)}
-    names = (sweep["scenarios"] if scenario is None else scenarios.shipped_names()
-             if scenario == "all" else [n.strip() for n in scenario.split(",")])
+    names = sweep["scenarios"]
+    if scenario == "all":
+        names = scenarios.shipped_names()
+    elif scenario is not None:
+        names = [n.strip() for n in scenario.split(",")]
     token_list, path_list = token_list or sweep["tokens"], path_list or sweep["paths"]
     chosen = [scenarios.load(name) for name in names]
     if not update:
@@ -250,17 +253,16 @@ def gate(
     if not current.measured:
         print(f"mlamem: not measured ({current.not_measured_reason}); figures are PREDICTED by "
               "the allocator model", file=sys.stderr)
-    tolerances = {**gating.default_tolerances(current.measured or bool(previous and
-                                                                        previous.measured)),
-                  **overrides}
-    result = previous and gating.compare(previous, current, tolerances)
+    measured = current.measured or (previous is not None and previous.measured)
+    tolerances = {**gating.default_tolerances(measured), **overrides}
+    result = None if previous is None else gating.compare(previous, current, tolerances)
     if update:
         write_atomic(baseline, current.to_json(), "--baseline")
     text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
                                 updated=update)
     sys.stdout.write(text)
     _append_step_summary(text)
-    if result and not update and not result.passed:
+    if result is not None and not update and not result.passed:
         raise typer.Exit(1)
 
 

@@ -265,3 +265,20 @@ def test_committed_predicted_baselines_pass(capsys):
     """The predicted figures of every shipped scenario equal reports/baselines (as .ci/run checks)."""
     assert main(["gate", "--baseline", str(COMMITTED)]) == 0
     assert "Every figure equals the baseline." in capsys.readouterr().out
+
+
+def test_update_replaces_an_unreadable_baseline_and_lists_what_moved(tmp_path, monkeypatch,
+                                                                     capsys, regressed_alloc_path):
+    """--update over a corrupt file says so and writes a valid one; over a valid one it lists changes."""
+    path = tmp_path / "b.json"
+    path.write_text("{truncated")
+    with monkeypatch.context() as patch:
+        patch.setitem(PATHS, "alloc", regressed_alloc_path)
+        assert _gate("--baseline", str(path), "--update", *GLM5_T1024) == 0
+    assert "replacing an unreadable baseline" in capsys.readouterr().err
+    assert gate.load(path).cases[0].buffers["unattributed"] == PADDED_Q_T1024
+    assert _gate("--baseline", str(path), "--update") == 0
+    out = capsys.readouterr().out
+    assert "Changes from the previous baseline:" in out
+    assert "| improved | glm5-fp8-tp8 | 1024 | alloc | buffer bytes | unattributed |" in out
+    assert "unattributed" not in gate.load(path).cases[0].buffers
