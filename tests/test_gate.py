@@ -236,13 +236,13 @@ def test_other_environment_exits_2_unless_allowed(baseline_file, tmp_path, capsy
     """A measured baseline against a predicted run exits 2 saying so; --allow-env-change compares."""
     data = json.loads(baseline_file.read_text())
     data.update(measured=True, not_measured_reason=None)
-    data["environment"].update(gpu="NVIDIA H200", compute_capability="9.0", flash_mla="1.0.0")
+    data["environment"].update(gpu="NVIDIA H200", compute_capability="9.0", flash_mla="0.9.0")
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(data))
     assert _gate("--baseline", str(path)) == 2
     line = _one_line_error(capsys)
     assert "measured: baseline measured, this run predicted" in line
-    assert "flash_mla: baseline 1.0.0, this run None" in line and "--allow-env-change" in line
+    assert "flash_mla: baseline 0.9.0, this run" in line and "--allow-env-change" in line
     assert _gate("--baseline", str(path), "--allow-env-change") == 0
     assert "Environment: measured was measured, is predicted (compared anyway" in (
         capsys.readouterr().out)
