@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shlex
 import sys
 from enum import StrEnum
@@ -14,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from mlamem import gate as gating
 from mlamem import render, snapshot
 from mlamem import scenario as scenarios
 from mlamem.engine import Budget
@@ -258,6 +260,104 @@ def repro_oom(
     if unmet:
         print(f"mlamem: {'; '.join(unmet)}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+@app.command()
+def gate(
+    baseline: Annotated[Path, typer.Option(
+        help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for every "
+                                 "shipped scenario. Default: the baseline's (all for a new one).")
+    ] = None,
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values. Default: the baseline's "
+             f"({','.join(map(str, DEFAULT_TOKENS))} for a new one).")] = None,
+    paths: Annotated[str | None, typer.Option(
+        help="Comma-separated paths. Default: the baseline's (both for a new one).")] = None,
+    tolerance: Annotated[str | None, typer.Option(
+        help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
+             "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
+             "Default: byte-exact for predicted baselines, gate.MEASURED for measured ones.")
+    ] = None,
+    update: Annotated[bool, typer.Option(
+        help="Write this run's figures as the new baseline (atomically), showing what changed.")
+    ] = False,
+    allow_env_change: Annotated[bool, typer.Option(
+        help="Compare even across a different GPU architecture, kernel version, or measured "
+             "against predicted.")] = False,
+    predict: Annotated[bool, typer.Option(
+        help="Predict even where a GPU could measure (to gate against a predicted baseline).")
+    ] = False,
+) -> None:
+    """Fail CI when per-call memory grows: compare a profile sweep with a baseline file.
+
+    Every (scenario, T, path) of the sweep is measured on a GPU (predicted without one) and its
+    peak allocated, peak reserved, bytes allocated inside the call and per-buffer bytes are
+    compared with the baseline. Exits 1 if any grew beyond the tolerance, 0 otherwise (an
+    improvement says to update the baseline), 2 on bad input or a baseline from a different
+    environment. Prints a Markdown diff, also appended to $GITHUB_STEP_SUMMARY when set.
+    """
+    overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
+    token_list = parse_tokens(tokens) if tokens is not None else None
+    path_list = parse_paths(paths) if paths is not None else None
+    if update:
+        check_output_path(baseline, "--baseline")
+    previous = None
+    if not update or baseline.exists():
+        try:
+            previous = gating.load(baseline)
+        except UserError as exc:
+            if not update:
+                raise
+            print(f"mlamem: replacing an unreadable baseline ({exc})", file=sys.stderr)
+    # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario.
+    sweep = previous.sweep if previous else {"scenarios": scenarios.shipped_names(),
+                                             "tokens": list(DEFAULT_TOKENS),
+                                             "paths": list(PATH_NAMES)}
+    names = sweep["scenarios"]
+    if scenario == "all":
+        names = scenarios.shipped_names()
+    elif scenario is not None:
+        names = [n.strip() for n in scenario.split(",")]
+    token_list, path_list = token_list or sweep["tokens"], path_list or sweep["paths"]
+    chosen = [scenarios.load(name) for name in names]
+    if not update:
+        gating.check_covered(previous, [s.name for s in chosen], token_list, path_list)
+    command = "mlamem " + shlex.join(sys.argv[1:])
+    with _progress("gate", len(chosen) * len(token_list) * len(path_list)) as advance:
+        current = gating.run_sweep(
+            chosen, names, token_list, path_list, command=command, predict=predict,
+            on_case=lambda case: advance(f"T={case.tokens} {case.path} {case.failure or 'ok'}"))
+    if previous and not update and not allow_env_change:
+        gating.check_comparable(gating.environment_differences(previous, current), baseline)
+    if not current.measured:
+        print(f"mlamem: not measured ({current.not_measured_reason}); figures are PREDICTED by "
+              "the allocator model", file=sys.stderr)
+    measured = current.measured or (previous is not None and previous.measured)
+    tolerances = {**gating.default_tolerances(measured), **overrides}
+    result = None if previous is None else gating.compare(previous, current, tolerances)
+    if update:
+        write_atomic(baseline, current.to_json(), "--baseline")
+    text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
+                                updated=update)
+    sys.stdout.write(text)
+    _append_step_summary(text)
+    if result is not None and not update and not result.passed:
+        raise typer.Exit(1)
+
+
+def _append_step_summary(text: str) -> None:
+    """Append to the GitHub Actions job summary when $GITHUB_STEP_SUMMARY names a file."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    try:
+        with open(summary, "a") as handle:
+            handle.write(text + "\n")
+    except OSError as exc:
+        print(f"mlamem: warning: cannot append to $GITHUB_STEP_SUMMARY {summary} "
+              f"({exc.strerror})", file=sys.stderr)
 
 
 @contextlib.contextmanager

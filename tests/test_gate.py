@@ -1,0 +1,284 @@
+"""`mlamem gate`: tolerances, the environment check, the comparison, and the command end to end."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlamem import gate
+from mlamem.cli import main
+from mlamem.errors import UserError
+from mlamem.paths import PATHS
+from mlamem.testing import needs_flashmla
+
+no_gpu = pytest.mark.skipif(not needs_flashmla.args[0], reason="a GPU here measures instead")
+COMMITTED = Path(__file__).parent.parent / "reports" / "baselines" / "predicted.json"
+GLM5_T1024 = ["--scenario", "glm5-fp8-tp8", "--tokens", "1024"]
+PADDED_Q_T1024 = 1024 * 64 * 576 * 2  # bytes of one padded q at T=1024 (75497472)
+MiB = 1024**2
+
+
+def _case(path="alloc", allocated=1000, reserved=2048, in_call=1000, buffers=None, failure=None):
+    return gate.CaseFigures(scenario="s", tokens=8, path=path, peak_allocated_bytes=allocated,
+                            peak_reserved_bytes=reserved, bytes_allocated_in_call=in_call,
+                            buffers={"out": 1000} if buffers is None else buffers, failure=failure)
+
+
+def _baseline(*cases, measured=False, **environment):
+    env = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
+           "flash_mla": None, "mlamem": "0.1.0", **environment}
+    return gate.Baseline(command="test", measured=measured, not_measured_reason=None,
+                         environment=env, sweep={"scenarios": ["s"], "tokens": [8], "paths": []},
+                         cases=list(cases))
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("0", gate.Tolerance()),
+    ("512", gate.Tolerance(bytes=512)),
+    ("1MiB", gate.Tolerance(bytes=MiB)),
+    ("1.5 GiB", gate.Tolerance(bytes=3 * 512 * MiB)),
+    ("0.5%", gate.Tolerance(fraction=0.005)),
+])
+def test_parse_tolerance(text, expected):
+    """'0', bytes with binary units, and percentages of the baseline figure."""
+    assert gate.parse_tolerance(text) == expected
+
+
+def test_tolerances_per_metric():
+    """A bare value applies to every metric; metric=value to that metric only."""
+    assert gate.parse_tolerances("0.5%") == dict.fromkeys(gate.METRICS, gate.Tolerance(fraction=0.005))
+    assert gate.parse_tolerances("peak_reserved=2MiB,buffer=0") == {
+        "peak_reserved": gate.Tolerance(bytes=2 * MiB), "buffer": gate.Tolerance()}
+
+
+def test_fractional_tolerance_scales_with_the_baseline():
+    """0.5% of 1 GiB allows 5368709 bytes; a byte floor applies when it is larger."""
+    assert gate.Tolerance(fraction=0.005).allowed_bytes(1024 * MiB) == 5368709
+    assert gate.Tolerance(bytes=MiB, fraction=0.005).allowed_bytes(1000) == MiB
+
+
+def test_growth_beyond_tolerance_regresses_and_within_passes():
+    """+24 B with 16 B allowed regresses; with 32 B allowed it is within tolerance."""
+    before, after = _baseline(_case()), _baseline(_case(allocated=1024))
+    tight = gate.compare(before, after, dict.fromkeys(gate.METRICS, gate.Tolerance(bytes=16)))
+    assert not tight.passed
+    [change] = tight.regressions
+    assert (change.metric, change.difference_bytes, change.allowed_bytes) == ("peak_allocated", 24, 16)
+    loose = gate.compare(before, after, dict.fromkeys(gate.METRICS, gate.Tolerance(bytes=32)))
+    assert loose.passed and [c.verdict for c in loose.changes] == ["within tolerance"]
+
+
+def test_new_and_vanished_buffers():
+    """A buffer new in this run is growth from 0; a buffer that is gone is an improvement."""
+    before = _baseline(_case(buffers={"out": 1000, "padded_q": 500}))
+    after = _baseline(_case(buffers={"out": 1000, "o_accum": 64}))
+    result = gate.compare(before, after, gate.default_tolerances(measured=False))
+    verdicts = {c.buffer: (c.verdict, c.baseline_bytes, c.current_bytes) for c in result.changes}
+    assert verdicts == {"padded_q": ("improved", 500, None), "o_accum": ("regressed", None, 64)}
+    assert result.compared_figures == 3 + 3
+
+
+def test_a_call_that_newly_fails_is_a_regression():
+    """An OOM where the baseline had figures fails the gate, naming the failure."""
+    failed = _case(allocated=None, reserved=None, in_call=None, buffers={}, failure="out of memory")
+    result = gate.compare(_baseline(_case()), _baseline(failed), gate.EXACT)
+    [change] = result.changes
+    assert change.verdict == "regressed" and change.metric == "failure"
+    assert "out of memory" in change.detail
+
+
+def test_environment_blocks_only_what_makes_figures_incomparable():
+    """Measured vs predicted, another kernel version, and (measured) another GPU block; torch not."""
+    predicted = _baseline(_case())
+    measured_h200 = _baseline(_case(), measured=True, compute_capability="9.0", sm_count=132,
+                              gpu="NVIDIA H200", flash_mla="1.0.0")
+    measured_b200 = _baseline(_case(), measured=True, compute_capability="10.0", sm_count=148,
+                              gpu="NVIDIA B200", flash_mla="1.0.0")
+    blocking = {d.name for d in gate.environment_differences(predicted, measured_h200) if d.blocking}
+    assert blocking == {"measured", "flash_mla"}
+    blocking = {d.name for d in gate.environment_differences(measured_h200, measured_b200)
+                if d.blocking}
+    assert blocking == {"compute_capability", "sm_count"}
+    newer_torch = _baseline(_case(), torch="2.14.0")
+    differences = gate.environment_differences(predicted, newer_torch)
+    assert [(d.name, d.blocking) for d in differences] == [("torch", False)]
+    gate.check_comparable(differences, Path("b.json"))  # does not raise
+    with pytest.raises(UserError, match=r"compute_capability: baseline 9.0, this run 10.0"):
+        gate.check_comparable(gate.environment_differences(measured_h200, measured_b200),
+                              Path("b.json"))
+
+
+# The command, end to end on the allocator model.
+
+def _gate(*args: str) -> int:
+    return main(["gate", "--predict", *args])
+
+
+@pytest.fixture(scope="module")
+def baseline_file(tmp_path_factory):
+    """A predicted baseline of GLM-5 at T=1024, both paths, made by `mlamem gate --update`."""
+    path = tmp_path_factory.mktemp("baseline") / "glm5.json"
+    assert _gate("--baseline", str(path), "--update", *GLM5_T1024) == 0
+    return path
+
+
+def test_update_writes_a_baseline_and_a_rerun_passes(baseline_file, capsys):
+    """--update records the cases, environment and sweep; an unchanged rerun exits 0."""
+    data = json.loads(baseline_file.read_text())
+    assert data["schema"] == "mlamem.baseline/1" and data["measured"] is False
+    assert data["sweep"] == {"scenarios": ["glm5-fp8-tp8"], "tokens": [1024],
+                             "paths": ["alloc", "workspace"]}
+    assert {"gpu", "compute_capability", "torch", "flash_mla", "mlamem"} <= set(data["environment"])
+    alloc = data["cases"][0]
+    assert alloc["buffers"]["padded_q"] == PADDED_Q_T1024 and alloc["path"] == "alloc"
+    assert [p.name for p in baseline_file.parent.iterdir()] == [baseline_file.name]
+    assert _gate("--baseline", str(baseline_file)) == 0
+    assert "Every figure equals the baseline." in capsys.readouterr().out
+
+
+def test_regressed_wrapper_fails_naming_case_buffer_and_bytes(baseline_file, capsys, monkeypatch,
+                                                             regressed_alloc_path):
+    """An extra padded copy of q fails the gate (exit 1); the diff names T, path, buffer, bytes."""
+    monkeypatch.setitem(PATHS, "alloc", regressed_alloc_path)
+    assert _gate("--baseline", str(baseline_file)) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out
+    assert ("| regressed | glm5-fp8-tp8 | 1024 | alloc | buffer bytes | unattributed | - | "
+            f"72.000 MiB | +{PADDED_Q_T1024} B (+72.000 MiB, new) |") in out
+    assert (f"| regressed | glm5-fp8-tp8 | 1024 | alloc | peak allocated |  | 392.751 MiB | "
+            f"464.751 MiB | +{PADDED_Q_T1024} B") in out
+    assert "| workspace |" not in out  # the workspace path is untouched
+
+
+def test_tolerance_decides(baseline_file, capsys, monkeypatch, regressed_alloc_path):
+    """The same regression passes under 100MiB, and fails under 10% (it is +18%)."""
+    monkeypatch.setitem(PATHS, "alloc", regressed_alloc_path)
+    assert _gate("--baseline", str(baseline_file), "--tolerance", "100MiB") == 0
+    assert "| within tolerance | glm5-fp8-tp8 | 1024 | alloc |" in capsys.readouterr().out
+    assert _gate("--baseline", str(baseline_file), "--tolerance", "10%") == 1
+
+
+def test_improvement_passes_and_says_to_update(tmp_path, monkeypatch, capsys,
+                                               regressed_alloc_path):
+    """Against a baseline made with the regressed wrapper, today's wrapper passes, suggests --update."""
+    path = tmp_path / "old.json"
+    with monkeypatch.context() as patch:
+        patch.setitem(PATHS, "alloc", regressed_alloc_path)
+        assert _gate("--baseline", str(path), "--update", *GLM5_T1024) == 0
+    assert PATHS["alloc"] is not regressed_alloc_path
+    capsys.readouterr()
+    assert _gate("--baseline", str(path)) == 0
+    out = capsys.readouterr().out
+    assert "passed, 4 figure(s) improved" in out
+    assert f"| improved | glm5-fp8-tp8 | 1024 | alloc | buffer bytes | unattributed | 72.000 MiB | - | " \
+           f"-{PADDED_Q_T1024} B" in out
+    assert f"update the baseline with `mlamem gate --baseline {path} --update`" in out
+
+
+def test_step_summary_is_appended(baseline_file, tmp_path, monkeypatch, capsys):
+    """With $GITHUB_STEP_SUMMARY set, the Markdown diff is appended to that file."""
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert _gate("--baseline", str(baseline_file)) == 0
+    text = summary.read_text()
+    assert text.startswith("earlier step\n### mlamem gate: passed")
+    assert capsys.readouterr().out in text
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mlamem: error:"), err
+    return err[0]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "not found"),
+    ("", "is not valid JSON"),
+    ('{"schema": "mlamem.baseline/1", "cases": [', "is not valid JSON"),
+    ("[1, 2]", "has schema 'list'"),
+    ('{"schema": "mlamem.profile/1", "rows": []}', "has schema 'mlamem.profile/1'"),
+    ("WRONG_TYPE", "cases[0].peak_allocated_bytes has the wrong type"),
+    ("MISSING_FIELD", "baseline.environment is missing"),
+])
+def test_bad_baseline_is_one_line_and_exit_2(baseline_file, tmp_path, capsys, content, message):
+    """Missing, corrupt or wrong-schema baselines: one line naming the file, exit 2."""
+    path = tmp_path / "bad.json"
+    data = json.loads(baseline_file.read_text())
+    if content == "WRONG_TYPE":
+        data["cases"][0]["peak_allocated_bytes"] = "392 MiB"
+        content = json.dumps(data)
+    elif content == "MISSING_FIELD":
+        del data["environment"]
+        content = json.dumps(data)
+    if content is not None:
+        path.write_text(content)
+    assert _gate("--baseline", str(path)) == 2
+    line = _one_line_error(capsys)
+    assert str(path) in line and message in line and "--update" in line
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--scenario", "glm6"], "unknown scenario 'glm6'"),
+    (["--tokens", "2048"], "no figures for glm5-fp8-tp8 T=2048 alloc"),
+    (["--tolerance", "1MB"], "write 0, 1MiB or 0.5%"),
+    (["--tolerance", "-1MiB"], "write 0, 1MiB or 0.5%"),
+    (["--tolerance", "speed=1MiB"], "unknown metric 'speed'"),
+    (["--paths", "fast"], "unknown path 'fast'"),
+])
+def test_bad_input_is_one_line_and_exit_2(baseline_file, capsys, args, fix):
+    """Unknown scenario, uncovered case, bad tolerance or path: exit 2, one line naming the fix."""
+    assert _gate("--baseline", str(baseline_file), *args) == 2
+    assert fix in _one_line_error(capsys)
+
+
+def test_other_environment_exits_2_unless_allowed(baseline_file, tmp_path, capsys):
+    """A measured baseline against a predicted run exits 2 saying so; --allow-env-change compares."""
+    data = json.loads(baseline_file.read_text())
+    data.update(measured=True, not_measured_reason=None)
+    data["environment"].update(gpu="NVIDIA H200", compute_capability="9.0", flash_mla="0.9.0")
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(data))
+    assert _gate("--baseline", str(path)) == 2
+    line = _one_line_error(capsys)
+    assert "measured: baseline measured, this run predicted" in line
+    assert "flash_mla: baseline 0.9.0, this run" in line and "--allow-env-change" in line
+    assert _gate("--baseline", str(path), "--allow-env-change") == 0
+    assert "Environment: measured was measured, is predicted (compared anyway" in (
+        capsys.readouterr().out)
+
+
+def test_update_never_leaves_a_broken_file(baseline_file, tmp_path, capsys):
+    """A failed --update leaves the old baseline byte for byte; a missing folder writes nothing."""
+    before = baseline_file.read_bytes()
+    assert _gate("--baseline", str(baseline_file), "--update", "--scenario", "glm6") == 2
+    assert baseline_file.read_bytes() == before
+    assert sorted(p.name for p in baseline_file.parent.iterdir()) == [baseline_file.name]
+    capsys.readouterr()
+    assert _gate("--baseline", str(tmp_path / "no" / "b.json"), "--update") == 2
+    assert "does not exist" in _one_line_error(capsys)
+    assert not (tmp_path / "no").exists()
+
+
+@no_gpu
+def test_committed_predicted_baselines_pass(capsys):
+    """The predicted figures of every shipped scenario equal reports/baselines (as .ci/run checks)."""
+    assert main(["gate", "--baseline", str(COMMITTED)]) == 0
+    assert "Every figure equals the baseline." in capsys.readouterr().out
+
+
+def test_update_replaces_an_unreadable_baseline_and_lists_what_moved(tmp_path, monkeypatch,
+                                                                     capsys, regressed_alloc_path):
+    """--update over a corrupt file says so and writes a valid one; over a valid one it lists changes."""
+    path = tmp_path / "b.json"
+    path.write_text("{truncated")
+    with monkeypatch.context() as patch:
+        patch.setitem(PATHS, "alloc", regressed_alloc_path)
+        assert _gate("--baseline", str(path), "--update", *GLM5_T1024) == 0
+    assert "replacing an unreadable baseline" in capsys.readouterr().err
+    assert gate.load(path).cases[0].buffers["unattributed"] == PADDED_Q_T1024
+    assert _gate("--baseline", str(path), "--update") == 0
+    out = capsys.readouterr().out
+    assert "Changes from the previous baseline:" in out
+    assert "| improved | glm5-fp8-tp8 | 1024 | alloc | buffer bytes | unattributed |" in out
+    assert "unattributed" not in gate.load(path).cases[0].buffers
