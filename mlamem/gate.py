@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from mlamem.errors import UserError
 from mlamem.measure import CallMeasurement
 from mlamem.profile import ProfileResult, run_profile
 from mlamem.scenario import Scenario
-from mlamem.units import GiB, KiB, MiB
+from mlamem.units import parse_bytes
 
 SCHEMA = "mlamem.baseline/1"
 
@@ -56,20 +55,22 @@ def default_tolerances(measured: bool) -> dict[str, Tolerance]:
     return dict(MEASURED if measured else EXACT)
 
 
-_UNITS = {"": 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB}
 _TOLERANCE_HINT = ("write 0, 1MiB or 0.5%, or per metric e.g. peak_reserved=2MiB,buffer=0 "
-                   f"(metrics: {', '.join(METRICS)}; units: B, KiB, MiB, GiB)")
+                   f"(metrics: {', '.join(METRICS)}; units: B, KiB, MiB, GiB, or KB, MB, GB)")
 
 
 def parse_tolerance(text: str) -> Tolerance:
     """'0' -> exact, '1MiB' -> 1048576 bytes, '0.5%' -> 0.5 % of the baseline figure."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%|B|KiB|MiB|GiB)?\s*", text)
-    if match is None:
-        raise UserError(f"--tolerance: {text!r} is not a tolerance; {_TOLERANCE_HINT}")
-    number, unit = float(match[1]), match[2] or ""
-    if unit == "%":
-        return Tolerance(fraction=number / 100)
-    return Tolerance(bytes=int(number * _UNITS[unit]))
+    number = text.strip().removesuffix("%")
+    try:
+        if number != text.strip():
+            percent = float(number)
+            if percent < 0:
+                raise ValueError(text)
+            return Tolerance(fraction=percent / 100)
+        return Tolerance(bytes=parse_bytes(text))
+    except ValueError:
+        raise UserError(f"--tolerance: {text!r} is not a tolerance; {_TOLERANCE_HINT}") from None
 
 
 def parse_tolerances(text: str) -> dict[str, Tolerance]:

@@ -27,6 +27,8 @@ _UNITS = {"": 1, "B": 1, "KIB": KiB, "MIB": MiB, "GIB": GiB, "TIB": 1024**4,
 def parse_bytes(text: str) -> int:
     """'80GiB' -> 85899345920; binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) units.
 
+    A bare number is bytes; 0 is allowed (callers that need a positive size check it).
+
     Raises ValueError naming the accepted forms.
     """
     number = text.strip().rstrip("BbIiKkMmGgTt ")
@@ -35,6 +37,6 @@ def parse_bytes(text: str) -> int:
         value = float(number)
     except ValueError:
         value = None
-    if value is None or unit not in _UNITS or value <= 0:
+    if value is None or unit not in _UNITS or value < 0:
         raise ValueError(f"{text!r} is not a size; write e.g. 80GiB, 81559MiB or 80GB")
     return int(value * _UNITS[unit])

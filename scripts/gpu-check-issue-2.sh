@@ -2,12 +2,7 @@
 # GPU checks of issue 2 in one call: tests, the three scenarios' sweeps (measured and
 # predicted), the sweep's wall time from process start, and the profiler's overhead.
 # Usage (repo root, flash_mla wheel in .whl/):  OUT=/some/dir bash scripts/gpu-check-issue-2.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/mlamem-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu-env.sh"
 
 python3 -m pytest -q tests 2>&1 | tee "$OUT/pytest.log" | tail -5
 

@@ -2,12 +2,7 @@
 # GPU checks of issue 4 (repro-oom) in one call: the repro tests, the glm5 defaults in every
 # output form, and the other shipped scenarios.
 # Usage (repo root, flash_mla wheel in .whl/):  OUT=/some/dir bash scripts/gpu-check-issue-4.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/mlamem-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu-env.sh"
 
 python3 -m pytest -q tests/test_repro.py tests/test_repro_gpu.py 2>&1 | tee "$OUT/pytest-repro.log" | tail -5
 

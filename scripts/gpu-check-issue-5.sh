@@ -5,12 +5,8 @@
 # scenario (benchmarks/gate_noise.py), which sets the measured default tolerances in
 # mlamem/gate.py (MEASURED).
 # Usage (repo root, flash_mla wheel in .whl/):  OUT=/some/dir bash scripts/gpu-check-issue-5.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/mlamem-out}; mkdir -p "$OUT/noise"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu-env.sh"
+mkdir -p "$OUT/noise"
 start=$(date +%s)
 
 python3 -m pytest -q tests/test_gate.py tests/test_gate_gpu.py 2>&1 | tee "$OUT/pytest.log" | tail -5

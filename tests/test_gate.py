@@ -221,7 +221,8 @@ def test_bad_baseline_is_one_line_and_exit_2(baseline_file, tmp_path, capsys, co
 @pytest.mark.parametrize(("args", "fix"), [
     (["--scenario", "glm6"], "unknown scenario 'glm6'"),
     (["--tokens", "2048"], "no figures for glm5-fp8-tp8 T=2048 alloc"),
-    (["--tolerance", "1MB"], "write 0, 1MiB or 0.5%"),
+    (["--tolerance", "1XB"], "write 0, 1MiB or 0.5%"),
+    (["--tolerance", "-2%"], "write 0, 1MiB or 0.5%"),
     (["--tolerance", "-1MiB"], "write 0, 1MiB or 0.5%"),
     (["--tolerance", "speed=1MiB"], "unknown metric 'speed'"),
     (["--paths", "fast"], "unknown path 'fast'"),
