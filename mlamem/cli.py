@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mlamem import gate as gating
+from mlamem import plan as plans
 from mlamem import render, snapshot
 from mlamem import scenario as scenarios
 from mlamem.engine import Budget
@@ -358,6 +359,79 @@ def _append_step_summary(text: str) -> None:
     except OSError as exc:
         print(f"mlamem: warning: cannot append to $GITHUB_STEP_SUMMARY {summary} "
               f"({exc.strerror})", file=sys.stderr)
+
+
+@app.command()
+def plan(
+    scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    gpu_memory: Annotated[str | None, typer.Option(
+        help="GPU memory, e.g. 141GB or 80GiB (default: the scenario's GPU).")] = None,
+    utilization: Annotated[float | None, typer.Option(
+        help="vLLM-style budget: utilization x total - weights (default: the scenario's).")
+    ] = None,
+    free_fraction: Annotated[float | None, typer.Option(
+        help="TRT-LLM-style budget: free_gpu_memory_fraction x (total - weights).")] = None,
+    max_num_tokens: Annotated[int | None, typer.Option(
+        help="Tokens per step (default: the scenario's max_num_batched_tokens).")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Requests per step.")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(
+        help="Longest sequence (vLLM max_model_len).")] = None,
+    block_reuse: Annotated[bool | None, typer.Option(
+        "--block-reuse/--no-block-reuse", help="Prefix (KV block) reuse.")] = None,
+    chunked_prefill: Annotated[bool | None, typer.Option(
+        "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill.")] = None,
+    sweep: Annotated[str | None, typer.Option(
+        help="One variable over several values, as a table: e.g. "
+             "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
+             "gpu-memory, utilization, free-fraction).")] = None,
+    output_format: Annotated[ReproFormat, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.plan/1).")] = ReproFormat.table,
+    output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """KV-cache capacity for one rank, with the fp8 context-MLA workspace reserve.
+
+    Prints k (KV bytes per token), w (fp8 context-MLA staging per attended token), the BF16
+    reuse-path gather the reserve leaves uncharged, L_cap, the reserve and admission cap, and
+    the KV pool with and without it (TensorRT-LLM PR #16399), with the gate's decision. For
+    sparse scenarios it adds the vLLM side: the mixed-batch per-call need at max_num_tokens and
+    the bf16 prefill workspace, against the headroom the engine leaves. Pure arithmetic: no GPU.
+    """
+    if output is not None:
+        check_output_path(output)
+    chosen = scenarios.load(scenario)
+    try:
+        memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
+    except ValueError as exc:
+        raise UserError(f"--gpu-memory: {exc}") from None
+    overrides = dict(gpu_memory_bytes=memory_bytes, utilization=utilization,
+                     free_fraction=free_fraction, max_num_tokens=max_num_tokens,
+                     max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                     block_reuse=block_reuse, chunked_prefill=chunked_prefill)
+    swept, values = plans.parse_sweep(sweep) if sweep else (None, [None])
+    results = []
+    for value in values:
+        step = dict(overrides)
+        if swept is not None:
+            step[swept] = value
+            if swept in ("utilization", "free_fraction") and overrides[swept] is None:
+                other = "free_fraction" if swept == "utilization" else "utilization"
+                step[other] = overrides[other] if overrides[other] is not None else None
+        results.append(plans.make_plan(chosen, plans.request_for(chosen, **step)).to_dict())
+    result = {
+        "schema": plans.SCHEMA, "command": "mlamem " + shlex.join(sys.argv[1:]),
+        "scenario": {"name": chosen.name, "model": chosen.model.name,
+                     "heads_per_rank": chosen.heads_per_rank,
+                     "num_layers": chosen.model.num_layers,
+                     "kv_cache_dtype": chosen.serving.kv_cache_dtype,
+                     "kv_bytes_per_token_per_layer": chosen.kv_cache_bytes_per_token_per_layer,
+                     "weights_note": chosen.parallel.weights_note},
+        "sweep": None if swept is None else {"name": sweep.partition("=")[0].strip(),
+                                             "values": values},
+        "plans": results,
+    }
+    terminal = render.plan_table(result) if output_format is ReproFormat.table else None
+    _emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
 
 
 @contextlib.contextmanager

@@ -87,8 +87,13 @@ class Serving:
     kv_cache_dtype: str  # one of KV_CACHE_BYTES_PER_TOKEN
     block_size: int  # KV-cache page size in tokens
     synthetic_topk: int | None = None  # topk that drives the sparse decode for dense models
+    max_batch_size: int | None = None  # requests per step (TRT-LLM max_batch_size)
+    block_reuse: bool = False  # prefix (KV block) reuse across requests
+    chunked_prefill: bool = True  # long prompts split into chunks of max_num_batched_tokens
 
     def __post_init__(self) -> None:
+        if self.max_batch_size is not None:
+            _positive(self, "serving", "max_batch_size")
         for name in ("max_num_batched_tokens", "max_model_len", "block_size"):
             _positive(self, "serving", name)
         if self.synthetic_topk is not None:

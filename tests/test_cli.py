@@ -63,7 +63,7 @@ def test_scenarios_lists_one_line_each(capsys):
     assert main(["scenarios"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[0] for line in lines] == ["deepseek-v32-fp8-tp8", "glm5-fp8-tp8",
-                                                    "kimi-k2-fp8-tp4-dp"]
+                                                    "kimi-k2-context-reuse", "kimi-k2-fp8-tp4-dp"]
 
 
 @pytest.mark.parametrize(("args", "fix"), [

@@ -1,0 +1,238 @@
+"""`mlamem plan`: KV-cache capacity for one rank, with the fp8 context-MLA workspace reserve.
+
+The arithmetic of TensorRT-LLM PR #16399 (../shared/reference/004_*):
+    k      = KV-cache bytes per token (layers x bytes per token per layer)
+    w      = fp8 context-MLA K/V staging bytes per attended token
+             = heads_per_rank x (qk_nope + qk_rope + v_head_dim) x 1 B
+    L_cap  = min(max_batch_size, max_num_tokens) x max_seq_len
+    reserve = min(w x L_cap, budget x w / (k + w)); admission cap = reserve / w tokens
+    pool   = (budget - reserve) / k tokens
+applied only when block reuse is on and chunked prefill is off. The reviewer's point, the BF16
+full-gather buffers of the reuse path (full_kv and full_k), is shown separately and in an
+"everything charged" variant where w also counts them. For sparse scenarios the vLLM side is
+planned too: the mixed-batch per-call need (from the validated allocator model) and the bf16
+prefill workspace, against the headroom the engine leaves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlamem.errors import UserError
+from mlamem.scenario import Scenario
+
+SCHEMA = "mlamem.plan/1"
+PREFILL_WORKSPACE_COPIES = 5  # vLLM's sparse-MLA bf16 prefill workspace: 5 x max_model_len x 576
+SWEEPABLE = {"max-seq-len": "max_seq_len", "max-batch-size": "max_batch_size",
+             "max-num-tokens": "max_num_tokens", "gpu-memory": "gpu_memory_bytes",
+             "utilization": "utilization", "free-fraction": "free_fraction"}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """One rank's memory and serving settings; sizes in bytes or tokens."""
+
+    gpu_memory_bytes: int
+    max_num_tokens: int  # tokens per step (vLLM max_num_batched_tokens)
+    max_batch_size: int
+    max_seq_len: int  # also vLLM's max_model_len
+    block_reuse: bool
+    chunked_prefill: bool
+    utilization: float | None = None  # vLLM: KV budget = utilization x total - weights
+    free_fraction: float | None = None  # TRT-LLM: KV budget = fraction x (total - weights)
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_memory_bytes", "max_num_tokens", "max_batch_size", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                option = name.replace("_bytes", "").replace("_", "-")
+                raise UserError(f"--{option} must be > 0, got {getattr(self, name)}")
+        if (self.utilization is None) == (self.free_fraction is None):
+            raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
+                            "not both")
+        for name in ("utilization", "free_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise UserError(f"--{name.replace('_', '-')} {value} is outside (0, 1]; pass a "
+                                "fraction such as 0.9")
+
+
+def request_for(scenario: Scenario, **overrides) -> PlanRequest:
+    """The scenario's settings, with any of PlanRequest's fields overridden (None = keep)."""
+    s = scenario.serving
+    values = dict(gpu_memory_bytes=scenario.gpu.memory_bytes,
+                  max_num_tokens=s.max_num_batched_tokens,
+                  max_batch_size=s.max_batch_size or s.max_num_batched_tokens,
+                  max_seq_len=s.max_model_len, block_reuse=s.block_reuse,
+                  chunked_prefill=s.chunked_prefill, utilization=None, free_fraction=None)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if values["utilization"] is None and values["free_fraction"] is None:
+        values["utilization"] = scenario.gpu.gpu_memory_utilization
+    return PlanRequest(**values)
+
+
+def kv_bytes_per_token(scenario: Scenario) -> int:
+    """k: KV-cache bytes per token over all layers (576 per layer for fp8 MLA, 656 fp8_ds_mla)."""
+    return scenario.model.num_layers * scenario.kv_cache_bytes_per_token_per_layer
+
+
+def staging_bytes_per_token(scenario: Scenario) -> int:
+    """w: fp8 context-MLA K/V staging per attended token, 1 B per value."""
+    m = scenario.model
+    return scenario.heads_per_rank * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+
+
+def gather_bytes_per_token(scenario: Scenario) -> int:
+    """BF16 full-gather per attended token on the reuse path: full_kv plus full_k."""
+    m = scenario.model
+    full_kv = m.qk_nope_head_dim + m.v_head_dim
+    full_k = m.qk_nope_head_dim + m.qk_rope_head_dim
+    return scenario.heads_per_rank * (full_kv + full_k) * 2
+
+
+def kv_len_cap(max_batch_size: int, max_num_tokens: int, max_seq_len: int) -> int:
+    """L_cap: the never-stall worst case of summed attended KV in one step."""
+    return min(max_batch_size, max_num_tokens) * max_seq_len
+
+
+def reserve_gate(block_reuse: bool, chunked_prefill: bool) -> tuple[bool, str]:
+    """Whether the reserve applies, and why (the PR's gate)."""
+    if not block_reuse:
+        return False, ("off: without block reuse the attended KV is bounded by max_num_tokens, "
+                       "which the profile run already covers")
+    if chunked_prefill:
+        return False, ("off: with chunked prefill each attention launch is bounded by its own "
+                       "chunk buffer")
+    return True, ("on: block reuse without chunked prefill lets the attended KV grow past "
+                  "max_num_tokens")
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """A workspace reserve carved out of the KV budget, and what it leaves the pool."""
+
+    bytes_per_token: int  # per attended token it charges (w, or w + BF16 gather)
+    reserve_bytes: int
+    clamped: bool  # True when budget x w / (k + w) bound it below w x L_cap
+    admission_cap_tokens: int | None  # summed attended KV the scheduler admits; None = no cap
+    pool_tokens: int
+    capacity_change_percent: float  # pool against the pool without any reserve
+
+
+def reserve(budget_bytes: int, k: int, per_token: int, l_cap: int, applies: bool,
+            pool_without: int) -> Reserve:
+    """The PR's reserve for one per-token charge; nothing when the gate is off."""
+    if not applies or per_token == 0:
+        return Reserve(per_token, 0, False, None, pool_without, 0.0)
+    worst_case = per_token * l_cap
+    clamp = budget_bytes * per_token // (k + per_token)
+    amount = min(worst_case, clamp)
+    pool = (budget_bytes - amount) // k
+    return Reserve(per_token, amount, clamp < worst_case, amount // per_token, pool,
+                   100.0 * (pool - pool_without) / pool_without)
+
+
+def admit(attended_kv_tokens: Sequence[int], cap_tokens: int | None) -> tuple[list[int], list[int]]:
+    """Split context requests into admitted and trimmed, in order, by summed attended KV.
+
+    Always admits the first request (forward progress); no cap admits everything.
+    """
+    if cap_tokens is None:
+        return list(range(len(attended_kv_tokens))), []
+    admitted, total = [], 0
+    for i, tokens in enumerate(attended_kv_tokens):
+        if admitted and total + tokens > cap_tokens:
+            return admitted, list(range(i, len(attended_kv_tokens)))
+        admitted.append(i)
+        total += tokens
+    return admitted, []
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's plan (the JSON schema `mlamem.plan/1` lists one per sweep value)."""
+
+    request: dict
+    weights_bytes: int
+    budget_bytes: int  # what the KV cache (and any reserve) may use
+    k_bytes_per_token: int
+    w_bytes_per_token: int
+    gather_bytes_per_token: int
+    kv_len_cap_tokens: int
+    gate_on: bool
+    gate_reason: str
+    pool_tokens_without_reserve: int
+    fp8_reserve: Reserve  # the PR's reserve: w only
+    full_reserve: Reserve  # everything charged: w + BF16 gather
+    vllm: dict | None  # sparse scenarios: per-call needs, prefill workspace, headroom, fits
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def make_plan(scenario: Scenario, request: PlanRequest) -> Plan:
+    """The plan for one rank; see the module docstring."""
+    weights = scenario.parallel.weights_bytes
+    total = request.gpu_memory_bytes
+    if request.utilization is not None:
+        budget = int(request.utilization * total) - weights
+        headroom = total - int(request.utilization * total)
+    else:
+        budget = int(request.free_fraction * (total - weights))
+        headroom = total - weights - budget
+    if budget <= 0:
+        raise UserError(f"the weights ({weights} B) leave no KV budget on a {total} B GPU; "
+                        "raise --gpu-memory or the utilization")
+    k, w, gather = (kv_bytes_per_token(scenario), staging_bytes_per_token(scenario),
+                    gather_bytes_per_token(scenario))
+    l_cap = kv_len_cap(request.max_batch_size, request.max_num_tokens, request.max_seq_len)
+    applies, reason = reserve_gate(request.block_reuse, request.chunked_prefill)
+    pool_without = budget // k
+    return Plan(
+        request=dataclasses.asdict(request), weights_bytes=weights, budget_bytes=budget,
+        k_bytes_per_token=k, w_bytes_per_token=w, gather_bytes_per_token=gather,
+        kv_len_cap_tokens=l_cap, gate_on=applies, gate_reason=reason,
+        pool_tokens_without_reserve=pool_without,
+        fp8_reserve=reserve(budget, k, w, l_cap, applies, pool_without),
+        full_reserve=reserve(budget, k, w + gather, l_cap, applies, pool_without),
+        vllm=_vllm_side(scenario, request, headroom) if scenario.model.index_topk else None)
+
+
+def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:
+    """vLLM's sparse-MLA bf16 prefill workspace: 5 x max_model_len x d_qk x 2 B."""
+    return PREFILL_WORKSPACE_COPIES * max_model_len * scenario.d_qk * 2
+
+
+def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int) -> dict:
+    """Per-call needs at max_num_tokens (allocator model) and the prefill workspace."""
+    from mlamem.profile import run_profile
+
+    tokens = request.max_num_tokens
+    at = dataclasses.replace(scenario, serving=dataclasses.replace(
+        scenario.serving, max_num_batched_tokens=tokens))
+    rows = run_profile(at, [tokens], ["alloc", "workspace"], command="plan", predict=True).rows
+    needs = {row.path: row.peak_allocated_bytes for row in rows}
+    prefill = prefill_workspace_bytes(scenario, request.max_seq_len)
+    return {"max_num_batched_tokens": tokens, "headroom_bytes": headroom,
+            "per_call_need_bytes": needs,
+            "per_call_fits": {path: need <= headroom for path, need in needs.items()},
+            "prefill_workspace_bytes": prefill, "prefill_workspace_fits": prefill <= headroom}
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """'max-seq-len=32768,131072' -> ('max_seq_len', [32768, 131072])."""
+    from mlamem.units import parse_bytes
+
+    name, sep, values = text.partition("=")
+    if not sep or name.strip() not in SWEEPABLE:
+        raise UserError(f"--sweep {text!r}: write NAME=V1,V2,... with NAME one of: "
+                        f"{', '.join(SWEEPABLE)}")
+    field = SWEEPABLE[name.strip()]
+    parse = {"gpu_memory_bytes": parse_bytes, "utilization": float,
+             "free_fraction": float}.get(field, int)
+    try:
+        return field, [parse(v.strip()) for v in values.split(",")]
+    except ValueError:
+        raise UserError(f"--sweep {text!r}: {values!r} are not all valid values for "
+                        f"{name.strip()}") from None

@@ -1,0 +1,104 @@
+"""mlamem plan: the context-MLA reserve arithmetic, worked by hand, and the CLI surface."""
+
+import json
+
+import pytest
+
+from mlamem import plan as plans
+from mlamem import scenario as scenarios
+from mlamem.cli import main
+
+GiB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def kimi():
+    return scenarios.load("kimi-k2-context-reuse")
+
+
+def test_kimi_per_token_figures(kimi):
+    """Kimi-K2 TP4 attention-DP: k = 61 x 576, w = 64 x 320 x 1 B, BF16 gather 64 x 448 x 2 B."""
+    assert plans.kv_bytes_per_token(kimi) == 35_136
+    assert plans.staging_bytes_per_token(kimi) == 20_480
+    assert plans.gather_bytes_per_token(kimi) == 57_344
+
+
+def test_memory_constrained_pool_is_budget_over_k_plus_w():
+    """When w x L_cap exceeds budget x w/(k+w), the pool keeps budget/(k+w) tokens: -36.8%."""
+    budget, k, w = 10 * GiB, 35_136, 20_480
+    without = budget // k
+    r = plans.reserve(budget, k, w, l_cap=16 * 32768, applies=True, pool_without=without)
+    assert r.clamped and r.reserve_bytes == budget * w // (k + w)
+    assert r.pool_tokens == (budget - r.reserve_bytes) // k
+    assert abs(r.pool_tokens - budget / (k + w)) <= 1
+    assert r.admission_cap_tokens == r.reserve_bytes // w
+    assert r.capacity_change_percent == pytest.approx(-36.8, abs=0.05)  # k/(k+w) - 1 = -36.82 %
+
+
+def test_worst_case_fits_reserves_w_times_l_cap():
+    """With room to spare the reserve is exactly w x L_cap and the cap is L_cap."""
+    r = plans.reserve(100 * GiB, 35_136, 20_480, l_cap=4 * 8192, applies=True,
+                      pool_without=100 * GiB // 35_136)
+    assert not r.clamped and r.reserve_bytes == 20_480 * 32768
+    assert r.admission_cap_tokens == 32768
+
+
+@pytest.mark.parametrize(("reuse", "chunked", "on"), [(True, False, True), (True, True, False),
+                                                     (False, False, False), (False, True, False)])
+def test_gate_only_with_reuse_and_without_chunked_prefill(kimi, reuse, chunked, on):
+    """The reserve applies only with block reuse on and chunked prefill off; else the pool is whole."""
+    plan = plans.make_plan(kimi, plans.request_for(kimi, block_reuse=reuse,
+                                                   chunked_prefill=chunked))
+    assert plan.gate_on is on
+    if not on:
+        assert plan.fp8_reserve.reserve_bytes == 0 and plan.fp8_reserve.admission_cap_tokens is None
+        assert plan.fp8_reserve.pool_tokens == plan.pool_tokens_without_reserve
+
+
+def test_admission_cap_keeps_at_least_one_request():
+    """Requests are admitted in order while the sum fits; the first always is."""
+    assert plans.admit([40_000, 10, 10], cap_tokens=1000) == ([0], [1, 2])
+    assert plans.admit([300, 300, 300, 300], cap_tokens=700) == ([0, 1], [2, 3])
+    assert plans.admit([300, 300], cap_tokens=None) == ([0, 1], [])
+    assert plans.admit([5], cap_tokens=0) == ([0], [])
+
+
+def test_glm_prefill_workspace_at_786432():
+    """vLLM's bf16 prefill workspace for GLM at max_model_len 786432: 4.22 GiB per rank."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    nbytes = plans.prefill_workspace_bytes(glm, 786_432)
+    assert nbytes == 5 * 786_432 * 576 * 2 and round(nbytes / GiB, 2) == 4.22
+
+
+def test_glm_vllm_side_uses_the_allocator_model():
+    """The per-call needs are the profile's predicted peaks; alloc exceeds the 0.85 headroom."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    vllm = plans.make_plan(glm, plans.request_for(glm)).vllm
+    assert vllm["per_call_need_bytes"]["alloc"] == 13_178_504_192  # 12.273 GiB, as measured
+    assert vllm["per_call_fits"] == {"alloc": False, "workspace": True}
+
+
+def test_cli_json_and_sweep(capsys):
+    """--sweep gives one plan per value; JSON follows mlamem.plan/1."""
+    assert main(["plan", "-s", "kimi-k2-context-reuse", "--sweep",
+                 "max-seq-len=32768,131072", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "mlamem.plan/1" and data["sweep"]["values"] == [32768, 131072]
+    assert [p["kv_len_cap_tokens"] for p in data["plans"]] == [16 * 32768, 16 * 131072]
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--max-seq-len", "0"], "--max-seq-len must be > 0"),
+    (["--max-batch-size", "-1"], "--max-batch-size must be > 0"),
+    (["--gpu-memory", "0"], "--gpu-memory must be > 0"),
+    (["--utilization", "1.2"], "outside (0, 1]"),
+    (["--free-fraction", "0"], "outside (0, 1]"),
+    (["--utilization", "0.9", "--free-fraction", "0.9"], "not both"),
+    (["--sweep", "speed=1,2"], "NAME one of"),
+    (["--sweep", "max-seq-len=a,b"], "not all valid"),
+])
+def test_plan_bad_input_is_one_line_and_exit_2(capsys, args, fix):
+    """Bad sizes, fractions and contradictory flags: exit 2, one line naming the fix."""
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]
