@@ -19,6 +19,7 @@ from mlamem import gate as gating
 from mlamem import plan as plans
 from mlamem import render, snapshot
 from mlamem import scenario as scenarios
+from mlamem.context_reuse import VARIANTS, is_context_reuse
 from mlamem.engine import Budget
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
@@ -213,9 +214,10 @@ def repro_oom(
     predict: Annotated[bool, typer.Option(
         help="Predict on the allocator model even where a GPU could measure.")] = False,
     expect_oom: Annotated[list[str] | None, typer.Option(
-        "--expect-oom", help="Exit 1 unless this path runs out of memory (repeatable).")] = None,
+        "--expect-oom", help="Exit 1 unless this path (or context-reuse variant: none, fp8, "
+                             "full) runs out of memory (repeatable).")] = None,
     expect_fit: Annotated[list[str] | None, typer.Option(
-        "--expect-fit", help="Exit 1 unless this path fits (repeatable).")] = None,
+        "--expect-fit", help="Exit 1 unless this path (or variant) fits (repeatable).")] = None,
 ) -> None:
     """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
 
@@ -225,16 +227,22 @@ def repro_oom(
     + non-torch)`, then run one full step. Each case runs in its own process. Prints each
     path's verdict (fits with its headroom, or the allocation that failed and the free bytes),
     and the largest max_num_batched_tokens that fits. Without a GPU the verdicts are PREDICTED.
+
+    A scenario with block reuse on and chunked prefill off (kimi-k2-context-reuse) reproduces
+    the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only reserve (TRT-LLM
+    PR #16399) and plan's everything-charged reserve with its admission cap.
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
     path_list = parse_paths(paths)
+    chosen = scenarios.load(scenario)
+    cases = list(VARIANTS) if is_context_reuse(chosen) else path_list
     for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
-        for path in wanted or []:
-            if path not in path_list:
-                raise UserError(f"{option} {path}: not among --paths {','.join(path_list)}")
+        for name in wanted or []:
+            if name not in cases:
+                what = "reserve variants" if is_context_reuse(chosen) else "--paths"
+                raise UserError(f"{option} {name}: not among the {what} {','.join(cases)}")
     if output is not None:
         check_output_path(output)
-    chosen = scenarios.load(scenario)
     try:
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
@@ -253,7 +261,7 @@ def repro_oom(
               "the allocator model", file=sys.stderr)
     terminal = render.repro_table(result) if output_format is ReproFormat.table else None
     _emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
-    verdicts = {c["path"]: c["verdict"] for c in result.cases}
+    verdicts = {c.get("path") or c["variant"]: c["verdict"] for c in result.cases}
     unmet = [f"{p} was expected to OOM but {verdicts[p]}" for p in expect_oom or []
              if verdicts[p] != "oom"]
     unmet += [f"{p} was expected to fit but {verdicts[p]}" for p in expect_fit or []

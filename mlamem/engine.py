@@ -142,7 +142,7 @@ def emulate(memory: CudaMemory | SimulatedMemory, scenario: Scenario, kernel: Sp
     return case
 
 
-def _non_torch(memory, assumed: int) -> int:
+def non_torch_or(memory, assumed: int) -> int:
     measured = memory.non_torch_bytes()
     return assumed if measured is None else measured
 
@@ -160,7 +160,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
     resident: list[torch.Tensor] = []  # weights and KV cache: alive until the case ends
     before = memory.stats()
     try:
-        non_torch = _non_torch(memory, assumed_non_torch_bytes)
+        non_torch = non_torch_or(memory, assumed_non_torch_bytes)
         case.torch_limit_bytes = memory.set_limit(budget.gpu_memory_bytes - non_torch)
         # init, in the engine's order: backend workspace, weights, indexer buffer and KV pool
         workspace = None
@@ -184,7 +184,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
         memory.empty_cache()
 
         case.phase, allocating = "kv-cache", "kv_cache"
-        non_torch = _non_torch(memory, assumed_non_torch_bytes)
+        non_torch = non_torch_or(memory, assumed_non_torch_bytes)
         case.non_torch_bytes = non_torch if memory.measured else None
         case.torch_limit_bytes = memory.set_limit(budget.gpu_memory_bytes - non_torch)
         block = kv_block_bytes(scenario)
@@ -200,7 +200,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
         resident.append(torch.empty(case.kv_cache_bytes, dtype=torch.uint8,
                                     device=memory.device))
     except Exception as exc:
-        _failed(case, exc, memory, before.num_ooms, allocating)
+        record_failure(case, exc, memory, before.num_ooms, allocating)
         return
 
     case.phase = "step"
@@ -225,7 +225,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
             del out, step
             memory.synchronize()
     except Exception as exc:
-        _failed(case, exc, memory, pre_step.num_ooms, None, watch, expected, pre_step.reserved)
+        record_failure(case, exc, memory, pre_step.num_ooms, None, watch, expected, pre_step.reserved)
         return
     after = memory.stats()
     case.verdict, case.phase = FITS, "done"
@@ -240,7 +240,7 @@ def _allocate(specs: list[BufferSpec], device: torch.device) -> dict[str, torch.
     return {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs}
 
 
-def _failed(case: EngineCase, exc: Exception, memory, ooms_before: int, allocating: str | None,
+def record_failure(case: EngineCase, exc: Exception, memory, ooms_before: int, allocating: str | None,
             watch=None, expected: list[ExpectedBuffer] | None = None,
             reserved_before: int = 0) -> None:
     """Classify a failure: an OOM names the allocation and the free bytes; else an error."""
@@ -288,11 +288,16 @@ def run_request(request: dict) -> dict:
     kernel = KERNELS[request.get("kernel", "flashmla")]()
     reason = kernel.unavailable_reason()
     if reason is not None:
-        case = EngineCase(path=request["path"], measured=True,
+        case = EngineCase(path=request.get("path", request.get("variant")), measured=True,
                           max_num_batched_tokens=budget.max_num_batched_tokens,
                           failure=f"cannot measure: {reason}")
         return case.to_dict()
     memory = CudaMemory(used_before_cuda=used_before_cuda)
+    if "variant" in request:  # the context-MLA reuse case (mlamem.context_reuse)
+        from mlamem.context_reuse import emulate_context
+
+        return emulate_context(memory, chosen, request["variant"], budget.gpu_memory_bytes,
+                               budget.utilization).to_dict()
     return emulate(memory, chosen, kernel, budget, request["path"],
                    sm_count=local_sm_count(), seed=request.get("seed", 0)).to_dict()
 

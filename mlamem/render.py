@@ -10,6 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from mlamem.context_reuse import VARIANT_LABELS
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.repro import ReproResult
@@ -329,8 +330,53 @@ def _gain(case: dict) -> str:
     return "-" if gain is None else f"+{gib(gain):.3f}"
 
 
+def _context_cells(c: dict) -> list[str]:
+    """Reserve, admission, KV pool and step of one context-reuse variant."""
+    cap = c.get("admission_cap_tokens")
+    return ["-" if c.get("reserve_bytes") is None else format_bytes(c["reserve_bytes"]),
+            "none" if cap is None else str(cap),
+            "n/a" if c.get("kv_pool_tokens") is None else str(c["kv_pool_tokens"]),
+            f"{len(c.get('admitted', []))} / {len(c.get('trimmed', []))}",
+            "n/a" if c.get("attended_tokens") is None else str(c["attended_tokens"])]
+
+
+_CONTEXT_COLUMNS = ("reserve", "admission cap", "KV pool tokens", "admitted / trimmed",
+                    "attended KV")
+
+
+def _context_table(result: ReproResult) -> Table:
+    out = Table(title=f"mlamem repro-oom: {result.scenario['name']}, context-MLA reuse",
+                caption="\n".join([_repro_label(result), *_budget_lines(result),
+                                   *[f"{VARIANT_LABELS[c['variant']]}: {verdict_text(c)}"
+                                     for c in result.cases], *result.notes]),
+                caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                padding=(0, 1, 0, 0))
+    for name in ("variant", "verdict", *_CONTEXT_COLUMNS):
+        out.add_column(name, justify="left" if name in ("variant", "verdict") else "right")
+    for c in result.cases:
+        out.add_row(c["variant"], c["verdict"].upper() if c["verdict"] == "oom" else c["verdict"],
+                    *_context_cells(c))
+    return out
+
+
+def _context_markdown(result: ReproResult) -> str:
+    lines = [f"### Context-MLA reuse OOM: {result.scenario['name']}", "",
+             f"{_repro_label(result)}.", ""]
+    lines += [f"- {line}" for line in _budget_lines(result)] + [""]
+    lines += ["| variant | verdict | " + " | ".join(_CONTEXT_COLUMNS) + " |",
+              "|---|---|" + "---|" * len(_CONTEXT_COLUMNS)]
+    for c in result.cases:
+        lines.append(f"| {VARIANT_LABELS[c['variant']]} | {verdict_text(c)} | "
+                     + " | ".join(_context_cells(c)) + " |")
+    lines += [""] + [f"- {note}" for note in result.notes]
+    lines.append(f"- Command: `{result.command}`")
+    return "\n".join(lines) + "\n"
+
+
 def repro_table(result: ReproResult) -> Table:
     """One row per path: the verdict, the KV cache the engine chose, the largest safe T."""
+    if result.mode == "context-reuse":
+        return _context_table(result)
     caption = [_repro_label(result), *_budget_lines(result)]
     caption += [f"{c['path']}: {verdict_text(c)}" for c in result.cases
                 if c["verdict"] not in ("fits", "oom")]
@@ -357,6 +403,8 @@ def repro_table(result: ReproResult) -> Table:
 
 def repro_markdown(result: ReproResult) -> str:
     """The reproduction as a PR section: budget, one row per path, how the limit was found."""
+    if result.mode == "context-reuse":
+        return _context_markdown(result)
     lines = [f"### Runtime OOM reproduction: {result.scenario['name']}", "",
              f"{_repro_label(result)}.", ""]
     lines += [f"- {line}" for line in _budget_lines(result)] + [""]

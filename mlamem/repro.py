@@ -26,6 +26,13 @@ import torch
 
 import mlamem
 from mlamem import environment
+from mlamem.context_reuse import (
+    VARIANT_LABELS,
+    VARIANTS,
+    ContextCase,
+    emulate_context,
+    is_context_reuse,
+)
 from mlamem.engine import CRASHED, ERROR, FITS, Budget, EngineCase, emulate
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, SparseDecodeKernel
@@ -53,8 +60,9 @@ class ReproResult:
     kernel: dict
     budget: dict  # gpu_memory_bytes, utilization, max_num_batched_tokens, requested_bytes
     environment: environment.Environment
-    cases: list[dict]  # EngineCase fields + max_safe_tokens, max_safe_method
+    cases: list[dict]  # decode: EngineCase + max_safe_*; context-reuse: ContextCase
     notes: list[str] = field(default_factory=list)
+    mode: str = "decode"  # "decode" (one case per path) or "context-reuse" (per reserve variant)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict:
@@ -121,6 +129,9 @@ def run_case(request: dict, worker: Sequence[str] = WORKER,
 
 
 def _crashed(request: dict, failure: str) -> dict:
+    if "variant" in request:
+        return ContextCase(variant=request["variant"], measured=True, verdict=CRASHED,
+                           failure=failure).to_dict()
     case = EngineCase(path=request["path"], measured=True, verdict=CRASHED, failure=failure,
                       max_num_batched_tokens=request["budget"]["max_num_batched_tokens"])
     return case.to_dict()
@@ -142,6 +153,26 @@ def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], 
                         f"{on_gpu + 1} runs out of memory)")
     return on_gpu, (f"measured bisection on the GPU ({len(verdicts) - runs_before} runs); "
                     f"the model said {on_model}")
+
+
+def _context_reuse(scenario, budget, kernel, *, command, reason, worker, progress,
+                   sm_count) -> ReproResult:
+    """The three reserve variants of the context-MLA reuse case, each in its own process."""
+    cases = []
+    for variant in VARIANTS:
+        progress(f"context reuse: {VARIANT_LABELS[variant]}")
+        if reason is None:
+            request = {"scenario": to_dict(scenario), "source": scenario.source,
+                       "variant": variant, "kernel": kernel.name,
+                       "budget": dataclasses.asdict(budget)}
+            cases.append(run_case(request, worker))
+        else:
+            cases.append(emulate_context(SimulatedMemory(), scenario, variant,
+                                         budget.gpu_memory_bytes, budget.utilization).to_dict())
+    notes = [f"utilization {budget.utilization} is used as TRT-LLM's free_gpu_memory_fraction: "
+             "the KV budget is that fraction of what weights and the profile run leave"]
+    return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
+                   sm_count=sm_count, mode="context-reuse")
 
 
 def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> None:
@@ -168,6 +199,9 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
         check_local_gpu(budget, props.total_memory, props.name)
     sm_count = local_sm_count() if measured else scenario.gpu.sm_count
     progress = on_progress or (lambda _: None)
+    if is_context_reuse(scenario):
+        return _context_reuse(scenario, budget, kernel, command=command, reason=reason,
+                              worker=worker, progress=progress, sm_count=sm_count)
 
     def request(path: str, tokens: int) -> dict:
         return {"scenario": to_dict(scenario), "source": scenario.source, "path": path,
@@ -196,11 +230,6 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                 {tokens: case["verdict"]}, on_model,
                 lambda t, p=path: progress(f"{p}: confirming on the GPU at {t} tokens"))
         cases.append(case)
-    capabilities = kernel.capabilities()
-    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-    summary = {**scenario_summary(scenario, padded_heads),
-               "weights_note": scenario.parallel.weights_note,
-               "target_gpu": scenario.gpu.name}
     notes = []
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
@@ -209,9 +238,21 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
         notes.append("non-torch memory (CUDA context, libraries) is not known without a GPU and "
                       "is taken as 0 B; it cancels out of the verdict, since the engine charges "
                       "it to the KV cache")
+    return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
+                   sm_count=sm_count)
+
+
+def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count,
+            mode="decode") -> ReproResult:
+    capabilities = kernel.capabilities()
+    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    summary = {**scenario_summary(scenario, padded_heads),
+               "weights_note": scenario.parallel.weights_note,
+               "target_gpu": scenario.gpu.name}
     flash_mla_version = FlashMLA().version()
     return ReproResult(
-        command=command, measured=measured, not_measured_reason=reason, scenario=summary,
+        command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
+        mode=mode,
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 **dataclasses.asdict(capabilities)},
         budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},

@@ -193,7 +193,7 @@ def test_cli_markdown_labels_prediction(capsys):
     (["--max-num-batched-tokens", "0"], "must be > 0"),
     (["--max-num-batched-tokens", "-5"], "must be > 0"),
     (["--gpu-memory", "lots"], "80GiB"),
-    (["--paths", "alloc", "--expect-oom", "workspace"], "not among --paths"),
+    (["--paths", "alloc", "--expect-oom", "workspace"], "not among the --paths alloc"),
     (["--scenario", "glm6"], "glm5-fp8-tp8"),
 ])
 def test_repro_bad_input_is_one_line_and_exit_2(capsys, args, fix):
@@ -201,3 +201,22 @@ def test_repro_bad_input_is_one_line_and_exit_2(capsys, args, fix):
     assert main(["repro-oom", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]
+
+
+def test_context_reuse_three_ways():
+    """kimi-k2-context-reuse, predicted: no reserve and the fp8-only reserve OOM on the BF16
+    full_kv; the everything-charged reserve fits by trimming requests at its admission cap."""
+    kimi = scenarios.load("kimi-k2-context-reuse")
+    budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
+    result = run_repro(kimi, budget, ["alloc"], command="test", predict=True)
+    none, fp8, full = result.cases
+    assert result.mode == "context-reuse"
+    assert [c["variant"] for c in result.cases] == ["none", "fp8", "full"]
+    for case in (none, fp8):
+        assert case["verdict"] == "oom" and case["oom_buffer"] == "full_kv"
+        assert case["attended_tokens"] == 16 * 32768 and case["trimmed"] == []
+    assert fp8["reserve_bytes"] == 20_480 * 16 * 32768  # w x L_cap, under the clamp
+    assert full["verdict"] == "fits" and full["headroom_bytes"] > 0
+    assert full["admitted"] == list(range(10)) and full["trimmed"] == list(range(10, 16))
+    assert full["attended_tokens"] <= full["admission_cap_tokens"]
+    assert none["kv_pool_tokens"] > fp8["kv_pool_tokens"] > full["kv_pool_tokens"]

@@ -55,3 +55,16 @@ def test_target_larger_than_local_gpu_is_refused(capsys):
     assert main(["repro-oom", "--gpu-memory", f"{local // 1024**2 + 1}MiB"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no larger than the local one" in err[0]
+
+
+def test_context_reuse_measured_matches_prediction():
+    """On the GPU the three reserve variants get the predicted verdicts and failing buffers."""
+    kimi = scenarios.load("kimi-k2-context-reuse")
+    budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
+    measured = run_repro(kimi, budget, ["alloc"], command="test")
+    predicted = run_repro(kimi, budget, ["alloc"], command="test", predict=True)
+    assert measured.measured and measured.mode == "context-reuse"
+    keys = ("verdict", "oom_buffer", "admitted", "trimmed", "attended_tokens")
+    assert [{k: c[k] for k in keys} for c in measured.cases] == [
+        {k: c[k] for k in keys} for c in predicted.cases]
+    assert [c["verdict"] for c in measured.cases] == ["oom", "oom", "fits"]
