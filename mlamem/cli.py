@@ -39,6 +39,7 @@ app = typer.Typer(
     help="GPU memory profiler and OOM reproducer for LLM attention kernels (FlashMLA sparse "
          "fp8 MLA). Start with `mlamem profile --tokens 32768`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 stderr = Console(stderr=True)
 
@@ -223,10 +224,11 @@ def repro_oom(
 
     Emulates the engine in its order on the local GPU: cap memory at the target GPU's, count
     non-torch memory, reserve the workspace (workspace path), place the weights, run a profile
-    pass that skips attention, size the KV cache as `utilization x total - (init + profile peak
-    + non-torch)`, then run one full step. Each case runs in its own process. Prints each
-    path's verdict (fits with its headroom, or the allocation that failed and the free bytes),
-    and the largest max_num_batched_tokens that fits. Without a GPU the verdicts are PREDICTED.
+    pass that skips attention, size the KV cache as
+    `utilization x total - (init + profile peak + non-torch)`, then run one full step. Each
+    case runs in its own process. Prints each path's verdict (fits with its headroom, or the
+    allocation that failed and the free bytes), and the largest max_num_batched_tokens that
+    fits. Without a GPU the verdicts are PREDICTED.
 
     A scenario with block reuse on and chunked prefill off (kimi-k2-context-reuse) reproduces
     the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only reserve (TRT-LLM
