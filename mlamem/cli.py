@@ -15,12 +15,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from mlamem import environment, render, snapshot
 from mlamem import gate as gating
-from mlamem import render, snapshot
 from mlamem import scenario as scenarios
 from mlamem.engine import Budget
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
+from mlamem.kernels import FlashMLA
 from mlamem.paths import PATH_NAMES
 from mlamem.profile import DEFAULT_TOKENS, run_profile
 from mlamem.repro import run_repro
@@ -179,7 +180,12 @@ def validate(
     with _progress("validating", total) as advance:
         comparisons = run_validation(chosen, token_list, path_list,
                                      on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
-    _emit(render.VALIDATION_FORMATS[output_format.value](comparisons, command), output)
+    if output_format is Format.json:  # a saved result records where and when it was made
+        text = render.validation_json(comparisons, command, created=environment.now_utc(),
+                                      environment=environment.capture(FlashMLA().version()))
+    else:
+        text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
+    _emit(text, output)
     if not all(c.agrees for c in comparisons):
         raise typer.Exit(1)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -10,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from mlamem.environment import Environment
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.repro import ReproResult
@@ -24,6 +26,11 @@ def _label(result: ProfileResult) -> str:
     return (f"PREDICTED, not measured ({result.not_measured_reason}); "
             f"allocator model + {result.kernel['label']} allocation spec, "
             f"{result.kernel['sm_count']} SMs")
+
+
+def predicted_tag(measured: bool) -> str:
+    """' (PREDICTED)' after the heading of every table of predicted figures; '' when measured."""
+    return "" if measured else " (PREDICTED)"
 
 
 def _gib(value: int | None) -> str:
@@ -83,7 +90,7 @@ def markdown(result: ProfileResult) -> str:
     """The source PR's "Per-call peak allocation" table: T, before, after, saved, equal."""
     s = result.scenario
     lines = [
-        f"### Per-call peak allocation: {s['name']}",
+        f"### Per-call peak allocation: {s['name']}{predicted_tag(result.measured)}",
         "",
         f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
         f"topk {s['topk']}, s_q = T. {_label(result)}.",
@@ -158,9 +165,10 @@ def breakdown_table(result: ProfileResult) -> Table:
 
 def breakdown_markdown(result: ProfileResult) -> str:
     """The per-buffer view as Markdown, one table per (T, path)."""
-    lines = [f"### Where the bytes go: {result.scenario['name']}", "", f"{_label(result)}.", ""]
+    tag = predicted_tag(result.measured)
+    lines = [f"### Where the bytes go: {result.scenario['name']}{tag}", "", f"{_label(result)}.", ""]
     for row in result.rows:
-        lines.append(f"#### T={row.tokens}, {row.path} path")
+        lines.append(f"#### T={row.tokens}, {row.path} path{tag}")
         lines.append("")
         if row.failure:
             lines += [f"Failed: {row.failure}", ""]
@@ -258,11 +266,17 @@ def validation_markdown(comparisons: list[Comparison], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def validation_json(comparisons: list[Comparison], command: str) -> str:
+def validation_json(comparisons: list[Comparison], command: str, *,
+                    environment: Environment | None = None, created: str | None = None) -> str:
+    """The schema mlamem.validate/1; `environment` and `created` are recorded when given."""
     items = [{**c.__dict__, "difference": c.difference} for c in comparisons]
-    return json.dumps({"schema": "mlamem.validate/1", "command": command,
-                       "agrees": all(c.agrees for c in comparisons), "comparisons": items},
-                      indent=2) + "\n"
+    data = {"schema": "mlamem.validate/1", "command": command,
+            "agrees": all(c.agrees for c in comparisons), "comparisons": items}
+    if environment is not None:
+        data["environment"] = dataclasses.asdict(environment)
+    if created is not None:
+        data["created"] = created
+    return json.dumps(data, indent=2) + "\n"
 
 
 VALIDATION_FORMATS = {"table": validation_table, "markdown": validation_markdown,
@@ -357,7 +371,8 @@ def repro_table(result: ReproResult) -> Table:
 
 def repro_markdown(result: ReproResult) -> str:
     """The reproduction as a PR section: budget, one row per path, how the limit was found."""
-    lines = [f"### Runtime OOM reproduction: {result.scenario['name']}", "",
+    lines = [f"### Runtime OOM reproduction: {result.scenario['name']}{predicted_tag(result.measured)}",
+             "",
              f"{_repro_label(result)}.", ""]
     lines += [f"- {line}" for line in _budget_lines(result)] + [""]
     lines += ["| path | verdict | KV cache | headroom | + if out staged | largest safe "
