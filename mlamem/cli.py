@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from mlamem import environment, render, snapshot
 from mlamem import gate as gating
+from mlamem import report as reporting
 from mlamem import scenario as scenarios
 from mlamem.engine import Budget
 from mlamem.errors import UserError
@@ -106,6 +107,10 @@ def profile(
     snapshot_file: Annotated[Path | None, typer.Option(
         "--snapshot", help="Also write a PyTorch memory snapshot of the measured calls (a "
                            "pickle that opens in https://pytorch.org/memory_viz).")] = None,
+    report_dir: Annotated[Path | None, typer.Option(
+        "--report", help="Also write a report into this folder (created if needed): the "
+                         "result JSON, report.md and its plots (PNG), as `mlamem report` makes.")
+    ] = None,
 ) -> None:
     """Per-call peak memory of the sparse fp8 MLA decode: allocating path vs workspace path.
 
@@ -122,6 +127,8 @@ def profile(
     for path, option in ((output, "--output"), (snapshot_file, "--snapshot")):
         if path is not None:
             check_output_path(path, option)
+    if report_dir is not None:
+        reporting.check_report_dir(report_dir)
     chosen = scenarios.load(scenario)
     if max_num_batched_tokens is not None:
         chosen = dataclasses.replace(chosen, serving=dataclasses.replace(
@@ -142,6 +149,9 @@ def profile(
         snapshot.write(snapshot_file, calls)
         print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
               file=sys.stderr)
+    if report_dir is not None:
+        for path in reporting.write_profile_report(result, report_dir):
+            stderr.print(f"mlamem: wrote {path}", highlight=False)
     terminal = None
     if output_format is Format.table:
         terminal = render.breakdown_table(result) if breakdown else render.table(result)
@@ -266,6 +276,35 @@ def repro_oom(
     if unmet:
         print(f"mlamem: {'; '.join(unmet)}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    results: Annotated[list[Path], typer.Argument(
+        help="Result files saved by profile, validate or repro-oom with --format json --output "
+             "(schemas mlamem.profile/1, mlamem.validate/1, mlamem.repro-oom/1).",
+        show_default=False)],
+    output: Annotated[Path | None, typer.Option(
+        help="Write the Markdown here and its plots (PNG) next to it, named after it. Without "
+             "it the Markdown goes to stdout, without plots.")] = None,
+) -> None:
+    """Combine saved results into one PR-ready Markdown report, with plots.
+
+    The report has the environment each result came from (GPU, driver, torch, flash_mla,
+    mlamem, when, and the command that made it), the per-call peak table (T, before, after,
+    saved, outputs equal), the per-buffer breakdown at each T, the OOM verdicts with their
+    headroom, and the validation. Predicted figures are labelled PREDICTED on every table and
+    plot. The same inputs give the same bytes, Markdown and PNGs alike.
+    """
+    if output is not None:
+        check_output_path(output)
+    saved = [reporting.load(path, reporting.shown_path(path, output)) for path in results]
+    built = reporting.build(saved, figure_prefix=None if output is None else output.stem)
+    if output is None:
+        sys.stdout.write(built.markdown)
+        return
+    for path in reporting.write(built, output):
+        stderr.print(f"mlamem: wrote {path}", highlight=False)
 
 
 @app.command()
