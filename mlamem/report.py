@@ -251,7 +251,8 @@ def _summary(s: Saved) -> list[str]:
     differ = [c for c in r.comparisons if not c.agrees]
     verdict = ("every figure equal, to the byte" if not differ
                else f"{len(differ)} figure(s) DIFFER")
-    return [f"- validate: {len(cases)} cases (scenario, T, path), {len(r.comparisons)} figures "
+    plural = "s" if len(cases) != 1 else ""
+    return [f"- validate: {len(cases)} case{plural} (scenario, T, path), {len(r.comparisons)} figures "
             f"predicted and measured: {verdict}"]
 
 

@@ -192,3 +192,22 @@ def test_report_runs_as_a_real_process_without_traceback(tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("mlamem: error: ") and done.stderr.count("\n") == 1
+
+
+def test_validation_json_with_environment_reads_back(tmp_path):
+    """A validate result saved now records its environment and date, and the report shows them."""
+    from mlamem import environment, render
+    from mlamem.report import load
+    from mlamem.validate import Comparison
+
+    comparisons = [Comparison("glm5-fp8-tp8", 1024, "alloc", "total", metric, 5, 5)
+                   for metric in ("allocated", "reserved")]
+    env = environment.capture(None)
+    path = tmp_path / "v.json"
+    path.write_text(render.validation_json(comparisons, "mlamem validate", environment=env,
+                                           created="2026-12-02T10:00:00Z"))
+    saved = load(path)
+    assert saved.result.environment == env and saved.result.created == "2026-12-02T10:00:00Z"
+    assert main(["report", str(path), "--output", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "2026-12-02T10:00:00Z" in text and "1 case (scenario, T, path), 2 figures" in text
