@@ -15,14 +15,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from mlamem import environment, render, snapshot
 from mlamem import gate as gating
 from mlamem import plan as plans
-from mlamem import render, snapshot
+from mlamem import report as reporting
 from mlamem import scenario as scenarios
 from mlamem.context_reuse import VARIANTS, is_context_reuse
 from mlamem.engine import Budget
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
+from mlamem.kernels import FlashMLA
 from mlamem.paths import PATH_NAMES
 from mlamem.profile import DEFAULT_TOKENS, run_profile
 from mlamem.repro import run_repro
@@ -108,6 +110,10 @@ def profile(
     snapshot_file: Annotated[Path | None, typer.Option(
         "--snapshot", help="Also write a PyTorch memory snapshot of the measured calls (a "
                            "pickle that opens in https://pytorch.org/memory_viz).")] = None,
+    report_dir: Annotated[Path | None, typer.Option(
+        "--report", help="Also write a report into this folder (created if needed): the "
+                         "result JSON, report.md and its plots (PNG), as `mlamem report` makes.")
+    ] = None,
 ) -> None:
     """Per-call peak memory of the sparse fp8 MLA decode: allocating path vs workspace path.
 
@@ -124,6 +130,8 @@ def profile(
     for path, option in ((output, "--output"), (snapshot_file, "--snapshot")):
         if path is not None:
             check_output_path(path, option)
+    if report_dir is not None:
+        reporting.check_report_dir(report_dir)
     chosen = scenarios.load(scenario)
     if max_num_batched_tokens is not None:
         chosen = dataclasses.replace(chosen, serving=dataclasses.replace(
@@ -144,6 +152,9 @@ def profile(
         snapshot.write(snapshot_file, calls)
         print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
               file=sys.stderr)
+    if report_dir is not None:
+        for path in reporting.write_profile_report(result, report_dir):
+            stderr.print(f"mlamem: wrote {path}", highlight=False)
     terminal = None
     if output_format is Format.table:
         terminal = render.breakdown_table(result) if breakdown else render.table(result)
@@ -182,7 +193,12 @@ def validate(
     with _progress("validating", total) as advance:
         comparisons = run_validation(chosen, token_list, path_list,
                                      on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
-    _emit(render.VALIDATION_FORMATS[output_format.value](comparisons, command), output)
+    if output_format is Format.json:  # a saved result records where and when it was made
+        text = render.validation_json(comparisons, command, created=environment.now_utc(),
+                                      environment=environment.capture(FlashMLA().version()))
+    else:
+        text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
+    _emit(text, output)
     if not all(c.agrees for c in comparisons):
         raise typer.Exit(1)
 
@@ -271,6 +287,35 @@ def repro_oom(
     if unmet:
         print(f"mlamem: {'; '.join(unmet)}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    results: Annotated[list[Path], typer.Argument(
+        help="Result files saved by profile, validate or repro-oom with --format json --output "
+             "(schemas mlamem.profile/1, mlamem.validate/1, mlamem.repro-oom/1).",
+        show_default=False)],
+    output: Annotated[Path | None, typer.Option(
+        help="Write the Markdown here and its plots (PNG) next to it, named after it. Without "
+             "it the Markdown goes to stdout, without plots.")] = None,
+) -> None:
+    """Combine saved results into one PR-ready Markdown report, with plots.
+
+    The report has the environment each result came from (GPU, driver, torch, flash_mla,
+    mlamem, when, and the command that made it), the per-call peak table (T, before, after,
+    saved, outputs equal), the per-buffer breakdown at each T, the OOM verdicts with their
+    headroom, and the validation. Predicted figures are labelled PREDICTED on every table and
+    plot. The same inputs give the same bytes, Markdown and PNGs alike.
+    """
+    if output is not None:
+        check_output_path(output)
+    saved = [reporting.load(path, reporting.shown_path(path, output)) for path in results]
+    built = reporting.build(saved, figure_prefix=None if output is None else output.stem)
+    if output is None:
+        sys.stdout.write(built.markdown)
+        return
+    for path in reporting.write(built, output):
+        stderr.print(f"mlamem: wrote {path}", highlight=False)
 
 
 @app.command()

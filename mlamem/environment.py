@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import torch
 
@@ -43,3 +44,8 @@ def capture(flash_mla_version: str | None) -> Environment:
         python=platform.python_version(),
         allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     )
+
+
+def now_utc() -> str:
+    """This moment as a result's `created` field: UTC, ISO 8601 to the second."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -58,9 +58,20 @@ class ProfileResult:
     rows: list[ProfileRow]
     notes: list[str] = field(default_factory=list)  # what could not be staged, and why
     schema: str = SCHEMA
+    created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProfileResult:
+        """Read back `to_dict()`, a saved mlamem.profile/1 file; KeyError/TypeError if malformed."""
+        return cls(
+            command=data["command"], measured=data["measured"],
+            not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
+            kernel=data["kernel"], environment=environment.Environment(**data["environment"]),
+            rows=[ProfileRow(**row) for row in data["rows"]], notes=list(data.get("notes", [])),
+            created=data.get("created"))
 
 
 def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str]) -> None:
@@ -148,6 +159,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 **dataclasses.asdict(capabilities)},
         environment=environment.capture(flash_mla_version), rows=rows, notes=notes,
+        created=environment.now_utc(),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mlamem.context_reuse import VARIANT_LABELS
+from mlamem.environment import Environment
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.repro import ReproResult
@@ -25,6 +27,11 @@ def _label(result: ProfileResult) -> str:
     return (f"PREDICTED, not measured ({result.not_measured_reason}); "
             f"allocator model + {result.kernel['label']} allocation spec, "
             f"{result.kernel['sm_count']} SMs")
+
+
+def predicted_tag(measured: bool) -> str:
+    """' (PREDICTED)' after the heading of every table of predicted figures; '' when measured."""
+    return "" if measured else " (PREDICTED)"
 
 
 def _gib(value: int | None) -> str:
@@ -84,7 +91,7 @@ def markdown(result: ProfileResult) -> str:
     """The source PR's "Per-call peak allocation" table: T, before, after, saved, equal."""
     s = result.scenario
     lines = [
-        f"### Per-call peak allocation: {s['name']}",
+        f"### Per-call peak allocation: {s['name']}{predicted_tag(result.measured)}",
         "",
         f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
         f"topk {s['topk']}, s_q = T. {_label(result)}.",
@@ -159,9 +166,10 @@ def breakdown_table(result: ProfileResult) -> Table:
 
 def breakdown_markdown(result: ProfileResult) -> str:
     """The per-buffer view as Markdown, one table per (T, path)."""
-    lines = [f"### Where the bytes go: {result.scenario['name']}", "", f"{_label(result)}.", ""]
+    tag = predicted_tag(result.measured)
+    lines = [f"### Where the bytes go: {result.scenario['name']}{tag}", "", f"{_label(result)}.", ""]
     for row in result.rows:
-        lines.append(f"#### T={row.tokens}, {row.path} path")
+        lines.append(f"#### T={row.tokens}, {row.path} path{tag}")
         lines.append("")
         if row.failure:
             lines += [f"Failed: {row.failure}", ""]
@@ -259,11 +267,17 @@ def validation_markdown(comparisons: list[Comparison], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def validation_json(comparisons: list[Comparison], command: str) -> str:
+def validation_json(comparisons: list[Comparison], command: str, *,
+                    environment: Environment | None = None, created: str | None = None) -> str:
+    """The schema mlamem.validate/1; `environment` and `created` are recorded when given."""
     items = [{**c.__dict__, "difference": c.difference} for c in comparisons]
-    return json.dumps({"schema": "mlamem.validate/1", "command": command,
-                       "agrees": all(c.agrees for c in comparisons), "comparisons": items},
-                      indent=2) + "\n"
+    data = {"schema": "mlamem.validate/1", "command": command,
+            "agrees": all(c.agrees for c in comparisons), "comparisons": items}
+    if environment is not None:
+        data["environment"] = dataclasses.asdict(environment)
+    if created is not None:
+        data["created"] = created
+    return json.dumps(data, indent=2) + "\n"
 
 
 VALIDATION_FORMATS = {"table": validation_table, "markdown": validation_markdown,
@@ -360,7 +374,8 @@ def _context_table(result: ReproResult) -> Table:
 
 
 def _context_markdown(result: ReproResult) -> str:
-    lines = [f"### Context-MLA reuse OOM: {result.scenario['name']}", "",
+    lines = [f"### Context-MLA reuse OOM: {result.scenario['name']}{predicted_tag(result.measured)}",
+             "",
              f"{_repro_label(result)}.", ""]
     lines += [f"- {line}" for line in _budget_lines(result)] + [""]
     lines += ["| variant | verdict | " + " | ".join(_CONTEXT_COLUMNS) + " |",
@@ -405,7 +420,8 @@ def repro_markdown(result: ReproResult) -> str:
     """The reproduction as a PR section: budget, one row per path, how the limit was found."""
     if result.mode == "context-reuse":
         return _context_markdown(result)
-    lines = [f"### Runtime OOM reproduction: {result.scenario['name']}", "",
+    lines = [f"### Runtime OOM reproduction: {result.scenario['name']}{predicted_tag(result.measured)}",
+             "",
              f"{_repro_label(result)}.", ""]
     lines += [f"- {line}" for line in _budget_lines(result)] + [""]
     lines += ["| path | verdict | KV cache | headroom | + if out staged | largest safe "

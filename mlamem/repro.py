@@ -64,9 +64,21 @@ class ReproResult:
     notes: list[str] = field(default_factory=list)
     mode: str = "decode"  # "decode" (one case per path) or "context-reuse" (per reserve variant)
     schema: str = SCHEMA
+    created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReproResult:
+        """Read back `to_dict()`, a saved mlamem.repro-oom/1 file; KeyError/TypeError if malformed."""
+        return cls(
+            command=data["command"], measured=data["measured"],
+            not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
+            kernel=data["kernel"], budget=data["budget"],
+            environment=environment.Environment(**data["environment"]),
+            cases=[dict(case) for case in data["cases"]], notes=list(data.get("notes", [])),
+            created=data.get("created"))
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,
@@ -256,4 +268,5 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 **dataclasses.asdict(capabilities)},
         budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},
-        environment=environment.capture(flash_mla_version), cases=cases, notes=notes)
+        environment=environment.capture(flash_mla_version), cases=cases, notes=notes,
+        created=environment.now_utc())

@@ -1,0 +1,256 @@
+"""Figures for `mlamem report`, as PNG bytes: the same result gives the same bytes.
+
+matplotlib runs on its Agg renderer through `Figure` objects (no pyplot, no global backend), in
+matplotlib's default style whatever the user's matplotlibrc says, and the PNGs carry no software
+or date stamp. Bytes are converted to GiB here, at the edge, and every axis states its unit.
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+import matplotlib.style
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from mlamem.profile import ProfileResult
+from mlamem.repro import ReproResult
+from mlamem.units import format_bytes, gib
+
+DPI = 120
+STYLE = {"font.size": 11, "axes.titlesize": 12, "figure.titlesize": 13, "legend.fontsize": 10,
+         "axes.grid": True, "grid.alpha": 0.3, "axes.axisbelow": True}
+PATH_COLORS = {"alloc": "tab:red", "workspace": "tab:blue"}
+BUFFER_COLORS = ("tab:orange", "tab:purple", "tab:green", "tab:olive", "tab:cyan", "tab:brown",
+                 "tab:pink", "tab:gray", "gold", "navy")
+OTHER_FRACTION = 0.01  # buffers below 1 % of the tallest bar are drawn together as "other"
+BUDGET_COLORS = {"weights": "#7f7f7f", "workspace": "tab:blue", "init_rest": "#c7c7c7",
+                 "kv_cache": "tab:green", "free": "#f2f2f2", "need": "tab:orange",
+                 "short": "tab:red"}
+
+
+def _png(figure: Figure) -> bytes:
+    """The figure as PNG bytes, without the Software stamp (so the bytes depend on data only)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _subject(measured: bool, gpu: str | None) -> str:
+    return f"measured on {gpu}" if measured else "PREDICTED, not measured"
+
+
+def _paths(result: ProfileResult) -> list[str]:
+    return list(dict.fromkeys(row.path for row in result.rows))
+
+
+def _tokens(result: ProfileResult) -> list[int]:
+    return list(dict.fromkeys(row.tokens for row in result.rows))
+
+
+def peak_vs_tokens(result: ProfileResult) -> bytes:
+    """Per-call peak allocated against T, one line per path, log-2 T axis, GiB."""
+    with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
+        figure = _figure(8, 5)
+        ax = figure.add_subplot()
+        tokens = _tokens(result)
+        for path in _paths(result):
+            rows = [r for r in result.rows if r.path == path and r.failure is None]
+            xs = [r.tokens for r in rows]
+            ys = [gib(r.peak_allocated_bytes) for r in rows]
+            ax.plot(xs, ys, marker="o", linewidth=2, color=PATH_COLORS.get(path),
+                    label=f"{path} path")
+            above = path == "alloc"  # the larger path labelled above-left, others to the right
+            for x, y in zip(xs, ys, strict=True):
+                ax.annotate(f"{y:.3f}", (x, y), textcoords="offset points",
+                            xytext=(-6, 6) if above else (9, 0), ha="right" if above else "left",
+                            va="bottom" if above else "center", fontsize=9,
+                            color=PATH_COLORS.get(path),
+                            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none",
+                                  "alpha": 0.85})
+            for r in result.rows:
+                if r.path == path and r.failure is not None:
+                    ax.axvline(r.tokens, color=PATH_COLORS.get(path), linestyle=":",
+                               label=f"{path} path: {'OOM' if r.oom else 'failed'} at T={r.tokens}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(tokens, labels=[str(t) for t in tokens])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(min(tokens) / 1.5, max(tokens) * 1.5)
+        top = max((gib(r.peak_allocated_bytes) for r in result.rows if r.failure is None),
+                  default=1)
+        ax.set_ylim(0, top * 1.1)
+        ax.set_xlabel("T, query tokens per step (s_q of the decode call; log-2 scale)")
+        ax.set_ylabel("per-call peak allocated (GiB)")
+        ax.set_title(f"{result.scenario['name']}: per-call peak allocation\n"
+                     f"{_subject(result.measured, result.environment.gpu)}, "
+                     f"{result.kernel['label']}")
+        ax.legend(loc="upper left")
+        return _png(figure)
+
+
+def _live_buffers(row) -> dict[str, int]:
+    """Bytes of each buffer live at the call's peak (blocks: they add up to the peak)."""
+    sizes: dict[str, int] = {}
+    for b in row.buffers:
+        if b["live_at_peak"]:
+            sizes[b["name"]] = sizes.get(b["name"], 0) + b["block_bytes"]
+    return sizes
+
+
+def buffers_by_tokens(result: ProfileResult) -> bytes:
+    """A stacked bar per T of the buffers live at the call's peak, one panel per path."""
+    paths, tokens = _paths(result), _tokens(result)
+    live = {(r.tokens, r.path): _live_buffers(r) for r in result.rows if r.failure is None}
+    tallest = max((sum(v.values()) for v in live.values()), default=0)
+    names = list(dict.fromkeys(name for sizes in live.values() for name in sizes))
+    big = [n for n in names if max(s.get(n, 0) for s in live.values()) >= OTHER_FRACTION * tallest]
+    small = [n for n in names if n not in big]
+    colors = {name: BUFFER_COLORS[i % len(BUFFER_COLORS)] for i, name in enumerate(big)}
+    with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
+        figure = _figure(4.2 * len(paths) + 2.8, 5.2)
+        axes = figure.subplots(1, len(paths), sharey=True, squeeze=False)[0]
+        for ax, path in zip(axes, paths, strict=True):
+            positions = range(len(tokens))
+            bottoms = [0.0] * len(tokens)
+            for name in [*big, *(["other"] if small else [])]:
+                heights = []
+                for t in tokens:
+                    sizes = live.get((t, path), {})
+                    value = (sum(sizes.get(n, 0) for n in small) if name == "other"
+                             else sizes.get(name, 0))
+                    heights.append(gib(value))
+                label = name if name != "other" else f"other ({', '.join(small)})"
+                ax.bar(positions, heights, bottom=bottoms, width=0.65, label=label,
+                       color=colors.get(name, "#bbbbbb"), edgecolor="white", linewidth=0.5)
+                bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+            for i, t in enumerate(tokens):
+                total = f"{bottoms[i]:.3f}" if (t, path) in live else "failed"
+                ax.annotate(total, (i, bottoms[i]), textcoords="offset points", xytext=(0, 3),
+                            ha="center", fontsize=9)
+            ax.set_xticks(list(positions), labels=[str(t) for t in tokens])
+            ax.set_xlabel("T, query tokens per step")
+            ax.set_title(f"{path} path")
+            ax.grid(axis="x", visible=False)
+        axes[0].set_ylabel("allocated at the call's peak (GiB)")
+        axes[0].set_ylim(0, gib(tallest) * 1.08 if tallest else 1)
+        handles, labels = axes[0].get_legend_handles_labels()
+        figure.legend(handles[::-1], labels[::-1], loc="outside right center", title="buffer")
+        figure.suptitle(f"{result.scenario['name']}: buffers live at each call's peak\n"
+                        f"{_subject(result.measured, result.environment.gpu)}, "
+                        f"{result.kernel['label']}")
+        return _png(figure)
+
+
+def _budget_segments(case: dict) -> list[tuple[str, int, str]]:
+    """(label, bytes, color key) from 0 up to the cap: what the engine placed before the step."""
+    init = case.get("init_bytes")
+    if init is None:
+        return []
+    weights, workspace = case.get("weights_bytes") or 0, case.get("workspace_bytes") or 0
+    kv = case.get("kv_cache_bytes") or 0
+    segments = [("weights", weights, "weights")]
+    if workspace:
+        segments.append(("workspace", workspace, "workspace"))
+    segments.append(("rest of init", init - weights - workspace, "init_rest"))
+    segments.append(("KV cache", kv, "kv_cache"))
+    if case.get("torch_limit_bytes") is not None:
+        segments.append(("free under the cap", case["torch_limit_bytes"] - init - kv, "free"))
+    return segments
+
+
+def step_need_bytes(case: dict) -> int | None:
+    """What the full step needed on top of init and the KV cache (OOM: at least this much)."""
+    base = (case.get("init_bytes") or 0) + (case.get("kv_cache_bytes") or 0)
+    if case["verdict"] == "fits" and case.get("step_peak_bytes") is not None:
+        return case["step_peak_bytes"] - base
+    if case["verdict"] == "oom" and case.get("free_bytes_at_oom") is not None and \
+            case.get("oom_requested_bytes") is not None and case["phase"] == "step":
+        reserved = case["torch_limit_bytes"] - case["free_bytes_at_oom"]
+        return reserved - base + case["oom_requested_bytes"]
+    return None
+
+
+def _verdict_note(case: dict) -> str:
+    if case["verdict"] == "fits":
+        return f"fits, headroom {format_bytes(case['headroom_bytes'])}"
+    if case["verdict"] == "oom":
+        what = case.get("oom_buffer") or "an allocation"
+        size = case.get("oom_requested_bytes")
+        free = case.get("free_bytes_at_oom")
+        return (f"OOM in {case['phase']}: {what}"
+                + (f" ({format_bytes(size)})" if size is not None else "")
+                + (f", {format_bytes(free)} free" if free is not None else ""))
+    return case["verdict"]
+
+
+def repro_budget(result: ReproResult) -> bytes:
+    """One bar per path: weights, workspace, rest of init, KV cache, free; the step's need."""
+    cases = result.cases
+    with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
+        figure = _figure(11, 2.4 + 1.5 * len(cases))
+        ax = figure.add_subplot()
+        seen: set[str] = set()
+        right = 0.0
+        for i, case in enumerate(cases):
+            y = len(cases) - 1 - i
+            left = 0.0
+            for label, size, key in _budget_segments(case):
+                width = gib(size)
+                ax.barh(y + 0.17, width, left=left, height=0.34, color=BUDGET_COLORS[key],
+                        edgecolor="black" if key == "free" else "white", linewidth=0.6,
+                        label=label if label not in seen else None)
+                if width >= 2.5:
+                    ax.text(left + width / 2, y + 0.17, f"{width:.2f}", ha="center",
+                            va="center", fontsize=9, color="white" if key in (
+                                "weights", "kv_cache", "workspace") else "black")
+                seen.add(label)
+                left += width
+            right = max(right, left)
+            need = step_need_bytes(case)
+            if need is not None:
+                start = gib(case["init_bytes"] + case["kv_cache_bytes"])
+                limit = gib(case["torch_limit_bytes"])
+                fitting = min(gib(need), limit - start)
+                label = "full step's need (activations + decode call)"
+                ax.barh(y - 0.17, fitting, left=start, height=0.3, color=BUDGET_COLORS["need"],
+                        label=label if label not in seen else None)
+                seen.add(label)
+                if gib(need) > limit - start:
+                    label = "need beyond the cap"
+                    ax.barh(y - 0.17, gib(need) - (limit - start), left=limit, height=0.3,
+                            color=BUDGET_COLORS["short"], hatch="//", edgecolor="white",
+                            label=label if label not in seen else None)
+                    seen.add(label)
+                right = max(right, start + gib(need))
+                ax.text(start - 0.3, y - 0.17, f"step {gib(need):.2f}", ha="right",
+                        va="center", fontsize=9)
+                margin = limit - start - gib(need)
+                ax.text(max(limit, start + gib(need)) + 0.4, y - 0.17,
+                        f"headroom {margin:.3f}" if margin >= 0 else f"short by {-margin:.3f}",
+                        ha="left", va="center", fontsize=9,
+                        color="black" if margin >= 0 else BUDGET_COLORS["short"])
+        caps = {case["torch_limit_bytes"] for case in cases if case.get("torch_limit_bytes")}
+        for k, cap in enumerate(sorted(caps)):
+            ax.axvline(gib(cap), color="black", linestyle="--", linewidth=1.2,
+                       label="torch cap (target GPU less non-torch memory)" if k == 0 else None)
+        ax.set_yticks(range(len(cases)), labels=[
+            f"{c['path']} path\n{_verdict_note(c)}" for c in reversed(cases)])
+        ax.set_xlim(0, right * 1.16 if right else 1)
+        ax.set_ylim(-0.6, len(cases) - 0.4)
+        ax.set_xlabel("device memory of one rank (GiB)")
+        ax.grid(axis="y", visible=False)
+        budget, s = result.budget, result.scenario
+        target = f" ({s['target_gpu']})" if s.get("target_gpu") else ""
+        figure.suptitle(f"{s['name']}: memory of one engine rank, per path (GiB)\n"
+                     f"target {format_bytes(budget['gpu_memory_bytes'])}{target} at utilization "
+                     f"{budget['utilization']}, max_num_batched_tokens "
+                     f"{budget['max_num_batched_tokens']}\n"
+                     f"{_subject(result.measured, result.environment.gpu)}, "
+                     f"{result.kernel['label']}")
+        figure.legend(loc="outside lower center", ncols=3)
+        return _png(figure)

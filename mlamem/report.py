@@ -1,0 +1,308 @@
+"""`mlamem report`: saved results (profile, validate, repro-oom) as one PR-ready Markdown document.
+
+`load` reads a result file and checks it against its schema; `build` assembles the document from
+the existing Markdown renderers (`mlamem.render`) and the figures (`mlamem.plots`); `write` puts
+the PNGs next to the Markdown, each file whole or not at all. Plain data in, text and PNG bytes
+out: the same inputs give the same bytes (the date shown is the one each result recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlamem import plots, render
+from mlamem.environment import Environment
+from mlamem.errors import UserError
+from mlamem.files import write_atomic
+from mlamem.profile import SCHEMA as PROFILE_SCHEMA
+from mlamem.profile import ProfileResult
+from mlamem.repro import SCHEMA as REPRO_SCHEMA
+from mlamem.repro import ReproResult
+from mlamem.units import gib
+from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
+from mlamem.validate import Comparison
+
+KINDS = {PROFILE_SCHEMA: "profile", REPRO_SCHEMA: "repro-oom", VALIDATE_SCHEMA: "validate"}
+ORDER = ("profile", "repro-oom", "validate")  # sections in this order, inputs in given order within
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """A saved mlamem.validate/1 file."""
+
+    command: str
+    comparisons: list[Comparison]
+    environment: Environment | None = None  # None in files from before it was recorded
+    created: str | None = None
+    measured: bool = True  # compares measured with predicted figures
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ValidationResult:
+        env = data.get("environment")
+        comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
+                       for c in data["comparisons"]]
+        return cls(command=data["command"], comparisons=comparisons,
+                   environment=None if env is None else Environment(**env),
+                   created=data.get("created"))
+
+
+Result = ProfileResult | ReproResult | ValidationResult
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One result file: how the report names it, its kind, and what it holds."""
+
+    source: str  # the path as the report shows it
+    kind: str  # "profile", "repro-oom" or "validate"
+    result: Result
+
+
+@dataclass(frozen=True)
+class Report:
+    """The document and its figures: file name (next to the Markdown) -> PNG bytes."""
+
+    markdown: str
+    figures: dict[str, bytes] = field(default_factory=dict)
+
+
+# What the renderers read, checked before anything is rendered: (key, types) per level.
+_TOP = {"command": str, "measured": bool, "scenario": dict, "kernel": dict, "environment": dict}
+_SHAPES = {
+    "profile": (_TOP, "rows", {"tokens": int, "path": str, "buffers": list}),
+    "repro-oom": ({**_TOP, "budget": dict}, "cases", {"path": str, "verdict": str, "phase": str}),
+    "validate": ({"command": str}, "comparisons", {"scenario": str, "tokens": int, "path": str,
+                                                    "item": str, "metric": str}),
+}
+_READERS: dict[str, Callable[[dict], Result]] = {
+    "profile": ProfileResult.from_dict, "repro-oom": ReproResult.from_dict,
+    "validate": ValidationResult.from_dict}
+
+
+def read_json(path: Path) -> dict:
+    """The file's JSON object; a missing, unreadable or corrupt file is a UserError."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such result file; pass JSON files saved with "
+                        "--format json --output") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder; pass a result file (JSON)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); save results "
+                        "with --format json --output") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not an mlamem result (a JSON {type(data).__name__}, "
+                        "not an object)")
+    return data
+
+
+def _check_shape(data: dict, kind: str) -> str | None:
+    """What is missing or of the wrong type, or None."""
+    top, items, item_keys = _SHAPES[kind]
+    for key, kind_type in {**top, items: list}.items():
+        if not isinstance(data.get(key), kind_type):
+            return f"{key!r} missing or not a {kind_type.__name__}"
+    if not data[items]:
+        return f"{items!r} is empty"
+    for i, item in enumerate(data[items]):
+        if not isinstance(item, dict):
+            return f"{items}[{i}] is not an object"
+        for key, kind_type in item_keys.items():
+            if not isinstance(item.get(key), kind_type):
+                return f"{items}[{i}].{key} missing or not a {kind_type.__name__}"
+    return None
+
+
+def load(path: Path, shown_as: str | None = None) -> Saved:
+    """Read one saved result, by its `schema`; a UserError names the file and what is wrong."""
+    data = read_json(path)
+    schema = data.get("schema")
+    kind = KINDS.get(schema) if isinstance(schema, str) else None
+    if kind is None:
+        raise UserError(f"{path}: schema {schema!r} is not a result mlamem report reads; "
+                        f"expected one of: {', '.join(KINDS)}")
+    problem = _check_shape(data, kind)
+    saved = None
+    if problem is None:
+        try:
+            saved = Saved(shown_as or str(path), kind, _READERS[kind](data))
+            _sections(saved, None)  # everything the renderers read is there
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        raise UserError(f"{path}: not a valid {schema} result ({problem})")
+    return saved
+
+
+def shown_path(path: Path, output: Path | None) -> str:
+    """How the report names an input: relative to the report's folder (or to here)."""
+    base = output.parent if output is not None else Path(".")
+    try:
+        return os.path.relpath(path, base)
+    except ValueError:  # another drive
+        return str(path)
+
+
+# The document
+
+
+def _scenario(saved: Saved) -> str:
+    if saved.kind == "validate":
+        return ", ".join(dict.fromkeys(c.scenario for c in saved.result.comparisons))
+    return saved.result.scenario["name"]
+
+
+def _figure_names(saved: Sequence[Saved], prefix: str) -> list[str]:
+    """A distinct stem per result: PREFIX-KIND-SCENARIO[-predicted][-N]."""
+    names, taken = [], set()
+    for s in saved:
+        stem = f"{prefix}-{s.kind}-{_scenario(s)}" + ("" if s.result.measured else "-predicted")
+        name, n = stem, 2
+        while name in taken:
+            name, n = f"{stem}-{n}", n + 1
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def _figure(figures: dict[str, bytes] | None, name: str, alt: str, draw: Callable[[], bytes],
+            source: str) -> list[str]:
+    """Render a figure into `figures` and return its Markdown reference; nothing if no figures."""
+    if figures is None:
+        return []
+    try:
+        figures[name] = draw()
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{source}: cannot plot {alt!r} ({type(exc).__name__}: {exc})") from None
+    return [f"![{alt}]({name})", ""]
+
+
+def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") -> list[str]:
+    """One result's part of the document; its figures go into `figures` (None: no plots)."""
+    r = saved.result
+    tag = render.predicted_tag(r.measured)
+    lines = [f"## {saved.kind}: {_scenario(saved)}{tag}", "", f"From `{saved.source}`.", ""]
+    if saved.kind == "profile":
+        lines += [render.markdown(r)]
+        lines += _figure(figures, f"{stem}-peak.png", f"Per-call peak vs T{tag}",
+                         lambda: plots.peak_vs_tokens(r), saved.source)
+        lines += _figure(figures, f"{stem}-buffers.png", f"Buffers at each call's peak{tag}",
+                         lambda: plots.buffers_by_tokens(r), saved.source)
+        lines += [render.breakdown_markdown(r)]
+    elif saved.kind == "repro-oom":
+        lines += [render.repro_markdown(r)]
+        lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
+                         lambda: plots.repro_budget(r), saved.source)
+    else:
+        lines += [render.validation_markdown(r.comparisons, r.command)]
+    return lines
+
+
+def _environment_table(saved: Sequence[Saved]) -> list[str]:
+    lines = ["| result | kind | figures | GPU | driver | CUDA | torch | flash_mla | mlamem | made "
+             "(UTC) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in saved:
+        env, r = s.result.environment, s.result
+        figures = ("measured and predicted, compared" if s.kind == "validate"
+                   else "measured" if r.measured else "**PREDICTED**")
+        if env is None:
+            cells = ["not recorded"] + ["-"] * 5
+        else:
+            gpu = (f"{env.gpu} (SM {env.compute_capability})" if env.gpu else "none")
+            cells = [gpu, env.driver or "-", env.cuda or "-", env.torch, env.flash_mla or "-",
+                     env.mlamem]
+        lines.append(f"| `{s.source}` | {s.kind} | {figures} | " + " | ".join(cells)
+                     + f" | {r.created or 'not recorded'} |")
+    lines += ["", "Commands that produced them:", ""]
+    lines += [f"- `{s.source}`: `{s.result.command}`" for s in saved]
+    return lines
+
+
+def _summary(s: Saved) -> list[str]:
+    """Headline lines for the summary at the top."""
+    r, tag = s.result, render.predicted_tag(s.result.measured)
+    if s.kind == "profile":
+        by_tokens: dict[int, dict] = {}
+        for row in r.rows:
+            by_tokens.setdefault(row.tokens, {})[row.path] = row
+        out = []
+        for tokens, rows in by_tokens.items():
+            before, after = rows.get("alloc"), rows.get("workspace")
+            if before and after and before.failure is None and after.failure is None:
+                out.append(f"{tokens}: {gib(before.peak_allocated_bytes):.3f} → "
+                           f"{gib(after.peak_allocated_bytes):.3f} GiB")
+        if out:
+            return [f"- profile {r.scenario['name']}{tag}: per-call peak, allocating → "
+                    f"workspace path, at T = " + "; ".join(out)]
+        return []
+    if s.kind == "repro-oom":
+        verdicts = "; ".join(f"{c['path']} path: {render.verdict_text(c)}" for c in r.cases)
+        return [f"- repro-oom {r.scenario['name']}{tag}: {verdicts}"]
+    cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
+    differ = [c for c in r.comparisons if not c.agrees]
+    verdict = ("every figure equal, to the byte" if not differ
+               else f"{len(differ)} figure(s) DIFFER")
+    plural = "s" if len(cases) != 1 else ""
+    return [f"- validate: {len(cases)} case{plural} (scenario, T, path), {len(r.comparisons)} figures "
+            f"predicted and measured: {verdict}"]
+
+
+def build(saved: Sequence[Saved], figure_prefix: str | None) -> Report:
+    """The whole document; figures named FIGURE_PREFIX-..., or none if the prefix is None."""
+    ordered = sorted(saved, key=lambda s: ORDER.index(s.kind))
+    figures: dict[str, bytes] | None = None if figure_prefix is None else {}
+    stems = _figure_names(ordered, figure_prefix or "")
+    lines = ["# mlamem report", ""]
+    if any(not s.result.measured for s in ordered):
+        lines += ["**Some figures here are PREDICTED by the allocator model, not measured;** "
+                  "every such table and plot says so.", ""]
+    lines += ["## Summary", ""]
+    for s in ordered:
+        lines += _summary(s)
+    lines += ["", "## Environment", "", *_environment_table(ordered), ""]
+    for s, stem in zip(ordered, stems, strict=True):
+        lines += _sections(s, figures, stem)
+    text = "\n".join(lines).rstrip("\n") + "\n"
+    return Report(markdown=text.replace("\n\n\n", "\n\n"), figures=figures or {})
+
+
+def write(report: Report, output: Path) -> list[Path]:
+    """The figures, then the Markdown that references them; each written whole or not at all."""
+    written = []
+    for name, data in report.figures.items():
+        path = output.parent / name
+        write_atomic(path, data)
+        written.append(path)
+    write_atomic(output, report.markdown)
+    return [*written, output]
+
+
+REPORT_NAME = "report.md"
+
+
+def check_report_dir(folder: Path) -> None:
+    """Fail before any work if `profile --report FOLDER` could not write there."""
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--report: {folder} is a file; give a folder (it is created if needed)")
+    parent = folder.parent if str(folder.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"--report: folder {parent} does not exist; create it or pick another path")
+
+
+def write_profile_report(result: ProfileResult, folder: Path) -> list[Path]:
+    """`profile --report FOLDER`: the result JSON, report.md and its PNGs, in FOLDER."""
+    folder.mkdir(exist_ok=True)
+    name = result.scenario["name"] + ("" if result.measured else ".predicted") + ".json"
+    write_atomic(folder / name, render.to_json(result), "--report")
+    output = folder / REPORT_NAME
+    report = build([Saved(name, "profile", result)], figure_prefix=output.stem)
+    return [folder / name, *write(report, output)]

@@ -1,0 +1,213 @@
+"""`mlamem report`: a PR-ready Markdown report with plots, from saved H200 results."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from mlamem.cli import main
+
+RESULTS = Path(__file__).parent / "fixtures" / "results"  # copies of reports/*-h200 results
+PROFILE = RESULTS / "profile-glm5-h200.json"
+PREDICTED = RESULTS / "profile-glm5-h200.predicted.json"
+REPRO = RESULTS / "repro-oom-glm5-h200.json"
+VALIDATE = RESULTS / "validate-h200.json"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _render(folder: Path, *inputs: Path) -> Path:
+    folder.mkdir()
+    output = folder / "report.md"
+    assert main(["report", *map(str, inputs), "--output", str(output)]) == 0
+    return output
+
+
+def test_report_reproduces_the_prs_table_and_verdicts(tmp_path):
+    """The H200 report has the PR's table, the breakdown, the verdicts, the environment."""
+    text = _render(tmp_path / "a", PROFILE, REPRO, VALIDATE).read_text()
+    assert "| T | before (allocating path) | after (workspace path) | saved | outputs equal |" in text
+    for line in ("| 1024 | 0.384 GiB | 0.313 GiB | 0.070 GiB | yes |",
+                 "| 8192 | 3.068 GiB | 2.506 GiB | 0.562 GiB | yes |",
+                 "| 16384 | 6.137 GiB | 5.012 GiB | 1.125 GiB | yes |",
+                 "| 32768 | 12.273 GiB | 10.023 GiB | 2.250 GiB | yes |"):
+        assert line in text
+    assert text.count("#### T=") == 8  # the per-buffer breakdown at each (T, path)
+    assert "| o_accum | kernel | 8589934592 | 8.000 GiB | yes | kept |" in text
+    assert "OOM in step: o_accum (8.000 GiB, by kernel) with 7.665 GiB free" in text
+    assert "headroom 1.914 GiB" in text
+    assert "30 cases (scenario, T, path), 440 figures" in text and "every figure equal" in text
+    assert "| NVIDIA H200 (SM 9.0) | 580.159.04 | 13.0 | 2.11.0+cu130 | 1.0.0 | 0.1.0 |" in text
+    assert "`mlamem profile --format json --output /tmp/o2/glm5-fp8-tp8.json`" in text
+    assert "PREDICTED" not in text  # all measured
+
+
+def test_report_plots_are_valid_pngs_referenced_from_the_markdown(tmp_path):
+    """Each plot is a valid PNG next to the Markdown, referenced from it."""
+    output = _render(tmp_path / "a", PROFILE, REPRO)
+    text = output.read_text()
+    names = sorted(p.name for p in output.parent.glob("*.png"))
+    assert names == ["report-profile-glm5-fp8-tp8-buffers.png",
+                     "report-profile-glm5-fp8-tp8-peak.png",
+                     "report-repro-oom-glm5-fp8-tp8-budget.png"]
+    for name in names:
+        assert f"]({name})" in text
+        data = (output.parent / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        image = matplotlib.image.imread(output.parent / name)
+        assert image.shape[0] > 400 and image.shape[1] > 800  # legible size
+        assert b"Software" not in data and b"matplotlib" not in data
+
+
+def test_two_renders_are_byte_identical(tmp_path):
+    """The same inputs give the same Markdown and the same PNG bytes."""
+    first = _render(tmp_path / "a", PROFILE, PREDICTED, REPRO, VALIDATE)
+    second = _render(tmp_path / "b", PROFILE, PREDICTED, REPRO, VALIDATE)
+    files = sorted(p.name for p in first.parent.iterdir())
+    assert files == sorted(p.name for p in second.parent.iterdir()) and len(files) == 6
+    for name in files:
+        assert (first.parent / name).read_bytes() == (second.parent / name).read_bytes(), name
+
+
+def test_predicted_results_are_labelled_on_every_table(tmp_path):
+    """Every table heading and plot of a predicted result says PREDICTED."""
+    output = _render(tmp_path / "a", PREDICTED)
+    text = output.read_text()
+    headings = [line for line in text.splitlines() if line.startswith(("## ", "### ", "#### "))]
+    tables = [h for h in headings if h.startswith(("### ", "#### "))]
+    assert len(tables) == 10 and all(h.endswith("(PREDICTED)") for h in tables)
+    assert "**PREDICTED**" in text
+    assert sorted(p.name for p in output.parent.glob("*.png")) == [
+        "report-profile-glm5-fp8-tp8-predicted-buffers.png",
+        "report-profile-glm5-fp8-tp8-predicted-peak.png"]
+
+
+def test_report_to_stdout_has_no_plots(tmp_path, capsys, monkeypatch):
+    """Without --output the Markdown goes to stdout and no file is written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(PROFILE)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# mlamem report") and "![" not in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_profile_report_runs_and_reports_in_one_step(tmp_path):
+    """`profile --report DIR` writes the result JSON, report.md and the plots."""
+    folder = tmp_path / "run"
+    assert main(["profile", "--tokens", "1024,8192", "--predict", "--format", "json",
+                 "--output", str(tmp_path / "out.json"), "--report", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "glm5-fp8-tp8.predicted.json", "report-profile-glm5-fp8-tp8-predicted-buffers.png",
+        "report-profile-glm5-fp8-tp8-predicted-peak.png", "report.md"]
+    saved = json.loads((folder / "glm5-fp8-tp8.predicted.json").read_text())
+    assert saved["schema"] == "mlamem.profile/1" and saved["created"].endswith("Z")
+    text = (folder / "report.md").read_text()
+    assert "| 8192 | 3.068 GiB | 2.506 GiB | 0.562 GiB | n/a |" in text
+    assert saved["created"] in text  # the date comes from the result
+    # The saved JSON renders to the same report again (only the path to it differs).
+    again = tmp_path / "again" / "report.md"
+    again.parent.mkdir()
+    assert main(["report", str(folder / "glm5-fp8-tp8.predicted.json"), "--output",
+                 str(again)]) == 0
+    assert again.read_text() == text.replace("`glm5-fp8-tp8.predicted.json`",
+                                             "`../run/glm5-fp8-tp8.predicted.json`")
+    assert (again.parent / "report-profile-glm5-fp8-tp8-predicted-peak.png").read_bytes() == (
+        folder / "report-profile-glm5-fp8-tp8-predicted-peak.png").read_bytes()
+
+
+def test_committed_h200_report_is_what_the_tool_makes():
+    """reports/report-h200/report.md is the tool's render of the committed H200 results."""
+    from mlamem import report
+
+    committed = Path(__file__).parent.parent / "reports" / "report-h200" / "report.md"
+    inputs = [committed.parent.parent / p for p in ("profile-h200/glm5-fp8-tp8.json",
+                                                    "repro-oom-h200/glm5-fp8-tp8.json",
+                                                    "validate-h200/validate-h200.json")]
+    saved = [report.load(p, report.shown_path(p, committed)) for p in inputs]
+    built = report.build(saved, figure_prefix="report")
+    assert committed.read_text() == built.markdown
+    for name, data in built.figures.items():  # the bytes may vary by matplotlib version
+        assert (committed.parent / name).read_bytes().startswith(PNG_SIGNATURE)
+        assert data.startswith(PNG_SIGNATURE)
+
+
+def _corrupt(tmp_path: Path, name: str, content: str) -> Path:
+    path = tmp_path / name
+    path.write_text(content)
+    return path
+
+
+@pytest.mark.parametrize(("make", "fix"), [
+    (lambda d: d / "missing.json", "no such result file"),
+    (lambda d: d, "is a folder"),
+    (lambda d: _corrupt(d, "half.json", PROFILE.read_text()[:5000]), "not valid JSON"),
+    (lambda d: _corrupt(d, "list.json", "[1, 2]"), "not an mlamem result"),
+    (lambda d: _corrupt(d, "gate.json", (Path(__file__).parent.parent / "reports" / "baselines"
+                                         / "predicted.json").read_text()),
+     "schema 'mlamem.baseline/1' is not a result"),
+    (lambda d: _corrupt(d, "noschema.json", "{}"), "schema None"),
+    (lambda d: _corrupt(d, "norows.json", json.dumps(
+        {**json.loads(PROFILE.read_text()), "rows": []})), "'rows' is empty"),
+    (lambda d: _corrupt(d, "badrow.json", json.dumps(
+        {**json.loads(PROFILE.read_text()), "rows": [{"tokens": "x"}]})), "rows[0].tokens"),
+    (lambda d: _corrupt(d, "nokernel.json", json.dumps(
+        {k: v for k, v in json.loads(REPRO.read_text()).items() if k != "kernel"})), "'kernel'"),
+    (lambda d: _corrupt(d, "noenv.json", json.dumps(
+        {**json.loads(PROFILE.read_text()), "environment": {"gpu": "x"}})), "not a valid"),
+    (lambda d: _corrupt(d, "nobudget.json", json.dumps(
+        {**json.loads(REPRO.read_text()), "budget": {}})), "not a valid mlamem.repro-oom/1"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, make, fix):
+    """A missing, unreadable, corrupt or wrong-schema result: one line, exit 2, no output."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    bad = make(inputs)
+    assert main(["report", str(PROFILE), str(bad), "--output", str(out / "report.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mlamem: error: ") and err.count("\n") == 1 and fix in err, err
+    assert list(out.iterdir()) == []
+
+
+def test_report_output_folder_must_exist(capsys):
+    """--output in a missing folder fails before reading anything."""
+    assert main(["report", str(PROFILE), "--output", "/no/such/folder/report.md"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_profile_report_into_a_file_is_refused(tmp_path, capsys):
+    """--report naming a file fails before any work."""
+    (tmp_path / "file").write_text("")
+    assert main(["profile", "--predict", "--report", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_report_runs_as_a_real_process_without_traceback(tmp_path):
+    """`python -m mlamem report` on a corrupt file: exit 2, one line, no traceback."""
+    bad = _corrupt(tmp_path, "bad.json", "{not json")
+    done = subprocess.run([sys.executable, "-m", "mlamem", "report", str(bad)],
+                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("mlamem: error: ") and done.stderr.count("\n") == 1
+
+
+def test_validation_json_with_environment_reads_back(tmp_path):
+    """A validate result saved now records its environment and date, and the report shows them."""
+    from mlamem import environment, render
+    from mlamem.report import load
+    from mlamem.validate import Comparison
+
+    comparisons = [Comparison("glm5-fp8-tp8", 1024, "alloc", "total", metric, 5, 5)
+                   for metric in ("allocated", "reserved")]
+    env = environment.capture(None)
+    path = tmp_path / "v.json"
+    path.write_text(render.validation_json(comparisons, "mlamem validate", environment=env,
+                                           created="2026-12-02T10:00:00Z"))
+    saved = load(path)
+    assert saved.result.environment == env and saved.result.created == "2026-12-02T10:00:00Z"
+    assert main(["report", str(path), "--output", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "2026-12-02T10:00:00Z" in text and "1 case (scenario, T, path), 2 figures" in text
