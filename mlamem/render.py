@@ -307,6 +307,11 @@ def _budget_lines(result: ReproResult) -> list[str]:
     return lines
 
 
+def case_label(case: dict) -> str:
+    """'alloc path' for a decode case, the reserve variant's label for a context-reuse one."""
+    return f"{case['path']} path" if case.get("path") else VARIANT_LABELS[case["variant"]]
+
+
 def verdict_text(case: dict) -> str:
     """One line: what happened to this path."""
     verdict = case["verdict"]
@@ -361,7 +366,7 @@ _CONTEXT_COLUMNS = ("reserve", "admission cap", "KV pool tokens", "admitted / tr
 def _context_table(result: ReproResult) -> Table:
     out = Table(title=f"mlamem repro-oom: {result.scenario['name']}, context-MLA reuse",
                 caption="\n".join([_repro_label(result), *_budget_lines(result),
-                                   *[f"{VARIANT_LABELS[c['variant']]}: {verdict_text(c)}"
+                                   *[f"{case_label(c)}: {verdict_text(c)}"
                                      for c in result.cases], *result.notes]),
                 caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                 padding=(0, 1, 0, 0))
@@ -381,7 +386,7 @@ def _context_markdown(result: ReproResult) -> str:
     lines += ["| variant | verdict | " + " | ".join(_CONTEXT_COLUMNS) + " |",
               "|---|---|" + "---|" * len(_CONTEXT_COLUMNS)]
     for c in result.cases:
-        lines.append(f"| {VARIANT_LABELS[c['variant']]} | {verdict_text(c)} | "
+        lines.append(f"| {case_label(c)} | {verdict_text(c)} | "
                      + " | ".join(_context_cells(c)) + " |")
     lines += [""] + [f"- {note}" for note in result.notes]
     lines.append(f"- Command: `{result.command}`")

@@ -108,6 +108,8 @@ def read_json(path: Path) -> dict:
 def _check_shape(data: dict, kind: str) -> str | None:
     """What is missing or of the wrong type, or None."""
     top, items, item_keys = _SHAPES[kind]
+    if kind == "repro-oom" and data.get("mode") == "context-reuse":
+        item_keys = {"variant": str, "verdict": str, "phase": str}
     for key, kind_type in {**top, items: list}.items():
         if not isinstance(data.get(key), kind_type):
             return f"{key!r} missing or not a {kind_type.__name__}"
@@ -200,8 +202,9 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
         lines += [render.breakdown_markdown(r)]
     elif saved.kind == "repro-oom":
         lines += [render.repro_markdown(r)]
-        lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
-                         lambda: plots.repro_budget(r), saved.source)
+        if r.mode == "decode":  # the budget plot draws paths, not context-reuse variants
+            lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
+                             lambda: plots.repro_budget(r), saved.source)
     else:
         lines += [render.validation_markdown(r.comparisons, r.command)]
     return lines
@@ -245,7 +248,7 @@ def _summary(s: Saved) -> list[str]:
                     f"workspace path, at T = " + "; ".join(out)]
         return []
     if s.kind == "repro-oom":
-        verdicts = "; ".join(f"{c['path']} path: {render.verdict_text(c)}" for c in r.cases)
+        verdicts = "; ".join(f"{render.case_label(c)}: {render.verdict_text(c)}" for c in r.cases)
         return [f"- repro-oom {r.scenario['name']}{tag}: {verdicts}"]
     cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
     differ = [c for c in r.comparisons if not c.agrees]

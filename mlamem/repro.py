@@ -78,7 +78,7 @@ class ReproResult:
             kernel=data["kernel"], budget=data["budget"],
             environment=environment.Environment(**data["environment"]),
             cases=[dict(case) for case in data["cases"]], notes=list(data.get("notes", [])),
-            created=data.get("created"))
+            created=data.get("created"), mode=data.get("mode", "decode"))
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,

@@ -220,3 +220,14 @@ def test_context_reuse_three_ways():
     assert full["admitted"] == list(range(10)) and full["trimmed"] == list(range(10, 16))
     assert full["attended_tokens"] <= full["admission_cap_tokens"]
     assert none["kv_pool_tokens"] > fp8["kv_pool_tokens"] > full["kv_pool_tokens"]
+
+
+def test_context_reuse_result_renders_in_a_report(tmp_path, capsys):
+    """A saved context-reuse result reads back into `mlamem report` with its three variants."""
+    saved, report = tmp_path / "ctx.json", tmp_path / "report.md"
+    assert main(["repro-oom", "-s", "kimi-k2-context-reuse", "--predict", "--format", "json",
+                 "--output", str(saved)]) == 0
+    assert main(["report", str(saved), "--output", str(report)]) == 0
+    text = report.read_text()
+    assert "### Context-MLA reuse OOM: kimi-k2-context-reuse (PREDICTED)" in text
+    assert "| fp8-only reserve (the PR) | OOM in step: full_kv" in text
