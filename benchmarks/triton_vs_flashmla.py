@@ -25,7 +25,7 @@ from mlamem.kernels.triton_sparse_decode import DEFAULT_CONFIG, LaunchConfig
 
 HEADS, TOPK, BLOCK_SIZE = 64, 2048, 64
 SM_SCALE = 1 / math.sqrt(576)
-SWEEP = [LaunchConfig(64, 4, 1), LaunchConfig(32, 4, 1), LaunchConfig(32, 8, 1),
+SWEEP = [LaunchConfig(64, 8, 1), LaunchConfig(64, 4, 1), LaunchConfig(32, 4, 1),
          LaunchConfig(64, 8, 2), LaunchConfig(32, 4, 2), LaunchConfig(128, 8, 1)]
 
 

@@ -44,7 +44,7 @@ def launches(monkeypatch):
     """Replace the Triton kernels with a fake that records its calls' arguments."""
     calls = []
     fake = types.ModuleType("mlamem.kernels.triton_sparse_decode")
-    fake.DEFAULT_CONFIG = types.SimpleNamespace(block_n=64)
+    fake.DEFAULT_CONFIG = types.SimpleNamespace(block_n=triton_decode.DEFAULT_BLOCK_N)
     fake.launch = lambda *args, **kwargs: calls.append((args, kwargs))
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(mlamem.kernels, "triton_sparse_decode", fake, raising=False)
@@ -68,9 +68,9 @@ def test_split_plan_fits_flashmla_accumulators(sm_count, h_q, b):
             plan = split_plan(b, s_q, h_q, topk, sm_count)
             programs = b * s_q * (h_q // 64)
             num_sm_parts = max(sm_count // s_q // (h_q // 64), 1)
-            assert plan.split == (programs < sm_count and topk > 64)
+            assert plan.split == (programs < sm_count and topk > triton_decode.DEFAULT_BLOCK_N)
             assert b * plan.num_splits <= b + num_sm_parts
-            assert plan.tokens_per_split % 64 == 0
+            assert plan.tokens_per_split % triton_decode.DEFAULT_BLOCK_N == 0
             assert (plan.num_splits - 1) * plan.tokens_per_split < topk
             assert plan.num_splits * plan.tokens_per_split >= topk
 
