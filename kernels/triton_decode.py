@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.kernels.base import Capabilities, SparseDecodeKernel
+from mlamem.kernels.base import Capabilities, SparseDecodeKernel, allocate_missing
 from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 
@@ -39,7 +39,6 @@ DEFAULT_BLOCK_N = 32  # KV tokens per loop step; must equal triton_sparse_decode
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
 INSTALL_HINT = "pip install triton"
-ACCUM_BUFFERS = ("scheduler_metadata", "num_splits", "lse_accum", "o_accum")
 
 
 @functools.cache
@@ -172,14 +171,9 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
                     if q.device.type == "cuda" else DEFAULT_SM_COUNT)
     plan = split_plan(b, s_q, h_q, indices.shape[-1], sm_count, config.block_n)
 
-    returned = {"out": out, "lse": lse}
-    temporaries = {}
-    for spec in flashmla_allocations(tuple(q.shape), d_v, sm_count):
-        if spec.name in returned:
-            if returned[spec.name] is None:
-                returned[spec.name] = torch.empty(spec.shape, dtype=spec.dtype, device=q.device)
-        elif accum_workspace is None:
-            temporaries[spec.name] = torch.empty(spec.shape, dtype=spec.dtype, device=q.device)
+    returned, temporaries = allocate_missing(
+        flashmla_allocations(tuple(q.shape), d_v, sm_count), q.device, out=out, lse=lse,
+        accum_workspace=accum_workspace)
     out, lse = returned["out"], returned["lse"]
 
     lse_accum = o_accum = None
@@ -236,3 +230,6 @@ class TritonDecode(SparseDecodeKernel):
     def allocations(self, q_shape, d_v, sm_count):
         """FlashMLA's, by construction: the call allocates what FlashMLA's would, in order."""
         return flashmla_allocations(q_shape, d_v, sm_count)
+
+    def accum_workspace_numel(self, b, max_tokens, h_q, topk, d_v, sm_count):
+        return max_accum_workspace_numel(b, h_q, d_v, topk, sm_count, max_tokens)
