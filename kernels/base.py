@@ -5,12 +5,16 @@ A kernel is called as `decode(q, kv_cache, indices, sm_scale=..., d_v=..., out=N
     kv_cache: (num_blocks, block_size, 1, 656) fp8_ds_mla bytes
     indices:  (b, s_q, topk) int32 KV-token indices, -1 = invalid
 and returns out (b, s_q, h_q, d_v) bfloat16 and lse (b, h_q, s_q) float32 (natural log).
+Kernels whose capabilities say so also take `lse=` (that shape) and `accum_workspace=` (a flat
+float32 tensor of at least `accum_workspace_numel(...)` elements); a kernel given an accumulator
+workspace allocates none of its temporaries.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,23 +78,55 @@ class SparseDecodeKernel(ABC):
                     sm_count: int) -> list[BufferSpec]:
         """The buffers one call allocates inside itself, in allocation order."""
 
+    def accum_workspace_numel(self, b: int, max_tokens: int, h_q: int, topk: int, d_v: int,
+                              sm_count: int) -> int:
+        """float32 elements of an accum_workspace covering every call of up to max_tokens
+        queries; 0 for a kernel that takes none."""
+        return 0
+
+
+ACCUM_WORKSPACE = "accum_workspace"  # staged name: the caller's split-KV accumulator workspace
+
+
+def allocated_in_call(specs: list[BufferSpec], passed: Collection[str]) -> list[BufferSpec]:
+    """The buffers a call still allocates when the caller passes the ones named in `passed`.
+
+    A passed buffer ("out", "lse") is not allocated; a passed ACCUM_WORKSPACE replaces every
+    temporary (scheduler tensors and accumulators).
+    """
+    return [s for s in specs if s.name not in passed
+            and not (s.lifetime == "temporary" and ACCUM_WORKSPACE in passed)]
+
+
+def allocate_missing(specs: list[BufferSpec], device: torch.device, *,
+                     out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                     accum_workspace: torch.Tensor | None = None):
+    """Allocate, in the specs' order, what a call allocates given the buffers passed in.
+
+    Returns (returned, temporaries): name -> tensor, the passed out and lse included in the
+    first. The caller drops the temporaries before it returns.
+    """
+    given = {"out": out, "lse": lse, ACCUM_WORKSPACE: accum_workspace}
+    passed = [name for name, tensor in given.items() if tensor is not None]
+    returned = {name: given[name] for name in ("out", "lse") if given[name] is not None}
+    temporaries = {}
+    for spec in allocated_in_call(specs, passed):
+        tensor = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+        (returned if spec.lifetime == "returned" else temporaries)[spec.name] = tensor
+    return returned, temporaries
+
 
 def simulate_decode(kernel: SparseDecodeKernel, sm_count: int, q: torch.Tensor, kv_cache,
-                    indices, *, sm_scale: float, d_v: int, out: torch.Tensor | None = None):
+                    indices, *, sm_scale: float, d_v: int, out: torch.Tensor | None = None,
+                    lse: torch.Tensor | None = None,
+                    accum_workspace: torch.Tensor | None = None):
     """Allocate what `kernel` allocates inside one call, on q's device (meta), in its order.
 
-    Stands in for the kernel where it cannot run; returns (out, lse) like the kernel.
+    Stands in for the kernel where it cannot run; returns (out, lse) like the kernel. Buffers
+    passed in are not allocated (see `allocated_in_call`).
     """
-    results = {}
-    temporaries = []
-    for spec in kernel.allocations(tuple(q.shape), d_v, sm_count):
-        if spec.name == "out" and out is not None:
-            results["out"] = out
-            continue
-        tensor = torch.empty(spec.shape, dtype=spec.dtype, device=q.device)
-        if spec.lifetime == "returned":
-            results[spec.name] = tensor
-        else:
-            temporaries.append(tensor)
+    returned, temporaries = allocate_missing(
+        kernel.allocations(tuple(q.shape), d_v, sm_count), q.device, out=out, lse=lse,
+        accum_workspace=accum_workspace)
     temporaries.clear()  # freed before the call returns
-    return results["out"], results["lse"]
+    return returned["out"], returned["lse"]

@@ -99,19 +99,23 @@ class FlashMLA(SparseDecodeKernel):
         return result[0], result[1]
 
     def allocations(self, q_shape, d_v, sm_count):
-        """What one call allocates, in order (recorded on an H200, see shared GPU notes).
+        return flashmla_allocations(q_shape, d_v, sm_count)
 
-        The split-KV accumulators hold b + num_sm_parts partial results, with
-        num_sm_parts = max(sm_count // s_q // (h_q // 64), 1); they are freed before return.
-        """
-        b, s_q, h_q, _ = q_shape
-        num_sm_parts = max(sm_count // s_q // (h_q // 64), 1)
-        splits = b + num_sm_parts
-        return [
-            BufferSpec("out", (b, s_q, h_q, d_v), torch.bfloat16, "returned"),
-            BufferSpec("lse", (b, h_q, s_q), torch.float32, "returned"),
-            BufferSpec("scheduler_metadata", (num_sm_parts, 8), torch.int32, "temporary"),
-            BufferSpec("num_splits", (b + 1,), torch.int32, "temporary"),
-            BufferSpec("lse_accum", (splits, s_q, h_q), torch.float32, "temporary"),
-            BufferSpec("o_accum", (splits, s_q, h_q, d_v), torch.float32, "temporary"),
-        ]
+
+def flashmla_allocations(q_shape: tuple[int, ...], d_v: int, sm_count: int) -> list[BufferSpec]:
+    """What one FlashMLA call allocates, in order (recorded on an H200, see shared GPU notes).
+
+    The split-KV accumulators hold b + num_sm_parts partial results, with
+    num_sm_parts = max(sm_count // s_q // (h_q // 64), 1); they are freed before return.
+    """
+    b, s_q, h_q, _ = q_shape
+    num_sm_parts = max(sm_count // s_q // (h_q // 64), 1)
+    splits = b + num_sm_parts
+    return [
+        BufferSpec("out", (b, s_q, h_q, d_v), torch.bfloat16, "returned"),
+        BufferSpec("lse", (b, h_q, s_q), torch.float32, "returned"),
+        BufferSpec("scheduler_metadata", (num_sm_parts, 8), torch.int32, "temporary"),
+        BufferSpec("num_splits", (b + 1,), torch.int32, "temporary"),
+        BufferSpec("lse_accum", (splits, s_q, h_q), torch.float32, "temporary"),
+        BufferSpec("o_accum", (splits, s_q, h_q, d_v), torch.float32, "temporary"),
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlamem.allocator import round_size
-from mlamem.kernels.base import BufferSpec
+from mlamem.kernels.base import BufferSpec, allocated_in_call
 
 UNATTRIBUTED = "unattributed"
 
@@ -58,7 +58,8 @@ def expected_buffers(wrapper: list[BufferSpec], kernel: list[BufferSpec],
                      staged: tuple[str, ...]) -> list[ExpectedBuffer]:
     """What the call should allocate: the wrapper's buffers, then the kernel's not staged."""
     return ([ExpectedBuffer(s.name, s.nbytes, "wrapper") for s in wrapper]
-            + [ExpectedBuffer(s.name, s.nbytes, "kernel") for s in kernel if s.name not in staged])
+            + [ExpectedBuffer(s.name, s.nbytes, "kernel")
+               for s in allocated_in_call(kernel, staged)])
 
 
 def attribute(events: list[dict], expected: list[ExpectedBuffer]) -> Breakdown:

@@ -24,8 +24,8 @@ from mlamem.context_reuse import VARIANTS, is_context_reuse
 from mlamem.engine import Budget
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
-from mlamem.kernels import FlashMLA
-from mlamem.paths import PATH_NAMES
+from mlamem.kernels import KERNELS, FlashMLA, SparseDecodeKernel
+from mlamem.paths import available_paths, check_paths
 from mlamem.profile import DEFAULT_TOKENS, run_profile
 from mlamem.repro import run_repro
 from mlamem.units import parse_bytes
@@ -65,18 +65,35 @@ def parse_tokens(text: str) -> list[int]:
     return values
 
 
-def parse_paths(text: str) -> list[str]:
-    paths = [p.strip() for p in text.split(",") if p.strip()]
-    for path in paths:
-        if path not in PATH_NAMES:
-            raise UserError(f"--paths: unknown path {path!r}; expected one of: "
-                            f"{', '.join(PATH_NAMES)}")
-    return paths or list(PATH_NAMES)
+def parse_paths(text: str | None, kernel: SparseDecodeKernel) -> list[str]:
+    """'alloc,workspace' -> ['alloc', 'workspace']; None or empty: every path `kernel` supports."""
+    paths = [p.strip() for p in (text or "").split(",") if p.strip()]
+    capabilities = kernel.capabilities()
+    try:
+        check_paths(paths, capabilities, kernel.label)
+    except UserError as exc:
+        raise UserError(f"--paths: {exc}") from None
+    return paths or available_paths(capabilities)
+
+
+KernelName = StrEnum("KernelName", {name: name for name in KERNELS})
+
+
+def make_kernel(name: KernelName) -> SparseDecodeKernel:
+    return KERNELS[name.value]()
 
 
 ScenarioOption = Annotated[str, typer.Option(
     "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
                              "your own TOML file.")]
+KernelOption = Annotated[KernelName, typer.Option(
+    help="The decode kernel: flashmla (FlashMLA, sgl-flash-mla), triton (mlamem's own, takes "
+         "out, lse and accumulators, so it can run workspace-full) or reference (plain torch).")]
+PathsOption = Annotated[str | None, typer.Option(
+    help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out), "
+         "'workspace' (q and out staged in buffers reserved up front), 'workspace-full' (q, out, "
+         "lse and accumulators staged: nothing allocated in the call; --kernel triton). "
+         "Default: every path the kernel supports.")]
 
 
 @app.command()
@@ -85,10 +102,8 @@ def profile(
         help="Comma-separated T values: query tokens per step, the s_q of one decode call.")
     ] = ",".join(map(str, DEFAULT_TOKENS)),
     scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
-    paths: Annotated[str, typer.Option(
-        help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out) "
-             "and/or 'workspace' (q and out staged in buffers reserved up front).")
-    ] = ",".join(PATH_NAMES),
+    paths: PathsOption = None,
+    kernel: KernelOption = KernelName.flashmla,
     output_format: Annotated[Format, typer.Option(
         "--format", help="table (terminal), markdown (the PR table), json (schema "
                          "mlamem.profile/1) or csv.")] = Format.table,
@@ -117,12 +132,14 @@ def profile(
 ) -> None:
     """Per-call peak memory of the sparse fp8 MLA decode: allocating path vs workspace path.
 
-    On a Hopper/Blackwell GPU with flash_mla installed, each (T, path) is measured: torch
-    allocator peaks (allocated, reserved), NVML device memory, wall time, and whether both
-    paths give bit-identical out and lse. Without one, the same wrapper code runs on the meta
-    device against a model of the caching allocator, and every figure is labelled PREDICTED.
+    On a GPU where the kernel runs (FlashMLA: Hopper/Blackwell with flash_mla), each (T, path)
+    is measured: torch allocator peaks (allocated, reserved), NVML device memory, wall time, and
+    whether every path gives bit-identical out and lse. Without one, the same wrapper code runs
+    on the meta device against a model of the caching allocator, and every figure is labelled
+    PREDICTED.
     """
-    token_list, path_list = parse_tokens(tokens), parse_paths(paths)
+    decode = make_kernel(kernel)
+    token_list, path_list = parse_tokens(tokens), parse_paths(paths, decode)
     formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
     if output_format.value not in formats:
         raise UserError(f"--format {output_format.value} has no breakdown view; use one of: "
@@ -140,8 +157,8 @@ def profile(
     calls = []
     with _progress(f"profiling {chosen.name}", len(token_list) * len(path_list)) as advance:
         result = run_profile(
-            chosen, token_list, path_list, command=command, require_gpu=require_gpu,
-            predict=predict, record_stacks=snapshot_file is not None,
+            chosen, token_list, path_list, command=command, kernel=decode,
+            require_gpu=require_gpu, predict=predict, record_stacks=snapshot_file is not None,
             on_case=lambda case: advance(f"{chosen.name}: T={case.tokens} {case.path} "
                                          f"{case.failure or 'ok'}"),
             on_calls=calls.extend if snapshot_file is not None else None)
@@ -168,7 +185,8 @@ def validate(
                                  "every shipped scenario.")] = "all",
     tokens: Annotated[str, typer.Option(help="Comma-separated T values.")
     ] = ",".join(map(str, VALIDATE_TOKENS)),
-    paths: Annotated[str, typer.Option(help="Comma-separated paths.")] = ",".join(PATH_NAMES),
+    paths: PathsOption = None,
+    kernel: KernelOption = KernelName.flashmla,
     output_format: Annotated[Format, typer.Option(
         "--format", help="table, markdown or json (schema mlamem.validate/1).")] = Format.table,
     output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
@@ -178,9 +196,10 @@ def validate(
 
     For each (scenario, T, path) the call runs on the GPU and on the allocator model; every
     buffer and the totals are compared, allocated and reserved. Exits 1 if any figure differs,
-    printing the difference in bytes. Needs a GPU with flash_mla.
+    printing the difference in bytes. Needs a GPU where the kernel runs.
     """
-    token_list, path_list = parse_tokens(tokens), parse_paths(paths)
+    decode = make_kernel(kernel)
+    token_list, path_list = parse_tokens(tokens), parse_paths(paths, decode)
     if output_format.value not in render.VALIDATION_FORMATS:
         raise UserError(f"--format {output_format.value} is not available for validate; use one "
                         f"of: {', '.join(render.VALIDATION_FORMATS)}")
@@ -191,7 +210,7 @@ def validate(
     command = "mlamem " + shlex.join(sys.argv[1:])
     total = len(chosen) * len(token_list) * len(path_list)
     with _progress("validating", total) as advance:
-        comparisons = run_validation(chosen, token_list, path_list,
+        comparisons = run_validation(chosen, token_list, path_list, kernel=decode,
                                      on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
     if output_format is Format.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
@@ -221,8 +240,8 @@ def repro_oom(
     max_num_batched_tokens: Annotated[int | None, typer.Option(
         help="Tokens per step (default: the scenario's): sizes the workspace, the profile pass "
              "and the full step.")] = None,
-    paths: Annotated[str, typer.Option(help="Comma-separated paths to try.")
-    ] = ",".join(PATH_NAMES),
+    paths: PathsOption = None,
+    kernel: KernelOption = KernelName.flashmla,
     output_format: Annotated[ReproFormat, typer.Option(
         "--format", help="table, markdown or json (schema mlamem.repro-oom/1).")
     ] = ReproFormat.table,
@@ -251,7 +270,8 @@ def repro_oom(
     PR #16399) and plan's everything-charged reserve with its admission cap.
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
-    path_list = parse_paths(paths)
+    decode = make_kernel(kernel)
+    path_list = parse_paths(paths, decode)
     chosen = scenarios.load(scenario)
     cases = list(VARIANTS) if is_context_reuse(chosen) else path_list
     for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
@@ -272,8 +292,8 @@ def repro_oom(
                                 if max_num_batched_tokens is None else max_num_batched_tokens))
     command = "mlamem " + shlex.join(sys.argv[1:])
     with _progress(f"repro-oom {chosen.name}", None) as advance:
-        result = run_repro(chosen, budget, path_list, command=command, predict=predict,
-                           on_progress=advance)
+        result = run_repro(chosen, budget, path_list, command=command, kernel=decode,
+                           predict=predict, on_progress=advance)
     if not result.measured:
         print(f"mlamem: not measured ({result.not_measured_reason}); verdicts are PREDICTED by "
               "the allocator model", file=sys.stderr)
@@ -330,7 +350,11 @@ def gate(
         help="Comma-separated T values. Default: the baseline's "
              f"({','.join(map(str, DEFAULT_TOKENS))} for a new one).")] = None,
     paths: Annotated[str | None, typer.Option(
-        help="Comma-separated paths. Default: the baseline's (both for a new one).")] = None,
+        help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
+             "for a new one).")] = None,
+    kernel: Annotated[KernelName | None, typer.Option(
+        help="The decode kernel (flashmla, triton, reference). Default: the baseline's "
+             "(flashmla for a new one).")] = None,
     tolerance: Annotated[str | None, typer.Option(
         help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
              "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
@@ -356,7 +380,6 @@ def gate(
     """
     overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
     token_list = parse_tokens(tokens) if tokens is not None else None
-    path_list = parse_paths(paths) if paths is not None else None
     if update:
         check_output_path(baseline, "--baseline")
     previous = None
@@ -368,9 +391,12 @@ def gate(
                 raise
             print(f"mlamem: replacing an unreadable baseline ({exc})", file=sys.stderr)
     # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario.
+    decode = (make_kernel(kernel) if kernel is not None
+              else KERNELS[gating.sweep_kernel(previous.sweep if previous else {})]())
     sweep = previous.sweep if previous else {"scenarios": scenarios.shipped_names(),
                                              "tokens": list(DEFAULT_TOKENS),
-                                             "paths": list(PATH_NAMES)}
+                                             "paths": available_paths(decode.capabilities())}
+    path_list = parse_paths(paths, decode) if paths is not None else None
     names = sweep["scenarios"]
     if scenario == "all":
         names = scenarios.shipped_names()
@@ -383,7 +409,7 @@ def gate(
     command = "mlamem " + shlex.join(sys.argv[1:])
     with _progress("gate", len(chosen) * len(token_list) * len(path_list)) as advance:
         current = gating.run_sweep(
-            chosen, names, token_list, path_list, command=command, predict=predict,
+            chosen, names, token_list, path_list, command=command, kernel=decode, predict=predict,
             on_case=lambda case: advance(f"T={case.tokens} {case.path} {case.failure or 'ok'}"))
     if previous and not update and not allow_env_change:
         gating.check_comparable(gating.environment_differences(previous, current), baseline)

@@ -3,7 +3,7 @@
 The order is vLLM's (gpu_worker.determine_available_memory):
 1. cap the process at the target GPU's memory, less the non-torch memory (CUDA context,
    libraries) counted as device-used minus torch-reserved;
-2. init: the attention backend's workspace (workspace path only), the weights, the indexer's
+2. init: the attention backend's workspace (workspace paths only), the weights, the indexer's
    top-k buffer and the KV pool the step reads;
 3. a profile pass at max_num_batched_tokens that allocates the step's activations but skips
    attention, as the engine's profile run does;
@@ -31,7 +31,7 @@ from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernels import KERNELS, BufferSpec, SparseDecodeKernel
 from mlamem.measure import decoder, local_sm_count
 from mlamem.memory import CudaMemory, SimulatedMemory, is_out_of_memory
-from mlamem.paths import PATHS, DecodeCall, Workspace, plan, wrapper_allocations
+from mlamem.paths import PATHS, DecodeCall, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 
 # Verdicts of one case (the `verdict` field of mlamem.repro-oom/1)
@@ -107,7 +107,7 @@ class EngineCase:
     torch_limit_bytes: int | None = None  # the cap on torch's reserved memory
     non_torch_bytes: int | None = None  # measured at KV sizing; None when predicted
     weights_bytes: int = 0
-    workspace_bytes: int = 0  # reserved at init (workspace path)
+    workspace_bytes: int = 0  # reserved at init (workspace paths)
     init_bytes: int | None = None  # everything allocated at init (weights, workspace, inputs)
     profile_peak_bytes: int | None = None  # the profile pass's peak over init
     kv_cache_bytes: int | None = None
@@ -163,12 +163,12 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
         non_torch = non_torch_or(memory, assumed_non_torch_bytes)
         case.torch_limit_bytes = memory.set_limit(budget.gpu_memory_bytes - non_torch)
         # init, in the engine's order: backend workspace, weights, indexer buffer and KV pool
-        workspace = None
-        if path == "workspace":
-            allocating = "workspace"
-            workspace = Workspace.reserve(tokens, padded_heads, scenario.d_qk, scenario.d_v,
-                                          memory.device)
-            case.workspace_bytes = memory.stats().allocated - before.allocated
+        allocating = "workspace"
+        workspace = reserve_workspace(path, kernel, max_tokens=tokens, padded_heads=padded_heads,
+                                      d_qk=scenario.d_qk, d_v=scenario.d_v,
+                                      topk=scenario.decode_topk, sm_count=sm_count,
+                                      device=memory.device)
+        case.workspace_bytes = memory.stats().allocated - before.allocated
         allocating = "weights"
         resident.append(torch.empty(case.weights_bytes, dtype=torch.uint8, device=memory.device))
         allocating = "indices and KV pool"

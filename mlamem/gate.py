@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlamem.errors import UserError
+from mlamem.kernels import KERNELS, SparseDecodeKernel
 from mlamem.measure import CallMeasurement
 from mlamem.profile import ProfileResult, run_profile
 from mlamem.scenario import Scenario
 from mlamem.units import parse_bytes
 
 SCHEMA = "mlamem.baseline/1"
+DEFAULT_KERNEL = "flashmla"  # the --kernel default
 
 # Metric name -> the case field it reads; "buffer" compares each named buffer's bytes.
 METRICS = {
@@ -114,7 +116,7 @@ class Baseline:
     measured: bool  # False: predicted by the allocator model
     not_measured_reason: str | None  # why the figures are predicted
     environment: dict  # mlamem.environment.Environment as a dict
-    sweep: dict  # "scenarios" (names or TOML paths as given), "tokens", "paths"
+    sweep: dict  # "scenarios" (names or TOML paths as given), "tokens", "paths", "kernel"
     cases: list[CaseFigures]
     schema: str = SCHEMA
 
@@ -143,13 +145,19 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
 
 
 def run_sweep(chosen: Sequence[Scenario], sources: Sequence[str], tokens: Sequence[int],
-              paths: Sequence[str], *, command: str, predict: bool = False,
+              paths: Sequence[str], *, command: str, kernel: SparseDecodeKernel,
+              predict: bool = False,
               on_case: Callable[[CallMeasurement], None] | None = None) -> Baseline:
     """Profile every scenario (measured on a GPU, else predicted) and keep the gated figures."""
-    results = [run_profile(s, tokens, paths, command=command, predict=predict, on_case=on_case)
-               for s in chosen]
+    results = [run_profile(s, tokens, paths, command=command, kernel=kernel, predict=predict,
+                           on_case=on_case) for s in chosen]
     return baseline_from(results, {"scenarios": list(sources), "tokens": list(tokens),
-                             "paths": list(paths)}, command)
+                                   "paths": list(paths), "kernel": kernel.name}, command)
+
+
+def sweep_kernel(sweep: dict) -> str:
+    """The --kernel a sweep ran; baselines from before --kernel existed ran FlashMLA."""
+    return sweep.get("kernel", DEFAULT_KERNEL)
 
 
 # Reading a baseline: every problem is one line naming the file and what to do.
@@ -200,6 +208,8 @@ def _parse(data: dict) -> Baseline:
     for key, kind in (("scenarios", str), ("tokens", int), ("paths", str)):
         if not all(isinstance(v, kind) for v in _get(sweep, key, list, "sweep")):
             raise TypeError(f"sweep.{key} has the wrong type")
+    if sweep_kernel(sweep) not in KERNELS:
+        raise ValueError(f"sweep.kernel {sweep_kernel(sweep)!r} is not one of {', '.join(KERNELS)}")
     return Baseline(command=_get(data, "command", str, "baseline"),
                     measured=_get(data, "measured", bool, "baseline"),
                     not_measured_reason=_get(data, "not_measured_reason", (str, type(None)),
@@ -234,13 +244,16 @@ class EnvironmentDifference:
 
 
 def environment_differences(baseline: Baseline, current: Baseline) -> list[EnvironmentDifference]:
-    """Fields that differ. Blocking: measured vs predicted, the kernel version (flash_mla), and,
-    between measured sweeps, the GPU architecture (compute capability, SM count)."""
+    """Fields that differ. Blocking: measured vs predicted, the kernel (--kernel) and FlashMLA's
+    version, and, between measured sweeps, the GPU architecture (compute capability, SM count)."""
     both_measured = baseline.measured and current.measured
     differences = []
     if baseline.measured != current.measured:
         differences.append(EnvironmentDifference(
             "measured", _kind(baseline.measured), _kind(current.measured), True))
+    if sweep_kernel(baseline.sweep) != sweep_kernel(current.sweep):
+        differences.append(EnvironmentDifference(
+            "kernel", sweep_kernel(baseline.sweep), sweep_kernel(current.sweep), True))
     for name, blocking in (("compute_capability", both_measured), ("sm_count", both_measured),
                            ("flash_mla", True), ("gpu", False), ("torch", False),
                            ("mlamem", False), ("allocator_conf", False)):

@@ -1,6 +1,6 @@
 """Measuring one call: the protocol shared by the GPU and the prediction.
 
-For one (T, path): make the inputs, reserve the workspace (workspace path), warm up once at the
+For one (T, path): make the inputs, reserve the workspace (workspace paths), warm up once at the
 same shape, release the cached segments, then measure one call:
     peak allocated = max_memory_allocated after a reset - bytes allocated before
     peak reserved  = max_memory_reserved  after a reset - bytes reserved before
@@ -26,7 +26,7 @@ from mlamem.memory import (
     is_out_of_memory,
     requested_bytes_from_message,
 )
-from mlamem.paths import PATHS, DecodeCall, Workspace, plan, wrapper_allocations
+from mlamem.paths import PATHS, DecodeCall, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 
 OUT_OF_MEMORY = "out of memory"
@@ -87,8 +87,10 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed) ->
     result.staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
     try:
         inputs = make_inputs(scenario, tokens, memory.device, seed)
-        workspace = (Workspace.reserve(max_tokens, padded_heads, scenario.d_qk, scenario.d_v,
-                                       memory.device) if path == "workspace" else None)
+        workspace = reserve_workspace(path, kernel, max_tokens=max_tokens,
+                                      padded_heads=padded_heads, d_qk=scenario.d_qk,
+                                      d_v=scenario.d_v, topk=scenario.decode_topk,
+                                      sm_count=sm_count, device=memory.device)
     except Exception as exc:
         _failed(result, exc, None, memory, 0)
         return

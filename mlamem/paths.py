@@ -1,9 +1,12 @@
-"""The two ways an engine's attention wrapper feeds the sparse decode, written as engines write them.
+"""The ways an engine's attention wrapper feeds the sparse decode, written as engines write them.
 
 - `alloc`: pad q to the kernel's head count with `new_zeros`, copy the real heads in, call the
   kernel (which allocates out, lse and its split-KV accumulators), slice the real heads out.
 - `workspace`: q (and out, when the kernel takes `out=`) are staged in buffers the backend
   reserved at init for max_num_batched_tokens; only the padding heads are zeroed.
+- `workspace-full`: as `workspace`, and lse and the split-KV accumulators are staged too, so the
+  call allocates nothing. Only for a kernel that takes out=, lse= and accum_workspace= (mlamem's
+  Triton kernel); with any other, asking for it is a user error naming `--kernel triton`.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.kernels.base import BufferSpec, Capabilities
+from mlamem.errors import UserError
+from mlamem.kernels.base import ACCUM_WORKSPACE, BufferSpec, Capabilities, SparseDecodeKernel
 
-PATH_NAMES = ("alloc", "workspace")
+PATH_NAMES = ("alloc", "workspace", "workspace-full")
+STAGING_PATHS = ("workspace", "workspace-full")  # the paths that reserve a workspace
+FULL_STAGING = ("takes_out", "takes_lse", "takes_accum_workspace")  # what workspace-full needs
+FULL_STAGING_KERNEL = "triton"  # the shipped kernel that has all of FULL_STAGING
 
 
 @dataclass
@@ -24,20 +31,46 @@ class Workspace:
 
     padded_q: torch.Tensor  # (max_tokens, padded_heads, d_qk) bfloat16
     out: torch.Tensor  # (max_tokens, padded_heads, d_v) bfloat16
+    lse: torch.Tensor | None = None  # (padded_heads * max_tokens,) float32; workspace-full only
+    accum_workspace: torch.Tensor | None = None  # flat float32 accumulators; workspace-full only
 
     @classmethod
     def reserve(cls, max_tokens: int, padded_heads: int, d_qk: int, d_v: int,
-                device: torch.device) -> Workspace:
+                device: torch.device, *, accum_workspace_numel: int | None = None) -> Workspace:
+        """q and out; with `accum_workspace_numel` (workspace-full) also lse and the
+        accumulators, lse as a flat buffer viewed per call in the kernel's (1, h_q, T) layout."""
+        full = accum_workspace_numel is not None
         return cls(
             padded_q=torch.empty((max_tokens, padded_heads, d_qk), dtype=torch.bfloat16,
                                  device=device),
             out=torch.empty((max_tokens, padded_heads, d_v), dtype=torch.bfloat16,
                             device=device),
+            lse=(torch.empty((padded_heads * max_tokens,), dtype=torch.float32, device=device)
+                 if full else None),
+            accum_workspace=(torch.empty((accum_workspace_numel,), dtype=torch.float32,
+                                         device=device) if full else None),
         )
 
     @property
     def max_tokens(self) -> int:
         return self.padded_q.shape[0]
+
+    def lse_for(self, tokens: int) -> torch.Tensor:
+        """The staged lse of a T-token call: (1, padded_heads, T) float32, contiguous."""
+        heads = self.padded_q.shape[1]
+        return self.lse[:heads * tokens].view(1, heads, tokens)
+
+
+def reserve_workspace(path: str, kernel: SparseDecodeKernel, *, max_tokens: int,
+                      padded_heads: int, d_qk: int, d_v: int, topk: int, sm_count: int,
+                      device: torch.device) -> Workspace | None:
+    """What the backend reserves at init for `path` (None for alloc), sized for max_tokens."""
+    if path not in STAGING_PATHS:
+        return None
+    accum = (kernel.accum_workspace_numel(1, max_tokens, padded_heads, topk, d_v, sm_count)
+             if path == "workspace-full" else None)
+    return Workspace.reserve(max_tokens, padded_heads, d_qk, d_v, device,
+                             accum_workspace_numel=accum)
 
 
 @dataclass(frozen=True)
@@ -52,9 +85,10 @@ class DecodeCall:
     padded_heads: int
     takes_out: bool
 
-    def __call__(self, q_padded: torch.Tensor, out: torch.Tensor | None = None):
+    def __call__(self, q_padded: torch.Tensor, out: torch.Tensor | None = None, **staged):
+        """`staged`: lse= and accum_workspace=, passed on only to a kernel that takes them."""
         return self.decode(q_padded.unsqueeze(0), self.kv_cache, self.indices,
-                           sm_scale=self.sm_scale, d_v=self.d_v, out=out)
+                           sm_scale=self.sm_scale, d_v=self.d_v, out=out, **staged)
 
 
 def alloc_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = None):
@@ -71,9 +105,22 @@ def alloc_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = 
 
 def workspace_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = None):
     """Like `alloc_path`, with padded q (and out, if the kernel takes it) in the workspace."""
+    return _staged_call(q, call, workspace, {})
+
+
+def workspace_full_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = None):
+    """Like `workspace_path`, with lse and the accumulators staged too: nothing allocated."""
+    if workspace is None or workspace.lse is None:
+        raise ValueError("the workspace-full path needs a workspace with lse and accumulators")
+    tokens = q.shape[0]
+    return _staged_call(q, call, workspace, {"lse": workspace.lse_for(tokens),
+                                             "accum_workspace": workspace.accum_workspace})
+
+
+def _staged_call(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None, staged: dict):
     tokens, heads, _ = q.shape
     if workspace is None or tokens > workspace.max_tokens:
-        raise ValueError("the workspace path needs a workspace of at least T tokens")
+        raise ValueError("the workspace paths need a workspace of at least T tokens")
     if heads < call.padded_heads:
         q_padded = workspace.padded_q[:tokens]
         q_padded[:, :heads].copy_(q)
@@ -81,11 +128,11 @@ def workspace_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | Non
     else:
         q_padded = q
     out = workspace.out[:tokens].unsqueeze(0) if call.takes_out else None
-    out, lse = call(q_padded, out=out)
+    out, lse = call(q_padded, out=out, **staged)
     return out[0, :, :heads], lse[0, :heads]
 
 
-PATHS = {"alloc": alloc_path, "workspace": workspace_path}
+PATHS = {"alloc": alloc_path, "workspace": workspace_path, "workspace-full": workspace_full_path}
 
 
 def wrapper_allocations(path: str, tokens: int, heads: int, padded_heads: int,
@@ -106,7 +153,7 @@ class PathPlan:
 
 
 def plan(path: str, heads: int, capabilities: Capabilities, kernel_label: str) -> PathPlan:
-    """The staging decisions `workspace_path` makes, in words."""
+    """The staging decisions the workspace paths make, in words."""
     if path == "alloc":
         return PathPlan(path, (), ())
     staged, notes = [], []
@@ -118,4 +165,32 @@ def plan(path: str, heads: int, capabilities: Capabilities, kernel_label: str) -
         staged.append("out")
     else:
         notes.append(f"out not staged: this {kernel_label} build has no out= argument")
+    if path == "workspace-full":
+        check_paths([path], capabilities, kernel_label)
+        staged += ["lse", ACCUM_WORKSPACE]
     return PathPlan(path, tuple(staged), tuple(notes))
+
+
+def missing_for_full_staging(capabilities: Capabilities) -> list[str]:
+    """The keyword arguments a kernel lacks for workspace-full, e.g. ['out=', 'lse=']."""
+    arguments = {"takes_out": "out=", "takes_lse": "lse=",
+                 "takes_accum_workspace": "accum_workspace="}
+    return [arguments[c] for c in FULL_STAGING if not getattr(capabilities, c)]
+
+
+def available_paths(capabilities: Capabilities) -> list[str]:
+    """Every path the kernel supports, in PATH_NAMES order: the default sweep."""
+    return [p for p in PATH_NAMES if p != "workspace-full" or not missing_for_full_staging(
+        capabilities)]
+
+
+def check_paths(paths, capabilities: Capabilities, kernel_label: str) -> None:
+    """UserError (exit 2) for an unknown path, or workspace-full with a kernel that cannot."""
+    for path in paths:
+        if path not in PATH_NAMES:
+            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
+    missing = missing_for_full_staging(capabilities)
+    if "workspace-full" in paths and missing:
+        raise UserError(f"path workspace-full needs a kernel that takes out=, lse= and "
+                        f"accum_workspace=; {kernel_label} takes no {', '.join(missing)} "
+                        f"({capabilities.source}); use --kernel {FULL_STAGING_KERNEL}")

@@ -13,7 +13,7 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, SparseDecodeKernel
 from mlamem.measure import CallMeasurement, local_sm_count, measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
-from mlamem.paths import PATH_NAMES, plan
+from mlamem.paths import STAGING_PATHS, check_paths, plan
 from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.profile/1"
@@ -26,7 +26,7 @@ class ProfileRow:
 
     scenario: str
     tokens: int  # T: query tokens in the step (s_q of the decode call)
-    path: str  # "alloc" or "workspace"
+    path: str  # one of paths.PATH_NAMES
     measured: bool  # False: predicted by the allocator model
     peak_allocated_bytes: int | None  # torch max_memory_allocated delta
     peak_reserved_bytes: int | None  # torch max_memory_reserved delta (cold cache)
@@ -74,14 +74,13 @@ class ProfileResult:
             created=data.get("created"))
 
 
-def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str]) -> None:
+def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
+                  kernel: SparseDecodeKernel) -> None:
     """Reject what cannot run, before anything is allocated."""
-    for path in paths:
-        if path not in PATH_NAMES:
-            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
+    check_paths(paths, kernel.capabilities(), kernel.label)
     limit = scenario.serving.max_num_batched_tokens
     too_big = [t for t in tokens if t > limit]
-    if "workspace" in paths and too_big:
+    if any(p in STAGING_PATHS for p in paths) and too_big:
         raise UserError(f"T={too_big[0]} exceeds max_num_batched_tokens={limit}, which sizes the "
                         f"workspace; raise it with --max-num-batched-tokens or drop that T")
 
@@ -106,8 +105,8 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     `on_case` sees each call as it finishes (progress); `on_calls` sees all of them at the end,
     traces included (snapshots).
     """
-    check_request(scenario, tokens, paths)
     kernel = kernel or FlashMLA()
+    check_request(scenario, tokens, paths, kernel)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     if reason and require_gpu:
         raise UserError(f"--require-gpu: cannot measure ({reason})")

@@ -109,10 +109,11 @@ def markdown(result: ProfileResult) -> str:
             lines.append(f"| {tokens} | {_md_cell(before)} | {_md_cell(after)} | {saved} | "
                          f"{_equal(row['alloc'].outputs_equal)} |")
     else:
-        lines += ["| T | " + " | ".join(f"{p} path" for p in paths) + " |",
-                  "|---|" + "---|" * len(paths)]
+        lines += ["| T | " + " | ".join(f"{p} path" for p in paths) + " | outputs equal |",
+                  "|---|" + "---|" * (len(paths) + 1)]
         for tokens, row in by_tokens.items():
-            lines.append(f"| {tokens} | " + " | ".join(_md_cell(row[p]) for p in paths) + " |")
+            lines.append(f"| {tokens} | " + " | ".join(_md_cell(row[p]) for p in paths)
+                         + f" | {_equal(row[paths[0]].outputs_equal)} |")
     lines += [""] + [f"- {note}" for note in result.notes]
     lines.append(f"- Command: `{result.command}`")
     return "\n".join(lines) + "\n"

@@ -38,7 +38,7 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, SparseDecodeKernel
 from mlamem.measure import local_sm_count
 from mlamem.memory import SimulatedMemory
-from mlamem.paths import PATH_NAMES
+from mlamem.paths import check_paths
 from mlamem.profile import scenario_summary
 from mlamem.scenario import Scenario, to_dict
 from mlamem.units import format_bytes
@@ -200,10 +200,8 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
               worker: Sequence[str] = WORKER,
               on_progress: Callable[[str], None] | None = None) -> ReproResult:
     """Emulate the rank once per path, then search each path's largest safe token budget."""
-    for path in paths:
-        if path not in PATH_NAMES:
-            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
     kernel = kernel or FlashMLA()
+    check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None
     if measured:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA
+from mlamem.kernels import FlashMLA, SparseDecodeKernel
 from mlamem.measure import CallMeasurement, local_sm_count, measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import check_request
@@ -66,15 +66,16 @@ def compare(scenario: str, measured: CallMeasurement,
 
 
 def run_validation(scenarios: Sequence[Scenario], tokens: Sequence[int], paths: Sequence[str],
+                   kernel: SparseDecodeKernel | None = None,
                    on_case: Callable[[str, int, str], None] | None = None) -> list[Comparison]:
-    """Measure and predict every case; needs a GPU with flash_mla."""
-    kernel = FlashMLA()
+    """Measure and predict every case with `kernel` (default FlashMLA); needs it to run here."""
+    kernel = kernel or FlashMLA()
+    for scenario in scenarios:
+        check_request(scenario, tokens, paths, kernel)
     reason = kernel.unavailable_reason()
     if reason is not None:
         raise UserError(f"validate compares against the GPU and cannot measure here ({reason}); "
-                        "run it on a Hopper or Blackwell GPU with flash_mla")
-    for scenario in scenarios:
-        check_request(scenario, tokens, paths)
+                        f"run it on a GPU where {kernel.label} runs")
     sm_count = local_sm_count()
     rows = []
     for scenario in scenarios:

@@ -127,7 +127,7 @@ def test_update_writes_a_baseline_and_a_rerun_passes(baseline_file, capsys):
     data = json.loads(baseline_file.read_text())
     assert data["schema"] == "mlamem.baseline/1" and data["measured"] is False
     assert data["sweep"] == {"scenarios": ["glm5-fp8-tp8"], "tokens": [1024],
-                             "paths": ["alloc", "workspace"]}
+                             "paths": ["alloc", "workspace"], "kernel": "flashmla"}
     assert {"gpu", "compute_capability", "torch", "flash_mla", "mlamem"} <= set(data["environment"])
     alloc = data["cases"][0]
     assert alloc["buffers"]["padded_q"] == PADDED_Q_T1024 and alloc["path"] == "alloc"

@@ -1,0 +1,254 @@
+"""Triton kernels of the sparse fp8 MLA decode over an fp8_ds_mla cache (d_qk 576, d_v 512).
+
+Imports triton; `mlamem.kernels.triton_decode` imports this module only when a call runs, so
+the package works without triton. These functions allocate nothing: every buffer is passed in.
+
+One attention program handles one (batch, query position, block of 64 heads, KV split). It walks
+its share of the topk indices BLOCK_N tokens at a time: gathers the 656-byte rows, computes the
+scores q·kᵀ as four 128-wide NoPE parts (fp8 values as bf16, times the part's fp32 scale per
+token) plus the RoPE part, runs the online softmax in base 2, and adds p·V into four (64, 128)
+fp32 accumulators, V being the NoPE latent with the scale folded into p. The scales never touch
+the (64, 512) tiles, only (64, BLOCK_N) ones.
+
+Without a split the program writes out (bf16) and lse (natural log) itself. With a split it
+writes its normalised partial out and base-2 lse into the accumulators, and the combine kernel
+merges the splits of each (batch, position).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+HEAD_BLOCK = 64  # query heads per attention program
+GROUP = 128  # NoPE values per fp32 scale
+NOPE_DIM = 512
+ROPE_DIM = 64
+SCALES_BYTE = 512  # where a token's 4 fp32 scales start
+ROPE_BYTE = 528  # where a token's 64 bf16 RoPE values start
+COMBINE_HEADS = 16  # heads per combine program
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile and launch parameters of the attention kernel."""
+
+    block_n: int = 32  # KV tokens per loop step (a multiple of 16); 64 spills more on SM90
+    num_warps: int = 8
+    num_stages: int = 1
+
+
+DEFAULT_CONFIG = LaunchConfig()
+
+
+@triton.jit
+def _mma(x, UPCAST: tl.constexpr):
+    """x as a tl.dot operand: bf16 on the GPU; fp32 (same values) in Triton's interpreter,
+    whose tl.dot multiplies bf16 as raw uint16 bits."""
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _load_nope_part(kv_bytes_ptr, token_bytes, valid, PART: tl.constexpr,
+                    GROUP: tl.constexpr, UPCAST: tl.constexpr):
+    """(BLOCK_N, GROUP): NoPE values PART*GROUP.. of each token, fp8 e4m3 as bf16 (exact)."""
+    cols = PART * GROUP + tl.arange(0, GROUP)
+    raw = tl.load(kv_bytes_ptr + token_bytes[:, None] + cols[None, :], mask=valid[:, None],
+                  other=0)
+    return _mma(raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16), UPCAST)
+
+
+@triton.jit
+def _load_scale(kv_f32_ptr, token_bytes, valid, PART: tl.constexpr, SCALES_BYTE: tl.constexpr):
+    """(BLOCK_N,) fp32: the scale of NoPE part PART of each token (0 for invalid tokens)."""
+    return tl.load(kv_f32_ptr + (token_bytes + SCALES_BYTE) // 4 + PART, mask=valid, other=0.0)
+
+
+@triton.jit
+def _store_part(rows, values, PART: tl.constexpr, GROUP: tl.constexpr):
+    """Store (heads, GROUP) values at columns PART*GROUP.. of rows (pointers to column 0)."""
+    cols = PART * GROUP + tl.arange(0, GROUP)
+    tl.store(rows[:, None] + cols[None, :], values.to(rows.dtype.element_ty))
+
+
+@triton.jit
+def _sparse_decode_attention(
+    q_ptr, kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr,
+    out_ptr, lse_ptr, o_accum_ptr, lse_accum_ptr,
+    sm_scale_log2, s_q, heads, topk, tokens_per_split, num_splits, block_size,
+    q_stride_b, q_stride_s, q_stride_h,
+    kv_stride_block, kv_stride_slot,
+    idx_stride_b, idx_stride_s,
+    out_stride_b, out_stride_s, out_stride_h,
+    lse_stride_b, lse_stride_h, lse_stride_s,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+    SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    head_blocks = heads // BLOCK_H
+    pid = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1).to(tl.int64)
+    head_block = pid % head_blocks
+    pos = (pid // head_blocks) % s_q
+    batch = pid // (head_blocks * s_q)
+    h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+
+    q_rows = q_ptr + batch * q_stride_b + pos * q_stride_s + h[:, None] * q_stride_h
+    part = tl.arange(0, GROUP)[None, :]
+    q0 = _mma(tl.load(q_rows + part), UPCAST)
+    q1 = _mma(tl.load(q_rows + GROUP + part), UPCAST)
+    q2 = _mma(tl.load(q_rows + 2 * GROUP + part), UPCAST)
+    q3 = _mma(tl.load(q_rows + 3 * GROUP + part), UPCAST)
+    q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :]), UPCAST)
+
+    acc0 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)  # running max, base 2
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)  # running sum of exp2(score - m_i)
+
+    start = split * tokens_per_split
+    stop = tl.minimum(start + tokens_per_split, topk)
+    idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
+    for step_start in range(0, tokens_per_split, BLOCK_N):  # same trip count in every split
+        offs = start + step_start + tl.arange(0, BLOCK_N)
+        idx = tl.load(idx_row + offs, mask=offs < stop, other=-1)
+        valid = idx >= 0
+        token = tl.where(valid, idx, 0).to(tl.int64)
+        token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
+
+        k0 = _load_nope_part(kv_bytes_ptr, token_bytes, valid, 0, GROUP, UPCAST)
+        k1 = _load_nope_part(kv_bytes_ptr, token_bytes, valid, 1, GROUP, UPCAST)
+        k2 = _load_nope_part(kv_bytes_ptr, token_bytes, valid, 2, GROUP, UPCAST)
+        k3 = _load_nope_part(kv_bytes_ptr, token_bytes, valid, 3, GROUP, UPCAST)
+        s0 = _load_scale(kv_f32_ptr, token_bytes, valid, 0, SCALES_BYTE)
+        s1 = _load_scale(kv_f32_ptr, token_bytes, valid, 1, SCALES_BYTE)
+        s2 = _load_scale(kv_f32_ptr, token_bytes, valid, 2, SCALES_BYTE)
+        s3 = _load_scale(kv_f32_ptr, token_bytes, valid, 3, SCALES_BYTE)
+        rope = _mma(tl.load(kv_bf16_ptr + ((token_bytes + ROPE_BYTE) // 2)[:, None]
+                            + tl.arange(0, ROPE_DIM)[None, :], mask=valid[:, None], other=0.0),
+                    UPCAST)
+
+        scores = tl.dot(q_rope, tl.trans(rope))
+        scores += tl.dot(q0, tl.trans(k0)) * s0[None, :]
+        scores += tl.dot(q1, tl.trans(k1)) * s1[None, :]
+        scores += tl.dot(q2, tl.trans(k2)) * s2[None, :]
+        scores += tl.dot(q3, tl.trans(k3)) * s3[None, :]
+        scores = tl.where(valid[None, :], scores * sm_scale_log2, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc0 = acc0 * alpha[:, None] + tl.dot(_mma((p * s0[None, :]).to(tl.bfloat16), UPCAST), k0)
+        acc1 = acc1 * alpha[:, None] + tl.dot(_mma((p * s1[None, :]).to(tl.bfloat16), UPCAST), k1)
+        acc2 = acc2 * alpha[:, None] + tl.dot(_mma((p * s2[None, :]).to(tl.bfloat16), UPCAST), k2)
+        acc3 = acc3 * alpha[:, None] + tl.dot(_mma((p * s3[None, :]).to(tl.bfloat16), UPCAST), k3)
+        m_i = m_new
+
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    lse_log2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+    inv_l = (1.0 / l_safe)[:, None]
+    if SPLIT:
+        row = ((batch * num_splits + split) * s_q + pos) * heads + h
+        tl.store(lse_accum_ptr + row, lse_log2)
+        o_rows = o_accum_ptr + row * NOPE_DIM
+    else:
+        tl.store(lse_ptr + batch * lse_stride_b + h * lse_stride_h + pos * lse_stride_s,
+                 lse_log2 * LN2)
+        o_rows = out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
+    _store_part(o_rows, acc0 * inv_l, 0, GROUP)
+    _store_part(o_rows, acc1 * inv_l, 1, GROUP)
+    _store_part(o_rows, acc2 * inv_l, 2, GROUP)
+    _store_part(o_rows, acc3 * inv_l, 3, GROUP)
+
+
+@triton.jit
+def _combine_splits(
+    o_accum_ptr, lse_accum_ptr, out_ptr, lse_ptr,
+    s_q, heads, num_splits,
+    out_stride_b, out_stride_s, out_stride_h,
+    lse_stride_b, lse_stride_h, lse_stride_s,
+    BLOCK_H: tl.constexpr, D_V: tl.constexpr, LN2: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    pos = pid % s_q
+    batch = pid // s_q
+    h = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)
+
+    m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    for split in range(num_splits):
+        row = ((batch * num_splits + split) * s_q + pos) * heads + h
+        m = tl.maximum(m, tl.load(lse_accum_ptr + row))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+
+    total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, D_V), dtype=tl.float32)
+    cols = tl.arange(0, D_V)[None, :]
+    for split in range(num_splits):
+        row = ((batch * num_splits + split) * s_q + pos) * heads + h
+        weight = tl.exp2(tl.load(lse_accum_ptr + row) - m_safe)  # 0 for an empty split
+        total += weight
+        acc += weight[:, None] * tl.load(o_accum_ptr + row[:, None] * D_V + cols)
+
+    has_keys = total > 0
+    total_safe = tl.where(has_keys, total, 1.0)
+    out_rows = out_ptr + batch * out_stride_b + pos * out_stride_s + h[:, None] * out_stride_h
+    tl.store(out_rows + cols, (acc / total_safe[:, None]).to(tl.bfloat16))
+    lse = tl.where(has_keys, (m_safe + tl.log2(total_safe)) * LN2, float("-inf"))
+    tl.store(lse_ptr + batch * lse_stride_b + h * lse_stride_h + pos * lse_stride_s, lse)
+
+
+def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+           lse: torch.Tensor, lse_accum: torch.Tensor | None, o_accum: torch.Tensor | None, *,
+           sm_scale: float, num_splits: int, tokens_per_split: int,
+           config: LaunchConfig = DEFAULT_CONFIG) -> None:
+    """Run the decode into the given buffers; allocates nothing.
+
+    q (b, s_q, h_q, 576) bf16; kv_cache (blocks, block_size, 1, 656) uint8; indices
+    (b, s_q, topk) int32; out (b, s_q, h_q, 512) bf16; lse (b, h_q, s_q) fp32 (natural log).
+    With num_splits > 1: lse_accum and o_accum are contiguous fp32 with at least
+    b * num_splits entries of (s_q, h_q) and (s_q, h_q, 512); split i of batch j covers topk
+    positions [i * tokens_per_split, (i + 1) * tokens_per_split) and lands in entry
+    j * num_splits + i.
+    """
+    b, s_q, heads, _ = q.shape
+    topk = indices.shape[-1]
+    kv_bytes = kv_cache.view(torch.uint8)
+    split = num_splits > 1
+    accum_lse = lse_accum if split else lse  # unused without a split
+    accum_o = o_accum if split else out
+    _sparse_decode_attention[(b * s_q * (heads // HEAD_BLOCK), num_splits)](
+        q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices,
+        out, lse, accum_o, accum_lse,
+        sm_scale * LOG2E, s_q, heads, topk, tokens_per_split, num_splits, kv_cache.shape[1],
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_bytes.stride(0), kv_bytes.stride(1),
+        indices.stride(0), indices.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        SPLIT=split, BLOCK_H=HEAD_BLOCK, BLOCK_N=config.block_n,
+        GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
+        SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, UPCAST=INTERPRETED,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if split:
+        _combine_splits[(b * s_q, heads // COMBINE_HEADS)](
+            o_accum, lse_accum, out, lse, s_q, heads, num_splits,
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1), lse.stride(2),
+            BLOCK_H=COMBINE_HEADS, D_V=NOPE_DIM, LN2=LN2, num_warps=4,
+        )

@@ -1,0 +1,165 @@
+"""The compiled Triton decode on the GPU: numerics against FlashMLA, every element written,
+bit-identical across caller buffers, and FlashMLA's allocations (measured) in allocating mode."""
+
+import math
+
+import pytest
+import torch
+
+from mlamem import scenario
+from mlamem.kernels import FlashMLA, TritonDecode
+from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize
+from mlamem.kernels.reference import sparse_mla_decode_reference
+from mlamem.kernels.triton_decode import (
+    accum_workspace_numel,
+    max_accum_workspace_numel,
+    sparse_mla_decode_triton,
+    split_plan,
+)
+from mlamem.measure import local_sm_count, measure_call
+from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.profile import run_profile
+from mlamem.testing import needs_flashmla
+
+_reason = TritonDecode().unavailable_reason()
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(_reason is not None, reason=f"needs triton and CUDA: {_reason}")]
+BLOCK_SIZE = 64
+SM_SCALE = 1 / math.sqrt(576)
+
+
+def random_inputs(s_q, h_q, topk, seed, invalid_fraction=0.2):
+    """q, a cache of 4 x topk tokens and indices with invalid (-1) entries (the first stays valid)."""
+    cuda = torch.device("cuda")
+    gen = torch.Generator().manual_seed(seed)
+    pool = 4 * topk
+    kv = quantize(torch.randn(pool, 576, generator=gen)).view(
+        pool // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN).to(cuda)
+    dev_gen = torch.Generator(cuda).manual_seed(seed)
+    q = torch.randn((1, s_q, h_q, 576), device=cuda, generator=dev_gen).to(torch.bfloat16)
+    indices = torch.randint(0, pool, (1, s_q, topk), dtype=torch.int32, device=cuda,
+                            generator=dev_gen)
+    drop = torch.rand(indices.shape, device=cuda, generator=dev_gen) < invalid_fraction
+    drop[..., 0] = False
+    return q, kv, indices.masked_fill(drop, -1)
+
+
+def relative_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture
+def seed():
+    return int(torch.randint(0, 2**31 - 1, ()).item())
+
+
+@needs_flashmla
+@pytest.mark.parametrize("topk", [128, 2048])
+@pytest.mark.parametrize("h_q", [64, 128])
+@pytest.mark.parametrize("s_q", [1, 64, 4096])
+def test_matches_flashmla(s_q, h_q, topk, seed):
+    """out within 1e-2 relative L2 of FlashMLA's, lse within 1e-3."""
+    q, kv, indices = random_inputs(s_q, h_q, topk, seed)
+    out, lse = TritonDecode().decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    ref_out, ref_lse = FlashMLA().decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    assert relative_l2(out, ref_out) <= 1e-2, f"seed {seed}"
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3, msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("s_q", [1, 2, 64, 300])
+def test_matches_reference(s_q, seed):
+    """Against the torch reference on queries with a valid index; the last query has none, and
+    gets out exactly 0 and lse -inf (at s_q = 1 it is the only query, through the split)."""
+    q, kv, indices = random_inputs(s_q, 64, 256, seed, invalid_fraction=0.4)
+    indices[0, -1] = -1
+    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE)
+    ref_out, ref_lse = sparse_mla_decode_reference(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    valid = (indices[0] >= 0).any(-1)  # (s_q,) queries with at least one valid index
+    if valid.any():
+        assert relative_l2(out[0, valid], ref_out[0, valid]) <= 1e-2, f"seed {seed}"
+        torch.testing.assert_close(lse[0][:, valid], ref_lse[0][:, valid], rtol=1e-4, atol=1e-4,
+                                   msg=f"seed {seed}")
+    assert (out[0, ~valid] == 0).all(), f"seed {seed}"
+    assert torch.isneginf(lse[0][:, ~valid]).all(), f"seed {seed}"
+
+
+@pytest.mark.parametrize("s_q", [1, 64, 4096])
+def test_every_element_written_and_buffers_change_nothing(s_q, seed):
+    """Poisoned (NaN) out, lse and workspace are overwritten, with the allocating mode's bits."""
+    q, kv, indices = random_inputs(s_q, 64, 2048, seed)
+    allocated = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE)
+    out = torch.full((1, s_q, 64, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((1, 64, s_q), float("nan"), device="cuda")
+    plan = split_plan(1, s_q, 64, 2048, local_sm_count())
+    workspace = torch.full((accum_workspace_numel(1, s_q, 64, 512, plan) + 1,), float("nan"),
+                           device="cuda")
+    sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out, lse=lse,
+                             accum_workspace=workspace)
+    assert not out.isnan().any() and not lse.isnan().any(), f"seed {seed}"
+    assert torch.equal(out, allocated[0]) and torch.equal(lse, allocated[1])
+
+
+def _allocations_in(call):
+    """Sizes (bytes) of the allocator's alloc events while call() runs."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=100_000, clear_history=True)
+    try:
+        result = call()
+        torch.cuda.synchronize()
+    finally:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    events = snapshot["device_traces"][torch.cuda.current_device()]
+    return result, [e["size"] for e in events if e["action"] == "alloc"]
+
+
+@pytest.mark.parametrize("s_q", [1, 1024, 8192])
+def test_allocations_are_flashmlas_or_none(s_q):
+    """Allocating mode allocates FlashMLA's buffers in order; with every buffer passed, nothing."""
+    q, kv, indices = random_inputs(s_q, 64, 2048, seed=0)
+    sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE)  # compile outside the trace
+    _, sizes = _allocations_in(lambda: sparse_mla_decode_triton(q, kv, indices,
+                                                                sm_scale=SM_SCALE))
+    spec = FlashMLA().allocations(tuple(q.shape), 512, local_sm_count())
+    assert sizes == [-(-s.nbytes // 512) * 512 for s in spec]  # the allocator rounds to 512 B
+    out = torch.empty((1, s_q, 64, 512), dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty((1, 64, s_q), device="cuda")
+    workspace = torch.empty(max_accum_workspace_numel(1, 64, 512, 2048, local_sm_count(), s_q),
+                            device="cuda")
+    _, sizes = _allocations_in(lambda: sparse_mla_decode_triton(
+        q, kv, indices, sm_scale=SM_SCALE, out=out, lse=lse, accum_workspace=workspace))
+    assert sizes == []
+
+
+@needs_flashmla
+@pytest.mark.parametrize("path", ["alloc", "workspace", "workspace-full"])
+def test_profile_columns_equal_flashmlas_and_the_prediction(path):
+    """Measured peaks of the Triton kernel equal the model's predicted, and FlashMLA's measured
+    on the alloc path; workspace-full allocates nothing inside the call."""
+    glm = scenario.load("glm5-fp8-tp8")
+    kwargs = {"sm_count": local_sm_count(), "max_tokens": glm.serving.max_num_batched_tokens}
+    for tokens in (1024, 8192):
+        triton_row = measure_call(CudaMemory(), glm, TritonDecode(), tokens, path, **kwargs)
+        predicted = measure_call(SimulatedMemory(), glm, TritonDecode(), tokens, path, **kwargs)
+        assert triton_row.failure is None
+        assert triton_row.peak_allocated_bytes == predicted.peak_allocated_bytes
+        assert triton_row.peak_reserved_bytes == predicted.peak_reserved_bytes
+        if path == "alloc":
+            flashmla_row = measure_call(CudaMemory(), glm, FlashMLA(), tokens, path, **kwargs)
+            assert triton_row.peak_allocated_bytes == flashmla_row.peak_allocated_bytes
+        if path == "workspace-full":
+            assert triton_row.breakdown.allocations == 0
+            assert triton_row.peak_allocated_bytes == 0
+
+
+def test_three_paths_are_bit_identical_and_measured_as_predicted():
+    """`profile --kernel triton` on the GPU: outputs equal across alloc, workspace and
+    workspace-full, every byte as predicted."""
+    glm = scenario.load("glm5-fp8-tp8")
+    paths = ["alloc", "workspace", "workspace-full"]
+    measured = run_profile(glm, [1024], paths, command="t", kernel=TritonDecode())
+    predicted = run_profile(glm, [1024], paths, command="t", kernel=TritonDecode(), predict=True)
+    assert measured.measured and all(r.failure is None for r in measured.rows)
+    assert all(r.outputs_equal for r in measured.rows)
+    assert ([r.peak_allocated_bytes for r in measured.rows]
+            == [r.peak_allocated_bytes for r in predicted.rows])

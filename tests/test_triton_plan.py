@@ -1,0 +1,166 @@
+"""The Triton decode's wrapper on CPU, without triton: split plan, allocations, capabilities.
+
+The kernels are replaced by a recording fake and the tensors live on the meta device, so what
+is checked is exactly what the wrapper allocates and hands to the kernels.
+"""
+
+import sys
+import types
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mlamem.kernels
+from mlamem.kernels import KERNELS, FlashMLA, TritonDecode, triton_decode
+from mlamem.kernels.triton_decode import (
+    accum_workspace_numel,
+    max_accum_workspace_numel,
+    sparse_mla_decode_triton,
+    split_plan,
+)
+
+META = torch.device("meta")
+ALLOCATING_OPS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+                  torch.ops.aten.full.default, torch.ops.aten.zeros.default}
+
+
+class RecordAllocations(TorchDispatchMode):
+    """Collects (shape, dtype) of every tensor created from nothing inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.allocations = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func in ALLOCATING_OPS:
+            self.allocations.append((tuple(result.shape), result.dtype))
+        return result
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Replace the Triton kernels with a fake that records its calls' arguments."""
+    calls = []
+    fake = types.ModuleType("mlamem.kernels.triton_sparse_decode")
+    fake.DEFAULT_CONFIG = types.SimpleNamespace(block_n=triton_decode.DEFAULT_BLOCK_N)
+    fake.launch = lambda *args, **kwargs: calls.append((args, kwargs))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(mlamem.kernels, "triton_sparse_decode", fake, raising=False)
+    return calls
+
+
+def meta_inputs(s_q, h_q=64, topk=2048, b=1):
+    q = torch.empty((b, s_q, h_q, 576), dtype=torch.bfloat16, device=META)
+    kv = torch.empty((128, 64, 1, 656), dtype=torch.uint8, device=META)
+    indices = torch.empty((b, s_q, topk), dtype=torch.int32, device=META)
+    return q, kv, indices
+
+
+@pytest.mark.parametrize("sm_count", [132, 78])
+@pytest.mark.parametrize("h_q", [64, 128])
+@pytest.mark.parametrize("b", [1, 2, 3])
+def test_split_plan_fits_flashmla_accumulators(sm_count, h_q, b):
+    """Splits only when the calls' programs do not fill the SMs; fits b + num_sm_parts; no empty split."""
+    for s_q in [*range(1, 140), 1024, 32768]:
+        for topk in (64, 100, 128, 2048):
+            plan = split_plan(b, s_q, h_q, topk, sm_count)
+            programs = b * s_q * (h_q // 64)
+            num_sm_parts = max(sm_count // s_q // (h_q // 64), 1)
+            assert plan.split == (programs < sm_count and topk > triton_decode.DEFAULT_BLOCK_N)
+            assert b * plan.num_splits <= b + num_sm_parts
+            assert plan.tokens_per_split % triton_decode.DEFAULT_BLOCK_N == 0
+            assert (plan.num_splits - 1) * plan.tokens_per_split < topk
+            assert plan.num_splits * plan.tokens_per_split >= topk
+
+
+@pytest.mark.parametrize("s_q", [1, 5, 64, 4096])
+def test_allocating_mode_allocates_what_flashmla_does(launches, s_q):
+    """Without buffers: FlashMLA's buffers, same order, shapes and dtypes; the kernel gets views."""
+    q, kv, indices = meta_inputs(s_q)
+    with RecordAllocations() as record:
+        out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, sm_count=132)
+    spec = FlashMLA().allocations(tuple(q.shape), 512, 132)
+    assert record.allocations == [(s.shape, s.dtype) for s in spec]
+    assert out.shape == (1, s_q, 64, 512) and lse.shape == (1, 64, s_q)
+    (args, kwargs), = launches
+    lse_accum, o_accum = args[5], args[6]
+    plan = split_plan(1, s_q, 64, 2048, 132)
+    assert kwargs["num_splits"] == plan.num_splits
+    if plan.split:
+        assert lse_accum.shape == (plan.num_splits, s_q, 64)
+        assert o_accum.shape == (plan.num_splits, s_q, 64, 512)
+    else:
+        assert lse_accum is None and o_accum is None
+
+
+@pytest.mark.parametrize("s_q", [1, 5, 64, 4096])
+def test_caller_buffers_mean_no_allocation(launches, s_q):
+    """With out=, lse= and accum_workspace= the call allocates nothing at all."""
+    q, kv, indices = meta_inputs(s_q)
+    out = torch.empty((1, s_q, 64, 512), dtype=torch.bfloat16, device=META)
+    lse = torch.empty((1, 64, s_q), device=META)
+    workspace = torch.empty(max_accum_workspace_numel(1, 64, 512, 2048, 132, 32768), device=META)
+    with RecordAllocations() as record:
+        got = sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, out=out, lse=lse,
+                                       accum_workspace=workspace, sm_count=132)
+    assert record.allocations == []
+    assert got[0] is out and got[1] is lse
+
+
+def test_out_alone_leaves_the_rest_to_flashmla_shapes(launches):
+    """With only out=, the other five FlashMLA buffers are allocated, in order."""
+    q, kv, indices = meta_inputs(8192)
+    out = torch.empty((1, 8192, 64, 512), dtype=torch.bfloat16, device=META)
+    with RecordAllocations() as record:
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, out=out, sm_count=132)
+    spec = FlashMLA().allocations(tuple(q.shape), 512, 132)[1:]
+    assert record.allocations == [(s.shape, s.dtype) for s in spec]
+
+
+def test_small_workspace_is_an_error(launches):
+    """A workspace too small for the split is refused, naming the size it needs."""
+    q, kv, indices = meta_inputs(1)
+    needed = accum_workspace_numel(1, 1, 64, 512, split_plan(1, 1, 64, 2048, 132))
+    with pytest.raises(ValueError, match=str(needed)):
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, sm_count=132,
+                                 accum_workspace=torch.empty(needed - 1, device=META))
+
+
+def test_max_workspace_covers_every_size_and_stays_small():
+    """One reservation covers every s_q; at h_q = 64 on an H200 it is under 40 MB."""
+    reserved = max_accum_workspace_numel(1, 64, 512, 2048, 132, 32768)
+    for s_q in range(1, 300):
+        assert accum_workspace_numel(1, s_q, 64, 512, split_plan(1, s_q, 64, 2048, 132)) <= reserved
+    assert reserved * 4 < 40e6
+
+
+def test_adapter_declares_what_it_takes():
+    """Takes out, lse and a workspace; pads heads as FlashMLA; its spec is FlashMLA's; listed."""
+    kernel = KERNELS["triton"]()
+    caps = kernel.capabilities()
+    assert isinstance(kernel, TritonDecode)
+    assert caps.takes_out and caps.takes_lse and caps.takes_accum_workspace
+    assert caps.padded_heads(8) == FlashMLA().capabilities().padded_heads(8) == 64
+    for s_q in (1, 1024, 32768):
+        shape = (1, s_q, 64, 576)
+        assert kernel.allocations(shape, 512, 132) == FlashMLA().allocations(shape, 512, 132)
+
+
+def test_missing_triton_is_named(monkeypatch):
+    """Without triton the adapter says so and how to install it."""
+    monkeypatch.setattr(triton_decode, "_import_triton",
+                        lambda: (None, "ModuleNotFoundError: No module named 'triton'"))
+    assert TritonDecode().unavailable_reason() == "triton is not installed; pip install triton"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"h_q": 8}, "multiple of 64"),
+    ({"d_v": 256}, "d_v must be 512"),
+])
+def test_bad_shapes_are_refused(launches, change, message):
+    """Unpadded heads and a d_v other than 512 are refused with the fix."""
+    q, kv, indices = meta_inputs(4, h_q=change.get("h_q", 64))
+    with pytest.raises(ValueError, match=message):
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, d_v=change.get("d_v", 512))
