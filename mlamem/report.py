@@ -238,14 +238,15 @@ def _summary(s: Saved) -> list[str]:
         for row in r.rows:
             by_tokens.setdefault(row.tokens, {})[row.path] = row
         out = []
+        paths = [p for p in ("alloc", "workspace", "workspace-full")
+                 if any(p in rows for rows in by_tokens.values())]
         for tokens, rows in by_tokens.items():
-            before, after = rows.get("alloc"), rows.get("workspace")
-            if before and after and before.failure is None and after.failure is None:
-                out.append(f"{tokens}: {gib(before.peak_allocated_bytes):.3f} → "
-                           f"{gib(after.peak_allocated_bytes):.3f} GiB")
-        if out:
-            return [f"- profile {r.scenario['name']}{tag}: per-call peak, allocating → "
-                    f"workspace path, at T = " + "; ".join(out)]
+            if all(p in rows and rows[p].failure is None for p in paths):
+                out.append(f"{tokens}: " + " → ".join(
+                    f"{gib(rows[p].peak_allocated_bytes):.3f}" for p in paths) + " GiB")
+        if out and len(paths) > 1:
+            return [f"- profile {r.scenario['name']}, {r.kernel['label']}{tag}: per-call peak, "
+                    f"{' → '.join(paths)} path, at T = " + "; ".join(out)]
         return []
     if s.kind == "repro-oom":
         verdicts = "; ".join(f"{render.case_label(c)}: {render.verdict_text(c)}" for c in r.cases)

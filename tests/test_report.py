@@ -122,9 +122,10 @@ def test_committed_h200_report_is_what_the_tool_makes():
     from mlamem import report
 
     committed = Path(__file__).parent.parent / "reports" / "report-h200" / "report.md"
-    inputs = [committed.parent.parent / p for p in ("profile-h200/glm5-fp8-tp8.json",
-                                                    "repro-oom-h200/glm5-fp8-tp8.json",
-                                                    "validate-h200/validate-h200.json")]
+    inputs = [committed.parent.parent / p for p in (
+        "report-h200/profile-glm5-fp8-tp8.json", "repro-oom-h200/glm5-fp8-tp8.json",
+        "context-reuse-h200/kimi-k2-context-reuse.json", "triton-h200/triton-profile.json",
+        "validate-h200/validate-h200.json")]
     saved = [report.load(p, report.shown_path(p, committed)) for p in inputs]
     built = report.build(saved, figure_prefix="report")
     assert committed.read_text() == built.markdown
