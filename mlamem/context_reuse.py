@@ -21,8 +21,15 @@ from dataclasses import dataclass, field
 import torch
 
 from mlamem import plan as plans
-from mlamem.attribution import ExpectedBuffer, attribute
-from mlamem.engine import ERROR, FITS, NO_KV_ROOM, non_torch_or, record_failure
+from mlamem.attribution import ExpectedBuffer
+from mlamem.engine import (
+    ERROR,
+    NO_KV_ROOM,
+    allocate_specs,
+    non_torch_or,
+    record_failure,
+    run_step,
+)
 from mlamem.kernels import BufferSpec
 from mlamem.scenario import Scenario
 
@@ -94,10 +101,6 @@ def emulate_context(memory, scenario: Scenario, variant: str, gpu_memory_bytes: 
     return case
 
 
-def _allocate(specs: list[BufferSpec], device) -> list[torch.Tensor]:
-    return [torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs]
-
-
 def _run(memory, scenario, case, gpu_memory_bytes, free_fraction, assumed_non_torch) -> None:
     s = scenario.serving
     resident: list[torch.Tensor] = []
@@ -111,7 +114,7 @@ def _run(memory, scenario, case, gpu_memory_bytes, free_fraction, assumed_non_to
         case.phase, allocating = "profile", "profile context buffers"
         memory.reset_peaks()
         start = memory.stats().allocated
-        _allocate(context_buffers(scenario, s.max_num_batched_tokens), memory.device)
+        allocate_specs(context_buffers(scenario, s.max_num_batched_tokens), memory.device)
         case.profile_peak_bytes = memory.stats().peak_allocated - start
         memory.empty_cache()
 
@@ -146,25 +149,10 @@ def _run(memory, scenario, case, gpu_memory_bytes, free_fraction, assumed_non_to
         record_failure(case, exc, memory, before.num_ooms, allocating)
         return
 
-    case.phase = "step"
     case.requests_attended_tokens = [s.max_model_len] * (s.max_batch_size or 1)
     case.admitted, case.trimmed = plans.admit(case.requests_attended_tokens,
                                               case.admission_cap_tokens)
     case.attended_tokens = sum(case.requests_attended_tokens[i] for i in case.admitted)
     specs = context_buffers(scenario, case.attended_tokens)
     expected = [ExpectedBuffer(spec.name, spec.nbytes, "context path") for spec in specs]
-    memory.reset_peaks()
-    pre_step, watch = memory.stats(), None
-    try:
-        with memory.watch() as watch:
-            buffers = _allocate(specs, memory.device)
-            del buffers
-            memory.synchronize()
-    except Exception as exc:
-        record_failure(case, exc, memory, pre_step.num_ooms, None, watch, expected, pre_step.reserved)
-        return
-    after = memory.stats()
-    case.verdict, case.phase = FITS, "done"
-    case.step_peak_bytes = after.peak_reserved
-    case.headroom_bytes = case.torch_limit_bytes - after.peak_reserved
-    case.buffers = [dataclasses.asdict(b) for b in attribute(watch.events, expected).buffers]
+    run_step(memory, case, expected, lambda: allocate_specs(specs, memory.device))

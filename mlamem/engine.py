@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -178,7 +179,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
         case.phase, allocating = "profile", "activations"
         memory.reset_peaks()
         start = memory.stats().allocated
-        activations = _allocate(activation_specs(scenario, tokens), memory.device)
+        activations = allocate_specs(activation_specs(scenario, tokens), memory.device)
         del activations
         case.profile_peak_bytes = memory.stats().peak_allocated - start
         memory.empty_cache()
@@ -203,7 +204,6 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
         record_failure(case, exc, memory, before.num_ooms, allocating)
         return
 
-    case.phase = "step"
     call = DecodeCall(decode=decoder(kernel, memory, sm_count), kv_cache=inputs.kv_cache,
                       indices=inputs.indices, sm_scale=scenario.softmax_scale, d_v=scenario.d_v,
                       padded_heads=padded_heads, takes_out=capabilities.takes_out)
@@ -214,35 +214,51 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
                                         scenario.d_qk),
                     kernel.allocations((1, tokens, padded_heads, scenario.d_qk), scenario.d_v,
                                        sm_count), staged))
+
+    def step() -> None:
+        tensors = allocate_specs(step_specs, memory.device)
+        fill_query(tensors["q"], seed)
+        out, _ = PATHS[path](tensors["q"], call, workspace)
+        tensors["attn_output"].copy_(out)
+
+    watch = run_step(memory, case, expected, step)
+    if watch is not None and memory.measured and watch.nvml_peak_bytes is not None:
+        case.nvml_step_peak_bytes = watch.nvml_peak_bytes - memory.used_by_others
+
+
+def run_step(memory, case, expected: list[ExpectedBuffer], body: Callable[[], None]):
+    """Run a step under the allocator trace; returns the watch, or None if it failed.
+
+    A failure is classified into `case` (an OOM names the buffer from `expected`); success sets
+    the verdict, the step's reserved peak, the headroom under the cap and the named buffers.
+    """
+    case.phase = "step"
     memory.reset_peaks()
     pre_step, watch = memory.stats(), None
     try:
         with memory.watch() as watch:
-            step = _allocate(step_specs, memory.device)
-            fill_query(step["q"], seed)
-            out, _ = PATHS[path](step["q"], call, workspace)
-            step["attn_output"].copy_(out)
-            del out, step
+            body()
             memory.synchronize()
     except Exception as exc:
-        record_failure(case, exc, memory, pre_step.num_ooms, None, watch, expected, pre_step.reserved)
-        return
+        record_failure(case, exc, memory, pre_step.num_ooms, None, watch, expected,
+                       pre_step.reserved)
+        return None
     after = memory.stats()
     case.verdict, case.phase = FITS, "done"
     case.step_peak_bytes = after.peak_reserved
     case.headroom_bytes = case.torch_limit_bytes - after.peak_reserved
     case.buffers = [dataclasses.asdict(b) for b in attribute(watch.events, expected).buffers]
-    if memory.measured and watch.nvml_peak_bytes is not None:
-        case.nvml_step_peak_bytes = watch.nvml_peak_bytes - memory.used_by_others
+    return watch
 
 
-def _allocate(specs: list[BufferSpec], device: torch.device) -> dict[str, torch.Tensor]:
+def allocate_specs(specs: list[BufferSpec], device: torch.device) -> dict[str, torch.Tensor]:
+    """Empty tensors for `specs`, by name, in order."""
     return {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs}
 
 
-def record_failure(case: EngineCase, exc: Exception, memory, ooms_before: int, allocating: str | None,
-            watch=None, expected: list[ExpectedBuffer] | None = None,
-            reserved_before: int = 0) -> None:
+def record_failure(case, exc: Exception, memory, ooms_before: int, allocating: str | None,
+                   watch=None, expected: list[ExpectedBuffer] | None = None,
+                   reserved_before: int = 0) -> None:
     """Classify a failure: an OOM names the allocation and the free bytes; else an error."""
     first_line = str(exc).splitlines()[0] if str(exc) else ""
     case.failure = f"{type(exc).__name__}: {first_line}"

@@ -8,12 +8,7 @@
 #      the other launch configs, including the half-d_v variant, at a few minutes more).
 # Everything also lands in $OUT/issue-8.tar.gz (only 8 files come back from the device).
 # Usage (repo root, flash_mla wheel in .whl/):  OUT=/some/dir bash scripts/gpu-check-issue-8.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/mlamem-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/gpu-env.sh"
 python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__)" \
     | tee -a "$OUT/gpu.txt"
 
@@ -37,22 +32,7 @@ PROFILE=(python3 -m mlamem profile --kernel triton --tokens "$TOKENS"
 cat "$OUT/triton-profile.md"
 # The acceptance checks, one line each: alloc = FlashMLA's, workspace = the PR's after column,
 # workspace-full <= 1 MiB, outputs bit-identical, measured = predicted.
-python3 - "$OUT" <<'EOF' 2>&1 | tee "$OUT/acceptance.txt"
-import json, sys
-out = sys.argv[1]
-load = lambda name: json.load(open(f"{out}/{name}"))
-rows = {(r["tokens"], r["path"]): r for r in load("triton-profile.json")["rows"]}
-predicted = {(r["tokens"], r["path"]): r for r in load("triton-profile-predicted.json")["rows"]}
-flashmla = {r["tokens"]: r for r in load("flashmla-alloc.json")["rows"]}
-after = {1024: 0.251, 8192: 2.006, 16384: 4.012, 32768: 8.023}
-for t, gib in after.items():
-    a, w, f = (rows[t, p]["peak_allocated_bytes"] for p in ("alloc", "workspace", "workspace-full"))
-    print(f"T={t}: alloc == FlashMLA's: {a == flashmla[t]['peak_allocated_bytes']}; "
-          f"workspace {w / 2**30:.3f} GiB vs {gib}: {abs(w / 2**30 - gib) <= 0.001}; "
-          f"workspace-full {f} B <= 1 MiB: {f <= 2**20}; "
-          f"outputs equal: {rows[t, 'alloc']['outputs_equal']}; measured == predicted: "
-          f"{all(rows[t, p]['peak_allocated_bytes'] == predicted[t, p]['peak_allocated_bytes'] for p in ('alloc', 'workspace', 'workspace-full'))}")
-EOF
+python3 scripts/triton_acceptance.py "$OUT" 2>&1 | tee "$OUT/acceptance.txt"
 
 timeout 150 python3 benchmarks/triton_vs_flashmla.py ${BENCH_ARGS:-} \
     --json "$OUT/triton-vs-flashmla.json" 2>&1 | tee "$OUT/triton-vs-flashmla.txt"

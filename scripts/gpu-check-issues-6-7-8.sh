@@ -30,22 +30,7 @@ timeout 60 "${PROFILE[@]}" --output "$R/triton-profile.json"
 timeout 30 "${PROFILE[@]}" --predict --output "$R/triton-profile-predicted.json"
 timeout 30 python3 -m mlamem profile --kernel flashmla --tokens 1024,8192,16384,32768 --paths alloc \
     --format json --output "$R/flashmla-alloc.json"
-python3 - "$R" <<'PY' 2>&1 | tee "$R/acceptance.txt"
-import json, sys
-out = sys.argv[1]
-load = lambda name: json.load(open(f"{out}/{name}"))
-rows = {(r["tokens"], r["path"]): r for r in load("triton-profile.json")["rows"]}
-predicted = {(r["tokens"], r["path"]): r for r in load("triton-profile-predicted.json")["rows"]}
-flashmla = {r["tokens"]: r for r in load("flashmla-alloc.json")["rows"]}
-paths = ("alloc", "workspace", "workspace-full")
-for t, gib in {1024: 0.251, 8192: 2.006, 16384: 4.012, 32768: 8.023}.items():
-    a, w, f = (rows[t, p]["peak_allocated_bytes"] for p in paths)
-    print(f"T={t}: alloc {a} B == FlashMLA's {flashmla[t]['peak_allocated_bytes']} B: "
-          f"{a == flashmla[t]['peak_allocated_bytes']}; workspace {w / 2**30:.3f} GiB vs {gib}: "
-          f"{abs(w / 2**30 - gib) <= 0.001}; workspace-full {f} B <= 1 MiB: {f <= 2**20}; "
-          f"outputs equal: {rows[t, 'alloc']['outputs_equal']}; measured == predicted: "
-          f"{all(rows[t, p]['peak_allocated_bytes'] == predicted[t, p]['peak_allocated_bytes'] for p in paths)}")
-PY
+python3 scripts/triton_acceptance.py "$R" 2>&1 | tee "$R/acceptance.txt"
 pack
 timeout 60 python3 benchmarks/triton_vs_flashmla.py --json "$R/triton-vs-flashmla.json" 2>&1 | tee "$R/triton-vs-flashmla.txt"
 pack
