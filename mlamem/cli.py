@@ -489,28 +489,7 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
-    swept, values = plans.parse_sweep(sweep) if sweep else (None, [None])
-    results = []
-    for value in values:
-        step = dict(overrides)
-        if swept is not None:
-            step[swept] = value
-            if swept in ("utilization", "free_fraction") and overrides[swept] is None:
-                other = "free_fraction" if swept == "utilization" else "utilization"
-                step[other] = overrides[other] if overrides[other] is not None else None
-        results.append(plans.make_plan(chosen, plans.request_for(chosen, **step)).to_dict())
-    result = {
-        "schema": plans.SCHEMA, "command": "mlamem " + shlex.join(sys.argv[1:]),
-        "scenario": {"name": chosen.name, "model": chosen.model.name,
-                     "heads_per_rank": chosen.heads_per_rank,
-                     "num_layers": chosen.model.num_layers,
-                     "kv_cache_dtype": chosen.serving.kv_cache_dtype,
-                     "kv_bytes_per_token_per_layer": chosen.kv_cache_bytes_per_token_per_layer,
-                     "weights_note": chosen.parallel.weights_note},
-        "sweep": None if swept is None else {"name": sweep.partition("=")[0].strip(),
-                                             "values": values},
-        "plans": results,
-    }
+    result = plans.run_plan(chosen, overrides, sweep, command="mlamem " + shlex.join(sys.argv[1:]))
     terminal = render.plan_table(result) if output_format is ReproFormat.table else None
     _emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
 

@@ -220,6 +220,29 @@ def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int) -> dict:
             "prefill_workspace_bytes": prefill, "prefill_workspace_fits": prefill <= headroom}
 
 
+def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str) -> dict:
+    """The JSON document `mlamem.plan/1`: one plan, or one per value of the swept variable.
+
+    `overrides` are PlanRequest fields (None keeps the scenario's); `sweep` is 'NAME=V1,V2'.
+    """
+    swept, values = parse_sweep(sweep) if sweep else (None, [None])
+    plans = [make_plan(scenario, request_for(scenario, **(
+        overrides if swept is None else {**overrides, swept: value}))).to_dict()
+        for value in values]
+    return {
+        "schema": SCHEMA, "command": command,
+        "scenario": {"name": scenario.name, "model": scenario.model.name,
+                     "heads_per_rank": scenario.heads_per_rank,
+                     "num_layers": scenario.model.num_layers,
+                     "kv_cache_dtype": scenario.serving.kv_cache_dtype,
+                     "kv_bytes_per_token_per_layer": scenario.kv_cache_bytes_per_token_per_layer,
+                     "weights_note": scenario.parallel.weights_note},
+        "sweep": None if swept is None else {"name": sweep.partition("=")[0].strip(),
+                                             "values": values},
+        "plans": plans,
+    }
+
+
 def parse_sweep(text: str) -> tuple[str, list]:
     """'max-seq-len=32768,131072' -> ('max_seq_len', [32768, 131072])."""
     from mlamem.units import parse_bytes
