@@ -1,0 +1,94 @@
+"""`mlamem gate`: the Markdown diff against a baseline."""
+
+from __future__ import annotations
+
+from mlamem.gate import Change, GateResult, Tolerance
+from mlamem.units import format_bytes
+
+_METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",
+                  "allocated_in_call": "allocated in call", "buffer": "buffer bytes",
+                  "failure": "call"}
+_VERDICT_ORDER = {"regressed": 0, "improved": 1, "within tolerance": 2}
+
+
+def _change_text(c: Change) -> str:
+    """'+75497472 B (+72.000 MiB, +25.0%)'; 'new' or 'gone' for a buffer that (dis)appeared."""
+    if c.metric == "failure":
+        return c.detail
+    diff = c.difference_bytes
+    if not c.baseline_bytes:
+        relative = "new"
+    elif not c.current_bytes:
+        relative = "gone"
+    else:
+        relative = f"{100 * diff / c.baseline_bytes:+.2f}%"
+    return f"{diff:+d} B ({'+' if diff > 0 else ''}{format_bytes(diff)}, {relative})"
+
+
+def _tolerance_text(tolerance: Tolerance) -> str:
+    """'0 B', '1.000 MiB', '0.5%', or '1.000 MiB or 0.5%'."""
+    parts = ([format_bytes(tolerance.bytes)] if tolerance.bytes or not tolerance.fraction else []) + (
+        [f"{tolerance.fraction * 100:g}%"] if tolerance.fraction else [])
+    return " or ".join(parts)
+
+
+def _bytes_cell(value: int | None) -> str:
+    return "-" if value is None else format_bytes(value)
+
+
+def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
+                  updated: bool = False) -> str:
+    """The gate's verdict and a table of every figure that moved, for stdout and the CI summary.
+
+    `result` is None after --update when there was no previous baseline to compare with.
+    """
+    kind = "measured" if measured else "PREDICTED by the allocator model"
+    if updated:
+        title = "baseline updated"
+    elif not result.passed:
+        title = f"FAILED, {len(result.regressions)} figure(s) grew beyond the tolerance"
+    elif result.improvements:
+        title = f"passed, {len(result.improvements)} figure(s) improved"
+    else:
+        title = "passed"
+    lines = [f"### mlamem gate: {title}", ""]
+    if updated:
+        lines.append(f"Wrote `{baseline}`, figures {kind}." + (
+            " Changes from the previous baseline:" if result and result.changes else ""))
+    else:
+        lines.append(f"This run ({kind}) against `{baseline}`.")
+    if result is None:
+        return "\n".join(lines) + "\n"
+    tolerances = ", ".join(f"{m} {_tolerance_text(t)}" for m, t in result.tolerances.items())
+    lines += ["", f"Compared {result.compared_figures} figures over {result.compared_cases} cases "
+                  f"(scenario, T, path); tolerances: {tolerances}."]
+    if result.changes:
+        lines += ["", "| verdict | scenario | T | path | metric | buffer | baseline | now | change |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for c in sorted(result.changes, key=lambda c: _VERDICT_ORDER[c.verdict]):
+            lines.append(f"| {c.verdict} | {c.scenario} | {c.tokens} | {c.path} | "
+                         f"{_METRIC_LABELS[c.metric]} | {c.buffer or ''} | "
+                         f"{_bytes_cell(c.baseline_bytes)} | {_bytes_cell(c.current_bytes)} | "
+                         f"{_change_text(c)} |")
+    else:
+        lines += ["", "Every figure equals the baseline."]
+    notes = []
+    if result.improvements and not updated:
+        notes.append(f"Memory went down beyond the tolerance: update the baseline with "
+                     f"`mlamem gate --baseline {baseline} --update` and commit it.")
+    if result.regressions and not updated:
+        notes.append("If the growth is intended, update the baseline with "
+                     f"`mlamem gate --baseline {baseline} --update` in the same commit.")
+    for d in result.environment:
+        blocking = " (compared anyway: --allow-env-change)" if d.blocking and not updated else ""
+        notes.append(f"Environment: {d.name} was {d.baseline}, is {d.current}{blocking}.")
+    if result.not_in_baseline:
+        notes.append(f"{result.not_in_baseline} case(s) are new in this sweep.")
+    if result.not_swept:
+        notes.append(f"{result.not_swept} baseline case(s) were not in this sweep and were not "
+                     "compared.")
+    if notes:
+        lines += ["", *(f"- {note}" for note in notes)]
+    return "\n".join(lines) + "\n"
+
+

@@ -1,0 +1,186 @@
+"""`mlamem profile`: the per-call table, the PR's Markdown table, the breakdown, JSON and CSV."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from rich import box
+from rich.table import Table
+
+from mlamem.profile import ProfileResult, ProfileRow
+from mlamem.render.common import console_text, equal_text, gib_text, predicted_tag
+from mlamem.units import format_bytes, gib
+
+
+def _label(result: ProfileResult) -> str:
+    env = result.environment
+    if result.measured:
+        return f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}"
+    return (f"PREDICTED, not measured ({result.not_measured_reason}); "
+            f"allocator model + {result.kernel['label']} allocation spec, "
+            f"{result.kernel['sm_count']} SMs")
+
+
+def _by_tokens(rows: list[ProfileRow]) -> dict[int, dict[str, ProfileRow]]:
+    table: dict[int, dict[str, ProfileRow]] = {}
+    for row in rows:
+        table.setdefault(row.tokens, {})[row.path] = row
+    return table
+
+
+def _oom_text(row: ProfileRow) -> str:
+    size = "" if row.oom_requested_bytes is None else f" ({gib_text(row.oom_requested_bytes)} GiB)"
+    return f"OOM{size}"
+
+
+def table(result: ProfileResult) -> Table:
+    """A rich table, one row per (T, path)."""
+    s = result.scenario
+    out = Table(title=f"mlamem profile: {s['name']} ({s['heads_per_rank']} heads/rank padded "
+                      f"to {s['padded_heads']}, topk {s['topk']}); per-call peaks in GiB",
+                caption="\n".join([_label(result), *result.notes]), caption_justify="left",
+                box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for name in ("T", "path", "peak\nalloc", "peak\nresv", "NVML", "saved", "wall\nms",
+                 "allocs\nin call", "staged", "equal"):
+        out.add_column(name, justify="left" if name in ("path", "staged") else "right",
+                       no_wrap=name != "staged")
+    for tokens, paths in _by_tokens(result.rows).items():
+        base = paths.get("alloc")
+        for row in paths.values():
+            failed = row.failure is not None
+            saved = ("" if row is base or base is None or failed or base.failure
+                     else gib_text(base.peak_allocated_bytes - row.peak_allocated_bytes))
+            out.add_row(
+                str(tokens), row.path,
+                _oom_text(row) if row.oom else (row.failure or gib_text(row.peak_allocated_bytes)),
+                "" if failed else gib_text(row.peak_reserved_bytes),
+                "" if failed else gib_text(row.nvml_peak_bytes), saved,
+                "" if row.wall_time_ms is None else f"{row.wall_time_ms:.2f}",
+                "" if row.allocations_in_call is None else str(row.allocations_in_call),
+                ",".join(row.staged) or "-", equal_text(row.outputs_equal),
+            )
+    return out
+
+
+def render_table(result: ProfileResult) -> str:
+    return console_text(table(result))
+
+
+def markdown(result: ProfileResult) -> str:
+    """The source PR's "Per-call peak allocation" table: T, before, after, saved, equal."""
+    s = result.scenario
+    lines = [
+        f"### Per-call peak allocation: {s['name']}{predicted_tag(result.measured)}",
+        "",
+        f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
+        f"topk {s['topk']}, s_q = T. {_label(result)}.",
+        "",
+    ]
+    by_tokens = _by_tokens(result.rows)
+    paths = list(dict.fromkeys(r.path for r in result.rows))
+    if paths == ["alloc", "workspace"]:
+        lines += ["| T | before (allocating path) | after (workspace path) | saved | outputs equal |",
+                  "|---|---|---|---|---|"]
+        for tokens, row in by_tokens.items():
+            before, after = row["alloc"], row["workspace"]
+            saved = ("n/a" if before.failure or after.failure
+                     else f"{gib(before.peak_allocated_bytes - after.peak_allocated_bytes):.3f} GiB")
+            lines.append(f"| {tokens} | {_md_cell(before)} | {_md_cell(after)} | {saved} | "
+                         f"{equal_text(row['alloc'].outputs_equal)} |")
+    else:
+        lines += ["| T | " + " | ".join(f"{p} path" for p in paths) + " | outputs equal |",
+                  "|---|" + "---|" * (len(paths) + 1)]
+        for tokens, row in by_tokens.items():
+            lines.append(f"| {tokens} | " + " | ".join(_md_cell(row[p]) for p in paths)
+                         + f" | {equal_text(row[paths[0]].outputs_equal)} |")
+    lines += [""] + [f"- {note}" for note in result.notes]
+    lines.append(f"- Command: `{result.command}`")
+    return "\n".join(lines) + "\n"
+
+
+def _md_cell(row: ProfileRow) -> str:
+    if row.oom:
+        return _oom_text(row)
+    if row.failure:
+        return f"failed: {row.failure}"
+    return f"{gib(row.peak_allocated_bytes):.3f} GiB"
+
+
+def _in_call(row: ProfileRow) -> str:
+    """'7 / 12.273 GiB': allocations made inside the call and their bytes."""
+    if row.allocations_in_call is None:
+        return ""
+    return f"{row.allocations_in_call} / {format_bytes(row.bytes_allocated_in_call)}"
+
+
+def _adds_up(row: ProfileRow) -> str:
+    if row.breakdown_peak_bytes == row.peak_allocated_bytes:
+        return f"buffers live at the peak add up to the measured peak ({row.peak_allocated_bytes} B)"
+    return (f"buffers live at the peak sum to {row.breakdown_peak_bytes} B, the peak is "
+            f"{row.peak_allocated_bytes} B: {row.peak_allocated_bytes - row.breakdown_peak_bytes:+} B "
+            "not attributed")
+
+
+def _removed(buffer: dict) -> str:
+    return {True: "removed", False: "kept", None: ""}[buffer["removed_by_workspace"]]
+
+
+def breakdown_table(result: ProfileResult) -> Table:
+    """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not."""
+    summaries = [f"T={row.tokens} {row.path}: " + (
+        row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row)}")
+        for row in result.rows]
+    out = Table(title=f"mlamem profile --breakdown: {result.scenario['name']}",
+                caption="\n".join([_label(result), *summaries, *result.notes]),
+                caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for name in ("T, path", "buffer", "by", "size", "live at\npeak", "workspace\npath"):
+        out.add_column(name, justify="right" if name == "size" else "left", no_wrap=True)
+    for row in result.rows:
+        for i, b in enumerate(row.buffers):
+            out.add_row(f"{row.tokens} {row.path}" if i == 0 else "", b["name"],
+                        b["allocated_by"], format_bytes(b["requested_bytes"]),
+                        "yes" if b["live_at_peak"] else "no", _removed(b))
+        out.add_section()
+    return out
+
+
+def breakdown_markdown(result: ProfileResult) -> str:
+    """The per-buffer view as Markdown, one table per (T, path)."""
+    tag = predicted_tag(result.measured)
+    lines = [f"### Where the bytes go: {result.scenario['name']}{tag}", "", f"{_label(result)}.", ""]
+    for row in result.rows:
+        lines.append(f"#### T={row.tokens}, {row.path} path{tag}")
+        lines.append("")
+        if row.failure:
+            lines += [f"Failed: {row.failure}", ""]
+            continue
+        lines += ["| buffer | allocated by | bytes | size | live at peak | workspace path |",
+                  "|---|---|---|---|---|---|"]
+        for b in row.buffers:
+            lines.append(f"| {b['name']} | {b['allocated_by']} | {b['requested_bytes']} | "
+                         f"{format_bytes(b['requested_bytes'])} | "
+                         f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |")
+        lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row)}."]
+        if row.missing_buffers:
+            lines.append(f"Expected but not allocated: {', '.join(row.missing_buffers)}.")
+        lines.append("")
+    lines += [f"- {note}" for note in result.notes] + [f"- Command: `{result.command}`"]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(result: ProfileResult) -> str:
+    return json.dumps(result.to_dict(), indent=2) + "\n"
+
+
+def to_csv(result: ProfileResult) -> str:
+    frame = pd.DataFrame([r.__dict__ for r in result.rows])
+    frame["staged"] = frame["staged"].map(";".join)
+    return frame.to_csv(index=False)
+
+
+FORMATS = {"table": render_table, "markdown": markdown, "json": to_json, "csv": to_csv}
+BREAKDOWN_FORMATS = {"table": lambda r: console_text(breakdown_table(r)),
+                     "markdown": breakdown_markdown, "json": to_json}
+
+
