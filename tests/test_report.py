@@ -123,7 +123,8 @@ def test_committed_h200_report_is_what_the_tool_makes():
 
     committed = Path(__file__).parent.parent / "reports" / "report-h200" / "report.md"
     inputs = [committed.parent.parent / p for p in (
-        "report-h200/profile-glm5-fp8-tp8.json", "repro-oom-h200/glm5-fp8-tp8.json",
+        "report-h200/profile-glm5-fp8-tp8.json", "profile-h200/deepseek-v32-fp8-tp8.json",
+        "profile-h200/kimi-k2-fp8-tp4-dp.json", "repro-oom-h200/glm5-fp8-tp8.json",
         "context-reuse-h200/kimi-k2-context-reuse.json", "triton-h200/triton-profile.json",
         "validate-h200/validate-h200.json")]
     saved = [report.load(p, report.shown_path(p, committed)) for p in inputs]
