@@ -7,7 +7,8 @@ Both kernels run on the same inputs (h_q = 64, topk = 2048, a pool of 4 x topk t
 index valid) in allocating mode; times are `triton.testing.do_bench` medians. FLOPs per call
 are 2 * s_q * h_q * topk * (576 + 512). "gathered" is the KV bytes the attention programs read,
 s_q * (h_q / 64) * topk * 656, over the time: the rate that bounds a gather-bound kernel.
---sweep also times a few other launch configs of the Triton kernel.
+--sweep also times a few other launch configs of the Triton kernel, among them d_v_split = 2
+(two programs per output row; see kernels/triton_sparse_decode.py).
 """
 
 import argparse
@@ -26,7 +27,10 @@ from mlamem.kernels.triton_sparse_decode import DEFAULT_CONFIG, LaunchConfig
 HEADS, TOPK, BLOCK_SIZE = 64, 2048, 64
 SM_SCALE = 1 / math.sqrt(576)
 SWEEP = [LaunchConfig(64, 8, 1), LaunchConfig(64, 4, 1), LaunchConfig(32, 4, 1),
-         LaunchConfig(64, 8, 2), LaunchConfig(32, 4, 2), LaunchConfig(128, 8, 1)]
+         LaunchConfig(64, 8, 2), LaunchConfig(32, 4, 2), LaunchConfig(128, 8, 1),
+         # two programs per output row, 256 columns each (half the accumulator registers)
+         LaunchConfig(32, 8, 1, d_v_split=2), LaunchConfig(64, 8, 1, d_v_split=2),
+         LaunchConfig(32, 4, 1, d_v_split=2), LaunchConfig(64, 8, 2, d_v_split=2)]
 
 
 def make_inputs(tokens: int, seed: int = 0):
@@ -63,7 +67,9 @@ def bench_size(tokens: int, configs: list[LaunchConfig], sm_count: int) -> list[
     results = [measure("FlashMLA", flashmla, tokens)]
     for config in configs:
         label = (f"Triton block_n={config.block_n} warps={config.num_warps} "
-                 f"stages={config.num_stages}" + (" (default)" if config == DEFAULT_CONFIG else ""))
+                 f"stages={config.num_stages}"
+                 + (f" d_v_split={config.d_v_split}" if config.d_v_split > 1 else "")
+                 + (" (default)" if config == DEFAULT_CONFIG else ""))
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config)
         try:

@@ -10,6 +10,12 @@ token) plus the RoPE part, runs the online softmax in base 2, and adds p·V into
 fp32 accumulators, V being the NoPE latent with the scale folded into p. The scales never touch
 the (64, 512) tiles, only (64, BLOCK_N) ones.
 
+With `LaunchConfig.d_v_split = 2` (opt-in) two adjacent programs share that work, each owning
+256 of the 512 output columns (V parts 0-1 or 2-3) in two accumulators: both gather the same
+rows and compute the same scores and softmax statistics, so out is the default's bit for bit;
+the first writes lse. Each writes its own columns of an accumulator row, so the combine kernel
+and the split plan are the same for either value.
+
 Without a split the program writes out (bf16) and lse (natural log) itself. With a split it
 writes its normalised partial out and base-2 lse into the accumulators, and the combine kernel
 merges the splits of each (batch, position).
@@ -33,6 +39,7 @@ ROPE_DIM = 64
 SCALES_BYTE = 512  # where a token's 4 fp32 scales start
 ROPE_BYTE = 528  # where a token's 64 bf16 RoPE values start
 COMBINE_HEADS = 16  # heads per combine program
+D_V_SPLITS = (1, 2)  # 1: a program owns the 4 V parts; 2: parts 0-1 or 2-3
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 
 
@@ -43,6 +50,11 @@ class LaunchConfig:
     block_n: int = 32  # KV tokens per loop step (a multiple of 16); 64 spills more on SM90
     num_warps: int = 8
     num_stages: int = 1
+    d_v_split: int = 1  # programs sharing one output row, each owning 512 / d_v_split columns
+
+    def __post_init__(self):
+        if self.d_v_split not in D_V_SPLITS:
+            raise ValueError(f"d_v_split must be one of {D_V_SPLITS}, got {self.d_v_split!r}")
 
 
 DEFAULT_CONFIG = LaunchConfig()
@@ -74,6 +86,13 @@ def _load_scale(kv_f32_ptr, token_bytes, valid, PART: tl.constexpr, SCALES_BYTE:
 
 
 @triton.jit
+def _add_pv(acc, alpha, p, scale, v, UPCAST: tl.constexpr):
+    """(heads, GROUP) fp32: acc rescaled by alpha (heads,) plus (p * scale) @ v, p (heads,
+    BLOCK_N) fp32, scale (BLOCK_N,) the fp32 scale of v (BLOCK_N, GROUP), a NoPE part."""
+    return acc * alpha[:, None] + tl.dot(_mma((p * scale[None, :]).to(tl.bfloat16), UPCAST), v)
+
+
+@triton.jit
 def _store_part(rows, values, PART: tl.constexpr, GROUP: tl.constexpr):
     """Store (heads, GROUP) values at columns PART*GROUP.. of rows (pointers to column 0)."""
     cols = PART * GROUP + tl.arange(0, GROUP)
@@ -93,10 +112,12 @@ def _sparse_decode_attention(
     SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
     SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
-    UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr, D_V_SPLIT: tl.constexpr,
 ):
     head_blocks = heads // BLOCK_H
     pid = tl.program_id(0).to(tl.int64)
+    v_half = pid % D_V_SPLIT  # with D_V_SPLIT 2: 0 owns V parts 0-1, 1 parts 2-3; else 0
+    pid = pid // D_V_SPLIT
     split = tl.program_id(1).to(tl.int64)
     head_block = pid % head_blocks
     pos = (pid // head_blocks) % s_q
@@ -113,8 +134,9 @@ def _sparse_decode_attention(
 
     acc0 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    if D_V_SPLIT == 1:
+        acc2 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)  # running max, base 2
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)  # running sum of exp2(score - m_i)
 
@@ -152,28 +174,38 @@ def _sparse_decode_attention(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc0 = acc0 * alpha[:, None] + tl.dot(_mma((p * s0[None, :]).to(tl.bfloat16), UPCAST), k0)
-        acc1 = acc1 * alpha[:, None] + tl.dot(_mma((p * s1[None, :]).to(tl.bfloat16), UPCAST), k1)
-        acc2 = acc2 * alpha[:, None] + tl.dot(_mma((p * s2[None, :]).to(tl.bfloat16), UPCAST), k2)
-        acc3 = acc3 * alpha[:, None] + tl.dot(_mma((p * s3[None, :]).to(tl.bfloat16), UPCAST), k3)
+        if D_V_SPLIT == 1:
+            acc0 = _add_pv(acc0, alpha, p, s0, k0, UPCAST)
+            acc1 = _add_pv(acc1, alpha, p, s1, k1, UPCAST)
+            acc2 = _add_pv(acc2, alpha, p, s2, k2, UPCAST)
+            acc3 = _add_pv(acc3, alpha, p, s3, k3, UPCAST)
+        elif v_half == 0:  # a branch, not tl.where: the dots take k0..k3 as the scores did
+            acc0 = _add_pv(acc0, alpha, p, s0, k0, UPCAST)
+            acc1 = _add_pv(acc1, alpha, p, s1, k1, UPCAST)
+        else:
+            acc0 = _add_pv(acc0, alpha, p, s2, k2, UPCAST)
+            acc1 = _add_pv(acc1, alpha, p, s3, k3, UPCAST)
         m_i = m_new
 
     has_keys = l_i > 0
     l_safe = tl.where(has_keys, l_i, 1.0)
     lse_log2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
     inv_l = (1.0 / l_safe)[:, None]
+    writes_lse = v_half == 0  # one of the D_V_SPLIT programs writes lse
     if SPLIT:
         row = ((batch * num_splits + split) * s_q + pos) * heads + h
-        tl.store(lse_accum_ptr + row, lse_log2)
+        tl.store(lse_accum_ptr + row, lse_log2, mask=writes_lse)
         o_rows = o_accum_ptr + row * NOPE_DIM
     else:
         tl.store(lse_ptr + batch * lse_stride_b + h * lse_stride_h + pos * lse_stride_s,
-                 lse_log2 * LN2)
+                 lse_log2 * LN2, mask=writes_lse)
         o_rows = out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
+    o_rows += v_half * (NOPE_DIM // D_V_SPLIT)  # this program's first column
     _store_part(o_rows, acc0 * inv_l, 0, GROUP)
     _store_part(o_rows, acc1 * inv_l, 1, GROUP)
-    _store_part(o_rows, acc2 * inv_l, 2, GROUP)
-    _store_part(o_rows, acc3 * inv_l, 3, GROUP)
+    if D_V_SPLIT == 1:
+        _store_part(o_rows, acc2 * inv_l, 2, GROUP)
+        _store_part(o_rows, acc3 * inv_l, 3, GROUP)
 
 
 @triton.jit
@@ -223,7 +255,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     With num_splits > 1: lse_accum and o_accum are contiguous fp32 with at least
     b * num_splits entries of (s_q, h_q) and (s_q, h_q, 512); split i of batch j covers topk
     positions [i * tokens_per_split, (i + 1) * tokens_per_split) and lands in entry
-    j * num_splits + i.
+    j * num_splits + i. config.d_v_split programs share each output row (grid axis 0).
     """
     b, s_q, heads, _ = q.shape
     topk = indices.shape[-1]
@@ -231,7 +263,8 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     split = num_splits > 1
     accum_lse = lse_accum if split else lse  # unused without a split
     accum_o = o_accum if split else out
-    _sparse_decode_attention[(b * s_q * (heads // HEAD_BLOCK), num_splits)](
+    grid = (b * s_q * (heads // HEAD_BLOCK) * config.d_v_split, num_splits)
+    _sparse_decode_attention[grid](
         q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices,
         out, lse, accum_o, accum_lse,
         sm_scale * LOG2E, s_q, heads, topk, tokens_per_split, num_splits, kv_cache.shape[1],
@@ -243,7 +276,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
         SPLIT=split, BLOCK_H=HEAD_BLOCK, BLOCK_N=config.block_n,
         GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
         SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, UPCAST=INTERPRETED,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        D_V_SPLIT=config.d_v_split, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split:
         _combine_splits[(b * s_q, heads // COMBINE_HEADS)](

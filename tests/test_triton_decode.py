@@ -35,6 +35,7 @@ from mlamem.kernels.triton_decode import (  # noqa: E402
     sparse_mla_decode_triton,
     split_plan,
 )
+from mlamem.kernels.triton_sparse_decode import D_V_SPLITS, LaunchConfig  # noqa: E402
 
 
 @triton.jit
@@ -91,10 +92,12 @@ def seed():
 @pytest.mark.parametrize(("s_q", "h_q", "topk"),
                          [(1, 64, 64), (1, 64, 128), (5, 64, 64), (5, 64, 128), (2, 128, 128)])
 @pytest.mark.parametrize("sm_count", [SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT])
-def test_matches_reference(s_q, h_q, topk, sm_count, seed):
+@pytest.mark.parametrize("d_v_split", D_V_SPLITS)
+def test_matches_reference(s_q, h_q, topk, sm_count, d_v_split, seed):
     """out within 1e-2 relative L2 of the reference, lse (natural log) close, -inf and 0 where no key."""
     q, kv, indices = random_inputs(s_q, h_q, topk, seed)
-    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count)
+    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count,
+                                        config=LaunchConfig(d_v_split=d_v_split))
     ref_out, ref_lse = sparse_mla_decode_reference(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     assert relative_l2(out, ref_out) <= 1e-2, f"seed {seed}"
     torch.testing.assert_close(lse, ref_lse, rtol=1e-4, atol=1e-4, msg=f"seed {seed}")
@@ -109,7 +112,8 @@ def test_split_runs_when_expected():
 
 
 @pytest.mark.parametrize("s_q", [1, 5])
-def test_every_element_written(s_q, seed):
+@pytest.mark.parametrize("d_v_split", D_V_SPLITS)
+def test_every_element_written(s_q, d_v_split, seed):
     """out, lse and the workspace poisoned with NaN: every out and lse element is overwritten."""
     q, kv, indices = random_inputs(s_q, 64, 128, seed)
     plan = split_plan(1, s_q, 64, 128, SPLIT_SM_COUNT)
@@ -120,7 +124,8 @@ def test_every_element_written(s_q, seed):
     workspace = torch.full((accum_workspace_numel(1, s_q, 64, 512, plan) + 7,), float("nan"))
     got_out, got_lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out,
                                                 lse=lse, accum_workspace=workspace,
-                                                sm_count=SPLIT_SM_COUNT)
+                                                sm_count=SPLIT_SM_COUNT,
+                                                config=LaunchConfig(d_v_split=d_v_split))
     assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
     assert not out.isnan().any(), f"seed {seed}"
     assert not lse.isnan().any(), f"seed {seed}"
@@ -128,12 +133,15 @@ def test_every_element_written(s_q, seed):
 
 
 @pytest.mark.parametrize("s_q", [1, 5])
-def test_split_and_no_split_agree(s_q, seed):
+@pytest.mark.parametrize("d_v_split", D_V_SPLITS)
+def test_split_and_no_split_agree(s_q, d_v_split, seed):
     """The split-KV scheme with its combine gives the single-pass result, up to rounding."""
     q, kv, indices = random_inputs(s_q, 64, 128, seed)
-    split = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=SPLIT_SM_COUNT)
+    config = LaunchConfig(d_v_split=d_v_split)
+    split = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=SPLIT_SM_COUNT,
+                                     config=config)
     whole = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE,
-                                     sm_count=NO_SPLIT_SM_COUNT)
+                                     sm_count=NO_SPLIT_SM_COUNT, config=config)
     assert relative_l2(split[0], whole[0]) <= 5e-3, f"seed {seed}"
     torch.testing.assert_close(split[1], whole[1], rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
 
@@ -149,3 +157,20 @@ def test_caller_buffers_give_bit_identical_results(seed):
     staged = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out, lse=lse,
                                       accum_workspace=workspace, sm_count=SPLIT_SM_COUNT)
     assert torch.equal(allocated[0], staged[0]) and torch.equal(allocated[1], staged[1])
+
+
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("sm_count", [SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT])
+def test_d_v_split_gives_the_default_bits(block_n, sm_count, seed):
+    """Two programs per output row (256 columns each) give out and lse bit for bit as one."""
+    q, kv, indices = random_inputs(5, 128, 128, seed)
+    one, two = (sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count,
+                                         config=LaunchConfig(block_n=block_n, d_v_split=d))
+                for d in D_V_SPLITS)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]), f"seed {seed}"
+
+
+def test_d_v_split_is_checked():
+    """A d_v_split the kernel does not have is refused when the config is made."""
+    with pytest.raises(ValueError, match="d_v_split must be one of"):
+        LaunchConfig(d_v_split=4)

@@ -99,6 +99,20 @@ def test_every_element_written_and_buffers_change_nothing(s_q, seed):
     assert torch.equal(out, allocated[0]) and torch.equal(lse, allocated[1])
 
 
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("s_q", [1, 64, 4096])
+def test_d_v_split_gives_the_default_bits(s_q, block_n, seed):
+    """d_v_split=2 (two programs per output row) gives the default's out and lse bit for bit,
+    with (s_q 1, 64) and without (4096) a split."""
+    from mlamem.kernels.triton_sparse_decode import LaunchConfig
+
+    q, kv, indices = random_inputs(s_q, 64, 2048, seed)
+    one, two = (sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE,
+                                         config=LaunchConfig(block_n=block_n, d_v_split=d))
+                for d in (1, 2))
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]), f"seed {seed}"
+
+
 def _allocations_in(call):
     """Sizes (bytes) of the allocator's alloc events while call() runs."""
     torch.cuda.synchronize()

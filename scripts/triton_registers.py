@@ -1,0 +1,103 @@
+"""Registers and spills of the Triton attention kernel per launch config, compiled ahead of time
+for SM90 without a GPU: compile-time figures, not measurements of speed.
+
+Usage: python3 scripts/triton_registers.py  (triton installed; TRITON_INTERPRET unset)
+
+The kernel's arguments are those `sparse_mla_decode_triton` passes for the benchmark's shape
+(h_q = 64, topk = 2048, no split) on CPU tensors; Triton's own binder turns them into the
+signature, constexprs and alignment attributes a launch would compile with, and ptxas -v reads
+the PTX as Triton's compile does. Each config is also compiled with maxnreg = 128, the most
+registers that lets two 8-warp programs share an SM (65,536 registers), to show what that costs.
+"""
+
+import math
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+from mlamem.kernels import triton_sparse_decode as kernels
+from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
+from mlamem.kernels.triton_decode import sparse_mla_decode_triton
+
+REGISTERS_FOR_TWO = 128  # per thread, for two 8-warp programs per SM
+TARGET = GPUTarget("cuda", 90, 32)  # warp size 32, as the CUDA driver reports
+S_Q, HEADS, TOPK, BLOCK_SIZE = 256, 64, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
+CONFIGS = [kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st, d_v_split=d)
+           for d in kernels.D_V_SPLITS for n, w, st in ((32, 8, 1), (64, 8, 1), (32, 4, 1), (64, 8, 2))]
+
+
+def attention_call(config) -> tuple[tuple, dict]:
+    """The positional and keyword arguments the wrapper launches the attention kernel with."""
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((args, kwargs))
+
+    pool = 4 * TOPK
+    kv = torch.zeros(pool // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN, dtype=torch.uint8)
+    q = torch.zeros(1, S_Q, HEADS, 576, dtype=torch.bfloat16)
+    indices = torch.zeros(1, S_Q, TOPK, dtype=torch.int32)
+    kernel, kernels._sparse_decode_attention = kernels._sparse_decode_attention, Recorder()
+    try:
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=1 / math.sqrt(576), sm_count=1,
+                                 config=config)
+    finally:
+        kernels._sparse_decode_attention = kernel
+    return calls[0]
+
+
+def compile_sm90(config, maxnreg: int | None = None):
+    """The attention kernel compiled for SM90 as a launch with config would compile it."""
+    fn = kernels._sparse_decode_attention
+    args, kwargs = attention_call(config)
+    kwargs["maxnreg"] = maxnreg
+    backend = make_backend(TARGET)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization,
+                                                          options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET,
+                          options=options.__dict__)
+
+
+def ptxas_usage(ptx: str) -> dict:
+    """Registers per thread and bytes of stack and spills, from ptxas -v with Triton's flags."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as source:
+        source.write(ptx)
+        source.flush()
+        done = subprocess.run([knobs.nvidia.ptxas.path, "-lineinfo", "-v", "--gpu-name=sm_90a", source.name,
+                               "-o", "/dev/null"], capture_output=True, text=True, check=True)
+    number = lambda pattern: int(re.search(pattern, done.stderr).group(1))  # noqa: E731
+    return {"registers": number(r"Used (\d+) registers"),
+            "stack": number(r"(\d+) bytes stack frame"),
+            "spill_stores": number(r"(\d+) bytes spill stores"),
+            "spill_loads": number(r"(\d+) bytes spill loads")}
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, {TARGET}; stack and spills in bytes per thread, "
+          "shared memory in bytes per program\n")
+    print("| block_n | warps | stages | d_v_split | registers | stack | spill stores / loads | "
+          f"shared | spill stores / loads at maxnreg {REGISTERS_FOR_TWO} |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in CONFIGS:
+        compiled = compile_sm90(c)
+        free = ptxas_usage(compiled.asm["ptx"])
+        capped = ptxas_usage(compile_sm90(c, REGISTERS_FOR_TWO).asm["ptx"])
+        print(f"| {c.block_n} | {c.num_warps} | {c.num_stages} | {c.d_v_split} | "
+              f"{free['registers']} | {free['stack']} | {free['spill_stores']} / "
+              f"{free['spill_loads']} | {compiled.metadata.shared} | {capped['spill_stores']} / "
+              f"{capped['spill_loads']} |", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
