@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class Environment:
     mlamem: str
     python: str
     allocator_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF; the model assumes the default
+    triton: str | None = None  # installed triton (the Triton kernel's compiler); None if absent
 
 
 def capture(flash_mla_version: str | None) -> Environment:
@@ -43,7 +45,16 @@ def capture(flash_mla_version: str | None) -> Environment:
         torch=torch.__version__, flash_mla=flash_mla_version, mlamem=mlamem.__version__,
         python=platform.python_version(),
         allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        triton=_installed_version("triton"),
     )
+
+
+def _installed_version(distribution: str) -> str | None:
+    """A package's installed version, read without importing it."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def now_utc() -> str:

@@ -244,8 +244,9 @@ class EnvironmentDifference:
 
 
 def environment_differences(baseline: Baseline, current: Baseline) -> list[EnvironmentDifference]:
-    """Fields that differ. Blocking: measured vs predicted, the kernel (--kernel) and FlashMLA's
-    version, and, between measured sweeps, the GPU architecture (compute capability, SM count)."""
+    """Fields that differ. Blocking: measured vs predicted, the kernel (--kernel), the kernel's
+    version (FlashMLA's; triton's for the Triton kernel), and, between measured sweeps, the GPU
+    architecture (compute capability, SM count)."""
     both_measured = baseline.measured and current.measured
     differences = []
     if baseline.measured != current.measured:
@@ -254,9 +255,12 @@ def environment_differences(baseline: Baseline, current: Baseline) -> list[Envir
     if sweep_kernel(baseline.sweep) != sweep_kernel(current.sweep):
         differences.append(EnvironmentDifference(
             "kernel", sweep_kernel(baseline.sweep), sweep_kernel(current.sweep), True))
+    triton_kernel = sweep_kernel(current.sweep) == "triton"
     for name, blocking in (("compute_capability", both_measured), ("sm_count", both_measured),
-                           ("flash_mla", True), ("gpu", False), ("torch", False),
-                           ("mlamem", False), ("allocator_conf", False)):
+                           ("flash_mla", True), ("triton", triton_kernel), ("gpu", False),
+                           ("torch", False), ("mlamem", False), ("allocator_conf", False)):
+        if name == "triton" and not triton_kernel:
+            continue  # the triton version does not touch the other kernels' figures
         before, now = baseline.environment.get(name), current.environment.get(name)
         if before != now:
             differences.append(EnvironmentDifference(name, before, now, blocking))

@@ -99,6 +99,12 @@ def test_environment_blocks_only_what_makes_figures_incomparable():
     blocking = {d.name for d in gate.environment_differences(measured_h200, measured_b200)
                 if d.blocking}
     assert blocking == {"compute_capability", "sm_count"}
+    triton_36, triton_37 = (_baseline(_case(), triton=v) for v in ("3.6.0", "3.7.0"))
+    assert gate.environment_differences(triton_36, triton_37) == []  # FlashMLA sweeps ignore it
+    for b in (triton_36, triton_37):
+        b.sweep["kernel"] = "triton"
+    assert [(d.name, d.blocking) for d in gate.environment_differences(triton_36, triton_37)] == [
+        ("triton", True)]
     newer_torch = _baseline(_case(), torch="2.14.0")
     differences = gate.environment_differences(predicted, newer_torch)
     assert [(d.name, d.blocking) for d in differences] == [("torch", False)]
