@@ -13,6 +13,7 @@ from mlamem.kernels import FlashMLA
 from mlamem.measure import measure_call
 from mlamem.memory import SimulatedMemory
 from mlamem.profile import run_profile
+from mlamem.testing import one_line_error
 from mlamem.validate import compare
 
 GiB = 1024**3
@@ -92,6 +93,5 @@ def test_bad_snapshot_path_is_one_line_exit_2(tmp_path, capsys, target):
     """A snapshot path in a missing folder, or a folder, exits 2 before any work; nothing written."""
     target = target.format(tmp=tmp_path)
     assert main(["profile", "--predict", "--snapshot", target]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mlamem: error: --snapshot")
+    assert one_line_error(capsys).startswith("mlamem: error: --snapshot")
     assert list(tmp_path.iterdir()) == []

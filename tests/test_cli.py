@@ -9,9 +9,7 @@ import pandas as pd
 import pytest
 
 from mlamem.cli import main
-from mlamem.testing import needs_flashmla
-
-no_gpu = pytest.mark.skipif(not needs_flashmla.args[0], reason="a GPU here measures instead")
+from mlamem.testing import no_gpu, one_line_error
 
 
 @no_gpu
@@ -81,8 +79,7 @@ def test_scenarios_lists_one_line_each(capsys):
 def test_bad_input_is_one_line_and_exit_2(capsys, args, fix):
     """Each bad input: exit 2 and one line on stderr naming the fix, no traceback."""
     assert main(["profile", *args]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]
+    assert fix in one_line_error(capsys)
 
 
 def test_malformed_toml_names_file_and_field(tmp_path, capsys):

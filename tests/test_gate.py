@@ -9,9 +9,8 @@ from mlamem import gate
 from mlamem.cli import main
 from mlamem.errors import UserError
 from mlamem.paths import PATHS
-from mlamem.testing import needs_flashmla
+from mlamem.testing import no_gpu, one_line_error
 
-no_gpu = pytest.mark.skipif(not needs_flashmla.args[0], reason="a GPU here measures instead")
 COMMITTED = Path(__file__).parent.parent / "reports" / "baselines" / "predicted.json"
 GLM5_T1024 = ["--scenario", "glm5-fp8-tp8", "--tokens", "1024"]
 PADDED_Q_T1024 = 1024 * 64 * 576 * 2  # bytes of one padded q at T=1024 (75497472)
@@ -192,12 +191,6 @@ def test_step_summary_is_appended(baseline_file, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out in text
 
 
-def _one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mlamem: error:"), err
-    return err[0]
-
-
 @pytest.mark.parametrize(("content", "message"), [
     (None, "not found"),
     ("", "is not valid JSON"),
@@ -220,7 +213,7 @@ def test_bad_baseline_is_one_line_and_exit_2(baseline_file, tmp_path, capsys, co
     if content is not None:
         path.write_text(content)
     assert _gate("--baseline", str(path)) == 2
-    line = _one_line_error(capsys)
+    line = one_line_error(capsys)
     assert str(path) in line and message in line and "--update" in line
 
 
@@ -236,7 +229,7 @@ def test_bad_baseline_is_one_line_and_exit_2(baseline_file, tmp_path, capsys, co
 def test_bad_input_is_one_line_and_exit_2(baseline_file, capsys, args, fix):
     """Unknown scenario, uncovered case, bad tolerance or path: exit 2, one line naming the fix."""
     assert _gate("--baseline", str(baseline_file), *args) == 2
-    assert fix in _one_line_error(capsys)
+    assert fix in one_line_error(capsys)
 
 
 def test_other_environment_exits_2_unless_allowed(baseline_file, tmp_path, capsys):
@@ -247,7 +240,7 @@ def test_other_environment_exits_2_unless_allowed(baseline_file, tmp_path, capsy
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(data))
     assert _gate("--baseline", str(path)) == 2
-    line = _one_line_error(capsys)
+    line = one_line_error(capsys)
     assert "measured: baseline measured, this run predicted" in line
     assert "flash_mla: baseline 0.9.0, this run" in line and "--allow-env-change" in line
     assert _gate("--baseline", str(path), "--allow-env-change") == 0
@@ -263,7 +256,7 @@ def test_update_never_leaves_a_broken_file(baseline_file, tmp_path, capsys):
     assert sorted(p.name for p in baseline_file.parent.iterdir()) == [baseline_file.name]
     capsys.readouterr()
     assert _gate("--baseline", str(tmp_path / "no" / "b.json"), "--update") == 2
-    assert "does not exist" in _one_line_error(capsys)
+    assert "does not exist" in one_line_error(capsys)
     assert not (tmp_path / "no").exists()
 
 

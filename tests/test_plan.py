@@ -7,6 +7,7 @@ import pytest
 from mlamem import plan as plans
 from mlamem import scenario as scenarios
 from mlamem.cli import main
+from mlamem.testing import one_line_error
 
 GiB = 1024**3
 
@@ -100,5 +101,4 @@ def test_cli_json_and_sweep(capsys):
 def test_plan_bad_input_is_one_line_and_exit_2(capsys, args, fix):
     """Bad sizes, fractions and contradictory flags: exit 2, one line naming the fix."""
     assert main(["plan", *args]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]
+    assert fix in one_line_error(capsys)

@@ -14,10 +14,9 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, simulate_decode
 from mlamem.memory import SimulatedMemory, is_out_of_memory
 from mlamem.repro import check_local_gpu, largest_fitting, run_case, run_repro
-from mlamem.testing import needs_flashmla
+from mlamem.testing import no_gpu, one_line_error
 
 GiB = 1024**3
-no_gpu = pytest.mark.skipif(not needs_flashmla.args[0], reason="a GPU here measures instead")
 
 
 @pytest.fixture(scope="module")
@@ -199,8 +198,7 @@ def test_cli_markdown_labels_prediction(capsys):
 def test_repro_bad_input_is_one_line_and_exit_2(capsys, args, fix):
     """Each bad input: exit 2 and one line on stderr naming the fix."""
     assert main(["repro-oom", *args]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("mlamem: error:") and fix in err[0]
+    assert fix in one_line_error(capsys)
 
 
 def test_context_reuse_three_ways():

@@ -11,7 +11,7 @@ from mlamem.engine import Budget, emulate
 from mlamem.kernels import FlashMLA
 from mlamem.memory import SimulatedMemory
 from mlamem.repro import run_repro
-from mlamem.testing import needs_flashmla
+from mlamem.testing import needs_flashmla, one_line_error
 
 pytestmark = needs_flashmla
 GiB = 1024**3
@@ -53,8 +53,7 @@ def test_target_larger_than_local_gpu_is_refused(capsys):
     """--gpu-memory above the local GPU's memory exits 2 with one line."""
     local = torch.cuda.get_device_properties(0).total_memory
     assert main(["repro-oom", "--gpu-memory", f"{local // 1024**2 + 1}MiB"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no larger than the local one" in err[0]
+    assert "no larger than the local one" in one_line_error(capsys)
 
 
 def test_context_reuse_measured_matches_prediction():
