@@ -35,7 +35,7 @@ from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 D_QK = NOPE_DIM + ROPE_DIM  # 576
 HEAD_BLOCK = 64  # query heads per attention program
 HEAD_COUNTS = (64, 128)  # as FlashMLA, so the two pad q alike
-DEFAULT_BLOCK_N = 32  # KV tokens per loop step; must equal triton_sparse_decode's default
+DEFAULT_BLOCK_N = 128  # KV tokens per loop step; must equal triton_sparse_decode's default
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
 INSTALL_HINT = "pip install triton"
@@ -212,6 +212,15 @@ class TritonDecode(SparseDecodeKernel):
         if capability < MIN_COMPUTE_CAPABILITY:
             return (f"the Triton decode needs SM89 or newer (fp8 e4m3); this GPU is "
                     f"SM{capability[0]}{capability[1]}")
+        from mlamem.kernels import triton_sparse_decode as kernels
+
+        needed = kernels.shared_bytes(kernels.DEFAULT_CONFIG)
+        offered = getattr(torch.cuda.get_device_properties(self.device),
+                          "shared_memory_per_block_optin", None)
+        if offered is not None and offered < needed:
+            return (f"the Triton decode needs {needed // 1024} KiB of shared memory per program; "
+                    f"this GPU offers {offered // 1024} KiB (H100, H200 and B200 offer 227 KiB); "
+                    f"use --kernel flashmla or reference")
         return None
 
     def version(self) -> str | None:

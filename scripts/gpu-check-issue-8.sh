@@ -34,7 +34,7 @@ cat "$OUT/triton-profile.md"
 # workspace-full <= 1 MiB, outputs bit-identical, measured = predicted.
 python3 scripts/triton_acceptance.py "$OUT" 2>&1 | tee "$OUT/acceptance.txt"
 
-timeout 150 python3 benchmarks/triton_vs_flashmla.py ${BENCH_ARGS:-} \
+timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/triton_vs_flashmla.py --lse ${BENCH_ARGS:-} \
     --json "$OUT/triton-vs-flashmla.json" 2>&1 | tee "$OUT/triton-vs-flashmla.txt"
 
 tar -czf "$OUT/issue-8.tar.gz" -C "$OUT" --exclude issue-8.tar.gz .

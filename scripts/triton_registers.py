@@ -27,11 +27,10 @@ from mlamem.kernels import triton_sparse_decode as kernels
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
 from mlamem.kernels.triton_decode import sparse_mla_decode_triton
 
-REGISTERS_FOR_TWO = 128  # per thread, for two 8-warp programs per SM
 TARGET = GPUTarget("cuda", 90, 32)  # warp size 32, as the CUDA driver reports
 S_Q, HEADS, TOPK, BLOCK_SIZE = 256, 64, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
-CONFIGS = [kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st, d_v_split=d)
-           for d in kernels.D_V_SPLITS for n, w, st in ((32, 8, 1), (64, 8, 1), (32, 4, 1), (64, 8, 2))]
+CONFIGS = [kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st)
+           for n, w, st in ((128, 8, 1), (64, 8, 1), (64, 8, 2), (32, 8, 1), (32, 4, 1))]
 
 
 def attention_call(config) -> tuple[tuple, dict]:
@@ -55,11 +54,10 @@ def attention_call(config) -> tuple[tuple, dict]:
     return calls[0]
 
 
-def compile_sm90(config, maxnreg: int | None = None):
+def compile_sm90(config):
     """The attention kernel compiled for SM90 as a launch with config would compile it."""
     fn = kernels._sparse_decode_attention
     args, kwargs = attention_call(config)
-    kwargs["maxnreg"] = maxnreg
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
@@ -86,18 +84,14 @@ def ptxas_usage(ptx: str) -> dict:
 def main() -> None:
     print(f"triton {triton.__version__}, {TARGET}; stack and spills in bytes per thread, "
           "shared memory in bytes per program\n")
-    print("| block_n | warps | stages | d_v_split | registers | stack | spill stores / loads | "
-          f"shared | spill stores / loads at maxnreg {REGISTERS_FOR_TWO} |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| block_n | warps | stages | registers | stack | spill stores / loads | shared |")
+    print("|---|---|---|---|---|---|---|")
     for c in CONFIGS:
         compiled = compile_sm90(c)
-        free = ptxas_usage(compiled.asm["ptx"])
-        capped = ptxas_usage(compile_sm90(c, REGISTERS_FOR_TWO).asm["ptx"])
-        print(f"| {c.block_n} | {c.num_warps} | {c.num_stages} | {c.d_v_split} | "
-              f"{free['registers']} | {free['stack']} | {free['spill_stores']} / "
-              f"{free['spill_loads']} | {compiled.metadata.shared} | {capped['spill_stores']} / "
-              f"{capped['spill_loads']} |", flush=True)
-
+        usage = ptxas_usage(compiled.asm["ptx"])
+        print(f"| {c.block_n} | {c.num_warps} | {c.num_stages} | {usage['registers']} | "
+              f"{usage['stack']} | {usage['spill_stores']} / {usage['spill_loads']} | "
+              f"{compiled.metadata.shared} |", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

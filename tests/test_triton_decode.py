@@ -35,7 +35,6 @@ from mlamem.kernels.triton_decode import (  # noqa: E402
     sparse_mla_decode_triton,
     split_plan,
 )
-from mlamem.kernels.triton_sparse_decode import D_V_SPLITS, LaunchConfig  # noqa: E402
 
 
 @triton.jit
@@ -65,6 +64,10 @@ pytestmark = [
 POOL_TOKENS, BLOCK_SIZE = 320, 64
 SM_SCALE = 1 / math.sqrt(576)
 SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT = 132, 1  # an H200's SMs split small calls; 1 SM never does
+SPLIT_TOPK = 256  # two loop steps of the default block_n (128): the least that can split
+# lse against the fp32 reference, relative and absolute: K rounded to bf16 after its scale moves
+# lse by up to 3.4e-3 relative here (cache values x2) and 3.2e-3 absolute on the H200
+LSE_TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}
 
 
 def random_inputs(s_q, h_q, topk, seed, invalid_fraction=0.3):
@@ -90,33 +93,32 @@ def seed():
 
 
 @pytest.mark.parametrize(("s_q", "h_q", "topk"),
-                         [(1, 64, 64), (1, 64, 128), (5, 64, 64), (5, 64, 128), (2, 128, 128)])
+                         [(1, 64, 64), (1, 64, 256), (5, 64, 128), (5, 64, 256), (2, 128, 256)])
 @pytest.mark.parametrize("sm_count", [SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT])
-@pytest.mark.parametrize("d_v_split", D_V_SPLITS)
-def test_matches_reference(s_q, h_q, topk, sm_count, d_v_split, seed):
-    """out within 1e-2 relative L2 of the reference, lse (natural log) close, -inf and 0 where no key."""
+def test_matches_reference(s_q, h_q, topk, sm_count, seed):
+    """out within 1e-2 relative L2 of the fp32 reference, -inf and 0 where no key, and lse
+    (natural log) within LSE_TOLERANCE: the kernel rounds each dequantized K value to bf16."""
     q, kv, indices = random_inputs(s_q, h_q, topk, seed)
-    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count,
-                                        config=LaunchConfig(d_v_split=d_v_split))
+    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count)
     ref_out, ref_lse = sparse_mla_decode_reference(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     assert relative_l2(out, ref_out) <= 1e-2, f"seed {seed}"
-    torch.testing.assert_close(lse, ref_lse, rtol=1e-4, atol=1e-4, msg=f"seed {seed}")
+    torch.testing.assert_close(lse, ref_lse, **LSE_TOLERANCE,
+                               msg=lambda detail: f"{detail} (seed {seed})")
     no_keys = (indices[0] < 0).all(-1)  # (s_q,)
     assert torch.equal(out[0, no_keys], torch.zeros_like(out[0, no_keys]))
 
 
 def test_split_runs_when_expected():
     """The parametrized cases above do cover both schemes."""
-    assert split_plan(1, 5, 64, 128, SPLIT_SM_COUNT).split
-    assert not split_plan(1, 5, 64, 128, NO_SPLIT_SM_COUNT).split
+    assert split_plan(1, 5, 64, SPLIT_TOPK, SPLIT_SM_COUNT).split
+    assert not split_plan(1, 5, 64, SPLIT_TOPK, NO_SPLIT_SM_COUNT).split
 
 
 @pytest.mark.parametrize("s_q", [1, 5])
-@pytest.mark.parametrize("d_v_split", D_V_SPLITS)
-def test_every_element_written(s_q, d_v_split, seed):
+def test_every_element_written(s_q, seed):
     """out, lse and the workspace poisoned with NaN: every out and lse element is overwritten."""
-    q, kv, indices = random_inputs(s_q, 64, 128, seed)
-    plan = split_plan(1, s_q, 64, 128, SPLIT_SM_COUNT)
+    q, kv, indices = random_inputs(s_q, 64, SPLIT_TOPK, seed)
+    plan = split_plan(1, s_q, 64, SPLIT_TOPK, SPLIT_SM_COUNT)
     assert plan.split
     out_slot = torch.full((8, 64, 512), float("nan"), dtype=torch.bfloat16)  # a workspace slot
     out = out_slot[:s_q].unsqueeze(0)
@@ -124,8 +126,7 @@ def test_every_element_written(s_q, d_v_split, seed):
     workspace = torch.full((accum_workspace_numel(1, s_q, 64, 512, plan) + 7,), float("nan"))
     got_out, got_lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out,
                                                 lse=lse, accum_workspace=workspace,
-                                                sm_count=SPLIT_SM_COUNT,
-                                                config=LaunchConfig(d_v_split=d_v_split))
+                                                sm_count=SPLIT_SM_COUNT)
     assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
     assert not out.isnan().any(), f"seed {seed}"
     assert not lse.isnan().any(), f"seed {seed}"
@@ -133,23 +134,21 @@ def test_every_element_written(s_q, d_v_split, seed):
 
 
 @pytest.mark.parametrize("s_q", [1, 5])
-@pytest.mark.parametrize("d_v_split", D_V_SPLITS)
-def test_split_and_no_split_agree(s_q, d_v_split, seed):
+def test_split_and_no_split_agree(s_q, seed):
     """The split-KV scheme with its combine gives the single-pass result, up to rounding."""
-    q, kv, indices = random_inputs(s_q, 64, 128, seed)
-    config = LaunchConfig(d_v_split=d_v_split)
-    split = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=SPLIT_SM_COUNT,
-                                     config=config)
+    q, kv, indices = random_inputs(s_q, 64, SPLIT_TOPK, seed)
+    split = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=SPLIT_SM_COUNT)
     whole = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE,
-                                     sm_count=NO_SPLIT_SM_COUNT, config=config)
+                                     sm_count=NO_SPLIT_SM_COUNT)
     assert relative_l2(split[0], whole[0]) <= 5e-3, f"seed {seed}"
     torch.testing.assert_close(split[1], whole[1], rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
 
 
 def test_caller_buffers_give_bit_identical_results(seed):
     """Allocating mode and caller-provided out, lse and workspace give the same bits."""
-    q, kv, indices = random_inputs(3, 64, 128, seed)
-    plan = split_plan(1, 3, 64, 128, SPLIT_SM_COUNT)
+    q, kv, indices = random_inputs(3, 64, SPLIT_TOPK, seed)
+    plan = split_plan(1, 3, 64, SPLIT_TOPK, SPLIT_SM_COUNT)
+    assert plan.split
     allocated = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE,
                                          sm_count=SPLIT_SM_COUNT)
     out, lse = torch.empty(1, 3, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 3)
@@ -157,20 +156,3 @@ def test_caller_buffers_give_bit_identical_results(seed):
     staged = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out, lse=lse,
                                       accum_workspace=workspace, sm_count=SPLIT_SM_COUNT)
     assert torch.equal(allocated[0], staged[0]) and torch.equal(allocated[1], staged[1])
-
-
-@pytest.mark.parametrize("block_n", [32, 64])
-@pytest.mark.parametrize("sm_count", [SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT])
-def test_d_v_split_gives_the_default_bits(block_n, sm_count, seed):
-    """Two programs per output row (256 columns each) give out and lse bit for bit as one."""
-    q, kv, indices = random_inputs(5, 128, 128, seed)
-    one, two = (sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count,
-                                         config=LaunchConfig(block_n=block_n, d_v_split=d))
-                for d in D_V_SPLITS)
-    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]), f"seed {seed}"
-
-
-def test_d_v_split_is_checked():
-    """A d_v_split the kernel does not have is refused when the config is made."""
-    with pytest.raises(ValueError, match="d_v_split must be one of"):
-        LaunchConfig(d_v_split=4)
