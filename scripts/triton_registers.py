@@ -30,7 +30,7 @@ from mlamem.kernels.triton_decode import sparse_mla_decode_triton
 TARGET = GPUTarget("cuda", 90, 32)  # warp size 32, as the CUDA driver reports
 S_Q, HEADS, TOPK, BLOCK_SIZE = 256, 64, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
 CONFIGS = [kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st)
-           for n, w, st in ((128, 8, 1), (64, 8, 1), (64, 8, 2), (32, 8, 1), (32, 4, 1))]
+           for n, w, st in ((128, 8, 1), (128, 8, 2), (64, 8, 1), (64, 8, 2), (32, 8, 1), (32, 4, 1))]
 
 
 def attention_call(config) -> tuple[tuple, dict]:
