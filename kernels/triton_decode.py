@@ -35,7 +35,7 @@ from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 D_QK = NOPE_DIM + ROPE_DIM  # 576
 HEAD_BLOCK = 64  # query heads per attention program
 HEAD_COUNTS = (64, 128)  # as FlashMLA, so the two pad q alike
-DEFAULT_BLOCK_N = 128  # KV tokens per loop step; must equal triton_sparse_decode's default
+DEFAULT_BLOCK_N = 128  # KV tokens per loop step: LaunchConfig's default (triton_sparse_decode)
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
 INSTALL_HINT = "pip install triton"

@@ -25,14 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_DIM
+from mlamem.kernels.triton_decode import DEFAULT_BLOCK_N, HEAD_BLOCK
+
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
-HEAD_BLOCK = 64  # query heads per attention program
-GROUP = 128  # NoPE values per fp32 scale
-NOPE_DIM = 512
-ROPE_DIM = 64
-SCALES_BYTE = 512  # where a token's 4 fp32 scales start
-ROPE_BYTE = 528  # where a token's 64 bf16 RoPE values start
+SCALES_BYTE = NOPE_DIM  # where a token's fp32 scales start (byte 512)
+ROPE_BYTE = NOPE_DIM + 4 * NUM_SCALES  # where a token's bf16 RoPE values start (byte 528)
 COMBINE_HEADS = 16  # heads per combine program
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 
@@ -42,7 +41,7 @@ class LaunchConfig:
     """Tile and launch parameters of the attention kernel. The default is the fastest of the
     configs timed on an H200 (`benchmarks/triton_vs_flashmla.py --sweep`)."""
 
-    block_n: int = 128  # KV tokens per loop step (a multiple of 16)
+    block_n: int = DEFAULT_BLOCK_N  # KV tokens per loop step (a multiple of 16)
     num_warps: int = 8
     num_stages: int = 1
 

@@ -59,7 +59,7 @@ def seed():
 @pytest.mark.parametrize("s_q", [1, 64, 4096])
 def test_matches_flashmla(s_q, h_q, topk, seed):
     """out within 1e-2 relative L2 of FlashMLA's, lse within 2e-2 of FlashMLA's: FlashMLA's own
-    lse was up to 7.8e-3 from the fp32 reference's on this H200 (this kernel's 3.2e-3), so a
+    lse was up to 6.3e-3 from the fp32 reference's on the H200 (this kernel's 3.8e-3), so a
     1e-3 bound failed on FlashMLA's error, not this kernel's (reports/triton-h200)."""
     q, kv, indices = random_inputs(s_q, h_q, topk, seed)
     out, lse = TritonDecode().decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
