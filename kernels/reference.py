@@ -47,7 +47,10 @@ class Reference(SparseDecodeKernel):
     runs_on_meta = True
 
     def unavailable_reason(self) -> str | None:
-        return None
+        """Runs anywhere, but a measurement needs the CUDA allocator."""
+        import torch
+
+        return None if torch.cuda.is_available() else "no CUDA device"
 
     def capabilities(self) -> Capabilities:
         return Capabilities(takes_out=False, takes_lse=False, takes_accum_workspace=False,

@@ -26,11 +26,11 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
 from mlamem.kernels import KERNELS, FlashMLA, SparseDecodeKernel
 from mlamem.paths import available_paths, check_paths
-from mlamem.profile import DEFAULT_TOKENS, run_profile
+from mlamem.profile import DEFAULT_TOKENS, DROP_CASE, check_request, run_profile, runnable_tokens
 from mlamem.repro import run_repro
 from mlamem.units import parse_bytes
 from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
-from mlamem.validate import run_validation
+from mlamem.validate import check_sweep, run_validation
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors
@@ -183,8 +183,10 @@ def validate(
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
                                  "every shipped scenario.")] = "all",
-    tokens: Annotated[str, typer.Option(help="Comma-separated T values.")
-    ] = ",".join(map(str, VALIDATE_TOKENS)),
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values. Default: "
+             f"{','.join(map(str, VALIDATE_TOKENS))}, each scenario the ones its "
+             "max_num_batched_tokens allows.")] = None,
     paths: PathsOption = None,
     kernel: KernelOption = KernelName.flashmla,
     output_format: Annotated[Format, typer.Option(
@@ -199,7 +201,8 @@ def validate(
     printing the difference in bytes. Needs a GPU where the kernel runs.
     """
     decode = make_kernel(kernel)
-    token_list, path_list = parse_tokens(tokens), parse_paths(paths, decode)
+    token_list = parse_tokens(tokens) if tokens is not None else list(VALIDATE_TOKENS)
+    path_list = parse_paths(paths, decode)
     if output_format.value not in render.VALIDATION_FORMATS:
         raise UserError(f"--format {output_format.value} is not available for validate; use one "
                         f"of: {', '.join(render.VALIDATION_FORMATS)}")
@@ -207,10 +210,13 @@ def validate(
         check_output_path(output)
     names = scenarios.shipped_names() if scenario == "all" else scenario.split(",")
     chosen = [scenarios.load(name.strip()) for name in names]
+    sweep = [(s, token_list if tokens is not None else runnable_tokens(s, token_list, path_list))
+             for s in chosen]
     command = "mlamem " + shlex.join(sys.argv[1:])
-    total = len(chosen) * len(token_list) * len(path_list)
+    check_sweep(sweep, path_list, decode)
+    total = sum(len(t) for _, t in sweep) * len(path_list)
     with _progress("validating", total) as advance:
-        comparisons = run_validation(chosen, token_list, path_list, kernel=decode,
+        comparisons = run_validation(sweep, path_list, kernel=decode,
                                      on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
     if output_format is Format.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
@@ -380,7 +386,12 @@ def gate(
     """
     overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
     token_list = parse_tokens(tokens) if tokens is not None else None
-    if update:
+    if update:  # a new baseline's folder is created, as in `--baseline ci/mlamem.json --update`
+        try:
+            baseline.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--baseline: cannot create folder {baseline.parent} "
+                            f"({exc.strerror}); pick a writable path") from None
         check_output_path(baseline, "--baseline")
     previous = None
     if not update or baseline.exists():
@@ -404,10 +415,14 @@ def gate(
         names = [n.strip() for n in scenario.split(",")]
     token_list, path_list = token_list or sweep["tokens"], path_list or sweep["paths"]
     chosen = [scenarios.load(name) for name in names]
+    if tokens is not None:  # T values given: every scenario must take them all
+        for s in chosen:
+            check_request(s, token_list, path_list, decode, fix=DROP_CASE)
     if not update:
-        gating.check_covered(previous, [s.name for s in chosen], token_list, path_list)
+        gating.check_covered(previous, chosen, token_list, path_list)
     command = "mlamem " + shlex.join(sys.argv[1:])
-    with _progress("gate", len(chosen) * len(token_list) * len(path_list)) as advance:
+    total = sum(len(runnable_tokens(s, token_list, path_list)) for s in chosen) * len(path_list)
+    with _progress("gate", total) as advance:
         current = gating.run_sweep(
             chosen, names, token_list, path_list, command=command, kernel=decode, predict=predict,
             on_case=lambda case: advance(f"T={case.tokens} {case.path} {case.failure or 'ok'}"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from mlamem.errors import UserError
 from mlamem.kernels import KERNELS, SparseDecodeKernel
 from mlamem.measure import CallMeasurement
-from mlamem.profile import ProfileResult, run_profile
+from mlamem.profile import ProfileResult, run_profile, runnable_tokens
 from mlamem.scenario import Scenario
 from mlamem.units import parse_bytes
 
@@ -149,8 +149,8 @@ def run_sweep(chosen: Sequence[Scenario], sources: Sequence[str], tokens: Sequen
               predict: bool = False,
               on_case: Callable[[CallMeasurement], None] | None = None) -> Baseline:
     """Profile every scenario (measured on a GPU, else predicted) and keep the gated figures."""
-    results = [run_profile(s, tokens, paths, command=command, kernel=kernel, predict=predict,
-                           on_case=on_case) for s in chosen]
+    results = [run_profile(s, runnable_tokens(s, tokens, paths), paths, command=command,
+                           kernel=kernel, predict=predict, on_case=on_case) for s in chosen]
     return baseline_from(results, {"scenarios": list(sources), "tokens": list(tokens),
                                    "paths": list(paths), "kernel": kernel.name}, command)
 
@@ -218,12 +218,13 @@ def _parse(data: dict) -> Baseline:
                     cases=cases)
 
 
-def check_covered(baseline: Baseline, scenario_names: Sequence[str], tokens: Sequence[int],
+def check_covered(baseline: Baseline, chosen: Sequence[Scenario], tokens: Sequence[int],
                   paths: Sequence[str]) -> None:
     """Every case about to be swept must have baseline figures to compare with."""
     known = {case.key for case in baseline.cases}
-    for name in scenario_names:
-        for t in tokens:
+    for scenario in chosen:
+        name = scenario.name
+        for t in runnable_tokens(scenario, tokens, paths):
             for path in paths:
                 if (name, t, path) not in known:
                     raise UserError(f"the baseline has no figures for {name} T={t} {path}; drop "

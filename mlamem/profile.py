@@ -74,15 +74,27 @@ class ProfileResult:
             created=data.get("created"))
 
 
+RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
+DROP_CASE = "drop that T from --tokens or that scenario from --scenario"
+
+
+def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str]) -> list[int]:
+    """The T values of `tokens` that `scenario` can run on `paths`: a workspace holds at most
+    max_num_batched_tokens. Sweeps over scenarios run each scenario's own."""
+    if not any(p in STAGING_PATHS for p in paths):
+        return list(tokens)
+    return [t for t in tokens if t <= scenario.serving.max_num_batched_tokens]
+
+
 def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
-                  kernel: SparseDecodeKernel) -> None:
-    """Reject what cannot run, before anything is allocated."""
+                  kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT) -> None:
+    """Reject what cannot run, before anything is allocated; `fix` names the flags that help."""
     check_paths(paths, kernel.capabilities(), kernel.label)
-    limit = scenario.serving.max_num_batched_tokens
-    too_big = [t for t in tokens if t > limit]
-    if any(p in STAGING_PATHS for p in paths) and too_big:
-        raise UserError(f"T={too_big[0]} exceeds max_num_batched_tokens={limit}, which sizes the "
-                        f"workspace; raise it with --max-num-batched-tokens or drop that T")
+    too_big = sorted(set(tokens) - set(runnable_tokens(scenario, tokens, paths)))
+    if too_big:
+        raise UserError(f"T={too_big[0]} exceeds {scenario.name}'s max_num_batched_tokens="
+                        f"{scenario.serving.max_num_batched_tokens}, which sizes the workspace; "
+                        f"{fix}")
 
 
 def scenario_summary(scenario: Scenario, padded_heads: int) -> dict:

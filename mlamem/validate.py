@@ -13,7 +13,7 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, SparseDecodeKernel
 from mlamem.measure import CallMeasurement, local_sm_count, measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
-from mlamem.profile import check_request
+from mlamem.profile import DROP_CASE, check_request
 from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.validate/1"
@@ -65,20 +65,27 @@ def compare(scenario: str, measured: CallMeasurement,
     return rows
 
 
-def run_validation(scenarios: Sequence[Scenario], tokens: Sequence[int], paths: Sequence[str],
-                   kernel: SparseDecodeKernel | None = None,
-                   on_case: Callable[[str, int, str], None] | None = None) -> list[Comparison]:
-    """Measure and predict every case with `kernel` (default FlashMLA); needs it to run here."""
-    kernel = kernel or FlashMLA()
-    for scenario in scenarios:
-        check_request(scenario, tokens, paths, kernel)
+def check_sweep(sweep: Sequence[tuple[Scenario, Sequence[int]]], paths: Sequence[str],
+                kernel: SparseDecodeKernel) -> None:
+    """Refuse, before any work, a case that cannot run or a machine that cannot measure."""
+    for scenario, tokens in sweep:
+        check_request(scenario, tokens, paths, kernel, fix=DROP_CASE)
     reason = kernel.unavailable_reason()
     if reason is not None:
-        raise UserError(f"validate compares against the GPU and cannot measure here ({reason}); "
-                        f"run it on a GPU where {kernel.label} runs")
+        raise UserError(f"validate needs a GPU: it compares against measurements and cannot "
+                        f"measure here ({reason}); run it on a GPU where {kernel.label} runs")
+
+
+def run_validation(sweep: Sequence[tuple[Scenario, Sequence[int]]], paths: Sequence[str],
+                   kernel: SparseDecodeKernel | None = None,
+                   on_case: Callable[[str, int, str], None] | None = None) -> list[Comparison]:
+    """Measure and predict every (scenario, T) of `sweep` on every path with `kernel` (default
+    FlashMLA); needs it to run here."""
+    kernel = kernel or FlashMLA()
+    check_sweep(sweep, paths, kernel)
     sm_count = local_sm_count()
     rows = []
-    for scenario in scenarios:
+    for scenario, tokens in sweep:
         for t in tokens:
             for path in paths:
                 kwargs = {"sm_count": sm_count,
