@@ -1,0 +1,158 @@
+"""The Triton decode kernels under Triton's CPU interpreter, against the torch reference.
+
+Tiny sizes, fresh random inputs on every run (the seed is in each failure message). Skipped
+where triton is not installed (CI) and on a machine with a CUDA device, where
+tests/test_triton_decode_gpu.py checks the compiled kernels instead: the interpreter is chosen when
+triton's kernels are defined, so the two cannot share one process.
+"""
+
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (CI leaves it out); pip install triton to run these "
+                "tests", allow_module_level=True)
+if torch.cuda.is_available():
+    pytest.skip("a CUDA device is present: tests/test_triton_decode_gpu.py checks the compiled kernels",
+                allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run "
+                "TRITON_INTERPRET=1 pytest tests/test_triton_sparse_decode.py", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize  # noqa: E402
+from mlamem.kernels.reference import sparse_mla_decode_reference  # noqa: E402
+from mlamem.kernels.triton_decode import (  # noqa: E402
+    accum_workspace_numel,
+    sparse_mla_decode_triton,
+    split_plan,
+)
+
+
+@triton.jit
+def _runtime_loop(x_ptr, n):
+    total = 0
+    for _ in range(0, n):
+        total += 1
+    tl.store(x_ptr, total)
+
+
+def _interpreter_runs_loops() -> str | None:
+    """None, or why this triton/numpy pair cannot interpret a loop with a runtime bound."""
+    try:
+        _runtime_loop[(1,)](torch.zeros(1, dtype=torch.int32), 3)
+    except Exception as exc:
+        return (f"Triton {triton.__version__}'s interpreter cannot run runtime loops here "
+                f"({exc}); numpy < 2.4 or a newer triton fixes it")
+    return None
+
+
+_loop_problem = _interpreter_runs_loops()
+pytestmark = [
+    pytest.mark.skipif(_loop_problem is not None, reason=_loop_problem or ""),
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
+]
+
+POOL_TOKENS, BLOCK_SIZE = 320, 64
+SM_SCALE = 1 / math.sqrt(576)
+SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT = 132, 1  # an H200's SMs split small calls; 1 SM never does
+SPLIT_TOPK = 256  # two loop steps of the default block_n (128): the least that can split
+# lse against the fp32 reference, relative and absolute: K rounded to bf16 after its scale moves
+# lse by up to 3.4e-3 relative here (cache values x2) and 3.8e-3 absolute on the H200
+LSE_TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}
+
+
+def random_inputs(s_q, h_q, topk, seed, invalid_fraction=0.3):
+    """q, an fp8_ds_mla cache and indices with invalid (-1) entries; the last query of 3+ has none valid."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = quantize(torch.randn(POOL_TOKENS, 576, generator=gen) * 2)
+    kv = cache.view(POOL_TOKENS // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN)
+    q = torch.randn(1, s_q, h_q, 576, generator=gen).to(torch.bfloat16)
+    indices = torch.randint(0, POOL_TOKENS, (1, s_q, topk), dtype=torch.int32, generator=gen)
+    indices[torch.rand(indices.shape, generator=gen) < invalid_fraction] = -1
+    if s_q >= 3:
+        indices[0, -1] = -1
+    return q, kv, indices
+
+
+def relative_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture
+def seed():
+    return int(torch.randint(0, 2**31 - 1, ()).item())
+
+
+@pytest.mark.parametrize(("s_q", "h_q", "topk"),
+                         [(1, 64, 64), (1, 64, 256), (5, 64, 128), (5, 64, 256), (2, 128, 256)])
+@pytest.mark.parametrize("sm_count", [SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT])
+def test_matches_reference(s_q, h_q, topk, sm_count, seed):
+    """out within 1e-2 relative L2 of the fp32 reference, -inf and 0 where no key, and lse
+    (natural log) within LSE_TOLERANCE: the kernel rounds each dequantized K value to bf16."""
+    q, kv, indices = random_inputs(s_q, h_q, topk, seed)
+    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count)
+    ref_out, ref_lse = sparse_mla_decode_reference(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    assert relative_l2(out, ref_out) <= 1e-2, f"seed {seed}"
+    torch.testing.assert_close(lse, ref_lse, **LSE_TOLERANCE,
+                               msg=lambda detail: f"{detail} (seed {seed})")
+    no_keys = (indices[0] < 0).all(-1)  # (s_q,)
+    assert torch.equal(out[0, no_keys], torch.zeros_like(out[0, no_keys]))
+
+
+def test_split_runs_when_expected():
+    """The parametrized cases above do cover both schemes."""
+    assert split_plan(1, 5, 64, SPLIT_TOPK, SPLIT_SM_COUNT).split
+    assert not split_plan(1, 5, 64, SPLIT_TOPK, NO_SPLIT_SM_COUNT).split
+
+
+@pytest.mark.parametrize("s_q", [1, 5])
+def test_every_element_written(s_q, seed):
+    """out, lse and the workspace poisoned with NaN: every out and lse element is overwritten."""
+    q, kv, indices = random_inputs(s_q, 64, SPLIT_TOPK, seed)
+    plan = split_plan(1, s_q, 64, SPLIT_TOPK, SPLIT_SM_COUNT)
+    assert plan.split
+    out_slot = torch.full((8, 64, 512), float("nan"), dtype=torch.bfloat16)  # a workspace slot
+    out = out_slot[:s_q].unsqueeze(0)
+    lse = torch.full((1, 64, s_q), float("nan"))
+    workspace = torch.full((accum_workspace_numel(1, s_q, 64, 512, plan) + 7,), float("nan"))
+    got_out, got_lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out,
+                                                lse=lse, accum_workspace=workspace,
+                                                sm_count=SPLIT_SM_COUNT)
+    assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+    assert not out.isnan().any(), f"seed {seed}"
+    assert not lse.isnan().any(), f"seed {seed}"
+    assert out_slot[s_q:].isnan().all()  # nothing past the call's rows
+
+
+@pytest.mark.parametrize("s_q", [1, 5])
+def test_split_and_no_split_agree(s_q, seed):
+    """The split-KV scheme with its combine gives the single-pass result, up to rounding."""
+    q, kv, indices = random_inputs(s_q, 64, SPLIT_TOPK, seed)
+    split = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=SPLIT_SM_COUNT)
+    whole = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE,
+                                     sm_count=NO_SPLIT_SM_COUNT)
+    assert relative_l2(split[0], whole[0]) <= 5e-3, f"seed {seed}"
+    torch.testing.assert_close(split[1], whole[1], rtol=1e-5, atol=1e-5, msg=f"seed {seed}")
+
+
+def test_caller_buffers_give_bit_identical_results(seed):
+    """Allocating mode and caller-provided out, lse and workspace give the same bits."""
+    q, kv, indices = random_inputs(3, 64, SPLIT_TOPK, seed)
+    plan = split_plan(1, 3, 64, SPLIT_TOPK, SPLIT_SM_COUNT)
+    assert plan.split
+    allocated = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE,
+                                         sm_count=SPLIT_SM_COUNT)
+    out, lse = torch.empty(1, 3, 64, 512, dtype=torch.bfloat16), torch.empty(1, 64, 3)
+    workspace = torch.empty(accum_workspace_numel(1, 3, 64, 512, plan))
+    staged = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, out=out, lse=lse,
+                                      accum_workspace=workspace, sm_count=SPLIT_SM_COUNT)
+    assert torch.equal(allocated[0], staged[0]) and torch.equal(allocated[1], staged[1])
