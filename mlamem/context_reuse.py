@@ -26,7 +26,7 @@ from mlamem.engine import (
     ERROR,
     NO_KV_ROOM,
     allocate_specs,
-    non_torch_or,
+    non_torch_now,
     record_failure,
     run_step,
 )
@@ -92,23 +92,22 @@ class ContextCase:
 
 
 def emulate_context(memory, scenario: Scenario, variant: str, gpu_memory_bytes: int,
-                    free_fraction: float, *, assumed_non_torch_bytes: int = 0) -> ContextCase:
+                    free_fraction: float) -> ContextCase:
     """Run one variant; see the module docstring."""
     case = ContextCase(variant=variant, measured=memory.measured,
                        weights_bytes=scenario.parallel.weights_bytes)
     with memory:
-        _run(memory, scenario, case, gpu_memory_bytes, free_fraction, assumed_non_torch_bytes)
+        _run(memory, scenario, case, gpu_memory_bytes, free_fraction)
     return case
 
 
-def _run(memory, scenario, case, gpu_memory_bytes, free_fraction, assumed_non_torch) -> None:
+def _run(memory, scenario, case, gpu_memory_bytes, free_fraction) -> None:
     s = scenario.serving
     resident: list[torch.Tensor] = []
     before = memory.stats()
     allocating = "weights"
     try:
-        non_torch = non_torch_or(memory, assumed_non_torch)
-        case.torch_limit_bytes = memory.set_limit(gpu_memory_bytes - non_torch)
+        case.torch_limit_bytes = memory.set_limit(gpu_memory_bytes - non_torch_now(memory))
         resident.append(torch.empty(case.weights_bytes, dtype=torch.uint8, device=memory.device))
 
         case.phase, allocating = "profile", "profile context buffers"
@@ -119,9 +118,8 @@ def _run(memory, scenario, case, gpu_memory_bytes, free_fraction, assumed_non_to
         memory.empty_cache()
 
         case.phase, allocating = "kv-cache", "kv_pool"
-        non_torch = non_torch_or(memory, assumed_non_torch)
-        case.non_torch_bytes = non_torch if memory.measured else None
-        case.torch_limit_bytes = memory.set_limit(gpu_memory_bytes - non_torch)
+        case.non_torch_bytes = non_torch_now(memory)
+        case.torch_limit_bytes = memory.set_limit(gpu_memory_bytes - case.non_torch_bytes)
         free = case.torch_limit_bytes - memory.stats().allocated - case.profile_peak_bytes
         case.budget_bytes = int(free_fraction * free)
         if case.budget_bytes <= 0:

@@ -31,7 +31,12 @@ from mlamem.errors import UserError
 from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernels import KERNELS, BufferSpec, SparseDecodeKernel
 from mlamem.measure import decoder, local_sm_count
-from mlamem.memory import CudaMemory, SimulatedMemory, is_out_of_memory
+from mlamem.memory import (
+    CudaMemory,
+    SimulatedMemory,
+    is_out_of_memory,
+    requested_bytes_from_message,
+)
 from mlamem.paths import PATHS, DecodeCall, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 
@@ -106,7 +111,7 @@ class EngineCase:
     verdict: str = ERROR  # one of VERDICTS
     phase: str = "init"  # the phase it reached (PHASES); "done" when the step completed
     torch_limit_bytes: int | None = None  # the cap on torch's reserved memory
-    non_torch_bytes: int | None = None  # measured at KV sizing; None when predicted
+    non_torch_bytes: int | None = None  # at KV sizing: measured, or the host setup's model
     weights_bytes: int = 0
     workspace_bytes: int = 0  # reserved at init (workspace paths)
     init_bytes: int | None = None  # everything allocated at init (weights, workspace, inputs)
@@ -129,26 +134,24 @@ class EngineCase:
 
 
 def emulate(memory: CudaMemory | SimulatedMemory, scenario: Scenario, kernel: SparseDecodeKernel,
-            budget: Budget, path: str, *, sm_count: int,
-            assumed_non_torch_bytes: int = 0, seed: int = 0) -> EngineCase:
+            budget: Budget, path: str, *, sm_count: int, seed: int = 0) -> EngineCase:
     """Run one rank through init, profile, KV sizing and a full step; see the module docstring.
 
-    `assumed_non_torch_bytes` stands in for the non-torch memory where it cannot be measured.
+    Predicted, the non-torch memory is the `SimulatedMemory`'s host setup (0 B without one).
     """
     case = EngineCase(path=path, max_num_batched_tokens=budget.max_num_batched_tokens,
                       measured=memory.measured, weights_bytes=scenario.parallel.weights_bytes)
     with memory:
-        _run(memory, scenario, kernel, budget, case, sm_count=sm_count,
-             assumed_non_torch_bytes=assumed_non_torch_bytes, seed=seed)
+        _run(memory, scenario, kernel, budget, case, sm_count=sm_count, seed=seed)
     return case
 
 
-def non_torch_or(memory, assumed: int) -> int:
-    measured = memory.non_torch_bytes()
-    return assumed if measured is None else measured
+def non_torch_now(memory) -> int:
+    """Non-torch memory now: measured, or modelled from the host setup; 0 B if neither knows."""
+    return memory.non_torch_bytes() or 0
 
 
-def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_bytes, seed):
+def _run(memory, scenario, kernel, budget, case, *, sm_count, seed):
     tokens, path = budget.max_num_batched_tokens, case.path
     capabilities = kernel.capabilities()
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
@@ -161,8 +164,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
     resident: list[torch.Tensor] = []  # weights and KV cache: alive until the case ends
     before = memory.stats()
     try:
-        non_torch = non_torch_or(memory, assumed_non_torch_bytes)
-        case.torch_limit_bytes = memory.set_limit(budget.gpu_memory_bytes - non_torch)
+        case.torch_limit_bytes = memory.set_limit(budget.gpu_memory_bytes - non_torch_now(memory))
         # init, in the engine's order: backend workspace, weights, indexer buffer and KV pool
         allocating = "workspace"
         workspace = reserve_workspace(path, kernel, max_tokens=tokens, padded_heads=padded_heads,
@@ -185,8 +187,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, assumed_non_torch_
         memory.empty_cache()
 
         case.phase, allocating = "kv-cache", "kv_cache"
-        non_torch = non_torch_or(memory, assumed_non_torch_bytes)
-        case.non_torch_bytes = non_torch if memory.measured else None
+        case.non_torch_bytes = non_torch = non_torch_now(memory)
         case.torch_limit_bytes = memory.set_limit(budget.gpu_memory_bytes - non_torch)
         block = kv_block_bytes(scenario)
         case.kv_cache_bytes = kv_cache_bytes(
@@ -268,6 +269,8 @@ def record_failure(case, exc: Exception, memory, ooms_before: int, allocating: s
     case.verdict = OOM
     if watch is None:  # before the step: the engine's own allocation failed
         case.oom_buffer, case.oom_allocated_by = allocating, "init"
+        case.oom_requested_bytes = getattr(exc, "requested_bytes", None) or (
+            requested_bytes_from_message(str(exc)))
         return
     requested, reserved = oom_event(watch.events, reserved_before)
     case.oom_requested_bytes = requested or watch.oom_requested_bytes

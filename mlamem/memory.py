@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from mlamem import nvml
 from mlamem.allocator import AllocatorOutOfMemory, CachingAllocatorModel
+from mlamem.non_torch import NonTorchSetup
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB)")
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
@@ -62,6 +63,7 @@ class CudaMemory:
         # device memory other processes used before this one touched CUDA (nvml.used_by_uuid)
         self.used_by_others = (used_before_cuda or {}).get(uuid, 0)
         self._limited = False
+        torch.cuda.synchronize(self.device)  # creates the CUDA context: non-torch memory from here
 
     def __enter__(self) -> CudaMemory:
         return self
@@ -147,7 +149,18 @@ class _MetaAllocations(TorchDispatchMode):
         self.model = model
         self.live: dict[int, object] = {}  # id(storage) -> model block
 
+    on_op = None  # called with each op before it runs (SimulatedMemory's first launches)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch then leaves __torch_dispatch__ unwrapped. By default it wraps every
+        mode's in `torch._disable_dynamo`, whose first call imports torch._dynamo (seconds),
+        for a mode that never runs under torch.compile."""
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.on_op is not None:
+            self.on_op(func)
         result = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(result):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
@@ -173,17 +186,41 @@ class SimulatedMemory:
     measured = False
     device = torch.device("meta")
 
-    def __init__(self, limit_bytes: int | None = None):
+    def __init__(self, limit_bytes: int | None = None, non_torch: NonTorchSetup | None = None):
+        """`non_torch`: the host setup to emulate on (repro-oom): its non-torch memory, which
+        grows as ops launch for the first time, and its physical memory, which binds with it."""
         self.model = CachingAllocatorModel(limit_bytes)
+        self._cap = limit_bytes
+        self.non_torch = non_torch
+        self.launched: list[str] = []  # ops whose first launch loaded CUDA modules, in order
         self._mode = _MetaAllocations(self.model)
+        self._mode.on_op = self._first_launch if non_torch is not None else None
 
     def set_limit(self, limit_bytes: int) -> int:
-        self.model.limit_bytes = limit_bytes
+        self._cap = limit_bytes
+        self._apply_limits()
         return limit_bytes
 
-    def non_torch_bytes(self) -> None:
-        """Unknown without a device: the model has no CUDA context or libraries."""
-        return None
+    def non_torch_bytes(self) -> int | None:
+        """The host setup's non-torch memory so far; None without one."""
+        if self.non_torch is None:
+            return None
+        loads = self.non_torch.first_launch_bytes
+        return self.non_torch.base_bytes + sum(loads[op] for op in self.launched)
+
+    def _first_launch(self, func) -> None:
+        op = str(func.overloadpacket)
+        if op in self.non_torch.first_launch_bytes and op not in self.launched:
+            self.launched.append(op)
+            self._apply_limits()
+
+    def _apply_limits(self) -> None:
+        """A segment must fit under the cap and in what the physical device has left."""
+        limits = [self._cap]
+        if self.non_torch is not None:
+            limits.append(self.non_torch.gpu_memory_bytes - self.non_torch_bytes())
+        limits = [limit for limit in limits if limit is not None]
+        self.model.limit_bytes = min(limits) if limits else None
 
     def __enter__(self) -> SimulatedMemory:
         self._mode.__enter__()

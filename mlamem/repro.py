@@ -38,6 +38,7 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, SparseDecodeKernel
 from mlamem.measure import local_sm_count
 from mlamem.memory import SimulatedMemory
+from mlamem.non_torch import NonTorchSetup, calibrated, find_setup
 from mlamem.paths import check_paths
 from mlamem.profile import scenario_summary
 from mlamem.scenario import Scenario, to_dict
@@ -63,6 +64,7 @@ class ReproResult:
     cases: list[dict]  # decode: EngineCase + max_safe_*; context-reuse: ContextCase
     notes: list[str] = field(default_factory=list)
     mode: str = "decode"  # "decode" (one case per path) or "context-reuse" (per reserve variant)
+    non_torch: dict | None = None  # the host setup the model took non-torch memory from
     schema: str = SCHEMA
     created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
 
@@ -78,7 +80,8 @@ class ReproResult:
             kernel=data["kernel"], budget=data["budget"],
             environment=environment.Environment(**data["environment"]),
             cases=[dict(case) for case in data["cases"]], notes=list(data.get("notes", [])),
-            created=data.get("created"), mode=data.get("mode", "decode"))
+            created=data.get("created"), mode=data.get("mode", "decode"),
+            non_torch=data.get("non_torch"))
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,
@@ -168,7 +171,7 @@ def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], 
 
 
 def _context_reuse(scenario, budget, kernel, *, command, reason, worker, progress,
-                   sm_count) -> ReproResult:
+                   sm_count, setup) -> ReproResult:
     """The three reserve variants of the context-MLA reuse case, each in its own process."""
     cases = []
     for variant in VARIANTS:
@@ -179,12 +182,12 @@ def _context_reuse(scenario, budget, kernel, *, command, reason, worker, progres
                        "budget": dataclasses.asdict(budget)}
             cases.append(run_case(request, worker))
         else:
-            cases.append(emulate_context(SimulatedMemory(), scenario, variant,
+            cases.append(emulate_context(SimulatedMemory(non_torch=setup), scenario, variant,
                                          budget.gpu_memory_bytes, budget.utilization).to_dict())
     notes = [f"utilization {budget.utilization} is used as TRT-LLM's free_gpu_memory_fraction: "
              "the KV budget is that fraction of what weights and the profile run leave"]
     return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
-                   sm_count=sm_count, mode="context-reuse")
+                   sm_count=sm_count, setup=setup, mode="context-reuse")
 
 
 def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> None:
@@ -204,34 +207,39 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None
+    setup = host_setup(kernel.name)
     if measured:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        check_local_gpu(budget, props.total_memory, props.name)
+        check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
     sm_count = local_sm_count() if measured else scenario.gpu.sm_count
     progress = on_progress or (lambda _: None)
     if is_context_reuse(scenario):
         return _context_reuse(scenario, budget, kernel, command=command, reason=reason,
-                              worker=worker, progress=progress, sm_count=sm_count)
+                              worker=worker, progress=progress, sm_count=sm_count, setup=setup)
 
     def request(path: str, tokens: int) -> dict:
         return {"scenario": to_dict(scenario), "source": scenario.source, "path": path,
                 "kernel": kernel.name,
                 "budget": {**dataclasses.asdict(budget), "max_num_batched_tokens": tokens}}
 
-    def predicted(path: str, tokens: int, non_torch: int) -> dict:
+    def predicted(path: str, tokens: int, host: NonTorchSetup) -> dict:
         at = dataclasses.replace(budget, max_num_batched_tokens=tokens)
-        return emulate(SimulatedMemory(), scenario, kernel, at, path, sm_count=sm_count,
-                       assumed_non_torch_bytes=non_torch).to_dict()
+        return emulate(SimulatedMemory(non_torch=host), scenario, kernel, at, path,
+                       sm_count=sm_count).to_dict()
 
     cases = []
     for path in paths:
         tokens = budget.max_num_batched_tokens
         progress(f"{path}: full step at {tokens} tokens")
-        case = run_case(request(path, tokens), worker) if measured else predicted(path, tokens, 0)
-        non_torch = case.get("non_torch_bytes") or 0
+        case = predicted(path, tokens, setup)
+        host = setup
+        if measured:  # the model searches from this host's measured non-torch memory
+            modelled = case["non_torch_bytes"]
+            case = run_case(request(path, tokens), worker)
+            if case.get("non_torch_bytes") is not None:
+                host = calibrated(setup, modelled, case["non_torch_bytes"])
         progress(f"{path}: searching the largest safe max_num_batched_tokens on the model")
         on_model, _ = largest_fitting(
-            lambda t, p=path, n=non_torch: predicted(p, t, n)["verdict"] == FITS, tokens)
+            lambda t, p=path, h=host: predicted(p, t, h)["verdict"] == FITS, tokens)
         case["max_safe_tokens"] = on_model
         case["max_safe_method"] = "validated allocator model (predicted, not measured)"
         if measured and case["verdict"] not in (ERROR, CRASHED):
@@ -244,15 +252,20 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
                       "verdicts do not depend on it, only the KV-cache size does")
-    if not measured:
-        notes.append("non-torch memory (CUDA context, libraries) is not known without a GPU and "
-                      "is taken as 0 B; it cancels out of the verdict, since the engine charges "
-                      "it to the KV cache")
     return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
-                   sm_count=sm_count)
+                   sm_count=sm_count, setup=setup)
 
 
-def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count,
+def host_setup(kernel_name: str) -> NonTorchSetup:
+    """The non-torch memory data for this host (the closest record, labelled, if none matches)."""
+    if not torch.cuda.is_available():
+        return find_setup(kernel_name)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return find_setup(kernel_name, props.name, torch.__version__, torch.version.cuda,
+                      props.total_memory)
+
+
+def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count, setup,
             mode="decode") -> ReproResult:
     capabilities = kernel.capabilities()
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
@@ -260,9 +273,15 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
                "weights_note": scenario.parallel.weights_note,
                "target_gpu": scenario.gpu.name}
     flash_mla_version = FlashMLA().version()
+    if reason is None:
+        notes.append(f"the limit search models non-torch memory as {setup.describe()}, "
+                     "calibrated to each case's measured figure")
+    else:
+        notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
+                     f"launches) and the physical memory are modelled as {setup.describe()}")
     return ReproResult(
         command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
-        mode=mode,
+        mode=mode, non_torch=dataclasses.asdict(setup),
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 **dataclasses.asdict(capabilities)},
         budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},

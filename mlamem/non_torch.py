@@ -1,0 +1,90 @@
+"""Non-torch device memory: what a process holds outside torch's caching allocator.
+
+An engine counts it as device-used minus torch-reserved and charges it before sizing the KV
+cache; the physical device then has that much less for torch. It belongs to the host GPU, the
+software (torch, CUDA) and the kernel library the process loaded, not to the emulated target
+GPU, so it lives as data (`non_torch.toml`, each figure with the command that measured it),
+keyed by those, and never in a scenario.
+
+It has three parts:
+- `process_bytes`: NVML-used growth before this process creates its CUDA context (seen 0 B on
+  one H200 and 3.25 MiB on another, with the same driver and software);
+- `context_bytes`: the CUDA context, the CUDA libraries and the kernel library once imported;
+- `first_launch_bytes`: CUDA modules loaded lazily on the first launch of an op
+  (CUDA_MODULE_LOADING=LAZY, the default): the step's first `normal_` alone adds 62 MiB. The
+  allocator model charges each when the op is first dispatched, so the emulated step loses it
+  from the physical device when the real one does.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from importlib import resources
+
+DATA_FILE = "non_torch.toml"
+
+
+@dataclass(frozen=True)
+class NonTorchSetup:
+    """The non-torch memory of one process on one host setup, in bytes."""
+
+    gpu: str  # the host GPU as torch names it, e.g. "NVIDIA H200"
+    gpu_memory_bytes: int  # its total memory as torch reports it: the physical limit
+    torch: str  # torch.__version__
+    cuda: str  # torch.version.cuda
+    kernel: str  # the kernel library the process loaded (a --kernel name)
+    kernel_version: str
+    process_bytes: int
+    context_bytes: int
+    command: str  # what measured these figures
+    measured_on: str  # the date
+    first_launch_bytes: dict[str, int] = field(default_factory=dict)  # aten op -> module bytes
+    assumed: str | None = None  # why this setup stands in for another; None when it matches
+
+    @property
+    def base_bytes(self) -> int:
+        """Non-torch memory before any op has been launched."""
+        return self.process_bytes + self.context_bytes
+
+    def describe(self) -> str:
+        """One line: which setup the figures come from."""
+        text = (f"{self.gpu}, torch {self.torch}, CUDA {self.cuda}, {self.kernel} "
+                f"{self.kernel_version} (`{self.command}`, {self.measured_on})")
+        return text if self.assumed is None else f"{text}; assumed: {self.assumed}"
+
+
+def load_setups() -> list[NonTorchSetup]:
+    """Every setup in the shipped data file."""
+    data = tomllib.loads((resources.files("mlamem") / DATA_FILE).read_text())
+    return [NonTorchSetup(**entry) for entry in data["setup"]]
+
+
+def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = None,
+               cuda: str | None = None, gpu_memory_bytes: int | None = None) -> NonTorchSetup:
+    """The setup for `kernel` on this host; the closest one, labelled `assumed`, if none matches.
+
+    Without a GPU (`gpu` None) the first setup of the kernel stands in: the prediction is then
+    the emulation as that host would run it.
+    """
+    setups = load_setups()
+    for setup in setups:
+        if (setup.kernel, setup.gpu, setup.torch, setup.cuda) == (kernel, gpu, torch_version, cuda):
+            return setup
+    same_kernel = [s for s in setups if s.kernel == kernel]
+    chosen = (same_kernel or setups)[0]
+    if gpu is None:
+        why = f"no GPU here; predicted as the {chosen.gpu} of this record would run it"
+    else:
+        why = f"no record for {kernel} on {gpu}, torch {torch_version}, CUDA {cuda}"
+    if chosen.kernel != kernel:
+        why += f"; {kernel} not measured, {chosen.kernel}'s figures used"
+    if gpu_memory_bytes is not None:
+        chosen = replace(chosen, gpu=gpu or chosen.gpu, gpu_memory_bytes=gpu_memory_bytes)
+    return replace(chosen, assumed=why)
+
+
+def calibrated(setup: NonTorchSetup, modelled_bytes: int, measured_bytes: int) -> NonTorchSetup:
+    """`setup` with its process figure moved so the model gives `measured_bytes` where it gave
+    `modelled_bytes` (the same point of the same case)."""
+    return replace(setup, process_bytes=setup.process_bytes + measured_bytes - modelled_bytes)

@@ -1,0 +1,79 @@
+"""Non-torch memory as data: the host setups, and how the allocator model charges them."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from mlamem.allocator import AllocatorOutOfMemory
+from mlamem.memory import SimulatedMemory
+from mlamem.non_torch import calibrated, find_setup, load_setups
+
+MiB = 1 << 20
+
+
+def _setup(**changes):
+    base = dataclasses.replace(load_setups()[0], process_bytes=0, context_bytes=500 * MiB,
+                               gpu_memory_bytes=4096 * MiB,
+                               first_launch_bytes={"aten.normal_": 62 * MiB})
+    return dataclasses.replace(base, **changes)
+
+
+def test_every_shipped_setup_names_its_command_and_date():
+    """Each figure in non_torch.toml says what measured it and when."""
+    for setup in load_setups():
+        assert setup.command.startswith("python3 scripts/non_torch_probe.py")
+        assert setup.measured_on.count("-") == 2
+        assert setup.context_bytes > 0 and all(v > 0 for v in setup.first_launch_bytes.values())
+
+
+def test_first_launch_is_charged_once_and_takes_physical_memory():
+    """A step's first normal_ adds its modules once; the physical device then has less."""
+    memory = SimulatedMemory(non_torch=_setup())
+    with memory:
+        assert memory.non_torch_bytes() == 500 * MiB
+        q = torch.empty((1024, 1024), device="meta")
+        q.normal_()
+        q.normal_()
+        assert memory.non_torch_bytes() == 562 * MiB
+        del q
+        memory.empty_cache()
+        # 4096 - 562 MiB are left on the device: 3534 MiB fit, 3536 do not (2 MiB rounding)
+        fits = torch.empty(3534 * MiB, dtype=torch.uint8, device="meta")
+        del fits
+        memory.empty_cache()
+        with pytest.raises(AllocatorOutOfMemory):
+            torch.empty(3536 * MiB, dtype=torch.uint8, device="meta")
+
+
+def test_the_cap_binds_when_it_is_lower_than_the_device():
+    """An 80 GB target on a larger host: the cap, not the physical memory, limits torch."""
+    memory = SimulatedMemory(non_torch=_setup())
+    with memory:
+        assert memory.set_limit(1024 * MiB) == 1024 * MiB
+        with pytest.raises(AllocatorOutOfMemory):
+            torch.empty(1026 * MiB, dtype=torch.uint8, device="meta")
+
+
+def test_without_a_setup_nothing_is_charged():
+    """The profile's model has no host: no non-torch memory, no physical limit."""
+    memory = SimulatedMemory()
+    with memory:
+        torch.empty(10, device="meta").normal_()
+        assert memory.non_torch_bytes() is None
+
+
+def test_no_gpu_takes_the_kernels_first_setup_and_says_so():
+    """On a CPU the prediction emulates the recorded host, labelled as assumed."""
+    setup = find_setup("flashmla")
+    assert setup.gpu == "NVIDIA H200" and "no GPU here" in setup.assumed
+    other = find_setup("triton")
+    assert "triton not measured" in other.assumed
+
+
+def test_calibration_moves_the_process_figure_only():
+    """A host that measures 3 MiB more than the model gets 3 MiB more everywhere."""
+    setup = _setup()
+    moved = calibrated(setup, 500 * MiB, 503 * MiB)
+    assert moved.base_bytes == setup.base_bytes + 3 * MiB
+    assert moved.first_launch_bytes == setup.first_launch_bytes
