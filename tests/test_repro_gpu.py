@@ -10,7 +10,8 @@ from mlamem.cli import main
 from mlamem.engine import Budget, emulate
 from mlamem.kernels import FlashMLA
 from mlamem.memory import SimulatedMemory
-from mlamem.repro import run_repro
+from mlamem.non_torch import calibrated
+from mlamem.repro import host_setup, run_repro
 from mlamem.testing import needs_flashmla, one_line_error
 
 pytestmark = needs_flashmla
@@ -40,11 +41,15 @@ def test_glm5_defaults_measured(glm_result):
 
 
 def test_measured_equals_the_model(glm_result):
-    """Given the measured non-torch memory, the model predicts every byte of each case."""
+    """Calibrated to the measured non-torch memory, the model predicts every byte of each case."""
     glm, budget, result = glm_result
+    setup = host_setup("flashmla")
     for measured in result.cases:
-        predicted = emulate(SimulatedMemory(), glm, FlashMLA(), budget, measured["path"],
-                            sm_count=132, assumed_non_torch_bytes=measured["non_torch_bytes"])
+        modelled = emulate(SimulatedMemory(non_torch=setup), glm, FlashMLA(), budget,
+                           measured["path"], sm_count=132).non_torch_bytes
+        host = calibrated(setup, modelled, measured["non_torch_bytes"])
+        predicted = emulate(SimulatedMemory(non_torch=host), glm, FlashMLA(), budget,
+                            measured["path"], sm_count=132)
         predicted = dataclasses.asdict(predicted)
         assert {k: predicted[k] for k in COMPARED} == {k: measured[k] for k in COMPARED}
 
