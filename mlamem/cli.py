@@ -41,7 +41,7 @@ app = typer.Typer(
     help="GPU memory profiler and OOM reproducer for LLM attention kernels (FlashMLA sparse "
          "fp8 MLA). Start with `mlamem profile --tokens 32768`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,  # click's plain help: option names are never cut at 80 columns
 )
 stderr = Console(stderr=True)
 

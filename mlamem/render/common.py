@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import io
+import json
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
+from rich.constrain import Constrain
+from rich.table import Table
+from rich.text import Text
 
-from mlamem.units import gib
+from mlamem.units import format_bytes, gib
+
+WIDTH = 80  # every terminal table fits this many columns
 
 
 def predicted_tag(measured: bool) -> str:
@@ -22,9 +29,48 @@ def equal_text(value: bool | None) -> str:
     return {True: "yes", False: "NO", None: "n/a"}[value]
 
 
-def console_text(renderable, width: int = 120) -> str:
+def count_text(count: int | None) -> str:
+    """A token count for a narrow cell: exact below 10 million, else 3 digits and M, G or T
+    (10^6, 10^9, 10^12): 581281, '4.29G'. None is '-'."""
+    if count is None:
+        return "-"
+    if abs(count) < 10**7:
+        return str(count)
+    for suffix, size in (("M", 10**6), ("G", 10**9), ("T", 10**12)):
+        value = abs(count) / size
+        decimals = 2 if value < 10 else 1 if value < 100 else 0
+        if round(value, decimals) < 1000 or suffix == "T":
+            return f"{'-' if count < 0 else ''}{value:.{decimals}f}{suffix}"
+    raise AssertionError("unreachable")
+
+
+def signed_bytes(difference: int | None) -> str:
+    """A byte difference for a narrow cell: '0', '+512 B', '-2.000 MiB'; None is 'n/a'."""
+    if difference is None:
+        return "n/a"
+    if difference == 0:
+        return "0"
+    return ("+" if difference > 0 else "") + format_bytes(difference)
+
+
+def json_cell(value) -> str:
+    """One CSV cell as JSON: null, true, "text", [1, 2], {"a": 1}."""
+    return json.dumps(value)
+
+
+def compact_table(title: str) -> Table:
+    """A table with one space between columns, a rule under the header and no outer edge,
+    so that it fits WIDTH columns."""
+    return Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+
+
+def with_notes(table: Table, notes: list[str]) -> Group:
+    """The table, then its notes, one paragraph each, wrapped at WIDTH columns at most."""
+    text = Text("\n".join(notes), overflow="fold")
+    return Group(table, Constrain(text, width=WIDTH))
+
+
+def console_text(renderable, width: int = WIDTH) -> str:
     console = Console(file=io.StringIO(), width=width, record=True)
     console.print(renderable)
-    return console.export_text()
-
-
+    return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())

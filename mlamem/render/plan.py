@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from rich import box
-from rich.table import Table
+from rich.console import Group
 
-from mlamem.render.common import console_text
+from mlamem.render.common import compact_table, console_text, count_text, with_notes
 from mlamem.units import format_bytes, gib
 
 
@@ -20,12 +19,26 @@ def _reserve_text(r: dict) -> str:
             f"({r['capacity_change_percent']:+.1f}%)")
 
 
+def budget_rule(plan: dict) -> str:
+    """How the KV budget was sized, with its figures: vLLM's rule or TRT-LLM's."""
+    request, weights = plan["request"], format_bytes(plan["weights_bytes"])
+    total = format_bytes(request["gpu_memory_bytes"])
+    if request["utilization"] is not None:
+        rule = (f"utilization {request['utilization']} x total {total} - weights {weights} "
+                "(vLLM's rule")
+    else:
+        rule = (f"free_gpu_memory_fraction {request['free_fraction']} x (total {total} - "
+                f"weights {weights}) (TRT-LLM's rule")
+    return f"{format_bytes(plan['budget_bytes'])} = {rule}; no profile peak, no non-torch memory)"
+
+
+REPRO_RULE = ("utilization, as TRT-LLM's free_gpu_memory_fraction, x (total - non-torch - "
+              "weights - profile peak), after a profile run: another budget, so other reserves")
+
+
 def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
     """(quantity, value) lines of one plan, in reading order."""
     request = plan["request"]
-    budget_rule = (f"utilization {request['utilization']} x total - weights"
-                   if request["utilization"] is not None else
-                   f"free fraction {request['free_fraction']} x (total - weights)")
     rows = [
         ("k: KV bytes per token", f"{plan['k_bytes_per_token']} B ({scenario['num_layers']} "
                                   f"layers x {scenario['kv_bytes_per_token_per_layer']} B, "
@@ -35,9 +48,8 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
                                               "(qk_nope + qk_rope + v_head) x 1 B)"),
         ("BF16 gather per attended token", f"{plan['gather_bytes_per_token']} B (full_kv + "
                                            "full_k, not charged by the PR's reserve)"),
-        ("KV budget", f"{format_bytes(plan['budget_bytes'])} ({budget_rule}; weights "
-                      f"{format_bytes(plan['weights_bytes'])})"),
-        ("L_cap", f"{plan['kv_len_cap_tokens']} tokens (min(max_batch_size "
+        ("KV budget", budget_rule(plan)),
+        ("L_cap", f"{plan['kv_len_cap_tokens']:,} tokens (min(max_batch_size "
                   f"{request['max_batch_size']}, max_num_tokens {request['max_num_tokens']}) x "
                   f"max_seq_len {request['max_seq_len']})"),
         ("reserve gate", plan["gate_reason"]),
@@ -45,6 +57,8 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
         ("fp8 reserve (the PR)", _reserve_text(plan["fp8_reserve"])),
         ("everything charged (w + BF16)", _reserve_text(plan["full_reserve"])),
     ]
+    if plan["gate_on"]:
+        rows.append(("repro-oom's KV budget", REPRO_RULE))
     vllm = plan.get("vllm")
     if vllm:
         headroom = format_bytes(vllm["headroom_bytes"])
@@ -61,19 +75,26 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
 
 
 def _sweep_columns(result: dict) -> list[str]:
-    columns = ["L_cap", "pool w/o", "fp8 GiB", "fp8 cap", "fp8 Δ", "full GiB", "full cap",
-               "full Δ"]
+    """Column headings; a newline splits a two-line heading in the terminal table."""
+    columns = ["L_cap", "pool\nw/o", "fp8\nGiB", "fp8\ncap", "fp8\nΔ", "full\nGiB",
+               "full\ncap", "full\nΔ"]
     if result["plans"][0].get("vllm"):
-        columns.append("prefill ws")
+        columns.append("prefill\nws")
     return columns
 
 
-def _sweep_cells(plan: dict) -> list[str]:
-    """One sweep row: reserves in GiB, caps in tokens, pool change in percent."""
-    cells = [str(plan["kv_len_cap_tokens"]), str(plan["pool_tokens_without_reserve"])]
+def _sweep_value(result: dict, value) -> str:
+    return format_bytes(value) if result["sweep"]["name"] == "gpu-memory" else str(value)
+
+
+def _sweep_cells(plan: dict, count=str) -> list[str]:
+    """One sweep row: reserves in GiB, caps in tokens (`count` formats them), pool change in
+    percent."""
+    cells = [count(plan["kv_len_cap_tokens"]), count(plan["pool_tokens_without_reserve"])]
     for key in ("fp8_reserve", "full_reserve"):
         r = plan[key]
-        cells += [f"{gib(r['reserve_bytes']):.3f}", str(r["admission_cap_tokens"] or "-"),
+        cells += [f"{gib(r['reserve_bytes']):.3f}",
+                  "-" if r["admission_cap_tokens"] is None else count(r["admission_cap_tokens"]),
                   f"{r['capacity_change_percent']:+.1f}%"]
     if plan.get("vllm"):
         v = plan["vllm"]
@@ -82,28 +103,42 @@ def _sweep_cells(plan: dict) -> list[str]:
     return cells
 
 
-def plan_table(result: dict) -> Table:
+_LEGEND = "GiB: reserve size; cap: admission cap in tokens; Δ: KV pool against no reserve"
+_PREFILL_LEGEND = "prefill ws: vLLM bf16 prefill workspace, GiB (NO: over the headroom)"
+
+
+def _sweep_notes(result: dict) -> list[str]:
+    """Under a sweep: the budget rule (of the first value), the gate and the legend."""
+    first = result["plans"][0]
+    notes = [f"KV budget, first row: {budget_rule(first)}"]
+    if first["gate_on"]:
+        notes.append(f"repro-oom's KV budget: {REPRO_RULE}")
+    legend = _LEGEND + (f"; {_PREFILL_LEGEND}" if first.get("vllm") else "")
+    return notes + [f"reserve gate {first['gate_reason']}", legend]
+
+
+def plan_table(result: dict) -> Group:
+    """One plan as quantity/value rows, or a sweep as one row per value, within 80 columns;
+    token counts of 10 million and more are abbreviated (M, G: 10^6, 10^9)."""
     s = result["scenario"]
     title = f"mlamem plan: {s['name']}, one rank"
     if result["sweep"] is None:
-        out = Table(title=title, box=box.SIMPLE_HEAD, show_header=False, pad_edge=False,
-                    caption=f"Command: {result['command']}", caption_justify="left")
+        out = compact_table(title)
+        out.show_header = False
         out.add_column("quantity", no_wrap=True)
         out.add_column("value")
         for name, value in plan_rows(result["plans"][0], s):
             out.add_row(name, value)
-        return out
-    out = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0),
-                caption="\n".join([f"reserve gate {result['plans'][0]['gate_reason']}",
-                                   "GiB: reserve size; cap: admission cap in tokens; Δ: KV pool "
-                                   "against no reserve; prefill ws: vLLM bf16 prefill workspace, "
-                                   "GiB (NO: over the headroom)",
-                                   f"Command: {result['command']}"]), caption_justify="left")
+        return with_notes(out, [f"Command: {result['command']}"])
+    out = compact_table(title)
     for name in (result["sweep"]["name"], *_sweep_columns(result)):
         out.add_column(name, justify="right", no_wrap=True)
     for value, plan in zip(result["sweep"]["values"], result["plans"], strict=True):
-        out.add_row(str(value), *_sweep_cells(plan))
-    return out
+        out.add_row(_sweep_value(result, value), *_sweep_cells(plan, count_text))
+    notes = _sweep_notes(result)
+    if any("G" in c or "M" in c for p in result["plans"] for c in _sweep_cells(p, count_text)[:2]):
+        notes.insert(-1, "M, G, T: 10^6, 10^9, 10^12 tokens")
+    return with_notes(out, [*notes, f"Command: {result['command']}"])
 
 
 def plan_markdown(result: dict) -> str:
@@ -113,13 +148,12 @@ def plan_markdown(result: dict) -> str:
         lines += ["| quantity | value |", "|---|---|"]
         lines += [f"| {name} | {value} |" for name, value in plan_rows(result["plans"][0], s)]
     else:
-        columns = [result["sweep"]["name"], *_sweep_columns(result)]
+        columns = [result["sweep"]["name"], *(c.replace("\n", " ") for c in _sweep_columns(result))]
         lines += ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
         for value, plan in zip(result["sweep"]["values"], result["plans"], strict=True):
-            lines.append("| " + " | ".join([str(value), *_sweep_cells(plan)]) + " |")
-        lines += ["", f"- Reserve gate {result['plans'][0]['gate_reason']}.",
-                  "- GiB: reserve size; cap: admission cap in tokens; Δ: KV pool against no "
-                  "reserve; prefill ws: vLLM bf16 prefill workspace in GiB."]
+            lines.append("| " + " | ".join([_sweep_value(result, value), *_sweep_cells(plan)])
+                         + " |")
+        lines += [""] + [f"- {note}." for note in _sweep_notes(result)]
     lines += ["", f"- Command: `{result['command']}`"]
     return "\n".join(lines) + "\n"
 

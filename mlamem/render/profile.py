@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
-import pandas as pd
-from rich import box
-from rich.table import Table
+from rich.console import Group
 
 from mlamem.profile import ProfileResult, ProfileRow
-from mlamem.render.common import console_text, equal_text, gib_text, predicted_tag
+from mlamem.render.common import (
+    compact_table,
+    console_text,
+    equal_text,
+    gib_text,
+    json_cell,
+    predicted_tag,
+    with_notes,
+)
 from mlamem.units import format_bytes, gib
 
 
@@ -34,17 +41,19 @@ def _oom_text(row: ProfileRow) -> str:
     return f"OOM{size}"
 
 
-def table(result: ProfileResult) -> Table:
-    """A rich table, one row per (T, path)."""
+def table(result: ProfileResult) -> Group:
+    """A rich table, one row per (T, path), within 80 columns (staged buffers wrap in their
+    cell), then its notes."""
     s = result.scenario
-    out = Table(title=f"mlamem profile: {s['name']} ({s['heads_per_rank']} heads/rank padded "
-                      f"to {s['padded_heads']}, topk {s['topk']}); per-call peaks in GiB",
-                caption="\n".join([_label(result), *result.notes]), caption_justify="left",
-                box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    failures = [f"T={row.tokens} {row.path}: {row.failure}" for row in result.rows
+                if row.failure and not row.oom]
+    out = compact_table(f"mlamem profile: {s['name']}{predicted_tag(result.measured)}, "
+                        f"{s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, topk "
+                        f"{s['topk']}; per-call peaks in GiB")
     for name in ("T", "path", "peak\nalloc", "peak\nresv", "NVML", "saved", "wall\nms",
-                 "allocs\nin call", "staged", "equal"):
+                 "allocs\nin call", "equal", "staged"):
         out.add_column(name, justify="left" if name in ("path", "staged") else "right",
-                       no_wrap=name != "staged")
+                       no_wrap=name != "staged", overflow="fold")
     for tokens, paths in _by_tokens(result.rows).items():
         base = paths.get("alloc")
         for row in paths.values():
@@ -53,14 +62,15 @@ def table(result: ProfileResult) -> Table:
                      else gib_text(base.peak_allocated_bytes - row.peak_allocated_bytes))
             out.add_row(
                 str(tokens), row.path,
-                _oom_text(row) if row.oom else (row.failure or gib_text(row.peak_allocated_bytes)),
+                _oom_text(row) if row.oom else ("failed" if failed
+                                                else gib_text(row.peak_allocated_bytes)),
                 "" if failed else gib_text(row.peak_reserved_bytes),
                 "" if failed else gib_text(row.nvml_peak_bytes), saved,
                 "" if row.wall_time_ms is None else f"{row.wall_time_ms:.2f}",
                 "" if row.allocations_in_call is None else str(row.allocations_in_call),
-                ",".join(row.staged) or "-", equal_text(row.outputs_equal),
+                equal_text(row.outputs_equal), ", ".join(row.staged) or "-",
             )
-    return out
+    return with_notes(out, [_label(result), *failures, *result.notes])
 
 
 def render_table(result: ProfileResult) -> str:
@@ -114,11 +124,22 @@ def _in_call(row: ProfileRow) -> str:
     return f"{row.allocations_in_call} / {format_bytes(row.bytes_allocated_in_call)}"
 
 
-def _adds_up(row: ProfileRow) -> str:
+def _adds_up(row: ProfileRow, *, exact: bool) -> str:
+    """Whether the buffers live at the peak add up to the (measured or predicted) peak; with
+    `exact`, in bytes as well as in units."""
+    kind = "measured" if row.measured else "predicted"
+
+    def size(n: int) -> str:
+        return f"{format_bytes(n)} ({n} B)" if exact else format_bytes(n)
+
     if row.breakdown_peak_bytes == row.peak_allocated_bytes:
-        return f"buffers live at the peak add up to the measured peak ({row.peak_allocated_bytes} B)"
-    return (f"buffers live at the peak sum to {row.breakdown_peak_bytes} B, the peak is "
-            f"{row.peak_allocated_bytes} B: {row.peak_allocated_bytes - row.breakdown_peak_bytes:+} B "
+        if exact:
+            return (f"buffers live at the peak add up to the {kind} peak "
+                    f"({row.peak_allocated_bytes} B)")
+        return f"buffers live at the peak add up to the {kind} peak, {size(row.peak_allocated_bytes)}"
+    missing = row.peak_allocated_bytes - row.breakdown_peak_bytes
+    return (f"buffers live at the peak sum to {size(row.breakdown_peak_bytes)}, the {kind} peak is "
+            f"{size(row.peak_allocated_bytes)}: {'+' if missing > 0 else ''}{size(missing)} "
             "not attributed")
 
 
@@ -126,14 +147,13 @@ def _removed(buffer: dict) -> str:
     return {True: "removed", False: "kept", None: ""}[buffer["removed_by_workspace"]]
 
 
-def breakdown_table(result: ProfileResult) -> Table:
+def breakdown_table(result: ProfileResult) -> Group:
     """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not."""
     summaries = [f"T={row.tokens} {row.path}: " + (
-        row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row)}")
+        row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row, exact=False)}")
         for row in result.rows]
-    out = Table(title=f"mlamem profile --breakdown: {result.scenario['name']}",
-                caption="\n".join([_label(result), *summaries, *result.notes]),
-                caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    out = compact_table(f"mlamem profile --breakdown: {result.scenario['name']}"
+                        f"{predicted_tag(result.measured)}")
     for name in ("T, path", "buffer", "by", "size", "live at\npeak", "workspace\npath"):
         out.add_column(name, justify="right" if name == "size" else "left", no_wrap=True)
     for row in result.rows:
@@ -142,7 +162,7 @@ def breakdown_table(result: ProfileResult) -> Table:
                         b["allocated_by"], format_bytes(b["requested_bytes"]),
                         "yes" if b["live_at_peak"] else "no", _removed(b))
         out.add_section()
-    return out
+    return with_notes(out, [_label(result), *summaries, *result.notes])
 
 
 def breakdown_markdown(result: ProfileResult) -> str:
@@ -161,7 +181,7 @@ def breakdown_markdown(result: ProfileResult) -> str:
             lines.append(f"| {b['name']} | {b['allocated_by']} | {b['requested_bytes']} | "
                          f"{format_bytes(b['requested_bytes'])} | "
                          f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |")
-        lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row)}."]
+        lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row, exact=True)}."]
         if row.missing_buffers:
             lines.append(f"Expected but not allocated: {', '.join(row.missing_buffers)}.")
         lines.append("")
@@ -174,9 +194,13 @@ def to_json(result: ProfileResult) -> str:
 
 
 def to_csv(result: ProfileResult) -> str:
-    frame = pd.DataFrame([r.__dict__ for r in result.rows])
-    frame["staged"] = frame["staged"].map(";".join)
-    return frame.to_csv(index=False)
+    """One line per (T, path), the columns of `rows` in mlamem.profile/1; every cell is JSON
+    (null, true, "alloc", ["padded_q"], a list of buffer objects), so it reads back exactly."""
+    import pandas as pd  # only CSV needs it
+
+    cells = [{name: json_cell(value) for name, value in dataclasses.asdict(row).items()}
+             for row in result.rows]
+    return pd.DataFrame(cells).to_csv(index=False)
 
 
 FORMATS = {"table": render_table, "markdown": markdown, "json": to_json, "csv": to_csv}

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 
-from rich import box
-from rich.table import Table
+from rich.console import Group
 
 from mlamem.context_reuse import VARIANT_LABELS
-from mlamem.render.common import console_text, gib_text, predicted_tag
+from mlamem.render.common import (
+    compact_table,
+    console_text,
+    gib_text,
+    predicted_tag,
+    with_notes,
+)
 from mlamem.repro import ReproResult
 from mlamem.units import format_bytes, gib
 
@@ -33,7 +38,29 @@ def _budget_lines(result: ReproResult) -> list[str]:
     if first.get("non_torch_bytes") is not None:
         lines.append(f"non-torch memory (CUDA context, libraries): "
                      f"{format_bytes(first['non_torch_bytes'])}")
-    return lines
+    return lines + [_budget_rule(result)]
+
+
+def _budget_rule(result: ReproResult) -> str:
+    """Which rule sized the KV cache (context reuse: the KV budget), with its figures."""
+    b = result.budget
+    if result.mode != "context-reuse":
+        return (f"KV cache rule (vLLM's): utilization {b['utilization']} x total - (init + "
+                "profile peak + non-torch), in whole blocks, after a profile pass that skips "
+                "attention")
+    figures = ""
+    case = next((c for c in result.cases if c.get("budget_bytes") is not None), None)
+    if case is not None:
+        cap, weights, profile = (case["torch_limit_bytes"], case["weights_bytes"],
+                                 case["profile_peak_bytes"])
+        figures = f" = {format_bytes(case['budget_bytes'])}"
+        if int(b["utilization"] * (cap - weights - profile)) == case["budget_bytes"]:
+            figures = (f" = {b['utilization']} x ({format_bytes(cap)} - {format_bytes(weights)} "
+                       f"- {format_bytes(profile)}){figures}")
+    return (f"KV budget rule (TRT-LLM's): free_gpu_memory_fraction x (total - non-torch - "
+            f"weights - profile peak){figures}; each variant's reserve comes out of it. "
+            "`mlamem plan` charges neither the profile peak nor non-torch memory, so its "
+            "reserves differ")
 
 
 def case_label(case: dict) -> str:
@@ -92,19 +119,19 @@ _CONTEXT_COLUMNS = ("reserve", "admission cap", "KV pool tokens", "admitted / tr
                     "attended KV")
 
 
-def _context_table(result: ReproResult) -> Table:
-    out = Table(title=f"mlamem repro-oom: {result.scenario['name']}, context-MLA reuse",
-                caption="\n".join([_repro_label(result), *_budget_lines(result),
-                                   *[f"{case_label(c)}: {verdict_text(c)}"
-                                     for c in result.cases], *result.notes]),
-                caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                padding=(0, 1, 0, 0))
+def _context_table(result: ReproResult) -> Group:
+    out = compact_table(f"mlamem repro-oom: {result.scenario['name']}, context-MLA reuse"
+                        f"{predicted_tag(result.measured)}")
     for name in ("variant", "verdict", *_CONTEXT_COLUMNS):
-        out.add_column(name, justify="left" if name in ("variant", "verdict") else "right")
+        out.add_column(name.replace(" ", "\n", 1) if name not in ("variant", "verdict") else name,
+                       justify="left" if name in ("variant", "verdict") else "right",
+                       no_wrap=True)
     for c in result.cases:
         out.add_row(c["variant"], c["verdict"].upper() if c["verdict"] == "oom" else c["verdict"],
                     *_context_cells(c))
-    return out
+    return with_notes(out, [_repro_label(result), *_budget_lines(result),
+                            *[f"{case_label(c)}: {verdict_text(c)}" for c in result.cases],
+                            *result.notes])
 
 
 def _context_markdown(result: ReproResult) -> str:
@@ -122,23 +149,24 @@ def _context_markdown(result: ReproResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def repro_table(result: ReproResult) -> Table:
+def repro_table(result: ReproResult) -> Group:
     """One row per path: the verdict, the KV cache the engine chose, the largest safe T."""
     if result.mode == "context-reuse":
         return _context_table(result)
     caption = [_repro_label(result), *_budget_lines(result)]
     caption += [f"{c['path']}: {verdict_text(c)}" for c in result.cases
-                if c["verdict"] not in ("fits", "oom")]
+                if c["verdict"] not in ("fits", "oom") or c.get("oom_requested_bytes") is None
+                and c["verdict"] == "oom"]
     caption += [f"largest safe T ({c['path']}): {c.get('max_safe_method')}"
                 for c in result.cases]
     caption += result.notes
-    out = Table(title=f"mlamem repro-oom: {result.scenario['name']}; GiB",
-                caption="\n".join(caption), caption_justify="left", box=box.SIMPLE_HEAD,
-                pad_edge=False, padding=(0, 1, 0, 0))
+    out = compact_table(f"mlamem repro-oom: {result.scenario['name']}"
+                        f"{predicted_tag(result.measured)}; GiB")
     for name in ("path", "verdict", "failed\nalloc", "free at\nOOM", "KV\ncache", "head-\nroom",
                  "+if out\nstaged", "max\nsafe T"):
-        out.add_column(name, justify="left" if name in ("path", "verdict") else "right",
-                       no_wrap=True)
+        left = name in ("path", "verdict", "failed\nalloc")
+        out.add_column(name, justify="left" if left else "right",
+                       no_wrap=name != "failed\nalloc", overflow="fold")
     for c in result.cases:
         out.add_row(c["path"], c["verdict"].upper() if c["verdict"] == "oom" else c["verdict"],
                     "" if c.get("oom_requested_bytes") is None
@@ -147,7 +175,7 @@ def repro_table(result: ReproResult) -> Table:
                     "n/a" if c.get("kv_cache_bytes") is None else gib_text(c["kv_cache_bytes"]),
                     gib_text(c.get("headroom_bytes")) if c["verdict"] == "fits" else "",
                     _gain(c), _safe(c))
-    return out
+    return with_notes(out, caption)
 
 
 def repro_markdown(result: ReproResult) -> str:

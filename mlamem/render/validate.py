@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from rich.table import Table
-
 from mlamem.environment import Environment
-from mlamem.render.common import console_text
+from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
+from mlamem.units import format_bytes
 from mlamem.validate import Comparison
 
 
@@ -35,24 +34,39 @@ def _diff(c: Comparison) -> str:
 
 
 def validation_table(comparisons: list[Comparison], command: str) -> str:
-    table_ = Table(title="mlamem validate: predicted vs measured, bytes",
-                   caption=f"Command: {command}", caption_justify="left")
-    for name in ("scenario", "T", "path", "alloc predicted", "alloc measured", "diff",
-                 "reserved predicted", "reserved measured", "diff", "buffers", "worst buffer diff",
-                 "verdict"):
-        table_.add_column(name, justify="left" if name in ("scenario", "path", "verdict")
-                          else "right")
+    """One row per (scenario, T, path) within 80 columns: measured peaks with units, and
+    measured - predicted; every figure that differs is then listed in bytes."""
+    table_ = compact_table("mlamem validate: predicted vs measured")
+    for name in ("scenario, T, path", "peak\nalloc", "Δ", "peak\nresv", "Δ", "buffers",
+                 "worst\nbuffer Δ", "verdict"):
+        table_.add_column(name, justify="left" if name in ("scenario, T, path", "verdict")
+                          else "right", no_wrap=name not in ("Δ", "worst\nbuffer Δ"))
+    scenario = None
     for r in validation_rows(comparisons):
+        if r["scenario"] != scenario:
+            if scenario is not None:
+                table_.add_section()
+            scenario = r["scenario"]
+            table_.add_row(scenario)
         a, res = r["allocated"], r["reserved"]
-        table_.add_row(r["scenario"], str(r["tokens"]), r["path"], str(a.predicted),
-                       str(a.measured), _diff(a), str(res.predicted), str(res.measured),
-                       _diff(res), str(r["buffers"]), str(r["worst_buffer_difference"]),
+        worst = r["worst_buffer_difference"]
+        table_.add_row(f"{r['tokens']:>6} {r['path']}", _bytes(a.measured),
+                       signed_bytes(a.difference), _bytes(res.measured),
+                       signed_bytes(res.difference), str(r["buffers"]),
+                       "n/a" if worst == float("inf") else signed_bytes(worst).lstrip("+"),
                        "equal" if r["agrees"] else "DIFFERS")
-    lines = [console_text(table_, width=170)]
-    lines += [f"DIFFERS: {c.scenario} T={c.tokens} {c.path} {c.item} {c.metric}: predicted "
-              f"{c.predicted}, measured {c.measured} ({_diff(c)} B)"
-              for c in comparisons if not c.agrees]
-    return "\n".join(lines)
+    notes = ["peak alloc, peak resv: measured per-call peaks; Δ: measured - predicted (0: "
+             "equal to the byte); buffers: buffers compared, each allocated and reserved; worst "
+             "buffer Δ: the largest difference of any buffer",
+             *[f"DIFFERS: {c.scenario} T={c.tokens} {c.path} {c.item} {c.metric}: predicted "
+               f"{c.predicted} B, measured {c.measured} B ({_diff(c)} B)"
+               for c in comparisons if not c.agrees],
+             f"Command: {command}"]
+    return console_text(with_notes(table_, notes))
+
+
+def _bytes(value: int | None) -> str:
+    return "n/a" if value is None else format_bytes(value)
 
 
 def validation_markdown(comparisons: list[Comparison], command: str) -> str:

@@ -1,0 +1,209 @@
+"""What a person reads: every terminal table within 80 columns, bytes with units, CSV cells as
+JSON, PREDICTED wherever the figures are, the budget rule of plan and repro-oom, and --help at
+80 columns."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mlamem import render
+from mlamem.cli import app, main
+from mlamem.profile import ProfileResult
+from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
+from mlamem.repro import ReproResult
+from mlamem.validate import Comparison
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+PREDICTED = {"measured": False, "not_measured_reason": "no GPU here"}
+
+
+def _load(name: str) -> dict:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def _profile(name: str = "profile-glm5-h200.json") -> ProfileResult:
+    return ProfileResult.from_dict(_load(name))
+
+
+def _repro(name: str, **changes) -> ReproResult:
+    return dataclasses.replace(ReproResult.from_dict(_load(name)), **changes)
+
+
+def _predicted_repro(name: str) -> ReproResult:
+    """A saved measured result relabelled as predicted: the renderers read only `measured`."""
+    result = _repro(name, **PREDICTED)
+    return dataclasses.replace(result, cases=[{**c, "measured": False} for c in result.cases])
+
+
+def _workspace_full(result: ProfileResult) -> ProfileResult:
+    """The widest rows a profile has: the longest path name and every buffer staged."""
+    rows = [dataclasses.replace(r, path="workspace-full",
+                                staged=["padded_q", "out", "lse", "accum_workspace"])
+            if r.path == "workspace" else r for r in result.rows]
+    return dataclasses.replace(result, rows=rows)
+
+
+def _comparisons() -> list[Comparison]:
+    return [Comparison(**{k: v for k, v in c.items() if k != "difference"})
+            for c in _load("validate-h200.json")["comparisons"]]
+
+
+def _plan(*args: str) -> dict:
+    from mlamem import plan, scenario
+
+    name = args[0] if args else "glm5-fp8-tp8"
+    sweep = args[1] if len(args) > 1 else None
+    return plan.run_plan(scenario.load(name), {}, sweep, command="mlamem plan")
+
+
+TABLES = {
+    "profile": lambda: render.table(_profile()),
+    "profile, predicted": lambda: render.table(_profile("profile-glm5-h200.predicted.json")),
+    "profile, workspace-full": lambda: render.table(_workspace_full(_profile())),
+    "profile --breakdown": lambda: render.breakdown_table(_profile()),
+    "repro-oom": lambda: render.repro_table(_repro("repro-oom-glm5-h200.json")),
+    "repro-oom, context reuse": lambda: render.repro_table(
+        _repro("repro-oom-context-reuse-h200.json")),
+    "plan": lambda: render.plan_table(_plan()),
+    "plan, context reuse": lambda: render.plan_table(_plan("kimi-k2-context-reuse")),
+    "plan --sweep": lambda: render.plan_table(
+        _plan("glm5-fp8-tp8", "max-seq-len=32768,131072,786432")),
+    "plan --sweep gpu-memory": lambda: render.plan_table(
+        _plan("kimi-k2-context-reuse", "gpu-memory=141GB,160GB,192GB")),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_terminal_table_fits_80_columns(name):
+    """Nothing is cut or wider than 80 columns, and no byte count is a raw 10-digit number."""
+    text = console_text(TABLES[name]())
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    assert "…" not in text, text
+    shown = "\n".join(line for line in text.splitlines() if not line.startswith("Command:"))
+    assert not re.search(r"\d{10}", shown), shown
+
+
+def test_validate_table_fits_80_columns_with_differences():
+    """validate's table stays within 80 columns; figures that differ are listed in bytes."""
+    comparisons = _comparisons()
+    comparisons[0] = dataclasses.replace(comparisons[0], measured=comparisons[0].measured + 512)
+    text = render.validation_table(comparisons, "mlamem validate")
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    assert "…" not in text and "3.068 GiB" in text
+    assert "+512 B" in text and "DIFFERS: deepseek-v32-fp8-tp8 T=1024 alloc total allocated" in text
+
+
+def test_sweep_cells_are_readable():
+    """L_cap beyond 10 million tokens is abbreviated, and the abbreviation is explained."""
+    text = console_text(TABLES["plan --sweep"]())
+    assert "4.29G" in text and "25.8G" in text and "M, G, T: 10^6, 10^9, 10^12 tokens" in text
+    assert re.search(r"786432 +25\.8G +581281 ", text), text
+
+
+def test_count_and_difference_cells():
+    """Counts keep every digit below 10 million; differences are 0 or signed with units."""
+    assert [count_text(n) for n in (581281, 9_999_999, 12_345_678, 4_294_967_296,
+                                    999_999_999_999, None)] == [
+        "581281", "9999999", "12.3M", "4.29G", "1.00T", "-"]
+    assert [signed_bytes(n) for n in (0, 512, -3 * 2**20, None)] == [
+        "0", "+512 B", "-3.000 MiB", "n/a"]
+
+
+def test_csv_cells_are_json():
+    """Every CSV cell reads back with json.loads: null, true, strings and lists, no reprs."""
+    text = render.to_csv(_profile("profile-glm5-h200.predicted.json"))
+    assert "None" not in text and "True" not in text and "'" not in text
+    rows = list(csv.DictReader(io.StringIO(text)))
+    cells = [{k: json.loads(v) for k, v in row.items()} for row in rows]
+    assert cells[0]["path"] == "alloc" and cells[1]["staged"] == ["padded_q"]
+    assert cells[0]["wall_time_ms"] is None and cells[0]["measured"] is False
+    assert cells[0]["buffers"][0]["name"] == "padded_q"
+    assert cells[0]["tokens"] == 1024
+
+
+@pytest.mark.parametrize("name", ["profile, predicted", "profile --breakdown, predicted",
+                                  "repro-oom, predicted", "context reuse, predicted"])
+def test_predicted_output_never_says_measured(name):
+    """A predicted run says PREDICTED in the title and never calls a figure measured."""
+    profile = _profile("profile-glm5-h200.predicted.json")
+    views = {
+        "profile, predicted": [console_text(render.table(profile)), render.markdown(profile)],
+        "profile --breakdown, predicted": [console_text(render.breakdown_table(profile)),
+                                           render.breakdown_markdown(profile)],
+        "repro-oom, predicted": [render.REPRO_FORMATS[f](_predicted_repro(
+            "repro-oom-glm5-h200.json")) for f in ("table", "markdown")],
+        "context reuse, predicted": [render.REPRO_FORMATS[f](_predicted_repro(
+            "repro-oom-context-reuse-h200.json")) for f in ("table", "markdown")],
+    }[name]
+    for text in views:
+        assert "(PREDICTED)" in text.splitlines()[0] + text.splitlines()[1], text
+        flat = " ".join(text.split())
+        assert not re.search(r"(?<!not )measured", flat.replace("measured on", "")), flat
+    if "breakdown" in name:
+        assert "add up to the predicted peak" in " ".join(views[0].split())
+
+
+def test_measured_breakdown_says_measured():
+    """A measured breakdown says the buffers add up to the measured peak, with units."""
+    text = " ".join(console_text(render.breakdown_table(_profile())).split())
+    assert "add up to the measured peak, 12.273 GiB" in text
+
+
+def test_repro_states_its_budget_rule():
+    """repro-oom says which rule sized the KV cache: vLLM's for decode, TRT-LLM's fraction of
+    what weights and profiling leave for context reuse, with figures that add up."""
+    decode = " ".join(console_text(render.repro_table(_repro("repro-oom-glm5-h200.json"))).split())
+    assert "KV cache rule (vLLM's): utilization 0.85 x total - (init + profile peak + non-torch)" \
+        in decode
+    context = _repro("repro-oom-context-reuse-h200.json")
+    for text in (console_text(render.repro_table(context)), render.repro_markdown(context)):
+        flat = " ".join(text.split())
+        assert ("KV budget rule (TRT-LLM's): free_gpu_memory_fraction x (total - non-torch - "
+                "weights - profile peak) = 0.9 x (139.289 GiB - 100.000 GiB - 617.000 MiB) = "
+                "34.817 GiB") in flat, flat
+        assert "`mlamem plan` charges neither the profile peak nor non-torch memory" in flat
+
+
+def test_plan_states_its_budget_rule():
+    """plan says its budget rule, and for a context-reuse scenario how repro-oom's differs."""
+    rows = dict(render.plan_rows(_plan("kimi-k2-context-reuse")["plans"][0],
+                                 _plan("kimi-k2-context-reuse")["scenario"]))
+    assert rows["KV budget"] == ("25.820 GiB = utilization 0.9 x total 139.800 GiB - weights "
+                                 "100.000 GiB (vLLM's rule; no profile peak, no non-torch memory)")
+    assert "profile peak" in rows["repro-oom's KV budget"]
+    assert "repro-oom's KV budget" not in dict(render.plan_rows(_plan()["plans"][0],
+                                                                _plan()["scenario"]))
+    from mlamem import plan, scenario
+
+    trt = plan.run_plan(scenario.load("kimi-k2-context-reuse"), {"free_fraction": 0.9}, None,
+                        command="mlamem plan")
+    assert "TRT-LLM's rule" in dict(render.plan_rows(trt["plans"][0], trt["scenario"]))[
+        "KV budget"]
+
+
+COMMANDS = sorted(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_reads_at_80_columns(command, capsys, monkeypatch):
+    """`COLUMNS=80 mlamem COMMAND --help`: no line over 80 columns, every option named whole."""
+    import typer
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= WIDTH, text
+    assert "…" not in text
+    click_command = typer.main.get_command(app).commands[command]
+    for param in click_command.params:
+        for option in [*param.opts, *param.secondary_opts]:
+            if option.startswith("-"):
+                assert re.search(rf"(^|[\s,/]){re.escape(option)}([\s,=]|$)", text, re.M), (
+                    option, text)

@@ -1,0 +1,161 @@
+"""Every JSON schema mlamem writes is documented field by field in the README.
+
+For each schema the test writes a real document (predicted, on the CPU; validate from the
+committed H200 comparisons, bench from its committed H200 output) and compares its fields, nested
+objects as dotted names, with the README's table for that schema, in both directions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mlamem.cli import main
+
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+SHARED = "### JSON objects shared by the schemas"
+MAP = ".<>"  # the keys of an object whose keys are data (`cases[].buffers.<buffer>`)
+
+
+def readme_tables() -> dict[str, list[set[str]]]:
+    """Schema name -> the fields of each of its README tables, `object.*` rows expanded from
+    the shared objects' tables and `<key>` placeholders written as MAP."""
+    sections: dict[str, list[set[str]]] = {}
+    current, table = None, None
+    for line in README.read_text().splitlines():
+        if line.startswith(("## ", "### ")):
+            found = re.fullmatch(r"### JSON schema `(mlamem\.[a-z-]+/\d+)`", line)
+            current = found.group(1) if found else SHARED if line == SHARED else None
+            table = None
+            continue
+        if current is None or not line.startswith("|"):
+            table = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == "field" or set(cells[0]) <= {"-"}:
+            continue
+        if table is None:
+            table = set()
+            sections.setdefault(current, []).append(table)
+        table.update(re.sub(r"\.<[a-z_]+>$", MAP, name) for name in re.findall(r"`([^`]+)`",
+                                                                                  cells[0]))
+    shared = set().union(*sections.pop(SHARED))
+    for tables in sections.values():
+        for fields in tables:
+            for star in [f for f in fields if f.endswith(".*")]:
+                fields.remove(star)
+                expansion = {f for f in shared if f.startswith(star[:-1])}
+                assert expansion, f"README: `{star}` names no shared object"
+                fields |= expansion
+    return sections
+
+
+def written_fields(document, maps: set[str], prefix: str = "") -> set[str]:
+    """Dotted names of every value in a JSON document: `a.b`, `rows[].c`; a documented map's
+    keys become MAP; null, scalars, empty objects and lists of non-objects are leaves."""
+    if prefix in maps:
+        return {prefix + MAP}
+    if isinstance(document, dict) and document:
+        return set().union(*(written_fields(v, maps, f"{prefix}.{k}" if prefix else k)
+                             for k, v in document.items()))
+    if isinstance(document, list) and document and all(isinstance(v, dict) for v in document):
+        return set().union(*(written_fields(v, maps, prefix + "[]") for v in document))
+    return {prefix}
+
+
+def differences(documents: list[dict], documented: set[str]) -> tuple[list[str], list[str]]:
+    """(fields written but not documented, fields documented but never written)."""
+    maps = {f[:-len(MAP)] for f in documented if f.endswith(MAP)}
+    written = set().union(*(written_fields(d, maps) for d in documents))
+
+    def under(name: str, names: set[str]) -> bool:  # an object or list holding documented ones
+        return any(n.startswith((name + ".", name + "[]")) for n in names)
+
+    return (sorted(w for w in written if w not in documented and not under(w, documented)),
+            sorted(d for d in documented if d not in written and not under(d, written)))
+
+
+def _json(tmp_path: Path, name: str, *args: str) -> dict:
+    target = tmp_path / name
+    assert main([*args, "--output", str(target)]) == 0
+    return json.loads(target.read_text())
+
+
+def _validate_document() -> dict:
+    from mlamem import environment, render
+    from mlamem.validate import Comparison
+
+    saved = json.loads((FIXTURES / "validate-h200.json").read_text())
+    comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
+                   for c in saved["comparisons"]]
+    return json.loads(render.validation_json(comparisons, saved["command"],
+                                             environment=environment.capture(None),
+                                             created=environment.now_utc()))
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
+    """Schema -> for each README table (mode), the documents written in that shape."""
+    tmp = tmp_path_factory.mktemp("schemas")
+    return {
+        "mlamem.profile/1": [[_json(tmp, "profile.json", "profile", "--tokens", "1024",
+                                    "--format", "json", "--predict")]],
+        "mlamem.repro-oom/1": [
+            [_json(tmp, "repro.json", "repro-oom", "--format", "json", "--predict")],
+            [_json(tmp, "context.json", "repro-oom", "-s", "kimi-k2-context-reuse",
+                   "--format", "json", "--predict")]],
+        "mlamem.validate/1": [[_validate_document()]],
+        "mlamem.baseline/1": [[_baseline(tmp)]],
+        "mlamem.plan/1": [[_json(tmp, "plan.json", "plan", "--format", "json", "--sweep",
+                                 "max-seq-len=32768,131072"),
+                           _json(tmp, "plan-context.json", "plan", "-s",
+                                 "kimi-k2-context-reuse", "--format", "json")]],
+        "mlamem.bench/1": [[json.loads((FIXTURES / "bench-triton-h200.json").read_text())]],
+    }
+
+
+def _baseline(tmp: Path) -> dict:
+    target = tmp / "baseline.json"
+    assert main(["gate", "--baseline", str(target), "--update", "--predict", "--scenario",
+                 "glm5-fp8-tp8", "--tokens", "1024"]) == 0
+    return json.loads(target.read_text())
+
+
+def test_every_schema_the_code_writes_has_a_readme_section(documents):
+    """A schema named anywhere in mlamem/ or benchmarks/ has its README table and a document
+    in this test."""
+    named = {m for folder in ("mlamem", "benchmarks") for path in (ROOT / folder).rglob("*.py")
+             for m in re.findall(r"\"(mlamem\.[a-z-]+/\d+)\"", path.read_text())}
+    assert named == set(readme_tables()) == set(documents)
+
+
+@pytest.mark.parametrize("schema", ["mlamem.profile/1", "mlamem.repro-oom/1",
+                                    "mlamem.validate/1", "mlamem.baseline/1", "mlamem.plan/1",
+                                    "mlamem.bench/1"])
+def test_readme_documents_every_field(schema, documents):
+    """The README's table for `schema` lists every field a written document has, and nothing
+    else; repro-oom's context-reuse cases are checked against their own table."""
+    tables = readme_tables()[schema]
+    shapes = documents[schema]
+    assert len(tables) == len(shapes), f"{schema}: {len(tables)} README tables"
+    for i, (fields, written) in enumerate(zip(tables, shapes, strict=True)):
+        if i:  # a later table replaces the first one's list entries, keeps its top level
+            fields = fields | {f for f in tables[0] if "[]" not in f}
+        missing, stale = differences(written, fields)
+        assert not missing, (f"{schema}: written but not in the README's table under "
+                             f"'### JSON schema `{schema}`': {missing}")
+        assert not stale, f"{schema}: in the README's table but never written: {stale}"
+
+
+def test_a_new_field_is_caught():
+    """The comparison finds an undocumented field, a stale one, and knows a map's keys."""
+    documented = {"a", "b.c", "rows[].d", "m" + MAP}
+    document = {"a": 1, "b": {"c": None, "new": 2}, "rows": [{"d": 1}], "m": {"x.y": 1}}
+    assert differences([document], documented) == (["b.new"], [])
+    assert differences([{"a": 1, "b": None, "rows": [], "m": {}}], documented) == (
+        [], ["b.c", "rows[].d"])
