@@ -1,6 +1,6 @@
 """`mlamem plan`: KV-cache capacity for one rank, with the fp8 context-MLA workspace reserve.
 
-The arithmetic of TensorRT-LLM PR #16399 (../shared/reference/004_*):
+The arithmetic of TensorRT-LLM PR #16399:
     k      = KV-cache bytes per token (layers x bytes per token per layer)
     w      = fp8 context-MLA K/V staging bytes per attended token
              = heads_per_rank x (qk_nope + qk_rope + v_head_dim) x 1 B

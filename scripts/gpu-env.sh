@@ -1,8 +1,42 @@
-# Sourced by the scripts/gpu-check-issue-*.sh scripts: $OUT, FlashMLA from .whl/ (see
-# ../shared/GPU.md), the checkout on PYTHONPATH, and the GPU recorded in $OUT/gpu.txt.
-set -uo pipefail
-OUT=${OUT:-/tmp/mlamem-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+# Setup for mlamem on a GPU machine, in the repo root. Sourced by scripts/gpu-check.sh, or by
+# hand before running mlamem there: `source scripts/gpu-env.sh`.
+#
+# 1. Installs the wheels in .whl/ and this checkout into $MLAMEM_SITE (default /tmp/site),
+#    without dependencies or network: the machine's python3 brings torch, typer, rich, pandas
+#    and nvidia-ml-py. .whl/ (kept out of git) carries FlashMLA, downloaded where an index is
+#    reachable, for the GPU machine's CPython 3.12:
+#        python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#            --implementation cp --platform manylinux2014_x86_64 -d .whl sgl-flash-mla==1.0.0
+# 2. Exports PYTHONPATH=$MLAMEM_SITE and PYTHONSAFEPATH=1. The checkout's mlamem/ folder is not
+#    the whole package (kernels/ and scenarios/ sit at the top of the repo and are installed as
+#    mlamem.kernels and mlamem.scenarios), so no python3 may import mlamem from the working
+#    directory: PYTHONSAFEPATH keeps `python3 -m ...` from putting it first on sys.path, here
+#    and in the processes mlamem starts (repro-oom's cases).
+# Returns non-zero when the installed package cannot be imported.
+MLAMEM_SITE=${MLAMEM_SITE:-/tmp/site}
+
+_mlamem_pip_target() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$MLAMEM_SITE" "$@"
+}
+
+_mlamem_wheels=(.whl/*.whl)
+if [ -e "${_mlamem_wheels[0]}" ]; then
+    _mlamem_pip_target "${_mlamem_wheels[@]}" || return 1
+else
+    echo "gpu-env.sh: no wheels in .whl/; FlashMLA only if python3 already has it" >&2
+fi
+unset _mlamem_wheels
+
+# The checkout, built by the machine's own setuptools (pyproject.toml asks for >= 77). Where that
+# fails, copy the three packages the way pyproject.toml's package-dir maps them.
+if ! _mlamem_pip_target --no-build-isolation . >/tmp/mlamem-pip-install.log 2>&1; then
+    echo "gpu-env.sh: pip could not build the checkout (last line: $(tail -n 1 \
+/tmp/mlamem-pip-install.log)); copying mlamem/, kernels/ and scenarios/ into $MLAMEM_SITE" >&2
+    rm -rf "$MLAMEM_SITE/mlamem" && mkdir -p "$MLAMEM_SITE" \
+        && cp -r mlamem "$MLAMEM_SITE/mlamem" && cp -r kernels "$MLAMEM_SITE/mlamem/kernels" \
+        && cp -r scenarios "$MLAMEM_SITE/mlamem/scenarios" || return 1
+fi
+
+export PYTHONPATH=$MLAMEM_SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+python3 -c "import mlamem.kernels, mlamem.scenarios" || return 1

@@ -1,5 +1,7 @@
-"""Issue 8's acceptance over a measured and a predicted `profile --kernel triton` JSON and
-FlashMLA's measured alloc column: one line per T.
+"""The Triton kernel's acceptance checks over a measured and a predicted `profile --kernel triton`
+JSON and FlashMLA's measured alloc column, one line per T: alloc equals FlashMLA's to the byte,
+workspace equals the source PR's "after" column, workspace-full allocates at most 1 MiB, outputs
+are bit-identical across paths, and measured equals predicted.
 
 Usage: python3 scripts/triton_acceptance.py DIR  (DIR holds triton-profile.json,
 triton-profile-predicted.json and flashmla-alloc.json)

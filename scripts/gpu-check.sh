@@ -1,0 +1,242 @@
+#!/usr/bin/env bash
+# mlamem's checks on a CUDA GPU (the project measures on an NVIDIA H200), by suite.
+#
+# Usage, in the repo root:  bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR
+#
+# Suites (default: all, in this order):
+#   tests          the whole test suite, CPU and GPU tests (python3 -m pytest -q -rs tests)
+#   profile        the default sweep measured (JSON, with its wall time from process start),
+#                  in Markdown and predicted; the other decode scenarios in Markdown; the
+#                  profiler's overhead (benchmarks/overhead.py); measured against predicted
+#   validate       `mlamem validate` over every shipped scenario (JSON, Markdown); the GLM-5
+#                  breakdown at T=32768; a snapshot at T=1024; the profile table
+#   repro          the repro tests; `mlamem repro-oom` at the GLM-5 defaults (JSON with its wall
+#                  time, Markdown, predicted JSON); the other decode scenarios in Markdown; the
+#                  --expect-oom/--expect-fit exit code
+#   context-reuse  the context-MLA reuse reproduction three ways (JSON; Markdown with its
+#                  expectations) and its GPU test; `mlamem plan` for it and a GLM-5 sweep
+#   gate           the gate's tests; a measured baseline (--update), a rerun against it (default
+#                  tolerances and --tolerance 0); the predicted gate against the committed and
+#                  the measured baselines; run-to-run noise of 5 profile sweeps per decode
+#                  scenario (benchmarks/gate_noise.py), which sets mlamem/gate.py's MEASURED
+#   triton         the Triton decode's GPU tests; `profile --kernel triton` over its three
+#                  paths, measured and predicted, and FlashMLA's alloc column; the acceptance
+#                  lines (scripts/triton_acceptance.py); the throughput benchmark against
+#                  FlashMLA with lse errors (BENCH_ARGS=--sweep adds the other launch configs,
+#                  BENCH_TIMEOUT its time limit, default 150 s)
+#   report         `mlamem profile --report` on the GPU, then one `mlamem report` over this
+#                  run's results (repro, context-reuse, triton; the committed ones in reports/
+#                  for suites not run)
+#   non-torch      scripts/non_torch_probe.py: non-torch device memory step by step
+#
+# Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site.
+# Results: every suite writes into results/SUITE/ of a scratch folder (printed at the start);
+# after every step the whole results/ folder is packed into OUTDIR/results.tar.gz, since a
+# remote GPU machine may hand back only a few files. OUTDIR/console.log is the console output.
+# Each step's exit code is in results/SUITE/exit-codes.txt; the script exits 1 if any step
+# exited non-zero (every step here is expected to exit 0), 2 on bad usage.
+set -uo pipefail
+SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch)
+
+usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
+
+suites=all OUTDIR=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --suite) [ $# -ge 2 ] || fail_usage "--suite needs a value"; suites=$2; shift 2 ;;
+        --suite=*) suites=${1#--suite=}; shift ;;
+        -h | --help) usage; exit 0 ;;
+        -*) fail_usage "unknown option $1" ;;
+        *) [ -z "$OUTDIR" ] || fail_usage "one OUTDIR only, got $OUTDIR and $1"; OUTDIR=$1; shift ;;
+    esac
+done
+[ -n "$OUTDIR" ] || fail_usage "give OUTDIR, the folder for results.tar.gz"
+if [ "$suites" = all ]; then
+    SUITES=("${SUITES_ALL[@]}")
+else
+    IFS=, read -r -a SUITES <<< "$suites"
+    [ ${#SUITES[@]} -gt 0 ] || fail_usage "--suite needs a value"
+    for s in "${SUITES[@]}"; do
+        [[ " ${SUITES_ALL[*]} " == *" $s "* ]] \
+            || fail_usage "unknown suite '$s'; expected all or one of: ${SUITES_ALL[*]}"
+    done
+fi
+[ -f pyproject.toml ] && [ -d kernels ] || fail_usage "run it in the repo root"
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR=$(cd "$OUTDIR" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/mlamem-gpu-check.XXXXXX")
+exec > >(tee -a "$OUTDIR/console.log") 2>&1
+echo "suites: ${SUITES[*]}; results in $WORK/results, packed into $OUTDIR/results.tar.gz"
+
+# shellcheck source=scripts/gpu-env.sh
+source "$(dirname "$0")/gpu-env.sh" || { echo "gpu-check.sh: setup failed"; exit 1; }
+mkdir -p "$WORK/results"
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch; print('torch', torch.__version__)"
+    git log -1 --format='commit %h %s' 2>/dev/null || true
+} | tee "$WORK/results/gpu.txt"
+
+FAILED=()
+pack() {
+    tar -czf "$OUTDIR/results.tar.gz.part" -C "$WORK" results \
+        && mv "$OUTDIR/results.tar.gz.part" "$OUTDIR/results.tar.gz"
+}
+# step NAME CMD...: runs CMD with its output shown and saved as $R/NAME.log, records its exit
+# code, and packs the results.
+step() {
+    local name=$1
+    shift
+    "$@" 2>&1 | tee "$R/$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "$name: exit $rc" >> "$R/exit-codes.txt"
+    [ "$rc" -eq 0 ] || { FAILED+=("$SUITE/$name (exit $rc)"); echo "^ $SUITE/$name: exit $rc"; }
+    pack
+    return "$rc"
+}
+# timed NAME CMD...: step, with the wall time from process start in $R/NAME-time.txt.
+timed() {
+    local name=$1 start end
+    shift
+    start=$(date +%s%N)
+    step "$name" "$@"
+    end=$(date +%s%N)
+    echo "$* : $(((end - start) / 1000000)) ms from process start" | tee "$R/$name-time.txt"
+}
+
+MLAMEM=(python3 -m mlamem)
+TOKENS=1024,8192,16384,32768
+DECODE_SCENARIOS=(deepseek-v32-fp8-tp8 glm5-fp8-tp8 kimi-k2-fp8-tp4-dp)
+
+suite_tests() {
+    step pytest python3 -m pytest -q -rs tests
+}
+
+suite_profile() {
+    timed profile-json "${MLAMEM[@]}" profile --format json --output "$R/glm5-fp8-tp8.json"
+    step profile-md "${MLAMEM[@]}" profile --format markdown --output "$R/glm5-fp8-tp8.md"
+    step profile-predicted "${MLAMEM[@]}" profile --predict --format json \
+        --output "$R/glm5-fp8-tp8.predicted.json"
+    for s in deepseek-v32-fp8-tp8 kimi-k2-fp8-tp4-dp; do
+        step "profile-$s" "${MLAMEM[@]}" profile --scenario "$s" --format markdown --output "$R/$s.md"
+    done
+    step overhead python3 benchmarks/overhead.py
+    step measured-vs-predicted python3 - "$R" <<'PY'
+import json, sys
+out = sys.argv[1]
+m = json.load(open(f"{out}/glm5-fp8-tp8.json"))["rows"]
+p = json.load(open(f"{out}/glm5-fp8-tp8.predicted.json"))["rows"]
+print(f"{'T':>6} {'path':10} {'measured alloc':>15} {'predicted':>15} {'diff':>5} {'res diff':>8} {'nvml-res':>9} eq")
+for a, b in zip(m, p):
+    print(f"{a['tokens']:>6} {a['path']:10} {a['peak_allocated_bytes']:>15} {b['peak_allocated_bytes']:>15} "
+          f"{a['peak_allocated_bytes'] - b['peak_allocated_bytes']:>5} {a['peak_reserved_bytes'] - b['peak_reserved_bytes']:>8} "
+          f"{(a['nvml_peak_bytes'] or 0) - a['peak_reserved_bytes']:>9} {a['outputs_equal']}")
+PY
+}
+
+suite_validate() {
+    local tokens=1024,4096,8192,16384,32768
+    step validate-json "${MLAMEM[@]}" validate --tokens "$tokens" --format json --output "$R/validate-h200.json"
+    step validate-md "${MLAMEM[@]}" validate --tokens "$tokens" --format markdown --output "$R/validate-h200.md"
+    step breakdown "${MLAMEM[@]}" profile --tokens 32768 --breakdown --format markdown \
+        --output "$R/glm5-breakdown-32768.md"
+    step snapshot "${MLAMEM[@]}" profile --tokens 1024 --snapshot "$R/glm5-t1024-h200.snapshot.pickle" \
+        --format json --output "$R/glm5-t1024.json"
+    step profile-table "${MLAMEM[@]}" profile --tokens "$TOKENS"
+}
+
+suite_repro() {
+    step pytest python3 -m pytest -q tests/test_repro.py tests/test_repro_gpu.py
+    timed repro-json "${MLAMEM[@]}" repro-oom --format json --output "$R/glm5-fp8-tp8.json"
+    step repro-md "${MLAMEM[@]}" repro-oom --format markdown --output "$R/glm5-fp8-tp8.md"
+    step repro-predicted "${MLAMEM[@]}" repro-oom --predict --format json \
+        --output "$R/glm5-fp8-tp8.predicted.json"
+    for s in deepseek-v32-fp8-tp8 kimi-k2-fp8-tp4-dp; do
+        step "repro-$s" "${MLAMEM[@]}" repro-oom --scenario "$s" --format markdown --output "$R/$s.md"
+    done
+    step expectations "${MLAMEM[@]}" repro-oom --expect-oom alloc --expect-fit workspace
+}
+
+suite_context-reuse() {
+    local ctx=(--scenario kimi-k2-context-reuse)
+    step pytest python3 -m pytest -q tests/test_repro_gpu.py -k context_reuse
+    step repro-json "${MLAMEM[@]}" repro-oom "${ctx[@]}" --format json --output "$R/kimi-k2-context-reuse.json"
+    step repro-md "${MLAMEM[@]}" repro-oom "${ctx[@]}" --format markdown \
+        --output "$R/kimi-k2-context-reuse.md" --expect-oom none --expect-oom fp8 --expect-fit full
+    step plan "${MLAMEM[@]}" plan "${ctx[@]}" --format markdown --output "$R/plan-kimi-k2-context-reuse.md"
+    step plan-glm5-sweep "${MLAMEM[@]}" plan --sweep max-seq-len=131072,786432 --format markdown \
+        --output "$R/plan-glm5-sweep.md"
+}
+
+suite_gate() {
+    local baseline=$R/measured-baseline.json
+    step pytest python3 -m pytest -q tests/test_gate.py tests/test_gate_gpu.py
+    step gate-update "${MLAMEM[@]}" gate --baseline "$baseline" --update
+    step gate-rerun "${MLAMEM[@]}" gate --baseline "$baseline"
+    step gate-rerun-exact "${MLAMEM[@]}" gate --baseline "$baseline" --tolerance 0
+    # the committed predicted baselines were made on a CPU without flash_mla: another environment
+    step gate-predicted "${MLAMEM[@]}" gate --baseline reports/baselines/predicted.json --predict \
+        --allow-env-change
+    step gate-predicted-vs-measured "${MLAMEM[@]}" gate --baseline "$baseline" --predict \
+        --allow-env-change --tolerance 0
+    mkdir -p "$R/noise"
+    local run s
+    for run in 1 2 3 4 5; do
+        for s in "${DECODE_SCENARIOS[@]}"; do
+            step "noise-run$run-$s" "${MLAMEM[@]}" profile --scenario "$s" --require-gpu \
+                --format json --output "$R/noise/run$run-$s.json"
+        done
+    done
+    step gate-noise python3 benchmarks/gate_noise.py "$R"/noise/run*.json
+}
+
+suite_triton() {
+    local profile=("${MLAMEM[@]}" profile --kernel triton --tokens "$TOKENS"
+                   --paths alloc,workspace,workspace-full)
+    step pytest timeout 150 python3 -m pytest -q -rs tests/test_triton_decode_gpu.py
+    step triton-md timeout 60 "${profile[@]}" --format markdown --output "$R/triton-profile.md"
+    step triton-json timeout 60 "${profile[@]}" --format json --output "$R/triton-profile.json"
+    step triton-predicted-md timeout 60 "${profile[@]}" --predict --format markdown \
+        --output "$R/triton-profile-predicted.md"
+    step triton-predicted-json timeout 60 "${profile[@]}" --predict --format json \
+        --output "$R/triton-profile-predicted.json"
+    step flashmla-alloc timeout 60 "${MLAMEM[@]}" profile --kernel flashmla --tokens "$TOKENS" \
+        --paths alloc --format json --output "$R/flashmla-alloc.json"
+    step triton-breakdown timeout 60 "${MLAMEM[@]}" profile --kernel triton --tokens 32768 --breakdown \
+        --format markdown --output "$R/triton-breakdown-32768.md"
+    step acceptance python3 scripts/triton_acceptance.py "$R"
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
+    step triton-vs-flashmla timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/triton_vs_flashmla.py \
+        --lse ${BENCH_ARGS:-} --json "$R/triton-vs-flashmla.json"
+}
+
+# this run's result of another suite, or the committed one
+result_of() { if [ -f "$WORK/results/$1" ]; then echo "$WORK/results/$1"; else echo "$2"; fi; }
+
+suite_report() {
+    step profile-report timeout 60 "${MLAMEM[@]}" profile --report "$R/profile-report"
+    mkdir -p "$R/report"
+    step report timeout 60 "${MLAMEM[@]}" report "$R/profile-report/"*.json \
+        "$(result_of repro/glm5-fp8-tp8.json reports/repro-oom-h200/glm5-fp8-tp8.json)" \
+        "$(result_of context-reuse/kimi-k2-context-reuse.json reports/context-reuse-h200/kimi-k2-context-reuse.json)" \
+        "$(result_of triton/triton-profile.json reports/triton-h200/triton-profile.json)" \
+        --output "$R/report/report.md"
+}
+
+suite_non-torch() {
+    step non-torch-probe python3 scripts/non_torch_probe.py
+}
+
+for SUITE in "${SUITES[@]}"; do
+    R=$WORK/results/$SUITE
+    mkdir -p "$R"
+    echo "=== $SUITE"
+    "suite_$SUITE"
+done
+pack
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "gpu-check.sh: ${#FAILED[@]} step(s) exited non-zero: ${FAILED[*]}"
+    exit 1
+fi
+echo "gpu-check.sh: every step exited 0"
