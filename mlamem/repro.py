@@ -287,3 +287,33 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
         budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},
         environment=environment.capture(flash_mla_version), cases=cases, notes=notes,
         created=environment.now_utc())
+
+
+# What a prediction cannot give, by name: `prediction_differences` skips these and says so.
+NOT_PREDICTED_FIELDS = {
+    "nvml_step_peak_bytes": "NVML reading",
+    "failure": "error text (torch's message against the model's)",
+    "max_safe_method": "how the limit was found",
+    "measured": "measured or predicted",
+}
+NOT_PREDICTED_TOP = ("command", "created", "measured", "not_measured_reason", "environment",
+                     "notes", "kernel", "non_torch")  # where and how each result was made
+
+
+def prediction_differences(measured: dict, predicted: dict) -> list[str]:
+    """Every field of every case on which a predicted repro-oom result (`to_dict()` or a saved
+    file) differs from a measured one, as 'case: field: measured != predicted'; [] if equal.
+    The fields of NOT_PREDICTED_FIELDS and NOT_PREDICTED_TOP are skipped."""
+    measured, predicted = (ReproResult.from_dict(r).to_dict() for r in (measured, predicted))
+    differences = [f"{key}: {measured.get(key)!r} != {predicted.get(key)!r}"
+                   for key in sorted(set(measured) | set(predicted))
+                   if key not in NOT_PREDICTED_TOP + ("cases",)
+                   and measured.get(key) != predicted.get(key)]
+    if len(measured["cases"]) != len(predicted["cases"]):
+        return [*differences, "cases: the results have different numbers of cases"]
+    for m, p in zip(measured["cases"], predicted["cases"], strict=True):
+        name = m.get("path") or m.get("variant")
+        differences += [f"{name}: {key}: {m.get(key)!r} != {p.get(key)!r}"
+                        for key in sorted(set(m) | set(p))
+                        if key not in NOT_PREDICTED_FIELDS and m.get(key) != p.get(key)]
+    return differences
