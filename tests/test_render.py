@@ -207,3 +207,24 @@ def test_help_reads_at_80_columns(command, capsys, monkeypatch):
             if option.startswith("-"):
                 assert re.search(rf"(^|[\s,/]){re.escape(option)}([\s,=]|$)", text, re.M), (
                     option, text)
+
+
+def test_repro_header_names_the_scenario_gpu_only_for_its_memory():
+    """With --gpu-memory the target line says the size came from the flag, not the GPU."""
+    result = _repro("repro-oom-glm5-h200.json")
+    default = " ".join(render.repro_markdown(result).split())
+    assert "target: 79.647 GiB (H100 SXM 80GB memory) at utilization 0.85" in default
+    override = dataclasses.replace(result, command="mlamem repro-oom --gpu-memory 70GiB",
+                                   budget={**result.budget, "gpu_memory_bytes": 70 * 2**30})
+    text = " ".join(render.repro_markdown(override).split())
+    assert "target: 70.000 GiB (--gpu-memory; the scenario's GPU is H100 SXM 80GB)" in text
+
+
+def test_oom_without_a_size_is_explained_under_the_table():
+    """An OOM whose failed request is unknown (e.g. in init) is spelled out below the table."""
+    result = _repro("repro-oom-glm5-h200.json")
+    case = {**result.cases[0], "phase": "init", "oom_requested_bytes": None, "oom_buffer": None,
+            "free_bytes_at_oom": None, "kv_cache_bytes": None}
+    text = " ".join(console_text(render.repro_table(
+        dataclasses.replace(result, cases=[case, *result.cases[1:]]))).split())
+    assert "alloc: OOM in init: an unattributed allocation" in text
