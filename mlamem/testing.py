@@ -1,14 +1,23 @@
-"""Helpers for mlamem's tests (and yours): skip markers for GPU-only tests, error checks."""
+"""Helpers for mlamem's tests (and yours): error checks, fixed seeds, random decode inputs,
+scenario files, and skip markers for GPU-only tests.
 
-import pytest
+Importing this module imports neither pytest nor torch nor a kernel: the input helpers import
+torch when called, and the markers `needs_flashmla` and `no_gpu` are built (importing pytest and
+the FlashMLA adapter) on first access.
+"""
 
-from mlamem.kernels import FlashMLA
+from __future__ import annotations
 
-_reason = FlashMLA().unavailable_reason()
-needs_flashmla = pytest.mark.skipif(_reason is not None,
-                                    reason=f"needs a CUDA GPU with flash_mla: {_reason}")
-# for checks of what a machine without a GPU prints (predicted output)
-no_gpu = pytest.mark.skipif(_reason is None, reason="a GPU here measures instead")
+import zlib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+CACHE_BLOCK_TOKENS = 64  # tokens per KV-cache block in random_decode_inputs
 
 
 def one_line_error(capsys) -> str:
@@ -16,3 +25,82 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mlamem: error:"), err
     return err[0]
+
+
+def seed_for(name: str) -> int:
+    """A seed fixed by a name (a test's node id): every run draws the same inputs, and a
+    failure names its seed in its message."""
+    return zlib.crc32(name.encode())
+
+
+def relative_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b||, in float32: the error of an output `a` against a reference `b`."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def random_decode_inputs(s_q: int, h_q: int, topk: int, *, seed: int,
+                         pool_tokens: int | None = None, invalid_fraction: float = 0.2,
+                         cache_scale: float = 1.0, device: str | torch.device = "cpu",
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random inputs of one sparse decode call, drawn on `device` from `seed`.
+
+    - q: (1, s_q, h_q, 576) bfloat16, standard normal;
+    - kv: (pool_tokens / 64, 64, 1, 656) uint8, an fp8_ds_mla cache quantized (on the CPU) from
+      standard normal latents times `cache_scale`; pool_tokens defaults to 4 x topk, in whole
+      64-token blocks;
+    - indices: (1, s_q, topk) int32 into the pool, each -1 (invalid) with probability
+      `invalid_fraction`, except the first of every query, which stays valid.
+    """
+    import torch
+
+    from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize
+
+    device = torch.device(device)
+    pool = pool_tokens or -(-4 * topk // CACHE_BLOCK_TOKENS) * CACHE_BLOCK_TOKENS
+    if pool % CACHE_BLOCK_TOKENS:
+        raise ValueError(f"pool_tokens must be a multiple of {CACHE_BLOCK_TOKENS}, got {pool}")
+    cpu = torch.Generator().manual_seed(seed)
+    kv = quantize(torch.randn(pool, 576, generator=cpu) * cache_scale).view(
+        pool // CACHE_BLOCK_TOKENS, CACHE_BLOCK_TOKENS, 1, BYTES_PER_TOKEN).to(device)
+    gen = torch.Generator(device).manual_seed(seed)
+    q = torch.randn((1, s_q, h_q, 576), device=device, generator=gen).to(torch.bfloat16)
+    indices = torch.randint(0, pool, (1, s_q, topk), dtype=torch.int32, device=device,
+                            generator=gen)
+    drop = torch.rand(indices.shape, device=device, generator=gen) < invalid_fraction
+    drop[..., 0] = False
+    return q, kv, indices.masked_fill(drop, -1)
+
+
+def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
+                  edits: Mapping[str, str] | None = None) -> Path:
+    """A scenario TOML written into `folder`: the shipped scenario `base` with each text edit
+    (old -> new) applied. An edit whose old text is not in the file exactly once is an error,
+    so a test never checks the unedited scenario by mistake."""
+    text = (resources.files("mlamem.scenarios") / f"{base}.toml").read_text()
+    for old, new in (edits or {}).items():
+        if text.count(old) != 1:
+            raise ValueError(f"{old!r} occurs {text.count(old)} times in {base}.toml, not once")
+        text = text.replace(old, new)
+    path = Path(folder) / f"{base}-edited.toml"
+    path.write_text(text)
+    return path
+
+
+def __getattr__(name: str) -> Any:
+    """`needs_flashmla` and `no_gpu`, built on first access: they import pytest and ask the
+    FlashMLA adapter whether it can run here."""
+    if name not in ("needs_flashmla", "no_gpu"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import pytest
+
+    from mlamem.kernels import FlashMLA
+
+    reason = FlashMLA().unavailable_reason()
+    markers = {
+        "needs_flashmla": pytest.mark.skipif(reason is not None,
+                                             reason=f"needs a CUDA GPU with flash_mla: {reason}"),
+        # for checks of what a machine without a GPU prints (predicted output)
+        "no_gpu": pytest.mark.skipif(reason is None, reason="a GPU here measures instead"),
+    }
+    globals().update(markers)
+    return markers[name]

@@ -98,8 +98,9 @@ def test_require_gpu_fails_without_one(capsys):
     assert "--require-gpu" in capsys.readouterr().err
 
 
-def test_python_dash_m_runs_as_a_real_process():
-    """`python -m mlamem --help` works in a fresh interpreter."""
+def test_python_dash_m_runs_as_a_real_process(tmp_path):
+    """`python -m mlamem --help` works in a fresh interpreter (run outside the checkout, whose
+    bare mlamem/ would come first on sys.path)."""
     done = subprocess.run([sys.executable, "-m", "mlamem", "profile", "--help"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0 and "--tokens" in done.stdout

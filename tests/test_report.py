@@ -191,7 +191,7 @@ def test_report_runs_as_a_real_process_without_traceback(tmp_path):
     """`python -m mlamem report` on a corrupt file: exit 2, one line, no traceback."""
     bad = _corrupt(tmp_path, "bad.json", "{not json")
     done = subprocess.run([sys.executable, "-m", "mlamem", "report", str(bad)],
-                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+                          capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("mlamem: error: ") and done.stderr.count("\n") == 1
 
