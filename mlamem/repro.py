@@ -184,9 +184,7 @@ def _context_reuse(scenario, budget, kernel, *, command, reason, worker, progres
         else:
             cases.append(emulate_context(SimulatedMemory(non_torch=setup), scenario, variant,
                                          budget.gpu_memory_bytes, budget.utilization).to_dict())
-    notes = [f"utilization {budget.utilization} is used as TRT-LLM's free_gpu_memory_fraction: "
-             "the KV budget is that fraction of what weights and the profile run leave"]
-    return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
+    return _result(scenario, budget, kernel, cases, [], command=command, reason=reason,
                    sm_count=sm_count, setup=setup, mode="context-reuse")
 
 
