@@ -1,11 +1,21 @@
-"""Shared fixtures: the deliberately regressed wrapper of tests/fixtures."""
+"""Shared fixtures: a fixed seed per test, and the deliberately regressed wrapper of
+tests/fixtures. Helpers and skip markers are in `mlamem.testing`."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
 
+from mlamem.testing import seed_for
+
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """A seed fixed by the test's node id (parameters included): every run draws the same inputs.
+    Tests put it in their failure messages."""
+    return seed_for(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

@@ -104,3 +104,29 @@ def test_python_dash_m_runs_as_a_real_process(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mlamem", "profile", "--help"],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0 and "--tokens" in done.stdout
+
+
+def test_cli_kernel_option(capsys):
+    """--kernel triton predicts all three paths by default; workspace-full with FlashMLA and an
+    unknown kernel are one-line errors, exit 2, the latter listing the choices."""
+    assert main(["profile", "--kernel", "triton", "--tokens", "1024", "--predict",
+                 "--format", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["kernel"]["name"] == "triton" and result["kernel"]["label"] == "Triton"
+    assert [r["path"] for r in result["rows"]] == ["alloc", "workspace", "workspace-full"]
+    assert main(["profile", "--paths", "workspace-full", "--predict"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--kernel triton" in err
+    assert main(["profile", "--kernel", "cuda-magic"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'flashmla', 'triton', 'reference'" in err
+
+
+def test_markdown_names_the_kernel_and_every_path(capsys):
+    """The report says which kernel it profiled and has one column per path."""
+    assert main(["profile", "--kernel", "triton", "--tokens", "1024", "--predict",
+                 "--format", "markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "Triton allocation spec" in text
+    assert "| T | alloc path | workspace path | workspace-full path | outputs equal |" in text
+    assert "| 1024 | 0.384 GiB | 0.251 GiB | 0.000 GiB | n/a |" in text

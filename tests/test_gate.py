@@ -11,7 +11,8 @@ from mlamem.errors import UserError
 from mlamem.paths import PATHS
 from mlamem.testing import no_gpu, one_line_error
 
-COMMITTED = Path(__file__).parent.parent / "reports" / "baselines" / "predicted.json"
+# a copy of reports/baselines/predicted.json (.ci/run checks they are equal)
+COMMITTED = Path(__file__).parent / "fixtures" / "reports" / "baselines" / "predicted.json"
 GLM5_T1024 = ["--scenario", "glm5-fp8-tp8", "--tokens", "1024"]
 PADDED_Q_T1024 = 1024 * 64 * 576 * 2  # bytes of one padded q at T=1024 (75497472)
 MiB = 1024**2
@@ -262,7 +263,7 @@ def test_update_never_leaves_a_broken_file(baseline_file, tmp_path, capsys):
 
 @no_gpu
 def test_committed_predicted_baselines_pass(capsys):
-    """The predicted figures of every shipped scenario equal reports/baselines (as .ci/run checks)."""
+    """The predicted figures of every shipped scenario equal the committed baseline's."""
     assert main(["gate", "--baseline", str(COMMITTED)]) == 0
     assert "Every figure equals the baseline." in capsys.readouterr().out
 
@@ -282,3 +283,18 @@ def test_update_replaces_an_unreadable_baseline_and_lists_what_moved(tmp_path, m
     assert "Changes from the previous baseline:" in out
     assert "| improved | glm5-fp8-tp8 | 1024 | alloc | buffer bytes | unattributed |" in out
     assert "unattributed" not in gate.load(path).cases[0].buffers
+
+
+def test_gate_refuses_a_baseline_of_another_kernel(tmp_path, capsys):
+    """A baseline records its kernel; gating it with another is an environment change (exit 2)."""
+    baseline = tmp_path / "b.json"
+    sweep = ["--tokens", "1024", "--scenario", "glm5-fp8-tp8"]
+    assert main(["gate", "--predict", "--baseline", str(baseline), "--update", "--kernel",
+                 "triton", *sweep]) == 0
+    data = json.loads(baseline.read_text())
+    assert data["sweep"]["kernel"] == "triton" and data["sweep"]["paths"] == ["alloc", "workspace", "workspace-full"]
+    capsys.readouterr()
+    assert main(["gate", "--predict", "--baseline", str(baseline)]) == 0  # the baseline's kernel
+    assert main(["gate", "--predict", "--baseline", str(baseline), "--kernel", "flashmla",
+                 "--paths", "alloc"]) == 2
+    assert "kernel: baseline triton, this run flashmla" in capsys.readouterr().err

@@ -1,11 +1,33 @@
-"""The two wrapper paths compute the same thing; the workspace path reuses reserved buffers."""
+"""The wrapper paths compute the same thing: alloc, workspace (reused reserved buffers) and
+workspace-full (everything staged), and only kernels that can take the buffers get a path."""
 
+import pytest
 import torch
 
 from mlamem import scenario
+from mlamem.errors import UserError
 from mlamem.inputs import make_inputs
-from mlamem.kernels import Reference
-from mlamem.paths import DecodeCall, Workspace, alloc_path, workspace_path
+from mlamem.kernels import FlashMLA, Reference, TritonDecode
+from mlamem.paths import (
+    PATHS,
+    DecodeCall,
+    Workspace,
+    alloc_path,
+    available_paths,
+    check_paths,
+    plan,
+    reserve_workspace,
+    workspace_path,
+)
+from mlamem.profile import run_profile
+
+META = torch.device("meta")
+ALL_PATHS = ["alloc", "workspace", "workspace-full"]
+
+
+@pytest.fixture(scope="module")
+def glm():
+    return scenario.load("glm5-fp8-tp8")
 
 
 def test_workspace_path_is_bit_identical_even_with_a_poisoned_workspace():
@@ -37,3 +59,74 @@ def test_inputs_are_valid_and_never_zero():
     assert inputs.indices.shape == (1, 8, 2048)
     again = make_inputs(glm, 8, torch.device("cpu"), seed=0)
     assert torch.equal(again.q, inputs.q)  # same seed, same values: paths see the same inputs
+
+
+def test_workspace_full_reserves_lse_and_the_kernels_accumulators(glm):
+    """lse is padded_heads x max_tokens floats; the accumulators are the kernel's own maximum."""
+    kwargs = {"max_tokens": 32768, "padded_heads": 64, "d_qk": 576, "d_v": 512, "topk": 2048,
+              "sm_count": 132, "device": META}
+    full = reserve_workspace("workspace-full", TritonDecode(), **kwargs)
+    assert full.lse.shape == (64 * 32768,) and full.lse.dtype == torch.float32
+    # Only calls with fewer programs (s_q x 64/64 heads) than the 132 SMs split. The largest,
+    # s_q = 131, has num_sm_parts = max(132 // 131, 1) = 1, so at most 1 + 1 = 2 splits fit
+    # FlashMLA's accumulators, and 2 is what it wants (ceil(132 / 131)): 2 x 131 = 262 partial
+    # rows of 64 heads x (1 lse + 512 out) floats. Smaller s_q split more but have fewer rows
+    # (s_q = 66: 2 x 66; s_q = 1: 16 x 1).
+    assert full.accum_workspace.numel() == 2 * 131 * 64 * (1 + 512) == 8_601_984
+    assert full.lse_for(100).shape == (1, 64, 100) and full.lse_for(100).is_contiguous()
+    staged_only = reserve_workspace("workspace", TritonDecode(), **kwargs)
+    assert staged_only.lse is None and staged_only.accum_workspace is None
+    assert reserve_workspace("alloc", TritonDecode(), **kwargs) is None
+
+
+class ReferenceIntoBuffers(Reference):
+    """The torch reference, writing into the out= and lse= it is given (accumulators unused)."""
+
+    def capabilities(self):
+        return TritonDecode().capabilities()
+
+    def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None, lse=None,
+               accum_workspace=None):
+        result = super().decode(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v)
+        for given, computed in zip((out, lse), result, strict=True):
+            if given is not None:
+                given.copy_(computed)
+        return (out if out is not None else result[0]), (lse if lse is not None else result[1])
+
+
+def test_workspace_full_path_writes_into_the_workspace_bit_identically(glm):
+    """Every path gives the same bits; workspace-full's out and lse are views of the workspace."""
+    cpu = torch.device("cpu")
+    inputs = make_inputs(glm, 16, cpu, seed=5, invalid_fraction=0.2)
+    call = DecodeCall(decode=ReferenceIntoBuffers().decode, kv_cache=inputs.kv_cache,
+                      indices=inputs.indices, sm_scale=glm.softmax_scale, d_v=glm.d_v,
+                      padded_heads=64, takes_out=True)
+    workspace = reserve_workspace("workspace-full", TritonDecode(), max_tokens=32,
+                                  padded_heads=64, d_qk=576, d_v=512, topk=glm.decode_topk,
+                                  sm_count=132, device=cpu)
+    workspace.lse.fill_(float("nan"))
+    results = {path: PATHS[path](inputs.q, call, workspace) for path in ALL_PATHS}
+    for out, lse in results.values():
+        assert torch.equal(out, results["alloc"][0]) and torch.equal(lse, results["alloc"][1])
+    out, lse = results["workspace-full"]
+    assert out.data_ptr() == workspace.out.data_ptr()
+    assert lse.data_ptr() == workspace.lse.data_ptr()
+    assert torch.isnan(workspace.lse[64 * 16:]).all()  # past T untouched
+
+
+def test_default_paths_are_what_the_kernel_supports():
+    """FlashMLA (no lse=, no accumulators) and the reference stop at workspace; Triton has all three."""
+    assert available_paths(FlashMLA().capabilities()) == ["alloc", "workspace"]
+    assert available_paths(Reference().capabilities()) == ["alloc", "workspace"]
+    assert available_paths(TritonDecode().capabilities()) == ALL_PATHS
+
+
+@pytest.mark.parametrize("kernel", [FlashMLA(), Reference()])
+def test_workspace_full_with_a_kernel_that_cannot_is_refused(glm, kernel):
+    """A one-line user error naming what the kernel lacks and `--kernel triton`."""
+    with pytest.raises(UserError, match="takes no .*lse=, accum_workspace=.*--kernel triton"):
+        check_paths(["alloc", "workspace-full"], kernel.capabilities(), kernel.label)
+    with pytest.raises(UserError, match="--kernel triton"):
+        run_profile(glm, [1024], ["workspace-full"], command="t", kernel=kernel, predict=True)
+    with pytest.raises(UserError, match="--kernel triton"):
+        plan("workspace-full", 8, kernel.capabilities(), kernel.label)

@@ -29,11 +29,17 @@ def test_memory_constrained_pool_is_budget_over_k_plus_w():
     budget, k, w = 10 * GiB, 35_136, 20_480
     without = budget // k
     r = plans.reserve(budget, k, w, l_cap=16 * 32768, applies=True, pool_without=without)
-    assert r.clamped and r.reserve_bytes == budget * w // (k + w)
-    assert r.pool_tokens == (budget - r.reserve_bytes) // k
-    assert abs(r.pool_tokens - budget / (k + w)) <= 1
-    assert r.admission_cap_tokens == r.reserve_bytes // w
-    assert r.capacity_change_percent == pytest.approx(-36.8, abs=0.05)  # k/(k+w) - 1 = -36.82 %
+    # worst case w x L_cap = 20,480 x 524,288 = 10 GiB, above the clamp
+    # 10,737,418,240 x 20,480 / 55,616 = 3,953,939,973.3
+    assert r.clamped and r.reserve_bytes == 3_953_939_973
+    # (10,737,418,240 - 3,953,939,973) / 35,136 = 6,783,478,267 / 35,136 = 193,063.5 tokens,
+    # which is budget / (k + w) = 193,063.5: the pool and the reserve share the budget as k : w
+    assert r.pool_tokens == 193_063
+    assert r.admission_cap_tokens == 193_063  # 3,953,939,973 / 20,480 = 193,063.5
+    # against 10,737,418,240 / 35,136 = 305,595 tokens without a reserve: k/(k+w) - 1 = -36.82 %
+    assert without == 305_595
+    assert r.capacity_change_percent == pytest.approx(100 * (193_063 / 305_595 - 1))
+    assert r.capacity_change_percent == pytest.approx(-36.8, abs=0.05)
 
 
 def test_worst_case_fits_reserves_w_times_l_cap():

@@ -1,20 +1,20 @@
-"""Predictions: the same wrapper code on the meta device, against the allocator model."""
+"""`mlamem profile`'s sweep, predicted: the same wrapper code on the meta device, against the
+allocator model, equals the H200's measurement, for FlashMLA and the Triton kernel."""
 
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from mlamem import scenario
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, Reference
-from mlamem.measure import measure_call
-from mlamem.memory import SimulatedMemory
+from mlamem.kernels import FlashMLA, TritonDecode
+from mlamem.kernels.base import ACCUM_WORKSPACE
 from mlamem.profile import DEFAULT_TOKENS, run_profile
 
-H200_RUN = Path(__file__).parent.parent / "reports" / "profile-h200" / "glm5-fp8-tp8.json"
+H200_RUN = Path(__file__).parent / "fixtures" / "results" / "profile-glm5-h200.json"
 GiB = 1024**3
+ALL_PATHS = ["alloc", "workspace", "workspace-full"]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,8 @@ def glm5_prediction():
 
 
 def test_predictions_equal_the_h200_measurement(glm5_prediction):
-    """Every predicted byte count equals what the H200 measured (reports/profile-h200)."""
+    """Every predicted byte count equals what the H200 measured (a copy of
+    reports/profile-h200/glm5-fp8-tp8.json)."""
     measured = json.loads(H200_RUN.read_text())
     assert measured["measured"] and not glm5_prediction.measured
     keys = ("tokens", "path", "peak_allocated_bytes", "peak_reserved_bytes", "nvml_peak_bytes")
@@ -58,50 +59,41 @@ def test_kimi_needs_no_padding_so_paths_match():
     assert "q not staged: 64 heads per rank need no padding" in result.notes
 
 
-def test_kernel_spec_accounts_for_split_kv_accumulators():
-    """At T=32768 the spec holds out 2 GiB, lse 8 MiB, lse_accum 16 MiB, o_accum 8 GiB."""
-    specs = {s.name: s.nbytes for s in FlashMLA().allocations((1, 32768, 64, 576), 512, 132)}
-    assert specs == {"out": 2 * GiB, "lse": 8 << 20, "scheduler_metadata": 32, "num_splits": 8,
-                     "lse_accum": 16 << 20, "o_accum": 8 * GiB}
-    small = {s.name: s.shape for s in FlashMLA().allocations((1, 4, 64, 576), 512, 132)}
-    assert small["o_accum"][0] == 1 + 132 // 4  # b + num_sm_parts
-
-
-def test_meta_views_allocate_nothing():
-    """Views and in-place ops on meta tensors add no allocation; a view keeps its base alive."""
-    memory = SimulatedMemory()
-    with memory:
-        base = torch.empty((1024, 1024), device="meta")
-        view = base[:10].unsqueeze(0)
-        view.zero_()
-        assert memory.model.allocated_bytes == 4 << 20
-        del base
-        assert memory.model.allocated_bytes == 4 << 20
-        del view
-        assert memory.model.allocated_bytes == 0
-
-
-def test_simulated_oom_is_a_row():
-    """Under a memory limit the prediction reports an OOM row with the failing request."""
-    glm = scenario.load("glm5-fp8-tp8")
-    row = measure_call(SimulatedMemory(limit_bytes=2 * GiB), glm, FlashMLA(), 8192, "alloc",
-                       sm_count=132, max_tokens=32768)
-    assert row.oom and row.peak_allocated_bytes is None
-    assert row.oom_requested_bytes == 2 * 8192 * 64 * 512 * 4  # o_accum
-
-
 def test_workspace_tokens_above_max_num_batched_tokens_are_refused():
     """The workspace is sized for max_num_batched_tokens; larger T is a user error."""
     with pytest.raises(UserError, match="--max-num-batched-tokens"):
         run_profile(scenario.load("glm5-fp8-tp8"), [65536], ["workspace"], command="t")
 
 
-def test_reference_kernel_runs_the_same_protocol_on_meta():
-    """The torch reference runs itself on the meta device; its temporaries are unattributed."""
-    glm = scenario.load("glm5-fp8-tp8")
-    row = measure_call(SimulatedMemory(), glm, Reference(), 256, "alloc", sm_count=132,
-                       max_tokens=32768)
-    assert row.failure is None
-    names = {b.name for b in row.breakdown.buffers}
-    assert "padded_q" in names and "unattributed" in names
-    assert row.breakdown.peak_bytes == row.peak_allocated_bytes
+@pytest.fixture(scope="module")
+def triton_prediction():
+    return run_profile(scenario.load("glm5-fp8-tp8"), DEFAULT_TOKENS, ALL_PATHS, command="test",
+                       kernel=TritonDecode(), predict=True)
+
+
+def _rows(result, path):
+    return [r for r in result.rows if r.path == path]
+
+
+def test_triton_workspace_column_is_the_prs_after_column(triton_prediction):
+    """q and out staged: 0.251, 2.006, 4.012, 8.023 GiB at T = 1024, 8192, 16384, 32768."""
+    rows = _rows(triton_prediction, "workspace")
+    assert [r.peak_allocated_bytes / GiB for r in rows] == pytest.approx(
+        [0.251, 2.006, 4.012, 8.023], abs=0.001)
+    assert all(r.staged == ["padded_q", "out"] for r in rows)
+
+
+def test_triton_alloc_column_is_flashmlas(triton_prediction):
+    """Allocating mode mirrors FlashMLA's buffers, so the alloc columns agree to the byte."""
+    flashmla = run_profile(scenario.load("glm5-fp8-tp8"), DEFAULT_TOKENS, ["alloc"], command="test",
+                           kernel=FlashMLA(), predict=True)
+    assert ([r.peak_allocated_bytes for r in _rows(triton_prediction, "alloc")]
+            == [r.peak_allocated_bytes for r in flashmla.rows])
+
+
+def test_workspace_full_allocates_nothing_inside_the_call(triton_prediction):
+    """q, out, lse and accumulators staged: 0 allocations, 0 bytes, and nothing missing."""
+    for row in _rows(triton_prediction, "workspace-full"):
+        assert row.staged == ["padded_q", "out", "lse", ACCUM_WORKSPACE]
+        assert row.peak_allocated_bytes == 0 and row.peak_reserved_bytes == 0
+        assert row.allocations_in_call == 0 and row.buffers == [] and row.missing_buffers == []

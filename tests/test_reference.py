@@ -1,4 +1,4 @@
-"""The fp8_ds_mla format and the plain-torch reference decode, at small sizes on the CPU."""
+"""The plain-torch reference decode against the definition of sparse attention, on the CPU."""
 
 import math
 
@@ -6,26 +6,6 @@ import torch
 
 from mlamem.kernels import Reference
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, dequantize, quantize
-
-
-def test_quantized_token_layout():
-    """656 bytes: fp8 NoPE, then 4 fp32 scales (amax/448 per 128), then exact bf16 RoPE."""
-    latent = torch.randn(16, 576)
-    cache = quantize(latent)
-    assert cache.shape == (16, BYTES_PER_TOKEN) and cache.dtype == torch.uint8
-    scales = cache[:, 512:528].contiguous().view(torch.float32)
-    expected = latent[:, :512].reshape(16, 4, 128).abs().amax(-1) / 448
-    torch.testing.assert_close(scales, expected)
-    rope = cache[:, 528:].contiguous().view(torch.bfloat16)
-    assert torch.equal(rope, latent[:, 512:].to(torch.bfloat16))
-
-
-def test_dequantize_round_trips_within_fp8_precision():
-    """Dequantized NoPE is within fp8 e4m3 precision of the input."""
-    latent = torch.randn(64, 576)
-    back = dequantize(quantize(latent))
-    error = (back[:, :512] - latent[:, :512]).norm() / latent[:, :512].norm()
-    assert error < 0.05
 
 
 def naive_decode(q, kv, indices, sm_scale):
@@ -45,16 +25,19 @@ def naive_decode(q, kv, indices, sm_scale):
     return out, lse
 
 
-def test_reference_matches_the_definition():
+def test_reference_matches_the_definition(seed):
     """The reference gives the naive loop's out and lse, invalid (-1) indices skipped."""
-    kv = quantize(torch.randn(128, 576)).view(2, 64, 1, BYTES_PER_TOKEN)
-    q = torch.randn(1, 5, 64, 576).to(torch.bfloat16)
-    indices = torch.randint(0, 128, (1, 5, 32), dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seed)
+    kv = quantize(torch.randn(128, 576, generator=gen)).view(2, 64, 1, BYTES_PER_TOKEN)
+    q = torch.randn(1, 5, 64, 576, generator=gen).to(torch.bfloat16)
+    indices = torch.randint(0, 128, (1, 5, 32), dtype=torch.int32, generator=gen)
     indices[0, :, ::3] = -1
     indices[0, 4] = -1  # a query with no valid key
     out, lse = Reference().decode(q, kv, indices, sm_scale=1 / math.sqrt(192), d_v=512)
     ref_out, ref_lse = naive_decode(q[0].float(), dequantize(kv).reshape(128, 576), indices[0],
                                     1 / math.sqrt(192))
-    torch.testing.assert_close(out[0].double(), ref_out, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(lse[0].double(), ref_lse, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[0].double(), ref_out, rtol=1e-2, atol=1e-2,
+                               msg=lambda detail: f"{detail} (seed {seed})")
+    torch.testing.assert_close(lse[0].double(), ref_lse, rtol=1e-5, atol=1e-5,
+                               msg=lambda detail: f"{detail} (seed {seed})")
     assert torch.equal(out[0, 4], torch.zeros_like(out[0, 4]))

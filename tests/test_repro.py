@@ -11,7 +11,8 @@ from mlamem.allocator import AllocatorOutOfMemory
 from mlamem.cli import main
 from mlamem.engine import Budget, activation_specs, emulate, kv_block_bytes, kv_cache_bytes
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, simulate_decode
+from mlamem.kernels import FlashMLA, TritonDecode, simulate_decode
+from mlamem.kernels.base import BufferSpec
 from mlamem.memory import SimulatedMemory, is_out_of_memory
 from mlamem.repro import check_local_gpu, largest_fitting, run_case, run_repro
 from mlamem.testing import no_gpu, one_line_error
@@ -48,10 +49,15 @@ def test_engine_case_adds_up_for_glm5(glm):
                    sm_count=132)
     assert case.profile_peak_bytes == 1_375_731_712
     assert case.workspace_bytes == 32768 * 64 * (576 + 512) * 2  # padded q + out, bf16
-    non_kv = case.init_bytes + case.profile_peak_bytes  # non-torch is 0 when predicted
-    requested = int(0.85 * 81559 * 1024**2)
-    assert case.kv_cache_bytes == (requested - non_kv) // 3_274_752 * 3_274_752
-    assert case.kv_cache_tokens == case.kv_cache_bytes // 3_274_752 * 64
+    # init: 40 GiB of placeholder weights (42,949,672,960) + that workspace (4,563,402,752) + the
+    # indexer's top-k buffer (32768 x 2048 x 4 B = 268,435,456) + the synthetic KV pool of the
+    # inputs (4 x 2048 tokens x 656 B = 5,373,952) = 47,786,885,120
+    assert case.init_bytes == 47_786_885_120
+    # 0.85 x 81559 MiB = 72,692,688,486 B requested, less init and the profile peak
+    # (49,162,616,832; no non-torch memory in this simulated memory) leaves 23,530,071,654 B:
+    # 7185.3 blocks of 3,274,752 B, so 7185 blocks of 64 tokens
+    assert case.kv_cache_bytes == 7185 * 3_274_752 == 23_529_093_120
+    assert case.kv_cache_tokens == 7185 * 64 == 459_840
     assert case.headroom_bytes == case.torch_limit_bytes - case.step_peak_bytes > 0
 
 
@@ -229,3 +235,20 @@ def test_context_reuse_result_renders_in_a_report(tmp_path, capsys):
     text = report.read_text()
     assert "### Context-MLA reuse OOM: kimi-k2-context-reuse (PREDICTED)" in text
     assert "| fp8-only reserve (the PR) | OOM in step: full_kv" in text
+
+
+def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
+    """With every kernel buffer staged, the step allocates only the engine's activations."""
+    budget = Budget(gpu_memory_bytes=glm.gpu.memory_bytes,
+                    utilization=glm.gpu.gpu_memory_utilization,
+                    max_num_batched_tokens=glm.serving.max_num_batched_tokens)
+    result = run_repro(glm, budget, ["workspace", "workspace-full"], command="t",
+                       kernel=TritonDecode(), predict=True)
+    workspace, full = result.cases
+    assert result.kernel["name"] == "triton"
+    assert full["verdict"] == "fits"
+    assert {b["allocated_by"] for b in full["buffers"]} == {"engine"}
+    assert "o_accum" in {b["name"] for b in workspace["buffers"]}
+    extra = full["workspace_bytes"] - workspace["workspace_bytes"]
+    lse = BufferSpec("lse", (64 * budget.max_num_batched_tokens,), torch.float32, "returned")
+    assert lse.nbytes < extra < lse.nbytes + 64 * 2**20  # lse plus tens of MB of accumulators

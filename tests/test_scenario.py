@@ -5,8 +5,7 @@ import pytest
 from mlamem import scenario
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
-
-GOOD = (scenario.resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+from mlamem.testing import scenario_file
 
 
 def test_shipped_scenarios_have_the_issue_shapes():
@@ -33,26 +32,23 @@ def test_glm5_is_the_source_prs_crashing_config():
 
 def test_user_toml_path_loads(tmp_path):
     """A user's own TOML file, passed by path, loads like a shipped one."""
-    path = tmp_path / "mine.toml"
-    path.write_text(GOOD.replace('name = "glm5-fp8-tp8"', 'name = "mine"'))
+    path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': 'name = "mine"'})
     assert scenario.load(str(path)).name == "mine"
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
-    (lambda t: t.replace("num_layers = 78", "num_layers = \"many\""), "[model].num_layers must be int"),
-    (lambda t: t.replace("kv_lora_rank = 512", ""), "[model].kv_lora_rank is missing"),
-    (lambda t: t.replace("block_size = 64", "block_size = 64\nblok = 3"), "[serving].blok is not a known"),
-    (lambda t: t.replace("gpu_memory_utilization = 0.85", "gpu_memory_utilization = 1.5"),
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("num_layers = 78", "num_layers = \"many\"", "[model].num_layers must be int"),
+    ("kv_lora_rank = 512", "", "[model].kv_lora_rank is missing"),
+    ("block_size = 64", "block_size = 64\nblok = 3", "[serving].blok is not a known"),
+    ("gpu_memory_utilization = 0.85", "gpu_memory_utilization = 1.5",
      "[gpu].gpu_memory_utilization must be in (0, 1]"),
-    (lambda t: t.replace("tensor_parallel = 8", "tensor_parallel = 7"),
-     "[parallel].tensor_parallel must divide"),
-    (lambda t: t.replace("[serving]", "[serving"), "not valid TOML"),
-    (lambda t: t.replace("index_topk = 2048", ""), "[serving].synthetic_topk is required"),
+    ("tensor_parallel = 8", "tensor_parallel = 7", "[parallel].tensor_parallel must divide"),
+    ("[serving]", "[serving", "not valid TOML"),
+    ("index_topk = 2048", "", "[serving].synthetic_topk is required"),
 ])
-def test_bad_toml_names_the_file_and_field(tmp_path, edit, expected):
+def test_bad_toml_names_the_file_and_field(tmp_path, old, new, expected):
     """Each malformed scenario is a UserError that names the file and the field."""
-    path = tmp_path / "bad.toml"
-    path.write_text(edit(GOOD))
+    path = scenario_file(tmp_path, edits={old: new})
     with pytest.raises(UserError) as info:
         scenario.load(str(path))
     assert str(path) in str(info.value)

@@ -75,6 +75,27 @@ def test_split_plan_fits_flashmla_accumulators(sm_count, h_q, b):
             assert plan.num_splits * plan.tokens_per_split >= topk
 
 
+@pytest.mark.parametrize(("b", "s_q", "h_q", "topk", "splits", "tokens_per_split"), [
+    # H200 (132 SMs), topk 2048 = 16 steps of 128 tokens. A call wants ceil(132 / programs)
+    # splits, at most 1 + num_sm_parts / b (FlashMLA's accumulators: num_sm_parts =
+    # 132 // s_q // (h_q / 64)) and at most 16; then whole steps per split.
+    (1, 1, 64, 2048, 16, 128),    # wants 132, fits 133: 16 splits of one step
+    (1, 5, 64, 2048, 16, 128),    # wants 27, fits 1 + 26 = 27: 16
+    (1, 9, 64, 2048, 8, 256),     # wants 15, fits 15: 2 steps each (ceil(16 / 15)), 8 splits
+    (1, 44, 64, 2048, 3, 768),    # wants 3, fits 4: 6 steps each, ceil(2048 / 768) = 3 splits
+    (1, 66, 64, 2048, 2, 1024),   # wants 2, fits 1 + 2 = 3
+    (1, 131, 64, 2048, 2, 1024),  # wants 2 (ceil(132 / 131)), fits 1 + 1 = 2
+    (1, 132, 64, 2048, 1, 2048),  # 132 programs fill the SMs: no split
+    (1, 1, 64, 128, 1, 128),      # one step only: nothing to split
+    (2, 33, 64, 2048, 2, 1024),   # 66 programs want 2; num_sm_parts 4 fits 1 + 4 / 2 = 3
+    (1, 1, 128, 2048, 16, 128),   # 2 programs (2 head blocks) want 66; num_sm_parts 66
+])
+def test_split_plan_by_hand(b, s_q, h_q, topk, splits, tokens_per_split):
+    """Worked cases of the split plan on an H200 (132 SMs)."""
+    plan = split_plan(b, s_q, h_q, topk, 132)
+    assert (plan.num_splits, plan.tokens_per_split) == (splits, tokens_per_split)
+
+
 @pytest.mark.parametrize("s_q", [1, 5, 64, 4096])
 def test_allocating_mode_allocates_what_flashmla_does(launches, s_q):
     """Without buffers: FlashMLA's buffers, same order, shapes and dtypes; the kernel gets views."""

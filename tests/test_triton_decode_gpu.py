@@ -8,7 +8,6 @@ import torch
 
 from mlamem import scenario
 from mlamem.kernels import FlashMLA, TritonDecode
-from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize
 from mlamem.kernels.reference import sparse_mla_decode_reference
 from mlamem.kernels.triton_decode import (
     accum_workspace_numel,
@@ -19,38 +18,18 @@ from mlamem.kernels.triton_decode import (
 from mlamem.measure import local_sm_count, measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import run_profile
-from mlamem.testing import needs_flashmla
+from mlamem.testing import needs_flashmla, random_decode_inputs, relative_l2
 
 _reason = TritonDecode().unavailable_reason()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(_reason is not None, reason=f"needs triton and CUDA: {_reason}")]
-BLOCK_SIZE = 64
 SM_SCALE = 1 / math.sqrt(576)
 
 
 def random_inputs(s_q, h_q, topk, seed, invalid_fraction=0.2):
-    """q, a cache of 4 x topk tokens and indices with invalid (-1) entries (the first stays valid)."""
-    cuda = torch.device("cuda")
-    gen = torch.Generator().manual_seed(seed)
-    pool = 4 * topk
-    kv = quantize(torch.randn(pool, 576, generator=gen)).view(
-        pool // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN).to(cuda)
-    dev_gen = torch.Generator(cuda).manual_seed(seed)
-    q = torch.randn((1, s_q, h_q, 576), device=cuda, generator=dev_gen).to(torch.bfloat16)
-    indices = torch.randint(0, pool, (1, s_q, topk), dtype=torch.int32, device=cuda,
-                            generator=dev_gen)
-    drop = torch.rand(indices.shape, device=cuda, generator=dev_gen) < invalid_fraction
-    drop[..., 0] = False
-    return q, kv, indices.masked_fill(drop, -1)
-
-
-def relative_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-@pytest.fixture
-def seed():
-    return int(torch.randint(0, 2**31 - 1, ()).item())
+    """mlamem.testing's random decode inputs on the GPU: a pool of 4 x topk tokens."""
+    return random_decode_inputs(s_q, h_q, topk, seed=seed, invalid_fraction=invalid_fraction,
+                                device="cuda")
 
 
 @needs_flashmla

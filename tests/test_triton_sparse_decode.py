@@ -1,6 +1,6 @@
 """The Triton decode kernels under Triton's CPU interpreter, against the torch reference.
 
-Tiny sizes, fresh random inputs on every run (the seed is in each failure message). Skipped
+Tiny sizes, random inputs from a seed fixed per test (named in each failure message). Skipped
 where triton is not installed (CI) and on a machine with a CUDA device, where
 tests/test_triton_decode_gpu.py checks the compiled kernels instead: the interpreter is chosen when
 triton's kernels are defined, so the two cannot share one process.
@@ -28,13 +28,13 @@ os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize  # noqa: E402
 from mlamem.kernels.reference import sparse_mla_decode_reference  # noqa: E402
 from mlamem.kernels.triton_decode import (  # noqa: E402
     accum_workspace_numel,
     sparse_mla_decode_triton,
     split_plan,
 )
+from mlamem.testing import random_decode_inputs, relative_l2  # noqa: E402
 
 
 @triton.jit
@@ -61,7 +61,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
 ]
 
-POOL_TOKENS, BLOCK_SIZE = 320, 64
+POOL_TOKENS = 320  # 5 blocks of 64 tokens, drawn with replacement by topk up to 256
 SM_SCALE = 1 / math.sqrt(576)
 SPLIT_SM_COUNT, NO_SPLIT_SM_COUNT = 132, 1  # an H200's SMs split small calls; 1 SM never does
 SPLIT_TOPK = 256  # two loop steps of the default block_n (128): the least that can split
@@ -70,26 +70,14 @@ SPLIT_TOPK = 256  # two loop steps of the default block_n (128): the least that 
 LSE_TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}
 
 
-def random_inputs(s_q, h_q, topk, seed, invalid_fraction=0.3):
-    """q, an fp8_ds_mla cache and indices with invalid (-1) entries; the last query of 3+ has none valid."""
-    gen = torch.Generator().manual_seed(seed)
-    cache = quantize(torch.randn(POOL_TOKENS, 576, generator=gen) * 2)
-    kv = cache.view(POOL_TOKENS // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN)
-    q = torch.randn(1, s_q, h_q, 576, generator=gen).to(torch.bfloat16)
-    indices = torch.randint(0, POOL_TOKENS, (1, s_q, topk), dtype=torch.int32, generator=gen)
-    indices[torch.rand(indices.shape, generator=gen) < invalid_fraction] = -1
+def random_inputs(s_q, h_q, topk, seed):
+    """mlamem.testing's random decode inputs on the small pool, cache values x2; in a call of 3
+    or more queries the last query has no valid index (out 0, lse -inf)."""
+    q, kv, indices = random_decode_inputs(s_q, h_q, topk, seed=seed, pool_tokens=POOL_TOKENS,
+                                          cache_scale=2.0)
     if s_q >= 3:
         indices[0, -1] = -1
     return q, kv, indices
-
-
-def relative_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-@pytest.fixture
-def seed():
-    return int(torch.randint(0, 2**31 - 1, ()).item())
 
 
 @pytest.mark.parametrize(("s_q", "h_q", "topk"),
