@@ -1,5 +1,5 @@
 """`python -m mlamem`."""
 
-from mlamem.cli import main
+from mlamem.entry import main
 
 raise SystemExit(main())

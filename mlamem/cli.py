@@ -22,8 +22,9 @@ from mlamem import report as reporting
 from mlamem import scenario as scenarios
 from mlamem.context_reuse import VARIANTS, is_context_reuse
 from mlamem.engine import Budget
-from mlamem.errors import UserError
-from mlamem.files import check_output_path, write_atomic
+from mlamem.errors import Interrupted, UserError
+from mlamem.files import check_distinct, check_output_path, pick_format, write_atomic
+from mlamem.interrupt import Guard
 from mlamem.kernels import KERNELS, FlashMLA, SparseDecodeKernel
 from mlamem.paths import available_paths, check_paths
 from mlamem.profile import DEFAULT_TOKENS, DROP_CASE, check_request, run_profile, runnable_tokens
@@ -61,6 +62,8 @@ def parse_tokens(text: str) -> list[int]:
         if not item.isdigit() or int(item) <= 0:
             raise UserError(f"--tokens: {item!r} is not a positive integer; "
                             "write e.g. --tokens 1024,8192,32768")
+        if int(item) in values:
+            raise UserError(f"--tokens: T={int(item)} is listed twice; list each T once")
         values.append(int(item))
     return values
 
@@ -68,6 +71,9 @@ def parse_tokens(text: str) -> list[int]:
 def parse_paths(text: str | None, kernel: SparseDecodeKernel) -> list[str]:
     """'alloc,workspace' -> ['alloc', 'workspace']; None or empty: every path `kernel` supports."""
     paths = [p.strip() for p in (text or "").split(",") if p.strip()]
+    twice = next((p for i, p in enumerate(paths) if p in paths[:i]), None)
+    if twice is not None:
+        raise UserError(f"--paths: {twice} is listed twice; list each path once")
     capabilities = kernel.capabilities()
     try:
         check_paths(paths, capabilities, kernel.label)
@@ -104,9 +110,10 @@ def profile(
     scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
     paths: PathsOption = None,
     kernel: KernelOption = KernelName.flashmla,
-    output_format: Annotated[Format, typer.Option(
+    output_format: Annotated[Format | None, typer.Option(
         "--format", help="table (terminal), markdown (the PR table), json (schema "
-                         "mlamem.profile/1) or csv.")] = Format.table,
+                         "mlamem.profile/1) or csv. Default: what --output's extension names "
+                         "(.txt, .md, .json, .csv), else table.", show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(
         help="Write to this file instead of stdout (written whole or not at all).")] = None,
     require_gpu: Annotated[bool, typer.Option(
@@ -140,19 +147,33 @@ def profile(
     """
     decode = make_kernel(kernel)
     token_list, path_list = parse_tokens(tokens), parse_paths(paths, decode)
+    if predict and require_gpu:
+        raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
+                        "other refuses to); give one")
     formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
-    if output_format.value not in formats:
-        raise UserError(f"--format {output_format.value} has no breakdown view; use one of: "
-                        f"{', '.join(formats)}")
+    output_format = Format(pick_format(output, output_format and output_format.value,
+                                       list(formats),
+                                       what="profile --breakdown" if breakdown else "profile"))
+    if snapshot_file is not None:
+        pick_format(snapshot_file, None, ["pickle"], "--snapshot", what="--snapshot")
+    check_distinct({"--output": output, "--snapshot": snapshot_file})
     for path, option in ((output, "--output"), (snapshot_file, "--snapshot")):
         if path is not None:
             check_output_path(path, option)
     if report_dir is not None:
         reporting.check_report_dir(report_dir)
     chosen = scenarios.load(scenario)
+    padded_heads = scenarios.check_decode(chosen, decode.capabilities().head_counts, decode.label)
+    scenarios.check_decode_tokens(
+        chosen, padded_heads, token_list, max_tokens=max_num_batched_tokens,
+        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens")
     if max_num_batched_tokens is not None:
         chosen = dataclasses.replace(chosen, serving=dataclasses.replace(
             chosen.serving, max_num_batched_tokens=max_num_batched_tokens))
+    check_request(chosen, token_list, path_list, decode)
+    reason = None if predict else decode.unavailable_reason()
+    if require_gpu and reason is not None:
+        raise UserError(f"--require-gpu: cannot measure ({reason})")
     command = "mlamem " + shlex.join(sys.argv[1:])
     calls = []
     with _progress(f"profiling {chosen.name}", len(token_list) * len(path_list)) as advance:
@@ -189,8 +210,10 @@ def validate(
              "max_num_batched_tokens allows.")] = None,
     paths: PathsOption = None,
     kernel: KernelOption = KernelName.flashmla,
-    output_format: Annotated[Format, typer.Option(
-        "--format", help="table, markdown or json (schema mlamem.validate/1).")] = Format.table,
+    output_format: Annotated[ReproFormat | None, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.validate/1). Default: what "
+                         "--output's extension names (.txt, .md, .json), else table.",
+        show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
     ] = None,
 ) -> None:
@@ -203,13 +226,15 @@ def validate(
     decode = make_kernel(kernel)
     token_list = parse_tokens(tokens) if tokens is not None else list(VALIDATE_TOKENS)
     path_list = parse_paths(paths, decode)
-    if output_format.value not in render.VALIDATION_FORMATS:
-        raise UserError(f"--format {output_format.value} is not available for validate; use one "
-                        f"of: {', '.join(render.VALIDATION_FORMATS)}")
+    output_format = ReproFormat(pick_format(output, output_format and output_format.value,
+                                            list(render.VALIDATION_FORMATS), what="validate"))
     if output is not None:
         check_output_path(output)
     names = scenarios.shipped_names() if scenario == "all" else scenario.split(",")
     chosen = [scenarios.load(name.strip()) for name in names]
+    for s in chosen:
+        padded_heads = scenarios.check_decode(s, decode.capabilities().head_counts, decode.label)
+        scenarios.check_decode_tokens(s, padded_heads, token_list if tokens is not None else [])
     sweep = [(s, token_list if tokens is not None else runnable_tokens(s, token_list, path_list))
              for s in chosen]
     command = "mlamem " + shlex.join(sys.argv[1:])
@@ -218,7 +243,7 @@ def validate(
     with _progress("validating", total) as advance:
         comparisons = run_validation(sweep, path_list, kernel=decode,
                                      on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
-    if output_format is Format.json:  # a saved result records where and when it was made
+    if output_format is ReproFormat.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
                                       environment=environment.capture(FlashMLA().version()))
     else:
@@ -248,9 +273,10 @@ def repro_oom(
              "and the full step.")] = None,
     paths: PathsOption = None,
     kernel: KernelOption = KernelName.flashmla,
-    output_format: Annotated[ReproFormat, typer.Option(
-        "--format", help="table, markdown or json (schema mlamem.repro-oom/1).")
-    ] = ReproFormat.table,
+    output_format: Annotated[ReproFormat | None, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.repro-oom/1). Default: what "
+                         "--output's extension names (.txt, .md, .json), else table.",
+        show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
     ] = None,
     predict: Annotated[bool, typer.Option(
@@ -278,6 +304,14 @@ def repro_oom(
     """
     decode = make_kernel(kernel)
     path_list = parse_paths(paths, decode)
+    output_format = ReproFormat(pick_format(output, output_format and output_format.value,
+                                            list(render.REPRO_FORMATS), what="repro-oom"))
+    both = sorted(set(expect_oom or []) & set(expect_fit or []))
+    if both:
+        raise UserError(f"--expect-oom and --expect-fit both name {both[0]}; a case cannot both "
+                        "run out of memory and fit: give it to one")
+    if output is not None:
+        check_output_path(output)
     chosen = scenarios.load(scenario)
     cases = list(VARIANTS) if is_context_reuse(chosen) else path_list
     for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
@@ -285,8 +319,6 @@ def repro_oom(
             if name not in cases:
                 what = "reserve variants" if is_context_reuse(chosen) else "--paths"
                 raise UserError(f"{option} {name}: not among the {what} {','.join(cases)}")
-    if output is not None:
-        check_output_path(output)
     try:
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
@@ -296,6 +328,10 @@ def repro_oom(
         utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
         max_num_batched_tokens=(chosen.serving.max_num_batched_tokens
                                 if max_num_batched_tokens is None else max_num_batched_tokens))
+    padded_heads = scenarios.check_decode(chosen, decode.capabilities().head_counts, decode.label)
+    scenarios.check_decode_tokens(
+        chosen, padded_heads, [], max_tokens=budget.max_num_batched_tokens,
+        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens")
     command = "mlamem " + shlex.join(sys.argv[1:])
     with _progress(f"repro-oom {chosen.name}", None) as advance:
         result = run_repro(chosen, budget, path_list, command=command, kernel=decode,
@@ -334,6 +370,8 @@ def report(
     plot. The same inputs give the same bytes, Markdown and PNGs alike.
     """
     if output is not None:
+        pick_format(output, None, ["markdown"], what="report")
+        check_distinct({**{str(path): path for path in results}, "--output": output})
         check_output_path(output)
     saved = [reporting.load(path, reporting.shown_path(path, output)) for path in results]
     built = reporting.build(saved, figure_prefix=None if output is None else output.stem)
@@ -384,23 +422,24 @@ def gate(
     improvement says to update the baseline), 2 on bad input or a baseline from a different
     environment. Prints a Markdown diff, also appended to $GITHUB_STEP_SUMMARY when set.
     """
+    for flag, given in (("--tolerance", tolerance is not None),
+                        ("--allow-env-change", allow_env_change)):
+        if update and given:
+            raise UserError(f"{flag} has no effect with --update, which writes this run's "
+                            "figures whatever they are; drop one of them")
     overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
     token_list = parse_tokens(tokens) if tokens is not None else None
     if update:  # a new baseline's folder is created, as in `--baseline ci/mlamem.json --update`
-        try:
-            baseline.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"--baseline: cannot create folder {baseline.parent} "
-                            f"({exc.strerror}); pick a writable path") from None
-        check_output_path(baseline, "--baseline")
-    previous = None
+        pick_format(baseline, None, ["json"], "--baseline", what="--baseline")
+        check_output_path(baseline, "--baseline", parents=True)
+    previous, unreadable = None, None
     if not update or baseline.exists():
         try:
             previous = gating.load(baseline)
         except UserError as exc:
             if not update:
                 raise
-            print(f"mlamem: replacing an unreadable baseline ({exc})", file=sys.stderr)
+            unreadable = exc  # said once every input is checked
     # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario.
     decode = (make_kernel(kernel) if kernel is not None
               else KERNELS[gating.sweep_kernel(previous.sweep if previous else {})]())
@@ -415,11 +454,22 @@ def gate(
         names = [n.strip() for n in scenario.split(",")]
     token_list, path_list = token_list or sweep["tokens"], path_list or sweep["paths"]
     chosen = [scenarios.load(name) for name in names]
+    for s in chosen:
+        padded_heads = scenarios.check_decode(s, decode.capabilities().head_counts, decode.label)
+        scenarios.check_decode_tokens(s, padded_heads, token_list if tokens is not None else [])
     if tokens is not None:  # T values given: every scenario must take them all
         for s in chosen:
             check_request(s, token_list, path_list, decode, fix=DROP_CASE)
     if not update:
         gating.check_covered(previous, chosen, token_list, path_list)
+    if previous and not update and not allow_env_change:  # this machine against the baseline's
+        reason = "--predict was given" if predict else decode.unavailable_reason()
+        here = dataclasses.replace(
+            previous, measured=reason is None, sweep={**previous.sweep, "kernel": decode.name},
+            environment=dataclasses.asdict(environment.capture(FlashMLA().version())))
+        gating.check_comparable(gating.environment_differences(previous, here), baseline)
+    if unreadable is not None:
+        print(f"mlamem: replacing an unreadable baseline ({unreadable})", file=sys.stderr)
     command = "mlamem " + shlex.join(sys.argv[1:])
     total = sum(len(runnable_tokens(s, token_list, path_list)) for s in chosen) * len(path_list)
     with _progress("gate", total) as advance:
@@ -435,7 +485,7 @@ def gate(
     tolerances = {**gating.default_tolerances(measured), **overrides}
     result = None if previous is None else gating.compare(previous, current, tolerances)
     if update:
-        write_atomic(baseline, current.to_json(), "--baseline")
+        write_atomic(baseline, current.to_json(), "--baseline", parents=True)
     text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
                                 updated=update)
     sys.stdout.write(text)
@@ -480,8 +530,10 @@ def plan(
         help="One variable over several values, as a table: e.g. "
              "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
              "gpu-memory, utilization, free-fraction).")] = None,
-    output_format: Annotated[ReproFormat, typer.Option(
-        "--format", help="table, markdown or json (schema mlamem.plan/1).")] = ReproFormat.table,
+    output_format: Annotated[ReproFormat | None, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.plan/1). Default: what "
+                         "--output's extension names (.txt, .md, .json), else table.",
+        show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
     ] = None,
 ) -> None:
@@ -493,6 +545,15 @@ def plan(
     sparse scenarios it adds the vLLM side: the mixed-batch per-call need at max_num_tokens and
     the bf16 prefill workspace, against the headroom the engine leaves. Pure arithmetic: no GPU.
     """
+    output_format = ReproFormat(pick_format(output, output_format and output_format.value,
+                                            list(render.PLAN_FORMATS), what="plan"))
+    given = {"gpu-memory": gpu_memory, "utilization": utilization, "free-fraction": free_fraction,
+             "max-num-tokens": max_num_tokens, "max-batch-size": max_batch_size,
+             "max-seq-len": max_seq_len}
+    swept = (sweep or "").partition("=")[0].strip()
+    if given.get(swept) is not None:
+        raise UserError(f"--sweep varies {swept}, and --{swept} {given[swept]} sets it too; "
+                        "drop one of them")
     if output is not None:
         check_output_path(output)
     chosen = scenarios.load(scenario)
@@ -535,10 +596,60 @@ def _emit(text: str, output: Path | None, terminal_table=None) -> None:
         sys.stdout.write(text)
 
 
+def _check_repeats(args: list[str]) -> None:
+    """A single-valued option given twice is a UserError (click would keep the last one
+    silently); options declared repeatable (multiple=True, e.g. --expect-oom) may repeat."""
+    command = typer.main.get_command(app).commands.get(args[0]) if args else None
+    if command is None or "--help" in args:
+        return
+    options = {name: param for param in command.params if param.param_type_name == "option"
+               for name in (*param.opts, *param.secondary_opts)}
+    seen: dict[str, str] = {}
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "--":
+            return
+        if arg.startswith("--"):
+            name, attached = arg.partition("=")[0], "=" in arg
+        else:  # a short option, its value maybe attached: -s NAME or -sNAME
+            name, attached = arg[:2], len(arg) > 2
+        param = options.get(name)
+        if param is None:
+            continue
+        if not param.is_flag and not attached:
+            next(rest, None)  # its value, whatever it looks like
+        if param.multiple:
+            continue
+        if param.name in seen:
+            first = seen[param.name]
+            raise UserError(f"{name} is given twice; give it once" if first == name else
+                            f"{first} and {name} are both given; give one")
+        seen[param.name] = name
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: user errors are one line on stderr with exit 2, never a traceback."""
+    """Entry point: bad input is one line on stderr with exit 2, Ctrl-C one line with exit 130;
+    never a traceback."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    guard = Guard()
     try:
-        code = app(args=argv, prog_name="mlamem", standalone_mode=False)
+        with guard:
+            code = _run(args)
+    except BaseException:
+        if not guard.interrupted:  # a bug: its traceback is the report
+            raise
+        code = None  # whatever an interrupt turned into on its way up (C code may clear it)
+    if guard.interrupted:
+        guard.say()
+        return Interrupted.exit_code
+    return code
+
+
+def _run(args: list[str]) -> int:
+    """Run the command; user errors become one line on stderr and exit 2."""
+    try:
+        _check_repeats(args)
+        code = app(args=args, prog_name="mlamem", standalone_mode=False)
     except UserError as exc:
         print(f"mlamem: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,41 +1,150 @@
-"""Writing output files whole or not at all."""
+"""Output files: checked before any work, written whole or not at all, their format agreed."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from mlamem.errors import UserError
 
+# An output's extension names its format; --format, when given too, must agree with it.
+FORMAT_BY_SUFFIX = {".txt": "table", ".md": "markdown", ".markdown": "markdown",
+                    ".json": "json", ".csv": "csv", ".pickle": "pickle", ".pkl": "pickle"}
 
-def check_output_path(path: Path, option: str = "--output") -> Path:
-    """Fail before any work if `path` cannot be written; returns its folder."""
+_written: list[Path] = []  # what this process wrote, for the line an interrupt prints
+_temporaries: set[str] = set()  # temporary files not yet renamed or removed
+
+
+def written() -> list[Path]:
+    """Every file `write_atomic` finished in this process, in order."""
+    return list(_written)
+
+
+def remove_temporaries() -> None:
+    """Remove every temporary file a write left half-done (an interrupt ends the process)."""
+    for tmp in list(_temporaries):
+        Path(tmp).unlink(missing_ok=True)
+        _temporaries.discard(tmp)
+
+
+def pick_format(path: Path | None, given: str | None, accepted: Sequence[str],
+                  option: str = "--output", what: str = "this command") -> str:
+    """The format to write: --format if given, else the one `path`'s extension names, else the
+    first of `accepted` (the default). A UserError if they disagree or `accepted` lacks it.
+
+    '.txt' is table, '.md' markdown, '.json' json, '.csv' csv; any other name takes --format.
+    """
+    implied = FORMAT_BY_SUFFIX.get(path.suffix.lower()) if path is not None else None
+    if implied is not None and given is not None and given != implied:
+        raise UserError(f"{option} {path} is {implied} by its extension but --format is {given}; "
+                        f"drop --format or name the file {path.stem}{_suffix_for(given)}")
+    chosen = given or implied or accepted[0]
+    if chosen not in accepted:
+        names = ", ".join(f"{f} ({_suffix_for(f)})" for f in accepted)
+        if path is None or implied is None:
+            raise UserError(f"--format {chosen}: {what} writes {names}; pick one of those")
+        raise UserError(f"{option} {path}: {what} writes {names}, and {path.suffix} names "
+                        f"{chosen}; name the file {path.stem}{_suffix_for(accepted[0])} or the like")
+    return chosen
+
+
+def check_distinct(outputs: dict[str, Path | None]) -> None:
+    """Two options naming one file would overwrite each other: a UserError naming both."""
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = path.resolve()
+        if key in seen:
+            raise UserError(f"{seen[key]} and {option} both name {path}; give each its own file")
+        seen[key] = option
+
+
+def _suffix_for(format_name: str) -> str:
+    return next(s for s, f in FORMAT_BY_SUFFIX.items() if f == format_name)
+
+
+def check_output_path(path: Path, option: str = "--output", *, parents: bool = False) -> Path:
+    """Fail before any work if `path` cannot be written; returns its folder.
+
+    The folder must exist (with `parents`, its nearest existing ancestor) and take a new file:
+    a file is created and removed there, which also holds for root and read-only mounts.
+    """
     folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
+    probe = folder
+    while parents and not probe.exists() and probe != probe.parent:
+        probe = probe.parent  # the folders below it are created when the file is written
+    if probe.exists() and not probe.is_dir():
+        raise UserError(f"{option}: {probe} is a file, not a folder; pick another path")
+    if not probe.is_dir():
         raise UserError(f"{option}: folder {folder} does not exist; create it or pick another path")
     if path.is_dir():
         raise UserError(f"{option}: {path} is a folder; give a file path")
+    if _is_special(path):  # /dev/stdout, a named pipe: written in place
+        if not os.access(path, os.W_OK):
+            raise UserError(f"{option}: cannot write {path}; pick a writable path")
+        return folder
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mlamem-check.", suffix=".tmp")
+    except OSError as exc:
+        raise UserError(f"{option}: cannot write in {probe} ({exc.strerror}); "
+                        "pick a writable folder") from None
+    _temporaries.add(tmp)
+    os.close(fd)
+    os.unlink(tmp)
+    _temporaries.discard(tmp)
     return folder
 
 
-def write_atomic(path: Path, data: str | bytes, option: str = "--output") -> None:
-    """Write `data` to `path` via a temporary file in the same folder and a rename."""
-    folder = check_output_path(path, option)
-    mode = "wb" if isinstance(data, bytes) else "w"
+def _is_special(path: Path) -> bool:
+    """An existing path that is not a regular file (a device, a pipe): never replaced."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        return not stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
+                 parents: bool = False) -> None:
+    """Write `data` to `path` via a temporary file in the same folder and a rename, so `path`
+    holds the old content or the new, never a part, even under Ctrl-C. With `parents`, missing
+    folders are created first. A device or pipe (/dev/stdout) is written in place."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    if _is_special(path):
+        with open(path, mode) as handle:
+            handle.write(data)
+        _written.append(path)
+        return
+    if parents:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{option}: cannot create folder {path.parent} ({exc.strerror}); "
+                            "pick a writable path") from None
+    target = path.resolve() if path.is_symlink() else path  # write where a link points
+    folder = check_output_path(target, option)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
         raise UserError(f"{option}: cannot write in {folder} ({exc.strerror}); "
                         "pick a writable folder") from None
+    _temporaries.add(tmp)
     try:
         with os.fdopen(fd, mode) as handle:
             handle.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
-        os.replace(tmp, path)
-    except OSError as exc:
+        os.replace(tmp, target)
+    except BaseException as exc:  # an OSError, or an interrupt: leave no temporary file
         Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"{option}: cannot write {path} ({exc.strerror}); "
-                        "pick a writable path") from None
+        if isinstance(exc, OSError):
+            raise UserError(f"{option}: cannot write {path} ({exc.strerror}); "
+                            "pick a writable path") from None
+        raise
+    finally:
+        _temporaries.discard(tmp)
+    _written.append(path)

@@ -67,7 +67,7 @@ def parse_tolerance(text: str) -> Tolerance:
     try:
         if number != text.strip():
             percent = float(number)
-            if percent < 0:
+            if not 0 <= percent < float("inf"):  # also nan
                 raise ValueError(text)
             return Tolerance(fraction=percent / 100)
         return Tolerance(bytes=parse_bytes(text))

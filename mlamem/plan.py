@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from mlamem.errors import UserError
 from mlamem.scenario import Scenario
+from mlamem.units import MAX_TOKENS
 
 SCHEMA = "mlamem.plan/1"
 PREFILL_WORKSPACE_COPIES = 5  # vLLM's sparse-MLA bf16 prefill workspace: 5 x max_model_len x 576
@@ -45,9 +46,12 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         for name in ("gpu_memory_bytes", "max_num_tokens", "max_batch_size", "max_seq_len"):
+            option = name.replace("_bytes", "").replace("_", "-")
             if getattr(self, name) <= 0:
-                option = name.replace("_bytes", "").replace("_", "-")
                 raise UserError(f"--{option} must be > 0, got {getattr(self, name)}")
+            if name != "gpu_memory_bytes" and getattr(self, name) > MAX_TOKENS:
+                raise UserError(f"--{option} must be at most {MAX_TOKENS} (engines count tokens "
+                                f"in int32), got {getattr(self, name)}")
         if (self.utilization is None) == (self.free_fraction is None):
             raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
                             "not both")
@@ -220,15 +224,31 @@ def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int) -> dict:
             "prefill_workspace_bytes": prefill, "prefill_workspace_fits": prefill <= headroom}
 
 
+def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest]) -> None:
+    """Refuse, before any plan, a scenario or max_num_tokens the vLLM side's model of FlashMLA's
+    calls cannot run (heads per rank, head dims, tensors too large to exist)."""
+    from mlamem.kernels import FlashMLA
+    from mlamem.scenario import check_decode, check_decode_tokens
+
+    kernel = FlashMLA()
+    padded_heads = check_decode(scenario, kernel.capabilities().head_counts, kernel.label)
+    for request in requests:
+        given = request.max_num_tokens != scenario.serving.max_num_batched_tokens
+        check_decode_tokens(scenario, padded_heads, [], max_tokens=request.max_num_tokens,
+                            max_tokens_option="--max-num-tokens" if given else None)
+
+
 def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str) -> dict:
     """The JSON document `mlamem.plan/1`: one plan, or one per value of the swept variable.
 
     `overrides` are PlanRequest fields (None keeps the scenario's); `sweep` is 'NAME=V1,V2'.
     """
     swept, values = parse_sweep(sweep) if sweep else (None, [None])
-    plans = [make_plan(scenario, request_for(scenario, **(
-        overrides if swept is None else {**overrides, swept: value}))).to_dict()
-        for value in values]
+    requests = [request_for(scenario, **(overrides if swept is None else {**overrides, swept: value}))
+                for value in values]
+    if scenario.model.index_topk:
+        check_vllm_side(scenario, requests)
+    plans = [make_plan(scenario, request).to_dict() for request in requests]
     return {
         "schema": SCHEMA, "command": command,
         "scenario": {"name": scenario.name, "model": scenario.model.name,

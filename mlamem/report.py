@@ -17,7 +17,7 @@ from pathlib import Path
 from mlamem import plots, render
 from mlamem.environment import Environment
 from mlamem.errors import UserError
-from mlamem.files import write_atomic
+from mlamem.files import check_output_path, write_atomic
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
@@ -294,12 +294,11 @@ REPORT_NAME = "report.md"
 
 
 def check_report_dir(folder: Path) -> None:
-    """Fail before any work if `profile --report FOLDER` could not write there."""
+    """Fail before any work if `profile --report FOLDER` could not write there: FOLDER, or the
+    folder it would be created in, must exist and take a new file (tried, as root too)."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--report: {folder} is a file; give a folder (it is created if needed)")
-    parent = folder.parent if str(folder.parent) else Path(".")
-    if not parent.is_dir():
-        raise UserError(f"--report: folder {parent} does not exist; create it or pick another path")
+    check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "--report")
 
 
 def write_profile_report(result: ProfileResult, folder: Path) -> list[Path]:

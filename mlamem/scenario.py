@@ -7,6 +7,7 @@ dataclasses. Derived sizes are properties; inputs are never overwritten.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import typing
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.errors import UserError
+from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
 DEFAULT_SCENARIO = "glm5-fp8-tp8"
 
@@ -114,7 +116,7 @@ class TargetGPU:
     sm_count: int  # streaming multiprocessors; FlashMLA's split-KV scheduling depends on it
 
     def __post_init__(self) -> None:
-        _positive(self, "gpu", "memory_mib")
+        _positive(self, "gpu", "memory_mib", maximum=MAX_BYTES // MiB)
         _positive(self, "gpu", "sm_count")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise _FieldError("gpu", "gpu_memory_utilization", "must be in (0, 1]")
@@ -184,6 +186,77 @@ class Scenario:
                 f"{self.gpu.gpu_memory_utilization}")
 
 
+# The fp8_ds_mla cache every decode kernel here reads (kernels/fp8_ds_mla.py): a 512-wide fp8 latent,
+# which is d_v, and 64 bf16 RoPE values, so d_qk = 576.
+DECODE_LATENT = 512  # [model].kv_lora_rank the kernels take
+DECODE_ROPE = 64  # [model].qk_rope_head_dim the kernels take
+
+
+def check_decode(scenario: Scenario, head_counts: tuple[int, ...], kernel_label: str) -> int:
+    """Refuse, naming the TOML field, a scenario the decode kernel cannot run; else return the
+    head count the kernel pads each rank's heads to. Pure arithmetic: call it before any work."""
+    m, p = scenario.model, scenario.parallel
+    where = f"{scenario.source or scenario.name}: "
+    for field, value, wanted in (("kv_lora_rank", m.kv_lora_rank, DECODE_LATENT),
+                                 ("qk_rope_head_dim", m.qk_rope_head_dim, DECODE_ROPE)):
+        if value != wanted:
+            raise UserError(f"{where}[model].{field} is {value}; {kernel_label} reads the fp8_ds_mla "
+                            f"cache (d_qk {DECODE_LATENT + DECODE_ROPE} = {DECODE_LATENT} latent + "
+                            f"{DECODE_ROPE} RoPE, d_v {DECODE_LATENT}): set it to {wanted}")
+    if scenario.decode_topk > scenario.serving.max_model_len:
+        field = "[model].index_topk" if m.index_topk else "[serving].synthetic_topk"
+        raise UserError(f"{where}{field} {scenario.decode_topk} exceeds [serving].max_model_len "
+                        f"{scenario.serving.max_model_len}: a query cannot attend more tokens than "
+                        "a sequence holds; lower it or raise max_model_len")
+    heads, most = scenario.heads_per_rank, max(head_counts)
+    if heads > most:
+        n = m.num_attention_heads  # attention ranks must divide it: try its divisors
+        ranks = sorted(d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)
+                       if n // d <= most)
+        fix = (f"set [parallel].tensor_parallel to {ranks[0] * p.attention_data_parallel} or "
+               "more" if ranks else f"lower [model].num_attention_heads to {most}")
+        ranks_text = f"{p.attention_tensor_parallel} attention rank" + (
+            "s" if p.attention_tensor_parallel > 1 else "")
+        raise UserError(f"{where}[parallel].tensor_parallel {p.tensor_parallel} leaves {heads} heads "
+                        f"per rank ([model].num_attention_heads {m.num_attention_heads} over "
+                        f"{ranks_text}); {kernel_label} runs at most {most}: {fix}")
+    return min(h for h in head_counts if h >= heads)
+
+
+def decode_token_limit(scenario: Scenario, padded_heads: int) -> int:
+    """The most tokens one decode call, or a workspace, can take: its bf16 q and out at
+    `padded_heads` heads within MAX_BYTES (256 TiB), and the count within int32."""
+    return min(MAX_TOKENS, MAX_BYTES // (padded_heads * (scenario.d_qk + scenario.d_v) * 2))
+
+
+def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
+                        option: str = "--tokens", max_tokens: int | None = None,
+                        max_tokens_option: str | None = None) -> None:
+    """Refuse a T, and a max_num_batched_tokens (which sizes the workspace), whose tensors
+    cannot exist; the message names the largest that can. `max_tokens` overrides the scenario's
+    max_num_batched_tokens and `max_tokens_option` names the flag that gave it."""
+    limit = decode_token_limit(scenario, padded_heads)
+    per_token = padded_heads * (scenario.d_qk + scenario.d_v) * 2
+
+    def why(count: int) -> str:
+        if count * per_token > MAX_BYTES:
+            return (f"q and out of that many tokens ({padded_heads} heads, bf16) would take "
+                    f"{format_huge(count * per_token)}, over the {format_huge(MAX_BYTES)} any "
+                    "tensor here may take")
+        return "engines and kernels count tokens in int32"
+
+    for t in tokens:
+        if t > limit:
+            raise UserError(f"{option}: T={t} cannot run: {why(t)}; the largest T "
+                            f"{scenario.name} can take is {limit}")
+    mnbt = scenario.serving.max_num_batched_tokens if max_tokens is None else max_tokens
+    if mnbt > limit:
+        where = max_tokens_option or (f"{scenario.source or scenario.name}: "
+                                      "[serving].max_num_batched_tokens")
+        raise UserError(f"{where} {mnbt} cannot be reserved: {why(mnbt)}; the largest "
+                        f"{scenario.name} can take is {limit}")
+
+
 _SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}
 
 
@@ -192,9 +265,12 @@ class _FieldError(ValueError):
         super().__init__(f"[{section}].{field} {problem}")
 
 
-def _positive(obj: object, section: str, name: str) -> None:
+def _positive(obj: object, section: str, name: str, maximum: int = MAX_TOKENS) -> None:
+    """A count in (0, maximum]: by default int32, as engines and kernels count tokens."""
     if getattr(obj, name) <= 0:
         raise _FieldError(section, name, f"must be > 0, got {getattr(obj, name)}")
+    if getattr(obj, name) > maximum:
+        raise _FieldError(section, name, f"must be at most {maximum}, got {getattr(obj, name)}")
 
 
 def _build(cls: type, table: object, section: str):

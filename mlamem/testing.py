@@ -9,7 +9,7 @@ the FlashMLA adapter) on first access.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,65 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mlamem: error:"), err
     return err[0]
+
+
+def check_bad_input(args: Sequence[str], fix: str | None = None, *,
+                    watch: Path | None = None, code: int = 2) -> str:
+    """Run `mlamem ARGS` in this process, from a fresh empty working folder, and check what bad
+    input must give: exit `code` (2), nothing on stdout, exactly one stderr line, starting
+    `mlamem: error:` and containing `fix` if given, no traceback, and no file left behind,
+    neither in the working folder nor under `watch` (created, changed or removed). Returns the
+    line; an AssertionError says what differs."""
+    import contextlib
+    import io
+    import os
+    import shlex
+    import tempfile
+    import traceback
+
+    from mlamem.cli import main
+
+    command = "mlamem " + shlex.join(map(str, args))
+    before = _files_under(watch) if watch is not None else None
+    out, err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="mlamem-bad-input-") as folder:
+        here = os.getcwd()
+        os.chdir(folder)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                returned = main([str(a) for a in args])
+        except BaseException:  # noqa: BLE001 (anything that escapes main is a traceback)
+            raise AssertionError(f"{command} raised:\n{traceback.format_exc()}") from None
+        finally:
+            os.chdir(here)
+        left = _files_under(Path(folder))
+    lines = err.getvalue().splitlines()
+    problems = []
+    if returned != code:
+        problems.append(f"exit {returned}, not {code}")
+    if out.getvalue():
+        problems.append(f"stdout is not empty: {out.getvalue()[:200]!r}")
+    if "Traceback" in err.getvalue():
+        problems.append("a traceback")
+    if len(lines) != 1 or not lines[0].startswith("mlamem: error:"):
+        problems.append(f"stderr is not one 'mlamem: error:' line: {lines}")
+    elif fix is not None and fix not in lines[0]:
+        problems.append(f"the line does not say {fix!r}: {lines[0]!r}")
+    if left:
+        problems.append(f"left files in the working folder: {sorted(left)}")
+    if before is not None and _files_under(watch) != before:
+        problems.append(f"changed files under {watch}")
+    if problems:
+        raise AssertionError(f"{command}: {'; '.join(problems)}")
+    return lines[0]
+
+
+def _files_under(folder: Path) -> dict[str, tuple[int, int] | None]:
+    """Every file and folder under `folder`: relative path -> (size, mtime in ns) for a file,
+    None for a folder (whose mtime moves when a file is tried there and removed)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else (p.stat().st_size,
+                                                                 p.stat().st_mtime_ns)
+            for p in sorted(Path(folder).rglob("*"))}
 
 
 def seed_for(name: str) -> int:

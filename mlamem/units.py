@@ -1,5 +1,7 @@
 """Bytes are ints everywhere; these helpers only format them at the edges."""
 
+import re
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
@@ -20,23 +22,41 @@ def format_bytes(num_bytes: int) -> str:
     return f"{sign}{n} B"
 
 
-_UNITS = {"": 1, "B": 1, "KIB": KiB, "MIB": MiB, "GIB": GiB, "TIB": 1024**4,
+_UNITS = {"B": 1, "KIB": KiB, "MIB": MiB, "GIB": GiB, "TIB": 1024**4,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+# The largest size any input may name or imply: 256 TiB, over a thousand times the memory of any
+# GPU (an H200 has 141 GB) and far below the 2**63 bytes where torch's size arithmetic overflows.
+MAX_BYTES = 2**48
+# The most tokens any count may name: engines and kernels count tokens in int32 (FlashMLA's s_q,
+# the int32 KV-token indices of the sparse decode).
+MAX_TOKENS = 2**31 - 1
+
+_SIZE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>[A-Za-z]*)")
+
+
+def format_huge(num_bytes: int) -> str:
+    """A size too large for `format_bytes`' GiB, in TiB, e.g. '4,096 TiB' (for error messages)."""
+    return f"{num_bytes / 1024**4:,.0f} TiB" if num_bytes >= 1024**4 else format_bytes(num_bytes)
 
 
 def parse_bytes(text: str) -> int:
     """'80GiB' -> 85899345920; binary (KiB, MiB, GiB, TiB) and decimal (KB, MB, GB, TB) units.
 
-    A bare number is bytes; 0 is allowed (callers that need a positive size check it).
+    A number needs its unit ('B' for bytes); only 0 may go without one. Callers that need a
+    positive size check it. Sizes above MAX_BYTES (256 TiB) are refused: no device has them.
 
     Raises ValueError naming the accepted forms.
     """
-    number = text.strip().rstrip("BbIiKkMmGgTt ")
-    unit = text.strip()[len(number):].strip().upper()
-    try:
-        value = float(number)
-    except ValueError:
-        value = None
-    if value is None or unit not in _UNITS or value < 0:
-        raise ValueError(f"{text!r} is not a size; write e.g. 80GiB, 81559MiB or 80GB")
-    return int(value * _UNITS[unit])
+    match = _SIZE.fullmatch(text.strip())
+    hint = "write e.g. 80GiB, 81559MiB or 80GB"
+    if match is None or match["unit"].upper() not in _UNITS | {"": 1}:
+        raise ValueError(f"{text!r} is not a size; {hint}")
+    value, unit = float(match["number"]), match["unit"].upper()
+    if not unit:
+        if value != 0:
+            raise ValueError(f"{text!r} has no unit; {hint} ({match['number']}B for bytes)")
+        return 0
+    if value * _UNITS[unit] > MAX_BYTES:  # also 1e400 (inf) and the like
+        raise ValueError(f"{text!r} is more than {format_huge(MAX_BYTES)}, beyond any device; {hint}")
+    return round(value * _UNITS[unit])

@@ -1,0 +1,21 @@
+"""The `mlamem` console script and `python -m mlamem`: Ctrl-C is one line, exit 130, from the
+first import on (importing the CLI may take seconds)."""
+
+import signal
+import sys
+
+
+def main() -> int:
+    """Import the CLI and run it; Ctrl-C before the CLI takes over ends the process at once."""
+    from mlamem import interrupt
+
+    signal.signal(signal.SIGINT, interrupt.exit_at_once)
+    from mlamem.cli import main as run
+
+    code = run()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # done: a late Ctrl-C changes nothing
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""Bad input never passes and never tracebacks: one parametrised test per command, one helper.
+
+Every case must give what `mlamem.testing.check_bad_input` checks: exit 2, nothing on stdout,
+one stderr line `mlamem: error: ...` naming the fix, no traceback, no file left behind. The
+cases cover each principle, not each flag:
+- a size needs a unit (only 0 goes without), and no size may pass 256 TiB;
+- a T, or any token count, whose tensors cannot exist is refused before any work;
+- contradicting flags, and a single-valued flag given twice, are errors;
+- an output's format follows its extension, and --format must agree with it;
+- every output path is tried before any work;
+- a TOML the kernel cannot run is refused with the field named.
+Ctrl-C (one line, exit 130, nothing written) runs the real process.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mlamem import render
+from mlamem.cli import main
+from mlamem.testing import check_bad_input, no_gpu, scenario_file
+
+RESULTS = Path(__file__).parent / "fixtures" / "results"
+PROFILE = RESULTS / "profile-glm5-h200.json"
+REPRO = RESULTS / "repro-oom-glm5-h200.json"
+LARGEST_GLM5_T = 2021161080  # 2**48 B // (64 padded heads x (576 + 512) x 2 B of q and out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """An argument made in the case's folder when the case runs: `make(inputs)` -> path."""
+
+    make: Callable[["Inputs"], Path]
+
+
+def toml(edits: dict[str, str], base: str = "glm5-fp8-tp8") -> Made:
+    """A shipped scenario with text edits, as a TOML file."""
+    return Made(lambda i: scenario_file(i.folder, base, edits))
+
+
+def written(name: str, content: str | Callable[[], str]) -> Made:
+    """A file holding `content` (or what it returns)."""
+    def make(i: "Inputs") -> Path:
+        path = i.folder / name
+        path.write_text(content() if callable(content) else content)
+        return path
+    return Made(make)
+
+
+def _json_with(source: Path, **fields) -> Callable[[], str]:
+    return lambda: json.dumps({**json.loads(source.read_text()), **fields})
+
+
+@dataclasses.dataclass
+class Inputs:
+    """What a case's arguments point at: {out} a folder, {file} a file, {unwritable} a folder
+    where no file can be made, {baseline} a predicted gate baseline (glm5, T=1024)."""
+
+    folder: Path
+    baseline: Path
+    unwritable: Callable[[], Path]
+
+    def resolve(self, args: list) -> list[str]:
+        places = {"out": self.folder / "out", "file": self.folder / "file",
+                  "baseline": self.baseline}
+        (self.folder / "out").mkdir(exist_ok=True)
+        (self.folder / "file").write_text("a file, not a folder\n")
+        if any("{unwritable}" in a for a in args if isinstance(a, str)):
+            places["unwritable"] = self.unwritable()
+        return [a.make(self).as_posix() if isinstance(a, Made) else a.format(**places)
+                for a in args]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Path:
+    """A predicted baseline of GLM-5 at T=1024, both paths."""
+    path = tmp_path_factory.mktemp("baseline") / "glm5.json"
+    assert main(["gate", "--predict", "--baseline", str(path), "--update", "--scenario",
+                 "glm5-fp8-tp8", "--tokens", "1024"]) == 0
+    return path
+
+
+@pytest.fixture
+def inputs(tmp_path, baseline) -> Inputs:
+    folder = tmp_path / "case"
+    folder.mkdir()
+
+    def unwritable() -> Path:
+        if os.geteuid() != 0:
+            ro = tmp_path / "read-only"
+            ro.mkdir(mode=0o555)
+            return ro
+        if Path("/proc").is_dir():  # root writes anywhere else
+            return Path("/proc")
+        pytest.skip("running as root without /proc: no folder here refuses a new file")
+    return Inputs(folder, baseline, unwritable)
+
+
+@pytest.fixture(autouse=True)
+def _writable_again(tmp_path):
+    yield
+    for path in tmp_path.rglob("*"):  # let pytest remove a read-only folder
+        if path.is_dir():
+            path.chmod(0o755)
+
+
+def _run(inputs: Inputs, command: str, args: list, fix: str) -> None:
+    check_bad_input([command, *inputs.resolve(args)], fix, watch=inputs.folder)
+
+
+TOML_CASES = [  # a scenario the decode kernel cannot run, refused with the field named
+    pytest.param([toml({"num_attention_heads = 64 ": "num_attention_heads = 256 ",
+                        "tensor_parallel = 8 ": "tensor_parallel = 1 "})],
+                 "[parallel].tensor_parallel 1 leaves 256 heads per rank", id="toml-heads"),
+    pytest.param([toml({"kv_lora_rank = 512": "kv_lora_rank = 448"})],
+                 "[model].kv_lora_rank is 448", id="toml-latent"),
+    pytest.param([toml({"qk_rope_head_dim = 64": "qk_rope_head_dim = 32"})],
+                 "[model].qk_rope_head_dim is 32", id="toml-rope"),
+    pytest.param([toml({"index_topk = 2048": "index_topk = 999999"})],
+                 "[model].index_topk 999999 exceeds [serving].max_model_len", id="toml-topk"),
+    pytest.param([toml({"max_num_batched_tokens = 32768": "max_num_batched_tokens = 2100000000"})],
+                 "[serving].max_num_batched_tokens 2100000000 cannot be reserved",
+                 id="toml-workspace-cannot-exist"),
+    pytest.param([toml({"max_model_len = 131072": "max_model_len = 99999999999"})],
+                 "[serving].max_model_len must be at most 2147483647", id="toml-beyond-int32"),
+    pytest.param([toml({"memory_mib = 81559": "memory_mib = 999999999999"})],
+                 "[gpu].memory_mib must be at most 268435456", id="toml-memory"),
+    pytest.param([written("bad.toml", "name = 'x'\ndescription = 'y'\n[model]\nname = 1\n")],
+                 "[model].name", id="toml-malformed"),
+    pytest.param([written("broken.toml", "name = ")], "not valid TOML", id="toml-not-toml"),
+]
+
+
+def _with_scenario(cases):
+    return [pytest.param(["--scenario", *c.values[0]], c.values[1], id=c.id) for c in cases]
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--tokens", "0"], "positive integer", id="tokens-zero"),
+    pytest.param(["--tokens", "1.5"], "positive integer", id="tokens-fraction"),
+    pytest.param(["--tokens", "abc"], "positive integer", id="tokens-word"),
+    pytest.param(["--tokens", "1024,1024"], "T=1024 is listed twice", id="tokens-twice-in-list"),
+    pytest.param(["--tokens", "65536"], "--max-num-batched-tokens", id="tokens-beyond-workspace"),
+    pytest.param(["--tokens", "99999999999999"],
+                 f"the largest T glm5-fp8-tp8 can take is {LARGEST_GLM5_T}", id="tokens-cannot-exist"),
+    pytest.param(["--tokens", "99999999999999", "--paths", "alloc"], str(LARGEST_GLM5_T),
+                 id="tokens-cannot-exist-alloc"),
+    pytest.param(["--max-num-batched-tokens", "0"], "--max-num-batched-tokens", id="mnbt-zero"),
+    pytest.param(["--tokens", "1", "--max-num-batched-tokens", "99999999999999"],
+                 "--max-num-batched-tokens 99999999999999 cannot be reserved",
+                 id="mnbt-cannot-exist"),
+    pytest.param(["--scenario", "glm6"], "glm5-fp8-tp8", id="scenario-unknown"),
+    pytest.param(["--scenario", "missing/file.toml"], "not found", id="scenario-no-file"),
+    pytest.param(["--paths", "alloc,fast"], "expected one of: alloc, workspace", id="path-unknown"),
+    pytest.param(["--paths", "alloc,alloc"], "alloc is listed twice", id="path-twice-in-list"),
+    pytest.param(["--paths", "workspace-full"], "--kernel triton", id="path-kernel-cannot"),
+    pytest.param(["--format", "xml"], "--format", id="format-unknown"),
+    pytest.param(["--tokens", "1", "--tokens", "2"], "--tokens is given twice", id="given-twice"),
+    pytest.param(["-s", "glm5-fp8-tp8", "--scenario", "glm5-fp8-tp8"],
+                 "-s and --scenario are both given", id="short-and-long"),
+    pytest.param(["--predict", "--no-predict"], "--predict and --no-predict", id="flag-and-no"),
+    pytest.param(["--predict", "--require-gpu"], "contradict", id="predict-require-gpu"),
+    pytest.param(["--require-gpu"], "--require-gpu: cannot measure", marks=no_gpu,
+                 id="require-gpu-without-one"),
+    pytest.param(["--breakdown", "--format", "csv"], "profile --breakdown writes",
+                 id="breakdown-csv"),
+    pytest.param(["--output", "{out}/rows.json", "--format", "csv"],
+                 "rows.json is json by its extension but --format is csv", id="extension-vs-format"),
+    pytest.param(["--breakdown", "--output", "{out}/b.csv"], ".csv names csv",
+                 id="breakdown-csv-file"),
+    pytest.param(["--output", "{out}/rows.pickle"], ".pickle names pickle", id="extension-foreign"),
+    pytest.param(["--snapshot", "{out}/s.json"], "name the file s.pickle", id="snapshot-extension"),
+    pytest.param(["--output", "{out}/same", "--snapshot", "{out}/same"],
+                 "--output and --snapshot both name", id="output-and-snapshot-one-file"),
+    pytest.param(["--output", "/no/such/folder/x.json"], "does not exist", id="output-no-folder"),
+    pytest.param(["--output", "{file}/x.json"], "is a file, not a folder", id="output-under-file"),
+    pytest.param(["--output", "{out}"], "is a folder", id="output-is-folder"),
+    pytest.param(["--output", "{unwritable}/x.json"], "cannot write in", id="output-unwritable"),
+    pytest.param(["--snapshot", "/no/such/folder/s.pickle"], "--snapshot", id="snapshot-no-folder"),
+    pytest.param(["--snapshot", "{out}"], "--snapshot: ", id="snapshot-is-folder"),
+    pytest.param(["--snapshot", "{unwritable}/s.pickle"], "cannot write in",
+                 id="snapshot-unwritable"),
+    pytest.param(["--report", "{file}"], "is a file", id="report-is-file"),
+    pytest.param(["--report", "/no/such/folder/r"], "does not exist", id="report-no-parent"),
+    pytest.param(["--report", "{unwritable}"], "cannot write in", id="report-unwritable"),
+    pytest.param(["--report", "{unwritable}/new"], "cannot write in", id="report-parent-unwritable"),
+    *_with_scenario(TOML_CASES),
+])
+def test_profile(inputs, args, fix):
+    """profile: every bad input is one line, exit 2, before any work."""
+    _run(inputs, "profile", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--tokens", "0"], "positive integer", id="tokens-zero"),
+    pytest.param(["--tokens", "99999999999999"], str(LARGEST_GLM5_T), id="tokens-cannot-exist"),
+    pytest.param(["--tokens", "1", "--tokens", "2"], "--tokens is given twice", id="given-twice"),
+    pytest.param(["--format", "csv"], "'csv' is not one of 'table', 'markdown', 'json'",
+                 id="format-csv"),
+    pytest.param(["--output", "{out}/v.csv"], ".csv names csv", id="extension-csv"),
+    pytest.param(["--output", "{out}/v.json", "--format", "markdown"], "drop --format",
+                 id="extension-vs-format"),
+    pytest.param(["--output", "{unwritable}/v.json"], "cannot write in", id="output-unwritable"),
+    pytest.param(["--scenario", "glm6"], "unknown scenario 'glm6'", id="scenario-unknown"),
+    pytest.param(["--paths", "fast"], "unknown path 'fast'", id="path-unknown"),
+    pytest.param([], "validate needs a GPU", marks=no_gpu, id="no-gpu"),
+    *_with_scenario(TOML_CASES[:4]),
+])
+def test_validate(inputs, args, fix):
+    """validate: bad input is refused before the GPU check, one line, exit 2."""
+    _run(inputs, "validate", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--utilization", "0"], "outside (0, 1]", id="utilization-zero"),
+    pytest.param(["--utilization", "1.5"], "outside (0, 1]", id="utilization-above-1"),
+    pytest.param(["--utilization", "nan"], "outside (0, 1]", id="utilization-nan"),
+    pytest.param(["--max-num-batched-tokens", "0"], "must be > 0", id="mnbt-zero"),
+    pytest.param(["--max-num-batched-tokens", "-5"], "must be > 0", id="mnbt-negative"),
+    pytest.param(["--max-num-batched-tokens", "99999999999999"], "cannot be reserved",
+                 id="mnbt-cannot-exist"),
+    pytest.param(["--gpu-memory", "lots"], "80GiB", id="size-word"),
+    pytest.param(["--gpu-memory", "80"], "'80' has no unit", id="size-without-unit"),
+    pytest.param(["--gpu-memory", "1e30GiB"], "more than 256 TiB", id="size-cannot-exist"),
+    pytest.param(["--gpu-memory", "0"], "--gpu-memory must be positive", id="size-zero"),
+    pytest.param(["--paths", "alloc", "--expect-oom", "workspace"], "not among the --paths alloc",
+                 id="expect-not-a-path"),
+    pytest.param(["--expect-oom", "alloc", "--expect-fit", "alloc"],
+                 "--expect-oom and --expect-fit both name alloc", id="expect-both"),
+    pytest.param(["--utilization", "0.8", "--utilization", "0.9"], "--utilization is given twice",
+                 id="given-twice"),
+    pytest.param(["--scenario", "glm6"], "glm5-fp8-tp8", id="scenario-unknown"),
+    pytest.param(["--output", "{out}/r.csv"], ".csv names csv", id="extension-csv"),
+    pytest.param(["--output", "{unwritable}/r.json"], "cannot write in", id="output-unwritable"),
+    *_with_scenario(TOML_CASES[:6]),
+])
+def test_repro_oom(inputs, args, fix):
+    """repro-oom: every bad input is one line, exit 2, before any case runs."""
+    _run(inputs, "repro-oom", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--max-seq-len", "0"], "--max-seq-len must be > 0", id="seq-len-zero"),
+    pytest.param(["--max-batch-size", "-1"], "--max-batch-size must be > 0", id="batch-negative"),
+    pytest.param(["--gpu-memory", "0"], "--gpu-memory must be > 0", id="size-zero"),
+    pytest.param(["--gpu-memory", "80"], "has no unit", id="size-without-unit"),
+    pytest.param(["--gpu-memory", "1e30GiB"], "more than 256 TiB", id="size-cannot-exist"),
+    pytest.param(["--gpu-memory", "inf"], "is not a size", id="size-inf"),
+    pytest.param(["--sweep", "gpu-memory=80,141"], "not all valid", id="sweep-size-without-unit"),
+    pytest.param(["--max-num-tokens", "99999999999999"], "at most 2147483647",
+                 id="tokens-beyond-int32"),
+    pytest.param(["--max-num-tokens", "2100000000"], "--max-num-tokens 2100000000 cannot be",
+                 id="tokens-cannot-exist"),
+    pytest.param(["--sweep", "max-seq-len=32768,99999999999"], "at most 2147483647",
+                 id="sweep-beyond-int32"),
+    pytest.param(["--utilization", "1.2"], "outside (0, 1]", id="utilization-above-1"),
+    pytest.param(["--free-fraction", "0"], "outside (0, 1]", id="free-fraction-zero"),
+    pytest.param(["--utilization", "0.9", "--free-fraction", "0.9"], "not both",
+                 id="utilization-and-free-fraction"),
+    pytest.param(["--sweep", "max-seq-len=32768,65536", "--max-seq-len", "5"],
+                 "--sweep varies max-seq-len", id="sweep-and-flag"),
+    pytest.param(["--block-reuse", "--no-block-reuse"], "--block-reuse and --no-block-reuse",
+                 id="flag-and-no"),
+    pytest.param(["--sweep", "speed=1,2"], "NAME one of", id="sweep-unknown"),
+    pytest.param(["--sweep", "max-seq-len=a,b"], "not all valid", id="sweep-not-numbers"),
+    pytest.param(["--output", "{out}/p.csv"], ".csv names csv", id="extension-csv"),
+    pytest.param(["--output", "{unwritable}/p.json"], "cannot write in", id="output-unwritable"),
+    *_with_scenario(TOML_CASES[:5]),  # the sparse vLLM side runs FlashMLA's allocation model
+])
+def test_plan(inputs, args, fix):
+    """plan: bad sizes, counts, fractions and contradicting flags: one line, exit 2."""
+    _run(inputs, "plan", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--scenario", "glm6"], "unknown scenario 'glm6'", id="scenario-unknown"),
+    pytest.param(["--tokens", "2048"], "no figures for glm5-fp8-tp8 T=2048 alloc",
+                 id="tokens-not-in-baseline"),
+    pytest.param(["--tokens", "99999999999999"], str(LARGEST_GLM5_T), id="tokens-cannot-exist"),
+    pytest.param(["--tolerance", "5"], "write 0, 1MiB or 0.5%", id="size-without-unit"),
+    pytest.param(["--tolerance", "1XB"], "write 0, 1MiB or 0.5%", id="size-unknown-unit"),
+    pytest.param(["--tolerance", "-2%"], "write 0, 1MiB or 0.5%", id="percent-negative"),
+    pytest.param(["--tolerance", "nan%"], "write 0, 1MiB or 0.5%", id="percent-nan"),
+    pytest.param(["--tolerance", "-1MiB"], "write 0, 1MiB or 0.5%", id="size-negative"),
+    pytest.param(["--tolerance", "1e30GiB"], "write 0, 1MiB or 0.5%", id="size-cannot-exist"),
+    pytest.param(["--tolerance", "speed=1MiB"], "unknown metric 'speed'", id="metric-unknown"),
+    pytest.param(["--paths", "fast"], "unknown path 'fast'", id="path-unknown"),
+    pytest.param(["--tolerance", "0", "--tolerance", "1MiB"], "--tolerance is given twice",
+                 id="given-twice"),
+    pytest.param(["--update", "--tolerance", "0"], "--tolerance has no effect with --update",
+                 id="update-and-tolerance"),
+    pytest.param(["--update", "--allow-env-change"], "--allow-env-change has no effect",
+                 id="update-and-allow-env-change"),
+    pytest.param(["--baseline", "{out}/b.csv", "--update"], ".csv names csv",
+                 id="baseline-extension"),
+    pytest.param(["--baseline", "{unwritable}/b.json", "--update"], "cannot write in",
+                 id="baseline-unwritable"),
+    pytest.param(["--baseline", "{unwritable}/new/b.json", "--update"], "cannot write in",
+                 id="baseline-folder-unwritable"),
+    pytest.param(["--baseline", "{file}/new/b.json", "--update"], "is a file, not a folder",
+                 id="baseline-under-file"),
+    pytest.param(["--baseline", "{out}/missing.json"], "not found", id="baseline-missing"),
+    pytest.param(["--baseline", written("empty.json", "")], "is not valid JSON",
+                 id="baseline-empty"),
+    pytest.param(["--baseline", written("half.json", '{"schema": "mlamem.baseline/1", "cases": [')],
+                 "is not valid JSON", id="baseline-half"),
+    pytest.param(["--baseline", written("list.json", "[1, 2]")], "has schema 'list'",
+                 id="baseline-list"),
+    pytest.param(["--baseline", written("profile.json", PROFILE.read_text)],
+                 "has schema 'mlamem.profile/1'", id="baseline-other-schema"),
+    *_with_scenario(TOML_CASES[:4]),
+])
+def test_gate(inputs, args, fix):
+    """gate: bad input, a bad baseline or a contradicting flag: one line, exit 2, no work."""
+    if "--baseline" not in args:
+        args = ["--baseline", "{baseline}", *args]
+    _run(inputs, "gate", ["--predict", *args], fix)
+
+
+def test_gate_baseline_fields(inputs, baseline):
+    """A baseline with a field of the wrong type, or one missing, names it."""
+    data = json.loads(baseline.read_text())
+    data["cases"][0]["peak_allocated_bytes"] = "392 MiB"
+    wrong = inputs.folder / "wrong.json"
+    wrong.write_text(json.dumps(data))
+    data = json.loads(baseline.read_text())
+    del data["environment"]
+    missing = inputs.folder / "missing.json"
+    missing.write_text(json.dumps(data))
+    for path, fix in ((wrong, "cases[0].peak_allocated_bytes has the wrong type"),
+                      (missing, "baseline.environment is missing")):
+        line = check_bad_input(["gate", "--predict", "--baseline", path], fix, watch=inputs.folder)
+        assert str(path) in line and "--update" in line
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["{out}/missing.json"], "no such result file", id="input-missing"),
+    pytest.param(["{out}"], "is a folder", id="input-folder"),
+    pytest.param([written("half.json", lambda: PROFILE.read_text()[:5000])], "not valid JSON",
+                 id="input-half"),
+    pytest.param([written("list.json", "[1, 2]")], "not an mlamem result", id="input-list"),
+    pytest.param(["{baseline}"], "schema 'mlamem.baseline/1' is not a result",
+                 id="input-baseline"),
+    pytest.param([written("noschema.json", "{}")], "schema None", id="input-no-schema"),
+    pytest.param([written("norows.json", _json_with(PROFILE, rows=[]))], "'rows' is empty",
+                 id="input-no-rows"),
+    pytest.param([written("badrow.json", _json_with(PROFILE, rows=[{"tokens": "x"}]))],
+                 "rows[0].tokens", id="input-bad-row"),
+    pytest.param([written("nokernel.json", lambda: json.dumps(
+        {k: v for k, v in json.loads(REPRO.read_text()).items() if k != "kernel"}))],
+        "'kernel'", id="input-no-kernel"),
+    pytest.param([written("noenv.json", _json_with(PROFILE, environment={"gpu": "x"}))],
+                 "not a valid", id="input-bad-environment"),
+    pytest.param([written("nobudget.json", _json_with(REPRO, budget={}))],
+                 "not a valid mlamem.repro-oom/1", id="input-no-budget"),
+    pytest.param([str(PROFILE), "--output", "/no/such/folder/report.md"], "does not exist",
+                 id="output-no-folder"),
+    pytest.param([str(PROFILE), "--output", "{out}/report.json"], ".json names json",
+                 id="output-extension"),
+    pytest.param([str(PROFILE), "--output", "{unwritable}/report.md"], "cannot write in",
+                 id="output-unwritable"),
+    pytest.param(["{out}/r.md", "--output", "{out}/r.md"], "and --output both name",
+                 id="output-is-an-input"),
+    pytest.param([str(PROFILE), "--output", "{out}/a.md", "--output", "{out}/b.md"],
+                 "--output is given twice", id="given-twice"),
+])
+def test_report(inputs, args, fix):
+    """report: a missing, corrupt or wrong-schema result, or a bad --output: one line, exit 2,
+    nothing written (the good result beside a bad one is not reported either)."""
+    if "--output" not in args:
+        args = [str(PROFILE), *args, "--output", "{out}/report.md"]
+    _run(inputs, "report", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["extra"], "unexpected extra argument", id="extra-argument"),
+    pytest.param(["--format", "json"], "No such option", id="unknown-option"),
+])
+def test_scenarios(inputs, args, fix):
+    """scenarios takes nothing: anything given is one line, exit 2."""
+    _run(inputs, "scenarios", args, fix)
+
+
+def test_unknown_command(inputs):
+    """A command that does not exist: one line naming --help."""
+    _run(inputs, "profiel", [], "mlamem --help")
+
+
+@pytest.mark.parametrize(("command", "formats"), [
+    ("profile", render.FORMATS), ("validate", render.VALIDATION_FORMATS),
+    ("repro-oom", render.REPRO_FORMATS), ("plan", render.PLAN_FORMATS)])
+def test_format_choices_are_what_the_command_writes(capsys, command, formats):
+    """--help offers exactly the formats the command accepts (validate once offered csv)."""
+    assert main([command, "--help"]) == 0
+    offered = re.search(r"--format [<\[]([a-z|]+)[>\]]", capsys.readouterr().out)
+    assert offered and offered.group(1).split("|") == list(formats)
+
+
+@pytest.mark.parametrize(("name", "same_as"), [
+    ("rows.json", "json"), ("rows.csv", "csv"), ("rows.md", "markdown"), ("rows.txt", "table"),
+    ("rows.out", "table")])
+def test_output_extension_names_the_format(tmp_path, name, same_as):
+    """Without --format, .json writes JSON, .csv CSV, .md Markdown, .txt the table, and any
+    other name the default, the table: each the bytes --format gives."""
+    run = ["profile", "--predict", "--tokens", "1024", "--paths", "alloc", "--output"]
+    assert main([*run, str(tmp_path / name)]) == 0
+    assert main([*run, str(tmp_path / "explicit"), "--format", same_as]) == 0
+    strip = re.compile(r'"created": "[^"]*"')  # the one field that differs between two runs
+    assert (strip.sub("", (tmp_path / name).read_text())
+            == strip.sub("", (tmp_path / "explicit").read_text()))
+
+
+def test_decode_dims_are_the_cache_layout():
+    """The head dims a scenario must have are those of the fp8_ds_mla cache the kernels read."""
+    from mlamem import scenario
+    from mlamem.kernels import fp8_ds_mla
+
+    assert (scenario.DECODE_LATENT, scenario.DECODE_ROPE) == (fp8_ds_mla.NOPE_DIM,
+                                                              fp8_ds_mla.ROPE_DIM)
+
+
+def _process(args: list[str], cwd: Path) -> subprocess.Popen:
+    """`python -m mlamem ARGS` as its own process, started in `cwd` (outside the checkout)."""
+    return subprocess.Popen([sys.executable, "-m", "mlamem", *args], cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_real_process_says_one_line(tmp_path):
+    """`python -m mlamem` with bad input: exit 2, one line, no traceback."""
+    done = _process(["plan", "--gpu-memory", "80"], tmp_path)
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 2 and out == ""
+    assert err.startswith("mlamem: error: --gpu-memory") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_ctrl_c_is_one_line_and_nothing_written(tmp_path, when):
+    """Ctrl-C while the CLI starts (0.5 s in) or while it works (at its first progress line):
+    the line `interrupted; nothing written` (or what was whole by then), exit 130, no traceback,
+    no partial or temporary file."""
+    run = _process(["profile", "--predict", "--output", str(tmp_path / "rows.json"),
+                    "--report", str(tmp_path / "report")], tmp_path)
+    first = ""
+    if when == "starting":
+        time.sleep(0.5)
+    else:
+        first = run.stderr.readline()  # a progress line: the sweep is under way
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+    err = first + err
+    if run.returncode == 0:
+        pytest.skip("the run finished before Ctrl-C")
+    assert run.returncode == 130 and "Traceback" not in err, err
+    files = sorted(str(p) for p in tmp_path.rglob("*") if p.is_file())
+    said = "nothing written" if not files else f"wrote only {', '.join(files)}"
+    assert sorted(err.splitlines()[-1].split(", ")) == sorted(
+        f"mlamem: interrupted; {said}".split(", ")), err  # files: what was whole before Ctrl-C
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
