@@ -105,8 +105,99 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
     return {"probe": "first-calls", "kernel": kernel_name, "tokens": t, "log": log}
 
 
-PROBES = {"engine": _engine_case, "first-calls": _first_calls}
-ALL = [("first-calls", "flashmla", "1024"), ("first-calls", "flashmla", "32768"),
+def _step_ops(scenario_name: str) -> dict:
+    """Non-torch memory after each CUDA op of an engine case, in the case's order, as the
+    allocator model sees them (aten op names)."""
+    import torch
+
+    from mlamem import nvml, scenario
+    from mlamem.kernels import FlashMLA
+
+    used_before_cuda = nvml.used_by_uuid()
+    chosen = scenario.load(scenario_name)
+    from mlamem.memory import CudaMemory
+
+    memory = CudaMemory(used_before_cuda=used_before_cuda)
+    kernel = FlashMLA()
+    log = [["start", memory.non_torch_bytes()]]
+    kernel.unavailable_reason()
+    torch.empty(1, device="cuda")
+    log.append(["context + import flash_mla", memory.non_torch_bytes()])
+    t, heads, cuda = 1024, chosen.heads_per_rank, torch.device("cuda")
+    gen = torch.Generator(cuda).manual_seed(0)
+
+    def after(name, fn):
+        result = fn()
+        torch.cuda.synchronize()
+        log.append([name, memory.non_torch_bytes()])
+        return result
+
+    kv = after("kv_cache .to(cuda) (H2D)", lambda: torch.zeros((64, 64, 1, 656), dtype=torch.uint8).to(cuda))
+    idx = after("aten.randint", lambda: torch.randint(0, 4096, (1, t, 2048), dtype=torch.int32,
+                                                       device=cuda, generator=gen))
+    q = after("aten.empty (activations)", lambda: torch.empty((t, heads, 576), dtype=torch.bfloat16, device=cuda))
+    after("aten.normal_", lambda: q.normal_(generator=gen))
+    if heads < 64:
+        qp = after("aten.new_zeros", lambda: q.new_zeros((t, 64, 576)))
+        after("aten.copy_ (strided, bf16)", lambda: qp[:, :heads].copy_(q))
+        after("aten.zero_ (slice)", lambda: qp[:, heads:].zero_())
+    else:
+        qp = q
+    import flash_mla
+
+    out, lse = after("flash_mla decode", lambda: kernel.decode(qp.unsqueeze(0), kv, idx,
+                                                              sm_scale=0.1, d_v=512))
+    attn = torch.empty((t, heads, 512), dtype=torch.bfloat16, device=cuda)
+    after("aten.copy_ (attn_output <- out heads)", lambda: attn.copy_(out[0, :, :heads]))
+    after("aten.copy_ (contiguous)", lambda: attn.clone())
+    after("aten.fill_", lambda: attn.fill_(1.0))
+    del flash_mla
+    return {"probe": "step-ops", "scenario": scenario_name, "log": log}
+
+
+def _physical(step_ops: str) -> dict:
+    """How much torch can reserve, against total - non-torch: the largest allocation that still
+    succeeds on top of a big one, found by bisection (run with PYTORCH_NO_CUDA_MEMORY_CACHING=1
+    so every allocation is a cudaMalloc)."""
+    import torch
+
+    from mlamem import nvml
+    from mlamem.memory import CudaMemory
+
+    used_before_cuda = nvml.used_by_uuid()
+    memory = CudaMemory(used_before_cuda=used_before_cuda)
+    torch.empty(1, device="cuda")
+    if step_ops == "yes":
+        q = torch.empty((1024, 8, 576), dtype=torch.bfloat16, device="cuda").normal_()
+        q.new_zeros((1024, 64, 576))[:, :8].copy_(q)
+        del q
+    torch.cuda.synchronize()
+    non_torch = memory.non_torch_bytes()
+    total = memory.total_bytes
+    free, _ = torch.cuda.mem_get_info()
+    big = torch.empty(total - non_torch - memory.used_by_others - (4 << 30), dtype=torch.uint8,
+                      device="cuda")
+    low, high = 0, 8 << 30
+    while high - low > (1 << 20):
+        middle = (low + high) // 2
+        try:
+            extra = torch.empty(middle, dtype=torch.uint8, device="cuda")
+            del extra
+            low = middle
+        except torch.OutOfMemoryError:
+            high = middle
+    reachable = big.numel() + low
+    return {"probe": "physical", "step_ops": step_ops, "total": total, "non_torch": non_torch,
+            "used_by_others": memory.used_by_others, "mem_get_info_free": free,
+            "largest_reservable": reachable,
+            "total_minus_non_torch_minus_others": total - non_torch - memory.used_by_others,
+            "non_torch_after": memory.non_torch_bytes()}
+
+
+PROBES = {"engine": _engine_case, "first-calls": _first_calls, "step-ops": _step_ops,
+          "physical": _physical}
+ALL = [("step-ops", "glm5-fp8-tp8"), ("step-ops", "kimi-k2-fp8-tp4-dp"),
+       ("first-calls", "flashmla", "1024"), ("first-calls", "flashmla", "32768"),
        ("first-calls", "triton", "1024"), ("first-calls", "reference", "256"),
        ("engine", "glm5-fp8-tp8", "alloc"), ("engine", "glm5-fp8-tp8", "workspace"),
        ("engine", "deepseek-v32-fp8-tp8", "alloc"), ("engine", "deepseek-v32-fp8-tp8", "workspace"),
