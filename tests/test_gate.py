@@ -251,7 +251,8 @@ def test_gate_refuses_a_baseline_of_another_kernel(tmp_path, capsys):
     assert main(["gate", "--predict", "--baseline", str(baseline), "--update", "--kernel",
                  "triton", *sweep]) == 0
     data = json.loads(baseline.read_text())
-    assert data["sweep"]["kernel"] == "triton" and data["sweep"]["paths"] == ["alloc", "workspace", "workspace-full"]
+    assert data["sweep"]["kernel"] == "triton"
+    assert data["sweep"]["paths"] == ["alloc", "workspace", "workspace-full"]
     capsys.readouterr()
     assert main(["gate", "--predict", "--baseline", str(baseline)]) == 0  # the baseline's kernel
     assert main(["gate", "--predict", "--baseline", str(baseline), "--kernel", "flashmla",
