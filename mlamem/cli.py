@@ -596,10 +596,11 @@ def _emit(text: str, output: Path | None, terminal_table=None) -> None:
         sys.stdout.write(text)
 
 
-def _check_repeats(args: list[str]) -> None:
+def _check_repeats(group, args: list[str]) -> None:
     """A single-valued option given twice is a UserError (click would keep the last one
-    silently); options declared repeatable (multiple=True, e.g. --expect-oom) may repeat."""
-    command = typer.main.get_command(app).commands.get(args[0]) if args else None
+    silently); options declared repeatable (multiple=True, e.g. --expect-oom) may repeat.
+    `group` is the app's click group."""
+    command = group.commands.get(args[0]) if args else None
     if command is None or "--help" in args:
         return
     options = {name: param for param in command.params if param.param_type_name == "option"
@@ -648,8 +649,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     """Run the command; user errors become one line on stderr and exit 2."""
     try:
-        _check_repeats(args)
-        code = app(args=args, prog_name="mlamem", standalone_mode=False)
+        group = typer.main.get_command(app)  # what app(...) builds, built once
+        _check_repeats(group, args)
+        code = group.main(args=args, prog_name="mlamem", standalone_mode=False)
     except UserError as exc:
         print(f"mlamem: error: {exc}", file=sys.stderr)
         return exc.exit_code
