@@ -9,12 +9,13 @@ Exits 1 if any compared field differs.
 
 import json
 import sys
+from pathlib import Path
 
 from mlamem.repro import NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP, prediction_differences
 
 
 def main(argv: list[str]) -> int:
-    measured, predicted = (json.loads(open(path).read()) for path in argv)
+    measured, predicted = (json.loads(Path(path).read_text()) for path in argv)
     differences = prediction_differences(measured, predicted)
     for line in differences:
         print(f"differs: {line}")

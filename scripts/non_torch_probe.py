@@ -132,10 +132,12 @@ def _step_ops(scenario_name: str) -> dict:
         log.append([name, memory.non_torch_bytes()])
         return result
 
-    kv = after("kv_cache .to(cuda) (H2D)", lambda: torch.zeros((64, 64, 1, 656), dtype=torch.uint8).to(cuda))
+    kv = after("kv_cache .to(cuda) (H2D)",
+               lambda: torch.zeros((64, 64, 1, 656), dtype=torch.uint8).to(cuda))
     idx = after("aten.randint", lambda: torch.randint(0, 4096, (1, t, 2048), dtype=torch.int32,
                                                        device=cuda, generator=gen))
-    q = after("aten.empty (activations)", lambda: torch.empty((t, heads, 576), dtype=torch.bfloat16, device=cuda))
+    q = after("aten.empty (activations)",
+              lambda: torch.empty((t, heads, 576), dtype=torch.bfloat16, device=cuda))
     after("aten.normal_", lambda: q.normal_(generator=gen))
     if heads < 64:
         qp = after("aten.new_zeros", lambda: q.new_zeros((t, 64, 576)))
