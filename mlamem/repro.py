@@ -206,8 +206,7 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None
     setup = host_setup(kernel.name)
-    if measured:
-        check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
+    check_target(budget, kernel, predict)
     sm_count = local_sm_count() if measured else scenario.gpu.sm_count
     progress = on_progress or (lambda _: None)
     if is_context_reuse(scenario):
@@ -252,6 +251,13 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                       "verdicts do not depend on it, only the KV-cache size does")
     return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
                    sm_count=sm_count, setup=setup)
+
+
+def check_target(budget: Budget, kernel: SparseDecodeKernel, predict: bool) -> None:
+    """Before any work: refuse to measure a target GPU larger than the local one."""
+    if not predict and kernel.unavailable_reason() is None:
+        setup = host_setup(kernel.name)
+        check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
 
 
 def host_setup(kernel_name: str) -> NonTorchSetup:
