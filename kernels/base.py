@@ -16,9 +16,10 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # importing the declarations needs no torch (the CLI's checks use them)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ def allocate_missing(specs: list[BufferSpec], device: torch.device, *,
     Returns (returned, temporaries): name -> tensor, the passed out and lse included in the
     first. The caller drops the temporaries before it returns.
     """
+    import torch
+
     given = {"out": out, "lse": lse, ACCUM_WORKSPACE: accum_workspace}
     passed = [name for name, tensor in given.items() if tensor is not None]
     returned = {name: given[name] for name in ("out", "lse") if given[name] is not None}

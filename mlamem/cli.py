@@ -9,29 +9,30 @@ import shlex
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mlamem import environment, render, snapshot
+# Imported at start-up: none of these loads torch, pandas or matplotlib, so `--help`,
+# `scenarios` and `plan` stay fast. What needs torch is imported in the command that uses it,
+# after `load_torch()` (benchmarks/cli_start.py measures this).
+from mlamem import environment, render
 from mlamem import gate as gating
 from mlamem import plan as plans
-from mlamem import report as reporting
 from mlamem import scenario as scenarios
-from mlamem.context_reuse import VARIANTS, is_context_reuse
-from mlamem.engine import Budget
 from mlamem.errors import Interrupted, UserError
 from mlamem.files import check_distinct, check_output_path, pick_format, write_atomic
 from mlamem.interrupt import Guard
-from mlamem.kernels import KERNELS, FlashMLA, SparseDecodeKernel
+from mlamem.kernels import REGISTRY, load_kernel
 from mlamem.paths import available_paths, check_paths
 from mlamem.profile import DEFAULT_TOKENS, DROP_CASE, check_request, run_profile, runnable_tokens
-from mlamem.repro import run_repro
 from mlamem.units import parse_bytes
 from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
 from mlamem.validate import check_sweep, run_validation
+
+if TYPE_CHECKING:
+    from mlamem.kernels import SparseDecodeKernel
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors
@@ -82,19 +83,40 @@ def parse_paths(text: str | None, kernel: SparseDecodeKernel) -> list[str]:
     return paths or available_paths(capabilities)
 
 
-KernelName = StrEnum("KernelName", {name: name for name in KERNELS})
+KernelName = StrEnum("KernelName", {name: name for name in REGISTRY})
 
 
-def make_kernel(name: KernelName) -> SparseDecodeKernel:
-    return KERNELS[name.value]()
+def load_torch() -> None:
+    """Import torch (seconds on a small CPU), showing `mlamem: loading torch…` on stderr
+    meanwhile when stderr is a terminal. The line is erased once torch is in, so what follows
+    (a bad input's one line, the progress bar) stands alone. Piped, nothing is printed: a line
+    cannot be taken back there, and input checks that need the kernel may still fail."""
+    if "torch" in sys.modules:
+        return
+    if not stderr.is_terminal:
+        import torch  # noqa: F401
+        return
+    sys.stderr.write("mlamem: loading torch…")
+    sys.stderr.flush()
+    try:
+        import torch  # noqa: F401
+    finally:
+        sys.stderr.write("\r\x1b[2K")
+        sys.stderr.flush()
+
+
+def make_kernel(name: str) -> SparseDecodeKernel:
+    """The registered kernel adapter `name`, instantiated (this loads torch)."""
+    load_torch()
+    return load_kernel(name)()
 
 
 ScenarioOption = Annotated[str, typer.Option(
     "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
                              "your own TOML file.")]
+_KERNEL_HELP = [f"{name} ({entry.help})" for name, entry in REGISTRY.items()]
 KernelOption = Annotated[KernelName, typer.Option(
-    help="The decode kernel: flashmla (FlashMLA, sgl-flash-mla), triton (mlamem's own, takes "
-         "out, lse and accumulators, so it can run workspace-full) or reference (plain torch).")]
+    help=f"The decode kernel: {', '.join(_KERNEL_HELP[:-1])} or {_KERNEL_HELP[-1]}.")]
 PathsOption = Annotated[str | None, typer.Option(
     help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out), "
          "'workspace' (q and out staged in buffers reserved up front), 'workspace-full' (q, out, "
@@ -161,6 +183,8 @@ def profile(
         if path is not None:
             check_output_path(path, option)
     if report_dir is not None:
+        from mlamem import report as reporting  # the repro emulation and plots: only for --report
+
         reporting.check_report_dir(report_dir)
     chosen = scenarios.load(scenario)
     padded_heads = scenarios.check_decode(chosen, decode.capabilities().head_counts, decode.label)
@@ -187,10 +211,14 @@ def profile(
         print(f"mlamem: not measured ({result.not_measured_reason}); "
               "figures are PREDICTED by the allocator model", file=sys.stderr)
     if snapshot_file is not None:
+        from mlamem import snapshot
+
         snapshot.write(snapshot_file, calls)
         print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
               file=sys.stderr)
     if report_dir is not None:
+        from mlamem import report as reporting
+
         for path in reporting.write_profile_report(result, report_dir):
             stderr.print(f"mlamem: wrote {path}", highlight=False)
     terminal = None
@@ -245,7 +273,8 @@ def validate(
                                      on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
     if output_format is ReproFormat.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
-                                      environment=environment.capture(FlashMLA().version()))
+                                      environment=environment.capture(
+                                          make_kernel("flashmla").version()))
     else:
         text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
     _emit(text, output)
@@ -303,6 +332,10 @@ def repro_oom(
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
     decode = make_kernel(kernel)
+    from mlamem.context_reuse import VARIANTS, is_context_reuse  # torch: after make_kernel
+    from mlamem.engine import Budget
+    from mlamem.repro import run_repro
+
     path_list = parse_paths(paths, decode)
     output_format = ReproFormat(pick_format(output, output_format and output_format.value,
                                             list(render.REPRO_FORMATS), what="repro-oom"))
@@ -369,6 +402,9 @@ def report(
     headroom, and the validation. Predicted figures are labelled PREDICTED on every table and
     plot. The same inputs give the same bytes, Markdown and PNGs alike.
     """
+    load_torch()  # reading saved results loads the profiler and the repro emulation
+    from mlamem import report as reporting
+
     if output is not None:
         pick_format(output, None, ["markdown"], what="report")
         check_distinct({**{str(path): path for path in results}, "--output": output})
@@ -441,8 +477,8 @@ def gate(
                 raise
             unreadable = exc  # said once every input is checked
     # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario.
-    decode = (make_kernel(kernel) if kernel is not None
-              else KERNELS[gating.sweep_kernel(previous.sweep if previous else {})]())
+    decode = make_kernel(kernel if kernel is not None
+                         else gating.sweep_kernel(previous.sweep if previous else {}))
     sweep = previous.sweep if previous else {"scenarios": scenarios.shipped_names(),
                                              "tokens": list(DEFAULT_TOKENS),
                                              "paths": available_paths(decode.capabilities())}
@@ -466,7 +502,7 @@ def gate(
         reason = "--predict was given" if predict else decode.unavailable_reason()
         here = dataclasses.replace(
             previous, measured=reason is None, sweep={**previous.sweep, "kernel": decode.name},
-            environment=dataclasses.asdict(environment.capture(FlashMLA().version())))
+            environment=dataclasses.asdict(environment.capture(make_kernel("flashmla").version())))
         gating.check_comparable(gating.environment_differences(previous, here), baseline)
     if unreadable is not None:
         print(f"mlamem: replacing an unreadable baseline ({unreadable})", file=sys.stderr)
@@ -565,6 +601,8 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
+    if chosen.model.index_topk:  # sparse: the vLLM side runs the allocator model
+        load_torch()
     result = plans.run_plan(chosen, overrides, sweep, command="mlamem " + shlex.join(sys.argv[1:]))
     terminal = render.plan_table(result) if output_format is ReproFormat.table else None
     _emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
@@ -572,7 +610,21 @@ def plan(
 
 @contextlib.contextmanager
 def _progress(title: str, total: int | None):
-    """A transient progress bar on stderr (a spinner if total is None); yields advance(text)."""
+    """Progress on stderr; yields advance(text), called once per case. On a terminal, a
+    transient bar (a spinner if total is None); piped, one plain line per case."""
+    if not stderr.is_terminal:
+        done = 0
+
+        def advance(description: str) -> None:
+            nonlocal done
+            done += 1
+            count = f"{done}/{total}" if total is not None else f"{done}"
+            print(f"mlamem: {title} [{count}] {description}", file=sys.stderr, flush=True)
+
+        yield advance
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True) as progress:
         task = progress.add_task(title, total=total)

@@ -8,8 +8,6 @@ import platform
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import torch
-
 import mlamem
 from mlamem import nvml
 
@@ -34,6 +32,8 @@ class Environment:
 
 def capture(flash_mla_version: str | None) -> Environment:
     """Read the environment of this process's current CUDA device (if any)."""
+    import torch  # here, not at the top: loading a saved result needs no torch
+
     gpu = capability = sm_count = memory = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())

@@ -13,13 +13,17 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
-from mlamem.kernels import KERNELS, SparseDecodeKernel
-from mlamem.measure import CallMeasurement
-from mlamem.profile import ProfileResult, run_profile, runnable_tokens
-from mlamem.scenario import Scenario
+from mlamem.kernels import REGISTRY
 from mlamem.units import parse_bytes
+
+if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
+    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.measure import CallMeasurement
+    from mlamem.profile import ProfileResult
+    from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.baseline/1"
 DEFAULT_KERNEL = "flashmla"  # the --kernel default
@@ -149,6 +153,8 @@ def run_sweep(chosen: Sequence[Scenario], sources: Sequence[str], tokens: Sequen
               predict: bool = False,
               on_case: Callable[[CallMeasurement], None] | None = None) -> Baseline:
     """Profile every scenario (measured on a GPU, else predicted) and keep the gated figures."""
+    from mlamem.profile import run_profile, runnable_tokens
+
     results = [run_profile(s, runnable_tokens(s, tokens, paths), paths, command=command,
                            kernel=kernel, predict=predict, on_case=on_case) for s in chosen]
     return baseline_from(results, {"scenarios": list(sources), "tokens": list(tokens),
@@ -208,8 +214,8 @@ def _parse(data: dict) -> Baseline:
     for key, kind in (("scenarios", str), ("tokens", int), ("paths", str)):
         if not all(isinstance(v, kind) for v in _get(sweep, key, list, "sweep")):
             raise TypeError(f"sweep.{key} has the wrong type")
-    if sweep_kernel(sweep) not in KERNELS:
-        raise ValueError(f"sweep.kernel {sweep_kernel(sweep)!r} is not one of {', '.join(KERNELS)}")
+    if sweep_kernel(sweep) not in REGISTRY:
+        raise ValueError(f"sweep.kernel {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
     return Baseline(command=_get(data, "command", str, "baseline"),
                     measured=_get(data, "measured", bool, "baseline"),
                     not_measured_reason=_get(data, "not_measured_reason", (str, type(None)),
@@ -221,6 +227,8 @@ def _parse(data: dict) -> Baseline:
 def check_covered(baseline: Baseline, chosen: Sequence[Scenario], tokens: Sequence[int],
                   paths: Sequence[str]) -> None:
     """Every case about to be swept must have baseline figures to compare with."""
+    from mlamem.profile import runnable_tokens
+
     known = {case.key for case in baseline.cases}
     for scenario in chosen:
         name = scenario.name

@@ -2,7 +2,9 @@
 
 Generated in the same order, with the same shapes, on a CUDA device or on the meta device, so
 the allocator sees the same requests in both. Large tensors are drawn directly on the device
-(no temporaries); the small KV cache is quantized on the CPU and copied over.
+(no temporaries); the small KV cache is quantized on the CPU and copied over. On the meta device
+there are no values to draw: the KV cache is an empty meta tensor of the copy's shape, which
+asks the allocator for the same bytes at the same point.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ def make_inputs(scenario: Scenario, tokens: int, device: torch.device, seed: int
     fills it with `fill_query`).
     """
     pool = kv_pool_tokens(scenario)
-    cpu = torch.Generator().manual_seed(seed)
-    latent = torch.randn((pool, scenario.d_qk), generator=cpu)
-    cache = quantize(latent).view(pool // scenario.serving.block_size,
-                                  scenario.serving.block_size, 1, BYTES_PER_TOKEN)
-    kv_cache = cache.to(device)
+    cache_shape = (pool // scenario.serving.block_size, scenario.serving.block_size, 1,
+                   BYTES_PER_TOKEN)
+    if device.type == "meta":  # no values: skip drawing and quantizing them on the CPU
+        kv_cache = torch.empty(cache_shape, dtype=torch.uint8, device=device)
+    else:
+        latent = torch.randn((pool, scenario.d_qk), generator=torch.Generator().manual_seed(seed))
+        kv_cache = quantize(latent).view(cache_shape).to(device)
     on_device = {} if device.type == "meta" else {
         "generator": torch.Generator(device).manual_seed(seed)}
     indices = torch.randint(0, pool, (1, tokens, scenario.decode_topk), dtype=torch.int32,

@@ -161,7 +161,9 @@ class _MetaAllocations(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.on_op is not None:
             self.on_op(func)
-        result = func(*args, **(kwargs or {}))
+        result = _random_on_meta(func, args, kwargs or {})
+        if result is None:
+            result = func(*args, **(kwargs or {}))
         for tensor in tree_leaves(result):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
                 self._track(tensor.untyped_storage())
@@ -178,6 +180,34 @@ class _MetaAllocations(TorchDispatchMode):
         block = self.live.pop(key, None)
         if block is not None:
             self.model.free(block)
+
+
+# Random ops draw values, which meta tensors do not have. Their meta kernels only check the
+# arguments (torch._check, whose first call imports sympy: about 0.4 s) and return what `empty`
+# would, so on meta they are answered here: in place, the input; a factory, an empty tensor of
+# the size and dtype asked for. The allocator sees the same requests either way.
+_RANDOM_IN_PLACE = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_",
+                              "geometric_", "log_normal_", "cauchy_"})
+_RANDOM_FACTORIES = {"randn": None, "rand": None, "randint": torch.int64}  # name -> default dtype
+
+
+def _random_on_meta(func, args, kwargs):
+    """The result of a random op on the meta device without running it; None for other ops."""
+    name = func.overloadpacket.__name__
+    if name in _RANDOM_IN_PLACE:
+        target = args[0] if args else kwargs.get("self")
+        return target if isinstance(target, torch.Tensor) and target.device.type == "meta" else None
+    if name not in _RANDOM_FACTORIES:
+        return None
+    # positional arguments first, in schema order (fewer than the schema has: defaults)
+    given = dict(zip((a.name for a in func._schema.arguments), args, strict=False), **kwargs)
+    if given.get("out") is not None or given.get("names") is not None:
+        return None
+    if given.get("device") is None or torch.device(given["device"]).type != "meta":
+        return None
+    dtype = given.get("dtype") or _RANDOM_FACTORIES[name] or torch.get_default_dtype()
+    return torch.empty(given["size"], dtype=dtype, layout=given.get("layout"),
+                       device=given["device"], pin_memory=given.get("pin_memory"))
 
 
 class SimulatedMemory:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
 from mlamem.kernels.base import ACCUM_WORKSPACE, BufferSpec, Capabilities, SparseDecodeKernel
+
+if TYPE_CHECKING:  # checking paths needs no torch; allocating does, and imports it there
+    import torch
 
 PATH_NAMES = ("alloc", "workspace", "workspace-full")
 STAGING_PATHS = ("workspace", "workspace-full")  # the paths that reserve a workspace
@@ -39,6 +41,8 @@ class Workspace:
                 device: torch.device, *, accum_workspace_numel: int | None = None) -> Workspace:
         """q and out; with `accum_workspace_numel` (workspace-full) also lse and the
         accumulators, lse as a flat buffer viewed per call in the kernel's (1, h_q, T) layout."""
+        import torch
+
         full = accum_workspace_numel is not None
         return cls(
             padded_q=torch.empty((max_tokens, padded_heads, d_qk), dtype=torch.bfloat16,
@@ -139,6 +143,8 @@ def wrapper_allocations(path: str, tokens: int, heads: int, padded_heads: int,
                         d_qk: int) -> list[BufferSpec]:
     """What a path's wrapper allocates per call (the kernel's own buffers are its adapter's)."""
     if path == "alloc" and heads < padded_heads:
+        import torch
+
         return [BufferSpec("padded_q", (tokens, padded_heads, d_qk), torch.bfloat16, "temporary")]
     return []
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from mlamem import environment
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, SparseDecodeKernel
-from mlamem.measure import CallMeasurement, local_sm_count, measure_call
-from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.paths import STAGING_PATHS, check_paths, plan
-from mlamem.scenario import Scenario
+
+if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
+    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.measure import CallMeasurement
+    from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.profile/1"
 DEFAULT_TOKENS = (1024, 8192, 16384, 32768)
@@ -117,6 +117,10 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     `on_case` sees each call as it finishes (progress); `on_calls` sees all of them at the end,
     traces included (snapshots).
     """
+    from mlamem.kernels import FlashMLA
+    from mlamem.measure import local_sm_count, measure_call
+    from mlamem.memory import CudaMemory, SimulatedMemory
+
     kernel = kernel or FlashMLA()
     check_request(scenario, tokens, paths, kernel)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
@@ -187,5 +191,7 @@ def _outputs_equal(cases: list[CallMeasurement]) -> bool | None:
     """Whether every path gave bit-identical out and lse; None if not comparable."""
     if len(cases) < 2 or any(c.out is None for c in cases):
         return None
+    import torch
+
     first = cases[0]
     return all(torch.equal(first.out, c.out) and torch.equal(first.lse, c.lse) for c in cases[1:])

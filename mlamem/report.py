@@ -13,8 +13,9 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
-from mlamem import plots, render
+from mlamem import render
 from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
@@ -176,13 +177,16 @@ def _figure_names(saved: Sequence[Saved], prefix: str) -> list[str]:
     return names
 
 
-def _figure(figures: dict[str, bytes] | None, name: str, alt: str, draw: Callable[[], bytes],
-            source: str) -> list[str]:
-    """Render a figure into `figures` and return its Markdown reference; nothing if no figures."""
+def _figure(figures: dict[str, bytes] | None, name: str, alt: str,
+            draw: Callable[[ModuleType], bytes], source: str) -> list[str]:
+    """Render a figure into `figures` and return its Markdown reference; nothing if no figures.
+    `draw` gets the `mlamem.plots` module, imported (with matplotlib) only when a figure is drawn."""
     if figures is None:
         return []
+    from mlamem import plots
+
     try:
-        figures[name] = draw()
+        figures[name] = draw(plots)
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"{source}: cannot plot {alt!r} ({type(exc).__name__}: {exc})") from None
     return [f"![{alt}]({name})", ""]
@@ -196,15 +200,15 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
     if saved.kind == "profile":
         lines += [render.markdown(r)]
         lines += _figure(figures, f"{stem}-peak.png", f"Per-call peak vs T{tag}",
-                         lambda: plots.peak_vs_tokens(r), saved.source)
+                         lambda plots: plots.peak_vs_tokens(r), saved.source)
         lines += _figure(figures, f"{stem}-buffers.png", f"Buffers at each call's peak{tag}",
-                         lambda: plots.buffers_by_tokens(r), saved.source)
+                         lambda plots: plots.buffers_by_tokens(r), saved.source)
         lines += [render.breakdown_markdown(r)]
     elif saved.kind == "repro-oom":
         lines += [render.repro_markdown(r)]
         if r.mode == "decode":  # the budget plot draws paths, not context-reuse variants
             lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
-                             lambda: plots.repro_budget(r), saved.source)
+                             lambda plots: plots.repro_budget(r), saved.source)
     else:
         lines += [render.validation_markdown(r.comparisons, r.command)]
     return lines

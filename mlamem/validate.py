@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, SparseDecodeKernel
-from mlamem.measure import CallMeasurement, local_sm_count, measure_call
-from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import DROP_CASE, check_request
-from mlamem.scenario import Scenario
+
+if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
+    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.measure import CallMeasurement
+    from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.validate/1"
 DEFAULT_TOKENS = (1024, 4096, 8192, 16384, 32768)
@@ -81,6 +83,10 @@ def run_validation(sweep: Sequence[tuple[Scenario, Sequence[int]]], paths: Seque
                    on_case: Callable[[str, int, str], None] | None = None) -> list[Comparison]:
     """Measure and predict every (scenario, T) of `sweep` on every path with `kernel` (default
     FlashMLA); needs it to run here."""
+    from mlamem.kernels import FlashMLA
+    from mlamem.measure import local_sm_count, measure_call
+    from mlamem.memory import CudaMemory, SimulatedMemory
+
     kernel = kernel or FlashMLA()
     check_sweep(sweep, paths, kernel)
     sm_count = local_sm_count()

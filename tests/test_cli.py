@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from mlamem.cli import main
 from mlamem.testing import no_gpu
@@ -95,3 +96,29 @@ def test_markdown_names_the_kernel_and_every_path(capsys):
     assert "Triton allocation spec" in text
     assert "| T | alloc path | workspace path | workspace-full path | outputs equal |" in text
     assert "| 1024 | 0.384 GiB | 0.251 GiB | 0.000 GiB | n/a |" in text
+
+
+START_CHECK = ("import sys; from mlamem.cli import main; from mlamem.kernels import REGISTRY; "
+               "code = main(sys.argv[1:]); heavy = ['torch', 'pandas', 'matplotlib', "
+               "*(entry.module for entry in REGISTRY.values())]; "
+               "print(code, sorted(m for m in heavy if m in sys.modules))")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["profile", "--help"], ["gate", "--help"],
+                                  ["scenarios"], ["plan", "-s", "kimi-k2-context-reuse"]])
+def test_fast_start_imports_no_torch_pandas_matplotlib_or_adapter(args):
+    """--help, scenarios and a context-reuse plan load none of torch, pandas, matplotlib or a
+    kernel adapter: the --kernel choices and help come from the registry alone."""
+    done = subprocess.run([sys.executable, "-c", START_CHECK, *args], capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "0 []", done.stderr
+
+
+def test_piped_progress_is_one_line_per_case(capsys):
+    """With stderr not a terminal, progress is one plain line per case, after the checks."""
+    assert main(["profile", "--predict", "--tokens", "1024,8192", "--format", "json"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    progress = [line for line in err if line.startswith("mlamem: profiling ")]
+    assert [line.split("] ")[0] for line in progress] == [
+        f"mlamem: profiling glm5-fp8-tp8 [{i}/4" for i in range(1, 5)]
+    assert progress[0].endswith("glm5-fp8-tp8: T=1024 alloc ok")

@@ -1,30 +1,31 @@
 """Rendering results for people: rich tables, PR-style Markdown, JSON and CSV, one module per
-command. No logic lives here; the library computes, these modules only format."""
+command. No logic lives here; the library computes, these modules only format.
 
-from mlamem.render.common import predicted_tag
-from mlamem.render.gate import gate_markdown
-from mlamem.render.plan import PLAN_FORMATS, plan_markdown, plan_rows, plan_table
-from mlamem.render.profile import (
-    BREAKDOWN_FORMATS,
-    FORMATS,
-    breakdown_markdown,
-    breakdown_table,
-    markdown,
-    table,
-    to_csv,
-    to_json,
-)
-from mlamem.render.repro import REPRO_FORMATS, case_label, repro_markdown, repro_table, verdict_text
-from mlamem.render.validate import (
-    VALIDATION_FORMATS,
-    validation_json,
-    validation_markdown,
-    validation_rows,
-    validation_table,
-)
+The names below load their module on first access (PEP 562), so rendering a plan does not
+import the profiler, and with it torch.
+"""
 
-__all__ = ["BREAKDOWN_FORMATS", "FORMATS", "PLAN_FORMATS", "REPRO_FORMATS", "VALIDATION_FORMATS",
-           "breakdown_markdown", "breakdown_table", "case_label", "gate_markdown", "markdown",
-           "plan_markdown", "plan_rows", "plan_table", "predicted_tag", "repro_markdown",
-           "repro_table", "table", "to_csv", "to_json", "validation_json",
-           "validation_markdown", "validation_rows", "validation_table", "verdict_text"]
+import importlib
+
+_EXPORTS = {
+    "common": ["predicted_tag"],
+    "gate": ["gate_markdown"],
+    "plan": ["PLAN_FORMATS", "plan_markdown", "plan_rows", "plan_table"],
+    "profile": ["BREAKDOWN_FORMATS", "FORMATS", "breakdown_markdown", "breakdown_table",
+                "markdown", "table", "to_csv", "to_json"],
+    "repro": ["REPRO_FORMATS", "case_label", "repro_markdown", "repro_table", "verdict_text"],
+    "validate": ["VALIDATION_FORMATS", "validation_json", "validation_markdown",
+                 "validation_rows", "validation_table"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_MODULE_OF)
