@@ -334,7 +334,7 @@ def repro_oom(
     decode = make_kernel(kernel)
     from mlamem.context_reuse import VARIANTS, is_context_reuse  # torch: after make_kernel
     from mlamem.engine import Budget
-    from mlamem.repro import run_repro
+    from mlamem.repro import check_target, run_repro
 
     path_list = parse_paths(paths, decode)
     output_format = ReproFormat(pick_format(output, output_format and output_format.value,
@@ -365,6 +365,7 @@ def repro_oom(
     scenarios.check_decode_tokens(
         chosen, padded_heads, [], max_tokens=budget.max_num_batched_tokens,
         max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens")
+    check_target(budget, decode, predict)
     command = "mlamem " + shlex.join(sys.argv[1:])
     with _progress(f"repro-oom {chosen.name}", None) as advance:
         result = run_repro(chosen, budget, path_list, command=command, kernel=decode,
