@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-import mlamem
 from mlamem import environment
 from mlamem.context_reuse import (
     VARIANT_LABELS,
@@ -46,7 +44,7 @@ from mlamem.units import format_bytes
 
 SCHEMA = "mlamem.repro-oom/1"
 SEARCH_CAP_TOKENS = 1 << 21  # the search stops here: "at least this many"
-WORKER = (sys.executable, "-m", "mlamem.engine")
+WORKER = (sys.executable, "-P", "-m", "mlamem.engine")  # -P: the installed mlamem, never cwd's
 CASE_TIMEOUT_S = 600
 
 
@@ -123,14 +121,11 @@ def largest_fitting(fits: Callable[[int], bool], guess: int,
 def run_case(request: dict, worker: Sequence[str] = WORKER,
              timeout_s: float = CASE_TIMEOUT_S) -> dict:
     """Run one case in its own process; a process that dies without a result gets CRASHED."""
-    env = dict(os.environ)
-    root = str(Path(mlamem.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="mlamem-case-") as folder:
         request_file, result_file = Path(folder, "request.json"), Path(folder, "result.json")
         request_file.write_text(json.dumps(request))
         try:
-            done = subprocess.run([*worker, str(request_file), str(result_file)], env=env,
+            done = subprocess.run([*worker, str(request_file), str(result_file)],
                                   capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return _crashed(request, f"no result after {timeout_s:.0f} s; the case was killed")

@@ -109,7 +109,7 @@ START_CHECK = ("import sys; from mlamem.cli import main; from mlamem.kernels imp
 def test_fast_start_imports_no_torch_pandas_matplotlib_or_adapter(args):
     """--help, scenarios and a context-reuse plan load none of torch, pandas, matplotlib or a
     kernel adapter: the --kernel choices and help come from the registry alone."""
-    done = subprocess.run([sys.executable, "-c", START_CHECK, *args], capture_output=True,
+    done = subprocess.run([sys.executable, "-P", "-c", START_CHECK, *args], capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.splitlines()[-1] == "0 []", done.stderr
 

@@ -84,6 +84,6 @@ def test_predicted_run_imports_neither_dynamo_nor_sympy():
     code = ("import sys; from mlamem.cli import main; "
             "code = main(['profile', '--predict', '--tokens', '1024', '--format', 'json']); "
             "print(code, 'torch._dynamo' in sys.modules, 'sympy' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert done.stdout.splitlines()[-1] == "0 False False", done.stderr
