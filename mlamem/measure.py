@@ -66,7 +66,12 @@ def decoder(kernel: SparseDecodeKernel, memory, sm_count: int):
     """The kernel's decode on a GPU; on the meta device, its allocation spec stands in."""
     if memory.measured or kernel.runs_on_meta:
         return kernel.decode
-    return functools.partial(simulate_decode, kernel, sm_count)
+
+    def decode(*args, **kwargs):
+        memory.launch(f"{kernel.name}.decode")  # before its buffers, as the first launch loads
+        return simulate_decode(kernel, sm_count, *args, **kwargs)
+
+    return decode
 
 
 def measure_call(memory: CudaMemory | SimulatedMemory, scenario: Scenario,

@@ -222,9 +222,9 @@ class SimulatedMemory:
         self.model = CachingAllocatorModel(limit_bytes)
         self._cap = limit_bytes
         self.non_torch = non_torch
-        self.launched: list[str] = []  # ops whose first launch loaded CUDA modules, in order
+        self.loaded: list = []  # the host's lazily loaded modules, in the order they loaded
         self._mode = _MetaAllocations(self.model)
-        self._mode.on_op = self._first_launch if non_torch is not None else None
+        self._mode.on_op = self._on_op if non_torch is not None else None
 
     def set_limit(self, limit_bytes: int) -> int:
         self._cap = limit_bytes
@@ -235,20 +235,27 @@ class SimulatedMemory:
         """The host setup's non-torch memory so far; None without one."""
         if self.non_torch is None:
             return None
-        loads = self.non_torch.first_launch_bytes
-        return self.non_torch.base_bytes + sum(loads[op] for op in self.launched)
+        return self.non_torch.base_bytes + sum(module.bytes for module in self.loaded)
 
-    def _first_launch(self, func) -> None:
-        op = str(func.overloadpacket)
-        if op in self.non_torch.first_launch_bytes and op not in self.launched:
-            self.launched.append(op)
+    def launch(self, name: str) -> None:
+        """A kernel launch (an aten op name, or "<kernel>.decode"): its first one loads the
+        host's modules that belong to it and the device has that much less for torch."""
+        if self.non_torch is None:
+            return
+        new = [m for m in self.non_torch.loaded_by(name) if m not in self.loaded]
+        if new:
+            self.loaded += new
             self._apply_limits()
+
+    def _on_op(self, func) -> None:
+        self.launch(str(func.overloadpacket))
 
     def _apply_limits(self) -> None:
         """A segment must fit under the cap and in what the physical device has left."""
         limits = [self._cap]
         if self.non_torch is not None:
-            limits.append(self.non_torch.gpu_memory_bytes - self.non_torch_bytes())
+            limits.append(self.non_torch.gpu_memory_bytes - self.non_torch_bytes()
+                          - self.non_torch.unallocatable_bytes)
         limits = [limit for limit in limits if limit is not None]
         self.model.limit_bytes = min(limits) if limits else None
 

@@ -10,19 +10,34 @@ It has three parts:
 - `process_bytes`: NVML-used growth before this process creates its CUDA context (seen 0 B on
   one H200 and 3.25 MiB on another, with the same driver and software);
 - `context_bytes`: the CUDA context, the CUDA libraries and the kernel library once imported;
-- `first_launch_bytes`: CUDA modules loaded lazily on the first launch of an op
-  (CUDA_MODULE_LOADING=LAZY, the default): the step's first `normal_` alone adds 62 MiB. The
-  allocator model charges each when the op is first dispatched, so the emulated step loses it
-  from the physical device when the real one does.
+- `modules`: device memory loaded lazily on the first launch of a kernel (CUDA_MODULE_LOADING=
+  LAZY, the default), each with the launches that load it: on the H200 a step's first fill
+  (`new_zeros`, `zero_`) adds 90 MiB, 62 of which FlashMLA's decode loads too when it comes
+  first. The allocator model charges a module at the first launch that loads it, so the
+  emulated step loses it from the physical device when the real one does.
+
+`unallocatable_bytes` is the one fitted figure: near a full device, cudaMalloc fails that much
+before NVML's used memory reaches the total (6 MiB on the H200: the smallest figure with which
+both DeepSeek-V3.2 limits, 37032 and 45348 tokens, equal the measured ones; presumably page
+tables and driver bookkeeping). It matters only when the target GPU is the whole host GPU.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 
 DATA_FILE = "non_torch.toml"
+
+
+@dataclass(frozen=True)
+class LazyModule:
+    """Device memory the first launch of any of `loaded_by` loads, once per process."""
+
+    name: str
+    bytes: int
+    loaded_by: tuple[str, ...]  # aten op names ("aten.new_zeros") or "<kernel>.decode"
 
 
 @dataclass(frozen=True)
@@ -39,8 +54,19 @@ class NonTorchSetup:
     context_bytes: int
     command: str  # what measured these figures
     measured_on: str  # the date
-    first_launch_bytes: dict[str, int] = field(default_factory=dict)  # aten op -> module bytes
+    modules: tuple[LazyModule, ...] = ()
+    unallocatable_bytes: int = 0  # at the physical edge, what cudaMalloc cannot hand out
+    #                               beyond NVML's non-torch reading (driver bookkeeping)
     assumed: str | None = None  # why this setup stands in for another; None when it matches
+
+    def __post_init__(self) -> None:
+        modules = tuple(m if isinstance(m, LazyModule) else LazyModule(
+            m["name"], m["bytes"], tuple(m["loaded_by"])) for m in self.modules)
+        object.__setattr__(self, "modules", modules)  # TOML tables -> LazyModule
+
+    def loaded_by(self, launch: str) -> list[LazyModule]:
+        """The modules a first launch of `launch` loads (unless an earlier launch did)."""
+        return [module for module in self.modules if launch in module.loaded_by]
 
     @property
     def base_bytes(self) -> int:

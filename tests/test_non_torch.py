@@ -7,7 +7,7 @@ import torch
 
 from mlamem.allocator import AllocatorOutOfMemory
 from mlamem.memory import SimulatedMemory
-from mlamem.non_torch import calibrated, find_setup, load_setups
+from mlamem.non_torch import LazyModule, calibrated, find_setup, load_setups
 
 MiB = 1 << 20
 
@@ -15,7 +15,9 @@ MiB = 1 << 20
 def _setup(**changes):
     base = dataclasses.replace(load_setups()[0], process_bytes=0, context_bytes=500 * MiB,
                                gpu_memory_bytes=4096 * MiB,
-                               first_launch_bytes={"aten.normal_": 62 * MiB})
+                               unallocatable_bytes=0,
+                               modules=(LazyModule("m", 62 * MiB, ("aten.normal_", "k.decode")),
+                                        LazyModule("fill", 28 * MiB, ("aten.normal_",))))
     return dataclasses.replace(base, **changes)
 
 
@@ -24,26 +26,27 @@ def test_every_shipped_setup_names_its_command_and_date():
     for setup in load_setups():
         assert setup.command.startswith("python3 scripts/non_torch_probe.py")
         assert setup.measured_on.count("-") == 2
-        assert setup.context_bytes > 0 and all(v > 0 for v in setup.first_launch_bytes.values())
+        assert setup.context_bytes > 0 and all(m.bytes > 0 for m in setup.modules)
 
 
 def test_first_launch_is_charged_once_and_takes_physical_memory():
-    """A step's first normal_ adds its modules once; the physical device then has less."""
+    """A launch's first run adds its modules once; the physical device then has less."""
     memory = SimulatedMemory(non_torch=_setup())
     with memory:
         assert memory.non_torch_bytes() == 500 * MiB
         q = torch.empty((1024, 1024), device="meta")
         q.normal_()
         q.normal_()
-        assert memory.non_torch_bytes() == 562 * MiB
+        memory.launch("k.decode")  # its module came with normal_'s: nothing more
+        assert memory.non_torch_bytes() == 590 * MiB
         del q
         memory.empty_cache()
-        # 4096 - 562 MiB are left on the device: 3534 MiB fit, 3536 do not (2 MiB rounding)
-        fits = torch.empty(3534 * MiB, dtype=torch.uint8, device="meta")
+        # 4096 - 590 MiB are left on the device: 3506 MiB fit, 3508 do not (2 MiB rounding)
+        fits = torch.empty(3506 * MiB, dtype=torch.uint8, device="meta")
         del fits
         memory.empty_cache()
         with pytest.raises(AllocatorOutOfMemory):
-            torch.empty(3536 * MiB, dtype=torch.uint8, device="meta")
+            torch.empty(3508 * MiB, dtype=torch.uint8, device="meta")
 
 
 def test_the_cap_binds_when_it_is_lower_than_the_device():
@@ -76,4 +79,16 @@ def test_calibration_moves_the_process_figure_only():
     setup = _setup()
     moved = calibrated(setup, 500 * MiB, 503 * MiB)
     assert moved.base_bytes == setup.base_bytes + 3 * MiB
-    assert moved.first_launch_bytes == setup.first_launch_bytes
+    assert moved.modules == setup.modules
+
+
+def test_a_shared_module_loads_with_whichever_launch_comes_first():
+    """The decode alone loads only the shared module; a later fill adds only its own."""
+    memory = SimulatedMemory(non_torch=_setup(modules=(
+        LazyModule("shared", 62 * MiB, ("aten.fill_", "k.decode")),
+        LazyModule("fill", 28 * MiB, ("aten.fill_",)))))
+    with memory:
+        memory.launch("k.decode")
+        assert memory.non_torch_bytes() == 562 * MiB
+        torch.empty(4, device="meta").fill_(1.0)
+        assert memory.non_torch_bytes() == 590 * MiB
