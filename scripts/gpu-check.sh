@@ -27,7 +27,9 @@
 #   report         `mlamem profile --report` on the GPU, then one `mlamem report` over this
 #                  run's results (repro, context-reuse, triton; the committed ones in reports/
 #                  for suites not run)
-#   non-torch      scripts/non_torch_probe.py: non-torch device memory step by step
+#   non-torch      scripts/non_torch_probe.py step-ops (the figures of mlamem/non_torch.toml);
+#                  repro-oom for every shipped scenario at its defaults, measured and
+#                  predicted, compared field by field by scripts/compare_repro.py
 #
 # Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site.
 # Results: every suite writes into results/SUITE/ of a scratch folder (printed at the start);
@@ -225,7 +227,17 @@ suite_report() {
 }
 
 suite_non-torch() {
-    step non-torch-probe python3 scripts/non_torch_probe.py
+    # the figures of mlamem/non_torch.toml, then every shipped scenario's repro-oom at its
+    # defaults, measured and predicted, compared field by field (reports/non-torch-h200)
+    for s in glm5-fp8-tp8 kimi-k2-fp8-tp4-dp; do
+        step "probe-$s" python3 scripts/non_torch_probe.py step-ops "$s"
+    done
+    for s in glm5-fp8-tp8 deepseek-v32-fp8-tp8 kimi-k2-fp8-tp4-dp kimi-k2-context-reuse; do
+        step "repro-$s" "${MLAMEM[@]}" repro-oom -s "$s" --format json --output "$R/$s.json"
+        step "predicted-$s" "${MLAMEM[@]}" repro-oom -s "$s" --predict --format json \
+            --output "$R/$s.predicted.json"
+        step "compare-$s" python3 scripts/compare_repro.py "$R/$s.json" "$R/$s.predicted.json"
+    done
 }
 
 for SUITE in "${SUITES[@]}"; do

@@ -186,7 +186,7 @@ def _physical(step_ops: str) -> dict:
             extra = torch.empty(middle, dtype=torch.uint8, device="cuda")
             del extra
             low = middle
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, torch.AcceleratorError):  # cudaMalloc failed
             high = middle
     reachable = big.numel() + low
     return {"probe": "physical", "step_ops": step_ops, "total": total, "non_torch": non_torch,

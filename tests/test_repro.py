@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +15,17 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, TritonDecode, simulate_decode
 from mlamem.kernels.base import BufferSpec
 from mlamem.memory import SimulatedMemory, is_out_of_memory
-from mlamem.repro import check_local_gpu, largest_fitting, run_case, run_repro
+from mlamem.repro import (
+    check_local_gpu,
+    host_setup,
+    largest_fitting,
+    prediction_differences,
+    run_case,
+    run_repro,
+)
 from mlamem.testing import no_gpu
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 GiB = 1024**3
 
@@ -82,9 +92,33 @@ def test_max_safe_tokens_is_the_boundary(glm):
     result = run_repro(glm, glm_budget(glm), ["alloc"], command="test", predict=True)
     limit = result.cases[0]["max_safe_tokens"]
     for tokens, verdict in ((limit, "fits"), (limit + 1, "oom")):
-        case = emulate(SimulatedMemory(), glm, FlashMLA(), glm_budget(glm, tokens), "alloc",
-                       sm_count=132)
+        case = emulate(SimulatedMemory(non_torch=host_setup("flashmla")), glm, FlashMLA(),
+                       glm_budget(glm, tokens), "alloc", sm_count=132)
         assert case.verdict == verdict
+
+
+H200_RUNS = FIXTURES / "reports" / "non-torch-h200"
+
+
+@pytest.mark.parametrize("name", ["glm5-fp8-tp8", "deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp",
+                                  "kimi-k2-context-reuse"])
+def test_prediction_equals_the_h200_run(name):
+    """Every verdict, KV size, headroom and largest safe T of a fresh H200 run, predicted to the
+    byte (only what a prediction cannot give is skipped, by name)."""
+    measured = json.loads((H200_RUNS / f"{name}.json").read_text())
+    chosen = scenarios.load(name)
+    budget = Budget(**{k: measured["budget"][k] for k in
+                       ("gpu_memory_bytes", "utilization", "max_num_batched_tokens")})
+    predicted = run_repro(chosen, budget, ["alloc", "workspace"], command="test", predict=True)
+    assert measured["measured"] and not predicted.measured
+    assert prediction_differences(measured, predicted.to_dict()) == []
+
+
+def test_h200_limits_as_the_issue_states():
+    """GLM-5 defaults on the H200: 31856 (alloc) and 39008 (workspace) tokens, confirmed."""
+    glm = json.loads((H200_RUNS / "glm5-fp8-tp8.json").read_text())
+    assert [c["max_safe_tokens"] for c in glm["cases"]] == [31856, 39008]
+    assert all("confirmed on the GPU" in c["max_safe_method"] for c in glm["cases"])
 
 
 @pytest.mark.parametrize(("threshold", "guess"), [(37, 32768), (37, 37), (40000, 32768),
