@@ -512,7 +512,8 @@ def gate(
     with _progress("gate", total) as advance:
         current = gating.run_sweep(
             chosen, names, token_list, path_list, command=command, kernel=decode, predict=predict,
-            on_case=lambda case: advance(f"T={case.tokens} {case.path} {case.failure or 'ok'}"))
+            on_case=lambda name, case: advance(f"{name}: T={case.tokens} {case.path} "
+                                               f"{case.failure or 'ok'}"))
     if previous and not update and not allow_env_change:
         gating.check_comparable(gating.environment_differences(previous, current), baseline)
     if not current.measured:

@@ -151,12 +151,14 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
 def run_sweep(chosen: Sequence[Scenario], sources: Sequence[str], tokens: Sequence[int],
               paths: Sequence[str], *, command: str, kernel: SparseDecodeKernel,
               predict: bool = False,
-              on_case: Callable[[CallMeasurement], None] | None = None) -> Baseline:
+              on_case: Callable[[str, CallMeasurement], None] | None = None) -> Baseline:
     """Profile every scenario (measured on a GPU, else predicted) and keep the gated figures."""
     from mlamem.profile import run_profile, runnable_tokens
 
     results = [run_profile(s, runnable_tokens(s, tokens, paths), paths, command=command,
-                           kernel=kernel, predict=predict, on_case=on_case) for s in chosen]
+                           kernel=kernel, predict=predict,
+                           on_case=on_case and (lambda case, name=s.name: on_case(name, case)))
+               for s in chosen]
     return baseline_from(results, {"scenarios": list(sources), "tokens": list(tokens),
                                    "paths": list(paths), "kernel": kernel.name}, command)
 
