@@ -201,7 +201,8 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None
     setup = host_setup(kernel.name)
-    check_target(budget, kernel, predict)
+    if measured:  # the CLI checks this before any output; here for callers of the library
+        check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
     sm_count = local_sm_count() if measured else scenario.gpu.sm_count
     progress = on_progress or (lambda _: None)
     if is_context_reuse(scenario):
