@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime
 
 import mlamem
 from mlamem import nvml
+
+# Files written before `kernels` recorded one kernel version per field; each maps to a kernel.
+LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}
+_ABSENT = object()  # a legacy field not given
 
 
 @dataclass(frozen=True)
@@ -23,15 +26,56 @@ class Environment:
     driver: str | None
     cuda: str | None  # the CUDA version torch was built with
     torch: str
-    flash_mla: str | None
     mlamem: str
     python: str
     allocator_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF; the model assumes the default
-    triton: str | None = None  # installed triton (the Triton kernel's compiler); None if absent
+    # Every registered kernel, in registry order -> its adapter's version(); None when absent
+    # (in a file from before this field: the versions it recorded, see `from_dict`).
+    kernels: dict[str, str | None] = field(default_factory=dict)
+    # TEMPORARY: the old fields, accepted so `Environment(**old_dict)` still reads old files
+    # until every reader calls `Environment.from_dict`; folded into `kernels`, never stored.
+    flash_mla: InitVar[str | None] = _ABSENT
+    triton: InitVar[str | None] = _ABSENT
+
+    def __post_init__(self, flash_mla, triton) -> None:
+        legacy = {old: value for old, value in (("flash_mla", flash_mla), ("triton", triton))
+                  if value is not _ABSENT}
+        if legacy:
+            object.__setattr__(self, "kernels", kernel_versions({**legacy,
+                                                                  "kernels": self.kernels}))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Environment:
+        """A saved environment; files from before `kernels` have `flash_mla` and `triton`,
+        which become kernels["flashmla"] and kernels["triton"]. Unknown fields raise TypeError,
+        a legacy field contradicting `kernels` ValueError."""
+        fields = {k: v for k, v in data.items() if k not in LEGACY_KERNEL_FIELDS}
+        return cls(**{**fields, "kernels": kernel_versions(data)})
 
 
-def capture(flash_mla_version: str | None) -> Environment:
-    """Read the environment of this process's current CUDA device (if any)."""
+# The legacy InitVars are arguments only: reading one off an Environment is an AttributeError
+# (so a stale reader fails loudly; dataclasses.replace on an Environment fails too until they go).
+del Environment.flash_mla, Environment.triton
+
+
+def kernel_versions(data: dict) -> dict[str, str | None]:
+    """The kernel versions of a saved environment (a dict, as in a result or baseline file):
+    its `kernels`, with the legacy per-kernel fields of older files mapped in (a legacy null
+    stays null: the library was absent). ValueError if a legacy field contradicts `kernels`."""
+    versions = dict(data.get("kernels") or {})
+    for old, name in LEGACY_KERNEL_FIELDS.items():
+        if old not in data:
+            continue
+        if name in versions and versions[name] != data[old]:
+            raise ValueError(f"environment: {old} {data[old]!r} contradicts kernels.{name} "
+                             f"{versions[name]!r}")
+        versions[name] = data[old]
+    return versions
+
+
+def capture(_legacy=None) -> Environment:
+    """Read the environment of this process's current CUDA device (if any) and the version of
+    every registered kernel. `_legacy` is ignored (TEMPORARY: old callers pass a version)."""
     import torch  # here, not at the top: loading a saved result needs no torch
 
     gpu = capability = sm_count = memory = None
@@ -42,19 +86,24 @@ def capture(flash_mla_version: str | None) -> Environment:
     return Environment(
         gpu=gpu, compute_capability=capability, sm_count=sm_count, gpu_memory_bytes=memory,
         driver=nvml.driver_version() if gpu else None, cuda=torch.version.cuda,
-        torch=torch.__version__, flash_mla=flash_mla_version, mlamem=mlamem.__version__,
-        python=platform.python_version(),
+        torch=torch.__version__, mlamem=mlamem.__version__, python=platform.python_version(),
         allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        triton=_installed_version("triton"),
+        kernels=installed_kernel_versions(),
     )
 
 
-def _installed_version(distribution: str) -> str | None:
-    """A package's installed version, read without importing it."""
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def installed_kernel_versions() -> dict[str, str | None]:
+    """Registered kernel name -> its adapter's version(), in registry order; None where the
+    kernel's library is absent or the adapter cannot say (any exception)."""
+    from mlamem.kernels import kernel_names, load_kernel
+
+    versions: dict[str, str | None] = {}
+    for name in kernel_names():
+        try:
+            versions[name] = load_kernel(name)().version()
+        except Exception:  # an adapter that does not import or construct here has no version
+            versions[name] = None
+    return versions
 
 
 def now_utc() -> str:

@@ -255,27 +255,40 @@ class EnvironmentDifference:
 
 
 def environment_differences(baseline: Baseline, current: Baseline) -> list[EnvironmentDifference]:
-    """Fields that differ. Blocking: measured vs predicted, the kernel (--kernel), the kernel's
-    version (FlashMLA's; triton's for the Triton kernel), and, between measured sweeps, the GPU
-    architecture (compute capability, SM count)."""
+    """Fields that differ. Blocking: measured vs predicted, the kernel (--kernel), the version of
+    the sweep's kernel (`kernels.<name>`; other kernels' versions do not touch its figures), and,
+    between measured sweeps, the GPU architecture (compute capability, SM count)."""
     both_measured = baseline.measured and current.measured
     differences = []
     if baseline.measured != current.measured:
         differences.append(EnvironmentDifference(
             "measured", _kind(baseline.measured), _kind(current.measured), True))
-    if sweep_kernel(baseline.sweep) != sweep_kernel(current.sweep):
+    kernel = sweep_kernel(current.sweep)
+    if sweep_kernel(baseline.sweep) != kernel:
         differences.append(EnvironmentDifference(
-            "kernel", sweep_kernel(baseline.sweep), sweep_kernel(current.sweep), True))
-    triton_kernel = sweep_kernel(current.sweep) == "triton"
-    for name, blocking in (("compute_capability", both_measured), ("sm_count", both_measured),
-                           ("flash_mla", True), ("triton", triton_kernel), ("gpu", False),
-                           ("torch", False), ("mlamem", False), ("allocator_conf", False)):
-        if name == "triton" and not triton_kernel:
-            continue  # the triton version does not touch the other kernels' figures
-        before, now = baseline.environment.get(name), current.environment.get(name)
-        if before != now:
-            differences.append(EnvironmentDifference(name, before, now, blocking))
+            "kernel", sweep_kernel(baseline.sweep), kernel, True))
+    before, now = baseline.environment, current.environment
+    fields = [(name, blocking, before.get(name), now.get(name)) for name, blocking in (
+        ("compute_capability", both_measured), ("sm_count", both_measured))]
+    fields.append((f"kernels.{kernel}", True, _kernel_version(before, kernel),
+                   _kernel_version(now, kernel)))
+    fields += [(name, False, before.get(name), now.get(name))
+               for name in ("gpu", "torch", "mlamem", "allocator_conf")]
+    differences += [EnvironmentDifference(name, old, new, blocking)
+                    for name, blocking, old, new in fields if old != new]
     return differences
+
+
+def _kernel_version(env: dict, kernel: str) -> str | None:
+    """`kernel`'s version in a saved environment (None where not recorded), read as
+    `Environment.from_dict` reads it (an old baseline's per-kernel fields count), without
+    needing the environment's other fields."""
+    from mlamem.environment import kernel_versions  # here: gate imports no NVML
+
+    try:
+        return kernel_versions(env).get(kernel)
+    except ValueError as exc:  # a legacy field contradicting `kernels`: not a comparable file
+        raise UserError(f"--baseline: {exc}; make a new one with --update") from None
 
 
 def _kind(measured: bool) -> str:

@@ -47,7 +47,7 @@ class ValidationResult:
         comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
                        for c in data["comparisons"]]
         return cls(command=data["command"], comparisons=comparisons,
-                   environment=None if env is None else Environment(**env),
+                   environment=None if env is None else Environment.from_dict(env),
                    created=data.get("created"))
 
 
@@ -215,7 +215,7 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
 
 
 def _environment_table(saved: Sequence[Saved]) -> list[str]:
-    lines = ["| result | kind | figures | GPU | driver | CUDA | torch | flash_mla | mlamem | made "
+    lines = ["| result | kind | figures | GPU | driver | CUDA | torch | kernels | mlamem | made "
              "(UTC) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in saved:
         env, r = s.result.environment, s.result
@@ -225,13 +225,19 @@ def _environment_table(saved: Sequence[Saved]) -> list[str]:
             cells = ["not recorded"] + ["-"] * 5
         else:
             gpu = (f"{env.gpu} (SM {env.compute_capability})" if env.gpu else "none")
-            cells = [gpu, env.driver or "-", env.cuda or "-", env.torch, env.flash_mla or "-",
+            cells = [gpu, env.driver or "-", env.cuda or "-", env.torch, _kernels_cell(env),
                      env.mlamem]
         lines.append(f"| `{s.source}` | {s.kind} | {figures} | " + " | ".join(cells)
                      + f" | {r.created or 'not recorded'} |")
     lines += ["", "Commands that produced them:", ""]
     lines += [f"- `{s.source}`: `{s.result.command}`" for s in saved]
     return lines
+
+
+def _kernels_cell(env: Environment) -> str:
+    """The kernels with a version, `name version` each, e.g. `flashmla 1.0.0, triton 3.6.0`."""
+    return ", ".join(f"{name} {version}" for name, version in env.kernels.items()
+                     if version is not None) or "-"
 
 
 def _summary(s: Saved) -> list[str]:

@@ -272,7 +272,6 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
     summary = {**scenario_summary(scenario, padded_heads),
                "weights_note": scenario.parallel.weights_note,
                "target_gpu": scenario.gpu.name}
-    flash_mla_version = FlashMLA().version()
     if reason is None:
         notes.append(f"the limit search models non-torch memory as {setup.describe()}, "
                      "calibrated to each case's measured figure")
@@ -285,7 +284,7 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 **dataclasses.asdict(capabilities)},
         budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},
-        environment=environment.capture(flash_mla_version), cases=cases, notes=notes,
+        environment=environment.capture(), cases=cases, notes=notes,
         created=environment.now_utc())
 
 

@@ -24,9 +24,10 @@ def _case(path="alloc", allocated=1000, reserved=2048, in_call=1000, buffers=Non
                             buffers={"out": 1000} if buffers is None else buffers, failure=failure)
 
 
-def _baseline(*cases, measured=False, **environment):
+def _baseline(*cases, measured=False, kernels=None, **environment):
     env = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
-           "flash_mla": None, "mlamem": "0.1.0", **environment}
+           "mlamem": "0.1.0", "kernels": {"flashmla": None, "triton": None, **(kernels or {})},
+           **environment}
     return gate.Baseline(command="test", measured=measured, not_measured_reason=None,
                          environment=env, sweep={"scenarios": ["s"], "tokens": [8], "paths": []},
                          cases=list(cases))
@@ -88,23 +89,24 @@ def test_a_call_that_newly_fails_is_a_regression():
 
 
 def test_environment_blocks_only_what_makes_figures_incomparable():
-    """Measured vs predicted, another kernel version, and (measured) another GPU block; torch not."""
+    """Measured vs predicted, another version of the sweep's kernel, and (measured) another GPU
+    block; torch and the other kernels' versions do not."""
     predicted = _baseline(_case())
     measured_h200 = _baseline(_case(), measured=True, compute_capability="9.0", sm_count=132,
-                              gpu="NVIDIA H200", flash_mla="1.0.0")
+                              gpu="NVIDIA H200", kernels={"flashmla": "1.0.0"})
     measured_b200 = _baseline(_case(), measured=True, compute_capability="10.0", sm_count=148,
-                              gpu="NVIDIA B200", flash_mla="1.0.0")
+                              gpu="NVIDIA B200", kernels={"flashmla": "1.0.0"})
     blocking = {d.name for d in gate.environment_differences(predicted, measured_h200) if d.blocking}
-    assert blocking == {"measured", "flash_mla"}
+    assert blocking == {"measured", "kernels.flashmla"}
     blocking = {d.name for d in gate.environment_differences(measured_h200, measured_b200)
                 if d.blocking}
     assert blocking == {"compute_capability", "sm_count"}
-    triton_36, triton_37 = (_baseline(_case(), triton=v) for v in ("3.6.0", "3.7.0"))
+    triton_36, triton_37 = (_baseline(_case(), kernels={"triton": v}) for v in ("3.6.0", "3.7.0"))
     assert gate.environment_differences(triton_36, triton_37) == []  # FlashMLA sweeps ignore it
     for b in (triton_36, triton_37):
         b.sweep["kernel"] = "triton"
     assert [(d.name, d.blocking) for d in gate.environment_differences(triton_36, triton_37)] == [
-        ("triton", True)]
+        ("kernels.triton", True)]
     newer_torch = _baseline(_case(), torch="2.14.0")
     differences = gate.environment_differences(predicted, newer_torch)
     assert [(d.name, d.blocking) for d in differences] == [("torch", False)]
@@ -112,6 +114,27 @@ def test_environment_blocks_only_what_makes_figures_incomparable():
     with pytest.raises(UserError, match=r"compute_capability: baseline 9.0, this run 10.0"):
         gate.check_comparable(gate.environment_differences(measured_h200, measured_b200),
                               Path("b.json"))
+
+
+def test_environment_of_an_old_baseline_reads_its_kernel_fields():
+    """A baseline from before `kernels` has `flash_mla` and `triton`: they compare as
+    kernels.flashmla and kernels.triton; a legacy field contradicting `kernels` is refused."""
+    old = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
+           "mlamem": "0.1.0", "flash_mla": "1.0.0", "triton": "3.6.0"}
+    old_baseline = gate.Baseline(command="test", measured=False, not_measured_reason=None,
+                                 environment=old, sweep={"scenarios": ["s"], "tokens": [8],
+                                                         "paths": []}, cases=[_case()])
+    same = _baseline(_case(), kernels={"flashmla": "1.0.0", "triton": "3.7.0"})
+    assert gate.environment_differences(old_baseline, same) == []
+    newer = _baseline(_case(), kernels={"flashmla": "1.1.0"})
+    assert [(d.name, d.baseline, d.current, d.blocking)
+            for d in gate.environment_differences(old_baseline, newer)] == [
+        ("kernels.flashmla", "1.0.0", "1.1.0", True)]
+    old_baseline.sweep["kernel"] = same.sweep["kernel"] = "triton"
+    assert [d.name for d in gate.environment_differences(old_baseline, same)] == ["kernels.triton"]
+    old["kernels"] = {"flashmla": "0.9.0"}
+    with pytest.raises(UserError, match="flash_mla '1.0.0' contradicts kernels.flashmla"):
+        gate.environment_differences(old_baseline, same)
 
 
 # The command, end to end on the allocator model.
@@ -134,7 +157,7 @@ def test_update_writes_a_baseline_and_a_rerun_passes(baseline_file, capsys):
     assert data["schema"] == "mlamem.baseline/1" and data["measured"] is False
     assert data["sweep"] == {"scenarios": ["glm5-fp8-tp8"], "tokens": [1024],
                              "paths": ["alloc", "workspace"], "kernel": "flashmla"}
-    assert {"gpu", "compute_capability", "torch", "flash_mla", "mlamem"} <= set(data["environment"])
+    assert {"gpu", "compute_capability", "torch", "kernels", "mlamem"} <= set(data["environment"])
     alloc = data["cases"][0]
     assert alloc["buffers"]["padded_q"] == PADDED_Q_T1024 and alloc["path"] == "alloc"
     assert [p.name for p in baseline_file.parent.iterdir()] == [baseline_file.name]
@@ -196,13 +219,14 @@ def test_other_environment_exits_2_unless_allowed(baseline_file, tmp_path, capsy
     """A measured baseline against a predicted run exits 2 saying so; --allow-env-change compares."""
     data = json.loads(baseline_file.read_text())
     data.update(measured=True, not_measured_reason=None)
-    data["environment"].update(gpu="NVIDIA H200", compute_capability="9.0", flash_mla="0.9.0")
+    data["environment"].update(gpu="NVIDIA H200", compute_capability="9.0")
+    data["environment"]["kernels"]["flashmla"] = "0.9.0"
     path = tmp_path / "measured.json"
     path.write_text(json.dumps(data))
     assert _gate("--baseline", str(path)) == 2
     line = one_line_error(capsys)
     assert "measured: baseline measured, this run predicted" in line
-    assert "flash_mla: baseline 0.9.0, this run" in line and "--allow-env-change" in line
+    assert "kernels.flashmla: baseline 0.9.0, this run" in line and "--allow-env-change" in line
     assert _gate("--baseline", str(path), "--allow-env-change") == 0
     assert "Environment: measured was measured, is predicted (compared anyway" in (
         capsys.readouterr().out)

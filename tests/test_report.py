@@ -1,9 +1,11 @@
 """`mlamem report`: a PR-ready Markdown report with plots, from saved H200 results."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import matplotlib.image
+import pytest
 
 from mlamem.cli import main
 
@@ -38,7 +40,8 @@ def test_report_reproduces_the_prs_table_and_verdicts(tmp_path):
     assert "OOM in step: o_accum (8.000 GiB, by kernel) with 7.665 GiB free" in text
     assert "headroom 1.914 GiB" in text
     assert "30 cases (scenario, T, path), 440 figures" in text and "every figure equal" in text
-    assert "| NVIDIA H200 (SM 9.0) | 580.159.04 | 13.0 | 2.11.0+cu130 | 1.0.0 | 0.1.0 |" in text
+    assert ("| NVIDIA H200 (SM 9.0) | 580.159.04 | 13.0 | 2.11.0+cu130 | flashmla 1.0.0 | 0.1.0 |"
+            in text)
     assert "`mlamem profile --format json --output /tmp/o2/glm5-fp8-tp8.json`" in text
     assert "PREDICTED" not in text  # all measured
 
@@ -142,7 +145,7 @@ def test_validation_json_with_environment_reads_back(tmp_path):
 
     comparisons = [Comparison("glm5-fp8-tp8", 1024, "alloc", "total", metric, 5, 5)
                    for metric in ("allocated", "reserved")]
-    env = environment.capture(None)
+    env = environment.capture()
     path = tmp_path / "v.json"
     path.write_text(render.validation_json(comparisons, "mlamem validate", environment=env,
                                            created="2026-12-02T10:00:00Z"))
@@ -151,3 +154,27 @@ def test_validation_json_with_environment_reads_back(tmp_path):
     assert main(["report", str(path), "--output", str(tmp_path / "r.md")]) == 0
     text = (tmp_path / "r.md").read_text()
     assert "2026-12-02T10:00:00Z" in text and "1 case (scenario, T, path), 2 figures" in text
+
+
+def test_environment_records_every_registered_kernel_and_reads_old_files(monkeypatch):
+    """capture() records each registered kernel's version in registry order (None where its
+    adapter fails); files from before `kernels` read their flash_mla and triton fields into it."""
+    from mlamem import environment
+    from mlamem.kernels import REGISTRY, KernelEntry, kernel_names
+    from mlamem.report import load
+
+    monkeypatch.setitem(REGISTRY, "missing", KernelEntry("mlamem.no_such_module", "X", "gone"))
+    env = environment.capture()
+    assert list(env.kernels) == kernel_names() and env.kernels["missing"] is None
+    saved = json.loads(json.dumps(dataclasses.asdict(env)))
+    assert environment.Environment.from_dict(saved) == env
+    assert load(PROFILE).result.environment.kernels == {"flashmla": "1.0.0"}
+    triton = load(REPORTS / "triton-h200" / "triton-profile.json").result.environment
+    assert triton.kernels == {"flashmla": "1.0.0", "triton": "3.6.0"}
+    old = json.loads(PROFILE.read_text())["environment"]
+    assert environment.Environment.from_dict({**old, "triton": None}).kernels == {
+        "flashmla": "1.0.0", "triton": None}
+    with pytest.raises(ValueError, match="flash_mla '1.0.0' contradicts kernels.flashmla"):
+        environment.Environment.from_dict({**old, "kernels": {"flashmla": "0.9.0"}})
+    with pytest.raises(TypeError):
+        environment.Environment.from_dict({**saved, "unknown": 1})
