@@ -1,0 +1,148 @@
+"""`mlamem kernels`: every registered kernel, what each operation takes, and whether it runs here.
+
+Everything comes from the registry (`mlamem.kernels.REGISTRY`) and the adapters themselves; no
+kernel is named here. Importing this module imports no adapter (nor torch): `list_kernels`
+loads them when called. An adapter that fails (to import, to construct, or to answer for one
+operation while it is being extended) is listed with the one-line reason instead.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+WIDTH = 100  # columns of `render_kernels` output
+ASSUMED_NOTE = ("* capabilities assumed: the kernel's schema cannot be read here, so its "
+                "adapter's declared facts are shown")
+
+
+@dataclass(frozen=True)
+class OperationListing:
+    """What a kernel's adapter declares for one operation."""
+
+    op: str  # e.g. "sparse-decode"
+    takes: str | None  # buffers the caller may provide: "out", "out, lse, accum" or "nothing"
+    head_counts: tuple[int, ...]  # query head counts it runs natively
+    assumed: bool  # the schema could not be read here; the adapter's declared facts are shown
+    error: str | None = None  # one line when the adapter could not answer (takes is then None)
+
+
+@dataclass(frozen=True)
+class KernelListing:
+    """One registered kernel as `mlamem kernels` lists it."""
+
+    name: str  # the --kernel name
+    label: str  # how reports name it
+    help: str  # the registry's one-line help
+    operations: tuple[OperationListing, ...]  # the registry's operations, in its order
+    version: str | None  # the installed build's version; None when absent or unknown
+    available: bool  # it can run here
+    reason: str | None  # why not (the adapter's one line, naming the fix); None when available
+
+    @property
+    def operation_names(self) -> tuple[str, ...]:
+        return tuple(o.op for o in self.operations)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def takes_text(capabilities) -> str:
+    """'out', 'out, lse, accum' or 'nothing': what the caller may pass in."""
+    taken = [name for name, flag in (("out", capabilities.takes_out),
+                                     ("lse", capabilities.takes_lse),
+                                     ("accum", capabilities.takes_accum_workspace)) if flag]
+    return ", ".join(taken) or "nothing"
+
+
+def heads_text(head_counts: tuple[int, ...]) -> str:
+    """'64,128'; a run of three or more doubling (or consecutive) counts as '8-128'."""
+    counts = sorted(set(head_counts))
+    steps = {b / a for a, b in zip(counts, counts[1:], strict=False) if a}
+    diffs = {b - a for a, b in zip(counts, counts[1:], strict=False)}
+    if len(counts) >= 3 and (steps == {2} or diffs == {1}):
+        return f"{counts[0]}-{counts[-1]}"
+    return ",".join(map(str, counts))
+
+
+def _operation(adapter, op: str) -> OperationListing:
+    try:
+        capabilities = adapter.capabilities(op)
+        return OperationListing(op=op, takes=takes_text(capabilities),
+                                head_counts=tuple(capabilities.head_counts),
+                                assumed=bool(getattr(capabilities, "assumed", False)))
+    except Exception as exc:  # an adapter still being extended, or one that breaks here
+        return OperationListing(op=op, takes=None, head_counts=(), assumed=False,
+                                error=one_line(exc))
+
+
+def _listing(name: str) -> KernelListing:
+    from mlamem.kernels import REGISTRY, load_kernel
+
+    entry = REGISTRY[name]
+    label = name
+    try:
+        cls = load_kernel(name)
+        label = getattr(cls, "label", name)
+        adapter = cls()
+    except Exception as exc:  # an adapter that does not import or construct here
+        problem = f"the adapter does not load ({one_line(exc)})"
+        return KernelListing(name=name, label=label, help=entry.help,
+                             operations=tuple(OperationListing(op, None, (), False, problem)
+                                              for op in entry.operations),
+                             version=None, available=False, reason=problem)
+    try:
+        version = adapter.version()
+    except Exception:  # no version to show; the reason below says what is wrong, if anything
+        version = None
+    try:
+        reason = adapter.unavailable_reason()
+    except Exception as exc:
+        reason = f"cannot tell whether it runs here ({one_line(exc)})"
+    return KernelListing(name=name, label=label, help=entry.help,
+                         operations=tuple(_operation(adapter, op) for op in entry.operations),
+                         version=version, available=reason is None, reason=reason)
+
+
+def list_kernels() -> list[KernelListing]:
+    """Every registered kernel, in registry order, its adapter imported and asked now."""
+    from mlamem.kernels import kernel_names
+
+    return [_listing(name) for name in kernel_names()]
+
+
+def _operation_text(o: OperationListing) -> str:
+    if o.error is not None:
+        return f"{o.op}(?)"
+    heads = f"; h {heads_text(o.head_counts)}" if o.head_counts else ""
+    return f"{o.op}({o.takes}{heads}){'*' if o.assumed else ''}"
+
+
+_NBSP = "\0"  # holds an operation's text together when wrapping
+
+
+def render_kernels(listings: list[KernelListing], width: int = WIDTH) -> str:
+    """One entry per kernel: name, each operation (what it takes; head counts; * when assumed;
+    `(?)` when the adapter could not say, its one-line reason at the end), the version, and
+    whether it runs here or why not, e.g.
+    `triton  sparse-decode(out, lse, accum; h 64,128)  3.6.0  available`. An entry longer than
+    `width` columns wraps under the operations, never inside one."""
+    if not listings:
+        return "no kernels registered\n"
+    indent = max(len(k.name) for k in listings) + 2
+    lines = []
+    for k in listings:
+        operations = " ".join(_operation_text(o).replace(" ", _NBSP) for o in k.operations)
+        status = "available" if k.available else f"unavailable: {k.reason}"
+        errors = dict.fromkeys(o.error for o in k.operations if o.error and o.error != k.reason)
+        text = "  ".join(part for part in (operations, k.version, status,
+                                           *(f"(?): {e}" for e in errors)) if part)
+        lines += [line.replace(_NBSP, " ") for line in textwrap.wrap(
+            text, width=width, initial_indent=k.name.ljust(indent),
+            subsequent_indent=" " * indent, break_on_hyphens=False)]
+    if any(o.assumed for k in listings for o in k.operations):
+        lines += ["", *textwrap.wrap(ASSUMED_NOTE, width=width)]
+    return "\n".join(lines) + "\n"
