@@ -19,6 +19,13 @@ from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
 DEFAULT_SCENARIO = "glm5-fp8-tp8"
 
+# The kernel operations a scenario can drive (its top-level `operations` list).
+OPERATION_NAMES = ("sparse-decode", "dense-decode", "sparse-prefill")
+DEFAULT_OPERATIONS = ("sparse-decode",)  # what a file without `operations` drives
+SPARSE_OPERATIONS = ("sparse-decode", "sparse-prefill")  # these attend a top-k of the KV
+SPARSE_DECODE_KV_DTYPE = "fp8_ds_mla"  # the cache FlashMLA's sparse decode reads
+DENSE_DECODE_KV_DTYPES = ("bf16", "fp8")  # plain caches of d_qk = 576 values per token
+
 # KV-cache bytes per token per layer, by the engine's kv-cache dtype name.
 KV_CACHE_BYTES_PER_TOKEN = {
     "fp8_ds_mla": 656,  # 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE
@@ -88,8 +95,9 @@ class Serving:
     max_model_len: int  # longest sequence
     kv_cache_dtype: str  # one of KV_CACHE_BYTES_PER_TOKEN
     block_size: int  # KV-cache page size in tokens
-    synthetic_topk: int | None = None  # topk that drives the sparse decode for dense models
-    max_batch_size: int | None = None  # requests per step (TRT-LLM max_batch_size)
+    synthetic_topk: int | None = None  # topk that drives the sparse operations for dense models
+    max_batch_size: int | None = None  # requests per step (TRT-LLM max_batch_size); sizes dense decode
+    decode_context_len: int | None = None  # context tokens of each request in the dense decode batch
     block_reuse: bool = False  # prefix (KV block) reuse across requests
     chunked_prefill: bool = True  # long prompts split into chunks of max_num_batched_tokens
 
@@ -100,6 +108,13 @@ class Serving:
             _positive(self, "serving", name)
         if self.synthetic_topk is not None:
             _positive(self, "serving", "synthetic_topk")
+        if self.decode_context_len is not None:
+            _positive(self, "serving", "decode_context_len")
+            if self.decode_context_len > self.max_model_len:
+                raise _FieldError("serving", "decode_context_len",
+                                   f"{self.decode_context_len} exceeds [serving].max_model_len "
+                                   f"{self.max_model_len}: a request cannot hold more tokens than "
+                                   "a sequence; lower it or raise max_model_len")
         if self.kv_cache_dtype not in KV_CACHE_BYTES_PER_TOKEN:
             raise _FieldError("serving", "kv_cache_dtype",
                                f"expected one of {sorted(KV_CACHE_BYTES_PER_TOKEN)}, "
@@ -136,15 +151,21 @@ class Scenario:
     parallel: Parallelism
     serving: Serving
     gpu: TargetGPU
+    operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (OPERATION_NAMES)
     source: str = ""  # where it was loaded from
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "operations", tuple(self.operations))  # a list reads as a tuple
+        _check_operations(self.operations)
         if self.model.num_attention_heads % self.parallel.attention_tensor_parallel:
             raise _FieldError("parallel", "tensor_parallel",
                                "must divide model.num_attention_heads (with attention-DP)")
-        if self.model.index_topk is None and self.serving.synthetic_topk is None:
-            raise _FieldError("serving", "synthetic_topk",
-                               "is required for a dense-MLA model (model.index_topk unset)")
+        _check_serving_for_operations(self)
+
+    @property
+    def sparse_operations(self) -> tuple[str, ...]:
+        """The operations that attend a top-k of the KV (sparse-decode, sparse-prefill)."""
+        return tuple(op for op in self.operations if op in SPARSE_OPERATIONS)
 
     @property
     def heads_per_rank(self) -> int:
@@ -152,9 +173,13 @@ class Scenario:
         return self.model.num_attention_heads // self.parallel.attention_tensor_parallel
 
     @property
-    def decode_topk(self) -> int:
-        """KV tokens each query attends in the sparse decode: the indexer's topk, else synthetic."""
-        return self.model.index_topk or self.serving.synthetic_topk  # type: ignore[return-value]
+    def decode_topk(self) -> int | None:
+        """KV tokens each query attends in the sparse operations (sparse decode and prefill): the
+        indexer's topk, else synthetic. None when the scenario drives no sparse operation (dense
+        decode attends every cached token); validation guarantees an int otherwise."""
+        if not self.sparse_operations:
+            return None
+        return self.model.index_topk or self.serving.synthetic_topk
 
     @property
     def d_qk(self) -> int:
@@ -180,14 +205,80 @@ class Scenario:
         p = self.parallel
         par = f"TP{p.tensor_parallel}" + (f" DP{p.attention_data_parallel}"
                                           if p.attention_data_parallel > 1 else "")
-        return (f"{self.model.name}, {par}, {self.heads_per_rank} heads/rank, "
-                f"topk {self.decode_topk}, MNBT {self.serving.max_num_batched_tokens}, "
-                f"{self.serving.kv_cache_dtype}, {self.gpu.name} @ "
-                f"{self.gpu.gpu_memory_utilization}")
+        s = self.serving
+        shape = [f"topk {self.decode_topk}"] if self.decode_topk is not None else []
+        if "dense-decode" in self.operations:
+            shape.append(f"batch {s.max_batch_size} x {s.decode_context_len} tokens")
+        return ", ".join([f"{self.model.name}", par, f"{self.heads_per_rank} heads/rank",
+                          "+".join(self.operations), *shape,
+                          f"MNBT {s.max_num_batched_tokens}", s.kv_cache_dtype,
+                          f"{self.gpu.name} @ {self.gpu.gpu_memory_utilization}"])
 
 
-# The fp8_ds_mla cache every decode kernel here reads (kernels/fp8_ds_mla.py): a 512-wide fp8 latent,
-# which is d_v, and 64 bf16 RoPE values, so d_qk = 576.
+def _check_operations(operations: tuple[str, ...]) -> None:
+    """The top-level `operations`: a non-empty list of distinct OPERATION_NAMES."""
+    if not operations:
+        raise _FieldError("top", "operations", "is empty; list at least one of "
+                                               f"{list(OPERATION_NAMES)}, or leave it out for "
+                                               f"{list(DEFAULT_OPERATIONS)}")
+    for op in operations:
+        if op not in OPERATION_NAMES:
+            raise _FieldError("top", "operations", f"has unknown {op!r}; expected names from "
+                                                   f"{list(OPERATION_NAMES)}")
+    repeated = sorted({op for op in operations if operations.count(op) > 1})
+    if repeated:
+        raise _FieldError("top", "operations", f"lists {repeated[0]!r} more than once; "
+                                               "name each operation once")
+
+
+def _check_serving_for_operations(scenario: Scenario) -> None:
+    """What each operation needs of [model] and [serving]; errors name the field and the fix."""
+    ops, m, s = scenario.operations, scenario.model, scenario.serving
+    sparse = scenario.sparse_operations
+    if sparse and m.index_topk is None and s.synthetic_topk is None:
+        raise _FieldError("serving", "synthetic_topk",
+                           f"is required for {sparse[0]} on a dense-MLA model ([model].index_topk "
+                           f"unset): set it, or drop {'/'.join(sparse)} from operations")
+    if not sparse and s.synthetic_topk is not None:
+        raise _FieldError("serving", "synthetic_topk",
+                           f"is set but no operation uses it (operations {list(ops)}): remove it, "
+                           "or add sparse-decode or sparse-prefill to operations")
+    if "sparse-decode" in ops and "dense-decode" in ops:
+        raise _FieldError("top", "operations",
+                           "lists both sparse-decode and dense-decode, which read different caches "
+                           f"({SPARSE_DECODE_KV_DTYPE} vs {' or '.join(DENSE_DECODE_KV_DTYPES)}): "
+                           "keep one and put the other in its own scenario")
+    # A context-reuse scenario (block reuse on, chunked prefill off) states TensorRT-LLM's cache in
+    # kv_cache_dtype; its sparse decode is the vLLM side, on vLLM's own fp8_ds_mla cache.
+    context_reuse = s.block_reuse and not s.chunked_prefill
+    if ("sparse-decode" in ops and s.kv_cache_dtype != SPARSE_DECODE_KV_DTYPE
+            and not context_reuse):
+        raise _FieldError("serving", "kv_cache_dtype",
+                           f"is {s.kv_cache_dtype!r}; sparse-decode reads the "
+                           f"{SPARSE_DECODE_KV_DTYPE} cache: set kv_cache_dtype = "
+                           f'"{SPARSE_DECODE_KV_DTYPE}", or operations = ["dense-decode"] for a '
+                           "plain cache")
+    if "dense-decode" in ops:
+        if s.kv_cache_dtype not in DENSE_DECODE_KV_DTYPES:
+            raise _FieldError("serving", "kv_cache_dtype",
+                               f"is {s.kv_cache_dtype!r}; dense-decode reads a plain cache of "
+                               f"{m.kv_lora_rank + m.qk_rope_head_dim} values per token: set it "
+                               f"to {' or '.join(repr(d) for d in DENSE_DECODE_KV_DTYPES)}")
+        for name, meaning in (("max_batch_size", "requests per decode step"),
+                              ("decode_context_len", "context tokens of each request")):
+            if getattr(s, name) is None:
+                raise _FieldError("serving", name,
+                                   f"is required for dense-decode ({meaning}): set it, or drop "
+                                   "dense-decode from operations")
+    elif s.decode_context_len is not None:
+        raise _FieldError("serving", "decode_context_len",
+                           f"is set but no operation uses it (operations {list(ops)}): remove it, "
+                           "or add dense-decode to operations")
+
+
+# The cache every decode kernel here reads (kernels/fp8_ds_mla.py for sparse decode; a plain
+# bf16 or fp8 cache for dense decode): a 512-wide latent, which is d_v, and 64 RoPE values, so
+# d_qk = 576.
 DECODE_LATENT = 512  # [model].kv_lora_rank the kernels take
 DECODE_ROPE = 64  # [model].qk_rope_head_dim the kernels take
 
@@ -197,15 +288,18 @@ def check_decode(scenario: Scenario, head_counts: tuple[int, ...], kernel_label:
     head count the kernel pads each rank's heads to. Pure arithmetic: call it before any work."""
     m, p = scenario.model, scenario.parallel
     where = f"{scenario.source or scenario.name}: "
+    cache = (SPARSE_DECODE_KV_DTYPE if "sparse-decode" in scenario.operations
+             else scenario.serving.kv_cache_dtype)
     for field, value, wanted in (("kv_lora_rank", m.kv_lora_rank, DECODE_LATENT),
                                  ("qk_rope_head_dim", m.qk_rope_head_dim, DECODE_ROPE)):
         if value != wanted:
-            raise UserError(f"{where}[model].{field} is {value}; {kernel_label} reads the fp8_ds_mla "
+            raise UserError(f"{where}[model].{field} is {value}; {kernel_label} reads the {cache} "
                             f"cache (d_qk {DECODE_LATENT + DECODE_ROPE} = {DECODE_LATENT} latent + "
                             f"{DECODE_ROPE} RoPE, d_v {DECODE_LATENT}): set it to {wanted}")
-    if scenario.decode_topk > scenario.serving.max_model_len:
+    topk = scenario.decode_topk  # None: no sparse operation, so no top-k to bound
+    if topk is not None and topk > scenario.serving.max_model_len:
         field = "[model].index_topk" if m.index_topk else "[serving].synthetic_topk"
-        raise UserError(f"{where}{field} {scenario.decode_topk} exceeds [serving].max_model_len "
+        raise UserError(f"{where}{field} {topk} exceeds [serving].max_model_len "
                         f"{scenario.serving.max_model_len}: a query cannot attend more tokens than "
                         "a sequence holds; lower it or raise max_model_len")
     heads, most = scenario.heads_per_rank, max(head_counts)
@@ -333,7 +427,8 @@ def parse(text: str, source: str) -> Scenario:
 
 def to_dict(scenario: Scenario) -> dict:
     """The scenario as plain data, in the TOML layout (`from_dict` reads it back)."""
-    data = {"name": scenario.name, "description": scenario.description}
+    data = {"name": scenario.name, "description": scenario.description,
+            "operations": list(scenario.operations)}
     for section in _SECTIONS:
         fields = dataclasses.asdict(getattr(scenario, section))
         data[section] = {k: v for k, v in fields.items() if v is not None}
@@ -343,19 +438,23 @@ def to_dict(scenario: Scenario) -> dict:
 def from_dict(data: dict, source: str) -> Scenario:
     """Build a scenario from TOML-layout data; errors name the source and the field."""
     try:
-        unknown = set(data) - set(_SECTIONS) - {"name", "description"}
+        unknown = set(data) - set(_SECTIONS) - {"name", "description", "operations"}
         if unknown:
             raise _FieldError(sorted(unknown)[0], "", "is not a known section; expected "
-                               f"name, description, {', '.join(_SECTIONS)}")
+                               f"name, description, operations, {', '.join(_SECTIONS)}")
         for top in ("name", "description"):
             if not isinstance(data.get(top), str):
                 raise _FieldError("top", top, "must be a string")
+        operations = data.get("operations", list(DEFAULT_OPERATIONS))
+        if not (isinstance(operations, list) and all(isinstance(op, str) for op in operations)):
+            raise _FieldError("top", "operations", "must be a list of names from "
+                                                   f"{list(OPERATION_NAMES)}, got {operations!r}")
         sections = {}
         for key, cls in _SECTIONS.items():
             if key not in data:
                 raise _FieldError(key, "", "section is missing")
             sections[key] = _build(cls, data[key], key)
         return Scenario(name=data["name"], description=data["description"], source=source,
-                        **sections)
+                        operations=tuple(operations), **sections)
     except _FieldError as exc:
         raise UserError(f"{source}: {exc}; fix that field") from None

@@ -1,5 +1,7 @@
 """Scenarios: shipped files load into validated dataclasses; bad TOML names file and field."""
 
+import dataclasses
+
 import pytest
 
 from mlamem import scenario
@@ -11,15 +13,73 @@ from mlamem.testing import scenario_file
 def test_shipped_scenarios_have_the_issue_shapes():
     """GLM-5 TP8 has 8 heads/rank padded to 64, DeepSeek-V3.2 16, Kimi-K2 with attention-DP 64."""
     caps = FlashMLA().capabilities()
-    expect = {"glm5-fp8-tp8": (8, 64, 78, 656), "deepseek-v32-fp8-tp8": (16, 64, 61, 656),
-              "kimi-k2-fp8-tp4-dp": (64, 64, 61, 656), "kimi-k2-context-reuse": (64, 64, 61, 576)}
+    expect = {"glm5-fp8-tp8": (8, 64, 78, 2048, 656), "deepseek-v32-fp8-tp8": (16, 64, 61, 2048, 656),
+              "kimi-k2-fp8-tp4-dp": (64, 64, 61, 2048, 656),
+              "kimi-k2-context-reuse": (64, 64, 61, 2048, 576),
+              "kimi-k2-dense-tp4-dp": (64, 64, 61, None, 1152),
+              "kimi-k2-dense-fp8-tp4-dp": (64, 64, 61, None, 576)}
     assert scenario.shipped_names() == sorted(expect)
-    for name, (heads, padded, layers, kv_bytes) in expect.items():
+    for name, (heads, padded, layers, topk, kv_bytes) in expect.items():
         s = scenario.load(name)
         assert (s.heads_per_rank, caps.padded_heads(s.heads_per_rank), s.model.num_layers) == (
             heads, padded, layers)
         assert (s.d_qk, s.d_v, s.decode_topk, s.kv_cache_bytes_per_token_per_layer) == (
-            576, 512, 2048, kv_bytes)
+            576, 512, topk, kv_bytes)
+
+
+def test_shipped_scenarios_name_their_operations():
+    """The DSA models drive sparse decode and prefill, Kimi-K2's stand-ins sparse decode, and the
+    two Kimi-K2 dense files FlashMLA's dense decode: 256 requests of 8192 tokens, 64-token pages."""
+    ops = {name: scenario.load(name).operations for name in scenario.shipped_names()}
+    assert ops == {"glm5-fp8-tp8": ("sparse-decode", "sparse-prefill"),
+                   "deepseek-v32-fp8-tp8": ("sparse-decode", "sparse-prefill"),
+                   "kimi-k2-fp8-tp4-dp": ("sparse-decode",),
+                   "kimi-k2-context-reuse": ("sparse-decode",),
+                   "kimi-k2-dense-tp4-dp": ("dense-decode",),
+                   "kimi-k2-dense-fp8-tp4-dp": ("dense-decode",)}
+    assert scenario.OPERATION_NAMES == ("sparse-decode", "dense-decode", "sparse-prefill")
+    for name in ("kimi-k2-dense-tp4-dp", "kimi-k2-dense-fp8-tp4-dp"):
+        s = scenario.load(name).serving
+        assert (s.block_size, s.max_batch_size, s.decode_context_len, s.synthetic_topk,
+                s.max_num_batched_tokens, s.max_model_len) == (64, 256, 8192, None, 32768, 131072)
+
+
+@pytest.mark.parametrize("name", scenario.shipped_names())
+def test_shipped_scenarios_round_trip(name):
+    """Every shipped scenario survives to_dict/from_dict (through TOML-like plain data, with
+    operations as a list) unchanged, and its one-line summary names its operations, never
+    "topk None"."""
+    s = scenario.load(name)
+    data = scenario.to_dict(s)
+    assert data["operations"] == list(s.operations)
+    assert scenario.from_dict(data, s.source) == s
+    line = s.one_line()
+    assert "+".join(s.operations) in line and "None" not in line
+
+
+def test_dense_one_line_shows_the_batch():
+    """A dense-decode scenario's summary shows its batch instead of a top-k."""
+    line = scenario.load("kimi-k2-dense-tp4-dp").one_line()
+    assert "dense-decode, batch 256 x 8192 tokens" in line and "topk" not in line
+
+
+def test_old_toml_without_operations_is_sparse_decode(tmp_path):
+    """A file from before `operations` (no key) loads as sparse decode, and to_dict writes it."""
+    path = scenario_file(tmp_path, edits={
+        'operations = ["sparse-decode", "sparse-prefill"]\n': ""})
+    assert "operations" not in path.read_text().replace("operations it drives", "")
+    s = scenario.load(str(path))
+    assert s.operations == ("sparse-decode",) and s.decode_topk == 2048
+    data = scenario.to_dict(s)
+    assert data["operations"] == ["sparse-decode"]
+    del data["operations"]
+    assert scenario.from_dict(data, "old") == scenario.from_dict(scenario.to_dict(s), "old")
+
+
+def test_dense_decode_only_has_no_topk():
+    """decode_topk is None without a sparse operation, an int with one."""
+    assert scenario.load("kimi-k2-dense-tp4-dp").decode_topk is None
+    assert scenario.load("kimi-k2-context-reuse").decode_topk == 2048
 
 
 def test_glm5_is_the_source_prs_crashing_config():
@@ -53,6 +113,109 @@ def test_bad_toml_names_the_file_and_field(tmp_path, old, new, expected):
         scenario.load(str(path))
     assert str(path) in str(info.value)
     assert expected in str(info.value)
+
+
+GLM_OPS = 'operations = ["sparse-decode", "sparse-prefill"]'
+DENSE_OPS = 'operations = ["dense-decode"]'
+DENSE_CTX = "decode_context_len = 8192 "
+DENSE_TOPK = "# dense decode: no synthetic_topk"
+
+
+@pytest.mark.parametrize(("base", "edits", "expected"), [
+    # operations: known names, at least one, each once, a list of strings
+    ("glm5-fp8-tp8", {GLM_OPS: 'operations = ["sparse-decoder"]'},
+     "[top].operations has unknown 'sparse-decoder'; expected names from ['sparse-decode', "
+     "'dense-decode', 'sparse-prefill']; fix that field"),
+    ("glm5-fp8-tp8", {GLM_OPS: "operations = []"},
+     "[top].operations is empty; list at least one of ['sparse-decode', 'dense-decode', "
+     "'sparse-prefill'], or leave it out for ['sparse-decode']; fix that field"),
+    ("glm5-fp8-tp8", {GLM_OPS: 'operations = ["sparse-decode", "sparse-decode"]'},
+     "[top].operations lists 'sparse-decode' more than once; name each operation once"),
+    ("glm5-fp8-tp8", {GLM_OPS: 'operations = "sparse-decode"'},
+     "[top].operations must be a list of names from ['sparse-decode', 'dense-decode', "
+     "'sparse-prefill'], got 'sparse-decode'"),
+    ("glm5-fp8-tp8", {GLM_OPS: 'operations = ["sparse-decode", "dense-decode"]'},
+     "[top].operations lists both sparse-decode and dense-decode, which read different caches"),
+    # a dense model needs synthetic_topk for either sparse operation
+    ("kimi-k2-fp8-tp4-dp", {"synthetic_topk = 2048 ": "# "},
+     "[serving].synthetic_topk is required for sparse-decode on a dense-MLA model "
+     "([model].index_topk unset): set it, or drop sparse-decode from operations; fix that field"),
+    ("kimi-k2-fp8-tp4-dp", {"synthetic_topk = 2048 ": "# ",
+                            'operations = ["sparse-decode"]': 'operations = ["sparse-prefill"]'},
+     "[serving].synthetic_topk is required for sparse-prefill on a dense-MLA model"),
+    ("kimi-k2-dense-tp4-dp", {DENSE_TOPK: "synthetic_topk = 2048"},
+     "[serving].synthetic_topk is set but no operation uses it (operations ['dense-decode']): "
+     "remove it, or add sparse-decode or sparse-prefill to operations"),
+    # sparse decode reads fp8_ds_mla; dense decode a plain bf16 or fp8 cache
+    ("glm5-fp8-tp8", {'kv_cache_dtype = "fp8_ds_mla"': 'kv_cache_dtype = "bf16"'},
+     "[serving].kv_cache_dtype is 'bf16'; sparse-decode reads the fp8_ds_mla cache: set "
+     'kv_cache_dtype = "fp8_ds_mla", or operations = ["dense-decode"] for a plain cache'),
+    ("kimi-k2-dense-tp4-dp", {'kv_cache_dtype = "bf16"': 'kv_cache_dtype = "fp8_ds_mla"'},
+     "[serving].kv_cache_dtype is 'fp8_ds_mla'; dense-decode reads a plain cache of 576 values "
+     "per token: set it to 'bf16' or 'fp8'; fix that field"),
+    # only a context-reuse scenario (TRT-LLM's cache in kv_cache_dtype) may pair fp8 with it
+    ("kimi-k2-context-reuse", {"chunked_prefill = false": "chunked_prefill = true"},
+     "[serving].kv_cache_dtype is 'fp8'; sparse-decode reads the fp8_ds_mla cache"),
+    # dense decode needs its batch: max_batch_size and decode_context_len
+    ("kimi-k2-dense-tp4-dp", {"max_batch_size = 256 ": "# "},
+     "[serving].max_batch_size is required for dense-decode (requests per decode step): set it, "
+     "or drop dense-decode from operations"),
+    ("kimi-k2-dense-tp4-dp", {DENSE_CTX: "# "},
+     "[serving].decode_context_len is required for dense-decode (context tokens of each "
+     "request): set it, or drop dense-decode from operations"),
+    ("kimi-k2-dense-tp4-dp", {DENSE_CTX: "decode_context_len = 0 "},
+     "[serving].decode_context_len must be > 0, got 0"),
+    ("kimi-k2-dense-tp4-dp", {DENSE_CTX: "decode_context_len = 131073 "},
+     "[serving].decode_context_len 131073 exceeds [serving].max_model_len 131072: a request "
+     "cannot hold more tokens than a sequence; lower it or raise max_model_len"),
+    ("kimi-k2-dense-tp4-dp", {DENSE_CTX: 'decode_context_len = "long" '},
+     "[serving].decode_context_len must be int, got 'long'"),
+    ("kimi-k2-fp8-tp4-dp", {"block_size = 64 ": "decode_context_len = 8192\nblock_size = 64 "},
+     "[serving].decode_context_len is set but no operation uses it (operations "
+     "['sparse-decode']): remove it, or add dense-decode to operations"),
+])
+def test_operation_rules_are_one_line_errors(tmp_path, base, edits, expected):
+    """Each operation's needs are checked at load; a miss is one line naming file, field, fix."""
+    path = scenario_file(tmp_path, base, edits)
+    with pytest.raises(UserError) as info:
+        scenario.load(str(path))
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("base", "edits", "operations"), [
+    # sparse prefill alone on a DSA model, or on a dense one with synthetic_topk
+    ("glm5-fp8-tp8", {GLM_OPS: 'operations = ["sparse-prefill"]'}, ("sparse-prefill",)),
+    ("kimi-k2-fp8-tp4-dp", {'operations = ["sparse-decode"]': 'operations = ["sparse-prefill"]'},
+     ("sparse-prefill",)),
+    # dense decode with the sparse prefill (which needs a top-k) on an fp8 cache
+    ("kimi-k2-dense-fp8-tp4-dp", {DENSE_OPS: 'operations = ["dense-decode", "sparse-prefill"]',
+                                  DENSE_TOPK: "synthetic_topk = 2048"},
+     ("dense-decode", "sparse-prefill")),
+    # a dense model without synthetic_topk is fine when nothing sparse runs
+    ("kimi-k2-dense-tp4-dp", {}, ("dense-decode",)),
+    # decode_context_len may be the whole max_model_len
+    ("kimi-k2-dense-tp4-dp", {DENSE_CTX: "decode_context_len = 131072 "}, ("dense-decode",)),
+])
+def test_operation_rules_accept(tmp_path, base, edits, operations):
+    """What each operation needs, and no more, loads."""
+    s = scenario.load(str(scenario_file(tmp_path, base, edits)))
+    assert s.operations == operations
+    assert scenario.from_dict(scenario.to_dict(s), s.source) == s
+
+
+def test_check_decode_skips_the_topk_without_sparse_operations():
+    """check_decode bounds the top-k only when there is one; a dense scenario passes it."""
+    dense = scenario.load("kimi-k2-dense-tp4-dp")
+    assert scenario.check_decode(dense, (64, 128), "FlashMLA") == 64
+
+
+def test_scenario_accepts_operations_as_a_list():
+    """Built directly, a list of operations reads as a tuple, and bad ones are refused too."""
+    s = scenario.load("glm5-fp8-tp8")
+    assert dataclasses.replace(s, operations=["sparse-decode"]).operations == ("sparse-decode",)
+    with pytest.raises(ValueError, match=r"\[top\]\.operations has unknown 'prefill'"):
+        dataclasses.replace(s, operations=("prefill",))
 
 
 def test_unknown_scenario_lists_valid_names():
