@@ -17,13 +17,13 @@ from mlamem.inputs import make_inputs
 from mlamem.kernels import FlashMLA
 from mlamem.measure import measure_call
 from mlamem.memory import CudaMemory
-from mlamem.paths import PATHS, DecodeCall
+from mlamem.paths import PATHS, decode_call
 
 
 def bare_call(glm, kernel, tokens):
     """Median ms of the alloc path alone: do_bench (events) and host wall time with sync."""
     inputs = make_inputs(glm, tokens, torch.device("cuda"))
-    call = DecodeCall(decode=kernel.decode, kv_cache=inputs.kv_cache, indices=inputs.indices,
+    call = decode_call(decode=kernel.decode, kv_cache=inputs.kv_cache, indices=inputs.indices,
                       sm_scale=glm.softmax_scale, d_v=glm.d_v, padded_heads=64, takes_out=False)
     step = functools.partial(PATHS["alloc"], inputs.q, call, None)
     events_ms = triton.testing.do_bench(step, warmup=50, rep=500, return_mode="median")

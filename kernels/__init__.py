@@ -23,14 +23,23 @@ class KernelEntry(NamedTuple):
     module: str  # importable module path of the adapter
     cls: str  # the SparseDecodeKernel subclass in it
     help: str  # one line for `--kernel` help and listings
+    operations: tuple[str, ...] = ("sparse-decode",)  # what it runs (see kernels.base.OPERATIONS)
 
+
+ALL_OPERATIONS = ("sparse-decode", "dense-decode", "sparse-prefill")  # = base.OPERATIONS
+
+DEFAULT_KERNEL = "flashmla"  # what --kernel defaults to
 
 REGISTRY: dict[str, KernelEntry] = {
-    "flashmla": KernelEntry("mlamem.kernels.flashmla", "FlashMLA", "FlashMLA, sgl-flash-mla"),
+    "flashmla": KernelEntry("mlamem.kernels.flashmla", "FlashMLA", "FlashMLA, sgl-flash-mla",
+                            ALL_OPERATIONS),
+    "flashmla-vllm": KernelEntry("mlamem.kernels.flashmla_vllm", "FlashMLAVLLM",
+                                 "vLLM's FlashMLA build, takes out_", ALL_OPERATIONS),
     "triton": KernelEntry("mlamem.kernels.triton_decode", "TritonDecode",
                           "mlamem's own, takes out, lse and accumulators, so it can run "
                           "workspace-full"),
-    "reference": KernelEntry("mlamem.kernels.reference", "Reference", "plain torch"),
+    "reference": KernelEntry("mlamem.kernels.reference", "Reference", "plain torch",
+                             ALL_OPERATIONS),
 }
 
 # Names importable from this package, resolved on first access (PEP 562).
@@ -49,6 +58,11 @@ def kernel_names() -> list[str]:
 def kernel_help(name: str) -> str:
     """The one-line help of a registered kernel; imports nothing."""
     return REGISTRY[name].help
+
+
+def kernel_operations(name: str) -> tuple[str, ...]:
+    """The operations a registered kernel runs; imports nothing."""
+    return REGISTRY[name].operations
 
 
 def load_kernel(name: str) -> type[SparseDecodeKernel]:
@@ -71,6 +85,6 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["KERNELS", "REGISTRY", "BufferSpec", "Capabilities", "FlashMLA", "KernelEntry",
-           "Reference", "SparseDecodeKernel", "TritonDecode", "kernel_help", "kernel_names",
-           "load_kernel", "simulate_decode"]
+__all__ = ["DEFAULT_KERNEL", "KERNELS", "REGISTRY", "BufferSpec", "Capabilities", "FlashMLA", "FlashMLAVLLM",
+           "KernelEntry", "Reference", "SparseDecodeKernel", "TritonDecode", "kernel_help",
+           "kernel_names", "kernel_operations", "load_kernel", "simulate_decode"]

@@ -1,13 +1,18 @@
-"""What every sparse fp8 MLA decode kernel adapter declares and does.
+"""The kernel contract: what every MLA kernel adapter declares and does, per operation.
 
-A kernel is called as `decode(q, kv_cache, indices, sm_scale=..., d_v=..., out=None)` with
-    q:        (b, s_q, h_q, d_qk) bfloat16, h_q one of `capabilities().head_counts`
-    kv_cache: (num_blocks, block_size, 1, 656) fp8_ds_mla bytes
-    indices:  (b, s_q, topk) int32 KV-token indices, -1 = invalid
-and returns out (b, s_q, h_q, d_v) bfloat16 and lse (b, h_q, s_q) float32 (natural log).
-Kernels whose capabilities say so also take `lse=` (that shape) and `accum_workspace=` (a flat
-float32 tensor of at least `accum_workspace_numel(...)` elements); a kernel given an accumulator
-workspace allocates none of its temporaries.
+Operations (`OPERATIONS`), each with its kernel-side layout (the wrapper's rows layout is
+(rows, heads, d): `to_kernel_layout` / `from_kernel_layout` convert):
+- "sparse-decode": q (1, T, h_q, 576) bf16 over an fp8_ds_mla cache (num_blocks, block, 1, 656)
+  with indices (1, T, topk) int32 (-1 invalid); out (1, T, h_q, d_v) bf16, lse (1, h_q, T) fp32.
+  Its historical entry point is `decode(q, kv_cache, indices, sm_scale=, d_v=, out=None)`.
+- "dense-decode": one query per request, q (b, 1, h_q, 576) (bf16, or fp8 e4m3 over an fp8
+  cache), a paged cache (num_blocks, block, 1, 576) bf16 or fp8 with a block table (b, blocks)
+  and context lengths (b,); out (b, 1, h_q, d_v) bf16, lse (b, h_q, 1) fp32.
+- "sparse-prefill": q (s_q, h_q, 576) bf16 over a gathered bf16 kv (s_kv, 1, 576) with indices
+  (s_q, 1, topk); out (s_q, h_q, d_v) bf16, lse (s_q, h_q) fp32 (max_logits too, not compared).
+lse is always the natural log. Kernels whose capabilities say so take `out=` (and, for the
+sparse decode, `lse=` and `accum_workspace=`, a flat float32 tensor of at least
+`accum_workspace_numel(...)` elements; a kernel given one allocates none of its temporaries).
 """
 
 from __future__ import annotations
@@ -16,21 +21,31 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # importing the declarations needs no torch (the CLI's checks use them)
     import torch
 
 
+SPARSE_DECODE, DENSE_DECODE, SPARSE_PREFILL = "sparse-decode", "dense-decode", "sparse-prefill"
+OPERATIONS = (SPARSE_DECODE, DENSE_DECODE, SPARSE_PREFILL)
+# The cache each operation reads, by the scenario's kv_cache_dtype name.
+KV_FORMATS = {SPARSE_DECODE: ("fp8_ds_mla",), DENSE_DECODE: ("bf16", "fp8"),
+              SPARSE_PREFILL: ("bf16",)}
+
+
 @dataclass(frozen=True)
 class Capabilities:
-    """What a kernel lets its caller provide, so paths need not guess."""
+    """What a kernel lets its caller provide for one operation, so paths need not guess."""
 
-    takes_out: bool  # accepts a caller-provided output tensor (out=)
+    takes_out: bool  # accepts a caller-provided output tensor (out= / out_=)
     takes_lse: bool  # accepts a caller-provided lse tensor
     takes_accum_workspace: bool  # accepts caller-provided split-KV accumulators
-    head_counts: tuple[int, ...]  # query head counts it runs; callers pad q up to one
+    head_counts: tuple[int, ...]  # query head counts it runs natively; callers pad q up to one
     source: str  # where these facts come from, e.g. the op schema read at run time
+    kv_formats: tuple[str, ...] = ("fp8_ds_mla",)  # caches it reads (KV_FORMATS names)
+    heads_source: str = ""  # where head_counts come from (probed on which GPU, or assumed)
+    assumed: bool = False  # True when the schema could not be read here and is assumed
 
     def padded_heads(self, heads: int) -> int:
         """The smallest supported head count >= heads."""
@@ -55,20 +70,105 @@ class BufferSpec:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+@dataclass(frozen=True)
+class Problem:
+    """The shape of one kernel call, in the operation's terms."""
+
+    op: str  # one of OPERATIONS
+    rows: int  # query rows: T (sparse decode), requests b (dense decode), s_q (prefill)
+    heads: int  # query heads the kernel runs (after padding)
+    sm_scale: float
+    kv_tokens: int  # sparse decode: KV pool tokens; dense decode: each request's context; prefill: s_kv
+    kv_format: str = "fp8_ds_mla"  # one of KV_FORMATS[op]
+    topk: int | None = None  # KV tokens each query attends (sparse operations)
+    block_size: int = 64  # KV-cache page size in tokens
+    d_qk: int = 576
+    d_v: int = 512
+
+    @property
+    def q_shape(self) -> tuple[int, ...]:
+        """q in the kernel's layout."""
+        return to_kernel_layout_shape(self.op, (self.rows, self.heads, self.d_qk))
+
+    @property
+    def q_dtype(self) -> str:
+        """The torch dtype name q must have: fp8 e4m3 for the dense decode over an fp8 cache."""
+        return "float8_e4m3fn" if (self.op, self.kv_format) == (DENSE_DECODE, "fp8") else "bfloat16"
+
+
+@dataclass
+class OpInputs:
+    """What a call reads besides q (tensors; None where the operation has no such input)."""
+
+    kv: Any  # the cache (sparse decode, dense decode) or the gathered kv (prefill)
+    indices: Any = None  # sparse operations
+    block_table: Any = None  # dense decode: (b, blocks) int32
+    seqlens: Any = None  # dense decode: (b,) int32
+    descale_q: Any = None  # dense decode over fp8: (1,) float32
+    descale_k: Any = None
+
+
+def to_kernel_layout_shape(op: str, rows_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """(rows, heads, d) -> the operation's kernel layout."""
+    if op == SPARSE_DECODE:
+        return (1, *rows_shape)
+    if op == DENSE_DECODE:
+        return (rows_shape[0], 1, *rows_shape[1:])
+    return tuple(rows_shape)
+
+
+def to_kernel_layout(op: str, x):
+    """A (rows, heads, d) tensor as the kernel's q or out (a view)."""
+    return x.view(to_kernel_layout_shape(op, tuple(x.shape)))
+
+
+def from_kernel_layout(op: str, out, lse):
+    """The kernel's out and lse as (rows, heads, d_v) and (heads, rows) views."""
+    if op == SPARSE_DECODE:
+        return out[0], lse[0]
+    if op == DENSE_DECODE:
+        return out[:, 0], lse[:, :, 0].T
+    return out, lse.T
+
+
 class SparseDecodeKernel(ABC):
-    """Adapter for one sparse fp8 MLA decode implementation."""
+    """Adapter for one MLA kernel implementation (its operations: `operations`)."""
 
     name: str  # the --kernel name
     label: str  # how reports name it, e.g. "FlashMLA"
     runs_on_meta = False  # True if decode itself runs on the meta device (no spec needed)
+    operations: tuple[str, ...] = (SPARSE_DECODE,)  # what it runs, in OPERATIONS order
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:
         """None when the kernel can run here, else why not (one line, naming the fix)."""
 
+    def version(self) -> str | None:
+        """The installed build's version; None when unknown or absent."""
+        return None
+
     @abstractmethod
-    def capabilities(self) -> Capabilities:
-        """What the caller may pass in; read from the kernel itself where possible."""
+    def capabilities(self, op: str = SPARSE_DECODE) -> Capabilities:
+        """What the caller may pass in for `op`; read from the kernel itself where possible."""
+
+    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, **staged):
+        """Run one call of problem.op (q and out in its kernel layout); returns (out, lse)."""
+        if problem.op != SPARSE_DECODE:
+            raise NotImplementedError(f"{self.label} does not run {problem.op}")
+        return self.decode(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
+                           d_v=problem.d_v, out=out, **staged)
+
+    def op_allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
+        """The buffers one call of `problem` allocates inside itself, in allocation order."""
+        if problem.op != SPARSE_DECODE:
+            raise NotImplementedError(f"{self.label} does not run {problem.op}")
+        return self.allocations(problem.q_shape, problem.d_v, sm_count)
+
+    def make_inputs(self, problem: Problem, heads: int, device, seed: int = 0):
+        """Valid synthetic inputs for `problem`: (q in rows layout at `heads` heads, OpInputs)."""
+        from mlamem.inputs import make_op_inputs
+
+        return make_op_inputs(problem, heads, device, seed)
 
     @abstractmethod
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
@@ -123,13 +223,20 @@ def simulate_decode(kernel: SparseDecodeKernel, sm_count: int, q: torch.Tensor, 
                     indices, *, sm_scale: float, d_v: int, out: torch.Tensor | None = None,
                     lse: torch.Tensor | None = None,
                     accum_workspace: torch.Tensor | None = None):
-    """Allocate what `kernel` allocates inside one call, on q's device (meta), in its order.
+    """Allocate what `kernel` allocates inside one sparse decode call, on q's device (meta),
+    in its order. Stands in for the kernel where it cannot run; returns (out, lse) like the
+    kernel. Buffers passed in are not allocated (see `allocated_in_call`)."""
+    return _simulate(kernel.allocations(tuple(q.shape), d_v, sm_count), q.device, out=out,
+                     lse=lse, accum_workspace=accum_workspace)
 
-    Stands in for the kernel where it cannot run; returns (out, lse) like the kernel. Buffers
-    passed in are not allocated (see `allocated_in_call`).
-    """
-    returned, temporaries = allocate_missing(
-        kernel.allocations(tuple(q.shape), d_v, sm_count), q.device, out=out, lse=lse,
-        accum_workspace=accum_workspace)
+
+def simulate_run(kernel: SparseDecodeKernel, sm_count: int, problem: Problem, q, inputs,
+                 *, out=None, **staged):
+    """`kernel.run` as its allocation spec: what one call of any operation allocates."""
+    return _simulate(kernel.op_allocations(problem, sm_count), q.device, out=out, **staged)
+
+
+def _simulate(specs: list[BufferSpec], device, **given):
+    returned, temporaries = allocate_missing(specs, device, **given)
     temporaries.clear()  # freed before the call returns
     return returned["out"], returned["lse"]

@@ -1,7 +1,31 @@
-"""Adapter for FlashMLA's sparse fp8 decode (`flash_mla.flash_mla_with_kvcache`, PyPI sgl-flash-mla).
+"""Adapters for FlashMLA's MLA kernels: sgl-flash-mla (PyPI), and the shared machinery of every
+FlashMLA build (`FlashMLABuild`; vLLM's build is `kernels/flashmla_vllm.py`).
 
-On SM90 it runs the "legacy" kernels (`use_legacy=True`); on SM100 the current ones, which read
-only the V4.1 KV formats, so a 656-byte fp8_ds_mla cache goes to the legacy half there too.
+Operations, per build, as FlashMLA names them:
+- sparse-decode: `sparse_decode_fwd` over the 656-byte fp8_ds_mla cache.
+- dense-decode: `dense_decode_fwd` over a bf16 paged cache; over an fp8 cache (576 B per token,
+  e4m3, per-tensor scales) `fwd_kvcache_mla_fp8`, whose split-KV scheduler metadata comes from
+  `get_mla_decoding_metadata_dense_fp8` first. Seen on the H200 (scripts/kernel_trace.py): the
+  fp8 kernel takes fp8 q only (bf16 q fails its dtype check), with `descale_q` and `descale_k`
+  of shape (1,) both required ("descale is required when input dtype is fp8"). So the caller
+  quantizes q: the engine's wrapper writes it into an fp8 buffer (`paths`: the alloc path's
+  `quantized_q`, or the workspace's q), and it has no `out`.
+- sparse-prefill: `sparse_prefill_fwd` over a gathered bf16 kv; returns out, max_logits, lse.
+On SM90 sgl-flash-mla runs the "legacy" kernels (`torch.ops.flash_mla_legacy`).
+
+What one call allocates was recorded with `torch.cuda.memory._record_memory_history` on an
+H200 (`python3 scripts/kernel_trace.py OUT.json`, sgl-flash-mla 1.0.0 and vllm 0.33.0, torch
+2.11.0+cu130, 2026-12-02), identical in both builds:
+- sparse decode (b=1, s_q=8192, h_q=64): out, lse, scheduler metadata (32 B), num_splits (8 B),
+  lse_accum, o_accum; the accumulators freed before return.
+- dense decode bf16 (b=64 x 4096 and 256 x 8192, h_q=64): out (b,1,h,512) bf16, lse (b,h,1),
+  scheduler metadata (132, 8) int32, num_splits (b+1) int32, lse_accum (b+132, h) fp32,
+  o_accum (b+132, h, 512) fp32; the accumulators freed before return, the metadata returned.
+- dense decode fp8: the metadata op allocates (132, 8) and (b+1) int32; then the call out, lse,
+  lse_accum, o_accum, as bf16.
+- sparse prefill (s_q 1024 and 8192, h_q 8 and 64): out (s_q,h,512) bf16, max_logits and lse
+  (s_q,h) fp32; nothing else.
+With `out_` (vLLM's build) out is not allocated and everything else is the same.
 """
 
 from __future__ import annotations
@@ -10,14 +34,139 @@ import functools
 
 import torch
 
-from mlamem.kernels.base import BufferSpec, Capabilities, SparseDecodeKernel
+from mlamem.kernels.base import (
+    DENSE_DECODE,
+    KV_FORMATS,
+    OPERATIONS,
+    SPARSE_DECODE,
+    SPARSE_PREFILL,
+    BufferSpec,
+    Capabilities,
+    OpInputs,
+    Problem,
+    SparseDecodeKernel,
+)
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
 
 INSTALL_HINT = "pip install --no-deps sgl-flash-mla==1.0.0"
 CURRENT_KERNEL_FORMATS = (528,)  # bytes per token the SM100 current kernels read (V4.1 fp8)
-HEAD_COUNTS = (64, 128)
-# Schema facts of sgl-flash-mla 1.0.0, used where flash_mla cannot be imported (predictions).
-ASSUMED_SCHEMA = "sgl-flash-mla 1.0.0 schema, assumed: flash_mla is not importable here"
+HEAD_COUNTS = (64, 128)  # the sparse decode's, in every build
+ALL_HEADS = (8, 16, 32, 64, 128)
+PROBED = "probed on an H200 (SM90) by scripts/kernel_trace.py"
+
+# sgl-flash-mla 1.0.0's schemas as the H200 registered them, for where flash_mla cannot load.
+SGL_SCHEMAS = {
+    "sparse_decode_fwd": "flash_mla_legacy::sparse_decode_fwd(Tensor q, Tensor kv, Tensor indices, Tensor? topk_length, Tensor? attn_sink, Tensor(a!)? tile_scheduler_metadata, Tensor(b!)? num_splits, Tensor? extra_kv, Tensor? extra_indices, Tensor? extra_topk_length, int d_v, float sm_scale, str? kv_format=None) -> (Tensor, Tensor, Tensor(a)?, Tensor(b)?)",  # noqa: E501
+    "dense_decode_fwd": "flash_mla_legacy::dense_decode_fwd(Tensor q, Tensor kcache, int head_size_v, Tensor seqlens_k, Tensor block_table, float softmax_scale, bool is_causal, Tensor(a!)? tile_scheduler_metadata, Tensor(b!)? num_splits) -> (Tensor, Tensor, Tensor(a)?, Tensor(b)?)",  # noqa: E501
+    "fwd_kvcache_mla_fp8": "flash_mla_legacy::fwd_kvcache_mla_fp8(Tensor q, Tensor kcache, int head_size_v, Tensor seqlens_k, Tensor block_table, float softmax_scale, bool is_causal, Tensor tile_scheduler_metadata, Tensor num_splits, Tensor? descale_q, Tensor? descale_k) -> Tensor[]",  # noqa: E501
+    "sparse_prefill_fwd": "flash_mla_legacy::sparse_prefill_fwd(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v, Tensor? attn_sink=None, Tensor? topk_length=None, bool return_log2_stats=False, bool return_stats=True) -> Tensor?[]",  # noqa: E501
+}
+SGL_HEADS = {SPARSE_DECODE: HEAD_COUNTS, DENSE_DECODE: ALL_HEADS, SPARSE_PREFILL: HEAD_COUNTS}
+
+
+def schema_op(op: str, kv_format: str | None) -> str:
+    """FlashMLA's op for an operation (the dense decode's depends on the cache)."""
+    if op == DENSE_DECODE:
+        return "fwd_kvcache_mla_fp8" if kv_format == "fp8" else "dense_decode_fwd"
+    return {SPARSE_DECODE: "sparse_decode_fwd", SPARSE_PREFILL: "sparse_prefill_fwd"}[op]
+
+
+def schema_arguments(schema: str) -> list[str]:
+    """Argument names of an op schema string."""
+    return [arg.name for arg in torch._C.parse_schema(schema).arguments]
+
+
+def capabilities_from_schema(schema: str, heads: tuple[int, ...], kv_formats: tuple[str, ...],
+                             source: str, heads_source: str, assumed: bool) -> Capabilities:
+    """What a FlashMLA op takes, read off its schema: out (`out` or `out_`), lse, accumulators."""
+    names = set(schema_arguments(schema))
+    return Capabilities(takes_out=bool(names & {"out", "out_"}),
+                        takes_lse=bool(names & {"lse", "lse_", "softmax_lse"}),
+                        takes_accum_workspace="o_accum" in names, head_counts=heads,
+                        source=source, kv_formats=kv_formats, heads_source=heads_source,
+                        assumed=assumed)
+
+
+class FlashMLABuild(SparseDecodeKernel):
+    """One FlashMLA build: its op namespaces, schemas and head counts; the calls are shared."""
+
+    operations = OPERATIONS
+    assumed_schemas: dict[str, str]  # op -> schema, where the library cannot be loaded
+    assumed_source: str  # says which build's schemas are assumed
+    head_table: dict[str, tuple[int, ...]]  # per operation, on SM90 (probed)
+
+    def __init__(self, device: torch.device | None = None):
+        self.device = device or torch.device("cuda")
+
+    def namespace(self, op_name: str):
+        """The torch.ops namespace holding `op_name` (the library is loaded)."""
+        raise NotImplementedError
+
+    def _schema(self, op_name: str) -> tuple[str, bool]:
+        """(schema, assumed) for an op: read at run time where the library loads."""
+        if self.unavailable_reason() is None:
+            try:
+                return str(getattr(self.namespace(op_name), op_name).default._schema), False
+            except (AttributeError, RuntimeError):
+                pass
+        return self.assumed_schemas[op_name], True
+
+    def head_counts(self, op: str) -> tuple[tuple[int, ...], str]:
+        """The heads `op` runs natively on this GPU, and where that comes from."""
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(self.device)[0] != 9:
+            return HEAD_COUNTS, "assumed 64 and 128 off SM90 (FlashMLA's SM100 kernels)"
+        return self.head_table[op], PROBED
+
+    @functools.cache  # noqa: B019 (one adapter per process)
+    def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
+        if op not in self.operations:
+            raise ValueError(f"{self.label} does not run {op}")
+        name = schema_op(op, kv_format)
+        schema, assumed = self._schema(name)
+        heads, heads_source = self.head_counts(op)
+        where = schema.split("(", 1)[0]
+        source = (f"{self.assumed_source}, assumed: not loaded here" if assumed
+                  else f"op schema torch.ops.{where.replace('::', '.')}, read at run time")
+        formats = ((kv_format,) if kv_format else KV_FORMATS[op])
+        return capabilities_from_schema(schema, heads, formats, source, heads_source, assumed)
+
+    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, **staged):
+        if staged:
+            raise TypeError(f"{self.label} takes no {', '.join(staged)}")
+        if out is not None and not self.capabilities(problem.op, problem.kv_format).takes_out:
+            raise TypeError(f"this {self.label} {problem.op} takes no out")
+        if problem.op == SPARSE_DECODE:
+            return self.decode(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
+                               d_v=problem.d_v, out=out)
+        if problem.op == DENSE_DECODE and problem.kv_format == "fp8":
+            ns = self.namespace("fwd_kvcache_mla_fp8")
+            meta, splits = ns.get_mla_decoding_metadata_dense_fp8(
+                inputs.seqlens, q.shape[1] * q.shape[2], 1)
+            out, lse = ns.fwd_kvcache_mla_fp8(q, inputs.kv, problem.d_v, inputs.seqlens,
+                                              inputs.block_table, problem.sm_scale, False, meta,
+                                              splits, inputs.descale_q, inputs.descale_k)
+            return out, lse
+        if problem.op == DENSE_DECODE:
+            result = self.namespace("dense_decode_fwd").dense_decode_fwd(
+                q, inputs.kv, problem.d_v, inputs.seqlens, inputs.block_table, problem.sm_scale,
+                False, None, None, *self._out_argument(out))
+            return result[0], result[1]
+        result = self._prefill(q, inputs, problem, out)
+        return result[0], result[2]
+
+    def _out_argument(self, out) -> tuple:
+        """The trailing out argument of the build's ops: none, or `out_`."""
+        return ()
+
+    def _prefill(self, q, inputs: OpInputs, problem: Problem, out):
+        return self.namespace("sparse_prefill_fwd").sparse_prefill_fwd(
+            q, inputs.kv, inputs.indices, problem.sm_scale, problem.d_v, None, None, False, True)
+
+    def op_allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
+        return flashmla_op_allocations(problem, sm_count)
+
+    def allocations(self, q_shape, d_v, sm_count):
+        return flashmla_allocations(q_shape, d_v, sm_count)
 
 
 @functools.cache
@@ -35,14 +184,14 @@ def _use_legacy(device: torch.device) -> bool:
     return major == 9 or BYTES_PER_TOKEN not in CURRENT_KERNEL_FORMATS
 
 
-class FlashMLA(SparseDecodeKernel):
-    """FlashMLA sparse fp8 decode; allocates out, lse, scheduler metadata and split-KV accumulators."""
+class FlashMLA(FlashMLABuild):
+    """sgl-flash-mla: allocates out, lse, scheduler metadata and split-KV accumulators."""
 
     name = "flashmla"
     label = "FlashMLA"
-
-    def __init__(self, device: torch.device | None = None):
-        self.device = device or torch.device("cuda")
+    assumed_schemas = SGL_SCHEMAS
+    assumed_source = "sgl-flash-mla 1.0.0 schema"
+    head_table = SGL_HEADS
 
     def unavailable_reason(self) -> str | None:
         module, error = _import_flash_mla()
@@ -54,7 +203,7 @@ class FlashMLA(SparseDecodeKernel):
             return "no CUDA device"
         major, minor = torch.cuda.get_device_capability(self.device)
         if major not in (9, 10):
-            return f"FlashMLA sparse decode needs SM90 or SM100; this GPU is SM{major}{minor}"
+            return f"FlashMLA needs SM90 or SM100; this GPU is SM{major}{minor}"
         if _use_legacy(self.device) and not module.has_legacy():
             return "this flash_mla build has no legacy (SM90 / fp8_ds_mla) kernels"
         return None
@@ -63,47 +212,26 @@ class FlashMLA(SparseDecodeKernel):
         module, _ = _import_flash_mla()
         return getattr(module, "__version__", None) if module else None
 
-    def _schema_arguments(self) -> list[str] | None:
-        if self.unavailable_reason() is not None:
-            return None
-        ops = torch.ops.flash_mla_legacy if _use_legacy(self.device) else torch.ops.flash_mla
-        return [arg.name for arg in ops.sparse_decode_fwd.default._schema.arguments]
-
-    @functools.cache  # noqa: B019 (one adapter per process)
-    def capabilities(self) -> Capabilities:
-        names = self._schema_arguments()
-        if names is None:
-            return Capabilities(takes_out=False, takes_lse=False, takes_accum_workspace=False,
-                                head_counts=HEAD_COUNTS, source=ASSUMED_SCHEMA)
-        half = "flash_mla_legacy" if _use_legacy(self.device) else "flash_mla"
-        return Capabilities(
-            takes_out="out" in names,
-            takes_lse="lse" in names or "softmax_lse" in names,
-            takes_accum_workspace="o_accum" in names,
-            head_counts=HEAD_COUNTS,
-            source=f"op schema torch.ops.{half}.sparse_decode_fwd, read at run time",
-        )
+    def namespace(self, op_name: str):
+        return torch.ops.flash_mla_legacy if _use_legacy(self.device) else torch.ops.flash_mla
 
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
         module, _ = _import_flash_mla()
-        if out is not None and not self.capabilities().takes_out:
+        if out is not None:
             raise TypeError("this FlashMLA build takes no out= argument")
         sched_meta, _ = module.get_mla_metadata()  # fresh per call, as per engine step
-        if out is None:
-            return module.flash_mla_with_kvcache(
-                q, kv_cache, None, None, d_v, sched_meta, softmax_scale=sm_scale,
-                indices=indices, use_legacy=_use_legacy(q.device))
-        ops = torch.ops.flash_mla_legacy if _use_legacy(q.device) else torch.ops.flash_mla
-        result = ops.sparse_decode_fwd(q, kv_cache, indices, None, None, None, None, None, None,
-                                       None, d_v, sm_scale, out=out)
-        return result[0], result[1]
+        return module.flash_mla_with_kvcache(
+            q, kv_cache, None, None, d_v, sched_meta, softmax_scale=sm_scale,
+            indices=indices, use_legacy=_use_legacy(q.device))
 
-    def allocations(self, q_shape, d_v, sm_count):
-        return flashmla_allocations(q_shape, d_v, sm_count)
+
+def num_sm_parts(sm_count: int, s_q: int, h_q: int) -> int:
+    """FlashMLA's split-KV partitions: SMs over the 64-head query tiles (at least 1)."""
+    return max(sm_count // -(-s_q * h_q // 64), 1)
 
 
 def flashmla_allocations(q_shape: tuple[int, ...], d_v: int, sm_count: int) -> list[BufferSpec]:
-    """What one FlashMLA call allocates, in order, as recorded on an H200 with
+    """What one FlashMLA sparse decode call allocates, in order, as recorded on an H200 with
     `torch.cuda.memory._record_memory_history` (sgl-flash-mla 1.0.0, b=1, s_q=8192, h_q=64):
     out, lse, scheduler metadata (32 B), num_splits (8 B), lse_accum, o_accum.
 
@@ -111,13 +239,36 @@ def flashmla_allocations(q_shape: tuple[int, ...], d_v: int, sm_count: int) -> l
     num_sm_parts = max(sm_count // s_q // (h_q // 64), 1); they are freed before return.
     """
     b, s_q, h_q, _ = q_shape
-    num_sm_parts = max(sm_count // s_q // (h_q // 64), 1)
-    splits = b + num_sm_parts
+    parts = max(sm_count // s_q // (h_q // 64), 1)
+    splits = b + parts
     return [
         BufferSpec("out", (b, s_q, h_q, d_v), torch.bfloat16, "returned"),
         BufferSpec("lse", (b, h_q, s_q), torch.float32, "returned"),
-        BufferSpec("scheduler_metadata", (num_sm_parts, 8), torch.int32, "temporary"),
+        BufferSpec("scheduler_metadata", (parts, 8), torch.int32, "temporary"),
         BufferSpec("num_splits", (b + 1,), torch.int32, "temporary"),
         BufferSpec("lse_accum", (splits, s_q, h_q), torch.float32, "temporary"),
         BufferSpec("o_accum", (splits, s_q, h_q, d_v), torch.float32, "temporary"),
     ]
+
+
+def flashmla_op_allocations(problem: Problem, sm_count: int) -> list[BufferSpec]:
+    """What one call of any FlashMLA operation allocates, in order (module docstring)."""
+    if problem.op == SPARSE_DECODE:
+        return flashmla_allocations(problem.q_shape, problem.d_v, sm_count)
+    if problem.op == SPARSE_PREFILL:
+        s_q, h_q = problem.rows, problem.heads
+        return [BufferSpec("out", (s_q, h_q, problem.d_v), torch.bfloat16, "returned"),
+                BufferSpec("max_logits", (s_q, h_q), torch.float32, "returned"),
+                BufferSpec("lse", (s_q, h_q), torch.float32, "returned")]
+    b, h_q = problem.rows, problem.heads
+    parts = num_sm_parts(sm_count, 1, h_q)
+    metadata = [BufferSpec("scheduler_metadata", (parts, 8), torch.int32, "temporary"),
+                BufferSpec("num_splits", (b + 1,), torch.int32, "temporary")]
+    outputs = [BufferSpec("out", (b, 1, h_q, problem.d_v), torch.bfloat16, "returned"),
+               BufferSpec("lse", (b, h_q, 1), torch.float32, "returned")]
+    accumulators = [BufferSpec("lse_accum", (b + parts, h_q), torch.float32, "temporary"),
+                    BufferSpec("o_accum", (b + parts, h_q, problem.d_v), torch.float32,
+                               "temporary")]
+    if problem.kv_format == "fp8":  # the metadata op runs first
+        return metadata + outputs + accumulators
+    return outputs + metadata + accumulators

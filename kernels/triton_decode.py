@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.kernels.base import Capabilities, SparseDecodeKernel, allocate_missing
+from mlamem.kernels.base import SPARSE_DECODE, Capabilities, SparseDecodeKernel, allocate_missing
 from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 
@@ -226,7 +226,9 @@ class TritonDecode(SparseDecodeKernel):
     def version(self) -> str | None:
         return triton_version()
 
-    def capabilities(self) -> Capabilities:
+    def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
+        if op != SPARSE_DECODE:
+            raise ValueError(f"{self.label} does not run {op}")
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=True,
                             head_counts=HEAD_COUNTS,
                             source="mlamem's Triton kernel (kernels/triton_decode.py)")

@@ -17,7 +17,7 @@ from rich.console import Console
 # Imported at start-up: none of these loads torch, pandas or matplotlib, so `--help`,
 # `scenarios` and `plan` stay fast. What needs torch is imported in the command that uses it,
 # after `load_torch()` (benchmarks/cli_start.py measures this).
-from mlamem import environment, render
+from mlamem import environment, operations, render
 from mlamem import gate as gating
 from mlamem import plan as plans
 from mlamem import scenario as scenarios
@@ -55,27 +55,40 @@ class Format(StrEnum):
     csv = "csv"
 
 
-def parse_tokens(text: str) -> list[int]:
+def parse_tokens(text: str, option: str = "--tokens", symbol: str = "T") -> list[int]:
     """'1024,8192' -> [1024, 8192]; every T a positive integer."""
     values = []
     for item in text.split(","):
         item = item.strip()
         if not item.isdigit() or int(item) <= 0:
-            raise UserError(f"--tokens: {item!r} is not a positive integer; "
-                            "write e.g. --tokens 1024,8192,32768")
+            raise UserError(f"{option}: {item!r} is not a positive integer; "
+                            f"write e.g. {option} 1024,8192,32768")
         if int(item) in values:
-            raise UserError(f"--tokens: T={int(item)} is listed twice; list each T once")
+            raise UserError(f"{option}: {symbol}={int(item)} is listed twice; list each "
+                            f"{symbol} once")
         values.append(int(item))
     return values
 
 
-def parse_paths(text: str | None, kernel: SparseDecodeKernel) -> list[str]:
+def parse_sweep(op: str, tokens: str | None, requests: str | None) -> list[int] | None:
+    """The swept values of `op` from its flag (--requests for dense decode, else --tokens);
+    None when not given (each scenario's defaults)."""
+    spec = operations.operation(op)
+    text, other = (requests, ("--tokens", tokens)) if spec.flag == "--requests" else (
+        tokens, ("--requests", requests))
+    if other[1] is not None:
+        raise UserError(f"{other[0]}: {op} sweeps {spec.quantity}; give {spec.flag} instead")
+    return None if text is None else parse_tokens(text, spec.flag, spec.symbol)
+
+
+def parse_paths(text: str | None, kernel: SparseDecodeKernel, op: str = "sparse-decode",
+                kv_format: str | None = None) -> list[str]:
     """'alloc,workspace' -> ['alloc', 'workspace']; None or empty: every path `kernel` supports."""
     paths = [p.strip() for p in (text or "").split(",") if p.strip()]
     twice = next((p for i, p in enumerate(paths) if p in paths[:i]), None)
     if twice is not None:
         raise UserError(f"--paths: {twice} is listed twice; list each path once")
-    capabilities = kernel.capabilities()
+    capabilities = kernel.capabilities(op, kv_format)
     try:
         check_paths(paths, capabilities, kernel.label)
     except UserError as exc:
@@ -124,14 +137,52 @@ PathsOption = Annotated[str | None, typer.Option(
          "Default: every path the kernel supports.")]
 
 
+OpName = StrEnum("OpName", {name: name for name in operations.OPERATION_TABLE})
+OpOption = Annotated[OpName, typer.Option(
+    "--op", help="The kernel operation: sparse-decode (sweeps T, --tokens), dense-decode "
+                 "(sweeps b requests, --requests, at --context-len) or sparse-prefill (sweeps "
+                 "s_q, --tokens, against --kv-len). `mlamem kernels` lists who runs what.")]
+RequestsOption = Annotated[str | None, typer.Option(
+    help="dense-decode: comma-separated b values, requests per decode step (one query each). "
+         "Default: " + ",".join(map(str, operations.OPERATION_TABLE["dense-decode"]
+                                    .default_sweep)) + ".", show_default=False)]
+ContextOption = Annotated[int | None, typer.Option(
+    "--context-len", min=1, help="dense-decode: context tokens of each request. Default: the "
+                                 "scenario's decode_context_len.", show_default=False)]
+KvLenOption = Annotated[int | None, typer.Option(
+    "--kv-len", min=1, help="sparse-prefill: s_kv, the gathered KV tokens the queries index. "
+                            "Default: 4 x topk.", show_default=False)]
+
+
+def kv_length(op: str, context_len: int | None, kv_len: int | None) -> int | None:
+    """The KV length flag that applies to `op`, refusing the one that does not."""
+    for flag, value, wanted in (("--context-len", context_len, "dense-decode"),
+                                ("--kv-len", kv_len, "sparse-prefill")):
+        if value is not None and op != wanted:
+            raise UserError(f"{flag} applies to --op {wanted} only; drop it for {op}")
+    return context_len or kv_len
+
+
 @app.command()
 def profile(
-    tokens: Annotated[str, typer.Option(
-        help="Comma-separated T values: query tokens per step, the s_q of one decode call.")
-    ] = ",".join(map(str, DEFAULT_TOKENS)),
-    scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values: query tokens per step, the s_q of one decode call "
+             "(sparse-prefill: s_q prefill tokens). Default: "
+             f"{','.join(map(str, DEFAULT_TOKENS))}.", show_default=False)] = None,
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
+                                 f"your own TOML file. Default: {scenarios.DEFAULT_SCENARIO} "
+                                 "(--op dense-decode: kimi-k2-dense-tp4-dp).",
+        show_default=False)] = None,
     paths: PathsOption = None,
     kernel: KernelOption = KernelName.flashmla,
+    op: OpOption = OpName["sparse-decode"],
+    requests: RequestsOption = None,
+    context_len: ContextOption = None,
+    kv_len: KvLenOption = None,
+    bench: Annotated[bool, typer.Option(
+        help="Also time each measured call: triton's do_bench median, in ms, beside the memory.")
+    ] = False,
     output_format: Annotated[Format | None, typer.Option(
         "--format", help="table (terminal), markdown (the PR table), json (schema "
                          "mlamem.profile/1) or csv. Default: what --output's extension names "
@@ -167,8 +218,15 @@ def profile(
     on the meta device against a model of the caching allocator, and every figure is labelled
     PREDICTED.
     """
+    op = op.value
+    sweep_list = parse_sweep(op, tokens, requests)
+    kv_tokens = kv_length(op, context_len, kv_len)
     decode = make_kernel(kernel)
-    token_list, path_list = parse_tokens(tokens), parse_paths(paths, decode)
+    chosen = scenarios.load(scenario or operations.operation(op).default_scenario)
+    operations.check_supported(chosen, op, decode.name, decode.operations)
+    kv_format = operations.kv_format(chosen, op)
+    token_list = sweep_list or list(operations.operation(op).default_sweep)
+    path_list = parse_paths(paths, decode, op, kv_format)
     if predict and require_gpu:
         raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
                         "other refuses to); give one")
@@ -186,27 +244,30 @@ def profile(
         from mlamem import report as reporting  # the repro emulation and plots: only for --report
 
         reporting.check_report_dir(report_dir)
-    chosen = scenarios.load(scenario)
-    padded_heads = scenarios.check_decode(chosen, decode.capabilities().head_counts, decode.label)
+    padded_heads = scenarios.check_decode(
+        chosen, decode.capabilities(op, kv_format).head_counts, decode.label)
     scenarios.check_decode_tokens(
         chosen, padded_heads, token_list, max_tokens=max_num_batched_tokens,
-        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens")
+        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens",
+        option=operations.operation(op).flag)
     if max_num_batched_tokens is not None:
         chosen = dataclasses.replace(chosen, serving=dataclasses.replace(
             chosen.serving, max_num_batched_tokens=max_num_batched_tokens))
-    check_request(chosen, token_list, path_list, decode)
+    check_request(chosen, token_list, path_list, decode, op=op)
     reason = None if predict else decode.unavailable_reason()
     if require_gpu and reason is not None:
         raise UserError(f"--require-gpu: cannot measure ({reason})")
     command = "mlamem " + shlex.join(sys.argv[1:])
     calls = []
+    symbol = operations.operation(op).symbol
     with _progress(f"profiling {chosen.name}", len(token_list) * len(path_list)) as advance:
         result = run_profile(
             chosen, token_list, path_list, command=command, kernel=decode,
             require_gpu=require_gpu, predict=predict, record_stacks=snapshot_file is not None,
-            on_case=lambda case: advance(f"{chosen.name}: T={case.tokens} {case.path} "
+            on_case=lambda case: advance(f"{chosen.name}: {symbol}={case.tokens} {case.path} "
                                          f"{case.failure or 'ok'}"),
-            on_calls=calls.extend if snapshot_file is not None else None)
+            on_calls=calls.extend if snapshot_file is not None else None, op=op,
+            kv_tokens=kv_tokens, bench=bench)
     if not result.measured:
         print(f"mlamem: not measured ({result.not_measured_reason}); "
               "figures are PREDICTED by the allocator model", file=sys.stderr)
@@ -233,11 +294,17 @@ def validate(
         "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
                                  "every shipped scenario.")] = "all",
     tokens: Annotated[str | None, typer.Option(
-        help="Comma-separated T values. Default: "
-             f"{','.join(map(str, VALIDATE_TOKENS))}, each scenario the ones its "
-             "max_num_batched_tokens allows.")] = None,
+        help="Comma-separated T values (sparse-prefill: s_q). Default: "
+             f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones "
+             "its max_num_batched_tokens allows.")] = None,
     paths: PathsOption = None,
     kernel: KernelOption = KernelName.flashmla,
+    op: Annotated[OpName | None, typer.Option(
+        "--op", help="Validate this operation only. Default: every operation the kernel runs "
+                     "that each scenario drives.", show_default=False)] = None,
+    requests: RequestsOption = None,
+    context_len: ContextOption = None,
+    kv_len: KvLenOption = None,
     output_format: Annotated[ReproFormat | None, typer.Option(
         "--format", help="table, markdown or json (schema mlamem.validate/1). Default: what "
                          "--output's extension names (.txt, .md, .json), else table.",
@@ -247,34 +314,69 @@ def validate(
 ) -> None:
     """Prove the no-GPU prediction: measure and predict every case, compare every byte.
 
-    For each (scenario, T, path) the call runs on the GPU and on the allocator model; every
-    buffer and the totals are compared, allocated and reserved. Exits 1 if any figure differs,
-    printing the difference in bytes. Needs a GPU where the kernel runs.
+    For each (scenario, operation, T, path) the call runs on the GPU and on the allocator
+    model; every buffer and the totals are compared, allocated and reserved. Exits 1 if any
+    figure differs, printing the difference in bytes. Needs a GPU where the kernel runs.
     """
     decode = make_kernel(kernel)
-    token_list = parse_tokens(tokens) if tokens is not None else list(VALIDATE_TOKENS)
-    path_list = parse_paths(paths, decode)
+    ops = [op.value] if op is not None else list(decode.operations)
+    for name in ops:
+        if name not in decode.operations:
+            raise UserError(f"kernel {decode.name} does not run {name}; it runs "
+                            f"{', '.join(decode.operations)}: pick one with --op, or another "
+                            "--kernel")
+    if op is not None:
+        sweep_given = parse_sweep(op.value, tokens, requests)
+        kv_tokens = kv_length(op.value, context_len, kv_len)
+    else:
+        for flag, value in (("--requests", requests), ("--context-len", context_len),
+                            ("--kv-len", kv_len)):
+            if value is not None:
+                raise UserError(f"{flag} needs --op (it applies to one operation)")
+        sweep_given = None if tokens is None else parse_tokens(tokens)
+        kv_tokens = None
     output_format = ReproFormat(pick_format(output, output_format and output_format.value,
                                             list(render.VALIDATION_FORMATS), what="validate"))
     if output is not None:
         check_output_path(output)
     names = scenarios.shipped_names() if scenario == "all" else scenario.split(",")
     chosen = [scenarios.load(name.strip()) for name in names]
+    sweep, path_lists = [], {}
     for s in chosen:
-        padded_heads = scenarios.check_decode(s, decode.capabilities().head_counts, decode.label)
-        scenarios.check_decode_tokens(s, padded_heads, token_list if tokens is not None else [])
-    sweep = [(s, token_list if tokens is not None else runnable_tokens(s, token_list, path_list))
-             for s in chosen]
+        s_ops = [o for o in ops if o in operations.scenario_operations(s)]
+        if not s_ops and scenario != "all":
+            operations.check_supported(s, ops[0], decode.name, decode.operations)
+        for o in s_ops:
+            fmt = operations.kv_format(s, o)
+            path_list = parse_paths(paths, decode, o, fmt)
+            padded_heads = scenarios.check_decode(s, decode.capabilities(o, fmt).head_counts,
+                                                  decode.label)
+            defaults = VALIDATE_TOKENS if o == "sparse-decode" else (
+                operations.operation(o).default_sweep)
+            values = (sweep_given if sweep_given is not None
+                      else runnable_tokens(s, list(defaults), path_list, o))
+            scenarios.check_decode_tokens(s, padded_heads, values if sweep_given else [],
+                                          option=operations.operation(o).flag)
+            sweep.append((s, o, values))
+            path_lists[(s.name, o)] = path_list
+    if not sweep:
+        raise UserError(f"no chosen scenario drives {', '.join(ops)}; pick another --scenario "
+                        "or --op")
     command = "mlamem " + shlex.join(sys.argv[1:])
-    check_sweep(sweep, path_list, decode)
-    total = sum(len(t) for _, t in sweep) * len(path_list)
+    for s, o, values in sweep:
+        check_sweep([(s, o, values)], path_lists[(s.name, o)], decode)
+    total = sum(len(v) * len(path_lists[(s.name, o)]) for s, o, v in sweep)
+    comparisons = []
     with _progress("validating", total) as advance:
-        comparisons = run_validation(sweep, path_list, kernel=decode,
-                                     on_case=lambda s, t, p: advance(f"{s}: T={t} {p}"))
+        for s, o, values in sweep:
+            symbol = operations.operation(o).symbol
+            comparisons += run_validation(
+                [(s, o, values)], path_lists[(s.name, o)], kernel=decode, kv_tokens=kv_tokens,
+                on_case=lambda name, t, p, o=o, symbol=symbol: advance(
+                    f"{name} {o}: {symbol}={t} {p}"))
     if output_format is ReproFormat.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
-                                      environment=environment.capture(
-                                          make_kernel("flashmla").version()))
+                                      environment=environment.capture())
     else:
         text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
     _emit(text, output)
@@ -503,7 +605,7 @@ def gate(
         reason = "--predict was given" if predict else decode.unavailable_reason()
         here = dataclasses.replace(
             previous, measured=reason is None, sweep={**previous.sweep, "kernel": decode.name},
-            environment=dataclasses.asdict(environment.capture(make_kernel("flashmla").version())))
+            environment=dataclasses.asdict(environment.capture()))
         gating.check_comparable(gating.environment_differences(previous, here), baseline)
     if unreadable is not None:
         print(f"mlamem: replacing an unreadable baseline ({unreadable})", file=sys.stderr)

@@ -37,7 +37,7 @@ from mlamem.memory import (
     is_out_of_memory,
     requested_bytes_from_message,
 )
-from mlamem.paths import PATHS, DecodeCall, plan, reserve_workspace, wrapper_allocations
+from mlamem.paths import PATHS, decode_call, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 
 # Verdicts of one case (the `verdict` field of mlamem.repro-oom/1)
@@ -205,7 +205,7 @@ def _run(memory, scenario, kernel, budget, case, *, sm_count, seed):
         record_failure(case, exc, memory, before.num_ooms, allocating)
         return
 
-    call = DecodeCall(decode=decoder(kernel, memory, sm_count), kv_cache=inputs.kv_cache,
+    call = decode_call(decode=decoder(kernel, memory, sm_count), kv_cache=inputs.kv_cache,
                       indices=inputs.indices, sm_scale=scenario.softmax_scale, d_v=scenario.d_v,
                       padded_heads=padded_heads, takes_out=capabilities.takes_out)
     step_specs = activation_specs(scenario, tokens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import mlamem
@@ -12,7 +12,6 @@ from mlamem import nvml
 
 # Files written before `kernels` recorded one kernel version per field; each maps to a kernel.
 LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}
-_ABSENT = object()  # a legacy field not given
 
 
 @dataclass(frozen=True)
@@ -32,17 +31,6 @@ class Environment:
     # Every registered kernel, in registry order -> its adapter's version(); None when absent
     # (in a file from before this field: the versions it recorded, see `from_dict`).
     kernels: dict[str, str | None] = field(default_factory=dict)
-    # TEMPORARY: the old fields, accepted so `Environment(**old_dict)` still reads old files
-    # until every reader calls `Environment.from_dict`; folded into `kernels`, never stored.
-    flash_mla: InitVar[str | None] = _ABSENT
-    triton: InitVar[str | None] = _ABSENT
-
-    def __post_init__(self, flash_mla, triton) -> None:
-        legacy = {old: value for old, value in (("flash_mla", flash_mla), ("triton", triton))
-                  if value is not _ABSENT}
-        if legacy:
-            object.__setattr__(self, "kernels", kernel_versions({**legacy,
-                                                                  "kernels": self.kernels}))
 
     @classmethod
     def from_dict(cls, data: dict) -> Environment:
@@ -51,11 +39,6 @@ class Environment:
         a legacy field contradicting `kernels` ValueError."""
         fields = {k: v for k, v in data.items() if k not in LEGACY_KERNEL_FIELDS}
         return cls(**{**fields, "kernels": kernel_versions(data)})
-
-
-# The legacy InitVars are arguments only: reading one off an Environment is an AttributeError
-# (so a stale reader fails loudly; dataclasses.replace on an Environment fails too until they go).
-del Environment.flash_mla, Environment.triton
 
 
 def kernel_versions(data: dict) -> dict[str, str | None]:
@@ -73,9 +56,9 @@ def kernel_versions(data: dict) -> dict[str, str | None]:
     return versions
 
 
-def capture(_legacy=None) -> Environment:
+def capture() -> Environment:
     """Read the environment of this process's current CUDA device (if any) and the version of
-    every registered kernel. `_legacy` is ignored (TEMPORARY: old callers pass a version)."""
+    every registered kernel."""
     import torch  # here, not at the top: loading a saved result needs no torch
 
     gpu = capability = sm_count = memory = None

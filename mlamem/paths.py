@@ -1,9 +1,12 @@
-"""The ways an engine's attention wrapper feeds the sparse decode, written as engines write them.
+"""The ways an engine's attention wrapper feeds a kernel, written as engines write them.
 
-- `alloc`: pad q to the kernel's head count with `new_zeros`, copy the real heads in, call the
+Every operation is seen in rows: q (rows, heads, 576), out (rows, heads, d_v), lse (heads, rows),
+rows being T, requests or s_q (`KernelCall` converts to the kernel's layout).
+- `alloc`: pad q to the smallest head count the kernel runs for that operation with
+  `new_zeros`, copy the real heads in (quantizing to fp8 where the kernel reads fp8 q), call the
   kernel (which allocates out, lse and its split-KV accumulators), slice the real heads out.
 - `workspace`: q (and out, when the kernel takes `out=`) are staged in buffers the backend
-  reserved at init for max_num_batched_tokens; only the padding heads are zeroed.
+  reserved at init for the operation's workspace rows; only the padding heads are zeroed.
 - `workspace-full`: as `workspace`, and lse and the split-KV accumulators are staged too, so the
   call allocates nothing. Only for a kernel that takes out=, lse= and accum_workspace= (mlamem's
   Triton kernel); with any other, asking for it is a user error naming `--kernel triton`.
@@ -16,7 +19,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
-from mlamem.kernels.base import ACCUM_WORKSPACE, BufferSpec, Capabilities, SparseDecodeKernel
+from mlamem.kernels.base import (
+    ACCUM_WORKSPACE,
+    SPARSE_DECODE,
+    BufferSpec,
+    Capabilities,
+    SparseDecodeKernel,
+    from_kernel_layout,
+    to_kernel_layout,
+)
 
 if TYPE_CHECKING:  # checking paths needs no torch; allocating does, and imports it there
     import torch
@@ -31,21 +42,22 @@ FULL_STAGING_KERNEL = "triton"  # the shipped kernel that has all of FULL_STAGIN
 class Workspace:
     """Buffers an attention backend reserves at init, sized for max_num_batched_tokens."""
 
-    padded_q: torch.Tensor  # (max_tokens, padded_heads, d_qk) bfloat16
+    padded_q: torch.Tensor  # (max_tokens, padded_heads, d_qk), the kernel's q dtype
     out: torch.Tensor  # (max_tokens, padded_heads, d_v) bfloat16
     lse: torch.Tensor | None = None  # (padded_heads * max_tokens,) float32; workspace-full only
     accum_workspace: torch.Tensor | None = None  # flat float32 accumulators; workspace-full only
 
     @classmethod
     def reserve(cls, max_tokens: int, padded_heads: int, d_qk: int, d_v: int,
-                device: torch.device, *, accum_workspace_numel: int | None = None) -> Workspace:
+                device: torch.device, *, accum_workspace_numel: int | None = None,
+                q_dtype: str = "bfloat16") -> Workspace:
         """q and out; with `accum_workspace_numel` (workspace-full) also lse and the
         accumulators, lse as a flat buffer viewed per call in the kernel's (1, h_q, T) layout."""
         import torch
 
         full = accum_workspace_numel is not None
         return cls(
-            padded_q=torch.empty((max_tokens, padded_heads, d_qk), dtype=torch.bfloat16,
+            padded_q=torch.empty((max_tokens, padded_heads, d_qk), dtype=getattr(torch, q_dtype),
                                  device=device),
             out=torch.empty((max_tokens, padded_heads, d_v), dtype=torch.bfloat16,
                             device=device),
@@ -66,53 +78,68 @@ class Workspace:
 
 
 def reserve_workspace(path: str, kernel: SparseDecodeKernel, *, max_tokens: int,
-                      padded_heads: int, d_qk: int, d_v: int, topk: int, sm_count: int,
-                      device: torch.device) -> Workspace | None:
-    """What the backend reserves at init for `path` (None for alloc), sized for max_tokens."""
+                      padded_heads: int, d_qk: int, d_v: int, topk: int | None, sm_count: int,
+                      device: torch.device, q_dtype: str = "bfloat16") -> Workspace | None:
+    """What the backend reserves at init for `path` (None for alloc), sized for max_tokens
+    rows (tokens, or requests for the dense decode)."""
     if path not in STAGING_PATHS:
         return None
     accum = (kernel.accum_workspace_numel(1, max_tokens, padded_heads, topk, d_v, sm_count)
              if path == "workspace-full" else None)
     return Workspace.reserve(max_tokens, padded_heads, d_qk, d_v, device,
-                             accum_workspace_numel=accum)
+                             accum_workspace_numel=accum, q_dtype=q_dtype)
 
 
 @dataclass(frozen=True)
-class DecodeCall:
-    """Everything a path passes to the kernel besides q."""
+class KernelCall:
+    """Everything a path passes to the kernel besides q, for one operation."""
 
-    decode: Callable  # kernel.decode, or its allocation-spec stand-in on the meta device
-    kv_cache: torch.Tensor
-    indices: torch.Tensor  # (1, T, topk)
-    sm_scale: float
-    d_v: int
+    run: Callable  # (q, out=None, **staged) -> (out, lse), all in the kernel's layout
+    op: str  # one of kernels.base.OPERATIONS
     padded_heads: int
     takes_out: bool
+    q_dtype: str = "bfloat16"  # the q the kernel reads: bfloat16, or float8_e4m3fn
 
     def __call__(self, q_padded: torch.Tensor, out: torch.Tensor | None = None, **staged):
-        """`staged`: lse= and accum_workspace=, passed on only to a kernel that takes them."""
-        return self.decode(q_padded.unsqueeze(0), self.kv_cache, self.indices,
-                           sm_scale=self.sm_scale, d_v=self.d_v, out=out, **staged)
+        """q (rows, padded_heads, d_qk), out (rows, padded_heads, d_v) or None -> out
+        (rows, padded_heads, d_v) and lse (padded_heads, rows), views of the kernel's.
+        `staged`: lse= and accum_workspace=, passed on only to a kernel that takes them."""
+        kernel_out = None if out is None else to_kernel_layout(self.op, out)
+        result = self.run(to_kernel_layout(self.op, q_padded), out=kernel_out, **staged)
+        return from_kernel_layout(self.op, *result)
 
 
-def alloc_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = None):
-    """q (T, h, 576) -> out (T, h, 512), lse (h, T); allocates the padded q per call."""
+def decode_call(*, decode: Callable, kv_cache, indices, sm_scale: float, d_v: int,
+                padded_heads: int, takes_out: bool) -> KernelCall:
+    """The sparse decode's call: `decode` is kernel.decode or its allocation-spec stand-in."""
+    def run(q, out=None, **staged):
+        return decode(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v, out=out, **staged)
+
+    return KernelCall(run=run, op=SPARSE_DECODE, padded_heads=padded_heads, takes_out=takes_out)
+
+
+def alloc_path(q: torch.Tensor, call: KernelCall, workspace: Workspace | None = None):
+    """q (rows, h, 576) -> out (rows, h, 512), lse (h, rows); allocates the padded (or
+    quantized) q per call."""
+    import torch
+
     tokens, heads, d_qk = q.shape
+    dtype = getattr(torch, call.q_dtype)
     if heads < call.padded_heads:
-        q_padded = q.new_zeros((tokens, call.padded_heads, d_qk))
+        q_padded = q.new_zeros((tokens, call.padded_heads, d_qk), dtype=dtype)
         q_padded[:, :heads].copy_(q)
     else:
-        q_padded = q
+        q_padded = q.to(dtype)  # q itself when no conversion is needed
     out, lse = call(q_padded)
-    return out[0, :, :heads], lse[0, :heads]
+    return out[:, :heads], lse[:heads]
 
 
-def workspace_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = None):
+def workspace_path(q: torch.Tensor, call: KernelCall, workspace: Workspace | None = None):
     """Like `alloc_path`, with padded q (and out, if the kernel takes it) in the workspace."""
     return _staged_call(q, call, workspace, {})
 
 
-def workspace_full_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None = None):
+def workspace_full_path(q: torch.Tensor, call: KernelCall, workspace: Workspace | None = None):
     """Like `workspace_path`, with lse and the accumulators staged too: nothing allocated."""
     if workspace is None or workspace.lse is None:
         raise ValueError("the workspace-full path needs a workspace with lse and accumulators")
@@ -121,32 +148,35 @@ def workspace_full_path(q: torch.Tensor, call: DecodeCall, workspace: Workspace 
                                              "accum_workspace": workspace.accum_workspace})
 
 
-def _staged_call(q: torch.Tensor, call: DecodeCall, workspace: Workspace | None, staged: dict):
+def _staged_call(q: torch.Tensor, call: KernelCall, workspace: Workspace | None, staged: dict):
     tokens, heads, _ = q.shape
     if workspace is None or tokens > workspace.max_tokens:
         raise ValueError("the workspace paths need a workspace of at least T tokens")
-    if heads < call.padded_heads:
+    if heads < call.padded_heads or q.dtype != workspace.padded_q.dtype:
         q_padded = workspace.padded_q[:tokens]
-        q_padded[:, :heads].copy_(q)
-        q_padded[:, heads:].zero_()
+        q_padded[:, :heads].copy_(q)  # quantizes, where the kernel reads fp8 q
+        if heads < call.padded_heads:
+            q_padded[:, heads:].zero_()
     else:
         q_padded = q
-    out = workspace.out[:tokens].unsqueeze(0) if call.takes_out else None
+    out = workspace.out[:tokens] if call.takes_out else None
     out, lse = call(q_padded, out=out, **staged)
-    return out[0, :, :heads], lse[0, :heads]
+    return out[:, :heads], lse[:heads]
 
 
 PATHS = {"alloc": alloc_path, "workspace": workspace_path, "workspace-full": workspace_full_path}
 
 
 def wrapper_allocations(path: str, tokens: int, heads: int, padded_heads: int,
-                        d_qk: int) -> list[BufferSpec]:
-    """What a path's wrapper allocates per call (the kernel's own buffers are its adapter's)."""
-    if path == "alloc" and heads < padded_heads:
-        import torch
+                        d_qk: int, q_dtype: str = "bfloat16") -> list[BufferSpec]:
+    """What a path's wrapper allocates per call (the kernel's own buffers are its adapter's):
+    the alloc path's padded q, or its fp8 copy of q where the kernel reads fp8 q."""
+    if path != "alloc" or (heads == padded_heads and q_dtype == "bfloat16"):
+        return []
+    import torch
 
-        return [BufferSpec("padded_q", (tokens, padded_heads, d_qk), torch.bfloat16, "temporary")]
-    return []
+    name = "padded_q" if heads < padded_heads else "quantized_q"
+    return [BufferSpec(name, (tokens, padded_heads, d_qk), getattr(torch, q_dtype), "temporary")]
 
 
 @dataclass(frozen=True)
@@ -158,13 +188,16 @@ class PathPlan:
     notes: tuple[str, ...]  # one sentence per buffer that could not be staged
 
 
-def plan(path: str, heads: int, capabilities: Capabilities, kernel_label: str) -> PathPlan:
+def plan(path: str, heads: int, capabilities: Capabilities, kernel_label: str,
+         q_dtype: str = "bfloat16") -> PathPlan:
     """The staging decisions the workspace paths make, in words."""
     if path == "alloc":
         return PathPlan(path, (), ())
     staged, notes = [], []
     if heads < capabilities.padded_heads(heads):
         staged.append("padded_q")
+    elif q_dtype != "bfloat16":
+        staged.append("quantized_q")
     else:
         notes.append(f"q not staged: {heads} heads per rank need no padding")
     if capabilities.takes_out:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from mlamem import environment
 from mlamem.errors import UserError
+from mlamem.kernels.base import DENSE_DECODE, SPARSE_DECODE
+from mlamem.operations import kv_format, operation, problem_for, workspace_rows
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
 if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
@@ -43,6 +45,10 @@ class ProfileRow:
     oom: bool  # the call ran out of memory
     oom_requested_bytes: int | None  # the allocation that failed
     failure: str | None  # one line when the call failed
+    op: str = SPARSE_DECODE  # the kernel operation (older files: sparse-decode)
+    requests: int | None = None  # dense decode: b, the swept quantity (= tokens)
+    kv_tokens: int | None = None  # KV tokens per query: dense decode's context, prefill's s_kv
+    median_ms: float | None = None  # triton do_bench median of the path's call (measured only)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class ProfileResult:
     notes: list[str] = field(default_factory=list)  # what could not be staged, and why
     schema: str = SCHEMA
     created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
+    op: str = SPARSE_DECODE  # the kernel operation profiled (older files: sparse-decode)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -69,39 +76,47 @@ class ProfileResult:
         return cls(
             command=data["command"], measured=data["measured"],
             not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
-            kernel=data["kernel"], environment=environment.Environment(**data["environment"]),
+            kernel=data["kernel"], environment=environment.Environment.from_dict(data["environment"]),
             rows=[ProfileRow(**row) for row in data["rows"]], notes=list(data.get("notes", [])),
-            created=data.get("created"))
+            created=data.get("created"), op=data.get("op", SPARSE_DECODE))
 
 
 RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
 DROP_CASE = "drop that T from --tokens or that scenario from --scenario"
 
 
-def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str]) -> list[int]:
-    """The T values of `tokens` that `scenario` can run on `paths`: a workspace holds at most
-    max_num_batched_tokens. Sweeps over scenarios run each scenario's own."""
+def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
+                    op: str = SPARSE_DECODE) -> list[int]:
+    """The values of `tokens` (T, or requests for dense decode) that `scenario` can run on
+    `paths`: a workspace holds at most max_num_batched_tokens (max_batch_size requests). Sweeps
+    over scenarios run each scenario's own."""
     if not any(p in STAGING_PATHS for p in paths):
         return list(tokens)
-    return [t for t in tokens if t <= scenario.serving.max_num_batched_tokens]
+    return [t for t in tokens if t <= workspace_rows(scenario, op)]
 
 
 def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
-                  kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT) -> None:
+                  kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT,
+                  op: str = SPARSE_DECODE) -> None:
     """Reject what cannot run, before anything is allocated; `fix` names the flags that help."""
-    check_paths(paths, kernel.capabilities(), kernel.label)
-    too_big = sorted(set(tokens) - set(runnable_tokens(scenario, tokens, paths)))
+    check_paths(paths, kernel.capabilities(op, kv_format(scenario, op)), kernel.label)
+    too_big = sorted(set(tokens) - set(runnable_tokens(scenario, tokens, paths, op)))
+    if too_big and op == DENSE_DECODE:
+        raise UserError(f"{too_big[0]} requests exceed {scenario.name}'s max_batch_size="
+                        f"{scenario.serving.max_batch_size}, which sizes the workspace; lower "
+                        f"{operation(op).flag} or drop the workspace paths")
     if too_big:
         raise UserError(f"T={too_big[0]} exceeds {scenario.name}'s max_num_batched_tokens="
                         f"{scenario.serving.max_num_batched_tokens}, which sizes the workspace; "
                         f"{fix}")
 
 
-def scenario_summary(scenario: Scenario, padded_heads: int) -> dict:
+def scenario_summary(scenario: Scenario, padded_heads: int, op: str = SPARSE_DECODE) -> dict:
     return {
         "name": scenario.name, "model": scenario.model.name, "source": scenario.source,
         "heads_per_rank": scenario.heads_per_rank, "padded_heads": padded_heads,
-        "topk": scenario.decode_topk, "d_qk": scenario.d_qk, "d_v": scenario.d_v,
+        "topk": None if op == DENSE_DECODE else scenario.decode_topk,
+        "d_qk": scenario.d_qk, "d_v": scenario.d_v,
         "max_num_batched_tokens": scenario.serving.max_num_batched_tokens,
         "kv_cache_dtype": scenario.serving.kv_cache_dtype,
     }
@@ -111,34 +126,41 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 command: str, kernel: SparseDecodeKernel | None = None,
                 require_gpu: bool = False, predict: bool = False, record_stacks: bool = False,
                 on_case: Callable[[CallMeasurement], None] | None = None,
-                on_calls: Callable[[list[CallMeasurement]], None] | None = None) -> ProfileResult:
-    """Measure every (T, path) on the GPU, or predict it where the kernel cannot run.
+                on_calls: Callable[[list[CallMeasurement]], None] | None = None,
+                op: str = SPARSE_DECODE, kv_tokens: int | None = None,
+                bench: bool = False) -> ProfileResult:
+    """Measure every (T, path) of `op` on the GPU, or predict it where the kernel cannot run.
+    `tokens` are the operation's swept values (T, requests or s_q); `kv_tokens` overrides its
+    KV length; `bench` also times each measured call (do_bench median).
 
     `on_case` sees each call as it finishes (progress); `on_calls` sees all of them at the end,
     traces included (snapshots).
     """
-    from mlamem.kernels import FlashMLA
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count, measure_call
     from mlamem.memory import CudaMemory, SimulatedMemory
 
-    kernel = kernel or FlashMLA()
-    check_request(scenario, tokens, paths, kernel)
+    kernel = kernel or load_kernel(DEFAULT_KERNEL)()
+    check_request(scenario, tokens, paths, kernel, op=op)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     if reason and require_gpu:
         raise UserError(f"--require-gpu: cannot measure ({reason})")
-    capabilities = kernel.capabilities()
+    capabilities = kernel.capabilities(op, kv_format(scenario, op))
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     rows, notes, calls = [], [], []
     for path in paths:
-        notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label).notes
+        q_dtype = problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype
+        notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label,
+                                  q_dtype).notes
                   if n not in notes]
     for t in tokens:
         cases = []
         for path in paths:
             memory = CudaMemory(record_stacks=record_stacks) if reason is None else SimulatedMemory()
             case = measure_call(memory, scenario, kernel, t, path, sm_count=sm_count,
-                                max_tokens=scenario.serving.max_num_batched_tokens)
+                                max_tokens=workspace_rows(scenario, op), op=op,
+                                kv_tokens=kv_tokens, bench=bench)
             cases.append(case)
             if on_case:
                 on_case(case)
@@ -162,19 +184,20 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 buffers=buffers, breakdown_peak_bytes=breakdown and breakdown.peak_bytes,
                 missing_buffers=[] if breakdown is None else breakdown.missing, oom=case.oom,
                 oom_requested_bytes=case.oom_requested_bytes, failure=case.failure,
+                op=op, requests=t if op == DENSE_DECODE else None, kv_tokens=case.kv_tokens,
+                median_ms=case.median_ms,
             ))
             case.out = case.lse = None  # the comparison is done; keep host memory small
         calls += cases
     if on_calls:
         on_calls(calls)
-    flash_mla_version = FlashMLA().version()
     return ProfileResult(
         command=command, measured=reason is None, not_measured_reason=reason,
-        scenario=scenario_summary(scenario, padded_heads),
+        scenario=scenario_summary(scenario, padded_heads, op),
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
-                **dataclasses.asdict(capabilities)},
-        environment=environment.capture(flash_mla_version), rows=rows, notes=notes,
-        created=environment.now_utc(),
+                "version": kernel.version(), **dataclasses.asdict(capabilities)},
+        environment=environment.capture(), rows=rows, notes=notes,
+        created=environment.now_utc(), op=op,
     )
 
 

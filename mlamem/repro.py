@@ -76,7 +76,7 @@ class ReproResult:
             command=data["command"], measured=data["measured"],
             not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
             kernel=data["kernel"], budget=data["budget"],
-            environment=environment.Environment(**data["environment"]),
+            environment=environment.Environment.from_dict(data["environment"]),
             cases=[dict(case) for case in data["cases"]], notes=list(data.get("notes", [])),
             created=data.get("created"), mode=data.get("mode", "decode"),
             non_torch=data.get("non_torch"))
@@ -282,6 +282,7 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
         command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
         mode=mode, non_torch=dataclasses.asdict(setup),
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
+                "version": kernel.version(),
                 **dataclasses.asdict(capabilities)},
         budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},
         environment=environment.capture(), cases=cases, notes=notes,

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
+from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.operations import workspace_rows
 from mlamem.profile import DROP_CASE, check_request
 
 if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
@@ -33,6 +35,7 @@ class Comparison:
     metric: str  # "allocated" or "reserved"
     predicted: int | None
     measured: int | None
+    op: str = SPARSE_DECODE  # the kernel operation (older files: sparse-decode)
 
     @property
     def difference(self) -> int | None:
@@ -49,7 +52,8 @@ def compare(scenario: str, measured: CallMeasurement,
             predicted: CallMeasurement) -> list[Comparison]:
     """Every buffer (in allocation order, by name) and the totals, allocated and reserved."""
     def row(item, metric, p, m):
-        return Comparison(scenario, measured.tokens, measured.path, item, metric, p, m)
+        return Comparison(scenario, measured.tokens, measured.path, item, metric, p, m,
+                          measured.op)
 
     rows = [row("total", "allocated", predicted.peak_allocated_bytes, measured.peak_allocated_bytes),
             row("total", "reserved", predicted.peak_reserved_bytes, measured.peak_reserved_bytes)]
@@ -67,35 +71,41 @@ def compare(scenario: str, measured: CallMeasurement,
     return rows
 
 
-def check_sweep(sweep: Sequence[tuple[Scenario, Sequence[int]]], paths: Sequence[str],
-                kernel: SparseDecodeKernel) -> None:
-    """Refuse, before any work, a case that cannot run or a machine that cannot measure."""
-    for scenario, tokens in sweep:
-        check_request(scenario, tokens, paths, kernel, fix=DROP_CASE)
+def sweep_cases(sweep) -> list[tuple[Scenario, str, Sequence[int]]]:
+    """(scenario, op, values) triples; a (scenario, tokens) pair is the sparse decode's."""
+    return [item if len(item) == 3 else (item[0], SPARSE_DECODE, item[1]) for item in sweep]
+
+
+def check_sweep(sweep, paths: Sequence[str], kernel: SparseDecodeKernel) -> None:
+    """Refuse, before any work, a case that cannot run or a machine that cannot measure.
+    `sweep`: (scenario, op, values) or (scenario, tokens) items."""
+    for scenario, op, tokens in sweep_cases(sweep):
+        check_request(scenario, tokens, paths, kernel, fix=DROP_CASE, op=op)
     reason = kernel.unavailable_reason()
     if reason is not None:
         raise UserError(f"validate needs a GPU: it compares against measurements and cannot "
                         f"measure here ({reason}); run it on a GPU where {kernel.label} runs")
 
 
-def run_validation(sweep: Sequence[tuple[Scenario, Sequence[int]]], paths: Sequence[str],
-                   kernel: SparseDecodeKernel | None = None,
-                   on_case: Callable[[str, int, str], None] | None = None) -> list[Comparison]:
-    """Measure and predict every (scenario, T) of `sweep` on every path with `kernel` (default
-    FlashMLA); needs it to run here."""
-    from mlamem.kernels import FlashMLA
+def run_validation(sweep, paths: Sequence[str], kernel: SparseDecodeKernel | None = None,
+                   on_case: Callable[[str, int, str], None] | None = None,
+                   kv_tokens: int | None = None) -> list[Comparison]:
+    """Measure and predict every (scenario, op, values) of `sweep` (or (scenario, T) for the
+    sparse decode) on every path with `kernel` (default: the registry's default kernel);
+    needs it to run here. `kv_tokens` overrides each operation's KV length."""
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count, measure_call
     from mlamem.memory import CudaMemory, SimulatedMemory
 
-    kernel = kernel or FlashMLA()
+    kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     check_sweep(sweep, paths, kernel)
     sm_count = local_sm_count()
     rows = []
-    for scenario, tokens in sweep:
+    for scenario, op, tokens in sweep_cases(sweep):
         for t in tokens:
             for path in paths:
-                kwargs = {"sm_count": sm_count,
-                          "max_tokens": scenario.serving.max_num_batched_tokens}
+                kwargs = {"sm_count": sm_count, "max_tokens": workspace_rows(scenario, op),
+                          "op": op, "kv_tokens": kv_tokens}
                 measured = measure_call(CudaMemory(), scenario, kernel, t, path, **kwargs)
                 predicted = measure_call(SimulatedMemory(), scenario, kernel, t, path, **kwargs)
                 rows += compare(scenario.name, measured, predicted)

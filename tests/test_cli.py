@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from mlamem.cli import main
+from mlamem.kernels import REGISTRY
 from mlamem.testing import no_gpu
 
 
@@ -27,7 +28,8 @@ def test_json_schema(capsys):
     assert main(["profile", "--tokens", "1024,8192", "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["schema"] == "mlamem.profile/1" and data["measured"] is False
-    assert {"gpu", "driver", "torch", "flash_mla", "mlamem"} <= set(data["environment"])
+    assert {"gpu", "driver", "torch", "kernels", "mlamem"} <= set(data["environment"])
+    assert list(data["environment"]["kernels"]) == list(REGISTRY)
     assert len(data["rows"]) == 4
     for row in data["rows"]:
         assert {"scenario", "tokens", "path", "peak_allocated_bytes", "peak_reserved_bytes",
@@ -60,8 +62,9 @@ def test_scenarios_lists_one_line_each(capsys):
     """`mlamem scenarios` prints each shipped scenario on one line."""
     assert main(["scenarios"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split()[0] for line in lines] == ["deepseek-v32-fp8-tp8", "glm5-fp8-tp8",
-                                                    "kimi-k2-context-reuse", "kimi-k2-fp8-tp4-dp"]
+    assert [line.split()[0] for line in lines] == [
+        "deepseek-v32-fp8-tp8", "glm5-fp8-tp8", "kimi-k2-context-reuse",
+        "kimi-k2-dense-fp8-tp4-dp", "kimi-k2-dense-tp4-dp", "kimi-k2-fp8-tp4-dp"]
 
 
 def test_python_dash_m_runs_as_a_real_process(tmp_path):
@@ -85,7 +88,7 @@ def test_cli_kernel_option(capsys):
     assert err.count("\n") == 1 and "--kernel triton" in err
     assert main(["profile", "--kernel", "cuda-magic"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'flashmla', 'triton', 'reference'" in err
+    assert err.count("\n") == 1 and "'flashmla', 'flashmla-vllm', 'triton', 'reference'" in err
 
 
 def test_markdown_names_the_kernel_and_every_path(capsys):

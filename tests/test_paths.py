@@ -10,11 +10,11 @@ from mlamem.inputs import make_inputs
 from mlamem.kernels import FlashMLA, Reference, TritonDecode
 from mlamem.paths import (
     PATHS,
-    DecodeCall,
     Workspace,
     alloc_path,
     available_paths,
     check_paths,
+    decode_call,
     plan,
     reserve_workspace,
     workspace_path,
@@ -34,7 +34,7 @@ def test_workspace_path_is_bit_identical_even_with_a_poisoned_workspace():
     """Padding heads are zeroed and real heads copied, so stale workspace bytes never leak."""
     glm = scenario.load("glm5-fp8-tp8")
     inputs = make_inputs(glm, 16, torch.device("cpu"), seed=3, invalid_fraction=0.2)
-    call = DecodeCall(decode=Reference().decode, kv_cache=inputs.kv_cache,
+    call = decode_call(decode=Reference().decode, kv_cache=inputs.kv_cache,
                       indices=inputs.indices, sm_scale=glm.softmax_scale, d_v=glm.d_v,
                       padded_heads=64, takes_out=False)
     workspace = Workspace.reserve(32, 64, glm.d_qk, glm.d_v, torch.device("cpu"))
@@ -98,7 +98,7 @@ def test_workspace_full_path_writes_into_the_workspace_bit_identically(glm):
     """Every path gives the same bits; workspace-full's out and lse are views of the workspace."""
     cpu = torch.device("cpu")
     inputs = make_inputs(glm, 16, cpu, seed=5, invalid_fraction=0.2)
-    call = DecodeCall(decode=ReferenceIntoBuffers().decode, kv_cache=inputs.kv_cache,
+    call = decode_call(decode=ReferenceIntoBuffers().decode, kv_cache=inputs.kv_cache,
                       indices=inputs.indices, sm_scale=glm.softmax_scale, d_v=glm.d_v,
                       padded_heads=64, takes_out=True)
     workspace = reserve_workspace("workspace-full", TritonDecode(), max_tokens=32,

@@ -94,7 +94,7 @@ def _validate_document() -> dict:
     comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
                    for c in saved["comparisons"]]
     return json.loads(render.validation_json(comparisons, saved["command"],
-                                             environment=environment.capture(None),
+                                             environment=environment.capture(),
                                              created=environment.now_utc()))
 
 

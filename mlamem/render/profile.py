@@ -7,6 +7,7 @@ import json
 
 from rich.console import Group
 
+from mlamem.operations import describe_call, operation
 from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.render.common import (
     compact_table,
@@ -29,6 +30,21 @@ def _label(result: ProfileResult) -> str:
             f"{result.kernel['sm_count']} SMs")
 
 
+def _symbol(result: ProfileResult) -> str:
+    """The swept quantity's symbol: T, b (requests) or s_q."""
+    return operation(result.op).symbol
+
+
+def _op_tag(result: ProfileResult) -> str:
+    return "" if result.op == "sparse-decode" else f" {result.op}"
+
+
+def _ms(row: ProfileRow) -> str:
+    """The do_bench median where timed, else the host wall time of the one call."""
+    value = row.median_ms if row.median_ms is not None else row.wall_time_ms
+    return "" if value is None else f"{value:.2f}"
+
+
 def _by_tokens(rows: list[ProfileRow]) -> dict[int, dict[str, ProfileRow]]:
     table: dict[int, dict[str, ProfileRow]] = {}
     for row in rows:
@@ -45,12 +61,17 @@ def table(result: ProfileResult) -> Group:
     """A rich table, one row per (T, path), within 80 columns (staged buffers wrap in their
     cell), then its notes."""
     s = result.scenario
-    failures = [f"T={row.tokens} {row.path}: {row.failure}" for row in result.rows
+    sym = _symbol(result)
+    failures = [f"{sym}={row.tokens} {row.path}: {row.failure}" for row in result.rows
                 if row.failure and not row.oom]
-    out = compact_table(f"mlamem profile: {s['name']}{predicted_tag(result.measured)}, "
-                        f"{s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, topk "
-                        f"{s['topk']}; per-call peaks in GiB")
-    for name in ("T", "path", "peak\nalloc", "peak\nresv", "NVML", "saved", "wall\nms",
+    kv = result.rows[0].kv_tokens if result.rows else None
+    out = compact_table(f"mlamem profile{_op_tag(result)}: {s['name']}"
+                        f"{predicted_tag(result.measured)}, {s['heads_per_rank']} heads/rank "
+                        f"padded to {s['padded_heads']}, {describe_call(result.op, s, kv)}; "
+                        "per-call peaks in GiB")
+    timed = any(row.median_ms is not None for row in result.rows)
+    for name in (sym, "path", "peak\nalloc", "peak\nresv", "NVML", "saved",
+                 "median\nms" if timed else "wall\nms",
                  "allocs\nin call", "equal", "staged"):
         out.add_column(name, justify="left" if name in ("path", "staged") else "right",
                        no_wrap=name != "staged", overflow="fold")
@@ -66,7 +87,7 @@ def table(result: ProfileResult) -> Group:
                                                 else gib_text(row.peak_allocated_bytes)),
                 "" if failed else gib_text(row.peak_reserved_bytes),
                 "" if failed else gib_text(row.nvml_peak_bytes), saved,
-                "" if row.wall_time_ms is None else f"{row.wall_time_ms:.2f}",
+                _ms(row),
                 "" if row.allocations_in_call is None else str(row.allocations_in_call),
                 equal_text(row.outputs_equal), ", ".join(row.staged) or "-",
             )
@@ -78,32 +99,43 @@ def render_table(result: ProfileResult) -> str:
 
 
 def markdown(result: ProfileResult) -> str:
-    """The source PR's "Per-call peak allocation" table: T, before, after, saved, equal."""
+    """The source PR's "Per-call peak allocation" table: T, before, after, saved, equal (and,
+    where the calls were timed, each path's do_bench median)."""
     s = result.scenario
+    sym = _symbol(result)
+    kv = result.rows[0].kv_tokens if result.rows else None
     lines = [
-        f"### Per-call peak allocation: {s['name']}{predicted_tag(result.measured)}",
+        f"### Per-call peak allocation{_op_tag(result)}: {s['name']}"
+        f"{predicted_tag(result.measured)}",
         "",
         f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
-        f"topk {s['topk']}, s_q = T. {_label(result)}.",
+        f"{describe_call(result.op, s, kv)}. {_label(result)}.",
         "",
     ]
     by_tokens = _by_tokens(result.rows)
     paths = list(dict.fromkeys(r.path for r in result.rows))
+    timed = any(row.median_ms is not None for row in result.rows)
+    time_head = "".join(f" {p} ms |" for p in paths) if timed else ""
+    time_rule = "---|" * len(paths) if timed else ""
+
+    def times(row: dict) -> str:
+        return "".join(f" {_ms(row[p]) or '-'} |" for p in paths) if timed else ""
+
     if paths == ["alloc", "workspace"]:
-        lines += ["| T | before (allocating path) | after (workspace path) | saved | outputs equal |",
-                  "|---|---|---|---|---|"]
+        lines += [f"| {sym} | before (allocating path) | after (workspace path) | saved | "
+                  f"outputs equal |{time_head}", "|---|---|---|---|---|" + time_rule]
         for tokens, row in by_tokens.items():
             before, after = row["alloc"], row["workspace"]
             saved = ("n/a" if before.failure or after.failure
                      else f"{gib(before.peak_allocated_bytes - after.peak_allocated_bytes):.3f} GiB")
             lines.append(f"| {tokens} | {_md_cell(before)} | {_md_cell(after)} | {saved} | "
-                         f"{equal_text(row['alloc'].outputs_equal)} |")
+                         f"{equal_text(row['alloc'].outputs_equal)} |{times(row)}")
     else:
-        lines += ["| T | " + " | ".join(f"{p} path" for p in paths) + " | outputs equal |",
-                  "|---|" + "---|" * (len(paths) + 1)]
+        lines += [f"| {sym} | " + " | ".join(f"{p} path" for p in paths) + " | outputs equal |"
+                  + time_head, "|---|" + "---|" * (len(paths) + 1) + time_rule]
         for tokens, row in by_tokens.items():
             lines.append(f"| {tokens} | " + " | ".join(_md_cell(row[p]) for p in paths)
-                         + f" | {equal_text(row[paths[0]].outputs_equal)} |")
+                         + f" | {equal_text(row[paths[0]].outputs_equal)} |{times(row)}")
     lines += [""] + [f"- {note}" for note in result.notes]
     lines.append(f"- Command: `{result.command}`")
     return "\n".join(lines) + "\n"
@@ -149,12 +181,12 @@ def _removed(buffer: dict) -> str:
 
 def breakdown_table(result: ProfileResult) -> Group:
     """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not."""
-    summaries = [f"T={row.tokens} {row.path}: " + (
+    summaries = [f"{_symbol(result)}={row.tokens} {row.path}: " + (
         row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row, exact=False)}")
         for row in result.rows]
     out = compact_table(f"mlamem profile --breakdown: {result.scenario['name']}"
                         f"{predicted_tag(result.measured)}")
-    for name in ("T, path", "buffer", "by", "size", "live at\npeak", "workspace\npath"):
+    for name in (f"{_symbol(result)}, path", "buffer", "by", "size", "live at\npeak", "workspace\npath"):
         out.add_column(name, justify="right" if name == "size" else "left", no_wrap=True)
     for row in result.rows:
         for i, b in enumerate(row.buffers):
@@ -170,7 +202,7 @@ def breakdown_markdown(result: ProfileResult) -> str:
     tag = predicted_tag(result.measured)
     lines = [f"### Where the bytes go: {result.scenario['name']}{tag}", "", f"{_label(result)}.", ""]
     for row in result.rows:
-        lines.append(f"#### T={row.tokens}, {row.path} path{tag}")
+        lines.append(f"#### {_symbol(result)}={row.tokens}, {row.path} path{tag}")
         lines.append("")
         if row.failure:
             lines += [f"Failed: {row.failure}", ""]

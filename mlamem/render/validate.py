@@ -15,7 +15,8 @@ def validation_rows(comparisons: list[Comparison]) -> list[dict]:
     """One summary per (scenario, T, path): totals and the worst buffer difference."""
     cases: dict[tuple, list[Comparison]] = {}
     for c in comparisons:
-        cases.setdefault((c.scenario, c.tokens, c.path), []).append(c)
+        name = c.scenario if c.op == "sparse-decode" else f"{c.scenario} {c.op}"
+        cases.setdefault((name, c.tokens, c.path), []).append(c)
     rows = []
     for (scenario, tokens, path), items in cases.items():
         total = {c.metric: c for c in items if c.item == "total"}
