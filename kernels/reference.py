@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from mlamem.kernels.base import Capabilities, SparseDecodeKernel
+from mlamem.kernels.base import (
+    DENSE_DECODE,
+    KV_FORMATS,
+    OPERATIONS,
+    SPARSE_DECODE,
+    SPARSE_PREFILL,
+    Capabilities,
+    OpInputs,
+    Problem,
+    SparseDecodeKernel,
+)
 from mlamem.kernels.fp8_ds_mla import dequantize
 
 QUERY_CHUNK = 256  # queries attended at once, to bound the gathered-KV temporary
@@ -139,12 +149,14 @@ def sparse_mla_prefill_reference(q, kv, indices, *, sm_scale: float, d_v: int):
         lse[start:stop] = row_lse
     return out, max_logits, lse
 
+
 class Reference(SparseDecodeKernel):
-    """The plain-torch reference as a kernel adapter."""
+    """The plain-torch reference as a kernel adapter, for every operation."""
 
     name = "reference"
     label = "torch reference"
     runs_on_meta = True
+    operations = OPERATIONS
 
     def unavailable_reason(self) -> str | None:
         """Runs anywhere, but a measurement needs the CUDA allocator."""
@@ -152,16 +164,36 @@ class Reference(SparseDecodeKernel):
 
         return None if torch.cuda.is_available() else "no CUDA device"
 
-    def capabilities(self) -> Capabilities:
+    def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
+        if op not in OPERATIONS:
+            raise ValueError(f"{self.label} does not run {op}")
+        heads = (64, 128) if op == SPARSE_DECODE else (8, 16, 32, 64, 128)
         return Capabilities(takes_out=False, takes_lse=False, takes_accum_workspace=False,
-                            head_counts=(64, 128), source="plain torch, mirrors FlashMLA's heads")
+                            head_counts=heads, source="plain torch, mirrors FlashMLA's heads",
+                            kv_formats=(kv_format,) if kv_format else KV_FORMATS[op])
 
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
         if out is not None:
             raise TypeError("the reference takes no out= argument")
         return sparse_mla_decode_reference(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v)
 
+    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, **staged):
+        if out is not None or staged:
+            raise TypeError("the reference takes no out= argument")
+        if problem.op == DENSE_DECODE:
+            return dense_mla_decode_reference(
+                q, inputs.kv, inputs.block_table, inputs.seqlens, sm_scale=problem.sm_scale,
+                d_v=problem.d_v, descale_q=inputs.descale_q, descale_k=inputs.descale_k)
+        if problem.op == SPARSE_PREFILL:
+            out, _, lse = sparse_mla_prefill_reference(q, inputs.kv, inputs.indices,
+                                                       sm_scale=problem.sm_scale, d_v=problem.d_v)
+            return out, lse
+        return super().run(problem, q, inputs)
+
     def allocations(self, q_shape, d_v, sm_count):
         """No spec: the reference runs on the meta device itself, and its many temporaries
         show up in a breakdown as unattributed."""
+        return []
+
+    def op_allocations(self, problem: Problem, sm_count: int) -> list:
         return []
