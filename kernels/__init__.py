@@ -29,6 +29,8 @@ class KernelEntry(NamedTuple):
 ALL_OPERATIONS = ("sparse-decode", "dense-decode", "sparse-prefill")  # = base.OPERATIONS
 
 DEFAULT_KERNEL = "flashmla"  # what --kernel defaults to
+REFERENCE_KERNEL = "reference"  # the yardstick other kernels' outputs are held to
+COMPARED_KERNELS = ("flashmla", "flashmla-vllm")  # `mlamem compare`'s default pair: two builds
 
 REGISTRY: dict[str, KernelEntry] = {
     "flashmla": KernelEntry("mlamem.kernels.flashmla", "FlashMLA", "FlashMLA, sgl-flash-mla",
@@ -85,6 +87,7 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["DEFAULT_KERNEL", "KERNELS", "REGISTRY", "BufferSpec", "Capabilities", "FlashMLA", "FlashMLAVLLM",
-           "KernelEntry", "Reference", "SparseDecodeKernel", "TritonDecode", "kernel_help",
-           "kernel_names", "kernel_operations", "load_kernel", "simulate_decode"]
+__all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL", "REGISTRY",
+           "BufferSpec", "Capabilities", "FlashMLA", "FlashMLAVLLM", "KernelEntry", "Reference",
+           "SparseDecodeKernel", "TritonDecode", "kernel_help", "kernel_names",
+           "kernel_operations", "load_kernel", "simulate_decode"]

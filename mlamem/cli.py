@@ -24,7 +24,7 @@ from mlamem import scenario as scenarios
 from mlamem.errors import Interrupted, UserError
 from mlamem.files import check_distinct, check_output_path, pick_format, write_atomic
 from mlamem.interrupt import Guard
-from mlamem.kernels import REGISTRY, load_kernel
+from mlamem.kernels import COMPARED_KERNELS, DEFAULT_KERNEL, REFERENCE_KERNEL, REGISTRY, load_kernel
 from mlamem.paths import available_paths, check_paths
 from mlamem.profile import DEFAULT_TOKENS, DROP_CASE, check_request, run_profile, runnable_tokens
 from mlamem.units import parse_bytes
@@ -96,7 +96,16 @@ def parse_paths(text: str | None, kernel: SparseDecodeKernel, op: str = "sparse-
     return paths or available_paths(capabilities)
 
 
-KernelName = StrEnum("KernelName", {name: name for name in REGISTRY})
+def check_kernel_name(name: str | None) -> str | None:
+    """--kernel: a registered name, checked against the registry when the command runs, so a
+    plug-in kernel registered after this module was imported is a choice too."""
+    if name is not None and name not in REGISTRY:
+        raise typer.BadParameter(f"{name!r} is not one of {', '.join(map(repr, REGISTRY))} "
+                                 "(`mlamem kernels` lists them)")
+    return name
+
+
+KernelName = str  # a REGISTRY name, checked by check_kernel_name
 
 
 def load_torch() -> None:
@@ -128,8 +137,11 @@ ScenarioOption = Annotated[str, typer.Option(
     "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
                              "your own TOML file.")]
 _KERNEL_HELP = [f"{name} ({entry.help})" for name, entry in REGISTRY.items()]
+_KERNEL_METAVAR = f"<{'|'.join(REGISTRY)}>"  # the kernels registered at start-up
 KernelOption = Annotated[KernelName, typer.Option(
-    help=f"The decode kernel: {', '.join(_KERNEL_HELP[:-1])} or {_KERNEL_HELP[-1]}.")]
+    callback=check_kernel_name, metavar=_KERNEL_METAVAR,
+    help=f"The kernel: {', '.join(_KERNEL_HELP[:-1])} or {_KERNEL_HELP[-1]}. `mlamem "
+         "kernels` lists what each runs and takes, and whether it runs here.")]
 PathsOption = Annotated[str | None, typer.Option(
     help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out), "
          "'workspace' (q and out staged in buffers reserved up front), 'workspace-full' (q, out, "
@@ -175,7 +187,7 @@ def profile(
                                  "(--op dense-decode: kimi-k2-dense-tp4-dp).",
         show_default=False)] = None,
     paths: PathsOption = None,
-    kernel: KernelOption = KernelName.flashmla,
+    kernel: KernelOption = DEFAULT_KERNEL,
     op: OpOption = OpName["sparse-decode"],
     requests: RequestsOption = None,
     context_len: ContextOption = None,
@@ -298,7 +310,7 @@ def validate(
              f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones "
              "its max_num_batched_tokens allows.")] = None,
     paths: PathsOption = None,
-    kernel: KernelOption = KernelName.flashmla,
+    kernel: KernelOption = DEFAULT_KERNEL,
     op: Annotated[OpName | None, typer.Option(
         "--op", help="Validate this operation only. Default: every operation the kernel runs "
                      "that each scenario drives.", show_default=False)] = None,
@@ -384,6 +396,79 @@ def validate(
         raise typer.Exit(1)
 
 
+@app.command()
+def compare(
+    kernels: Annotated[str, typer.Option(
+        help="Two comma-separated kernel names to run on the same inputs (`mlamem kernels` "
+             "lists them).")] = ",".join(COMPARED_KERNELS),
+    op: OpOption = OpName["sparse-decode"],
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values (sparse-prefill: s_q). Default: the operation's sweep.",
+        show_default=False)] = None,
+    requests: RequestsOption = None,
+    context_len: ContextOption = None,
+    kv_len: KvLenOption = None,
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="A shipped scenario name or a TOML path. Default: the "
+                                 "operation's (glm5-fp8-tp8; dense-decode: kimi-k2-dense-tp4-dp).",
+        show_default=False)] = None,
+    paths: Annotated[str, typer.Option(
+        help="Comma-separated wrapper paths both kernels run.")] = "alloc,workspace",
+    reference: Annotated[bool, typer.Option(
+        help="Also hold each kernel to the plain-torch reference (out relative L2, lse max "
+             "abs).")] = True,
+    output_format: Annotated[ReproFormat | None, typer.Option(
+        "--format", help="table, markdown or json (schema mlamem.compare/1). Default: what "
+                         "--output's extension names (.txt, .md, .json), else table.",
+        show_default=False)] = None,
+    output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
+    ] = None,
+) -> None:
+    """Run the same inputs through two kernels: are out and lse bit-identical per (T, path)?
+
+    Where they differ, the largest difference, and each kernel's error against the torch
+    reference. Needs a GPU where both kernels run. Example: `mlamem compare --op
+    sparse-prefill` holds sgl-flash-mla and vLLM's FlashMLA build to the reference.
+    """
+    from mlamem.compare import run_compare
+
+    names = [n.strip() for n in kernels.split(",") if n.strip()]
+    if len(names) != 2 or names[0] == names[1]:
+        raise UserError(f"--kernels: give two different kernels, e.g. flashmla,flashmla-vllm; "
+                        f"got {kernels!r}")
+    for name in names:
+        if name not in REGISTRY:
+            raise UserError(f"--kernels: unknown kernel {name!r}; expected one of "
+                            f"{', '.join(REGISTRY)}")
+    op = op.value
+    values = parse_sweep(op, tokens, requests)
+    kv_tokens = kv_length(op, context_len, kv_len)
+    output_format = ReproFormat(pick_format(output, output_format and output_format.value,
+                                            list(render.COMPARE_FORMATS), what="compare"))
+    if output is not None:
+        check_output_path(output)
+    pair = [make_kernel(name) for name in names]
+    chosen = scenarios.load(scenario or operations.operation(op).default_scenario)
+    for kernel in pair:
+        operations.check_supported(chosen, op, kernel.name, kernel.operations)
+    fmt = operations.kv_format(chosen, op)
+    path_list = parse_paths(paths, pair[0], op, fmt)
+    parse_paths(paths, pair[1], op, fmt)
+    values = values or list(operations.operation(op).default_sweep)
+    for kernel in pair:
+        padded = scenarios.check_decode(chosen, kernel.capabilities(op, fmt).head_counts,
+                                        kernel.label)
+        scenarios.check_decode_tokens(chosen, padded, values, option=operations.operation(op).flag)
+    reference_kernel = make_kernel(REFERENCE_KERNEL) if reference else None
+    command = "mlamem " + shlex.join(sys.argv[1:])
+    symbol = operations.operation(op).symbol
+    with _progress(f"comparing {names[0]} and {names[1]}", len(values) * len(path_list)) as advance:
+        result = run_compare(chosen, op, values, path_list, pair, command=command,
+                             kv_tokens=kv_tokens, reference=reference_kernel,
+                             on_case=lambda t, p: advance(f"{symbol}={t} {p}"))
+    _emit(render.COMPARE_FORMATS[output_format.value](result), output)
+
+
 class ReproFormat(StrEnum):
     table = "table"
     markdown = "markdown"
@@ -403,7 +488,7 @@ def repro_oom(
         help="Tokens per step (default: the scenario's): sizes the workspace, the profile pass "
              "and the full step.")] = None,
     paths: PathsOption = None,
-    kernel: KernelOption = KernelName.flashmla,
+    kernel: KernelOption = DEFAULT_KERNEL,
     output_format: Annotated[ReproFormat | None, typer.Option(
         "--format", help="table, markdown or json (schema mlamem.repro-oom/1). Default: what "
                          "--output's extension names (.txt, .md, .json), else table.",
@@ -448,6 +533,10 @@ def repro_oom(
     if output is not None:
         check_output_path(output)
     chosen = scenarios.load(scenario)
+    if "sparse-decode" not in operations.scenario_operations(chosen):
+        raise UserError(f"repro-oom replays the engine's sparse decode step; {chosen.name} "
+                        f"drives {', '.join(operations.scenario_operations(chosen))}: pick a "
+                        "sparse-decode scenario (see `mlamem scenarios`)")
     cases = list(VARIANTS) if is_context_reuse(chosen) else path_list
     for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
         for name in wanted or []:
@@ -536,8 +625,9 @@ def gate(
         help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
              "for a new one).")] = None,
     kernel: Annotated[KernelName | None, typer.Option(
-        help="The decode kernel (flashmla, triton, reference). Default: the baseline's "
-             "(flashmla for a new one).")] = None,
+        callback=check_kernel_name, metavar=_KERNEL_METAVAR,
+        help=f"The kernel ({', '.join(REGISTRY)}). Default: the baseline's "
+             f"({gating.DEFAULT_KERNEL} for a new one).", show_default=False)] = None,
     tolerance: Annotated[str | None, typer.Option(
         help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
              "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
@@ -740,6 +830,18 @@ def list_scenarios() -> None:
     """List the shipped scenarios, one line each."""
     for name in scenarios.shipped_names():
         typer.echo(f"{name:24} {scenarios.load(name).one_line()}")
+
+
+@app.command("kernels")
+def list_registered_kernels() -> None:
+    """List the registered kernels, one entry each: per operation what the caller may pass in
+    (out, lse, accum) and the query head counts it runs, the installed version, and whether it
+    runs here or why not (with the install hint). A * marks capabilities assumed because the
+    kernel's library cannot be loaded here."""
+    load_torch()  # the adapters import torch
+    from mlamem.kernel_list import list_kernels, render_kernels
+
+    sys.stdout.write(render_kernels(list_kernels()))
 
 
 def _emit(text: str, output: Path | None, terminal_table=None) -> None:

@@ -30,6 +30,14 @@
 #   non-torch      scripts/non_torch_probe.py step-ops (the figures of mlamem/non_torch.toml);
 #                  repro-oom for every shipped scenario at its defaults, measured and
 #                  predicted, compared field by field by scripts/compare_repro.py
+#   kernels        every kernel and operation (issue 14): scripts/kernel_trace.py (schemas, head
+#                  counts, allocator traces, errors against fp32); the operations' GPU tests;
+#                  `validate --kernel K --op OP` for every supported pair (and one unsupported,
+#                  exit 2); profiles with --bench of flashmla and flashmla-vllm for each
+#                  operation (GLM-5 prefill also at 64 heads per rank); `mlamem compare` of the
+#                  two builds per operation; `mlamem kernels`
+#   kernels-oom    repro-oom and a measured gate with --kernel flashmla-vllm beside flashmla;
+#                  FlashInfer's MLA tried once when .whl/flashinfer/run.sh is there
 #
 # Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site.
 # Results: every suite writes into results/SUITE/ of a scratch folder (printed at the start);
@@ -38,7 +46,8 @@
 # Each step's exit code is in results/SUITE/exit-codes.txt; the script exits 1 if any step
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
-SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch)
+SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
+            kernels-oom)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -238,6 +247,77 @@ suite_non-torch() {
             --output "$R/$s.predicted.json"
         step "compare-$s" python3 scripts/compare_repro.py "$R/$s.json" "$R/$s.predicted.json"
     done
+}
+
+suite_kernels() {
+    step kernels "${MLAMEM[@]}" kernels
+    step trace timeout 300 python3 scripts/kernel_trace.py "$R/kernel-trace.json"
+    step pytest timeout 400 python3 -m pytest -q -rs tests/test_operations_gpu.py
+    local k op s
+    for k in flashmla flashmla-vllm; do
+        for op in sparse-decode dense-decode sparse-prefill; do
+            step "validate-$k-$op" timeout 300 "${MLAMEM[@]}" validate --kernel "$k" --op "$op" \
+                --format json --output "$R/validate-$k-$op.json"
+        done
+    done
+    step validate-triton timeout 300 "${MLAMEM[@]}" validate --kernel triton --op sparse-decode \
+        -s glm5-fp8-tp8 --format json --output "$R/validate-triton-sparse-decode.json"
+    for op in sparse-decode sparse-prefill; do
+        step "validate-reference-$op" timeout 300 "${MLAMEM[@]}" validate --kernel reference \
+            --op "$op" -s glm5-fp8-tp8 --tokens 1024 --format json \
+            --output "$R/validate-reference-$op.json"
+    done
+    step validate-reference-dense-decode timeout 300 "${MLAMEM[@]}" validate --kernel reference \
+        --op dense-decode -s kimi-k2-dense-tp4-dp --requests 16 --format json \
+        --output "$R/validate-reference-dense-decode.json"
+    "${MLAMEM[@]}" validate --kernel triton --op dense-decode > "$R/unsupported.log" 2>&1
+    echo "validate --kernel triton --op dense-decode: exit $? (expected 2)" | tee -a "$R/unsupported.log"
+    sed -e 's/^tensor_parallel = 8 .*/tensor_parallel = 1/' -e 's/^name = "glm5-fp8-tp8"/name = "glm5-fp8-tp1-64-heads"/' \
+        "$(python3 -c 'import mlamem.scenarios, pathlib; print(pathlib.Path(mlamem.scenarios.__file__).parent)')/glm5-fp8-tp8.toml" \
+        > "$R/glm5-64-heads.toml"
+    for k in flashmla flashmla-vllm; do
+        step "profile-$k-sparse-decode" timeout 120 "${MLAMEM[@]}" profile --kernel "$k" \
+            --tokens "$TOKENS" --bench --format json --output "$R/profile-$k-sparse-decode.json"
+        for s in kimi-k2-dense-tp4-dp kimi-k2-dense-fp8-tp4-dp; do
+            step "profile-$k-$s" timeout 120 "${MLAMEM[@]}" profile --kernel "$k" --op dense-decode \
+                -s "$s" --bench --format json --output "$R/profile-$k-$s.json"
+        done
+        for s in glm5-fp8-tp8 "$R/glm5-64-heads.toml"; do
+            step "profile-$k-prefill-$(basename "$s" .toml)" timeout 120 "${MLAMEM[@]}" profile \
+                --kernel "$k" --op sparse-prefill -s "$s" --bench --format json \
+                --output "$R/profile-$k-prefill-$(basename "$s" .toml).json"
+        done
+    done
+    step acceptance-md "${MLAMEM[@]}" profile --kernel flashmla-vllm --tokens "$TOKENS" \
+        --format markdown --output "$R/profile-flashmla-vllm.md"
+    step compare-sparse-decode timeout 300 "${MLAMEM[@]}" compare --op sparse-decode \
+        --tokens "$TOKENS" --format json --output "$R/compare-sparse-decode.json"
+    step compare-sparse-prefill timeout 300 "${MLAMEM[@]}" compare --op sparse-prefill \
+        --tokens 1024,8192,16384 --format json --output "$R/compare-sparse-prefill.json"
+    for s in kimi-k2-dense-tp4-dp kimi-k2-dense-fp8-tp4-dp; do
+        step "compare-$s" timeout 300 "${MLAMEM[@]}" compare --op dense-decode -s "$s" \
+            --format json --output "$R/compare-$s.json"
+    done
+}
+
+suite_kernels-oom() {
+    local k
+    for k in flashmla flashmla-vllm; do
+        step "repro-$k" timeout 300 "${MLAMEM[@]}" repro-oom --kernel "$k" --format json \
+            --output "$R/repro-$k.json"
+        step "repro-$k-predicted" timeout 300 "${MLAMEM[@]}" repro-oom --kernel "$k" --predict \
+            --format json --output "$R/repro-$k.predicted.json"
+        step "repro-$k-compare" python3 scripts/compare_repro.py "$R/repro-$k.json" \
+            "$R/repro-$k.predicted.json"
+    done
+    step repro-flashmla-vllm-md "${MLAMEM[@]}" repro-oom --kernel flashmla-vllm --format markdown \
+        --output "$R/repro-flashmla-vllm.md" --expect-oom alloc --expect-fit workspace
+    step gate-update timeout 300 "${MLAMEM[@]}" gate --kernel flashmla-vllm --baseline \
+        "$R/measured-flashmla-vllm.json" --update
+    step gate-rerun timeout 300 "${MLAMEM[@]}" gate --baseline "$R/measured-flashmla-vllm.json"
+    if [ -f .whl/flashinfer/run.sh ]; then
+        OUT=$R step flashinfer timeout 200 bash .whl/flashinfer/run.sh
+    fi
 }
 
 for SUITE in "${SUITES[@]}"; do

@@ -38,5 +38,10 @@ if ! _mlamem_pip_target --no-build-isolation . >/tmp/mlamem-pip-install.log 2>&1
         && cp -r scenarios "$MLAMEM_SITE/mlamem/scenarios" || return 1
 fi
 
+# vLLM's FlashMLA build (kernels/flashmla_vllm.py), when its libraries were taken out of the
+# vllm wheel into .whl/vllm/ (see the README)
+if [ -z "${MLAMEM_VLLM_FLASHMLA:-}" ] && [ -f .whl/vllm/_flashmla_C.abi3.so ]; then
+    export MLAMEM_VLLM_FLASHMLA=$PWD/.whl/vllm
+fi
 export PYTHONPATH=$MLAMEM_SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 python3 -c "import mlamem.kernels, mlamem.scenarios" || return 1

@@ -116,7 +116,27 @@ def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
                            _json(tmp, "plan-context.json", "plan", "-s",
                                  "kimi-k2-context-reuse", "--format", "json")]],
         "mlamem.bench/1": [[json.loads((FIXTURES / "bench-triton-h200.json").read_text())]],
+        "mlamem.compare/1": [[_compare_document()]],
     }
+
+
+def _compare_document() -> dict:
+    """A compare result as the GPU writes it, built from its dataclasses (comparing needs a
+    GPU); the figures are placeholders, the shape is the point."""
+    from mlamem import environment, render
+    from mlamem.compare import CompareResult, CompareRow, ReferenceDifference
+
+    error = ReferenceDifference(out_max_abs=0.004, out_rel_l2=0.002, lse_max_abs=5e-6)
+    result = CompareResult(
+        command="mlamem compare", op="sparse-prefill", scenario="glm5-fp8-tp8",
+        kernels=[{"name": n, "label": n, "version": None, "head_counts": [64]}
+                 for n in ("flashmla", "flashmla-vllm")],
+        kv_tokens=8192, rows=[CompareRow(tokens=1024, path="alloc", out_equal=False,
+                                         lse_equal=False, out_max_diff=0.001,
+                                         lse_max_diff=1e-6,
+                                         errors={"flashmla": error, "flashmla-vllm": error})],
+        environment=environment.capture(), created=environment.now_utc(), notes=["a note"])
+    return json.loads(render.compare_json(result))
 
 
 def _baseline(tmp: Path) -> dict:
@@ -136,7 +156,7 @@ def test_every_schema_the_code_writes_has_a_readme_section(documents):
 
 @pytest.mark.parametrize("schema", ["mlamem.profile/1", "mlamem.repro-oom/1",
                                     "mlamem.validate/1", "mlamem.baseline/1", "mlamem.plan/1",
-                                    "mlamem.bench/1"])
+                                    "mlamem.bench/1", "mlamem.compare/1"])
 def test_readme_documents_every_field(schema, documents):
     """The README's table for `schema` lists every field a written document has, and nothing
     else; repro-oom's context-reuse cases are checked against their own table."""

@@ -9,6 +9,7 @@ import importlib
 
 _EXPORTS = {
     "common": ["predicted_tag"],
+    "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table"],
     "gate": ["gate_markdown"],
     "plan": ["PLAN_FORMATS", "plan_markdown", "plan_rows", "plan_table"],
     "profile": ["BREAKDOWN_FORMATS", "FORMATS", "breakdown_markdown", "breakdown_table",

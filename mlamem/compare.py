@@ -1,0 +1,164 @@
+"""`mlamem compare`: the same inputs through two kernels, output against output, and each
+against the plain-torch reference.
+
+For every (value, path) both kernels run the operation on identical inputs (one seed), through
+the same wrapper path. A row says whether out and lse are bit-identical and, if not, the largest
+difference; each kernel's error against the reference (run once per value, alloc path) is
+reported beside it, so two builds that differ can each be held to the reference instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mlamem import environment
+from mlamem.errors import UserError
+from mlamem.operations import kv_format, problem_for
+
+if TYPE_CHECKING:
+    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.scenario import Scenario
+
+SCHEMA = "mlamem.compare/1"
+
+
+@dataclass(frozen=True)
+class ReferenceDifference:
+    """One kernel's output against the torch reference (float32 math, bf16 out)."""
+
+    out_max_abs: float  # largest |out - reference out|
+    out_rel_l2: float  # ||out - reference|| / ||reference||
+    lse_max_abs: float  # largest |lse - reference lse| (natural log), over finite entries
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One (value, path): the two kernels' outputs side by side."""
+
+    tokens: int  # the swept value: T, requests (dense decode) or s_q
+    path: str
+    out_equal: bool  # bit-identical out
+    lse_equal: bool  # bit-identical lse
+    out_max_diff: float  # largest |out_a - out_b| (0 when equal)
+    lse_max_diff: float  # largest |lse_a - lse_b|
+    errors: dict[str, ReferenceDifference | None]  # kernel name -> against the reference
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """The schema `mlamem.compare/1`."""
+
+    command: str
+    op: str
+    scenario: str
+    kernels: list[dict]  # name, label, version, head_counts of each compared kernel
+    kv_tokens: int
+    rows: list[CompareRow]
+    environment: environment.Environment
+    created: str
+    schema: str = SCHEMA
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def all_equal(self) -> bool:
+        return all(r.out_equal and r.lse_equal for r in self.rows)
+
+
+def check_kernels(kernels: Sequence[SparseDecodeKernel], op: str) -> None:
+    """One line when a kernel cannot run here or lacks the operation."""
+    for kernel in kernels:
+        if op not in kernel.operations:
+            raise UserError(f"kernel {kernel.name} does not run {op}; compare kernels that "
+                            "both run it (`mlamem kernels` lists who runs what)")
+    for kernel in kernels:
+        reason = kernel.unavailable_reason()
+        if reason is not None:
+            raise UserError(f"compare runs every kernel on this GPU; {kernel.name} cannot run "
+                            f"here ({reason})")
+
+
+def _run(kernel, scenario, op, tokens, path, kv_tokens, seed, device):
+    """out (rows, heads, d_v) and lse (heads, rows) of one path's call, on the GPU."""
+    from mlamem.measure import local_sm_count
+    from mlamem.paths import PATHS, KernelCall, reserve_workspace
+
+    capabilities = kernel.capabilities(op, kv_format(scenario, op))
+    padded = capabilities.padded_heads(scenario.heads_per_rank)
+    problem = problem_for(scenario, op, tokens, padded, kv_tokens)
+    q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, device, seed)
+    workspace = reserve_workspace(path, kernel, max_tokens=tokens, padded_heads=padded,
+                                  d_qk=scenario.d_qk, d_v=scenario.d_v, topk=problem.topk,
+                                  sm_count=local_sm_count(), device=device,
+                                  q_dtype=problem.q_dtype)
+    call = KernelCall(run=functools.partial(kernel.run, problem, inputs=inputs), op=op,
+                      padded_heads=padded, takes_out=capabilities.takes_out,
+                      q_dtype=problem.q_dtype)
+    out, lse = PATHS[path](q, call, workspace)
+    return out.clone(), lse.clone(), problem.kv_tokens
+
+
+def reference_error(out, lse, ref_out, ref_lse) -> ReferenceDifference:
+    import torch
+
+    diff = out.float() - ref_out.float()
+    finite = torch.isfinite(ref_lse)
+    lse_diff = (lse.float() - ref_lse.float())[finite]
+    return ReferenceDifference(
+        out_max_abs=diff.abs().max().item(),
+        out_rel_l2=(diff.norm() / ref_out.float().norm()).item(),
+        lse_max_abs=lse_diff.abs().max().item() if lse_diff.numel() else 0.0)
+
+
+def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Sequence[str],
+                kernels: Sequence[SparseDecodeKernel], *, command: str,
+                kv_tokens: int | None = None, reference: SparseDecodeKernel | None = None,
+                seed: int = 0,
+                on_case: Callable[[int, str], None] | None = None) -> CompareResult:
+    """Compare two kernels (and each with `reference`, when given) over values x paths."""
+    import torch
+
+    check_kernels(kernels, op)
+    device = torch.device("cuda")
+    rows, kv_used = [], kv_tokens
+    for t in values:
+        ref = None
+        if reference is not None:
+            ref_out, ref_lse, _ = _run(reference, scenario, op, t, "alloc", kv_tokens, seed,
+                                       device)
+            ref = (ref_out, ref_lse)
+        for path in paths:
+            outs = {}
+            for kernel in kernels:
+                out, lse, kv_used = _run(kernel, scenario, op, t, path, kv_tokens, seed, device)
+                outs[kernel.name] = (out, lse)
+            (out_a, lse_a), (out_b, lse_b) = outs.values()
+            rows.append(CompareRow(
+                tokens=t, path=path, out_equal=torch.equal(out_a, out_b),
+                lse_equal=torch.equal(lse_a, lse_b),
+                out_max_diff=(out_a.float() - out_b.float()).abs().max().item(),
+                lse_max_diff=(lse_a.float() - lse_b.float()).abs().max().item(),
+                errors={name: None if ref is None else reference_error(*pair, *ref)
+                        for name, pair in outs.items()}))
+            del outs, out_a, out_b, lse_a, lse_b
+            if on_case:
+                on_case(t, path)
+        del ref
+        torch.cuda.empty_cache()
+    return CompareResult(
+        command=command, op=op, scenario=scenario.name,
+        kernels=[{"name": k.name, "label": k.label, "version": k.version(),
+                  "head_counts": list(k.capabilities(op, kv_format(scenario, op)).head_counts)}
+                 for k in kernels],
+        kv_tokens=kv_used, rows=rows, environment=environment.capture(),
+        created=environment.now_utc(),
+        notes=[] if reference is not None else ["no reference run (--no-reference)"])
+
+
+__all__ = ["SCHEMA", "CompareResult", "CompareRow", "run_compare"]

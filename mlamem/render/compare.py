@@ -1,0 +1,73 @@
+"""`mlamem compare`: two kernels on the same inputs, per (value, path), and each against the
+torch reference."""
+
+from __future__ import annotations
+
+import json
+
+from mlamem.compare import CompareResult, CompareRow
+from mlamem.operations import operation
+from mlamem.render.common import compact_table, console_text, with_notes
+
+
+def _equal(row: CompareRow) -> str:
+    if row.out_equal and row.lse_equal:
+        return "bit-identical"
+    parts = []
+    if not row.out_equal:
+        parts.append(f"out differs (max {row.out_max_diff:.3g})")
+    if not row.lse_equal:
+        parts.append(f"lse differs (max {row.lse_max_diff:.3g})")
+    return "; ".join(parts)
+
+
+def _error(row: CompareRow, name: str) -> str:
+    error = row.errors.get(name)
+    if error is None:
+        return "-"
+    return f"{error.out_rel_l2:.2e} / {error.lse_max_abs:.1e}"
+
+
+def _title(result: CompareResult) -> str:
+    a, b = (k["name"] for k in result.kernels)
+    return f"mlamem compare {result.op}: {a} vs {b}, {result.scenario}"
+
+
+def _notes(result: CompareResult) -> list[str]:
+    versions = ", ".join(f"{k['name']} {k['version'] or '?'} (heads {k['head_counts']})"
+                         for k in result.kernels)
+    return [f"same inputs (one seed) through each kernel; reference error = out relative L2 / "
+            f"lse max abs against the plain-torch reference; KV tokens {result.kv_tokens}",
+            versions, *result.notes, f"Command: {result.command}"]
+
+
+def compare_table(result: CompareResult) -> str:
+    symbol = operation(result.op).symbol
+    names = [k["name"] for k in result.kernels]
+    out = compact_table(_title(result))
+    for column in (symbol, "path", "outputs", *(f"{n}\nvs reference" for n in names)):
+        out.add_column(column, justify="right" if column == symbol else "left")
+    for row in result.rows:
+        out.add_row(str(row.tokens), row.path, _equal(row), *(_error(row, n) for n in names))
+    return console_text(with_notes(out, _notes(result)))
+
+
+def compare_markdown(result: CompareResult) -> str:
+    symbol = operation(result.op).symbol
+    names = [k["name"] for k in result.kernels]
+    lines = [f"### {_title(result)}", "",
+             f"| {symbol} | path | out and lse | " + " | ".join(
+                 f"{n} vs reference (out rel-L2 / lse max abs)" for n in names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    for row in result.rows:
+        lines.append(f"| {row.tokens} | {row.path} | {_equal(row)} | "
+                     + " | ".join(_error(row, n) for n in names) + " |")
+    lines += [""] + [f"- {note}" for note in _notes(result)]
+    return "\n".join(lines) + "\n"
+
+
+def compare_json(result: CompareResult) -> str:
+    return json.dumps(result.to_dict(), indent=2) + "\n"
+
+
+COMPARE_FORMATS = {"table": compare_table, "markdown": compare_markdown, "json": compare_json}

@@ -1,0 +1,129 @@
+"""FlashMLA's three operations on the GPU, in both builds (sgl-flash-mla, vLLM's): predicted =
+measured to the byte, paths bit-identical, outputs held to the torch reference, native head
+counts as declared, and vLLM's `out_` writing into the caller's buffer.
+
+Tolerances against the reference come from errors measured on an H200 with
+`scripts/kernel_trace.py` (float32 reference, 2026-12-02), about 5x over:
+- bf16 operations (dense decode over a bf16 cache, sparse prefill): out relative L2 0.0018 to
+  0.0019, lse max abs 3e-6 to 5e-6 -> 0.01 and 1e-4;
+- dense decode over an fp8 cache (fp8 q and KV, bf16 out): out relative L2 0.0137, lse max abs
+  8.2e-4 -> 0.05 and 5e-3.
+"""
+
+import pytest
+import torch
+
+from mlamem import scenario
+from mlamem.compare import run_compare
+from mlamem.kernels import load_kernel
+from mlamem.kernels.base import Problem, to_kernel_layout
+from mlamem.kernels.flashmla import ALL_HEADS
+from mlamem.profile import run_profile
+from mlamem.validate import run_validation
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+BUILDS = ["flashmla", "flashmla-vllm"]
+# (operation, scenario, two swept values)
+CASES = [("dense-decode", "kimi-k2-dense-tp4-dp", (16, 256)),
+         ("dense-decode", "kimi-k2-dense-fp8-tp4-dp", (16, 256)),
+         ("sparse-prefill", "glm5-fp8-tp8", (1024, 8192)),
+         ("sparse-prefill", "deepseek-v32-fp8-tp8", (2048,))]
+TOLERANCE = {"bf16": (0.01, 1e-4), "fp8": (0.05, 5e-3)}  # out rel-L2, lse max abs
+
+
+def kernel(name):
+    adapter = load_kernel(name)()
+    reason = adapter.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{name}: {reason}")
+    return adapter
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize(("op", "name", "values"), CASES)
+def test_prediction_equals_measurement(build, op, name, values):
+    """Every buffer and the totals, allocated and reserved, predicted = measured on every path."""
+    adapter = kernel(build)
+    chosen = scenario.load(name)
+    paths = ["alloc", "workspace"]
+    comparisons = run_validation([(chosen, op, values)], paths, kernel=adapter)
+    differing = [c for c in comparisons if not c.agrees]
+    assert comparisons and not differing, differing[:5]
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize(("op", "name", "values"), CASES[:3])
+def test_paths_are_bit_identical(build, op, name, values):
+    """alloc and workspace give the same out and lse bits (measured)."""
+    result = run_profile(scenario.load(name), values, ["alloc", "workspace"], command="test",
+                         kernel=kernel(build), op=op)
+    assert result.measured and all(row.outputs_equal for row in result.rows)
+
+
+@pytest.mark.parametrize(("op", "name", "values"), CASES[:3])
+def test_both_builds_within_tolerance_of_the_reference(op, name, values):
+    """Each build's out and lse are within the measured-error tolerances of the reference."""
+    chosen = scenario.load(name)
+    cache = chosen.serving.kv_cache_dtype if op == "dense-decode" else "bf16"
+    rel_l2, lse_abs = TOLERANCE[cache]
+    result = run_compare(chosen, op, values[:1], ["alloc"],
+                         [kernel("flashmla"), kernel("flashmla-vllm")], command="test",
+                         reference=load_kernel("reference")())
+    for row in result.rows:
+        for name_, error in row.errors.items():
+            assert error.out_rel_l2 < rel_l2 and error.lse_max_abs < lse_abs, (name_, error)
+
+
+def test_sparse_decode_builds_are_bit_identical():
+    """sgl-flash-mla and vLLM's build give the same sparse decode bits on both paths."""
+    result = run_compare(scenario.load("glm5-fp8-tp8"), "sparse-decode", [1024, 8192],
+                         ["alloc", "workspace"], [kernel("flashmla"), kernel("flashmla-vllm")],
+                         command="test")
+    assert result.all_equal, result.rows
+
+
+def _tiny_call(adapter, op, heads, kv_format):
+    problem = Problem(op=op, rows=64 if op != "dense-decode" else 4, heads=heads,
+                      sm_scale=0.07, kv_tokens=4096 if op != "dense-decode" else 1024,
+                      kv_format=kv_format, topk=None if op == "dense-decode" else 2048)
+    q, inputs = adapter.make_inputs(problem, heads, torch.device("cuda"), seed=0)
+    q = q.to(getattr(torch, problem.q_dtype))
+    adapter.run(problem, to_kernel_layout(op, q), inputs)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize(("op", "kv_format"), [("sparse-decode", "fp8_ds_mla"),
+                                               ("dense-decode", "bf16"), ("dense-decode", "fp8"),
+                                               ("sparse-prefill", "bf16")])
+def test_declared_head_counts_match_a_live_probe(build, op, kv_format):
+    """A head count runs natively exactly when the adapter declares it for this GPU."""
+    adapter = kernel(build)
+    declared = adapter.capabilities(op, kv_format).head_counts
+    runs = []
+    for heads in ALL_HEADS:
+        try:
+            _tiny_call(adapter, op, heads, kv_format)
+            runs.append(heads)
+        except RuntimeError:
+            pass
+    assert tuple(runs) == tuple(declared)
+
+
+@pytest.mark.parametrize(("op", "kv_format"), [("sparse-decode", "fp8_ds_mla"),
+                                               ("dense-decode", "bf16"),
+                                               ("sparse-prefill", "bf16")])
+def test_vllm_writes_into_the_callers_out(op, kv_format):
+    """With out_, vLLM's build returns the caller's buffer, and the values equal its own out."""
+    adapter = kernel("flashmla-vllm")
+    assert adapter.capabilities(op, kv_format).takes_out and not adapter.capabilities(
+        op, kv_format).assumed
+    problem = Problem(op=op, rows=64, heads=64, sm_scale=0.07, kv_tokens=4096,
+                      kv_format=kv_format, topk=None if op == "dense-decode" else 2048)
+    q, inputs = adapter.make_inputs(problem, 64, torch.device("cuda"), seed=1)
+    q = to_kernel_layout(op, q)
+    own, _ = adapter.run(problem, q, inputs)
+    buffer = torch.full_like(own, float("nan"))
+    out, _ = adapter.run(problem, q, inputs, out=buffer)
+    assert out.data_ptr() == buffer.data_ptr() and torch.equal(buffer, own)
