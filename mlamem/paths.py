@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # checking paths needs no torch; allocating does, and imports
 PATH_NAMES = ("alloc", "workspace", "workspace-full")
 STAGING_PATHS = ("workspace", "workspace-full")  # the paths that reserve a workspace
 FULL_STAGING = ("takes_out", "takes_lse", "takes_accum_workspace")  # what workspace-full needs
-FULL_STAGING_KERNEL = "triton"  # the shipped kernel that has all of FULL_STAGING
 
 
 @dataclass
@@ -223,8 +222,36 @@ def available_paths(capabilities: Capabilities) -> list[str]:
         capabilities)]
 
 
-def check_paths(paths, capabilities: Capabilities, kernel_label: str) -> None:
-    """UserError (exit 2) for an unknown path, or workspace-full with a kernel that cannot."""
+def full_staging_kernels(op: str = SPARSE_DECODE) -> list[str]:
+    """The registered kernels that take everything workspace-full stages (FULL_STAGING) for
+    `op`, in registry order. It loads every adapter that runs `op` (an adapter that fails to
+    is left out), so only the error path of `check_paths` asks."""
+    from mlamem.kernels import REGISTRY, load_kernel
+
+    names = []
+    for name, entry in list(REGISTRY.items()):
+        if op not in entry.operations:
+            continue
+        try:
+            capabilities = load_kernel(name)().capabilities(op)
+        except Exception:  # not loadable here, or not answering for op: not a suggestion
+            continue
+        if not missing_for_full_staging(capabilities):
+            names.append(name)
+    return names
+
+
+def _full_staging_fix(op: str) -> str:
+    names = full_staging_kernels(op)
+    if not names:
+        return "no registered kernel takes all three (`mlamem kernels` lists what each takes)"
+    return "use " + " or ".join(f"--kernel {name}" for name in names)
+
+
+def check_paths(paths, capabilities: Capabilities, kernel_label: str,
+                op: str = SPARSE_DECODE) -> None:
+    """UserError (exit 2) for an unknown path, or workspace-full with a kernel that cannot
+    (naming the registered kernels that can run `op` with it)."""
     for path in paths:
         if path not in PATH_NAMES:
             raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
@@ -232,4 +259,4 @@ def check_paths(paths, capabilities: Capabilities, kernel_label: str) -> None:
     if "workspace-full" in paths and missing:
         raise UserError(f"path workspace-full needs a kernel that takes out=, lse= and "
                         f"accum_workspace=; {kernel_label} takes no {', '.join(missing)} "
-                        f"({capabilities.source}); use --kernel {FULL_STAGING_KERNEL}")
+                        f"({capabilities.source}); {_full_staging_fix(op)}")
