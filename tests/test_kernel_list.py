@@ -129,3 +129,33 @@ def test_importing_the_listing_imports_no_adapter_nor_torch():
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.kernels.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_kernels_command_prints_the_listing(capsys):
+    """`mlamem kernels`: the rendered listing, exit 0, also where no kernel runs (a CPU)."""
+    from mlamem.cli import main
+
+    assert main(["kernels"]) == 0
+    out, err = capsys.readouterr()
+    assert out == kernel_list.render_kernels(kernel_list.list_kernels()) and err == ""
+    for name in kernel_names():
+        assert any(line.startswith(f"{name} ") for line in out.splitlines())
+
+
+def test_the_kernels_command_lists_a_plugin(toy, capsys):
+    from mlamem.cli import main
+
+    assert main(["kernels"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("toy ") and "toy 0.1  available" in line for line in lines)
+    assert any(line.startswith("broken ") and "the adapter does not load" in line
+               for line in lines)
+
+
+def test_kernels_help_starts_without_torch_or_an_adapter():
+    code = ("import sys; from mlamem.cli import main; from mlamem.kernels import REGISTRY; "
+            "code = main(['kernels', '--help']); heavy = ['torch', *(e.module for e in "
+            "REGISTRY.values())]; print(code, sorted(m for m in heavy if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.splitlines()[-1] == "0 []"
