@@ -618,9 +618,19 @@ def gate(
         "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for every "
                                  "shipped scenario. Default: the baseline's (all for a new one).")
     ] = None,
+    op: Annotated[OpName | None, typer.Option(
+        "--op", help="Gate this operation only. Default: the baseline's operations; with "
+                     "--update, every operation the kernel runs that each scenario declares.",
+        show_default=False)] = None,
     tokens: Annotated[str | None, typer.Option(
-        help="Comma-separated T values. Default: the baseline's "
-             f"({','.join(map(str, DEFAULT_TOKENS))} for a new one).")] = None,
+        help="Comma-separated T values (sparse-decode) and s_q values (sparse-prefill). Default: "
+             f"the baseline's ({','.join(map(str, DEFAULT_TOKENS))} for a new one), each "
+             "scenario the ones its max_num_batched_tokens allows.", show_default=False)] = None,
+    requests: Annotated[str | None, typer.Option(
+        help="dense-decode: comma-separated b values, requests per decode step. Default: the "
+             "baseline's (" + ",".join(map(str, operations.OPERATION_TABLE["dense-decode"]
+                                             .default_sweep)) + " for a new one).",
+        show_default=False)] = None,
     paths: Annotated[str | None, typer.Option(
         help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
              "for a new one).")] = None,
@@ -645,19 +655,28 @@ def gate(
 ) -> None:
     """Fail CI when per-call memory grows: compare a profile sweep with a baseline file.
 
-    Every (scenario, T, path) of the sweep is measured on a GPU (predicted without one) and its
-    peak allocated, peak reserved, bytes allocated inside the call and per-buffer bytes are
-    compared with the baseline. Exits 1 if any grew beyond the tolerance, 0 otherwise (an
-    improvement says to update the baseline), 2 on bad input or a baseline from a different
-    environment. Prints a Markdown diff, also appended to $GITHUB_STEP_SUMMARY when set.
+    Every (scenario, operation, swept value, path) of the sweep is measured on a GPU (predicted
+    without one) and its peak allocated, peak reserved, bytes allocated inside the call and
+    per-buffer bytes are compared with the baseline. Without flags the baseline's own sweep
+    (kernel, scenarios, operations, values, paths) runs again. Exits 1 if any grew beyond the
+    tolerance, 0 otherwise (an improvement says to update the baseline), 2 on bad input or a
+    baseline from a different environment. Prints a Markdown diff, also appended to
+    $GITHUB_STEP_SUMMARY when set.
     """
+    from mlamem.paths import PATH_NAMES
+
     for flag, given in (("--tolerance", tolerance is not None),
                         ("--allow-env-change", allow_env_change)):
         if update and given:
             raise UserError(f"{flag} has no effect with --update, which writes this run's "
                             "figures whatever they are; drop one of them")
     overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
-    token_list = parse_tokens(tokens) if tokens is not None else None
+    if op is not None:  # --tokens or --requests, whichever the operation sweeps
+        swept = parse_sweep(op.value, tokens, requests)
+        values_given = {} if swept is None else {operations.operation(op.value).flag: swept}
+    else:
+        values_given = {flag: parse_tokens(text, flag, symbol) for flag, text, symbol in (
+            ("--tokens", tokens, "T"), ("--requests", requests, "b")) if text is not None}
     if update:  # a new baseline's folder is created, as in `--baseline ci/mlamem.json --update`
         pick_format(baseline, None, ["json"], "--baseline", what="--baseline")
         check_output_path(baseline, "--baseline", parents=True)
@@ -669,28 +688,33 @@ def gate(
             if not update:
                 raise
             unreadable = exc  # said once every input is checked
-    # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario.
-    decode = make_kernel(kernel if kernel is not None
-                         else gating.sweep_kernel(previous.sweep if previous else {}))
-    sweep = previous.sweep if previous else {"scenarios": scenarios.shipped_names(),
-                                             "tokens": list(DEFAULT_TOKENS),
-                                             "paths": available_paths(decode.capabilities())}
-    path_list = parse_paths(paths, decode) if paths is not None else None
-    names = sweep["scenarios"]
+    # Defaults: the baseline's own sweep; for a new baseline, every shipped scenario, each
+    # operation's default values and every path the kernel has.
+    recorded = previous.sweep if previous else None
+    decode = make_kernel(kernel if kernel is not None else gating.sweep_kernel(recorded or {}))
+    if op is not None:
+        ops = [op.value]
+    elif update:  # every operation the kernel runs; each scenario keeps those it declares
+        ops = list(decode.operations)
+    else:
+        ops = gating.sweep_ops(recorded)
+    values = {o: values_given.get(spec.flag) or gating.sweep_values(recorded, o)
+              for o, spec in operations.OPERATION_TABLE.items()}
+    if paths is not None:  # split, and refuse an unknown or repeated path
+        path_list = parse_paths(paths, decode, decode.operations[0])
+    else:
+        path_list = list(recorded["paths"] if recorded else PATH_NAMES)
+    names = recorded["scenarios"] if recorded else scenarios.shipped_names()
     if scenario == "all":
         names = scenarios.shipped_names()
     elif scenario is not None:
         names = [n.strip() for n in scenario.split(",")]
-    token_list, path_list = token_list or sweep["tokens"], path_list or sweep["paths"]
-    chosen = [scenarios.load(name) for name in names]
-    for s in chosen:
-        padded_heads = scenarios.check_decode(s, decode.capabilities().head_counts, decode.label)
-        scenarios.check_decode_tokens(s, padded_heads, token_list if tokens is not None else [])
-    if tokens is not None:  # T values given: every scenario must take them all
-        for s in chosen:
-            check_request(s, token_list, path_list, decode, fix=DROP_CASE)
+    parts = gating.plan_sweep(
+        [(name, scenarios.load(name)) for name in names], ops, values, path_list, decode,
+        op_given=op is not None, named=scenario not in (None, "all"),
+        values_given=list(values_given), paths_given=paths is not None, fix=DROP_CASE)
     if not update:
-        gating.check_covered(previous, chosen, token_list, path_list)
+        gating.check_covered(previous, parts)
     if previous and not update and not allow_env_change:  # this machine against the baseline's
         reason = "--predict was given" if predict else decode.unavailable_reason()
         here = dataclasses.replace(
@@ -700,12 +724,14 @@ def gate(
     if unreadable is not None:
         print(f"mlamem: replacing an unreadable baseline ({unreadable})", file=sys.stderr)
     command = "mlamem " + shlex.join(sys.argv[1:])
-    total = sum(len(runnable_tokens(s, token_list, path_list)) for s in chosen) * len(path_list)
+    total = sum(len(p.values) * len(p.paths) for p in parts)
     with _progress("gate", total) as advance:
         current = gating.run_sweep(
-            chosen, names, token_list, path_list, command=command, kernel=decode, predict=predict,
-            on_case=lambda name, case: advance(f"{name}: T={case.tokens} {case.path} "
-                                               f"{case.failure or 'ok'}"))
+            parts, gating.sweep_record(parts, values, decode.name), command=command,
+            kernel=decode, predict=predict,
+            on_case=lambda name, o, case: advance(
+                f"{name} {o}: {operations.operation(o).symbol}={case.tokens} {case.path} "
+                f"{case.failure or 'ok'}"))
     if previous and not update and not allow_env_change:
         gating.check_comparable(gating.environment_differences(previous, current), baseline)
     if not current.measured:

@@ -1,9 +1,13 @@
 """`mlamem gate`: compare a profile sweep with a committed baseline, byte by byte.
 
-A baseline (JSON schema `mlamem.baseline/1`) holds, for every (scenario, T, path) of a sweep,
-the figures the gate watches: peak allocated, peak reserved, bytes allocated inside the call and
-the bytes of each named buffer; plus the environment it was made in. Everything here works on
-plain data; `run_sweep` is the one function that runs the profiler.
+A baseline (JSON schema `mlamem.baseline/1`) holds, for every (scenario, operation, swept
+value, path) of a sweep, the figures the gate watches: peak allocated, peak reserved, bytes
+allocated inside the call and the bytes of each named buffer; plus the environment it was made
+in and the sweep itself (kernel, scenarios, operations, values, paths), so a bare rerun repeats
+it exactly. The swept value is T (sparse decode), b requests (dense decode) or s_q (sparse
+prefill), kept under `tokens` in every case. Baselines from before operations have no `op`:
+they are sparse decode. Everything here works on plain data; `plan_sweep` checks a sweep before
+any work, `run_sweep` is the one function that runs the profiler.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlamem import operations
 from mlamem.errors import UserError
-from mlamem.kernels import REGISTRY
+from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
+from mlamem.kernels.base import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
@@ -26,7 +32,6 @@ if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.baseline/1"
-DEFAULT_KERNEL = "flashmla"  # the --kernel default
 
 # Metric name -> the case field it reads; "buffer" compares each named buffer's bytes.
 METRICS = {
@@ -96,10 +101,13 @@ def parse_tolerances(text: str) -> dict[str, Tolerance]:
 
 @dataclass(frozen=True)
 class CaseFigures:
-    """The gated figures of one (scenario, T, path); None where the call failed."""
+    """The gated figures of one (scenario, op, swept value, path); None where the call failed."""
 
     scenario: str
-    tokens: int  # T
+    op: str = field(default=SPARSE_DECODE, kw_only=True)  # the kernel operation
+    tokens: int  # the swept value: T, b requests (dense decode) or s_q (sparse prefill)
+    requests: int | None = field(default=None, kw_only=True)  # dense decode: b (= tokens)
+    kv_tokens: int | None = field(default=None, kw_only=True)  # KV tokens each query saw
     path: str
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
@@ -108,8 +116,8 @@ class CaseFigures:
     failure: str | None = None  # one line when the call failed (OOM or otherwise)
 
     @property
-    def key(self) -> tuple[str, int, str]:
-        return self.scenario, self.tokens, self.path
+    def key(self) -> tuple[str, str, int, str]:
+        return self.scenario, self.op, self.tokens, self.path
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,8 @@ class Baseline:
     measured: bool  # False: predicted by the allocator model
     not_measured_reason: str | None  # why the figures are predicted
     environment: dict  # mlamem.environment.Environment as a dict
-    sweep: dict  # "scenarios" (names or TOML paths as given), "tokens", "paths", "kernel"
+    sweep: dict  # "scenarios" (names or TOML paths as given), "ops", "tokens" (T and s_q),
+    #              "requests" (b), "paths", "kernel"
     cases: list[CaseFigures]
     schema: str = SCHEMA
 
@@ -137,7 +146,8 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
             for b in row.buffers:
                 buffers[b["name"]] = buffers.get(b["name"], 0) + b["requested_bytes"]
             cases.append(CaseFigures(
-                scenario=row.scenario, tokens=row.tokens, path=row.path,
+                scenario=row.scenario, op=row.op, tokens=row.tokens, requests=row.requests,
+                kv_tokens=row.kv_tokens, path=row.path,
                 peak_allocated_bytes=row.peak_allocated_bytes,
                 peak_reserved_bytes=row.peak_reserved_bytes,
                 bytes_allocated_in_call=row.bytes_allocated_in_call, buffers=buffers,
@@ -148,23 +158,134 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
                     cases=cases)
 
 
-def run_sweep(chosen: Sequence[Scenario], sources: Sequence[str], tokens: Sequence[int],
-              paths: Sequence[str], *, command: str, kernel: SparseDecodeKernel,
-              predict: bool = False,
-              on_case: Callable[[str, CallMeasurement], None] | None = None) -> Baseline:
-    """Profile every scenario (measured on a GPU, else predicted) and keep the gated figures."""
-    from mlamem.profile import run_profile, runnable_tokens
+@dataclass(frozen=True)
+class SweepPart:
+    """One (scenario, operation) of a sweep: the values it runs and the paths it runs them on."""
 
-    results = [run_profile(s, runnable_tokens(s, tokens, paths), paths, command=command,
-                           kernel=kernel, predict=predict,
-                           on_case=on_case and (lambda case, name=s.name: on_case(name, case)))
-               for s in chosen]
-    return baseline_from(results, {"scenarios": list(sources), "tokens": list(tokens),
-                                   "paths": list(paths), "kernel": kernel.name}, command)
+    scenario: Scenario
+    source: str  # the scenario as given: a name or a TOML path
+    op: str
+    values: list[int]  # those the scenario can run (runnable_tokens)
+    paths: list[str]
+
+
+def sweep_ops(sweep: dict) -> list[str]:
+    """The operations a sweep covers; baselines from before operations covered sparse decode."""
+    return list(sweep.get("ops", [SPARSE_DECODE]))
+
+
+def sweep_values(sweep: dict | None, op: str) -> list[int]:
+    """The values a recorded sweep gives `op` (`tokens`: T and s_q, `requests`: b); the
+    operation's default sweep where the recorded sweep covered no operation swept that way."""
+    key = operations.operation(op).key
+    if sweep and any(operations.operation(o).key == key for o in sweep_ops(sweep)):
+        return list(sweep.get(key, []))
+    return list(operations.operation(op).default_sweep)
+
+
+def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
+               values: dict[str, list[int]], paths: Sequence[str], kernel: SparseDecodeKernel,
+               *, op_given: bool = False, named: bool = True,
+               values_given: Sequence[str] = (), paths_given: bool = False,
+               fix: str | None = None) -> list[SweepPart]:
+    """Check a sweep before any work and split it into (scenario, operation) parts: each chosen
+    scenario runs every operation of `ops` that the kernel runs and the scenario declares, at
+    `values[op]` (filtered by what its workspace holds) on the `paths` the kernel has for it.
+
+    `chosen`: (name or TOML path as given, scenario) pairs. `op_given`: `ops` is the user's --op,
+    which the kernel must run. `named`: the scenarios were named (not `all`), so each must drive
+    one of `ops`. `values_given`: the flags (--tokens, --requests) the user gave, whose values
+    every scenario must take. `paths_given`: --paths was given, so each must be supported;
+    otherwise a part runs the ones of `paths` its kernel supports for that operation. `fix`
+    names the flags that help when a given value does not suit a scenario.
+    """
+    from mlamem import scenario as scenarios
+    from mlamem.paths import available_paths, check_paths
+    from mlamem.profile import DROP_CASE, check_request, runnable_tokens
+
+    if op_given:
+        for op in ops:
+            if op not in kernel.operations:
+                raise UserError(f"kernel {kernel.name} does not run {op}; it runs "
+                                f"{', '.join(kernel.operations)}: pick one with --op, or "
+                                "another --kernel")
+    parts = []
+    for source, s in chosen:
+        s_ops = [o for o in ops if o in kernel.operations and o in
+                 operations.scenario_operations(s)]
+        if not s_ops and named:  # a scenario named on purpose must take part
+            if op_given:
+                operations.check_supported(s, ops[0], kernel.name, kernel.operations)
+            covered = [o for o in ops if o in kernel.operations]
+            raise UserError(f"scenario {s.name} drives "
+                            f"{', '.join(operations.scenario_operations(s))}; kernel {kernel.name} "
+                            f"runs {', '.join(covered) or 'none of ' + ', '.join(ops)} in this "
+                            "sweep: pick another --scenario, --op or --kernel")
+        for op in s_ops:
+            spec = operations.operation(op)
+            fmt = operations.kv_format(s, op)
+            capabilities = kernel.capabilities(op, fmt)
+            if paths_given:
+                try:
+                    check_paths(paths, capabilities, kernel.label, op)
+                except UserError as exc:
+                    raise UserError(f"--paths: {exc}") from None
+                part_paths = list(paths)
+            else:
+                part_paths = [p for p in paths if p in available_paths(capabilities)]
+            padded_heads = scenarios.check_decode(s, capabilities.head_counts, kernel.label)
+            given = spec.flag in values_given
+            scenarios.check_decode_tokens(s, padded_heads, values[op] if given else [],
+                                          option=spec.flag)
+            if given:  # values given: every scenario must take them all
+                check_request(s, values[op], part_paths, kernel, fix=fix or DROP_CASE, op=op)
+            runnable = runnable_tokens(s, values[op], part_paths, op)
+            if runnable and part_paths:
+                parts.append(SweepPart(s, source, op, runnable, part_paths))
+    if not parts:
+        raise UserError(f"no chosen scenario drives {', '.join(ops)} with kernel {kernel.name}; "
+                        "pick another --scenario, --op or --kernel")
+    for flag in values_given:
+        if not any(operations.operation(p.op).flag == flag for p in parts):
+            swept = sorted({operations.operation(p.op).flag for p in parts})
+            raise UserError(f"{flag}: no operation of this sweep takes it (it sweeps "
+                            f"{', '.join(sorted({p.op for p in parts}))}); give "
+                            f"{' or '.join(swept)} instead")
+    return parts
+
+
+def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kernel: str) -> dict:
+    """What a baseline records of its sweep, so that a bare rerun repeats it: the scenarios
+    (names or TOML paths as given) and operations that ran, the values of each way of sweeping
+    (as asked, before each scenario's filter; empty when no operation swept that way), every
+    path a part ran, and the kernel."""
+    from mlamem.paths import PATH_NAMES
+
+    ops = [o for o in OPERATIONS if any(p.op == o for p in parts)]
+    names = list(dict.fromkeys(p.source for p in parts))
+    by_key = {operations.operation(o).key: values[o] for o in ops}
+    paths = [name for name in PATH_NAMES if any(name in p.paths for p in parts)]
+    return {"scenarios": names, "ops": ops, "tokens": list(by_key.get("tokens", [])),
+            "requests": list(by_key.get("requests", [])), "paths": paths, "kernel": kernel}
+
+
+def run_sweep(parts: Sequence[SweepPart], sweep: dict, *, command: str,
+              kernel: SparseDecodeKernel, predict: bool = False,
+              on_case: Callable[[str, str, CallMeasurement], None] | None = None) -> Baseline:
+    """Profile every part (measured on a GPU, else predicted) and keep the gated figures.
+    `on_case(scenario, op, case)` sees each call as it finishes."""
+    from mlamem.profile import run_profile
+
+    results = [run_profile(p.scenario, p.values, p.paths, command=command, kernel=kernel,
+                           predict=predict, op=p.op,
+                           on_case=on_case and (lambda case, p=p: on_case(p.scenario.name, p.op,
+                                                                          case)))
+               for p in parts]
+    return baseline_from(results, sweep, command)
 
 
 def sweep_kernel(sweep: dict) -> str:
-    """The --kernel a sweep ran; baselines from before --kernel existed ran FlashMLA."""
+    """The --kernel a sweep ran; baselines from before --kernel existed ran the default one."""
     return sweep.get("kernel", DEFAULT_KERNEL)
 
 
@@ -208,14 +329,28 @@ def _parse(data: dict) -> Baseline:
         buffers = _get(case, "buffers", dict, where)
         for name in buffers:
             _get(buffers, name, int, f"{where}.buffers")
+        op = case.get("op", SPARSE_DECODE) if isinstance(case, dict) else SPARSE_DECODE
+        if op not in OPERATIONS:
+            raise ValueError(f"{where}.op {op!r} is not one of {', '.join(OPERATIONS)}")
+        optional = {name: _get(case, name, (int, type(None)), where)
+                    for name in ("requests", "kv_tokens") if name in case}
         cases.append(CaseFigures(
-            scenario=_get(case, "scenario", str, where), tokens=_get(case, "tokens", int, where),
-            path=_get(case, "path", str, where), buffers=buffers,
-            failure=_get(case, "failure", (str, type(None)), where), **numbers))
+            scenario=_get(case, "scenario", str, where), op=op,
+            tokens=_get(case, "tokens", int, where), path=_get(case, "path", str, where),
+            buffers=buffers, failure=_get(case, "failure", (str, type(None)), where),
+            **optional, **numbers))
     sweep = _get(data, "sweep", dict, "baseline")
     for key, kind in (("scenarios", str), ("tokens", int), ("paths", str)):
         if not all(isinstance(v, kind) for v in _get(sweep, key, list, "sweep")):
             raise TypeError(f"sweep.{key} has the wrong type")
+    for key, kind in (("ops", str), ("requests", int)):
+        if key in sweep and not all(isinstance(v, kind) for v in _get(sweep, key, list, "sweep")):
+            raise TypeError(f"sweep.{key} has the wrong type")
+    unknown = [o for o in sweep_ops(sweep) if o not in OPERATIONS]
+    if unknown:
+        raise ValueError(f"sweep.ops {unknown[0]!r} is not one of {', '.join(OPERATIONS)}")
+    if DENSE_DECODE in sweep_ops(sweep) and "requests" not in sweep:
+        raise ValueError("sweep.requests is missing (the sweep covers dense-decode)")
     if sweep_kernel(sweep) not in REGISTRY:
         raise ValueError(f"sweep.kernel {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
     return Baseline(command=_get(data, "command", str, "baseline"),
@@ -226,20 +361,18 @@ def _parse(data: dict) -> Baseline:
                     cases=cases)
 
 
-def check_covered(baseline: Baseline, chosen: Sequence[Scenario], tokens: Sequence[int],
-                  paths: Sequence[str]) -> None:
+def check_covered(baseline: Baseline, parts: Sequence[SweepPart]) -> None:
     """Every case about to be swept must have baseline figures to compare with."""
-    from mlamem.profile import runnable_tokens
-
     known = {case.key for case in baseline.cases}
-    for scenario in chosen:
-        name = scenario.name
-        for t in runnable_tokens(scenario, tokens, paths):
-            for path in paths:
-                if (name, t, path) not in known:
-                    raise UserError(f"the baseline has no figures for {name} T={t} {path}; drop "
-                                    "--scenario/--tokens/--paths to rerun the baseline's sweep, "
-                                    "or add the case with --update")
+    for part in parts:
+        name, symbol = part.scenario.name, operations.operation(part.op).symbol
+        for t in part.values:
+            for path in part.paths:
+                if (name, part.op, t, path) not in known:
+                    raise UserError(f"the baseline has no figures for {name} {symbol}={t} {path} "
+                                    f"({part.op}); drop --scenario/--op/--tokens/--requests/"
+                                    "--paths to rerun the baseline's sweep, or add the case with "
+                                    "--update")
 
 
 # The environment: what makes two sweeps comparable.
@@ -311,7 +444,7 @@ class Change:
     """One figure of one case that differs from the baseline."""
 
     scenario: str
-    tokens: int  # T
+    tokens: int  # the swept value: T, b or s_q
     path: str
     metric: str  # one of METRICS, or "failure" when the call newly fails or no longer fails
     buffer: str | None  # the buffer's name, for metric "buffer"
@@ -320,6 +453,7 @@ class Change:
     allowed_bytes: int  # growth (and shrinkage) the tolerance lets pass as noise
     verdict: str  # "regressed", "improved" or "within tolerance"
     detail: str | None = None  # the failure, for metric "failure"
+    op: str = SPARSE_DECODE  # the kernel operation
 
     @property
     def difference_bytes(self) -> int | None:
@@ -370,7 +504,8 @@ def compare(baseline: Baseline, current: Baseline,
         base = before.get(now.key)
         if base is None:  # a case the baseline does not have (only after --update)
             continue
-        where = {"scenario": now.scenario, "tokens": now.tokens, "path": now.path}
+        where = {"scenario": now.scenario, "op": now.op, "tokens": now.tokens,
+                 "path": now.path}
         if (base.failure is None) != (now.failure is None):
             changes.append(Change(
                 **where, metric="failure", buffer=None, baseline_bytes=None, current_bytes=None,

@@ -5,15 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import gate
+from mlamem import gate, operations
+from mlamem import scenario as scenarios
 from mlamem.cli import main
 from mlamem.errors import UserError
+from mlamem.kernels import kernel_operations, load_kernel
 from mlamem.paths import PATHS
-from mlamem.testing import no_gpu, one_line_error
+from mlamem.testing import check_bad_input, no_gpu, one_line_error
 
-# a copy of reports/baselines/predicted.json (.ci/run checks they are equal)
-COMMITTED = Path(__file__).parent / "fixtures" / "reports" / "baselines" / "predicted.json"
-GLM5_T1024 = ["--scenario", "glm5-fp8-tp8", "--tokens", "1024"]
+# copies of reports/baselines/predicted*.json (.ci/run checks they are equal)
+BASELINES = Path(__file__).parent / "fixtures" / "reports" / "baselines"
+COMMITTED = BASELINES / "predicted.json"
+GLM5_T1024 = ["--scenario", "glm5-fp8-tp8", "--tokens", "1024"]  # sparse decode and prefill
 PADDED_Q_T1024 = 1024 * 64 * 576 * 2  # bytes of one padded q at T=1024 (75497472)
 MiB = 1024**2
 
@@ -152,14 +155,19 @@ def baseline_file(tmp_path_factory):
 
 
 def test_update_writes_a_baseline_and_a_rerun_passes(baseline_file, capsys):
-    """--update records the cases, environment and sweep; an unchanged rerun exits 0."""
+    """--update records the cases, environment and sweep (every operation GLM-5 declares, T and
+    s_q both 1024); an unchanged rerun exits 0."""
     data = json.loads(baseline_file.read_text())
     assert data["schema"] == "mlamem.baseline/1" and data["measured"] is False
-    assert data["sweep"] == {"scenarios": ["glm5-fp8-tp8"], "tokens": [1024],
-                             "paths": ["alloc", "workspace"], "kernel": "flashmla"}
+    assert data["sweep"] == {"scenarios": ["glm5-fp8-tp8"], "ops": ["sparse-decode", "sparse-prefill"],
+                             "tokens": [1024], "requests": [], "paths": ["alloc", "workspace"],
+                             "kernel": "flashmla"}
     assert {"gpu", "compute_capability", "torch", "kernels", "mlamem"} <= set(data["environment"])
+    assert [(c["op"], c["path"]) for c in data["cases"]] == [
+        ("sparse-decode", "alloc"), ("sparse-decode", "workspace"),
+        ("sparse-prefill", "alloc"), ("sparse-prefill", "workspace")]
     alloc = data["cases"][0]
-    assert alloc["buffers"]["padded_q"] == PADDED_Q_T1024 and alloc["path"] == "alloc"
+    assert alloc["buffers"]["padded_q"] == PADDED_Q_T1024 and alloc["requests"] is None
     assert [p.name for p in baseline_file.parent.iterdir()] == [baseline_file.name]
     assert _gate("--baseline", str(baseline_file)) == 0
     assert "Every figure equals the baseline." in capsys.readouterr().out
@@ -177,6 +185,8 @@ def test_regressed_wrapper_fails_naming_case_buffer_and_bytes(baseline_file, cap
     assert (f"| regressed | glm5-fp8-tp8 | 1024 | alloc | peak allocated |  | 392.751 MiB | "
             f"464.751 MiB | +{PADDED_Q_T1024} B") in out
     assert "| workspace |" not in out  # the workspace path is untouched
+    assert "**sparse-prefill**: s_q, prefill tokens of one call" in out  # its q is padded too
+    assert "| regressed | glm5-fp8-tp8 | 1024 | alloc | peak allocated |  | 136.500 MiB |" in out
 
 
 def test_tolerance_decides(baseline_file, capsys, monkeypatch, regressed_alloc_path):
@@ -198,7 +208,7 @@ def test_improvement_passes_and_says_to_update(tmp_path, monkeypatch, capsys,
     capsys.readouterr()
     assert _gate("--baseline", str(path)) == 0
     out = capsys.readouterr().out
-    assert "passed, 4 figure(s) improved" in out
+    assert "passed, 8 figure(s) improved" in out  # 4 figures of each operation
     assert f"| improved | glm5-fp8-tp8 | 1024 | alloc | buffer bytes | unattributed | 72.000 MiB | - | " \
            f"-{PADDED_Q_T1024} B" in out
     assert f"update the baseline with `mlamem gate --baseline {path} --update`" in out
@@ -245,10 +255,23 @@ def test_update_never_leaves_a_broken_file(baseline_file, tmp_path, capsys):
 
 
 @no_gpu
-def test_committed_predicted_baselines_pass(capsys):
-    """The predicted figures of every shipped scenario equal the committed baseline's."""
-    assert main(["gate", "--baseline", str(COMMITTED)]) == 0
-    assert "Every figure equals the baseline." in capsys.readouterr().out
+@pytest.mark.parametrize("name", ["predicted.json", "predicted-flashmla-vllm.json",
+                                  "predicted-triton.json"])
+def test_committed_predicted_baselines_pass(name, capsys):
+    """The predicted figures of every shipped scenario, in every operation it declares that the
+    baseline's kernel runs, equal the committed baseline's: a bare gate reruns its sweep."""
+    baseline = gate.load(BASELINES / name)
+    kernel = gate.sweep_kernel(baseline.sweep)
+    if load_kernel(kernel)().version() is not None:  # the baselines were made without it
+        pytest.skip(f"kernel {kernel} is installed here; its predicted baseline assumes it is not")
+    assert main(["gate", "--baseline", str(BASELINES / name)]) == 0
+    out = capsys.readouterr().out
+    assert "Every figure equals the baseline." in out and "not in this sweep" not in out
+    ops = set(gate.sweep_ops(baseline.sweep))
+    for scenario in scenarios.shipped_names():
+        declared = set(operations.scenario_operations(scenarios.load(scenario)))
+        swept = {c.op for c in baseline.cases if c.scenario == scenario}
+        assert swept == declared & ops & set(kernel_operations(kernel)), scenario
 
 
 def test_update_replaces_an_unreadable_baseline_and_lists_what_moved(tmp_path, monkeypatch,
@@ -282,3 +305,138 @@ def test_gate_refuses_a_baseline_of_another_kernel(tmp_path, capsys):
     assert main(["gate", "--predict", "--baseline", str(baseline), "--kernel", "flashmla",
                  "--paths", "alloc"]) == 2
     assert "kernel: baseline triton, this run flashmla" in capsys.readouterr().err
+
+
+# Operations: every case is (scenario, op, swept value, path).
+
+def _old_format(data: dict) -> dict:
+    """`data` as a baseline from before operations: sparse decode cases without `op`,
+    `requests` or `kv_tokens`, a sweep without `ops` or `requests`, and the environment's
+    per-kernel fields of that time (`flash_mla`, `triton`) instead of `kernels`."""
+    env = {k: v for k, v in data["environment"].items() if k != "kernels"}
+    env.update(flash_mla=data["environment"]["kernels"]["flashmla"],
+               triton=data["environment"]["kernels"]["triton"])
+    sweep = {k: v for k, v in data["sweep"].items() if k not in ("ops", "requests")}
+    sweep["scenarios"] = list(dict.fromkeys(c["scenario"] for c in data["cases"]
+                                            if c["op"] == "sparse-decode"))
+    cases = [{k: v for k, v in c.items() if k not in ("op", "requests", "kv_tokens")}
+             for c in data["cases"] if c["op"] == "sparse-decode"]
+    return {**data, "environment": env, "sweep": sweep, "cases": cases}
+
+
+@no_gpu
+def test_an_old_baseline_without_op_reads_as_sparse_decode_and_passes(tmp_path, capsys):
+    """The committed baseline as it was before operations (28 sparse decode cases, no `op`)
+    loads as sparse decode, and a bare gate reruns only its sparse decode sweep and passes;
+    --update then adds every other operation its scenarios declare."""
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(_old_format(json.loads(COMMITTED.read_text())), indent=2))
+    old = gate.load(path)
+    assert gate.sweep_ops(old.sweep) == ["sparse-decode"] and len(old.cases) == 28
+    assert {c.op for c in old.cases} == {"sparse-decode"} and old.cases[0].kv_tokens is None
+    assert main(["gate", "--baseline", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "Compared 260 figures over 28 cases" in out and "Every figure equals" in out
+    assert "new in this sweep" not in out and "not in this sweep" not in out
+    assert main(["gate", "--baseline", str(path), "--update", "--predict"]) == 0
+    assert "case(s) are new in this sweep" in capsys.readouterr().out
+    updated = gate.load(path)
+    assert gate.sweep_ops(updated.sweep) == ["sparse-decode", "sparse-prefill"]
+    assert {(c.scenario, c.op, c.tokens, c.path): c for c in updated.cases
+            if c.op == "sparse-decode"}.keys() == {c.key for c in old.cases}
+
+
+@pytest.fixture(scope="module")
+def every_op_file(tmp_path_factory):
+    """A predicted baseline of GLM-5 (sparse decode and prefill at 1024) and Kimi-K2 dense
+    (dense decode at b=16), made by `mlamem gate --update`."""
+    path = tmp_path_factory.mktemp("ops") / "ops.json"
+    assert _gate("--baseline", str(path), "--update", "--scenario",
+                 "glm5-fp8-tp8,kimi-k2-dense-tp4-dp", "--tokens", "1024", "--requests", "16") == 0
+    return path
+
+
+def test_a_baseline_of_every_operation_round_trips_and_passes(every_op_file, capsys):
+    """Dense decode cases carry b as `requests` (= `tokens`) and the context as `kv_tokens`;
+    the sweep records its operations and each one's values; load and write give the same
+    file; a bare rerun compares all six cases and passes."""
+    data = json.loads(every_op_file.read_text())
+    assert data["sweep"] == {
+        "scenarios": ["glm5-fp8-tp8", "kimi-k2-dense-tp4-dp"],
+        "ops": ["sparse-decode", "dense-decode", "sparse-prefill"], "tokens": [1024],
+        "requests": [16], "paths": ["alloc", "workspace"], "kernel": "flashmla"}
+    assert [(c["scenario"], c["op"], c["tokens"], c["requests"], c["kv_tokens"], c["path"])
+            for c in data["cases"]] == [
+        ("glm5-fp8-tp8", "sparse-decode", 1024, None, 8192, "alloc"),
+        ("glm5-fp8-tp8", "sparse-decode", 1024, None, 8192, "workspace"),
+        ("glm5-fp8-tp8", "sparse-prefill", 1024, None, 8192, "alloc"),
+        ("glm5-fp8-tp8", "sparse-prefill", 1024, None, 8192, "workspace"),
+        ("kimi-k2-dense-tp4-dp", "dense-decode", 16, 16, 8192, "alloc"),
+        ("kimi-k2-dense-tp4-dp", "dense-decode", 16, 16, 8192, "workspace")]
+    assert gate.load(every_op_file).to_json() == every_op_file.read_text()
+    capsys.readouterr()
+    assert _gate("--baseline", str(every_op_file)) == 0
+    out = capsys.readouterr().out
+    assert "over 6 cases" in out and "Every figure equals the baseline." in out
+    assert _gate("--baseline", str(every_op_file), "--op", "dense-decode") == 0
+    assert "4 baseline case(s) were not in this sweep" in capsys.readouterr().out
+
+
+def test_a_regression_in_one_operation_fails_naming_it_and_its_value(every_op_file, tmp_path,
+                                                                     capsys):
+    """A dense decode case whose baseline figure is 4 KiB lower fails the gate (exit 1) in a
+    dense-decode table whose value column is b; the other operations pass untouched."""
+    data = json.loads(every_op_file.read_text())
+    [case] = [c for c in data["cases"] if c["op"] == "dense-decode" and c["path"] == "workspace"]
+    case["peak_allocated_bytes"] -= 4096
+    path = tmp_path / "lower.json"
+    path.write_text(json.dumps(data))
+    assert _gate("--baseline", str(path)) == 1
+    out = capsys.readouterr().out
+    assert "FAILED, 1 figure(s) grew" in out
+    assert "**dense-decode**: b, requests of one decode step" in out
+    assert "| verdict | scenario | b | path | metric |" in out
+    assert "| regressed | kimi-k2-dense-tp4-dp | 16 | workspace | peak allocated |" in out
+    assert "+4096 B" in out and "sparse-decode" not in out and "sparse-prefill" not in out
+
+
+def test_an_operation_the_kernel_does_not_run_is_one_line(baseline_file, tmp_path):
+    """`gate --kernel triton --op dense-decode`: one line naming what triton runs, exit 2, no
+    file written, against a baseline or making one."""
+    for args in (["--baseline", str(baseline_file)],
+                 ["--baseline", str(tmp_path / "new.json"), "--update"]):
+        line = check_bad_input(["gate", "--predict", *args, "--kernel", "triton", "--op",
+                                "dense-decode"], "kernel triton does not run dense-decode",
+                               watch=tmp_path)
+        assert "it runs sparse-decode" in line
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--op", "sparse-prefill", "--requests", "16"], "give --tokens instead",
+                 id="requests-for-prefill"),
+    pytest.param(["--scenario", "kimi-k2-dense-tp4-dp", "--tokens", "1024"],
+                 "--tokens: no operation of this sweep takes it", id="tokens-for-dense"),
+    pytest.param(["--scenario", "glm5-fp8-tp8", "--op", "dense-decode"],
+                 "scenario glm5-fp8-tp8 does not drive dense-decode", id="op-not-declared"),
+    pytest.param(["--scenario", "kimi-k2-dense-tp4-dp", "--requests", "512"],
+                 "512 requests exceed kimi-k2-dense-tp4-dp's max_batch_size=256",
+                 id="requests-over-batch"),
+])
+def test_bad_operation_input_is_one_line(tmp_path, args, fix):
+    """An operation's values on the wrong flag, or one its scenario does not drive: exit 2."""
+    check_bad_input(["gate", "--predict", "--baseline", str(tmp_path / "b.json"), "--update",
+                     *args], fix, watch=tmp_path)
+
+
+def test_gate_runs_vllms_flashmla_build(tmp_path, capsys):
+    """--kernel flashmla-vllm predicts (from its assumed schema without vLLM) and a bare rerun
+    uses the kernel the baseline recorded."""
+    path = tmp_path / "vllm.json"
+    assert _gate("--baseline", str(path), "--update", "--kernel", "flashmla-vllm",
+                 "--scenario", "kimi-k2-dense-fp8-tp4-dp", "--requests", "64") == 0
+    data = json.loads(path.read_text())
+    assert data["sweep"]["kernel"] == "flashmla-vllm" and data["sweep"]["ops"] == ["dense-decode"]
+    assert "flashmla-vllm" in data["environment"]["kernels"]
+    capsys.readouterr()
+    assert _gate("--baseline", str(path)) == 0
+    assert "Every figure equals the baseline." in capsys.readouterr().out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from mlamem.gate import Change, GateResult, Tolerance
+from mlamem.kernels.base import OPERATIONS
+from mlamem.operations import operation
 from mlamem.units import format_bytes
 
 _METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",
@@ -61,15 +63,19 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
         return "\n".join(lines) + "\n"
     tolerances = ", ".join(f"{m} {_tolerance_text(t)}" for m, t in result.tolerances.items())
     lines += ["", f"Compared {result.compared_figures} figures over {result.compared_cases} cases "
-                  f"(scenario, T, path); tolerances: {tolerances}."]
-    if result.changes:
-        lines += ["", "| verdict | scenario | T | path | metric | buffer | baseline | now | change |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for c in sorted(result.changes, key=lambda c: _VERDICT_ORDER[c.verdict]):
-            lines.append(f"| {c.verdict} | {c.scenario} | {c.tokens} | {c.path} | "
-                         f"{_METRIC_LABELS[c.metric]} | {c.buffer or ''} | "
-                         f"{_bytes_cell(c.baseline_bytes)} | {_bytes_cell(c.current_bytes)} | "
-                         f"{_change_text(c)} |")
+                  f"(scenario, operation, swept value, path); tolerances: {tolerances}."]
+    if result.changes:  # one table per operation, its swept value under its own symbol
+        for op in [o for o in OPERATIONS if any(c.op == o for c in result.changes)]:
+            spec = operation(op)
+            lines += ["", f"**{op}**: {spec.quantity}", "",
+                      f"| verdict | scenario | {spec.symbol} | path | metric | buffer | baseline | "
+                      "now | change |", "|---|---|---|---|---|---|---|---|---|"]
+            for c in sorted((c for c in result.changes if c.op == op),
+                            key=lambda c: _VERDICT_ORDER[c.verdict]):
+                lines.append(f"| {c.verdict} | {c.scenario} | {c.tokens} | {c.path} | "
+                             f"{_METRIC_LABELS[c.metric]} | {c.buffer or ''} | "
+                             f"{_bytes_cell(c.baseline_bytes)} | {_bytes_cell(c.current_bytes)} | "
+                             f"{_change_text(c)} |")
     else:
         lines += ["", "Every figure equals the baseline."]
     notes = []
