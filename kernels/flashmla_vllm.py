@@ -73,6 +73,20 @@ def _load(path: Path) -> str | None:
     return None
 
 
+def _wheel_version(path: Path) -> str:
+    """vllm's version: from the wheel's METADATA kept beside the libraries (see the README),
+    else from an installed vllm; "vllm ?" when neither says."""
+    metadata = path.parent / "METADATA"
+    if metadata.is_file():
+        for line in metadata.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return f"vllm {line.split(':', 1)[1].strip()}"
+    try:
+        return f"vllm {importlib.metadata.version('vllm')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "vllm ?"
+
+
 @functools.cache
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -106,11 +120,7 @@ class FlashMLAVLLM(FlashMLABuild):
         path = library_path()
         if path is None:
             return None
-        try:
-            wheel = importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
-            wheel = "vllm ?"
-        return f"{wheel} sha256:{_sha256(path)[:16]}"
+        return f"{_wheel_version(path)} sha256:{_sha256(path)[:16]}"
 
     def namespace(self, op_name: str):
         if op_name == "fwd_kvcache_mla_fp8":

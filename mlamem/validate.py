@@ -79,6 +79,11 @@ def sweep_cases(sweep) -> list[tuple[Scenario, str, Sequence[int]]]:
 def check_sweep(sweep, paths: Sequence[str], kernel: SparseDecodeKernel) -> None:
     """Refuse, before any work, a case that cannot run or a machine that cannot measure.
     `sweep`: (scenario, op, values) or (scenario, tokens) items."""
+    if kernel.runs_on_meta:
+        raise UserError(f"validate holds a kernel's allocation spec to the GPU; {kernel.label} "
+                        "has none (it predicts by running itself on the meta device, where "
+                        "cuBLAS's CUDA temporaries do not appear): validate another --kernel "
+                        "(`mlamem kernels`)")
     for scenario, op, tokens in sweep_cases(sweep):
         check_request(scenario, tokens, paths, kernel, fix=DROP_CASE, op=op)
     reason = kernel.unavailable_reason()

@@ -7,7 +7,10 @@ Tolerances against the reference come from errors measured on an H200 with
 - bf16 operations (dense decode over a bf16 cache, sparse prefill): out relative L2 0.0018 to
   0.0019, lse max abs 3e-6 to 5e-6 -> 0.01 and 1e-4;
 - dense decode over an fp8 cache (fp8 q and KV, bf16 out): out relative L2 0.0137, lse max abs
-  8.2e-4 -> 0.05 and 5e-3.
+  8.2e-4 there; 0.0163 and 2.9e-3 on mlamem's own fp8 inputs (`mlamem compare --op
+  dense-decode -s kimi-k2-dense-fp8-tp4-dp`, reports/kernels-h200) -> 0.05 and 1e-2.
+Across the two builds, sparse decode gives bit-identical out but lse differing in its last bits
+(at most 9.5e-7 at T = 1024 to 32768, reports/kernels-h200/compare-sparse-decode.md).
 """
 
 import pytest
@@ -29,7 +32,8 @@ CASES = [("dense-decode", "kimi-k2-dense-tp4-dp", (16, 256)),
          ("dense-decode", "kimi-k2-dense-fp8-tp4-dp", (16, 256)),
          ("sparse-prefill", "glm5-fp8-tp8", (1024, 8192)),
          ("sparse-prefill", "deepseek-v32-fp8-tp8", (2048,))]
-TOLERANCE = {"bf16": (0.01, 1e-4), "fp8": (0.05, 5e-3)}  # out rel-L2, lse max abs
+TOLERANCE = {"bf16": (0.01, 1e-4), "fp8": (0.05, 1e-2)}  # out rel-L2, lse max abs
+LSE_ULPS = 4e-6  # the builds' sparse decode lse: measured apart by at most 9.5e-7
 
 
 def kernel(name):
@@ -75,12 +79,13 @@ def test_both_builds_within_tolerance_of_the_reference(op, name, values):
             assert error.out_rel_l2 < rel_l2 and error.lse_max_abs < lse_abs, (name_, error)
 
 
-def test_sparse_decode_builds_are_bit_identical():
-    """sgl-flash-mla and vLLM's build give the same sparse decode bits on both paths."""
+def test_sparse_decode_builds_give_the_same_out():
+    """sgl-flash-mla and vLLM's build give bit-identical sparse decode out on both paths, and
+    lse within a few float32 ulps (they are not bit-identical)."""
     result = run_compare(scenario.load("glm5-fp8-tp8"), "sparse-decode", [1024, 8192],
                          ["alloc", "workspace"], [kernel("flashmla"), kernel("flashmla-vllm")],
                          command="test")
-    assert result.all_equal, result.rows
+    assert all(row.out_equal and row.lse_max_diff <= LSE_ULPS for row in result.rows), result.rows
 
 
 def _tiny_call(adapter, op, heads, kv_format):
