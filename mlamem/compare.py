@@ -66,6 +66,16 @@ class CompareResult:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> CompareResult:
+        """Read back a saved mlamem.compare/1 file; KeyError/TypeError if malformed."""
+        rows = [CompareRow(**{**row, "errors": {
+            name: None if error is None else ReferenceDifference(**error)
+            for name, error in row["errors"].items()}}) for row in data["rows"]]
+        return cls(**{**data, "rows": rows,
+                      "environment": environment.Environment.from_dict(data["environment"]),
+                      "notes": list(data.get("notes", []))})
+
     @property
     def all_equal(self) -> bool:
         return all(r.out_equal and r.lse_equal for r in self.rows)

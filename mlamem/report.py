@@ -19,6 +19,8 @@ from mlamem import render
 from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
+from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
@@ -164,6 +166,16 @@ def _scenario(saved: Saved) -> str:
     return saved.result.scenario["name"]
 
 
+def _title(saved: Saved) -> str:
+    """A section's title: the scenario, and for a profile its kernel, and its operation if it
+    is not the sparse decode."""
+    if saved.kind != "profile":
+        return _scenario(saved)
+    r = saved.result
+    op = "" if r.op == SPARSE_DECODE else f" {r.op}"
+    return f"{_scenario(saved)}, {r.kernel['label']}{op}"
+
+
 def _figure_names(saved: Sequence[Saved], prefix: str) -> list[str]:
     """A distinct stem per result: PREFIX-KIND-SCENARIO[-predicted][-N]."""
     names, taken = [], set()
@@ -196,7 +208,7 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
     """One result's part of the document; its figures go into `figures` (None: no plots)."""
     r = saved.result
     tag = render.predicted_tag(r.measured)
-    lines = [f"## {saved.kind}: {_scenario(saved)}{tag}", "", f"From `{saved.source}`.", ""]
+    lines = [f"## {saved.kind}: {_title(saved)}{tag}", "", f"From `{saved.source}`.", ""]
     if saved.kind == "profile":
         lines += [render.markdown(r)]
         lines += _figure(figures, f"{stem}-peak.png", f"Per-call peak vs T{tag}",
@@ -255,12 +267,14 @@ def _summary(s: Saved) -> list[str]:
                 out.append(f"{tokens}: " + " → ".join(
                     f"{gib(rows[p].peak_allocated_bytes):.3f}" for p in paths) + " GiB")
         if out and len(paths) > 1:
-            return [f"- profile {r.scenario['name']}, {r.kernel['label']}{tag}: per-call peak, "
-                    f"{' → '.join(paths)} path, at T = " + "; ".join(out)]
+            symbol = operation(r.op).symbol
+            op = "" if r.op == SPARSE_DECODE else f" {r.op}"
+            return [f"- profile{op} {r.scenario['name']}, {r.kernel['label']}{tag}: per-call "
+                    f"peak, {' → '.join(paths)} path, at {symbol} = " + "; ".join(out)]
         return []
     if s.kind == "repro-oom":
         verdicts = "; ".join(f"{render.case_label(c)}: {render.verdict_text(c)}" for c in r.cases)
-        return [f"- repro-oom {r.scenario['name']}{tag}: {verdicts}"]
+        return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
     cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
     differ = [c for c in r.comparisons if not c.agrees]
     verdict = ("every figure equal, to the byte" if not differ
