@@ -29,7 +29,7 @@ from mlamem.allocator import round_size
 from mlamem.attribution import ExpectedBuffer, attribute, expected_buffers
 from mlamem.errors import UserError
 from mlamem.inputs import fill_query, make_inputs
-from mlamem.kernels import KERNELS, BufferSpec, SparseDecodeKernel
+from mlamem.kernels import DEFAULT_KERNEL, KERNELS, BufferSpec, SparseDecodeKernel
 from mlamem.measure import decoder, local_sm_count
 from mlamem.memory import (
     CudaMemory,
@@ -304,7 +304,7 @@ def run_request(request: dict) -> dict:
     used_before_cuda = nvml.used_by_uuid()  # before this process creates a CUDA context
     chosen = scenario.from_dict(request["scenario"], request.get("source", "request"))
     budget = Budget(**request["budget"])
-    kernel = KERNELS[request.get("kernel", "flashmla")]()
+    kernel = KERNELS[request.get("kernel", DEFAULT_KERNEL)]()
     reason = kernel.unavailable_reason()
     if reason is not None:
         case = EngineCase(path=request.get("path", request.get("variant")), measured=True,

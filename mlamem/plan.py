@@ -227,10 +227,10 @@ def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int) -> dict:
 def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest]) -> None:
     """Refuse, before any plan, a scenario or max_num_tokens the vLLM side's model of FlashMLA's
     calls cannot run (heads per rank, head dims, tensors too large to exist)."""
-    from mlamem.kernels import FlashMLA
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.scenario import check_decode, check_decode_tokens
 
-    kernel = FlashMLA()
+    kernel = load_kernel(DEFAULT_KERNEL)()
     padded_heads = check_decode(scenario, kernel.capabilities().head_counts, kernel.label)
     for request in requests:
         given = request.max_num_tokens != scenario.serving.max_num_batched_tokens

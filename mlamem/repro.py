@@ -33,7 +33,7 @@ from mlamem.context_reuse import (
 )
 from mlamem.engine import CRASHED, ERROR, FITS, Budget, EngineCase, emulate
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, SparseDecodeKernel
+from mlamem.kernels import DEFAULT_KERNEL, SparseDecodeKernel, load_kernel
 from mlamem.measure import local_sm_count
 from mlamem.memory import SimulatedMemory
 from mlamem.non_torch import NonTorchSetup, calibrated, find_setup
@@ -196,7 +196,7 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
               worker: Sequence[str] = WORKER,
               on_progress: Callable[[str], None] | None = None) -> ReproResult:
     """Emulate the rank once per path, then search each path's largest safe token budget."""
-    kernel = kernel or FlashMLA()
+    kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None

@@ -152,9 +152,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import pytest
 
-    from mlamem.kernels import FlashMLA
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
 
-    reason = FlashMLA().unavailable_reason()
+    reason = load_kernel(DEFAULT_KERNEL)().unavailable_reason()
     markers = {
         "needs_flashmla": pytest.mark.skipif(reason is not None,
                                              reason=f"needs a CUDA GPU with flash_mla: {reason}"),

@@ -237,10 +237,6 @@ ALLOWED = {
 # load_kernel, full_staging_kernels) when those files are next edited. Listed so that a new
 # mention fails this test; an entry that no longer matches does no harm.
 PENDING = {
-    ("mlamem/engine.py", 'request.get("kernel", "flashmla")'): "DEFAULT_KERNEL",
-    ("mlamem/plan.py", "FlashMLA"): "load_kernel(DEFAULT_KERNEL)",
-    ("mlamem/repro.py", "FlashMLA"): "load_kernel(DEFAULT_KERNEL)",
-    ("mlamem/testing.py", "FlashMLA"): "load_kernel(DEFAULT_KERNEL) for needs_flashmla",
     ("mlamem/cli.py", "--kernel triton"): "--paths help: paths.full_staging_kernels()",
     ("mlamem/cli.py", "e.g. flashmla,flashmla-vllm"): "--kernels error: COMPARED_KERNELS",
 }
