@@ -42,6 +42,9 @@ REGISTRY: dict[str, KernelEntry] = {
                           "workspace-full"),
     "reference": KernelEntry("mlamem.kernels.reference", "Reference", "plain torch",
                              ALL_OPERATIONS),
+    "flashinfer": KernelEntry("mlamem.kernels.flashinfer_mla", "FlashInferMLA",
+                              "FlashInfer's MLA decode (fa3, bf16 cache), takes out and lse",
+                              ("dense-decode",)),
 }
 
 # Names importable from this package, resolved on first access (PEP 562).
@@ -88,6 +91,7 @@ def __getattr__(name: str):
 
 
 __all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL", "REGISTRY",
-           "BufferSpec", "Capabilities", "FlashMLA", "FlashMLAVLLM", "KernelEntry", "Reference",
+           "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA", "FlashMLAVLLM", "KernelEntry",
+           "Reference",
            "SparseDecodeKernel", "TritonDecode", "kernel_help", "kernel_names",
            "kernel_operations", "load_kernel", "simulate_decode"]
