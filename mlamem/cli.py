@@ -57,12 +57,13 @@ class Format(StrEnum):
 
 def parse_tokens(text: str, option: str = "--tokens", symbol: str = "T") -> list[int]:
     """'1024,8192' -> [1024, 8192]; every T a positive integer."""
+    example = "16,64,256" if option == "--requests" else "1024,8192,32768"  # shipped scenarios take these
     values = []
     for item in text.split(","):
         item = item.strip()
         if not item.isdigit() or int(item) <= 0:
             raise UserError(f"{option}: {item!r} is not a positive integer; "
-                            f"write e.g. {option} 1024,8192,32768")
+                            f"write e.g. {option} {example}")
         if int(item) in values:
             raise UserError(f"{option}: {symbol}={int(item)} is listed twice; list each "
                             f"{symbol} once")
@@ -239,6 +240,11 @@ def profile(
     kv_format = operations.kv_format(chosen, op)
     token_list = sweep_list or list(operations.operation(op).default_sweep)
     path_list = parse_paths(paths, decode, op, kv_format)
+    operations.check_kv_tokens(chosen, op, token_list, kv_tokens)
+    if max_num_batched_tokens is not None and op == operations.DENSE_DECODE:
+        raise UserError("--max-num-batched-tokens sizes the token workspace of sparse-decode and "
+                        "sparse-prefill; dense-decode's holds the scenario's [serving]."
+                        "max_batch_size requests: drop it")
     if predict and require_gpu:
         raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
                         "other refuses to); give one")
@@ -258,6 +264,7 @@ def profile(
         reporting.check_report_dir(report_dir)
     padded_heads = scenarios.check_decode(
         chosen, decode.capabilities(op, kv_format).head_counts, decode.label)
+    operations.check_workspace(chosen, op, padded_heads)
     scenarios.check_decode_tokens(
         chosen, padded_heads, token_list, max_tokens=max_num_batched_tokens,
         max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens",
@@ -355,7 +362,8 @@ def validate(
     chosen = [scenarios.load(name.strip()) for name in names]
     sweep, path_lists = [], {}
     for s in chosen:
-        s_ops = [o for o in ops if o in operations.scenario_operations(s)]
+        s_ops = [o for o in ops if o in operations.scenario_operations(s)
+                 and operations.reads_cache(decode, s, o)]
         if not s_ops and scenario != "all":
             operations.check_supported(s, ops[0], decode.name, decode.operations)
         for o in s_ops:
@@ -367,6 +375,8 @@ def validate(
                 operations.operation(o).default_sweep)
             values = (sweep_given if sweep_given is not None
                       else runnable_tokens(s, list(defaults), path_list, o))
+            operations.check_kv_tokens(s, o, values, kv_tokens)
+            operations.check_workspace(s, o, padded_heads)
             scenarios.check_decode_tokens(s, padded_heads, values if sweep_given else [],
                                           option=operations.operation(o).flag)
             sweep.append((s, o, values))
@@ -430,7 +440,7 @@ def compare(
     reference. Needs a GPU where both kernels run. Example: `mlamem compare --op
     sparse-prefill` holds sgl-flash-mla and vLLM's FlashMLA build to the reference.
     """
-    from mlamem.compare import run_compare
+    from mlamem.compare import check_kernels, run_compare
 
     names = [n.strip() for n in kernels.split(",") if n.strip()]
     if len(names) != 2 or names[0] == names[1]:
@@ -455,10 +465,16 @@ def compare(
     path_list = parse_paths(paths, pair[0], op, fmt)
     parse_paths(paths, pair[1], op, fmt)
     values = values or list(operations.operation(op).default_sweep)
+    operations.check_kv_tokens(chosen, op, values, kv_tokens)
+    flag = operations.operation(op).flag
     for kernel in pair:
         padded = scenarios.check_decode(chosen, kernel.capabilities(op, fmt).head_counts,
                                         kernel.label)
-        scenarios.check_decode_tokens(chosen, padded, values, option=operations.operation(op).flag)
+        scenarios.check_decode_tokens(chosen, padded, values, option=flag)
+        operations.check_workspace(chosen, op, padded)
+        check_request(chosen, values, path_list, kernel, op=op,
+                      fix=f"lower {flag} or drop the workspace paths from --paths")
+    check_kernels(pair, op)  # needs the GPU: after every input check, before any progress line
     reference_kernel = make_kernel(REFERENCE_KERNEL) if reference else None
     command = "mlamem " + shlex.join(sys.argv[1:])
     symbol = operations.operation(op).symbol

@@ -23,6 +23,7 @@ from mlamem.kernels.base import (
     SPARSE_PREFILL,
     Problem,
 )
+from mlamem.units import MAX_BYTES, MAX_TOKENS, format_huge
 
 if TYPE_CHECKING:
     from mlamem.scenario import Scenario
@@ -101,6 +102,51 @@ def default_kv_tokens(scenario: Scenario, op: str) -> int:
     return kv_pool_tokens(scenario)
 
 
+def check_kv_tokens(scenario: Scenario, op: str, values, kv_tokens: int | None = None) -> None:
+    """One line (exit 2) for a KV length, or dense-decode requests, whose cache cannot exist:
+    --context-len and --kv-len are one sequence's KV, at most [serving].max_model_len; the paged
+    cache of b dense-decode requests needs b x blocks int32 block ids within 256 TiB."""
+    spec = operation(op)
+    longest = scenario.serving.max_model_len
+    if kv_tokens is not None and spec.kv_flag is not None and kv_tokens > longest:
+        raise UserError(f"{spec.kv_flag} {kv_tokens} exceeds {scenario.name}'s max_model_len="
+                        f"{longest}, the longest sequence it serves; lower {spec.kv_flag}")
+    if op != DENSE_DECODE:
+        return
+    context = kv_tokens or default_kv_tokens(scenario, op)
+    block = scenario.serving.block_size
+    blocks = -(-context // block)  # pages per request
+    per_request = blocks * block * scenario.d_qk * (2 if kv_format(scenario, op) == "bf16" else 1)
+    largest = min(MAX_TOKENS // blocks, MAX_BYTES // per_request)
+    for b in values:
+        if b <= largest:
+            continue
+        why = (f"its paged cache would take {format_huge(b * per_request)}, over the "
+               f"{format_huge(MAX_BYTES)} any tensor here may take"
+               if b * per_request > MAX_BYTES else
+               f"its paged cache would need {b * blocks} blocks, beyond int32 block ids")
+        raise UserError(f"{spec.flag}: b={b} requests of {context} context tokens cannot run: "
+                        f"{why}; the largest b {scenario.name} can take at that context is "
+                        f"{largest}: lower {spec.flag} or --context-len")
+
+
+def check_workspace(scenario: Scenario, op: str, padded_heads: int) -> None:
+    """One line (exit 2) for a dense-decode workspace that cannot exist: it holds
+    [serving].max_batch_size requests (the sparse operations' max_num_batched_tokens tokens are
+    checked by scenario.check_decode_tokens)."""
+    from mlamem.scenario import decode_token_limit
+
+    rows = workspace_rows(scenario, op)
+    limit = decode_token_limit(scenario, padded_heads)
+    if op == DENSE_DECODE and rows > limit:
+        size = rows * padded_heads * (scenario.d_qk + scenario.d_v) * 2
+        raise UserError(f"{scenario.source or scenario.name}: [serving].max_batch_size {rows} "
+                        f"cannot be reserved: q and out of that many requests ({padded_heads} "
+                        f"heads, bf16) would take {format_huge(size)}, over the "
+                        f"{format_huge(MAX_BYTES)} any tensor here may take; the largest "
+                        f"{scenario.name} can take is {limit}")
+
+
 def kv_format(scenario: Scenario, op: str) -> str:
     """The cache the call reads: dense decode the scenario's own; sparse decode an fp8_ds_mla
     pool whatever the scenario budgets its cache in; prefill a gathered bf16 kv."""
@@ -131,3 +177,17 @@ def describe_call(op: str, scenario_summary: dict, kv_tokens: int | None) -> str
     if op == SPARSE_PREFILL:
         return f"topk {s['topk']}, s_q prefill tokens against s_kv = {kv_tokens} bf16 KV tokens"
     return f"topk {s['topk']}, s_q = T"
+
+
+def reads_cache(kernel, scenario: Scenario, op: str) -> bool:
+    """Whether `kernel` reads the cache `op` reads at `scenario` (FlashInfer's MLA: bf16 only)."""
+    return kv_format(scenario, op) in kernel.capabilities(op).kv_formats
+
+
+def check_cache(kernel, scenario: Scenario, op: str) -> None:
+    """One line (exit 2) for a scenario whose cache the kernel does not read."""
+    if not reads_cache(kernel, scenario, op):
+        formats = " or ".join(kernel.capabilities(op).kv_formats)
+        raise UserError(f"kernel {kernel.name} reads a {formats} cache for {op}, not "
+                        f"{scenario.name}'s {kv_format(scenario, op)}: pick another --scenario "
+                        "or --kernel")

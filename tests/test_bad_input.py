@@ -8,7 +8,9 @@ cases cover each principle, not each flag:
 - contradicting flags, and a single-valued flag given twice, are errors;
 - an output's format follows its extension, and --format must agree with it;
 - every output path is tried before any work;
-- a TOML the kernel cannot run is refused with the field named.
+- a TOML the kernel cannot run is refused with the field named;
+- an operation's flags (--requests, --context-len, --kv-len) apply to it alone, a KV length stays
+  within max_model_len, and a dense decode's paged cache must be able to exist.
 Ctrl-C (one line, exit 130, nothing written) runs the real process.
 """
 
@@ -144,6 +146,55 @@ def _with_scenario(cases):
     return [pytest.param(["--scenario", *c.values[0]], c.values[1], id=c.id) for c in cases]
 
 
+LARGEST_DENSE_B = 16777215  # int32 block ids // 128 blocks of 64 tokens per 8192-token request
+OP_CASES = [  # --op and the flags of its sweep and KV length: the same in profile, validate, compare
+    pytest.param(["--op", "sparse-decod"],
+                 "'sparse-decod' is not one of 'sparse-decode', 'dense-decode', 'sparse-prefill'",
+                 id="op-unknown"),
+    pytest.param(["--op", "sparse-decode", "--requests", "16"], "give --tokens instead",
+                 id="op-requests-for-sparse-decode"),
+    pytest.param(["--op", "dense-decode", "--tokens", "16"], "give --requests instead",
+                 id="op-tokens-for-dense-decode"),
+    pytest.param(["--op", "sparse-prefill", "--context-len", "8192"],
+                 "--context-len applies to --op dense-decode only", id="op-context-len-for-prefill"),
+    pytest.param(["--op", "dense-decode", "--kv-len", "8192"],
+                 "--kv-len applies to --op sparse-prefill only", id="op-kv-len-for-dense-decode"),
+    pytest.param(["--op", "sparse-prefill", "--kv-len", "0"],
+                 "'--kv-len': Input should be greater than or equal to 1", id="kv-len-zero"),
+    pytest.param(["--op", "dense-decode", "--context-len", "0"],
+                 "'--context-len': Input should be greater than or equal to 1", id="context-len-zero"),
+    pytest.param(["--op", "dense-decode", "--requests", "0,16"], "write e.g. --requests 16,64,256",
+                 id="requests-zero"),
+    pytest.param(["--op", "dense-decode", "--requests", "16,16"], "b=16 is listed twice",
+                 id="requests-twice-in-list"),
+    pytest.param(["--op", "dense-decode", "--requests", "100000"],
+                 "max_batch_size=256, which sizes the workspace; lower --requests or drop the "
+                 "workspace paths", id="requests-beyond-workspace"),
+    pytest.param(["--op", "dense-decode", "--requests", str(10**12), "--paths", "alloc"],
+                 f"can take at that context is {LARGEST_DENSE_B}: lower --requests or --context-len",
+                 id="requests-cannot-exist"),
+    pytest.param(["--op", "dense-decode", "--requests", "3000000000", "--paths", "alloc"],
+                 "b=3000000000 requests of 8192 context tokens cannot run",
+                 id="requests-beyond-int32"),
+    pytest.param(["--op", "dense-decode", "--requests", "20000000", "--paths", "alloc"],
+                 "beyond int32 block ids", id="requests-block-ids-beyond-int32"),
+    pytest.param(["--op", "dense-decode", "--context-len", "999999"],
+                 "max_model_len=131072, the longest sequence it serves; lower --context-len",
+                 id="context-len-beyond-max-model-len"),
+    pytest.param(["--op", "sparse-prefill", "--kv-len", "999999"],
+                 "the longest sequence it serves; lower --kv-len", id="kv-len-beyond-max-model-len"),
+    pytest.param(["--op", "dense-decode", "-s", "glm5-fp8-tp8"],
+                 "scenario glm5-fp8-tp8 does not drive dense-decode", id="op-not-in-scenario"),
+    pytest.param(["--op", "sparse-prefill", "-s", "kimi-k2-fp8-tp4-dp"],
+                 "scenario kimi-k2-fp8-tp4-dp does not drive sparse-prefill",
+                 id="prefill-not-in-scenario"),
+    pytest.param(["--op", "dense-decode", "--scenario", toml(
+        {"max_batch_size = 256 ": "max_batch_size = 2100000000 "}, "kimi-k2-dense-tp4-dp")],
+        "[serving].max_batch_size 2100000000 cannot be reserved",
+        id="toml-dense-workspace-cannot-exist"),
+]
+
+
 @pytest.mark.parametrize(("args", "fix"), [
     pytest.param(["--tokens", "0"], "positive integer", id="tokens-zero"),
     pytest.param(["--tokens", "1.5"], "positive integer", id="tokens-fraction"),
@@ -194,6 +245,13 @@ def _with_scenario(cases):
     pytest.param(["--report", "{unwritable}"], "cannot write in", id="report-unwritable"),
     pytest.param(["--report", "{unwritable}/new"], "cannot write in", id="report-parent-unwritable"),
     *_with_scenario(TOML_CASES),
+    *OP_CASES,
+    pytest.param(["--kernel", "triton", "--op", "sparse-prefill"],
+                 "kernel triton does not run sparse-prefill", id="op-not-in-kernel"),
+    pytest.param(["--paths", "workspace-full", "--op", "dense-decode"], "--kernel triton",
+                 id="op-path-kernel-cannot"),
+    pytest.param(["--op", "dense-decode", "--max-num-batched-tokens", "512"],
+                 "[serving].max_batch_size requests: drop it", id="mnbt-with-dense-decode"),
 ])
 def test_profile(inputs, args, fix):
     """profile: every bad input is one line, exit 2, before any work."""
@@ -214,10 +272,52 @@ def test_profile(inputs, args, fix):
     pytest.param(["--paths", "fast"], "unknown path 'fast'", id="path-unknown"),
     pytest.param([], "validate needs a GPU", marks=no_gpu, id="no-gpu"),
     *_with_scenario(TOML_CASES[:4]),
+    *OP_CASES,
+    pytest.param(["--requests", "16"], "--requests needs --op", id="requests-without-op"),
+    pytest.param(["--kernel", "triton", "--op", "sparse-prefill"],
+                 "kernel triton does not run sparse-prefill", id="op-not-in-kernel"),
+    pytest.param(["--paths", "workspace-full", "--op", "dense-decode"], "--kernel triton",
+                 id="op-path-kernel-cannot"),
 ])
 def test_validate(inputs, args, fix):
     """validate: bad input is refused before the GPU check, one line, exit 2."""
     _run(inputs, "validate", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--kernels", "flashmla"], "give two different kernels", id="kernels-one"),
+    pytest.param(["--kernels", "flashmla,flashmla"], "give two different kernels",
+                 id="kernels-same-twice"),
+    pytest.param(["--kernels", "flashmla,flashmla-vllm,triton"], "give two different kernels",
+                 id="kernels-three"),
+    pytest.param(["--kernels", "a,b"], "unknown kernel 'a'; expected one of flashmla",
+                 id="kernels-unknown"),
+    pytest.param(["--kernels", "flashmla,triton", "--op", "sparse-prefill"],
+                 "kernel triton does not run sparse-prefill", id="op-not-in-kernel"),
+    pytest.param(["--kernels", "flashmla,flashmla-vllm", "--kernels", "flashmla,triton"],
+                 "--kernels is given twice", id="given-twice"),
+    pytest.param(["--paths", "workspace-full", "--op", "dense-decode"],
+                 "workspace-full needs a kernel that takes out=", id="path-kernel-cannot"),
+    pytest.param(["--paths", "fast"], "unknown path 'fast'", id="path-unknown"),
+    pytest.param(["--paths", "alloc,alloc"], "alloc is listed twice", id="path-twice-in-list"),
+    pytest.param(["--tokens", "65536"], "lower --tokens or drop the workspace paths",
+                 id="tokens-beyond-workspace"),
+    pytest.param(["--tokens", "99999999999999"], str(LARGEST_GLM5_T), id="tokens-cannot-exist"),
+    pytest.param(["--scenario", "glm6"], "unknown scenario 'glm6'", id="scenario-unknown"),
+    pytest.param(["--format", "csv"], "'csv' is not one of 'table', 'markdown', 'json'",
+                 id="format-csv"),
+    pytest.param(["--output", "{out}/c.csv"], ".csv names csv", id="extension-csv"),
+    pytest.param(["--output", "{out}/c.json", "--format", "markdown"], "drop --format",
+                 id="extension-vs-format"),
+    pytest.param(["--output", "{unwritable}/c.json"], "cannot write in", id="output-unwritable"),
+    pytest.param([], "cannot run here", marks=no_gpu, id="no-gpu"),
+    pytest.param(["--op", "dense-decode"], "cannot run here", marks=no_gpu, id="no-gpu-dense"),
+    *_with_scenario(TOML_CASES[:4]),
+    *OP_CASES,
+])
+def test_compare(inputs, args, fix):
+    """compare: bad input is refused before the GPU check (which is one line too), exit 2."""
+    _run(inputs, "compare", args, fix)
 
 
 @pytest.mark.parametrize(("args", "fix"), [
