@@ -212,7 +212,7 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
     parts = []
     for source, s in chosen:
         s_ops = [o for o in ops if o in kernel.operations and o in
-                 operations.scenario_operations(s)]
+                 operations.scenario_operations(s) and operations.reads_cache(kernel, s, o)]
         if not s_ops and named:  # a scenario named on purpose must take part
             if op_given:
                 operations.check_supported(s, ops[0], kernel.name, kernel.operations)

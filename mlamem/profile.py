@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from mlamem import environment
 from mlamem.errors import UserError
 from mlamem.kernels.base import DENSE_DECODE, SPARSE_DECODE
-from mlamem.operations import kv_format, operation, problem_for, workspace_rows
+from mlamem.operations import check_cache, kv_format, operation, problem_for, workspace_rows
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
 if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
@@ -99,6 +99,7 @@ def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str
                   kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT,
                   op: str = SPARSE_DECODE) -> None:
     """Reject what cannot run, before anything is allocated; `fix` names the flags that help."""
+    check_cache(kernel, scenario, op)
     check_paths(paths, kernel.capabilities(op, kv_format(scenario, op)), kernel.label)
     too_big = sorted(set(tokens) - set(runnable_tokens(scenario, tokens, paths, op)))
     if too_big and op == DENSE_DECODE:

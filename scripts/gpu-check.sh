@@ -36,6 +36,8 @@
 #                  exit 2); profiles with --bench of flashmla and flashmla-vllm for each
 #                  operation (GLM-5 prefill also at 64 heads per rank); `mlamem compare` of the
 #                  two builds per operation; `mlamem kernels`
+#   flashinfer     FlashInfer's MLA dense decode (needs .whl/flashinfer, installed by gpu-env.sh):
+#                  its GPU tests, validate, profile --bench and compare against flashmla
 #   kernels-oom    repro-oom and a measured gate (GLM-5) with --kernel flashmla-vllm beside
 #                  flashmla; the operations' GPU tests;
 #                  FlashInfer's MLA tried once when .whl/flashinfer/run.sh is there
@@ -48,7 +50,7 @@
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
 SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
-            kernels-oom)
+            flashinfer kernels-oom)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -250,6 +252,25 @@ suite_non-torch() {
     done
 }
 
+# glm5_64_heads FILE: GLM-5 at tensor_parallel 1 (64 heads per rank), for the prefill at 64 heads
+glm5_64_heads() {
+    sed -e 's/^tensor_parallel = 8 .*/tensor_parallel = 1/' \
+        -e 's/^name = "glm5-fp8-tp8"/name = "glm5-fp8-tp1-64-heads"/' \
+        "$(python3 -c 'import mlamem.scenarios, pathlib; print(pathlib.Path(mlamem.scenarios.__file__).parent)')/glm5-fp8-tp8.toml" \
+        > "$1"
+}
+
+suite_flashinfer() {
+    local s=kimi-k2-dense-tp4-dp
+    step pytest timeout 300 python3 -m pytest -q -rs tests/test_flashinfer_mla.py
+    step validate timeout 300 "${MLAMEM[@]}" validate --kernel flashinfer --op dense-decode \
+        --format json --output "$R/validate-flashinfer-dense-decode.json"
+    step profile timeout 120 "${MLAMEM[@]}" profile --kernel flashinfer --op dense-decode -s "$s" \
+        --bench --format json --output "$R/profile-flashinfer-$s.json"
+    step compare timeout 300 "${MLAMEM[@]}" compare --kernels flashmla,flashinfer --op dense-decode \
+        -s "$s" --format json --output "$R/compare-flashmla-flashinfer-$s.json"
+}
+
 suite_kernels() {
     step kernels "${MLAMEM[@]}" kernels
     step trace timeout 300 python3 scripts/kernel_trace.py "$R/kernel-trace.json"
@@ -267,9 +288,10 @@ suite_kernels() {
     echo "validate --kernel triton --op dense-decode: exit $? (expected 2)" | tee -a "$R/unsupported.log"
     "${MLAMEM[@]}" validate --kernel reference >> "$R/unsupported.log" 2>&1
     echo "validate --kernel reference: exit $? (expected 2)" | tee -a "$R/unsupported.log"
-    sed -e 's/^tensor_parallel = 8 .*/tensor_parallel = 1/' -e 's/^name = "glm5-fp8-tp8"/name = "glm5-fp8-tp1-64-heads"/' \
-        "$(python3 -c 'import mlamem.scenarios, pathlib; print(pathlib.Path(mlamem.scenarios.__file__).parent)')/glm5-fp8-tp8.toml" \
-        > "$R/glm5-64-heads.toml"
+    glm5_64_heads "$R/glm5-64-heads.toml"
+    step validate-flashmla-vllm-prefill-64-heads timeout 300 "${MLAMEM[@]}" validate \
+        --kernel flashmla-vllm --op sparse-prefill -s "$R/glm5-64-heads.toml" --format json \
+        --output "$R/validate-flashmla-vllm-prefill-64-heads.json"
     for k in flashmla flashmla-vllm; do
         step "profile-$k-sparse-decode" timeout 120 "${MLAMEM[@]}" profile --kernel "$k" \
             --tokens "$TOKENS" --bench --format json --output "$R/profile-$k-sparse-decode.json"

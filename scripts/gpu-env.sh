@@ -43,5 +43,21 @@ fi
 if [ -z "${MLAMEM_VLLM_FLASHMLA:-}" ] && [ -f .whl/vllm/_flashmla_C.abi3.so ]; then
     export MLAMEM_VLLM_FLASHMLA=$PWD/.whl/vllm
 fi
-export PYTHONPATH=$MLAMEM_SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+# FlashInfer (kernels/flashinfer_mla.py), when its wheels were downloaded into .whl/flashinfer/
+# (flashinfer-python and what it imports that the machine lacks: apache-tvm-ffi, ninja,
+# requests, tqdm, ...): installed into a folder of its own, after the checkout on the path. Its
+# MLA kernels JIT-compile with nvcc into FLASHINFER_WORKSPACE_BASE unless the wheel brings them
+# compiled.
+_mlamem_fi_site=
+_mlamem_fi_wheels=(.whl/flashinfer/*.whl)
+if [ -e "${_mlamem_fi_wheels[0]}" ]; then
+    _mlamem_fi_site=$MLAMEM_SITE-flashinfer
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$_mlamem_fi_site" "${_mlamem_fi_wheels[@]}" || return 1
+    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fiws}
+    export PATH=$_mlamem_fi_site/bin:$PATH  # ninja, for a JIT compile
+fi
+unset _mlamem_fi_wheels
+export PYTHONPATH=$MLAMEM_SITE${_mlamem_fi_site:+:$_mlamem_fi_site}${PYTHONPATH:+:$PYTHONPATH} PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+unset _mlamem_fi_site
 python3 -c "import mlamem.kernels, mlamem.scenarios" || return 1
