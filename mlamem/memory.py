@@ -9,6 +9,7 @@ allocation specs stand in for what a kernel allocates inside itself.
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -99,7 +100,11 @@ class CudaMemory:
         torch.cuda.synchronize(self.device)
 
     def empty_cache(self) -> None:
+        """Release every cached block: collect unreachable cycles first (a library object in a
+        reference cycle, such as FlashInfer's planned wrapper, holds its workspaces until the
+        garbage collector runs, which could otherwise be in the middle of a measured call)."""
         self.synchronize()
+        gc.collect()
         torch.cuda.empty_cache()
 
     def reset_peaks(self) -> None:
