@@ -146,7 +146,8 @@ KernelOption = Annotated[KernelName, typer.Option(
 PathsOption = Annotated[str | None, typer.Option(
     help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out), "
          "'workspace' (q and out staged in buffers reserved up front), 'workspace-full' (q, out, "
-         "lse and accumulators staged: nothing allocated in the call; --kernel triton). "
+         "lse and accumulators staged: nothing allocated in the call; a kernel that takes all "
+         "four, see `mlamem kernels`). "
          "Default: every path the kernel supports.")]
 
 
@@ -444,7 +445,7 @@ def compare(
 
     names = [n.strip() for n in kernels.split(",") if n.strip()]
     if len(names) != 2 or names[0] == names[1]:
-        raise UserError(f"--kernels: give two different kernels, e.g. flashmla,flashmla-vllm; "
+        raise UserError(f"--kernels: give two different kernels, e.g. {','.join(COMPARED_KERNELS)}; "
                         f"got {kernels!r}")
     for name in names:
         if name not in REGISTRY:

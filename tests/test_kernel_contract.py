@@ -240,8 +240,6 @@ ALLOWED = {
 # load_kernel, full_staging_kernels) when those files are next edited. Listed so that a new
 # mention fails this test; an entry that no longer matches does no harm.
 PENDING = {
-    ("mlamem/cli.py", "--kernel triton"): "--paths help: paths.full_staging_kernels()",
-    ("mlamem/cli.py", "e.g. flashmla,flashmla-vllm"): "--kernels error: COMPARED_KERNELS",
 }
 
 
