@@ -70,7 +70,7 @@ def test_declaring_imports_no_flashinfer():
             "Problem; k = load_kernel('flashinfer')(); k.capabilities('dense-decode'); "
             "k.version(); k.op_allocations(Problem('dense-decode', 4, 64, 0.1, 128, 'bf16'), 132); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flashinfer'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 

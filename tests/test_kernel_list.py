@@ -127,7 +127,7 @@ def test_rendering_fits_the_width_and_marks_assumed_schemas():
 def test_importing_the_listing_imports_no_adapter_nor_torch():
     code = ("import sys, mlamem.kernel_list; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.kernels.')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
