@@ -542,6 +542,10 @@ def repro_oom(
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
     decode = make_kernel(kernel)
+    if "sparse-decode" not in decode.operations:
+        raise UserError(f"repro-oom replays the engine's sparse decode step; kernel {decode.name} "
+                        f"runs {', '.join(decode.operations)}: pick a --kernel that runs "
+                        "sparse-decode (`mlamem kernels`)")
     from mlamem.context_reuse import VARIANTS, is_context_reuse  # torch: after make_kernel
     from mlamem.engine import Budget
     from mlamem.repro import check_target, run_repro

@@ -341,6 +341,10 @@ def test_compare(inputs, args, fix):
     pytest.param(["--scenario", "glm6"], "glm5-fp8-tp8", id="scenario-unknown"),
     pytest.param(["--output", "{out}/r.csv"], ".csv names csv", id="extension-csv"),
     pytest.param(["--output", "{unwritable}/r.json"], "cannot write in", id="output-unwritable"),
+    pytest.param(["--kernel", "flashinfer"], "pick a --kernel that runs sparse-decode",
+                 id="kernel-without-sparse-decode"),
+    pytest.param(["-s", "kimi-k2-dense-tp4-dp"], "pick a sparse-decode scenario",
+                 id="scenario-without-sparse-decode"),
     *_with_scenario(TOML_CASES[:6]),
 ])
 def test_repro_oom(inputs, args, fix):
