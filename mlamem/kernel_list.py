@@ -71,7 +71,14 @@ def heads_text(head_counts: tuple[int, ...]) -> str:
 def _operation(adapter, op: str) -> OperationListing:
     try:
         capabilities = adapter.capabilities(op)
-        return OperationListing(op=op, takes=takes_text(capabilities),
+        formats = capabilities.kv_formats
+        takes = ({fmt: takes_text(adapter.capabilities(op, fmt)) for fmt in formats}
+                 if len(formats) > 1 else {})
+        if len(set(takes.values())) > 1:  # e.g. vLLM's dense decode: out over bf16, not fp8
+            text = ", ".join(f"{fmt}: {t}" for fmt, t in takes.items())
+        else:
+            text = takes_text(capabilities)
+        return OperationListing(op=op, takes=text,
                                 head_counts=tuple(capabilities.head_counts),
                                 assumed=bool(getattr(capabilities, "assumed", False)))
     except Exception as exc:  # an adapter still being extended, or one that breaks here
