@@ -40,8 +40,10 @@ except ImportError:
     from click import exceptions as click_errors
 
 app = typer.Typer(
-    help="GPU memory profiler and OOM reproducer for LLM attention kernels (FlashMLA sparse "
-         "fp8 MLA). Start with `mlamem profile --tokens 32768`.",
+    help="GPU memory profiler and OOM reproducer for LLM attention kernels (the MLA kernels "
+         "engines ship: FlashMLA's sparse fp8 decode, dense decode and sparse prefill, in "
+         "sgl-flash-mla and vLLM's build, and more; `mlamem kernels` lists them). Start with "
+         "`mlamem profile --tokens 32768`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: option names are never cut at 80 columns
 )
@@ -224,13 +226,14 @@ def profile(
                          "result JSON, report.md and its plots (PNG), as `mlamem report` makes.")
     ] = None,
 ) -> None:
-    """Per-call peak memory of the sparse fp8 MLA decode: allocating path vs workspace path.
+    """Per-call peak memory of an MLA kernel call: allocating path vs workspace path.
 
-    On a GPU where the kernel runs (FlashMLA: Hopper/Blackwell with flash_mla), each (T, path)
-    is measured: torch allocator peaks (allocated, reserved), NVML device memory, wall time, and
-    whether every path gives bit-identical out and lse. Without one, the same wrapper code runs
-    on the meta device against a model of the caching allocator, and every figure is labelled
-    PREDICTED.
+    The sparse fp8 decode by default; --op dense-decode or sparse-prefill for the others. On a
+    GPU where the kernel runs (FlashMLA: Hopper/Blackwell), each (T, path) is measured: torch
+    allocator peaks (allocated, reserved), NVML device memory, wall time (--bench: do_bench
+    median), and whether every path gives bit-identical out and lse. Without one, the same
+    wrapper code runs on the meta device against a model of the caching allocator, and every
+    figure is labelled PREDICTED.
     """
     op = op.value
     sweep_list = parse_sweep(op, tokens, requests)
