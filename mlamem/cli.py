@@ -812,6 +812,10 @@ def plan(
         "--block-reuse/--no-block-reuse", help="Prefix (KV block) reuse.")] = None,
     chunked_prefill: Annotated[bool | None, typer.Option(
         "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill.")] = None,
+    kernel: Annotated[KernelName, typer.Option(
+        callback=check_kernel_name, metavar=_KERNEL_METAVAR,
+        help="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
+             "e.g. flashmla-vllm, vLLM's own build, which stages out.")] = DEFAULT_KERNEL,
     sweep: Annotated[str | None, typer.Option(
         help="One variable over several values, as a table: e.g. "
              "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
@@ -853,7 +857,8 @@ def plan(
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
     if chosen.model.index_topk:  # sparse: the vLLM side runs the allocator model
         load_torch()
-    result = plans.run_plan(chosen, overrides, sweep, command="mlamem " + shlex.join(sys.argv[1:]))
+    result = plans.run_plan(chosen, overrides, sweep, command="mlamem " + shlex.join(sys.argv[1:]),
+                            kernel=kernel)
     terminal = render.plan_table(result) if output_format is ReproFormat.table else None
     _emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
 

@@ -175,7 +175,7 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def make_plan(scenario: Scenario, request: PlanRequest) -> Plan:
+def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = None) -> Plan:
     """The plan for one rank; see the module docstring."""
     weights = scenario.parallel.weights_bytes
     total = request.gpu_memory_bytes
@@ -200,7 +200,8 @@ def make_plan(scenario: Scenario, request: PlanRequest) -> Plan:
         pool_tokens_without_reserve=pool_without,
         fp8_reserve=reserve(budget, k, w, l_cap, applies, pool_without),
         full_reserve=reserve(budget, k, w + gather, l_cap, applies, pool_without),
-        vllm=_vllm_side(scenario, request, headroom) if scenario.model.index_topk else None)
+        vllm=_vllm_side(scenario, request, headroom, kernel) if scenario.model.index_topk
+        else None)
 
 
 def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:
@@ -208,29 +209,39 @@ def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:
     return PREFILL_WORKSPACE_COPIES * max_model_len * scenario.d_qk * 2
 
 
-def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int) -> dict:
-    """Per-call needs at max_num_tokens (allocator model) and the prefill workspace."""
+def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int,
+               kernel_name: str | None = None) -> dict:
+    """Per-call needs at max_num_tokens (allocator model, `kernel_name`'s sparse decode: the
+    default kernel when None) and the prefill workspace."""
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.profile import run_profile
 
     tokens = request.max_num_tokens
     at = dataclasses.replace(scenario, serving=dataclasses.replace(
         scenario.serving, max_num_batched_tokens=tokens))
-    rows = run_profile(at, [tokens], ["alloc", "workspace"], command="plan", predict=True).rows
+    kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
+    rows = run_profile(at, [tokens], ["alloc", "workspace"], command="plan", predict=True,
+                       kernel=kernel).rows
     needs = {row.path: row.peak_allocated_bytes for row in rows}
     prefill = prefill_workspace_bytes(scenario, request.max_seq_len)
-    return {"max_num_batched_tokens": tokens, "headroom_bytes": headroom,
+    return {"kernel": kernel.name, "max_num_batched_tokens": tokens, "headroom_bytes": headroom,
             "per_call_need_bytes": needs,
             "per_call_fits": {path: need <= headroom for path, need in needs.items()},
             "prefill_workspace_bytes": prefill, "prefill_workspace_fits": prefill <= headroom}
 
 
-def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest]) -> None:
-    """Refuse, before any plan, a scenario or max_num_tokens the vLLM side's model of FlashMLA's
-    calls cannot run (heads per rank, head dims, tensors too large to exist)."""
+def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
+                    kernel_name: str | None = None) -> None:
+    """Refuse, before any plan, a scenario or max_num_tokens the vLLM side's model of the
+    kernel's calls cannot run (heads per rank, head dims, tensors too large to exist)."""
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.scenario import check_decode, check_decode_tokens
 
-    kernel = load_kernel(DEFAULT_KERNEL)()
+    kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
+    if "sparse-decode" not in kernel.operations:
+        raise UserError(f"plan's vLLM side models the sparse decode; kernel {kernel.name} runs "
+                        f"{', '.join(kernel.operations)}: pick a --kernel that runs it "
+                        "(`mlamem kernels`)")
     padded_heads = check_decode(scenario, kernel.capabilities().head_counts, kernel.label)
     for request in requests:
         given = request.max_num_tokens != scenario.serving.max_num_batched_tokens
@@ -238,7 +249,8 @@ def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest]) -> None
                             max_tokens_option="--max-num-tokens" if given else None)
 
 
-def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str) -> dict:
+def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str,
+             kernel: str | None = None) -> dict:
     """The JSON document `mlamem.plan/1`: one plan, or one per value of the swept variable.
 
     `overrides` are PlanRequest fields (None keeps the scenario's); `sweep` is 'NAME=V1,V2'.
@@ -247,8 +259,8 @@ def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command:
     requests = [request_for(scenario, **(overrides if swept is None else {**overrides, swept: value}))
                 for value in values]
     if scenario.model.index_topk:
-        check_vllm_side(scenario, requests)
-    plans = [make_plan(scenario, request).to_dict() for request in requests]
+        check_vllm_side(scenario, requests, kernel)
+    plans = [make_plan(scenario, request, kernel).to_dict() for request in requests]
     return {
         "schema": SCHEMA, "command": command,
         "scenario": {"name": scenario.name, "model": scenario.model.name,

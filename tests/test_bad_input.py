@@ -378,6 +378,9 @@ def test_repro_oom(inputs, args, fix):
     pytest.param(["--sweep", "max-seq-len=a,b"], "not all valid", id="sweep-not-numbers"),
     pytest.param(["--output", "{out}/p.csv"], ".csv names csv", id="extension-csv"),
     pytest.param(["--output", "{unwritable}/p.json"], "cannot write in", id="output-unwritable"),
+    pytest.param(["--kernel", "flashinfer"], "pick a --kernel that runs it",
+                 id="kernel-without-sparse-decode"),
+    pytest.param(["--kernel", "cuda-magic"], "mlamem kernels", id="kernel-unknown"),
     *_with_scenario(TOML_CASES[:5]),  # the sparse vLLM side runs FlashMLA's allocation model
 ])
 def test_plan(inputs, args, fix):

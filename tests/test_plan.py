@@ -84,6 +84,20 @@ def test_glm_vllm_side_uses_the_allocator_model():
     assert vllm["per_call_fits"] == {"alloc": False, "workspace": True}
 
 
+def test_vllm_side_with_vllms_own_build_stages_out(capsys):
+    """--kernel flashmla-vllm: the workspace path's per-call need drops by the staged out, to the
+    vLLM PR's after figure (8.023 GiB at 32768 tokens, the H200's measurement)."""
+    needs = {}
+    for kernel in ("flashmla", "flashmla-vllm"):
+        assert main(["plan", "--kernel", kernel, "--format", "json"]) == 0
+        vllm = json.loads(capsys.readouterr().out)["plans"][0]["vllm"]
+        assert vllm["kernel"] == kernel
+        needs[kernel] = vllm["per_call_need_bytes"]
+    assert needs["flashmla-vllm"]["workspace"] == 8615101440
+    assert needs["flashmla"]["workspace"] - needs["flashmla-vllm"]["workspace"] == 2 * 1024**3
+    assert needs["flashmla"]["alloc"] == needs["flashmla-vllm"]["alloc"]
+
+
 def test_cli_json_and_sweep(capsys):
     """--sweep gives one plan per value; JSON follows mlamem.plan/1."""
     assert main(["plan", "-s", "kimi-k2-context-reuse", "--sweep",

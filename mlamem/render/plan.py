@@ -64,7 +64,8 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
         headroom = format_bytes(vllm["headroom_bytes"])
         for path, need in vllm["per_call_need_bytes"].items():
             fits = "fits" if vllm["per_call_fits"][path] else "DOES NOT FIT"
-            rows.append((f"vLLM mixed-batch call, {path} path",
+            rows.append((f"vLLM mixed-batch call, {path} path"
+                         + (f" ({vllm['kernel']})" if "kernel" in vllm else ""),
                          f"{format_bytes(need)} at {vllm['max_num_batched_tokens']} tokens "
                          f"(allocator model): {fits} the {headroom} headroom"))
         fits = "fits" if vllm["prefill_workspace_fits"] else "DOES NOT FIT"
