@@ -609,8 +609,9 @@ def repro_oom(
 @app.command()
 def report(
     results: Annotated[list[Path], typer.Argument(
-        help="Result files saved by profile, validate or repro-oom with --format json --output "
-             "(schemas mlamem.profile/1, mlamem.validate/1, mlamem.repro-oom/1).",
+        help="Result files saved by profile, validate, repro-oom or compare with --format json "
+             "--output (schemas mlamem.profile/1, mlamem.validate/1, mlamem.repro-oom/1, "
+             "mlamem.compare/1).",
         show_default=False)],
     output: Annotated[Path | None, typer.Option(
         help="Write the Markdown here and its plots (PNG) next to it, named after it. Without "
@@ -618,10 +619,10 @@ def report(
 ) -> None:
     """Combine saved results into one PR-ready Markdown report, with plots.
 
-    The report has the environment each result came from (GPU, driver, torch, flash_mla,
+    The report has the environment each result came from (GPU, driver, torch, kernel versions,
     mlamem, when, and the command that made it), the per-call peak table (T, before, after,
     saved, outputs equal), the per-buffer breakdown at each T, the OOM verdicts with their
-    headroom, and the validation. Predicted figures are labelled PREDICTED on every table and
+    headroom, the validation, and kernel comparisons. Predicted figures are labelled PREDICTED on every table and
     plot. The same inputs give the same bytes, Markdown and PNGs alike.
     """
     load_torch()  # reading saved results loads the profiler and the repro emulation

@@ -77,6 +77,11 @@ class CompareResult:
                       "notes": list(data.get("notes", []))})
 
     @property
+    def measured(self) -> bool:
+        """Always: comparing runs both kernels on the GPU."""
+        return True
+
+    @property
     def all_equal(self) -> bool:
         return all(r.out_equal and r.lse_equal for r in self.rows)
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 
 from mlamem import render
+from mlamem.compare import SCHEMA as COMPARE_SCHEMA
+from mlamem.compare import CompareResult
 from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
@@ -29,8 +31,10 @@ from mlamem.units import gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
 
-KINDS = {PROFILE_SCHEMA: "profile", REPRO_SCHEMA: "repro-oom", VALIDATE_SCHEMA: "validate"}
-ORDER = ("profile", "repro-oom", "validate")  # sections in this order, inputs in given order within
+KINDS = {PROFILE_SCHEMA: "profile", REPRO_SCHEMA: "repro-oom", VALIDATE_SCHEMA: "validate",
+         COMPARE_SCHEMA: "compare"}
+ORDER = ("profile", "repro-oom", "validate", "compare")  # sections in this order, inputs in
+#                                                          given order within
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class ValidationResult:
                    created=data.get("created"))
 
 
-Result = ProfileResult | ReproResult | ValidationResult
+Result = ProfileResult | ReproResult | ValidationResult | CompareResult
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Saved:
     """One result file: how the report names it, its kind, and what it holds."""
 
     source: str  # the path as the report shows it
-    kind: str  # "profile", "repro-oom" or "validate"
+    kind: str  # "profile", "repro-oom", "validate" or "compare"
     result: Result
 
 
@@ -80,10 +84,12 @@ _SHAPES = {
     "repro-oom": ({**_TOP, "budget": dict}, "cases", {"path": str, "verdict": str, "phase": str}),
     "validate": ({"command": str}, "comparisons", {"scenario": str, "tokens": int, "path": str,
                                                     "item": str, "metric": str}),
+    "compare": ({"command": str, "op": str, "scenario": str, "kernels": list,
+                 "environment": dict}, "rows", {"tokens": int, "path": str, "errors": dict}),
 }
 _READERS: dict[str, Callable[[dict], Result]] = {
     "profile": ProfileResult.from_dict, "repro-oom": ReproResult.from_dict,
-    "validate": ValidationResult.from_dict}
+    "validate": ValidationResult.from_dict, "compare": CompareResult.from_dict}
 
 
 def read_json(path: Path) -> dict:
@@ -163,12 +169,17 @@ def shown_path(path: Path, output: Path | None) -> str:
 def _scenario(saved: Saved) -> str:
     if saved.kind == "validate":
         return ", ".join(dict.fromkeys(c.scenario for c in saved.result.comparisons))
+    if saved.kind == "compare":
+        return saved.result.scenario
     return saved.result.scenario["name"]
 
 
 def _title(saved: Saved) -> str:
     """A section's title: the scenario, and for a profile its kernel, and its operation if it
     is not the sparse decode."""
+    if saved.kind == "compare":
+        r = saved.result
+        return f"{_scenario(saved)}, {' vs '.join(k['name'] for k in r.kernels)}, {r.op}"
     if saved.kind != "profile":
         return _scenario(saved)
     r = saved.result
@@ -221,6 +232,8 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
         if r.mode == "decode":  # the budget plot draws paths, not context-reuse variants
             lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
                              lambda plots: plots.repro_budget(r), saved.source)
+    elif saved.kind == "compare":
+        lines += [render.compare_markdown(r)]
     else:
         lines += [render.validation_markdown(r.comparisons, r.command)]
     return lines
@@ -275,6 +288,9 @@ def _summary(s: Saved) -> list[str]:
     if s.kind == "repro-oom":
         verdicts = "; ".join(f"{render.case_label(c)}: {render.verdict_text(c)}" for c in r.cases)
         return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
+    if s.kind == "compare":
+        return [f"- compare {r.op} {' vs '.join(k['name'] for k in r.kernels)}, {r.scenario}: "
+                f"{_compare_verdict(r)}"]
     cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
     differ = [c for c in r.comparisons if not c.agrees]
     verdict = ("every figure equal, to the byte" if not differ
@@ -282,6 +298,17 @@ def _summary(s: Saved) -> list[str]:
     plural = "s" if len(cases) != 1 else ""
     return [f"- validate: {len(cases)} case{plural} (scenario, T, path), {len(r.comparisons)} figures "
             f"predicted and measured: {verdict}"]
+
+
+def _compare_verdict(r: CompareResult) -> str:
+    """out and lse: bit-identical everywhere, or the largest differences."""
+    if r.all_equal:
+        return "out and lse bit-identical at every (value, path)"
+    parts = [("out bit-identical" if all(row.out_equal for row in r.rows)
+              else f"out differs by up to {max(row.out_max_diff for row in r.rows):.3g}"),
+             ("lse bit-identical" if all(row.lse_equal for row in r.rows)
+              else f"lse by up to {max(row.lse_max_diff for row in r.rows):.3g}")]
+    return ", ".join(parts)
 
 
 def build(saved: Sequence[Saved], figure_prefix: str | None) -> Report:

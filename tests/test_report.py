@@ -178,3 +178,15 @@ def test_environment_records_every_registered_kernel_and_reads_old_files(monkeyp
         environment.Environment.from_dict({**old, "kernels": {"flashmla": "0.9.0"}})
     with pytest.raises(TypeError):
         environment.Environment.from_dict({**saved, "unknown": 1})
+
+
+def test_a_compare_result_gets_its_section_and_verdict(capsys):
+    """A saved `mlamem compare` (the H200's two FlashMLA builds) is a report section: its table
+    and, in the summary, whether out and lse were bit-identical and by how much they differ."""
+    source = REPORTS / "kernels-h200" / "compare-sparse-decode.json"
+    assert main(["report", str(source)]) == 0
+    text = capsys.readouterr().out
+    assert ("- compare sparse-decode flashmla vs flashmla-vllm, glm5-fp8-tp8: out bit-identical, "
+            "lse by up to 9.54e-07") in text
+    assert "## compare: glm5-fp8-tp8, flashmla vs flashmla-vllm, sparse-decode" in text
+    assert "| 32768 | workspace | lse differs (max 9.54e-07) |" in text
