@@ -622,8 +622,8 @@ def report(
     The report has the environment each result came from (GPU, driver, torch, kernel versions,
     mlamem, when, and the command that made it), the per-call peak table (T, before, after,
     saved, outputs equal), the per-buffer breakdown at each T, the OOM verdicts with their
-    headroom, the validation, and kernel comparisons. Predicted figures are labelled PREDICTED on every table and
-    plot. The same inputs give the same bytes, Markdown and PNGs alike.
+    headroom, the validation, and kernel comparisons. Predicted figures are labelled PREDICTED
+    on every table and plot. The same inputs give the same bytes, Markdown and PNGs alike.
     """
     load_torch()  # reading saved results loads the profiler and the repro emulation
     from mlamem import report as reporting
