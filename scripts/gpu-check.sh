@@ -39,10 +39,11 @@
 #   flashinfer     FlashInfer's MLA dense decode (needs .whl/flashinfer, installed by gpu-env.sh):
 #                  its GPU tests, validate, profile --bench and compare against flashmla
 #   kernels-oom    repro-oom and a measured gate (GLM-5) with --kernel flashmla-vllm beside
-#                  flashmla; the operations' GPU tests;
-#                  FlashInfer's MLA tried once when .whl/flashinfer/run.sh is there
+#                  flashmla; the operations' GPU tests
 #
-# Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site.
+# Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site,
+# .whl/flashinfer/*.whl (FlashInfer) beside it, and points MLAMEM_VLLM_FLASHMLA at .whl/vllm/
+# (vLLM's FlashMLA libraries, taken out of the wheel as the README says) when they are there.
 # Results: every suite writes into results/SUITE/ of a scratch folder (printed at the start);
 # after every step the whole results/ folder is packed into OUTDIR/results.tar.gz, since a
 # remote GPU machine may hand back only a few files. OUTDIR/console.log is the console output.
@@ -333,9 +334,6 @@ suite_kernels-oom() {
     step gate-update timeout 300 "${MLAMEM[@]}" gate --kernel flashmla-vllm -s glm5-fp8-tp8 \
         --baseline "$R/measured-flashmla-vllm.json" --update
     step gate-rerun timeout 300 "${MLAMEM[@]}" gate --baseline "$R/measured-flashmla-vllm.json"
-    if [ -f .whl/flashinfer/run.sh ]; then
-        OUT=$R step flashinfer timeout 200 bash .whl/flashinfer/run.sh
-    fi
 }
 
 for SUITE in "${SUITES[@]}"; do
