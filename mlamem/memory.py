@@ -100,9 +100,9 @@ class CudaMemory:
         torch.cuda.synchronize(self.device)
 
     def empty_cache(self) -> None:
-        """Release every cached block: collect unreachable cycles first (a library object in a
-        reference cycle, such as FlashInfer's planned wrapper, holds its workspaces until the
-        garbage collector runs, which could otherwise be in the middle of a measured call)."""
+        """Release every cached block: collect unreachable reference cycles first, so a cycle
+        that holds device tensors neither keeps their blocks from the release nor frees them
+        when the garbage collector happens to run, in the middle of a measured call."""
         self.synchronize()
         gc.collect()
         torch.cuda.empty_cache()

@@ -150,8 +150,8 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     rows, notes, calls = [], [], []
+    q_dtype = problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype
     for path in paths:
-        q_dtype = problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype
         notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label,
                                   q_dtype).notes
                   if n not in notes]

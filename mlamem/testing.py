@@ -130,6 +130,20 @@ def random_decode_inputs(s_q: int, h_q: int, topk: int, *, seed: int,
     return q, kv, indices.masked_fill(drop, -1)
 
 
+def kernel_or_skip(name: str):
+    """The registered kernel `name`, instantiated; the calling test is skipped, with the
+    adapter's one-line reason, where it cannot run here."""
+    import pytest
+
+    from mlamem.kernels import load_kernel
+
+    adapter = load_kernel(name)()
+    reason = adapter.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"{name}: {reason}")
+    return adapter
+
+
 def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
                   edits: Mapping[str, str] | None = None) -> Path:
     """A scenario TOML written into `folder`: the shipped scenario `base` with each text edit

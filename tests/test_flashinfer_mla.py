@@ -29,7 +29,7 @@ from mlamem.kernels.flashinfer_mla import (
 )
 from mlamem.paths import available_paths, check_paths
 from mlamem.profile import run_profile
-from mlamem.testing import check_bad_input
+from mlamem.testing import check_bad_input, kernel_or_skip
 
 DENSE = "dense-decode"
 KIMI = "kimi-k2-dense-tp4-dp"  # 64 heads per rank, bf16 paged cache, 8192-token contexts
@@ -197,12 +197,7 @@ needs_flashinfer = pytest.mark.skipif(REASON is not None, reason=f"needs flashin
 TOLERANCE = (0.01, 1e-4)  # out relative L2, lse max abs: the bf16 dense decode's, as FlashMLA's
 
 
-def available(name):
-    adapter = load_kernel(name)()
-    reason = adapter.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"{name}: {reason}")
-    return adapter
+available = kernel_or_skip
 
 
 @pytest.mark.gpu

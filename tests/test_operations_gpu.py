@@ -22,6 +22,7 @@ from mlamem.kernels import load_kernel
 from mlamem.kernels.base import Problem, to_kernel_layout
 from mlamem.kernels.flashmla import ALL_HEADS
 from mlamem.profile import run_profile
+from mlamem.testing import kernel_or_skip
 from mlamem.validate import run_validation
 
 pytestmark = [pytest.mark.gpu,
@@ -36,12 +37,7 @@ TOLERANCE = {"bf16": (0.01, 1e-4), "fp8": (0.05, 1e-2)}  # out rel-L2, lse max a
 LSE_ULPS = 4e-6  # the builds' sparse decode lse: measured apart by at most 9.5e-7
 
 
-def kernel(name):
-    adapter = load_kernel(name)()
-    reason = adapter.unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"{name}: {reason}")
-    return adapter
+kernel = kernel_or_skip
 
 
 @pytest.mark.parametrize("build", BUILDS)

@@ -115,9 +115,9 @@ def test_allocations_are_flashmlas_or_none(s_q):
     assert sizes == []
 
 
-# Measured in a fresh process: reserved figures assume a cold allocator, and earlier tests in
-# this one may leave live blocks inside cached segments (a full GPU run on the H200 reused
-# 136 MiB so: measured 270532608 B reserved at T=1024 against 413138944 B in isolation).
+# Measured in a fresh process: reserved figures assume a cold allocator. In a full GPU run on
+# the H200 this test measured 270532608 B reserved at T=1024 against 413138944 B predicted
+# (and measured alone): most likely an earlier test left a live block in a cached segment.
 _MEASURE = """
 import json, sys
 from mlamem import scenario
