@@ -2,9 +2,16 @@
 
 It reproduces the allocator's bookkeeping, not its timing: request rounding, the small and
 large pools, segment sizes, best-fit reuse of cached blocks, splitting, merging on free, and
-`empty_cache`. Fed the allocation events of a run, it gives the same allocated and reserved
-figures, peaks included, that `torch.cuda.memory_stats()` reports for that run. The constants
-are those of c10/cuda/CUDACachingAllocator.cpp.
+`empty_cache`, and the private pools CUDA-graph captures allocate from. Fed the allocation
+events of a run, it gives the same allocated and reserved figures, peaks included, that
+`torch.cuda.memory_stats()` reports for that run. The constants are those of
+c10/cuda/CUDACachingAllocator.cpp.
+
+Pools: a block is only ever reused by a request to its own pool. `DEFAULT_POOL` is the
+allocator's ordinary pool on the default stream; `CAPTURE_STREAM_POOL` the ordinary pool on the
+capture stream (torch.cuda.graph's side stream), where the RNG state of the first live graph is
+allocated; any other key is a graph's private pool. A private pool's segments survive
+`empty_cache` until `release_pool` says its graphs are gone.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ SMALL_BUFFER = 2 << 20  # small-pool segment size
 LARGE_BUFFER = 20 << 20  # segment size for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20  # from here, segments are the request rounded to ROUND_LARGE
 ROUND_LARGE = 2 << 20
+DEFAULT_POOL = "default"
+CAPTURE_STREAM_POOL = "capture-stream"
 
 
 def round_size(nbytes: int) -> int:
@@ -53,6 +62,7 @@ class Block:
     address: int
     size: int
     small: bool
+    pool: object = DEFAULT_POOL
     free: bool = True
     requested: int = 0  # bytes asked for, while allocated
     prev: Block | None = field(default=None, repr=False)
@@ -73,7 +83,9 @@ class CachingAllocatorModel:
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
         self.num_ooms = 0
-        self._pools: dict[bool, list[Block]] = {True: [], False: []}  # small? -> cached blocks
+        self._pools: dict[tuple[object, bool], list[Block]] = {}  # (pool, small?) -> free blocks
+        self.pool: object = DEFAULT_POOL  # where requests go now (a private pool while capturing)
+        self._private: set = set()  # private pools whose graphs are alive
         self._segments: list[Block] = []  # first block of each segment
         self._addresses = itertools.count(start=1 << 40, step=1 << 40)
         self.trace: list[dict] | None = None  # when a list, events are appended as torch records them
@@ -88,14 +100,16 @@ class CachingAllocatorModel:
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
         block = self._best_fit(size, small) or self._new_segment(size, small)
-        self._pools[small].remove(block)
+        free_blocks = self._free_blocks(block)
+        free_blocks.remove(block)
         remaining = block.size - size
         if remaining >= MIN_BLOCK_SIZE if small else remaining > SMALL_SIZE:
-            rest = Block(block.address + size, remaining, small, prev=block, next=block.next)
+            rest = Block(block.address + size, remaining, small, block.pool, prev=block,
+                         next=block.next)
             if block.next:
                 block.next.prev = rest
             block.next, block.size = rest, size
-            self._pools[small].append(rest)
+            free_blocks.append(rest)
         block.free, block.requested = False, nbytes
         self._record("alloc", block.address, nbytes)
         self.allocated_bytes += block.size
@@ -107,9 +121,10 @@ class CachingAllocatorModel:
         self._record("free_completed", block.address, block.requested)
         block.free, block.requested = True, 0
         self.allocated_bytes -= block.size
+        free_blocks = self._free_blocks(block)
         for neighbour in (block.prev, block.next):
             if neighbour is not None and neighbour.free:
-                self._pools[block.small].remove(neighbour)
+                free_blocks.remove(neighbour)
                 if neighbour is block.prev:
                     block.address = neighbour.address
                     block.prev = neighbour.prev
@@ -122,33 +137,52 @@ class CachingAllocatorModel:
                     if neighbour.next:
                         neighbour.next.prev = block
                 block.size += neighbour.size
-        self._pools[block.small].append(block)
+        free_blocks.append(block)
 
     def empty_cache(self) -> None:
-        """Release every segment that holds no allocation (torch.cuda.empty_cache)."""
-        for block in [b for b in self._segments if b.free and b.whole_segment]:
+        """Release every segment that holds no allocation (torch.cuda.empty_cache), except
+        those of private pools whose graphs are alive."""
+        for block in [b for b in self._segments if b.free and b.whole_segment
+                      and b.pool not in self._private]:
             self._release(block)
+
+    def begin_allocate_to_pool(self, pool: object) -> None:
+        """Requests go to the private pool `pool` until `end_allocate_to_pool` (a capture)."""
+        self._private.add(pool)
+        self.pool = pool
+
+    def end_allocate_to_pool(self) -> None:
+        self.pool = DEFAULT_POOL
+
+    def release_pool(self, pool: object) -> None:
+        """The graphs of `pool` are gone: its free segments go at the next `empty_cache`."""
+        self._private.discard(pool)
+
+    def _free_blocks(self, block: Block) -> list[Block]:
+        return self._pools.setdefault((block.pool, block.small), [])
 
     def reset_peaks(self) -> None:
         self.peak_allocated_bytes = self.allocated_bytes
         self.peak_reserved_bytes = self.reserved_bytes
 
     def _best_fit(self, size: int, small: bool) -> Block | None:
-        fitting = [b for b in self._pools[small] if b.size >= size]
+        fitting = [b for b in self._pools.get((self.pool, small), []) if b.size >= size]
         return min(fitting, key=lambda b: (b.size, b.address), default=None)
 
     def _new_segment(self, size: int, small: bool) -> Block:
         alloc = segment_size(size)
         if self.limit_bytes is not None and self.reserved_bytes + alloc > self.limit_bytes:
-            self.empty_cache()  # the allocator frees cached segments and retries before failing
+            if self.pool not in self._private:  # it frees cached segments and retries, but not
+                # while capturing (c10 skips release_cached_blocks when a capture is underway)
+                self.empty_cache()
             if self.reserved_bytes + alloc > self.limit_bytes:
                 self.num_ooms += 1
                 self._record("oom", 0, size)
                 raise AllocatorOutOfMemory(size, self.limit_bytes - self.reserved_bytes)
-        block = Block(next(self._addresses), alloc, small)
+        block = Block(next(self._addresses), alloc, small, self.pool)
         self._record("segment_alloc", block.address, alloc)
         self._segments.append(block)
-        self._pools[small].append(block)
+        self._free_blocks(block).append(block)
         self.reserved_bytes += alloc
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
         return block
@@ -177,5 +211,5 @@ class CachingAllocatorModel:
     def _release(self, block: Block) -> None:
         self._record("segment_free", block.address, block.size)
         self._segments.remove(block)
-        self._pools[block.small].remove(block)
+        self._free_blocks(block).remove(block)
         self.reserved_bytes -= block.size

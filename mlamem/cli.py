@@ -59,7 +59,8 @@ class Format(StrEnum):
 
 def parse_tokens(text: str, option: str = "--tokens", symbol: str = "T") -> list[int]:
     """'1024,8192' -> [1024, 8192]; every T a positive integer."""
-    example = "16,64,256" if option == "--requests" else "1024,8192,32768"  # shipped scenarios take these
+    example = {"--requests": "16,64,256", "--capture-sizes": "512,256,8,1"}.get(
+        option, "1024,8192,32768")  # shipped scenarios take these
     values = []
     for item in text.split(","):
         item = item.strip()
@@ -328,6 +329,13 @@ def validate(
     requests: RequestsOption = None,
     context_len: ContextOption = None,
     kv_len: KvLenOption = None,
+    graphs: Annotated[bool, typer.Option(
+        "--graphs", help="Validate CUDA-graph captures instead (as `mlamem graphs` makes them): "
+                         "per capture the peak inside and the pool's growth, every buffer, and "
+                         "the pool after the whole list, for the sparse decode.")] = False,
+    capture_sizes: Annotated[str | None, typer.Option(
+        help="With --graphs: comma-separated capture sizes. Default: each scenario's own list "
+             "(`mlamem graphs --help`).", show_default=False)] = None,
     output_format: Annotated[ReproFormat | None, typer.Option(
         "--format", help="table, markdown or json (schema mlamem.validate/1). Default: what "
                          "--output's extension names (.txt, .md, .json), else table.",
@@ -338,10 +346,17 @@ def validate(
     """Prove the no-GPU prediction: measure and predict every case, compare every byte.
 
     For each (scenario, operation, T, path) the call runs on the GPU and on the allocator
-    model; every buffer and the totals are compared, allocated and reserved. Exits 1 if any
-    figure differs, printing the difference in bytes. Needs a GPU where the kernel runs.
+    model; every buffer and the totals are compared, allocated and reserved. With --graphs,
+    each capture of the CUDA-graph capture list instead. Exits 1 if any figure differs,
+    printing the difference in bytes. Needs a GPU where the kernel runs.
     """
     decode = make_kernel(kernel)
+    if graphs or capture_sizes is not None:
+        _validate_graphs(decode, scenario, paths, capture_sizes, graphs,
+                         given={"--tokens": tokens, "--op": op, "--requests": requests,
+                                "--context-len": context_len, "--kv-len": kv_len},
+                         output=output, output_format=output_format)
+        return
     ops = [op.value] if op is not None else list(decode.operations)
     for name in ops:
         if name not in decode.operations:
@@ -401,6 +416,50 @@ def validate(
                 on_case=lambda name, t, p, o=o, symbol=symbol: advance(
                     f"{name} {o}: {symbol}={t} {p}"))
     if output_format is ReproFormat.json:  # a saved result records where and when it was made
+        text = render.validation_json(comparisons, command, created=environment.now_utc(),
+                                      environment=environment.capture())
+    else:
+        text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
+    _emit(text, output)
+    if not all(c.agrees for c in comparisons):
+        raise typer.Exit(1)
+
+
+def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: str | None,
+                     graphs: bool, *, given: dict, output: Path | None,
+                     output_format: ReproFormat | None) -> None:
+    """`validate --graphs`: see `validate`."""
+    if not graphs:
+        raise UserError("--capture-sizes applies to --graphs; add --graphs")
+    for flag, value in given.items():
+        if value is not None:
+            raise UserError(f"{flag} does not apply to --graphs (captures sweep "
+                            "--capture-sizes); drop it")
+    from mlamem.graphs import full_decode_sizes
+    from mlamem.validate import run_graph_validation
+
+    sizes = None if capture_sizes is None else parse_tokens(capture_sizes, "--capture-sizes")
+    output_format = ReproFormat(pick_format(output, output_format and output_format.value,
+                                            list(render.VALIDATION_FORMATS), what="validate"))
+    if output is not None:
+        check_output_path(output)
+    names = scenarios.shipped_names() if scenario == "all" else scenario.split(",")
+    chosen = [scenarios.load(name.strip()) for name in names]
+    if scenario == "all":
+        chosen = [s for s in chosen if "sparse-decode" in operations.scenario_operations(s)
+                  and (sizes or full_decode_sizes(s.serving))]
+    for s in chosen:
+        operations.check_supported(s, operations.SPARSE_DECODE, decode.name, decode.operations)
+        padded_heads = scenarios.check_decode(s, decode.capabilities().head_counts, decode.label)
+        scenarios.check_decode_tokens(s, padded_heads, sizes or [], option="--capture-sizes")
+    path_list = parse_paths(paths, decode)
+    check_sweep([], path_list, decode)
+    command = "mlamem " + shlex.join(sys.argv[1:])
+    with _progress("validating graphs", len(chosen) * len(path_list)) as advance:
+        comparisons = run_graph_validation(
+            chosen, path_list, decode, sizes,
+            on_path=lambda name, path: advance(f"{name}: {path} captured"))
+    if output_format is ReproFormat.json:
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
                                       environment=environment.capture())
     else:
@@ -862,6 +921,77 @@ def plan(
                             kernel=kernel)
     terminal = render.plan_table(result) if output_format is ReproFormat.table else None
     _emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
+
+
+@app.command()
+def graphs(
+    scenario: ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    kernel: KernelOption = DEFAULT_KERNEL,
+    paths: PathsOption = None,
+    capture_sizes: Annotated[str | None, typer.Option(
+        help="Comma-separated capture sizes (tokens per graph), e.g. 512,256,8,1. Default: the "
+             "FULL decode graphs vLLM 0.33.0 captures for the scenario's [serving] "
+             "max_num_seqs, max_cudagraph_capture_size, cudagraph_mode and "
+             "num_speculative_tokens (51 sizes, 512 down to 1, at the defaults).",
+        show_default=False)] = None,
+    output_format: Annotated[Format | None, typer.Option(
+        "--format", help="table, markdown, json (schema mlamem.graphs/1) or csv. Default: what "
+                         "--output's extension names (.txt, .md, .json, .csv), else table.",
+        show_default=False)] = None,
+    output: Annotated[Path | None, typer.Option(
+        help="Write to this file instead of stdout (written whole or not at all).")] = None,
+    report_dir: Annotated[Path | None, typer.Option(
+        "--report", help="Also write a report into this folder (created if needed): the "
+                         "result JSON, report.md and its plot, as `mlamem report` makes.")
+    ] = None,
+    predict: Annotated[bool, typer.Option(
+        help="Predict even where a GPU could measure: what a CPU-only machine prints.")
+    ] = False,
+) -> None:
+    """CUDA-graph pool memory of the sparse decode call over an engine's capture list.
+
+    Captures the call at every capture size, largest first, into one shared private pool, as
+    vLLM captures its FULL decode graphs, keeping only weak references to each capture's
+    outputs. Per capture and path: the peak inside the capture, the pool's growth (allocator
+    reserved; measured: also the device-wide growth vLLM reads with mem_get_info) and whether
+    the replay equals the eager call bit for bit. Beside it, vLLM's estimate (first capture +
+    max(second, 1 MiB) x (N - 1)) with its error. Without a GPU the figures are PREDICTED by
+    the allocator model, private pools included.
+    """
+    decode = make_kernel(kernel)
+    chosen = scenarios.load(scenario)
+    operations.check_supported(chosen, operations.SPARSE_DECODE, decode.name, decode.operations)
+    path_list = parse_paths(paths, decode)
+    sizes = None if capture_sizes is None else parse_tokens(capture_sizes, "--capture-sizes")
+    output_format = Format(pick_format(output, output_format and output_format.value,
+                                       list(render.GRAPHS_FORMATS), what="graphs"))
+    if output is not None:
+        check_output_path(output)
+    if report_dir is not None:
+        from mlamem import report as reporting
+
+        reporting.check_report_dir(report_dir)
+    padded_heads = scenarios.check_decode(chosen, decode.capabilities().head_counts, decode.label)
+    scenarios.check_decode_tokens(chosen, padded_heads, sizes or [], option="--capture-sizes")
+    from mlamem.graphs import run_graphs, sizes_to_capture
+
+    count = len(sizes_to_capture(chosen, sizes))
+    with _progress(f"graphs {chosen.name}", count * len(path_list)) as advance:
+        result = run_graphs(
+            chosen, path_list, command="mlamem " + shlex.join(sys.argv[1:]), kernel=decode,
+            sizes=sizes, predict=predict,
+            on_capture=lambda path, capture: advance(
+                f"{path}: T={capture.tokens} {capture.failure or 'captured'}"))
+    if not result.measured:
+        print(f"mlamem: not measured ({result.not_measured_reason}); figures are PREDICTED by "
+              "the allocator model", file=sys.stderr)
+    if report_dir is not None:
+        from mlamem import report as reporting
+
+        for path in reporting.write_result_report(result, report_dir):
+            stderr.print(f"mlamem: wrote {path}", highlight=False)
+    terminal = render.graphs_table(result) if output_format is Format.table else None
+    _emit(render.GRAPHS_FORMATS[output_format.value](result), output, terminal_table=terminal)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,9 @@
 allocator's event trace. `SimulatedMemory` runs the same code on the meta device: a dispatch
 mode feeds every meta allocation and free into `CachingAllocatorModel`, and the kernel adapters'
 allocation specs stand in for what a kernel allocates inside itself.
+
+Both capture CUDA graphs into one shared private pool (`memory.graphs()`), as engines do: on a
+GPU with `torch.cuda.graph`, on the model by sending a capture's requests to a private pool.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from mlamem import nvml
-from mlamem.allocator import AllocatorOutOfMemory, CachingAllocatorModel
+from mlamem.allocator import CAPTURE_STREAM_POOL, AllocatorOutOfMemory, CachingAllocatorModel
 from mlamem.non_torch import NonTorchSetup
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB)")
@@ -99,6 +102,16 @@ class CudaMemory:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    def device_used_bytes(self) -> int:
+        """Device-wide used memory as `torch.cuda.mem_get_info` (cudaMemGetInfo) reports it:
+        what vLLM's graph-memory estimate reads."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
+
+    def graphs(self) -> CudaGraphs:
+        """A set of CUDA graphs sharing one private pool (use as a context manager)."""
+        return CudaGraphs(self)
+
     def empty_cache(self) -> None:
         """Release every cached block: collect unreachable reference cycles first, so a cycle
         that holds device tensors neither keeps their blocks from the release nor frees them
@@ -144,6 +157,84 @@ class CudaMemory:
             result.segments = [s for s in snapshot["segments"] if s["device"] == index]
             ooms = [e["size"] for e in result.events if e["action"] == "oom"]
             result.oom_requested_bytes = ooms[-1] if ooms else None
+
+
+class CudaGraphs:
+    """CUDA graphs captured into one shared pool, largest first, as vLLM captures them.
+
+    `torch.cuda.graph` empties the cache before each capture; the allocator sends the capture's
+    requests to the pool, and the first live graph allocates the RNG state (two 8 B tensors) on
+    the capture stream. On exit the graphs and the pool are dropped and the cache emptied.
+    """
+
+    def __init__(self, memory: CudaMemory):
+        self.memory = memory
+        self.pool = None
+        self._graphs: list = []
+
+    def __enter__(self) -> CudaGraphs:
+        self.pool = torch.cuda.graph_pool_handle()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._graphs.clear()
+        self.pool = None
+        self.memory.empty_cache()
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Capture what the body launches into a new graph of the pool."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            yield
+        self._graphs.append(graph)
+
+    def replay_last(self) -> None:
+        self._graphs[-1].replay()
+        self.memory.synchronize()
+
+
+class SimulatedGraphs:
+    """`CudaGraphs` on the allocator model: the same requests, sent to a private pool."""
+
+    RNG_STATE_BYTES = (8, 8)  # the seed and offset tensors the first live graph registers
+
+    def __init__(self, memory: SimulatedMemory):
+        self.memory = memory
+        self.pool = object()
+        self._count = 0
+        self._rng_blocks: list = []
+
+    def __enter__(self) -> SimulatedGraphs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        model = self.memory.model
+        for block in self._rng_blocks:
+            model.free(block)
+        self._rng_blocks.clear()
+        model.release_pool(self.pool)
+        model.empty_cache()
+
+    @contextlib.contextmanager
+    def capture(self):
+        model = self.memory.model
+        model.empty_cache()  # as torch.cuda.graph does on entry
+        if not self._rng_blocks:
+            model.pool = CAPTURE_STREAM_POOL
+            try:
+                self._rng_blocks = [model.malloc(n) for n in self.RNG_STATE_BYTES]
+            finally:
+                model.end_allocate_to_pool()
+        model.begin_allocate_to_pool(self.pool)
+        try:
+            yield
+        finally:
+            model.end_allocate_to_pool()
+        self._count += 1
+
+    def replay_last(self) -> None:
+        """Nothing to replay on the meta device: a replay allocates nothing."""
 
 
 class _MetaAllocations(TorchDispatchMode):
@@ -273,6 +364,13 @@ class SimulatedMemory:
 
     def synchronize(self) -> None:
         pass
+
+    def device_used_bytes(self) -> None:
+        """Not modelled: graph instantiation and module loads are outside the allocator."""
+        return None
+
+    def graphs(self) -> SimulatedGraphs:
+        return SimulatedGraphs(self)
 
     def empty_cache(self) -> None:
         self.model.empty_cache()

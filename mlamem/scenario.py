@@ -26,6 +26,9 @@ SPARSE_OPERATIONS = ("sparse-decode", "sparse-prefill")  # these attend a top-k 
 SPARSE_DECODE_KV_DTYPE = "fp8_ds_mla"  # the cache FlashMLA's sparse decode reads
 DENSE_DECODE_KV_DTYPES = ("bf16", "fp8")  # plain caches of d_qk = 576 values per token
 
+# vLLM's CUDAGraphMode names (config/compilation.py)
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
 # KV-cache bytes per token per layer, by the engine's kv-cache dtype name.
 KV_CACHE_BYTES_PER_TOKEN = {
     "fp8_ds_mla": 656,  # 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE
@@ -100,6 +103,11 @@ class Serving:
     decode_context_len: int | None = None  # context tokens of each request in the dense decode batch
     block_reuse: bool = False  # prefix (KV block) reuse across requests
     chunked_prefill: bool = True  # long prompts split into chunks of max_num_batched_tokens
+    # CUDA graphs, vLLM 0.33.0's defaults (mlamem/graphs.py cites its config code)
+    max_num_seqs: int = 1024  # --max-num-seqs: `vllm serve` on a >= 70 GiB GPU other than A100
+    max_cudagraph_capture_size: int | None = None  # None: vLLM's rule from max_num_seqs
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # -O2's mode; one of CUDAGRAPH_MODES
+    num_speculative_tokens: int = 0  # MTP / speculative tokens per decode step (k)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None:
@@ -115,6 +123,16 @@ class Serving:
                                    f"{self.decode_context_len} exceeds [serving].max_model_len "
                                    f"{self.max_model_len}: a request cannot hold more tokens than "
                                    "a sequence; lower it or raise max_model_len")
+        _positive(self, "serving", "max_num_seqs")
+        if self.max_cudagraph_capture_size is not None:
+            _positive(self, "serving", "max_cudagraph_capture_size")
+        if not 0 <= self.num_speculative_tokens <= 64:
+            raise _FieldError("serving", "num_speculative_tokens",
+                              f"{self.num_speculative_tokens} is outside 0..64")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise _FieldError("serving", "cudagraph_mode",
+                              f"expected one of {', '.join(CUDAGRAPH_MODES)}, "
+                              f"got {self.cudagraph_mode!r}")
         if self.kv_cache_dtype not in KV_CACHE_BYTES_PER_TOKEN:
             raise _FieldError("serving", "kv_cache_dtype",
                                f"expected one of {sorted(KV_CACHE_BYTES_PER_TOKEN)}, "

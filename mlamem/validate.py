@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
 
 SCHEMA = "mlamem.validate/1"
 DEFAULT_TOKENS = (1024, 4096, 8192, 16384, 32768)
+GRAPHS = "graphs"  # the op of CUDA-graph comparisons: tokens is the capture size, 0 all of them
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,61 @@ def compare(scenario: str, measured: CallMeasurement,
             name = (m or p).name
         rows.append(row(name, "allocated", p and p.block_bytes, m and m.block_bytes))
         rows.append(row(name, "reserved", p and p.segment_bytes, m and m.segment_bytes))
+    return rows
+
+
+def compare_graphs(scenario: str, measured, predicted) -> list[Comparison]:
+    """Graphs (mlamem.graphs GraphPath, measured and predicted) figure by figure: per capture
+    its peak inside (allocated) and the pool's growth (reserved), and every buffer as
+    `compare` does; for the whole list (tokens 0) what stays allocated and the pool."""
+    def row(tokens, item, metric, p, m):
+        return Comparison(scenario, tokens, measured.path, item, metric, p, m, GRAPHS)
+
+    rows = []
+    predicted_by_size = {c.tokens: c for c in predicted.captures}
+    for m in measured.captures:
+        p = predicted_by_size.get(m.tokens)
+        rows += [row(m.tokens, "total", "allocated", p and p.peak_allocated_bytes,
+                     m.peak_allocated_bytes),
+                 row(m.tokens, "total", "reserved", p and p.pool_growth_bytes,
+                     m.pool_growth_bytes)]
+        pred, meas = (p.buffers if p else []), m.buffers
+        for i in range(max(len(pred), len(meas))):
+            pb = pred[i] if i < len(pred) else None
+            mb = meas[i] if i < len(meas) else None
+            name = (mb or pb)["name"]
+            if pb and mb and pb["name"] != mb["name"]:
+                name = f"{pb['name']} (predicted) / {mb['name']} (measured)"
+            rows += [row(m.tokens, name, "allocated", pb and pb["block_bytes"],
+                         mb and mb["block_bytes"]),
+                     row(m.tokens, name, "reserved", pb and pb["segment_bytes"],
+                         mb and mb["segment_bytes"])]
+    rows += [row(0, "total", "allocated", predicted.held_bytes, measured.held_bytes),
+             row(0, "total", "reserved", predicted.pool_bytes, measured.pool_bytes)]
+    return rows
+
+
+def run_graph_validation(scenarios: Sequence[Scenario], paths: Sequence[str],
+                         kernel: SparseDecodeKernel, sizes: Sequence[int] | None = None,
+                         on_path: Callable[[str, str], None] | None = None) -> list[Comparison]:
+    """Capture each scenario's list (or `sizes`) on every path, on the GPU and on the model,
+    and compare (`compare_graphs`); needs the kernel to run here."""
+    from mlamem.graphs import measure_path, sizes_to_capture
+    from mlamem.measure import local_sm_count
+    from mlamem.memory import CudaMemory, SimulatedMemory
+
+    check_sweep([], paths, kernel)
+    sm_count = local_sm_count()
+    rows = []
+    for scenario in scenarios:
+        chosen = sizes_to_capture(scenario, sizes)
+        for path in paths:
+            measured, predicted = (measure_path(memory, scenario, kernel, path, chosen,
+                                                sm_count=sm_count)
+                                   for memory in (CudaMemory(), SimulatedMemory()))
+            rows += compare_graphs(scenario.name, measured, predicted)
+            if on_path is not None:
+                on_path(scenario.name, path)
     return rows
 
 

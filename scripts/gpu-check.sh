@@ -40,6 +40,11 @@
 #                  its GPU tests, validate, profile --bench and compare against flashmla
 #   kernels-oom    repro-oom and a measured gate (GLM-5) with --kernel flashmla-vllm beside
 #                  flashmla; the operations' GPU tests
+#   graphs         CUDA-graph pools (issue 15): the graphs' GPU tests; `mlamem graphs` at the
+#                  GLM-5 defaults (vLLM's 51 FULL decode graphs) with flashmla and
+#                  flashmla-vllm, measured (JSON, Markdown, --report) and predicted;
+#                  `validate --graphs` for both; DeepSeek-V3.2 at GRAPH_SIZES; Triton's three
+#                  paths; repro-oom with --cuda-graphs on, measured and predicted
 #
 # Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site,
 # .whl/flashinfer/*.whl (FlashInfer) beside it, and points MLAMEM_VLLM_FLASHMLA at .whl/vllm/
@@ -51,7 +56,7 @@
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
 SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
-            flashinfer kernels-oom)
+            flashinfer kernels-oom graphs)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -334,6 +339,42 @@ suite_kernels-oom() {
     step gate-update timeout 300 "${MLAMEM[@]}" gate --kernel flashmla-vllm -s glm5-fp8-tp8 \
         --baseline "$R/measured-flashmla-vllm.json" --update
     step gate-rerun timeout 300 "${MLAMEM[@]}" gate --baseline "$R/measured-flashmla-vllm.json"
+}
+
+GRAPH_SIZES=256,128,64,32,16,8,4,2,1  # DeepSeek-V3.2: the FULL graphs of max_num_seqs 256
+suite_graphs() {
+    local k
+    step pytest timeout 300 python3 -m pytest -q -rs tests/test_graphs_gpu.py tests/test_graphs.py \
+        tests/test_allocator.py
+    for k in flashmla flashmla-vllm; do
+        timed "graphs-$k" "${MLAMEM[@]}" graphs --kernel "$k" --format json \
+            --output "$R/graphs-glm5-$k.json"
+        step "graphs-$k-md" "${MLAMEM[@]}" graphs --kernel "$k" --format markdown \
+            --output "$R/graphs-glm5-$k.md"
+        step "graphs-$k-predicted" "${MLAMEM[@]}" graphs --kernel "$k" --predict --format json \
+            --output "$R/graphs-glm5-$k.predicted.json"
+        step "validate-graphs-$k" "${MLAMEM[@]}" validate --graphs -s glm5-fp8-tp8 --kernel "$k" \
+            --format json --output "$R/validate-graphs-glm5-$k.json"
+        step "validate-graphs-deepseek-$k" "${MLAMEM[@]}" validate --graphs \
+            -s deepseek-v32-fp8-tp8 --kernel "$k" --capture-sizes "$GRAPH_SIZES" --format json \
+            --output "$R/validate-graphs-deepseek-$k.json"
+    done
+    step graphs-deepseek "${MLAMEM[@]}" graphs -s deepseek-v32-fp8-tp8 \
+        --capture-sizes "$GRAPH_SIZES" --format json --output "$R/graphs-deepseek-flashmla.json"
+    step graphs-deepseek-md "${MLAMEM[@]}" graphs -s deepseek-v32-fp8-tp8 \
+        --capture-sizes "$GRAPH_SIZES" --format markdown --output "$R/graphs-deepseek-flashmla.md"
+    step graphs-triton "${MLAMEM[@]}" graphs --kernel triton --format json \
+        --output "$R/graphs-glm5-triton.json"
+    step graphs-report "${MLAMEM[@]}" graphs --report "$R/report-glm5" --format markdown
+    step graphs-table "${MLAMEM[@]}" graphs --capture-sizes 512,256,8,1
+    if "${MLAMEM[@]}" repro-oom --help | grep -q -- --cuda-graphs; then
+        step repro-graphs timeout 400 "${MLAMEM[@]}" repro-oom --cuda-graphs on --format json \
+            --output "$R/repro-graphs-glm5.json"
+        step repro-graphs-predicted timeout 300 "${MLAMEM[@]}" repro-oom --cuda-graphs on \
+            --predict --format json --output "$R/repro-graphs-glm5.predicted.json"
+        step repro-graphs-md "${MLAMEM[@]}" repro-oom --cuda-graphs on --format markdown \
+            --output "$R/repro-graphs-glm5.md"
+    fi
 }
 
 for SUITE in "${SUITES[@]}"; do

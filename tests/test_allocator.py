@@ -72,3 +72,54 @@ def test_limit_releases_cache_then_raises():
         model.malloc(30 * MiB)
     assert info.value.requested_bytes == 30 * MiB
     assert model.num_ooms == 1
+
+
+def test_a_capture_reuses_blocks_an_earlier_capture_freed():
+    """Blocks freed in a private pool go back to it: a later, smaller capture takes them."""
+    model = CachingAllocatorModel()
+    model.begin_allocate_to_pool("graphs")
+    out = model.malloc(32 * MiB)
+    model.free(model.malloc(128 * MiB))  # the accumulators, freed inside the capture
+    model.end_allocate_to_pool()
+    model.free(out)  # the capture's output: only weakly referenced afterwards
+    reserved = model.reserved_bytes
+    model.empty_cache()  # torch.cuda.graph empties the cache before each capture
+    model.begin_allocate_to_pool("graphs")
+    model.malloc(16 * MiB)
+    model.malloc(64 * MiB)
+    model.end_allocate_to_pool()
+    assert model.reserved_bytes == reserved == 160 * MiB
+
+
+def test_private_pool_blocks_are_never_given_to_ordinary_requests():
+    """A free block of a live graph pool does not serve a request outside the capture."""
+    model = CachingAllocatorModel()
+    model.begin_allocate_to_pool("graphs")
+    model.free(model.malloc(64 * MiB))
+    model.end_allocate_to_pool()
+    model.malloc(8 * MiB)
+    assert model.reserved_bytes == 64 * MiB + 20 * MiB
+
+
+def test_empty_cache_keeps_a_live_pool_and_releases_it_once_its_graphs_are_gone():
+    model = CachingAllocatorModel()
+    model.begin_allocate_to_pool("graphs")
+    model.free(model.malloc(64 * MiB))
+    model.end_allocate_to_pool()
+    model.empty_cache()
+    assert model.reserved_bytes == 64 * MiB
+    model.release_pool("graphs")
+    model.empty_cache()
+    assert model.reserved_bytes == 0
+
+
+def test_out_of_memory_inside_a_capture_releases_no_cache():
+    """During a capture c10 does not free cached segments to retry; outside it does."""
+    model = CachingAllocatorModel(limit_bytes=100 * MiB)
+    model.free(model.malloc(64 * MiB))  # cached in the ordinary pool
+    model.begin_allocate_to_pool("graphs")
+    with pytest.raises(AllocatorOutOfMemory):
+        model.malloc(64 * MiB)
+    model.end_allocate_to_pool()
+    model.malloc(80 * MiB)  # outside the capture the cached 64 MiB is released first
+    assert model.reserved_bytes == 80 * MiB

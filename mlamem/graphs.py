@@ -1,0 +1,387 @@
+"""`mlamem graphs`: what one attention call costs in a CUDA-graph pool across an engine's
+capture list, measured or predicted, beside the engine's own estimate of it.
+
+For one path, the call is captured at every size of the capture list, largest first, into one
+shared private pool, as vLLM 0.33.0 captures its FULL decode graphs. Before each capture the
+call runs once eagerly (vLLM's warm-up; measured: the reference a replay must equal bit for
+bit); `torch.cuda.graph` then empties the cache and captures. A capture's outputs are kept only
+as weak references, as vLLM keeps them (`weak_ref_tensors`): the blocks go back to the pool
+and the next capture reuses them, so the pool ends about as large as the largest capture.
+Per capture: the pool's growth (allocator reserved, and the device-wide growth vLLM reads
+with `mem_get_info`), the peak inside the capture and what stays allocated.
+
+vLLM's estimate (v1/worker/gpu/cudagraph_utils.py, profile_cudagraph_memory and
+_extrapolate_full_graph_memory): first FULL capture + max(second, 1 MiB) x (N - 1), from
+device-wide samples taken around each `torch.cuda.graph` after its warm-up. The first two
+captures here are the same two, in a fresh pool, so the rule is applied to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from mlamem import environment
+from mlamem.errors import UserError
+from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.paths import check_paths, plan
+from mlamem.scenario import Scenario, Serving
+
+SCHEMA = "mlamem.graphs/1"
+MIN_PER_GRAPH_BYTES = 1 << 20  # vLLM's _MIN_PER_GRAPH_BYTES: "driver overhead" per graph
+GRAPH_RNG_STATE = "graph_rng_state"  # the first live graph's seed and offset (2 x 8 B)
+
+# vLLM 0.33.0's capture sizes (config/vllm.py, VllmConfig._set_cudagraph_sizes)
+DEFAULT_MAX_GRAPH_SIZE = 512  # 1024 on data-center Blackwell (SM100); 512 on Hopper
+FULL_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # decode graphs hold attention
+
+
+def request_counts(max_num_seqs: int) -> list[int]:
+    """vLLM's request counts for uniform decode sizes under speculation (config/vllm.py)."""
+    m = min(max_num_seqs, DEFAULT_MAX_GRAPH_SIZE)
+    counts = [1, 2, 4] + list(range(8, min(m + 1, 256), 8)) + list(range(256, m + 1, 16))
+    return sorted({c for c in counts if c <= m} | {m})
+
+
+def capture_sizes(serving: Serving) -> list[int]:
+    """vLLM 0.33.0's `cudagraph_capture_sizes` for this serving config, ascending.
+
+    max = max_cudagraph_capture_size, or min(max_num_seqs x (1 + k) x 2, 512) by default,
+    capped at max_num_batched_tokens; sizes [1, 2, 4] + range(8, 256, 8) + range(256, max + 1,
+    16) up to max, plus max_num_batched_tokens when it is within max, plus the uniform decode
+    sizes (by default only).
+    """
+    query_len = 1 + serving.num_speculative_tokens
+    tokens = serving.max_num_batched_tokens
+    largest = serving.max_cudagraph_capture_size
+    uniform: list[int] = []
+    if largest is None:
+        largest = min(serving.max_num_seqs * query_len * 2, DEFAULT_MAX_GRAPH_SIZE)
+        if query_len > 1:
+            uniform = sorted({n * query_len for n in request_counts(serving.max_num_seqs)
+                              if n * query_len <= largest})
+        elif serving.max_num_seqs <= largest:
+            uniform = [serving.max_num_seqs]
+    largest = min(tokens, largest)
+    sizes = [i for i in (1, 2, 4) if i <= largest]
+    if largest >= 8:
+        sizes += list(range(8, min(largest + 1, 256), 8))
+    if largest >= 256:
+        sizes += list(range(256, largest + 1, 16))
+    if tokens <= largest:
+        sizes.append(tokens)
+    sizes += [s for s in uniform if s <= tokens]
+    return sorted(set(sizes))
+
+
+def full_decode_sizes(serving: Serving) -> list[int]:
+    """The FULL uniform-decode graphs (attention inside), largest first: vLLM V2's
+    CudaGraphManager._init_candidates rounds each capture size up to a multiple of 1 + k and
+    keeps those within max_num_seqs x (1 + k) and the largest capture size. Empty when the mode
+    puts attention in no graph (NONE, PIECEWISE)."""
+    if serving.cudagraph_mode not in FULL_MODES:
+        return []
+    query_len = 1 + serving.num_speculative_tokens
+    sizes = capture_sizes(serving)
+    if not sizes:
+        return []
+    rounded = {-(-s // query_len) * query_len for s in sizes}
+    return sorted((s for s in rounded if s <= serving.max_num_seqs * query_len
+                   and s <= sizes[-1]), reverse=True)
+
+
+def capture_list_source(serving: Serving) -> str:
+    """Where the default list comes from, in words."""
+    largest = ("max_cudagraph_capture_size " + str(serving.max_cudagraph_capture_size)
+               if serving.max_cudagraph_capture_size is not None
+               else "max_cudagraph_capture_size by vLLM's rule")
+    return (f"vLLM 0.33.0's FULL decode graphs for cudagraph_mode {serving.cudagraph_mode}, "
+            f"max_num_seqs {serving.max_num_seqs}, {largest}, "
+            f"{serving.num_speculative_tokens} speculative tokens, max_num_batched_tokens "
+            f"{serving.max_num_batched_tokens}")
+
+
+def check_capture_sizes(sizes: Sequence[int], max_tokens: int) -> list[int]:
+    """The sizes, largest first, without repeats; UserError for one outside 1..max_tokens."""
+    for size in sizes:
+        if not 1 <= size <= max_tokens:
+            raise UserError(f"--capture-sizes {size}: a capture must hold 1 to {max_tokens} "
+                            "tokens (the scenario's max_num_batched_tokens sizes the workspace)")
+    return sorted(set(sizes), reverse=True)
+
+
+def sizes_to_capture(scenario: Scenario, sizes: Sequence[int] | None) -> list[int]:
+    """`sizes` (--capture-sizes), or the scenario's FULL decode graphs; largest first."""
+    serving = scenario.serving
+    if sizes is None:
+        sizes = full_decode_sizes(serving)
+        if not sizes:
+            raise UserError(f"{scenario.name}: cudagraph_mode {serving.cudagraph_mode} puts the "
+                            "attention call in no CUDA graph (vLLM runs it eagerly); set "
+                            "[serving].cudagraph_mode = \"FULL_AND_PIECEWISE\" or pass "
+                            "--capture-sizes")
+    return check_capture_sizes(sizes, serving.max_num_batched_tokens)
+
+
+# What one capture and one path hold
+
+
+@dataclass
+class Capture:
+    """One capture at `tokens`; bytes are deltas over the state just before it."""
+
+    tokens: int
+    peak_allocated_bytes: int | None = None  # the peak inside the capture
+    peak_reserved_bytes: int | None = None
+    pool_growth_bytes: int | None = None  # new segments, after its outputs were released
+    held_bytes: int | None = None  # still allocated after its outputs were released
+    device_growth_bytes: int | None = None  # mem_get_info's growth (measured only)
+    replay_equal: bool | None = None  # the replay's out and lse equal the eager call's bits
+    buffers: list[dict] = field(default_factory=list)  # the capture's allocations, named
+    failure: str | None = None  # one line, when the warm-up or the capture failed
+    oom: bool = False
+    oom_requested_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """vLLM's rule on two samples: first + max(second, 1 MiB) x (graphs - 1)."""
+
+    source: str  # "device" (mem_get_info, as vLLM) or "allocator" (reserved growth)
+    first_bytes: int
+    second_bytes: int
+    per_graph_bytes: int  # max(second, 1 MiB)
+    graphs: int
+    estimate_bytes: int
+    actual_bytes: int  # what the whole list took, by the same measure
+    error_bytes: int  # estimate - actual
+    error_percent: float | None  # of actual
+
+
+def vllm_estimate(source: str, samples: Sequence[int], actual: int, graphs: int) -> Estimate:
+    """vLLM's extrapolation from the first two captures' growth `samples`."""
+    first = samples[0] if samples else 0
+    second = samples[1] if len(samples) > 1 else 0
+    per_graph = max(second, MIN_PER_GRAPH_BYTES) if graphs > 1 else 0
+    estimate = first + per_graph * (graphs - 1) if graphs else 0
+    return Estimate(source, first, second, per_graph, graphs, estimate, actual,
+                    estimate - actual, round(100 * (estimate - actual) / actual, 2)
+                    if actual else None)
+
+
+@dataclass
+class GraphPath:
+    """One path captured at every size of the list."""
+
+    path: str
+    staged: list[str]
+    captures: list[Capture]
+    pool_bytes: int | None = None  # reserved growth over all captures: the pool
+    held_bytes: int | None = None  # allocated after all captures, outputs released
+    device_bytes: int | None = None  # mem_get_info growth over all captures (measured)
+    unexplained_device_bytes: int | None = None  # device - pool: instantiation, modules
+    estimates: list[Estimate] = field(default_factory=list)
+    failure: str | None = None  # the first capture that failed, in one line
+
+    @property
+    def complete(self) -> bool:
+        return self.failure is None
+
+
+@dataclass(frozen=True)
+class GraphsResult:
+    """The JSON schema `mlamem.graphs/1`."""
+
+    command: str
+    measured: bool
+    not_measured_reason: str | None
+    scenario: dict
+    kernel: dict
+    op: str
+    capture_sizes: list[int]  # largest first, as captured
+    capture_sizes_source: str
+    serving: dict  # max_num_seqs, max_cudagraph_capture_size, cudagraph_mode, ...
+    environment: environment.Environment
+    paths: list[GraphPath]
+    notes: list[str] = field(default_factory=list)
+    schema: str = SCHEMA
+    created: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GraphsResult:
+        """Read back a saved mlamem.graphs/1 file; KeyError/TypeError if malformed."""
+        paths = [GraphPath(**{**p, "captures": [Capture(**c) for c in p["captures"]],
+                              "estimates": [Estimate(**e) for e in p["estimates"]]})
+                 for p in data["paths"]]
+        return cls(**{**data, "paths": paths,
+                      "environment": environment.Environment.from_dict(data["environment"]),
+                      "notes": list(data.get("notes", []))})
+
+
+# Measuring
+
+
+def measure_path(memory, scenario: Scenario, kernel, path: str, sizes: Sequence[int], *,
+                 sm_count: int, seed: int = 0,
+                 on_capture: Callable[[Capture], None] | None = None) -> GraphPath:
+    """Capture `path`'s call at every size (largest first) into one pool; see the module."""
+    from mlamem.attribution import ExpectedBuffer, attribute, expected_buffers
+    from mlamem.measure import runner
+    from mlamem.operations import kv_format, problem_for
+    from mlamem.paths import PATHS, KernelCall, reserve_workspace, wrapper_allocations
+
+    op = SPARSE_DECODE
+    capabilities = kernel.capabilities(op, kv_format(scenario, op))
+    padded = capabilities.padded_heads(scenario.heads_per_rank)
+    staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
+    result = GraphPath(path=path, staged=list(staged), captures=[])
+    largest = max(sizes)
+    with memory:
+        problem = problem_for(scenario, op, largest, padded)
+        q_all, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
+        workspace = reserve_workspace(path, kernel, max_tokens=scenario.serving.max_num_batched_tokens,
+                                      padded_heads=padded, d_qk=scenario.d_qk, d_v=scenario.d_v,
+                                      topk=problem.topk, sm_count=sm_count, device=memory.device)
+        memory.empty_cache()
+        start, device_start = memory.stats(), memory.device_used_bytes()
+        with memory.graphs() as graphs:
+            for tokens in sizes:
+                sub = problem_for(scenario, op, tokens, padded)
+                sub_inputs = dataclasses.replace(inputs, indices=inputs.indices[:, :tokens])
+                call = KernelCall(run=runner(kernel, memory, sm_count, sub, sub_inputs), op=op,
+                                  padded_heads=padded, takes_out=capabilities.takes_out)
+                step = functools.partial(PATHS[path], q_all[:tokens], call, workspace)
+                expected = expected_buffers(
+                    wrapper_allocations(path, tokens, scenario.heads_per_rank, padded,
+                                        scenario.d_qk),
+                    kernel.op_allocations(sub, sm_count), staged)
+                if not result.captures:
+                    expected = [ExpectedBuffer(GRAPH_RNG_STATE, 8, "torch.cuda.graph")] * 2 + expected
+                capture = _capture(memory, graphs, step, tokens, expected, attribute,
+                                   _classify)
+                result.captures.append(capture)
+                if on_capture is not None:
+                    on_capture(capture)
+                if capture.failure is not None:
+                    result.failure = f"T={tokens}: {capture.failure}"
+                    break
+            end, device_end = memory.stats(), memory.device_used_bytes()
+        del q_all, inputs, workspace
+    if result.complete:
+        result.pool_bytes = end.reserved - start.reserved
+        result.held_bytes = end.allocated - start.allocated
+        if device_end is not None and device_start is not None:
+            result.device_bytes = device_end - device_start
+            result.unexplained_device_bytes = result.device_bytes - result.pool_bytes
+        graphs_count = len(result.captures)
+        result.estimates.append(vllm_estimate(
+            "allocator", [c.pool_growth_bytes for c in result.captures[:2]], result.pool_bytes,
+            graphs_count))
+        if result.device_bytes is not None:
+            result.estimates.append(vllm_estimate(
+                "device", [c.device_growth_bytes for c in result.captures[:2]],
+                result.device_bytes, graphs_count))
+    return result
+
+
+def _capture(memory, graphs, step, tokens, expected, attribute, classify) -> Capture:
+    capture = Capture(tokens=tokens)
+    try:  # vLLM's warm-up: one eager call of the same size, outside the pool
+        out, lse = step()
+        memory.synchronize()
+    except Exception as exc:
+        _failed(capture, classify(exc, memory, 0))
+        return capture
+    eager = (out.cpu(), lse.cpu()) if memory.measured else None
+    del out, lse
+    memory.empty_cache()  # torch.cuda.graph empties it too; here so `before` is after it
+    memory.reset_peaks()
+    before, device_before = memory.stats(), memory.device_used_bytes()
+    watch = None
+    try:
+        with memory.watch() as watch, graphs.capture():
+            out, lse = step()
+    except Exception as exc:
+        _failed(capture, classify(exc, memory, before.num_ooms, watch))
+        return capture
+    after = memory.stats()
+    if eager is not None:
+        graphs.replay_last()
+        capture.replay_equal = bool(out.cpu().equal(eager[0]) and lse.cpu().equal(eager[1]))
+    del out, lse  # weak references only, as vLLM keeps a graph's outputs
+    released, device_after = memory.stats(), memory.device_used_bytes()
+    capture.peak_allocated_bytes = after.peak_allocated - before.allocated
+    capture.peak_reserved_bytes = after.peak_reserved - before.reserved
+    capture.pool_growth_bytes = released.reserved - before.reserved
+    capture.held_bytes = released.allocated - before.allocated
+    if device_after is not None and device_before is not None:
+        capture.device_growth_bytes = device_after - device_before
+    capture.buffers = [dataclasses.asdict(b) for b in attribute(watch.events, expected).buffers]
+    return capture
+
+
+def _classify(exc, memory, ooms_before, watch=None):  # TODO: measure's one failure type
+    from types import SimpleNamespace
+
+    from mlamem.memory import is_out_of_memory
+    oom = is_out_of_memory(exc, ooms_before, memory.stats().num_ooms)
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return SimpleNamespace(oom=oom, text=f"{type(exc).__name__}: {first}",
+                           requested_bytes=watch.oom_requested_bytes if watch else None)
+
+
+def _failed(capture: Capture, failure) -> None:
+    capture.failure, capture.oom = failure.text, failure.oom
+    capture.oom_requested_bytes = failure.requested_bytes
+
+
+def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel=None,
+               sizes: Sequence[int] | None = None, predict: bool = False,
+               on_capture: Callable[[str, Capture], None] | None = None) -> GraphsResult:
+    """Measure (or predict, without a GPU or with `predict`) every path over the capture list:
+    the scenario's FULL decode graphs unless `sizes` is given."""
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
+    from mlamem.measure import local_sm_count
+    from mlamem.memory import CudaMemory, SimulatedMemory
+    from mlamem.profile import scenario_summary
+
+    kernel = kernel or load_kernel(DEFAULT_KERNEL)()
+    capabilities = kernel.capabilities(SPARSE_DECODE)
+    check_paths(paths, capabilities, kernel.label)
+    serving = scenario.serving
+    chosen = sizes_to_capture(scenario, sizes)
+    source = capture_list_source(serving) if sizes is None else "--capture-sizes"
+    reason = "--predict was given" if predict else kernel.unavailable_reason()
+    sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
+    results = []
+    for path in paths:
+        memory = CudaMemory() if reason is None else SimulatedMemory()
+        results.append(measure_path(
+            memory, scenario, kernel, path, chosen, sm_count=sm_count,
+            on_capture=None if on_capture is None else functools.partial(on_capture, path)))
+    padded = capabilities.padded_heads(scenario.heads_per_rank)
+    notes = ["each capture's outputs are released after it (vLLM keeps weak references), "
+             "so later captures reuse their blocks",
+             "vLLM's estimate: first FULL capture + max(second, 1 MiB) x (N - 1), from the "
+             "device-wide growth of the first two captures (mem_get_info); the allocator line "
+             "applies the same rule to the allocator's reserved growth"]
+    if serving.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL"):
+        notes.append("PIECEWISE graphs (mixed batches) run attention eagerly: they hold none of "
+                     "the call's memory")
+    return GraphsResult(
+        command=command, measured=reason is None, not_measured_reason=reason,
+        scenario=scenario_summary(scenario, padded),
+        kernel={"name": kernel.name, "label": kernel.label, "version": kernel.version(),
+                "sm_count": sm_count},
+        op=SPARSE_DECODE, capture_sizes=chosen, capture_sizes_source=source,
+        serving={"max_num_seqs": serving.max_num_seqs,
+                 "max_cudagraph_capture_size": serving.max_cudagraph_capture_size,
+                 "cudagraph_mode": serving.cudagraph_mode,
+                 "num_speculative_tokens": serving.num_speculative_tokens},
+        environment=environment.capture(), paths=results, notes=notes,
+        created=environment.now_utc())

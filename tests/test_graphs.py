@@ -1,0 +1,99 @@
+"""CUDA graphs on the CPU: vLLM 0.33.0's capture lists, its estimate rule, and the predicted
+pool of the sparse decode across a capture list."""
+
+import dataclasses
+
+import pytest
+
+from mlamem import scenario as scenarios
+from mlamem.errors import UserError
+from mlamem.graphs import (
+    MIN_PER_GRAPH_BYTES,
+    capture_sizes,
+    full_decode_sizes,
+    run_graphs,
+    sizes_to_capture,
+    vllm_estimate,
+)
+
+MiB = 1 << 20
+VLLM_DEFAULT_51 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+
+
+def serving(**fields):
+    return dataclasses.replace(scenarios.load("glm5-fp8-tp8").serving, **fields)
+
+
+def test_default_list_is_vllms_51_sizes_largest_first():
+    """max_num_seqs 1024 (vllm serve on an 80 GiB GPU): max min(1024 x 2, 512) = 512."""
+    assert capture_sizes(serving()) == VLLM_DEFAULT_51
+    assert full_decode_sizes(serving()) == sorted(VLLM_DEFAULT_51, reverse=True)
+
+
+def test_full_decode_graphs_stop_at_max_num_seqs():
+    """At max_num_seqs 256 the list still reaches 512 (PIECEWISE) but FULL decode graphs
+    hold at most 256 requests: 35 of them."""
+    assert capture_sizes(serving(max_num_seqs=256)) == VLLM_DEFAULT_51
+    full = full_decode_sizes(serving(max_num_seqs=256))
+    assert len(full) == 35 and full[0] == 256 and full[-1] == 1
+
+
+def test_small_max_num_seqs_adds_itself_and_caps_the_list():
+    """max_num_seqs 100: max = 200, and 100 (a uniform decode size) joins the list."""
+    sizes = capture_sizes(serving(max_num_seqs=100))
+    assert sizes[-1] == 200 and 100 in sizes and 104 in sizes
+    assert full_decode_sizes(serving(max_num_seqs=100))[0] == 100
+
+
+def test_speculative_tokens_round_full_graphs_to_whole_requests():
+    """k = 1 (MTP): FULL decode graphs hold whole requests of 2 tokens (vLLM V2 rounds up)."""
+    full = full_decode_sizes(serving(max_num_seqs=256, num_speculative_tokens=1))
+    assert all(size % 2 == 0 for size in full) and full[0] == 512 and full[-1] == 2
+
+
+def test_explicit_max_capture_size_and_max_num_batched_tokens_cap_the_list():
+    assert capture_sizes(serving(max_cudagraph_capture_size=64))[-1] == 64
+    assert capture_sizes(serving(max_num_batched_tokens=100)) == [
+        1, 2, 4, *range(8, 100, 8), 100]
+
+
+def test_modes_without_full_graphs_capture_no_attention():
+    glm = scenarios.load("glm5-fp8-tp8")
+    for mode in ("PIECEWISE", "NONE"):
+        piecewise = dataclasses.replace(glm, serving=serving(cudagraph_mode=mode))
+        assert full_decode_sizes(piecewise.serving) == []
+        with pytest.raises(UserError, match="no CUDA graph"):
+            sizes_to_capture(piecewise, None)
+
+
+def test_capture_sizes_outside_the_workspace_are_refused():
+    with pytest.raises(UserError, match="1 to 32768"):
+        sizes_to_capture(scenarios.load("glm5-fp8-tp8"), [40000])
+    assert sizes_to_capture(scenarios.load("glm5-fp8-tp8"), [1, 512, 8]) == [512, 8, 1]
+
+
+def test_vllm_rule_floors_the_second_capture_at_one_mib():
+    estimate = vllm_estimate("allocator", [200 * MiB, 0], actual=200 * MiB, graphs=51)
+    assert estimate.per_graph_bytes == MIN_PER_GRAPH_BYTES
+    assert estimate.estimate_bytes == 250 * MiB and estimate.error_bytes == 50 * MiB
+    assert estimate.error_percent == 25.0
+    larger = vllm_estimate("device", [300 * MiB, 2 * MiB], actual=400 * MiB, graphs=51)
+    assert larger.estimate_bytes == 400 * MiB and larger.error_bytes == 0
+
+
+def test_predicted_pool_is_the_largest_capture_not_the_sum():
+    """Outputs held only weakly: every later capture fits the first one's blocks."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    result = run_graphs(glm, ["alloc", "workspace"], command="test", sizes=[512, 256, 8, 1],
+                        predict=True)
+    alloc, workspace = result.paths
+    assert not result.measured and result.capture_sizes == [512, 256, 8, 1]
+    assert [c.pool_growth_bytes for c in alloc.captures[1:]] == [0, 0, 0]
+    assert alloc.pool_bytes == alloc.captures[0].pool_growth_bytes
+    assert alloc.held_bytes == 1024  # the first graph's RNG seed and offset, 2 x 512 B blocks
+    names = [b["name"] for b in alloc.captures[0].buffers]
+    assert names[:3] == ["graph_rng_state", "graph_rng_state", "padded_q"]
+    assert "padded_q" not in [b["name"] for b in workspace.captures[0].buffers]
+    assert workspace.pool_bytes < alloc.pool_bytes
+    (estimate,) = alloc.estimates  # predicted: the allocator's figures only
+    assert estimate.estimate_bytes == alloc.pool_bytes + 3 * MIN_PER_GRAPH_BYTES
