@@ -226,118 +226,171 @@ class GraphsResult:
 # Measuring
 
 
-def measure_path(memory, scenario: Scenario, kernel, path: str, sizes: Sequence[int], *,
-                 sm_count: int, seed: int = 0,
-                 on_capture: Callable[[Capture], None] | None = None) -> GraphPath:
-    """Capture `path`'s call at every size (largest first) into one pool; see the module."""
-    from mlamem.attribution import ExpectedBuffer, attribute, expected_buffers
-    from mlamem.measure import runner
-    from mlamem.operations import kv_format, problem_for
-    from mlamem.paths import PATHS, KernelCall, reserve_workspace, wrapper_allocations
+@dataclass
+class CallGraphs:
+    """What capturing one path's call needs: its inputs at the largest size and workspace."""
 
-    op = SPARSE_DECODE
-    capabilities = kernel.capabilities(op, kv_format(scenario, op))
-    padded = capabilities.padded_heads(scenario.heads_per_rank)
-    staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
-    result = GraphPath(path=path, staged=list(staged), captures=[])
-    largest = max(sizes)
-    with memory:
-        problem = problem_for(scenario, op, largest, padded)
+    scenario: Scenario
+    kernel: object
+    path: str
+    sm_count: int
+    q_all: object  # (largest, heads, d_qk): each capture takes the first T rows
+    inputs: object  # OpInputs at the largest size
+    workspace: object  # Workspace or None (alloc)
+
+    @classmethod
+    def make(cls, memory, scenario: Scenario, kernel, path: str, largest: int, *, sm_count: int,
+             seed: int = 0, workspace=None, reserve: bool = True) -> CallGraphs:
+        """Inputs for `largest` rows, and the workspace the backend reserves (unless given)."""
+        from mlamem.operations import problem_for
+        from mlamem.paths import reserve_workspace
+
+        padded = _padded_heads(scenario, kernel)
+        problem = problem_for(scenario, SPARSE_DECODE, largest, padded)
         q_all, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
-        workspace = reserve_workspace(path, kernel, max_tokens=scenario.serving.max_num_batched_tokens,
-                                      padded_heads=padded, d_qk=scenario.d_qk, d_v=scenario.d_v,
-                                      topk=problem.topk, sm_count=sm_count, device=memory.device)
-        memory.empty_cache()
-        start, device_start = memory.stats(), memory.device_used_bytes()
-        with memory.graphs() as graphs:
-            for tokens in sizes:
-                sub = problem_for(scenario, op, tokens, padded)
-                sub_inputs = dataclasses.replace(inputs, indices=inputs.indices[:, :tokens])
-                call = KernelCall(run=runner(kernel, memory, sm_count, sub, sub_inputs), op=op,
-                                  padded_heads=padded, takes_out=capabilities.takes_out)
-                step = functools.partial(PATHS[path], q_all[:tokens], call, workspace)
-                expected = expected_buffers(
-                    wrapper_allocations(path, tokens, scenario.heads_per_rank, padded,
-                                        scenario.d_qk),
-                    kernel.op_allocations(sub, sm_count), staged)
-                if not result.captures:
-                    expected = [ExpectedBuffer(GRAPH_RNG_STATE, 8, "torch.cuda.graph")] * 2 + expected
-                capture = _capture(memory, graphs, step, tokens, expected, attribute,
-                                   _classify)
-                result.captures.append(capture)
-                if on_capture is not None:
-                    on_capture(capture)
-                if capture.failure is not None:
-                    result.failure = f"T={tokens}: {capture.failure}"
-                    break
-            end, device_end = memory.stats(), memory.device_used_bytes()
-        del q_all, inputs, workspace
-    if result.complete:
-        result.pool_bytes = end.reserved - start.reserved
-        result.held_bytes = end.allocated - start.allocated
-        if device_end is not None and device_start is not None:
-            result.device_bytes = device_end - device_start
-            result.unexplained_device_bytes = result.device_bytes - result.pool_bytes
-        graphs_count = len(result.captures)
-        result.estimates.append(vllm_estimate(
-            "allocator", [c.pool_growth_bytes for c in result.captures[:2]], result.pool_bytes,
-            graphs_count))
-        if result.device_bytes is not None:
-            result.estimates.append(vllm_estimate(
-                "device", [c.device_growth_bytes for c in result.captures[:2]],
-                result.device_bytes, graphs_count))
-    return result
+        if workspace is None and reserve:
+            workspace = reserve_workspace(
+                path, kernel, max_tokens=scenario.serving.max_num_batched_tokens,
+                padded_heads=padded, d_qk=scenario.d_qk, d_v=scenario.d_v, topk=problem.topk,
+                sm_count=sm_count, device=memory.device)
+        return cls(scenario, kernel, path, sm_count, q_all, inputs, workspace)
+
+    def step_and_expected(self, memory, tokens: int):
+        """The path's call at `tokens` rows, and the buffers it should allocate."""
+        from mlamem.attribution import expected_buffers
+        from mlamem.measure import runner
+        from mlamem.operations import kv_format, problem_for
+        from mlamem.paths import PATHS, KernelCall, wrapper_allocations
+
+        scenario, kernel = self.scenario, self.kernel
+        capabilities = kernel.capabilities(SPARSE_DECODE, kv_format(scenario, SPARSE_DECODE))
+        padded = capabilities.padded_heads(scenario.heads_per_rank)
+        problem = problem_for(scenario, SPARSE_DECODE, tokens, padded)
+        inputs = dataclasses.replace(self.inputs, indices=self.inputs.indices[:, :tokens])
+        call = KernelCall(run=runner(kernel, memory, self.sm_count, problem, inputs),
+                          op=SPARSE_DECODE, padded_heads=padded,
+                          takes_out=capabilities.takes_out)
+        staged = plan(self.path, scenario.heads_per_rank, capabilities, kernel.label).staged
+        expected = expected_buffers(
+            wrapper_allocations(self.path, tokens, scenario.heads_per_rank, padded, scenario.d_qk),
+            kernel.op_allocations(problem, self.sm_count), staged)
+        return functools.partial(PATHS[self.path], self.q_all[:tokens], call, self.workspace), expected
 
 
-def _capture(memory, graphs, step, tokens, expected, attribute, classify) -> Capture:
+def _padded_heads(scenario: Scenario, kernel) -> int:
+    from mlamem.operations import kv_format
+
+    capabilities = kernel.capabilities(SPARSE_DECODE, kv_format(scenario, SPARSE_DECODE))
+    return capabilities.padded_heads(scenario.heads_per_rank)
+
+
+def capture_all(memory, graphs, call: CallGraphs, sizes: Sequence[int],
+                on_capture: Callable[[Capture], None] | None = None) -> list[Capture]:
+    """Capture the call at every size, in order, into `graphs`' pool; stops at a failure (the
+    last capture then says why)."""
+    from mlamem.attribution import ExpectedBuffer
+
+    captures: list[Capture] = []
+    for tokens in sizes:
+        step, expected = call.step_and_expected(memory, tokens)
+        if not captures and not graphs.live:  # the first live graph registers the RNG state
+            expected = [ExpectedBuffer(GRAPH_RNG_STATE, 8, "torch.cuda.graph")] * 2 + expected
+        capture = capture_one(memory, graphs, step, tokens, expected)
+        captures.append(capture)
+        if on_capture is not None:
+            on_capture(capture)
+        if capture.failure is not None:
+            break
+    return captures
+
+
+def capture_one(memory, graphs, step, tokens: int, expected) -> Capture:
+    """vLLM's warm-up (one eager call, outside the pool), then the capture; measured, the
+    replay is compared with the warm-up's out and lse bit for bit."""
+    from mlamem.attribution import attribute
+    from mlamem.measure import watched_call
+
     capture = Capture(tokens=tokens)
-    try:  # vLLM's warm-up: one eager call of the same size, outside the pool
-        out, lse = step()
-        memory.synchronize()
-    except Exception as exc:
-        _failed(capture, classify(exc, memory, 0))
+    warmup = watched_call(memory, step)
+    if warmup.failure is not None:
+        _failed(capture, warmup.failure)
         return capture
-    eager = (out.cpu(), lse.cpu()) if memory.measured else None
-    del out, lse
+    eager = [t.cpu() for t in warmup.value] if memory.measured else None
+    del warmup
     memory.empty_cache()  # torch.cuda.graph empties it too; here so `before` is after it
-    memory.reset_peaks()
-    before, device_before = memory.stats(), memory.device_used_bytes()
-    watch = None
-    try:
-        with memory.watch() as watch, graphs.capture():
-            out, lse = step()
-    except Exception as exc:
-        _failed(capture, classify(exc, memory, before.num_ooms, watch))
+    device_before = memory.device_used_bytes()
+
+    def captured():
+        with graphs.capture():
+            return step()
+
+    run = watched_call(memory, captured, expected)
+    if run.failure is not None:
+        _failed(capture, run.failure)
         return capture
-    after = memory.stats()
+    out, lse = run.value
+    run.value = None
     if eager is not None:
         graphs.replay_last()
         capture.replay_equal = bool(out.cpu().equal(eager[0]) and lse.cpu().equal(eager[1]))
     del out, lse  # weak references only, as vLLM keeps a graph's outputs
     released, device_after = memory.stats(), memory.device_used_bytes()
+    before, after = run.before, run.after
     capture.peak_allocated_bytes = after.peak_allocated - before.allocated
     capture.peak_reserved_bytes = after.peak_reserved - before.reserved
     capture.pool_growth_bytes = released.reserved - before.reserved
     capture.held_bytes = released.allocated - before.allocated
     if device_after is not None and device_before is not None:
         capture.device_growth_bytes = device_after - device_before
-    capture.buffers = [dataclasses.asdict(b) for b in attribute(watch.events, expected).buffers]
+    capture.buffers = [dataclasses.asdict(b)
+                       for b in attribute(run.watch.events, expected).buffers]
     return capture
-
-
-def _classify(exc, memory, ooms_before, watch=None):  # TODO: measure's one failure type
-    from types import SimpleNamespace
-
-    from mlamem.memory import is_out_of_memory
-    oom = is_out_of_memory(exc, ooms_before, memory.stats().num_ooms)
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return SimpleNamespace(oom=oom, text=f"{type(exc).__name__}: {first}",
-                           requested_bytes=watch.oom_requested_bytes if watch else None)
 
 
 def _failed(capture: Capture, failure) -> None:
     capture.failure, capture.oom = failure.text, failure.oom
     capture.oom_requested_bytes = failure.requested_bytes
+
+
+def measure_path(memory, scenario: Scenario, kernel, path: str, sizes: Sequence[int], *,
+                 sm_count: int, seed: int = 0,
+                 on_capture: Callable[[Capture], None] | None = None) -> GraphPath:
+    """Capture `path`'s call at every size (largest first) into one pool; see the module."""
+    capabilities = kernel.capabilities(SPARSE_DECODE)
+    staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
+    result = GraphPath(path=path, staged=list(staged), captures=[])
+    with memory:
+        call = CallGraphs.make(memory, scenario, kernel, path, max(sizes), sm_count=sm_count,
+                               seed=seed)
+        memory.empty_cache()
+        start, device_start = memory.stats(), memory.device_used_bytes()
+        with memory.graphs() as graphs:
+            result.captures = capture_all(memory, graphs, call, sizes, on_capture)
+            end, device_end = memory.stats(), memory.device_used_bytes()
+        del call
+    failed = next((c for c in result.captures if c.failure is not None), None)
+    if failed is not None:
+        result.failure = f"T={failed.tokens}: {failed.failure}"
+        return result
+    result.pool_bytes = end.reserved - start.reserved
+    result.held_bytes = end.allocated - start.allocated
+    if device_end is not None and device_start is not None:
+        result.device_bytes = device_end - device_start
+        result.unexplained_device_bytes = result.device_bytes - result.pool_bytes
+    result.estimates = estimates(result.captures, result.pool_bytes, result.device_bytes)
+    return result
+
+
+def estimates(captures: Sequence[Capture], pool_bytes: int,
+              device_bytes: int | None) -> list[Estimate]:
+    """vLLM's rule on the allocator's growth, and on the device's where it was measured."""
+    count = len(captures)
+    found = [vllm_estimate("allocator", [c.pool_growth_bytes for c in captures[:2]],
+                           pool_bytes, count)]
+    if device_bytes is not None:
+        found.append(vllm_estimate("device", [c.device_growth_bytes for c in captures[:2]],
+                                   device_bytes, count))
+    return found
 
 
 def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel=None,

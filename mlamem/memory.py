@@ -189,6 +189,11 @@ class CudaGraphs:
             yield
         self._graphs.append(graph)
 
+    @property
+    def live(self) -> int:
+        """Graphs captured and alive."""
+        return len(self._graphs)
+
     def replay_last(self) -> None:
         self._graphs[-1].replay()
         self.memory.synchronize()
@@ -202,7 +207,7 @@ class SimulatedGraphs:
     def __init__(self, memory: SimulatedMemory):
         self.memory = memory
         self.pool = object()
-        self._count = 0
+        self.live = 0  # graphs captured and alive
         self._rng_blocks: list = []
 
     def __enter__(self) -> SimulatedGraphs:
@@ -231,7 +236,7 @@ class SimulatedGraphs:
             yield
         finally:
             model.end_allocate_to_pool()
-        self._count += 1
+        self.live += 1
 
     def replay_last(self) -> None:
         """Nothing to replay on the meta device: a replay allocates nothing."""
