@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from mlamem.attribution import Breakdown, attribute, expected_buffers
+from mlamem.allocator import round_size
+from mlamem.attribution import Breakdown, ExpectedBuffer, attribute, expected_buffers
 from mlamem.kernels.base import SPARSE_DECODE, SparseDecodeKernel, simulate_decode, simulate_run
 from mlamem.memory import (
+    CallWatch,
     CudaMemory,
+    MemoryStats,
     SimulatedMemory,
     is_out_of_memory,
     requested_bytes_from_message,
@@ -126,6 +130,7 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv
     result.staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label,
                          problem.q_dtype).staged
     result.kv_tokens = problem.kv_tokens
+    ooms_before = memory.stats().num_ooms
     try:
         q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
         workspace = reserve_workspace(path, kernel, max_tokens=max_tokens,
@@ -134,29 +139,23 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv
                                       sm_count=sm_count, device=memory.device,
                                       q_dtype=problem.q_dtype)
     except Exception as exc:
-        _failed(result, exc, None, memory, 0)
+        _record_failure(result, classify_failure(exc, memory, ooms_before))
         return
     call = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=op,
                       padded_heads=padded_heads, takes_out=capabilities.takes_out,
                       q_dtype=problem.q_dtype)
     step = functools.partial(PATHS[path], q, call, workspace)
-    for warmup in (True, False):
-        if not warmup:
-            memory.empty_cache()
-            memory.reset_peaks()
-        before, watch = memory.stats(), None
-        try:
-            with memory.watch() as watch:
-                start = time.perf_counter()
-                out, lse = step()
-                memory.synchronize()
-                wall = time.perf_counter() - start
-        except Exception as exc:
-            _failed(result, exc, watch, memory, before.num_ooms)
-            return
-        if warmup:
-            del out, lse
-    after = memory.stats()
+    warmup = watched_call(memory, step)
+    if warmup.failure is not None:
+        _record_failure(result, warmup.failure)
+        return
+    del warmup  # its outputs go before the cache is emptied
+    memory.empty_cache()
+    run = watched_call(memory, step)
+    if run.failure is not None:
+        _record_failure(result, run.failure)
+        return
+    before, after, watch = run.before, run.after, run.watch
     result.peak_allocated_bytes = after.peak_allocated - before.allocated
     result.peak_reserved_bytes = after.peak_reserved - before.reserved
     expected = expected_buffers(
@@ -168,19 +167,98 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv
     if watch.nvml_peak_bytes is not None and before.device_used is not None:
         result.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
     if memory.measured:
-        result.wall_time_ms = wall * 1e3
+        result.wall_time_ms = run.wall_s * 1e3
+        out, lse = run.value
+        del run
         result.out, result.lse = out.cpu(), lse.cpu()
         del out, lse
         if bench:
             result.median_ms = median_ms(step)
 
 
-def _failed(result: CallMeasurement, exc: Exception, watch, memory, ooms_before: int) -> None:
-    """Fill in a failure: an OOM with the size that failed, or another error as such."""
-    if is_out_of_memory(exc, ooms_before, memory.stats().num_ooms):
-        result.failure = OUT_OF_MEMORY
-        result.oom_requested_bytes = (watch.oom_requested_bytes if watch else None) or (
-            requested_bytes_from_message(str(exc)))
-    else:
-        first_line = str(exc).splitlines()[0] if str(exc) else ""
-        result.failure = f"{type(exc).__name__}: {first_line}"
+def _record_failure(result: CallMeasurement, failure: Failure) -> None:
+    """A failed call: OUT_OF_MEMORY with the size that failed, or the error line."""
+    result.failure = OUT_OF_MEMORY if failure.oom else failure.text
+    result.oom_requested_bytes = failure.requested_bytes if failure.oom else None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a call failed, classified once (`classify_failure`) for profile, the engines' steps
+    and anything else run through `watched_call`."""
+
+    oom: bool  # an out-of-memory, however it surfaced (memory.is_out_of_memory)
+    text: str  # "ExcType: first line of the message"
+    requested_bytes: int | None = None  # oom: the request that failed, when known
+    reserved_bytes: int | None = None  # oom in a watched call: torch's reserved bytes then
+    buffer: str | None = None  # oom: the expected buffer of the failed request's size
+    allocated_by: str | None = None  # who allocates that buffer: "kernel", "engine", ...
+
+
+def classify_failure(exc: Exception, memory, ooms_before: int, watch: CallWatch | None = None,
+                     expected: list[ExpectedBuffer] | None = None,
+                     reserved_before: int = 0) -> Failure:
+    """Classify `exc`: an OOM (by type, or by the allocator's num_ooms growing past
+    `ooms_before`) gets the request that failed and, from the trace of `watch` (which started
+    with `reserved_before` bytes reserved), the reserved bytes then and the buffer of that size
+    among `expected` that the call had not yet allocated; anything else is an error line."""
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    text = f"{type(exc).__name__}: {first_line}"
+    if not is_out_of_memory(exc, ooms_before, memory.stats().num_ooms):
+        return Failure(oom=False, text=text)
+    requested, reserved = oom_event(watch.events, reserved_before) if watch else (None, None)
+    requested = (requested or (watch.oom_requested_bytes if watch else None)
+                 or getattr(exc, "requested_bytes", None) or requested_bytes_from_message(str(exc)))
+    named = None
+    if watch is not None and expected and requested is not None:
+        missing = set(attribute(watch.events, expected).missing)
+        named = next((e for e in expected if e.name in missing
+                      and round_size(e.nbytes) == round_size(requested)), None)
+    return Failure(oom=True, text=text, requested_bytes=requested, reserved_bytes=reserved,
+                   buffer=named and named.name, allocated_by=named and named.allocated_by)
+
+
+def oom_event(events: list[dict], reserved_before: int) -> tuple[int | None, int | None]:
+    """(bytes requested, reserved bytes) at the first 'oom' in an allocator trace."""
+    reserved = reserved_before
+    for event in events:
+        if event["action"] == "segment_alloc":
+            reserved += event["size"]
+        elif event["action"] == "segment_free":
+            reserved -= event["size"]
+        elif event["action"] == "oom":
+            return event["size"], reserved
+    return None, None
+
+
+@dataclass
+class WatchedCall:
+    """One run of a body under the allocator trace (`watched_call`)."""
+
+    before: MemoryStats  # after the peak reset, just before the body
+    watch: CallWatch | None = None  # its trace, segments and NVML peak (None: the watch failed)
+    after: MemoryStats | None = None  # after the body and a synchronize; None when it failed
+    value: object = None  # what the body returned
+    wall_s: float | None = None  # the body and the synchronize, in seconds
+    failure: Failure | None = None  # why it failed; None when it ran
+
+
+def watched_call(memory: CudaMemory | SimulatedMemory, body: Callable[[], object],
+                 expected: list[ExpectedBuffer] | None = None) -> WatchedCall:
+    """Run `body` once with the peaks reset, under `memory.watch()`, synchronized; a failure is
+    classified (`classify_failure`, an OOM named from `expected`), never raised."""
+    memory.reset_peaks()
+    call = WatchedCall(before=memory.stats())
+    try:
+        with memory.watch() as call.watch:
+            start = time.perf_counter()
+            call.value = body()
+            memory.synchronize()
+            call.wall_s = time.perf_counter() - start
+    except Exception as exc:
+        call.value = None
+        call.failure = classify_failure(exc, memory, call.before.num_ooms, call.watch, expected,
+                                        call.before.reserved)
+        return call
+    call.after = memory.stats()
+    return call
