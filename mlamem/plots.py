@@ -14,9 +14,10 @@ import matplotlib.style
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.profile import ProfileResult
 from mlamem.repro import ReproResult
-from mlamem.units import format_bytes, gib
+from mlamem.units import GiB, MiB, format_bytes, gib
 
 DPI = 120
 STYLE = {"font.size": 11, "axes.titlesize": 12, "figure.titlesize": 13, "legend.fontsize": 10,
@@ -253,4 +254,79 @@ def repro_budget(result: ReproResult) -> bytes:
                      f"{_subject(result.measured, result.environment.gpu)}, "
                      f"{result.kernel['label']}")
         figure.legend(loc="outside lower center", ncols=3)
+        return _png(figure)
+
+
+GRAPH_PATH_COLORS = {**PATH_COLORS, "workspace-full": "tab:green"}
+ESTIMATE_STYLES = {"allocator": "--", "device": ":"}
+
+
+def _cumulative(path: GraphPath, field: str) -> list[tuple[int, int]]:
+    """(T, the sum of `field` over the captures up to and including T's), in capture order,
+    over the captures that succeeded."""
+    points, total = [], 0
+    for capture in path.captures:
+        if capture.failure is not None or getattr(capture, field) is None:
+            break
+        total += getattr(capture, field)
+        points.append((capture.tokens, total))
+    return points
+
+
+def _tick_sizes(sizes: list[int]) -> list[int]:
+    """The powers of two among the sizes, and the smallest and largest."""
+    return sorted({s for s in sizes if s & (s - 1) == 0} | {min(sizes), max(sizes)})
+
+
+def graph_pool_vs_size(result: GraphsResult) -> bytes:
+    """Per path, the pool after each capture (cumulative, capture order: largest T first) and
+    the peak inside each capture (lighter), with vLLM's estimates as dashed (allocator) and
+    dotted (device, measured) lines; MiB, or GiB from 1 GiB up."""
+    sizes = result.capture_sizes
+    heights = [c.peak_allocated_bytes or 0 for p in result.paths for c in p.captures]
+    heights += [max(p.device_bytes or 0, p.pool_bytes or 0) for p in result.paths]
+    heights += [e.estimate_bytes for p in result.paths for e in p.estimates]
+    unit, scale = ("GiB", GiB) if max(heights, default=0) >= GiB else ("MiB", MiB)
+    with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
+        figure = _figure(9.5, 6.5)
+        ax = figure.add_subplot()
+        for path in result.paths:
+            color = GRAPH_PATH_COLORS.get(path.path)
+            pool = _cumulative(path, "pool_growth_bytes")
+            ax.plot([t for t, _ in pool], [b / scale for _, b in pool], marker="o",
+                    markersize=3, linewidth=2, color=color,
+                    label=f"{path.path}: pool after each capture")
+            device = _cumulative(path, "device_growth_bytes")
+            if device:
+                ax.plot([t for t, _ in device], [b / scale for _, b in device], linestyle="-.",
+                        linewidth=1.5, color=color,
+                        label=f"{path.path}: device growth after each capture (mem_get_info)")
+            peaks = [c for c in path.captures if c.failure is None]
+            ax.plot([c.tokens for c in peaks], [c.peak_allocated_bytes / scale for c in peaks],
+                    marker=".", markersize=3, linewidth=1, alpha=0.4, color=color,
+                    label=f"{path.path}: peak inside each capture")
+            for estimate in path.estimates:
+                ax.axhline(estimate.estimate_bytes / scale, color=color,
+                           linestyle=ESTIMATE_STYLES[estimate.source], linewidth=1.3,
+                           label=f"{path.path}: vLLM's estimate ({estimate.source}) "
+                                 f"{format_bytes(estimate.estimate_bytes)}, "
+                                 + ("error n/a" if estimate.error_percent is None
+                                    else f"{estimate.error_percent:+.1f}%"))
+            failed = next((c for c in path.captures if c.failure is not None), None)
+            if failed is not None:
+                ax.axvline(failed.tokens, color=color, linestyle=":", linewidth=1,
+                           label=f"{path.path}: {'OOM' if failed.oom else 'failed'} at "
+                                 f"T={failed.tokens}")
+        ax.set_xscale("log", base=2)
+        ticks = _tick_sizes(sizes)
+        ax.set_xticks(ticks, labels=[str(t) for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(max(sizes) * 1.4, min(sizes) / 1.4)  # capture order: largest first
+        ax.set_ylim(0, max(heights, default=0) / scale * 1.12 or 1)
+        ax.set_xlabel("capture size T, tokens (capture order, largest first; log-2 scale)")
+        ax.set_ylabel(f"pool after each capture; peak inside it ({unit})")
+        ax.set_title(f"{result.scenario['name']}: CUDA-graph pool over {len(sizes)} captures\n"
+                     f"{_subject(result.measured, result.environment.gpu)}, "
+                     f"{result.kernel['label']}")
+        figure.legend(loc="outside lower center", ncols=2, fontsize=9)
         return _png(figure)

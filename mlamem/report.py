@@ -1,4 +1,5 @@
-"""`mlamem report`: saved results (profile, validate, repro-oom) as one PR-ready Markdown document.
+"""`mlamem report`: saved results (profile, repro-oom, graphs, validate, compare) as one PR-ready
+Markdown document.
 
 `load` reads a result file and checks it against its schema; `build` assembles the document from
 the existing Markdown renderers (`mlamem.render`) and the figures (`mlamem.plots`); `write` puts
@@ -21,20 +22,22 @@ from mlamem.compare import CompareResult
 from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
+from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
+from mlamem.graphs import GraphsResult
 from mlamem.kernels.base import SPARSE_DECODE
 from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
 from mlamem.repro import ReproResult
-from mlamem.units import gib
+from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
 
 KINDS = {PROFILE_SCHEMA: "profile", REPRO_SCHEMA: "repro-oom", VALIDATE_SCHEMA: "validate",
-         COMPARE_SCHEMA: "compare"}
-ORDER = ("profile", "repro-oom", "validate", "compare")  # sections in this order, inputs in
-#                                                          given order within
+         COMPARE_SCHEMA: "compare", GRAPHS_SCHEMA: "graphs"}
+ORDER = ("profile", "repro-oom", "graphs", "validate", "compare")  # sections in this order,
+#                                                                    inputs in given order within
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class ValidationResult:
                    created=data.get("created"))
 
 
-Result = ProfileResult | ReproResult | ValidationResult | CompareResult
+Result = ProfileResult | ReproResult | ValidationResult | CompareResult | GraphsResult
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Saved:
     """One result file: how the report names it, its kind, and what it holds."""
 
     source: str  # the path as the report shows it
-    kind: str  # "profile", "repro-oom", "validate" or "compare"
+    kind: str  # "profile", "repro-oom", "graphs", "validate" or "compare"
     result: Result
 
 
@@ -86,10 +89,13 @@ _SHAPES = {
                                                     "item": str, "metric": str}),
     "compare": ({"command": str, "op": str, "scenario": str, "kernels": list,
                  "environment": dict}, "rows", {"tokens": int, "path": str, "errors": dict}),
+    "graphs": ({**_TOP, "capture_sizes": list}, "paths",
+               {"path": str, "captures": list, "estimates": list}),
 }
 _READERS: dict[str, Callable[[dict], Result]] = {
     "profile": ProfileResult.from_dict, "repro-oom": ReproResult.from_dict,
-    "validate": ValidationResult.from_dict, "compare": CompareResult.from_dict}
+    "validate": ValidationResult.from_dict, "compare": CompareResult.from_dict,
+    "graphs": GraphsResult.from_dict}
 
 
 def read_json(path: Path) -> dict:
@@ -175,11 +181,13 @@ def _scenario(saved: Saved) -> str:
 
 
 def _title(saved: Saved) -> str:
-    """A section's title: the scenario, and for a profile its kernel, and its operation if it
-    is not the sparse decode."""
+    """A section's title: the scenario, and for a profile or graphs its kernel, and a
+    profile's operation if it is not the sparse decode."""
     if saved.kind == "compare":
         r = saved.result
         return f"{_scenario(saved)}, {' vs '.join(k['name'] for k in r.kernels)}, {r.op}"
+    if saved.kind == "graphs":
+        return f"{_scenario(saved)}, {saved.result.kernel['label']}"
     if saved.kind != "profile":
         return _scenario(saved)
     r = saved.result
@@ -232,6 +240,10 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
         if r.mode == "decode":  # the budget plot draws paths, not context-reuse variants
             lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
                              lambda plots: plots.repro_budget(r), saved.source)
+    elif saved.kind == "graphs":
+        lines += [render.graphs_markdown(r)]
+        lines += _figure(figures, f"{stem}-pool.png", f"CUDA-graph pool per capture size{tag}",
+                         lambda plots: plots.graph_pool_vs_size(r), saved.source)
     elif saved.kind == "compare":
         lines += [render.compare_markdown(r)]
     else:
@@ -288,6 +300,8 @@ def _summary(s: Saved) -> list[str]:
     if s.kind == "repro-oom":
         verdicts = "; ".join(f"{render.case_label(c)}: {render.verdict_text(c)}" for c in r.cases)
         return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
+    if s.kind == "graphs":
+        return [f"- graphs {r.scenario['name']}, {r.kernel['label']}{tag}: {_graphs_verdict(r)}"]
     if s.kind == "compare":
         return [f"- compare {r.op} {' vs '.join(k['name'] for k in r.kernels)}, {r.scenario}: "
                 f"{_compare_verdict(r)}"]
@@ -298,6 +312,17 @@ def _summary(s: Saved) -> list[str]:
     plural = "s" if len(cases) != 1 else ""
     return [f"- validate: {len(cases)} case{plural} (scenario, T, path), {len(r.comparisons)} figures "
             f"predicted and measured: {verdict}"]
+
+
+def _graphs_verdict(r: GraphsResult) -> str:
+    """The pool per path and how far off vLLM's estimate is (device-wide when measured)."""
+    pools = " / ".join(f"{'failed' if p.pool_bytes is None else format_bytes(p.pool_bytes)} "
+                       f"({p.path})" for p in r.paths)
+    source = "device" if "device" in render.estimate_sources(r) else "allocator"
+    off = " / ".join(f"{render.error_percent_text(render.estimate_of(p, source))} ({p.path})"
+                     for p in r.paths)
+    return (f"{len(r.capture_sizes)} captures, pool {pools}; vLLM's estimate ({source}) off "
+            f"by {off}")
 
 
 def _compare_verdict(r: CompareResult) -> str:
@@ -345,18 +370,23 @@ REPORT_NAME = "report.md"
 
 
 def check_report_dir(folder: Path) -> None:
-    """Fail before any work if `profile --report FOLDER` could not write there: FOLDER, or the
-    folder it would be created in, must exist and take a new file (tried, as root too)."""
+    """Fail before any work if `profile --report FOLDER` (or `graphs --report`) could not write
+    there: FOLDER, or the folder it would be created in, must exist and take a new file (tried,
+    as root too)."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"--report: {folder} is a file; give a folder (it is created if needed)")
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "--report")
 
 
-def write_profile_report(result: ProfileResult, folder: Path) -> list[Path]:
-    """`profile --report FOLDER`: the result JSON, report.md and its PNGs, in FOLDER."""
+def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> list[Path]:
+    """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
+    its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
     name = result.scenario["name"] + ("" if result.measured else ".predicted") + ".json"
-    write_atomic(folder / name, render.to_json(result), "--report")
+    write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "--report")
     output = folder / REPORT_NAME
-    report = build([Saved(name, "profile", result)], figure_prefix=output.stem)
+    report = build([Saved(name, KINDS[result.schema], result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]
+
+
+write_profile_report = write_result_report  # the name `profile --report` calls

@@ -11,6 +11,8 @@ _EXPORTS = {
     "common": ["predicted_tag"],
     "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table"],
     "gate": ["gate_markdown"],
+    "graphs": ["GRAPHS_FORMATS", "error_percent_text", "estimate_of", "estimate_sources",
+               "graphs_csv", "graphs_json", "graphs_markdown", "graphs_table"],
     "plan": ["PLAN_FORMATS", "plan_markdown", "plan_rows", "plan_table"],
     "profile": ["BREAKDOWN_FORMATS", "FORMATS", "breakdown_markdown", "breakdown_table",
                 "markdown", "table", "to_csv", "to_json"],
