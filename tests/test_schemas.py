@@ -117,6 +117,8 @@ def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
                                  "kimi-k2-context-reuse", "--format", "json")]],
         "mlamem.bench/1": [[json.loads((FIXTURES / "bench-triton-h200.json").read_text())]],
         "mlamem.compare/1": [[_compare_document()]],
+        "mlamem.graphs/1": [[_json(tmp, "graphs.json", "graphs", "--capture-sizes", "512,8",
+                                   "--format", "json", "--predict")]],
     }
 
 
@@ -156,7 +158,8 @@ def test_every_schema_the_code_writes_has_a_readme_section(documents):
 
 @pytest.mark.parametrize("schema", ["mlamem.profile/1", "mlamem.repro-oom/1",
                                     "mlamem.validate/1", "mlamem.baseline/1", "mlamem.plan/1",
-                                    "mlamem.bench/1", "mlamem.compare/1"])
+                                    "mlamem.bench/1", "mlamem.compare/1",
+                                    "mlamem.graphs/1"])
 def test_readme_documents_every_field(schema, documents):
     """The README's table for `schema` lists every field a written document has, and nothing
     else; repro-oom's context-reuse cases are checked against their own table."""
