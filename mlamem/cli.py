@@ -21,6 +21,7 @@ from mlamem import environment, operations, render
 from mlamem import gate as gating
 from mlamem import plan as plans
 from mlamem import scenario as scenarios
+from mlamem.engines import engine_names
 from mlamem.errors import Interrupted, UserError
 from mlamem.files import check_distinct, check_output_path, pick_format, write_atomic
 from mlamem.interrupt import Guard
@@ -582,25 +583,29 @@ def repro_oom(
     ] = None,
     predict: Annotated[bool, typer.Option(
         help="Predict on the allocator model even where a GPU could measure.")] = False,
+    engine: Annotated[str | None, typer.Option(
+        help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
+             "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
     expect_oom: Annotated[list[str] | None, typer.Option(
-        "--expect-oom", help="Exit 1 unless this path (or context-reuse variant: none, fp8, "
-                             "full) runs out of memory (repeatable).")] = None,
+        "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
+                             "variant none, fp8, full) runs out of memory (repeatable).")] = None,
     expect_fit: Annotated[list[str] | None, typer.Option(
-        "--expect-fit", help="Exit 1 unless this path (or variant) fits (repeatable).")] = None,
+        "--expect-fit", help="Exit 1 unless this case (path or variant) fits (repeatable).")
+    ] = None,
 ) -> None:
     """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
 
-    Emulates the engine in its order on the local GPU: cap memory at the target GPU's, count
-    non-torch memory, reserve the workspace (workspace path), place the weights, run a profile
-    pass that skips attention, size the KV cache as
+    Emulates the engine in its order on the local GPU. vLLM (--engine vllm): cap memory at the
+    target GPU's, count non-torch memory, reserve the workspace (workspace path), place the
+    weights, run a profile pass that skips attention, size the KV cache as
     `utilization x total - (init + profile peak + non-torch)`, then run one full step. Each
     case runs in its own process. Prints each path's verdict (fits with its headroom, or the
     allocation that failed and the free bytes), and the largest max_num_batched_tokens that
     fits. Without a GPU the verdicts are PREDICTED.
 
-    A scenario with block reuse on and chunked prefill off (kimi-k2-context-reuse) reproduces
-    the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only reserve (TRT-LLM
-    PR #16399) and plan's everything-charged reserve with its admission cap.
+    TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
+    default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
+    reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
     decode = make_kernel(kernel)
@@ -608,9 +613,8 @@ def repro_oom(
         raise UserError(f"repro-oom replays the engine's sparse decode step; kernel {decode.name} "
                         f"runs {', '.join(decode.operations)}: pick a --kernel that runs "
                         "sparse-decode (`mlamem kernels`)")
-    from mlamem.context_reuse import VARIANTS, is_context_reuse  # torch: after make_kernel
-    from mlamem.engine import Budget
-    from mlamem.repro import check_target, run_repro
+    from mlamem.engines.base import Budget  # torch: after make_kernel
+    from mlamem.repro import check_target, run_repro, scenario_engine
 
     path_list = parse_paths(paths, decode)
     output_format = ReproFormat(pick_format(output, output_format and output_format.value,
@@ -626,12 +630,13 @@ def repro_oom(
         raise UserError(f"repro-oom replays the engine's sparse decode step; {chosen.name} "
                         f"drives {', '.join(operations.scenario_operations(chosen))}: pick a "
                         "sparse-decode scenario (see `mlamem scenarios`)")
-    cases = list(VARIANTS) if is_context_reuse(chosen) else path_list
+    emulated = scenario_engine(chosen, engine)
+    cases = emulated.case_keys(path_list)
     for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
         for name in wanted or []:
             if name not in cases:
-                what = "reserve variants" if is_context_reuse(chosen) else "--paths"
-                raise UserError(f"{option} {name}: not among the {what} {','.join(cases)}")
+                raise UserError(f"{option} {name}: not among the {emulated.view.cases_named} "
+                                f"{','.join(cases)}")
     try:
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
@@ -649,13 +654,13 @@ def repro_oom(
     command = "mlamem " + shlex.join(sys.argv[1:])
     with _progress(f"repro-oom {chosen.name}", None) as advance:
         result = run_repro(chosen, budget, path_list, command=command, kernel=decode,
-                           predict=predict, on_progress=advance)
+                           predict=predict, engine=emulated.name, on_progress=advance)
     if not result.measured:
         print(f"mlamem: not measured ({result.not_measured_reason}); verdicts are PREDICTED by "
               "the allocator model", file=sys.stderr)
     terminal = render.repro_table(result) if output_format is ReproFormat.table else None
     _emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
-    verdicts = {c.get("path") or c["variant"]: c["verdict"] for c in result.cases}
+    verdicts = {c[emulated.case_type.key_field]: c["verdict"] for c in result.cases}
     unmet = [f"{p} was expected to OOM but {verdicts[p]}" for p in expect_oom or []
              if verdicts[p] != "oom"]
     unmet += [f"{p} was expected to fit but {verdicts[p]}" for p in expect_fit or []

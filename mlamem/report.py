@@ -19,6 +19,7 @@ from types import ModuleType
 from mlamem import render
 from mlamem.compare import SCHEMA as COMPARE_SCHEMA
 from mlamem.compare import CompareResult
+from mlamem.engines import engine_names, load_engine
 from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, write_atomic
@@ -29,7 +30,7 @@ from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
-from mlamem.repro import ReproResult
+from mlamem.repro import ReproResult, result_engine
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
@@ -84,7 +85,7 @@ class Report:
 _TOP = {"command": str, "measured": bool, "scenario": dict, "kernel": dict, "environment": dict}
 _SHAPES = {
     "profile": (_TOP, "rows", {"tokens": int, "path": str, "buffers": list}),
-    "repro-oom": ({**_TOP, "budget": dict}, "cases", {"path": str, "verdict": str, "phase": str}),
+    "repro-oom": ({**_TOP, "budget": dict}, "cases", {"verdict": str, "phase": str}),  # + case key
     "validate": ({"command": str}, "comparisons", {"scenario": str, "tokens": int, "path": str,
                                                     "item": str, "metric": str}),
     "compare": ({"command": str, "op": str, "scenario": str, "kernels": list,
@@ -123,8 +124,13 @@ def read_json(path: Path) -> dict:
 def _check_shape(data: dict, kind: str) -> str | None:
     """What is missing or of the wrong type, or None."""
     top, items, item_keys = _SHAPES[kind]
-    if kind == "repro-oom" and data.get("mode") == "context-reuse":
-        item_keys = {"variant": str, "verdict": str, "phase": str}
+    if kind == "repro-oom":  # each engine names its cases by its own key
+        try:
+            engine = load_engine(result_engine(data))
+        except (KeyError, ValueError):
+            return (f"'engine' {data.get('engine')!r} (or 'mode' {data.get('mode')!r}) is not "
+                    f"one of {', '.join(engine_names())}")
+        item_keys = {engine.case_type.key_field: str, **item_keys}
     for key, kind_type in {**top, items: list}.items():
         if not isinstance(data.get(key), kind_type):
             return f"{key!r} missing or not a {kind_type.__name__}"
@@ -237,7 +243,7 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
         lines += [render.breakdown_markdown(r)]
     elif saved.kind == "repro-oom":
         lines += [render.repro_markdown(r)]
-        if r.mode == "decode":  # the budget plot draws paths, not context-reuse variants
+        if load_engine(r.engine).view.budget_plot:  # vLLM's figures, one bar per path
             lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
                              lambda plots: plots.repro_budget(r), saved.source)
     elif saved.kind == "graphs":
@@ -298,7 +304,8 @@ def _summary(s: Saved) -> list[str]:
                     f"peak, {' → '.join(paths)} path, at {symbol} = " + "; ".join(out)]
         return []
     if s.kind == "repro-oom":
-        verdicts = "; ".join(f"{render.case_label(c)}: {render.verdict_text(c)}" for c in r.cases)
+        verdicts = "; ".join(f"{render.case_label(c, r.engine)}: {render.verdict_text(c)}"
+                             for c in r.cases)
         return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
     if s.kind == "graphs":
         return [f"- graphs {r.scenario['name']}, {r.kernel['label']}{tag}: {_graphs_verdict(r)}"]

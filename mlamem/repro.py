@@ -1,12 +1,14 @@
 """`mlamem repro-oom`: reproduce a runtime OOM of one engine rank, per path, and find the limit.
 
-Each measured case runs `mlamem.engine` in its own process, so an OOM or a poisoned CUDA context
-never reaches the next case or this one; a process that dies still gets a verdict. Without a
-GPU every case is predicted by the same emulation on the allocator model.
+One engine (`mlamem.engines`, the scenario's first unless chosen) runs each of its cases; each
+measured case runs `python -m mlamem.engines` in its own process, so an OOM or a poisoned CUDA
+context never reaches the next case or this one; a process that dies still gets a verdict.
+Without a GPU every case is predicted by the same emulation on the allocator model.
 
-The largest safe max_num_batched_tokens is searched on the validated allocator model (fast,
-byte-exact against the GPU); on a GPU the answer T is then confirmed by measuring T (must fit)
-and T + 1 (must OOM), and bisected by measurement if either disagrees.
+For an engine that searches it (vLLM), the largest safe max_num_batched_tokens is searched on
+the validated allocator model (fast, byte-exact against the GPU); on a GPU the answer T is then
+confirmed by measuring T (must fit) and T + 1 (must OOM), and bisected by measurement if either
+disagrees.
 """
 
 from __future__ import annotations
@@ -24,14 +26,8 @@ from pathlib import Path
 import torch
 
 from mlamem import environment
-from mlamem.context_reuse import (
-    VARIANT_LABELS,
-    VARIANTS,
-    ContextCase,
-    emulate_context,
-    is_context_reuse,
-)
-from mlamem.engine import CRASHED, ERROR, FITS, Budget, EngineCase, emulate
+from mlamem.engines import ENGINE_OF_MODE, load_engine, request_engine
+from mlamem.engines.base import Budget, Engine, Verdict
 from mlamem.errors import UserError
 from mlamem.kernels import DEFAULT_KERNEL, SparseDecodeKernel, load_kernel
 from mlamem.measure import local_sm_count
@@ -44,13 +40,14 @@ from mlamem.units import format_bytes
 
 SCHEMA = "mlamem.repro-oom/1"
 SEARCH_CAP_TOKENS = 1 << 21  # the search stops here: "at least this many"
-WORKER = (sys.executable, "-P", "-m", "mlamem.engine")  # -P: the installed mlamem, never cwd's
+WORKER = (sys.executable, "-P", "-m", "mlamem.engines")  # -P: the installed mlamem, never cwd's
 CASE_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
 class ReproResult:
-    """The JSON schema `mlamem.repro-oom/1`: one entry in `cases` per path."""
+    """The JSON schema `mlamem.repro-oom/1`: one entry in `cases` per case of the engine (its
+    paths, its reserve variants, ...)."""
 
     command: str
     measured: bool
@@ -59,9 +56,9 @@ class ReproResult:
     kernel: dict
     budget: dict  # gpu_memory_bytes, utilization, max_num_batched_tokens, requested_bytes
     environment: environment.Environment
-    cases: list[dict]  # decode: EngineCase + max_safe_*; context-reuse: ContextCase
+    cases: list[dict]  # the engine's case_type.to_dict() (vLLM: with max_safe_*)
     notes: list[str] = field(default_factory=list)
-    mode: str = "decode"  # "decode" (one case per path) or "context-reuse" (per reserve variant)
+    engine: str = "vllm"  # the engine emulated (mlamem.engines.REGISTRY)
     non_torch: dict | None = None  # the host setup the model took non-torch memory from
     schema: str = SCHEMA
     created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
@@ -78,8 +75,14 @@ class ReproResult:
             kernel=data["kernel"], budget=data["budget"],
             environment=environment.Environment.from_dict(data["environment"]),
             cases=[dict(case) for case in data["cases"]], notes=list(data.get("notes", [])),
-            created=data.get("created"), mode=data.get("mode", "decode"),
+            created=data.get("created"), engine=result_engine(data),
             non_torch=data.get("non_torch"))
+
+
+def result_engine(data: dict) -> str:
+    """The engine of a saved result; older files name their case shape in `mode` instead
+    ("decode" or "context-reuse"), the oldest nothing (decode)."""
+    return data.get("engine") or ENGINE_OF_MODE[data.get("mode", "decode")]
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,
@@ -139,12 +142,10 @@ def run_case(request: dict, worker: Sequence[str] = WORKER,
 
 
 def _crashed(request: dict, failure: str) -> dict:
-    if "variant" in request:
-        return ContextCase(variant=request["variant"], measured=True, verdict=CRASHED,
-                           failure=failure).to_dict()
-    case = EngineCase(path=request["path"], measured=True, verdict=CRASHED, failure=failure,
-                      max_num_batched_tokens=request["budget"]["max_num_batched_tokens"])
-    return case.to_dict()
+    engine = load_engine(request_engine(request))
+    return engine.new_case(request[engine.case_type.key_field],
+                           request["budget"]["max_num_batched_tokens"], measured=True,
+                           verdict=Verdict.CRASHED, failure=failure).to_dict()
 
 
 def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], on_model: int,
@@ -154,7 +155,7 @@ def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], 
         if tokens not in verdicts:
             announce(tokens)
             verdicts[tokens] = verdict_at(tokens)
-        return verdicts[tokens] == FITS
+        return verdicts[tokens] == Verdict.FITS
 
     runs_before = len(verdicts)
     on_gpu, _ = largest_fitting(fits, on_model)
@@ -163,24 +164,6 @@ def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], 
                         f"{on_gpu + 1} runs out of memory)")
     return on_gpu, (f"measured bisection on the GPU ({len(verdicts) - runs_before} runs); "
                     f"the model said {on_model}")
-
-
-def _context_reuse(scenario, budget, kernel, *, command, reason, worker, progress,
-                   sm_count, setup) -> ReproResult:
-    """The three reserve variants of the context-MLA reuse case, each in its own process."""
-    cases = []
-    for variant in VARIANTS:
-        progress(f"context reuse: {VARIANT_LABELS[variant]}")
-        if reason is None:
-            request = {"scenario": to_dict(scenario), "source": scenario.source,
-                       "variant": variant, "kernel": kernel.name,
-                       "budget": dataclasses.asdict(budget)}
-            cases.append(run_case(request, worker))
-        else:
-            cases.append(emulate_context(SimulatedMemory(non_torch=setup), scenario, variant,
-                                         budget.gpu_memory_bytes, budget.utilization).to_dict())
-    return _result(scenario, budget, kernel, cases, [], command=command, reason=reason,
-                   sm_count=sm_count, setup=setup, mode="context-reuse")
 
 
 def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> None:
@@ -193,10 +176,12 @@ def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> 
 
 def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,
               kernel: SparseDecodeKernel | None = None, predict: bool = False,
-              worker: Sequence[str] = WORKER,
+              engine: str | None = None, worker: Sequence[str] = WORKER,
               on_progress: Callable[[str], None] | None = None) -> ReproResult:
-    """Emulate the rank once per path, then search each path's largest safe token budget."""
+    """Emulate the rank once per case of `engine` (default: the scenario's first), then, where
+    the engine searches it, each case's largest safe token budget."""
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
+    chosen = scenario_engine(scenario, engine)
     check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None
@@ -205,48 +190,68 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
         check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
     sm_count = local_sm_count() if measured else scenario.gpu.sm_count
     progress = on_progress or (lambda _: None)
-    if is_context_reuse(scenario):
-        return _context_reuse(scenario, budget, kernel, command=command, reason=reason,
-                              worker=worker, progress=progress, sm_count=sm_count, setup=setup)
+    key_field = chosen.case_type.key_field
 
-    def request(path: str, tokens: int) -> dict:
-        return {"scenario": to_dict(scenario), "source": scenario.source, "path": path,
-                "kernel": kernel.name,
+    def request(key: str, tokens: int) -> dict:
+        return {"engine": chosen.name, "scenario": to_dict(scenario), "source": scenario.source,
+                key_field: key, "kernel": kernel.name,
                 "budget": {**dataclasses.asdict(budget), "max_num_batched_tokens": tokens}}
 
-    def predicted(path: str, tokens: int, host: NonTorchSetup) -> dict:
+    def predicted(key: str, tokens: int, host: NonTorchSetup) -> dict:
         at = dataclasses.replace(budget, max_num_batched_tokens=tokens)
-        return emulate(SimulatedMemory(non_torch=host), scenario, kernel, at, path,
-                       sm_count=sm_count).to_dict()
+        return chosen.emulate(SimulatedMemory(non_torch=host), scenario, kernel, at, key,
+                              sm_count=sm_count).to_dict()
 
     cases = []
-    for path in paths:
+    for key in chosen.case_keys(list(paths)):
         tokens = budget.max_num_batched_tokens
-        progress(f"{path}: full step at {tokens} tokens")
-        case = predicted(path, tokens, setup)
+        progress(f"{chosen.view.case_label({key_field: key})}: emulating the rank")
+        case = predicted(key, tokens, setup)
         host = setup
         if measured:  # the model searches from this host's measured non-torch memory
             modelled = case["non_torch_bytes"]
-            case = run_case(request(path, tokens), worker)
+            case = run_case(request(key, tokens), worker)
             if case.get("non_torch_bytes") is not None:
                 host = calibrated(setup, modelled, case["non_torch_bytes"])
-        progress(f"{path}: searching the largest safe max_num_batched_tokens on the model")
-        on_model, _ = largest_fitting(
-            lambda t, p=path, h=host: predicted(p, t, h)["verdict"] == FITS, tokens)
-        case["max_safe_tokens"] = on_model
-        case["max_safe_method"] = "validated allocator model (predicted, not measured)"
-        if measured and case["verdict"] not in (ERROR, CRASHED):
-            case["max_safe_tokens"], case["max_safe_method"] = _confirm_on_gpu(
-                lambda t, p=path: run_case(request(p, t), worker)["verdict"],
-                {tokens: case["verdict"]}, on_model,
-                lambda t, p=path: progress(f"{p}: confirming on the GPU at {t} tokens"))
+        if chosen.searches_tokens:
+            case.update(_largest_safe(case, key, tokens, host, measured=measured,
+                                      predicted=predicted, request=request, worker=worker,
+                                      progress=progress))
         cases.append(case)
     notes = []
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
                       "verdicts do not depend on it, only the KV-cache size does")
-    return _result(scenario, budget, kernel, cases, notes, command=command, reason=reason,
-                   sm_count=sm_count, setup=setup)
+    return _result(scenario, budget, kernel, chosen, cases, notes, command=command,
+                   reason=reason, sm_count=sm_count, setup=setup)
+
+
+def _largest_safe(case: dict, key: str, tokens: int, host: NonTorchSetup, *, measured: bool,
+                  predicted, request, worker, progress) -> dict:
+    """max_safe_tokens and max_safe_method of one case: searched on the model, then, measured,
+    confirmed (or bisected) on the GPU."""
+    progress(f"{key}: searching the largest safe max_num_batched_tokens on the model")
+    on_model, _ = largest_fitting(lambda t: predicted(key, t, host)["verdict"] == Verdict.FITS,
+                                  tokens)
+    if not measured or case["verdict"] in (Verdict.ERROR, Verdict.CRASHED):
+        return {"max_safe_tokens": on_model,
+                "max_safe_method": "validated allocator model (predicted, not measured)"}
+    found, method = _confirm_on_gpu(
+        lambda t: run_case(request(key, t), worker)["verdict"], {tokens: case["verdict"]},
+        on_model, lambda t: progress(f"{key}: confirming on the GPU at {t} tokens"))
+    return {"max_safe_tokens": found, "max_safe_method": method}
+
+
+def scenario_engine(scenario: Scenario, engine: str | None = None) -> type[Engine]:
+    """The engine to emulate: `engine`, which the scenario must declare, else its first; a
+    UserError in one line when the scenario does not declare it or the engine refuses it."""
+    name = engine or scenario.engines[0]
+    if name not in scenario.engines:
+        raise UserError(f"--engine {name}: {scenario.name} declares {', '.join(scenario.engines)}; "
+                        "pick one of those, or add it to the scenario's `engines`")
+    chosen = load_engine(name)
+    chosen.check(scenario)
+    return chosen
 
 
 def check_target(budget: Budget, kernel: SparseDecodeKernel, predict: bool) -> None:
@@ -265,8 +270,8 @@ def host_setup(kernel_name: str) -> NonTorchSetup:
                       props.total_memory)
 
 
-def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count, setup,
-            mode="decode") -> ReproResult:
+def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, sm_count,
+            setup) -> ReproResult:
     capabilities = kernel.capabilities()
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     summary = {**scenario_summary(scenario, padded_heads),
@@ -280,7 +285,7 @@ def _result(scenario, budget, kernel, cases, notes, *, command, reason, sm_count
                      f"launches) and the physical memory are modelled as {setup.describe()}")
     return ReproResult(
         command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
-        mode=mode, non_torch=dataclasses.asdict(setup),
+        engine=engine.name, non_torch=dataclasses.asdict(setup),
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 "version": kernel.version(),
                 **dataclasses.asdict(capabilities)},
@@ -311,8 +316,9 @@ def prediction_differences(measured: dict, predicted: dict) -> list[str]:
                    and measured.get(key) != predicted.get(key)]
     if len(measured["cases"]) != len(predicted["cases"]):
         return [*differences, "cases: the results have different numbers of cases"]
+    key_field = load_engine(measured["engine"]).case_type.key_field
     for m, p in zip(measured["cases"], predicted["cases"], strict=True):
-        name = m.get("path") or m.get("variant")
+        name = m.get(key_field)
         differences += [f"{name}: {key}: {m.get(key)!r} != {p.get(key)!r}"
                         for key in sorted(set(m) | set(p))
                         if key not in NOT_PREDICTED_FIELDS and m.get(key) != p.get(key)]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from mlamem.engines import DEFAULT_ENGINES, engine_names
 from mlamem.errors import UserError
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
@@ -170,11 +171,14 @@ class Scenario:
     serving: Serving
     gpu: TargetGPU
     operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (OPERATION_NAMES)
+    engines: tuple[str, ...] = DEFAULT_ENGINES  # engines serving it (mlamem.engines), first: default
     source: str = ""  # where it was loaded from
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operations", tuple(self.operations))  # a list reads as a tuple
         _check_operations(self.operations)
+        object.__setattr__(self, "engines", tuple(self.engines))
+        _check_engines(self.engines)
         if self.model.num_attention_heads % self.parallel.attention_tensor_parallel:
             raise _FieldError("parallel", "tensor_parallel",
                                "must divide model.num_attention_heads (with attention-DP)")
@@ -247,6 +251,22 @@ def _check_operations(operations: tuple[str, ...]) -> None:
     if repeated:
         raise _FieldError("top", "operations", f"lists {repeated[0]!r} more than once; "
                                                "name each operation once")
+
+
+def _check_engines(engines: tuple[str, ...]) -> None:
+    """The top-level `engines`: a non-empty list of distinct registered engine names."""
+    known = engine_names()
+    if not engines:
+        raise _FieldError("top", "engines", f"is empty; list at least one of {known}, or leave "
+                                            f"it out for {list(DEFAULT_ENGINES)}")
+    for name in engines:
+        if name not in known:
+            raise _FieldError("top", "engines", f"has unknown {name!r}; expected names from "
+                                                f"{known}")
+    repeated = sorted({name for name in engines if engines.count(name) > 1})
+    if repeated:
+        raise _FieldError("top", "engines", f"lists {repeated[0]!r} more than once; name each "
+                                            "engine once")
 
 
 def _check_serving_for_operations(scenario: Scenario) -> None:
@@ -446,7 +466,7 @@ def parse(text: str, source: str) -> Scenario:
 def to_dict(scenario: Scenario) -> dict:
     """The scenario as plain data, in the TOML layout (`from_dict` reads it back)."""
     data = {"name": scenario.name, "description": scenario.description,
-            "operations": list(scenario.operations)}
+            "operations": list(scenario.operations), "engines": list(scenario.engines)}
     for section in _SECTIONS:
         fields = dataclasses.asdict(getattr(scenario, section))
         data[section] = {k: v for k, v in fields.items() if v is not None}
@@ -456,10 +476,10 @@ def to_dict(scenario: Scenario) -> dict:
 def from_dict(data: dict, source: str) -> Scenario:
     """Build a scenario from TOML-layout data; errors name the source and the field."""
     try:
-        unknown = set(data) - set(_SECTIONS) - {"name", "description", "operations"}
+        unknown = set(data) - set(_SECTIONS) - {"name", "description", "operations", "engines"}
         if unknown:
             raise _FieldError(sorted(unknown)[0], "", "is not a known section; expected "
-                               f"name, description, operations, {', '.join(_SECTIONS)}")
+                               f"name, description, operations, engines, {', '.join(_SECTIONS)}")
         for top in ("name", "description"):
             if not isinstance(data.get(top), str):
                 raise _FieldError("top", top, "must be a string")
@@ -467,12 +487,16 @@ def from_dict(data: dict, source: str) -> Scenario:
         if not (isinstance(operations, list) and all(isinstance(op, str) for op in operations)):
             raise _FieldError("top", "operations", "must be a list of names from "
                                                    f"{list(OPERATION_NAMES)}, got {operations!r}")
+        engines = data.get("engines", list(DEFAULT_ENGINES))
+        if not (isinstance(engines, list) and all(isinstance(name, str) for name in engines)):
+            raise _FieldError("top", "engines", "must be a list of names from "
+                                                f"{engine_names()}, got {engines!r}")
         sections = {}
         for key, cls in _SECTIONS.items():
             if key not in data:
                 raise _FieldError(key, "", "section is missing")
             sections[key] = _build(cls, data[key], key)
         return Scenario(name=data["name"], description=data["description"], source=source,
-                        operations=tuple(operations), **sections)
+                        operations=tuple(operations), engines=tuple(engines), **sections)
     except _FieldError as exc:
         raise UserError(f"{source}: {exc}; fix that field") from None

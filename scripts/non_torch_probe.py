@@ -23,11 +23,11 @@ def _engine_case(scenario_name: str, path: str) -> dict:
     import inspect
 
     from mlamem import nvml, scenario
-    from mlamem.context_reuse import emulate_context, is_context_reuse
-    from mlamem.engine import Budget, emulate
+    from mlamem.engines.base import Budget
     from mlamem.kernels import FlashMLA
     from mlamem.measure import local_sm_count
     from mlamem.memory import CudaMemory
+    from mlamem.repro import scenario_engine
 
     used_before_cuda = nvml.used_by_uuid()
     chosen = scenario.load(scenario_name)
@@ -46,10 +46,8 @@ def _engine_case(scenario_name: str, path: str) -> dict:
     memory = Logged(used_before_cuda=used_before_cuda)
     budget = Budget(chosen.gpu.memory_bytes, chosen.gpu.gpu_memory_utilization,
                     chosen.serving.max_num_batched_tokens)
-    if is_context_reuse(chosen):
-        case = emulate_context(memory, chosen, path, budget.gpu_memory_bytes, budget.utilization)
-    else:
-        case = emulate(memory, chosen, FlashMLA(), budget, path, sm_count=local_sm_count())
+    engine = scenario_engine(chosen)  # the scenario's first: context reuse names a variant
+    case = engine.emulate(memory, chosen, FlashMLA(), budget, path, sm_count=local_sm_count())
     after = memory.non_torch_bytes()
     result = {k: v for k, v in case.to_dict().items() if k != "buffers"}
     return {"probe": "engine", "scenario": scenario_name, "path": path, "log": Logged.log,

@@ -10,7 +10,8 @@ import torch
 from mlamem import scenario as scenarios
 from mlamem.allocator import AllocatorOutOfMemory
 from mlamem.cli import main
-from mlamem.engine import Budget, activation_specs, emulate, kv_block_bytes, kv_cache_bytes
+from mlamem.engines.base import Budget
+from mlamem.engines.vllm import VLLM, activation_specs, kv_block_bytes, kv_cache_bytes
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, TritonDecode, simulate_decode
 from mlamem.kernels.base import BufferSpec
@@ -55,7 +56,7 @@ def test_engine_case_adds_up_for_glm5(glm):
     # hidden_states + residual (32768 x 6144 x 2 B each) + q (32768 x 8 x 576 x 2 B)
     # + attn_output (32768 x 8 x 512 x 2 B) = 2 x 402,653,184 + 301,989,888 + 268,435,456
     assert sum(s.nbytes for s in activation_specs(glm, 32768)) == 1_375_731_712
-    case = emulate(SimulatedMemory(), glm, FlashMLA(), glm_budget(glm), "workspace",
+    case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), glm_budget(glm), "workspace",
                    sm_count=132)
     assert case.profile_peak_bytes == 1_375_731_712
     assert case.workspace_bytes == 32768 * 64 * (576 + 512) * 2  # padded q + out, bf16
@@ -92,7 +93,7 @@ def test_max_safe_tokens_is_the_boundary(glm):
     result = run_repro(glm, glm_budget(glm), ["alloc"], command="test", predict=True)
     limit = result.cases[0]["max_safe_tokens"]
     for tokens, verdict in ((limit, "fits"), (limit + 1, "oom")):
-        case = emulate(SimulatedMemory(non_torch=host_setup("flashmla")), glm, FlashMLA(),
+        case = VLLM.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), glm, FlashMLA(),
                        glm_budget(glm, tokens), "alloc", sm_count=132)
         assert case.verdict == verdict
 
@@ -152,7 +153,7 @@ class _RaisingKernel(FlashMLA):
 
 def test_oom_as_runtime_error_is_an_oom(glm):
     """An OOM that arrives as a RuntimeError is classified by num_ooms and named from the trace."""
-    case = emulate(SimulatedMemory(), glm, _RaisingKernel("oom"), glm_budget(glm), "alloc",
+    case = VLLM.emulate(SimulatedMemory(), glm, _RaisingKernel("oom"), glm_budget(glm), "alloc",
                    sm_count=132)
     assert case.verdict == "oom" and case.failure.startswith("RuntimeError: torch_call_dispatcher")
     assert case.oom_buffer == "o_accum" and case.oom_requested_bytes == 8 * GiB
@@ -160,7 +161,7 @@ def test_oom_as_runtime_error_is_an_oom(glm):
 
 def test_other_kernel_failure_is_an_error(glm):
     """A kernel failure that is not an OOM is reported as an error, never as an OOM."""
-    case = emulate(SimulatedMemory(), glm, _RaisingKernel("illegal"), glm_budget(glm),
+    case = VLLM.emulate(SimulatedMemory(), glm, _RaisingKernel("illegal"), glm_budget(glm),
                    "workspace", sm_count=132)
     assert case.verdict == "error" and "illegal memory access" in case.failure
     assert case.oom_buffer is None and case.oom_requested_bytes is None
@@ -177,7 +178,7 @@ def test_is_out_of_memory_classification():
 def test_no_kv_room_is_its_own_verdict(glm):
     """When init and profile leave nothing for the KV cache, the engine does not start."""
     budget = Budget(48 * GiB, 0.85, 32768)  # 40 GiB of weights leave < 1 GiB for the rest
-    case = emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
+    case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
     assert case.verdict == "no-kv-room" and case.phase == "kv-cache"
 
 
@@ -233,7 +234,7 @@ def test_context_reuse_three_ways():
     budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
     result = run_repro(kimi, budget, ["alloc"], command="test", predict=True)
     none, fp8, full = result.cases
-    assert result.mode == "context-reuse"
+    assert result.engine == "trtllm-context-reuse"
     assert [c["variant"] for c in result.cases] == ["none", "fp8", "full"]
     for case in (none, fp8):
         assert case["verdict"] == "oom" and case["oom_buffer"] == "full_kv"

@@ -1,13 +1,13 @@
 """repro-oom on a GPU: the measured verdicts, confirmed limits and agreement with the model."""
 
-import dataclasses
 
 import pytest
 import torch
 
 from mlamem import scenario as scenarios
 from mlamem.cli import main
-from mlamem.engine import Budget, emulate
+from mlamem.engines.base import Budget
+from mlamem.engines.vllm import VLLM
 from mlamem.kernels import FlashMLA
 from mlamem.memory import SimulatedMemory
 from mlamem.non_torch import calibrated
@@ -45,12 +45,12 @@ def test_measured_equals_the_model(glm_result):
     glm, budget, result = glm_result
     setup = host_setup("flashmla")
     for measured in result.cases:
-        modelled = emulate(SimulatedMemory(non_torch=setup), glm, FlashMLA(), budget,
+        modelled = VLLM.emulate(SimulatedMemory(non_torch=setup), glm, FlashMLA(), budget,
                            measured["path"], sm_count=132).non_torch_bytes
         host = calibrated(setup, modelled, measured["non_torch_bytes"])
-        predicted = emulate(SimulatedMemory(non_torch=host), glm, FlashMLA(), budget,
+        predicted = VLLM.emulate(SimulatedMemory(non_torch=host), glm, FlashMLA(), budget,
                             measured["path"], sm_count=132)
-        predicted = dataclasses.asdict(predicted)
+        predicted = predicted.to_dict()
         assert {k: predicted[k] for k in COMPARED} == {k: measured[k] for k in COMPARED}
 
 
@@ -67,7 +67,7 @@ def test_context_reuse_measured_matches_prediction():
     budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
     measured = run_repro(kimi, budget, ["alloc"], command="test")
     predicted = run_repro(kimi, budget, ["alloc"], command="test", predict=True)
-    assert measured.measured and measured.mode == "context-reuse"
+    assert measured.measured and measured.engine == "trtllm-context-reuse"
     keys = ("verdict", "oom_buffer", "admitted", "trimmed", "attended_tokens")
     assert [{k: c[k] for k in keys} for c in measured.cases] == [
         {k: c[k] for k in keys} for c in predicted.cases]

@@ -1,0 +1,310 @@
+"""The skeleton every emulated engine rank runs in, the case it fills, and the budget.
+
+`Engine.emulate` runs one case through one rank in the engines' start-up order:
+1. cap torch at the target GPU's memory less the non-torch memory (CUDA context, libraries),
+   counted as device-used minus torch-reserved;
+2. init (`init`): what the engine places before profiling (weights, workspaces, inputs);
+3. profile (`profile`): the engine's profile pass; its peak over init is recorded, then the
+   cache is emptied;
+4. graph estimate (`estimate_graphs`): the CUDA graphs' memory, where the engine estimates it
+   before sizing the KV cache (nothing yet);
+5. KV sizing (`size_kv_cache`): the cap is re-read with the non-torch memory then, the engine
+   sizes its KV cache (or raises `NoKVRoom`) and the skeleton allocates it;
+6. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (nothing yet);
+7. one full step (`step`), measured by `measure.watched_call`.
+A failure before the step is the engine's own allocation (`Rank.allocating` names it); in the
+step an OOM is named from the step's expected buffers. The same code runs on a GPU
+(`CudaMemory`, each case in its own process: `python -m mlamem.engines`) and on the allocator
+model (`SimulatedMemory`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from mlamem.attribution import ExpectedBuffer, attribute
+from mlamem.errors import UserError
+from mlamem.kernels import BufferSpec, SparseDecodeKernel
+from mlamem.measure import Failure, WatchedCall, classify_failure, watched_call
+from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.scenario import Scenario
+
+
+class Verdict(StrEnum):
+    """What happened to one case (the `verdict` field of mlamem.repro-oom/1)."""
+
+    FITS = "fits"  # the full step ran; headroom_bytes is what was left under the cap
+    OOM = "oom"  # an allocation failed: oom_* fields say which, and phase says when
+    NO_KV_ROOM = "no-kv-room"  # init and profile leave nothing for the KV cache: no start
+    ERROR = "error"  # a failure that is not an out-of-memory (failure says what)
+    CRASHED = "crashed"  # the case's process died without a result (failure says how)
+
+
+class Phase(StrEnum):
+    """How far a case got, in the skeleton's order; DONE once the step completed."""
+
+    INIT = "init"
+    PROFILE = "profile"
+    GRAPH_ESTIMATE = "graph-estimate"
+    KV_CACHE = "kv-cache"
+    CAPTURE = "capture"
+    STEP = "step"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The target GPU and the engine's memory settings for one rank."""
+
+    gpu_memory_bytes: int  # the target GPU's total memory (e.g. an 80 GiB H100)
+    utilization: float  # --gpu-memory-utilization (TRT-LLM: free_gpu_memory_fraction)
+    max_num_batched_tokens: int  # tokens per step; sizes the workspace and the profile pass
+
+    def __post_init__(self) -> None:
+        if not 0 < self.utilization <= 1:
+            raise UserError(f"--utilization {self.utilization} is outside (0, 1]; "
+                            "pass a fraction such as 0.85")
+        if self.gpu_memory_bytes <= 0:
+            raise UserError("--gpu-memory must be positive; pass a size such as 80GiB")
+        if self.max_num_batched_tokens <= 0:
+            raise UserError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be "
+                            "> 0; pass e.g. 32768")
+
+    @property
+    def requested_bytes(self) -> int:
+        """What the engine may use: utilization x total."""
+        return int(self.utilization * self.gpu_memory_bytes)
+
+
+@dataclass(kw_only=True)
+class Case:
+    """One case through one emulated rank: the figures every engine records, in bytes
+    (absolute unless named otherwise). An engine's case subclass adds its own."""
+
+    key_field: ClassVar[str]  # the field that names the case among its engine's cases
+
+    measured: bool
+    verdict: Verdict = Verdict.ERROR
+    phase: Phase = Phase.INIT  # the phase it reached; DONE when the step completed
+    torch_limit_bytes: int | None = None  # the cap on torch's reserved memory
+    non_torch_bytes: int | None = None  # at KV sizing: measured, or the host setup's model
+    weights_bytes: int = 0
+    profile_peak_bytes: int | None = None  # the profile pass's peak over init
+    step_peak_bytes: int | None = None  # torch's reserved peak during the step (fits)
+    headroom_bytes: int | None = None  # cap - step peak (fits)
+    nvml_step_peak_bytes: int | None = None  # measured: this process's device memory at the peak
+    oom_requested_bytes: int | None = None  # the allocation that failed
+    oom_buffer: str | None = None  # its name, e.g. "o_accum"
+    oom_allocated_by: str | None = None  # who asked: "wrapper", "kernel", "engine", "init", ...
+    free_bytes_at_oom: int | None = None  # cap - reserved when it failed
+    failure: str | None = None  # one line, for oom, no-kv-room, error and crashed
+    buffers: list[dict] = field(default_factory=list)  # the step's allocations, named
+
+    @property
+    def key(self) -> str:
+        return getattr(self, self.key_field)
+
+    def record_failure(self, failure: Failure) -> None:
+        """An OOM with the request, buffer and free bytes it names; anything else an error."""
+        self.failure = failure.text
+        if not failure.oom:
+            self.verdict = Verdict.ERROR
+            return
+        self.verdict = Verdict.OOM
+        self.oom_requested_bytes = failure.requested_bytes
+        self.oom_buffer, self.oom_allocated_by = failure.buffer, failure.allocated_by
+        if failure.reserved_bytes is not None and self.torch_limit_bytes is not None:
+            self.free_bytes_at_oom = self.torch_limit_bytes - failure.reserved_bytes
+
+    def record_step(self, call: WatchedCall, expected: list[ExpectedBuffer], memory) -> None:
+        """A completed step: its reserved peak, the headroom under the cap, its named buffers."""
+        self.verdict, self.phase = Verdict.FITS, Phase.DONE
+        self.step_peak_bytes = call.after.peak_reserved
+        self.headroom_bytes = self.torch_limit_bytes - call.after.peak_reserved
+        self.buffers = [dataclasses.asdict(b) for b in attribute(call.watch.events, expected).buffers]
+        if memory.measured and call.watch.nvml_peak_bytes is not None:
+            self.nvml_step_peak_bytes = call.watch.nvml_peak_bytes - memory.used_by_others
+
+    def to_dict(self) -> dict:
+        """The JSON case: its key first, verdict and phase as plain strings."""
+        data = {name: value.value if isinstance(value, Enum) else value
+                for name, value in dataclasses.asdict(self).items()}
+        return {self.key_field: data.pop(self.key_field), **data}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of an engine's result table: its header and its cell, from a case dict."""
+
+    header: str
+    cell: Callable[[dict], str]
+    name: bool = False  # a name column: left-aligned and wrapped (figures: right, one line)
+
+
+@dataclass(frozen=True)
+class View:
+    """How an engine's repro-oom result reads (mlamem/render/repro.py draws it from this)."""
+
+    heading: str  # the Markdown section: "### {heading}: {scenario}"
+    cases_named: str  # what its cases are, in messages: "--paths", "reserve variants"
+    table_title: str  # after "mlamem repro-oom: ", of {scenario} and {predicted} (the tag)
+    table_columns: tuple[Column, ...]  # the terminal table's, after the case key and verdict
+    markdown_columns: tuple[Column, ...]  # the Markdown table's, after the case and verdict
+    row_name: Callable[[dict], str]  # a case in the Markdown table and the table's notes
+    case_label: Callable[[dict], str]  # a case in prose, e.g. "alloc path"
+    verdict_in_notes: Callable[[dict], bool]  # whether the table's notes spell out its verdict
+    budget_rule: Callable[[dict, list[dict]], str]  # which rule sized the KV cache, from the
+    #                                                 budget and the cases
+    budget_plot: bool = False  # the report draws a memory-budget bar per case (vLLM's figures)
+
+
+class NoKVRoom(Exception):
+    """Raised by `Engine.size_kv_cache`: nothing is left for the KV cache; says why."""
+
+
+class Step(NamedTuple):
+    """The full step: what it runs, and the buffers it is expected to allocate (to name them)."""
+
+    body: Callable[[], None]
+    expected: list[ExpectedBuffer]
+
+
+class Engine(ABC):
+    """One engine; an instance is one rank running one case (`emulate`).
+
+    Subclasses implement the phases (`init`, `profile`, `size_kv_cache`, `step`) and may
+    implement the CUDA-graph ones (`estimate_graphs`, `capture_graphs`); `emulate` runs them in
+    the skeleton's order (see the module docstring). Tensors that stay for the case go in
+    `resident`; `allocating` names what is being allocated, for an OOM outside the step.
+    """
+
+    name: ClassVar[str]  # its name in mlamem.engines.REGISTRY
+    case_type: ClassVar[type[Case]]
+    searches_tokens: ClassVar[bool] = False  # repro-oom searches its largest safe
+    #                                          max_num_batched_tokens per case
+    view: ClassVar[View]
+
+    def __init__(self, memory: CudaMemory | SimulatedMemory, scenario: Scenario,
+                 kernel: SparseDecodeKernel, budget: Budget, case: Case, *, sm_count: int,
+                 seed: int = 0):
+        self.memory, self.scenario, self.kernel, self.budget = memory, scenario, kernel, budget
+        self.case, self.sm_count, self.seed = case, sm_count, seed
+        self.resident: list[torch.Tensor] = []  # weights, KV cache, ...: alive until the case ends
+        self.allocating = "weights"
+
+    # What the engine serves and how its cases are named
+
+    @classmethod
+    def check(cls, scenario: Scenario) -> None:
+        """Refuse, in one line (UserError), a scenario this engine cannot serve."""
+        return None  # by default it serves every scenario that declares it
+
+    @classmethod
+    @abstractmethod
+    def case_keys(cls, paths: list[str]) -> list[str]:
+        """The cases repro-oom runs, by key, given the chosen decode paths."""
+
+    @classmethod
+    @abstractmethod
+    def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool, **fields) -> Case:
+        """An empty case for `key` at `max_num_batched_tokens` (fields: e.g. the failure of a
+        case that never ran)."""
+
+    @classmethod
+    def emulate(cls, memory: CudaMemory | SimulatedMemory, scenario: Scenario,
+                kernel: SparseDecodeKernel, budget: Budget, key: str, *, sm_count: int,
+                seed: int = 0) -> Case:
+        """Run case `key` through one rank of this engine; see the module docstring."""
+        case = cls.new_case(key, budget.max_num_batched_tokens, measured=memory.measured,
+                            weights_bytes=scenario.parallel.weights_bytes)
+        with memory:  # the rank and its tensors are gone before the memory is left
+            cls(memory, scenario, kernel, budget, case, sm_count=sm_count, seed=seed)._run()
+        return case
+
+    def _run(self) -> None:
+        memory, case = self.memory, self.case
+        before = memory.stats()
+        try:
+            case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
+                                                      - non_torch_now(memory))
+            self.init()
+            case.phase = Phase.PROFILE
+            memory.reset_peaks()
+            start = memory.stats().allocated
+            self.profile()
+            case.profile_peak_bytes = memory.stats().peak_allocated - start
+            memory.empty_cache()
+            case.phase = Phase.GRAPH_ESTIMATE
+            self.estimate_graphs()
+            case.phase = Phase.KV_CACHE
+            case.non_torch_bytes = non_torch_now(memory)
+            case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
+                                                      - case.non_torch_bytes)
+            kv_bytes = self.size_kv_cache()
+            self.allocating = self.kv_cache_name
+            self.resident.append(torch.empty(kv_bytes, dtype=torch.uint8, device=memory.device))
+            case.phase = Phase.CAPTURE
+            self.capture_graphs()
+        except NoKVRoom as no_room:
+            case.verdict, case.failure = Verdict.NO_KV_ROOM, str(no_room)
+            return
+        except Exception as exc:
+            failure = classify_failure(exc, memory, before.num_ooms)
+            if failure.oom:  # before the step: the engine's own allocation failed
+                failure = dataclasses.replace(failure, buffer=self.allocating,
+                                              allocated_by="init")
+            case.record_failure(failure)
+            return
+        case.phase = Phase.STEP
+        step = self.step()
+        call = watched_call(memory, step.body, step.expected)
+        if call.failure is not None:
+            case.record_failure(call.failure)
+        else:
+            case.record_step(call, step.expected, memory)
+
+    # The phases, in the skeleton's order
+
+    kv_cache_name: ClassVar[str] = "kv_cache"  # the KV cache's name, should allocating it fail
+
+    @abstractmethod
+    def init(self) -> None:
+        """Place what the engine allocates before profiling; keep it in `resident`."""
+
+    @abstractmethod
+    def profile(self) -> None:
+        """The profile pass: allocate what it allocates and let it go."""
+
+    def estimate_graphs(self) -> None:
+        """Before KV sizing: the memory the engine sets aside for CUDA graphs."""
+        return None  # no engine estimates CUDA graphs yet
+
+    @abstractmethod
+    def size_kv_cache(self) -> int:
+        """The KV cache's bytes, the engine's figures recorded in the case; raise NoKVRoom
+        when nothing is left for it."""
+
+    def capture_graphs(self) -> None:
+        """After the KV cache: the engine's CUDA-graph captures."""
+        return None  # no engine captures CUDA graphs yet
+
+    @abstractmethod
+    def step(self) -> Step:
+        """The full step the case ends with."""
+
+
+def non_torch_now(memory) -> int:
+    """Non-torch memory now: measured, or modelled from the host setup; 0 B if neither knows."""
+    return memory.non_torch_bytes() or 0
+
+
+def allocate_specs(specs: list[BufferSpec], device: torch.device) -> dict[str, torch.Tensor]:
+    """Empty tensors for `specs`, by name, in order."""
+    return {s.name: torch.empty(s.shape, dtype=s.dtype, device=device) for s in specs}

@@ -1,0 +1,208 @@
+"""TensorRT-LLM's rank with block reuse: the context-MLA reuse OOM of PR #16399, one case per
+reserve variant.
+
+The estimator profiles fresh-prefill dummies, where a step's summed attended KV is about
+max_num_tokens, and gives what is left to the KV pool. With block reuse, context requests attend
+their cached prefixes, so the summed attended KV (and every buffer the context path builds per
+attended token) grows far past what was profiled. The skeleton's phases:
+- init: the weights;
+- profile: the context buffers at max_num_tokens attended tokens, then freed;
+- KV sizing: budget = free fraction x (cap - weights - profile peak); the variant's reserve
+  (`plan.reserve`) comes out of it and the rest is the KV pool, in whole blocks;
+- step: max_batch_size context requests, each attending max_seq_len tokens, trimmed by the
+  variant's admission cap (`plan.admit`), build the context buffers for every attended token.
+Variants: no reserve; the PR's fp8-only reserve (w); everything charged (w + BF16 gather).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mlamem import plan as plans
+from mlamem.attribution import ExpectedBuffer
+from mlamem.engines.base import (
+    Case,
+    Column,
+    Engine,
+    NoKVRoom,
+    Step,
+    View,
+    allocate_specs,
+)
+from mlamem.errors import UserError
+from mlamem.kernels import BufferSpec
+from mlamem.scenario import Scenario
+from mlamem.units import format_bytes
+
+VARIANTS = ("none", "fp8", "full")  # no reserve, the PR's fp8-only reserve, everything charged
+VARIANT_LABELS = {"none": "no reserve", "fp8": "fp8-only reserve (the PR)",
+                  "full": "everything charged (plan's reserve)"}
+
+
+def is_context_reuse(scenario: Scenario) -> bool:
+    """Whether the scenario serves with block reuse and without chunked prefill."""
+    return scenario.serving.block_reuse and not scenario.serving.chunked_prefill
+
+
+def context_buffers(scenario: Scenario, attended_tokens: int) -> list[BufferSpec]:
+    """What the reuse path builds per step, for `attended_tokens` summed attended KV."""
+    m, heads, t = scenario.model, scenario.heads_per_rank, attended_tokens
+    return [
+        BufferSpec("gathered_latent", (t, scenario.d_qk), torch.bfloat16, "temporary"),
+        BufferSpec("full_kv", (t, heads, m.qk_nope_head_dim + m.v_head_dim), torch.bfloat16,
+                   "temporary"),
+        BufferSpec("full_k", (t, heads, m.qk_nope_head_dim + m.qk_rope_head_dim), torch.bfloat16,
+                   "temporary"),
+        BufferSpec("fp8_kv_staging", (t, plans.staging_bytes_per_token(scenario)), torch.uint8,
+                   "temporary"),
+    ]
+
+
+@dataclass(kw_only=True)
+class ContextReuseCase(Case):
+    """One reserve variant through the rank: the shared figures and the KV budget's."""
+
+    key_field = "variant"
+
+    variant: str  # one of VARIANTS
+    budget_bytes: int | None = None  # free fraction x what profiling left
+    reserve_bytes: int | None = None
+    admission_cap_tokens: int | None = None
+    kv_pool_bytes: int | None = None
+    kv_pool_tokens: int | None = None
+    requests_attended_tokens: list[int] = field(default_factory=list)
+    admitted: list[int] = field(default_factory=list)  # request indices served this step
+    trimmed: list[int] = field(default_factory=list)  # deferred by the admission cap
+    attended_tokens: int | None = None  # summed attended KV of the admitted requests
+
+
+class TRTLLMContextReuse(Engine):
+    """TensorRT-LLM's context phase with block reuse; see the module docstring. The profile
+    pass uses the scenario's max_num_batched_tokens (max_num_tokens); the budget's
+    utilization is TRT-LLM's free_gpu_memory_fraction."""
+
+    name = "trtllm-context-reuse"
+    case_type = ContextReuseCase
+    kv_cache_name = "kv_pool"
+
+    @classmethod
+    def check(cls, scenario: Scenario) -> None:
+        if not is_context_reuse(scenario):
+            s = scenario.serving
+            raise UserError(f"engine {cls.name} reproduces the context-MLA reuse OOM, which needs "
+                            f"[serving] block_reuse = true and chunked_prefill = false; "
+                            f"{scenario.name} has block_reuse = {str(s.block_reuse).lower()}, "
+                            f"chunked_prefill = {str(s.chunked_prefill).lower()}")
+
+    @classmethod
+    def case_keys(cls, paths: list[str]) -> list[str]:
+        return list(VARIANTS)
+
+    @classmethod
+    def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool,
+                 **fields) -> ContextReuseCase:
+        return ContextReuseCase(variant=key, measured=measured, **fields)
+
+    def init(self) -> None:
+        self.allocating = "weights"
+        self.resident.append(torch.empty(self.case.weights_bytes, dtype=torch.uint8,
+                                         device=self.memory.device))
+
+    def profile(self) -> None:
+        self.allocating = "profile context buffers"
+        allocate_specs(context_buffers(self.scenario, self.scenario.serving.max_num_batched_tokens),
+                       self.memory.device)
+
+    def size_kv_cache(self) -> int:
+        scenario, case, s = self.scenario, self.case, self.scenario.serving
+        free = case.torch_limit_bytes - self.memory.stats().allocated - case.profile_peak_bytes
+        case.budget_bytes = int(self.budget.utilization * free)
+        if case.budget_bytes <= 0:
+            raise NoKVRoom("weights and profiling leave no KV budget")
+        k = plans.kv_bytes_per_token(scenario)
+        per_token = {"none": 0, "fp8": plans.staging_bytes_per_token(scenario),
+                     "full": plans.staging_bytes_per_token(scenario)
+                     + plans.gather_bytes_per_token(scenario)}[case.variant]
+        l_cap = plans.kv_len_cap(s.max_batch_size or s.max_num_batched_tokens,
+                                 s.max_num_batched_tokens, s.max_model_len)
+        reserve = plans.reserve(case.budget_bytes, k, per_token, l_cap,
+                                applies=case.variant != "none", pool_without=case.budget_bytes // k)
+        case.reserve_bytes, case.admission_cap_tokens = (reserve.reserve_bytes,
+                                                         reserve.admission_cap_tokens)
+        case.kv_pool_tokens = reserve.pool_tokens // s.block_size * s.block_size
+        case.kv_pool_bytes = case.kv_pool_tokens * k
+        if case.kv_pool_bytes <= 0:
+            raise NoKVRoom("no memory left for the KV pool")
+        return case.kv_pool_bytes
+
+    def step(self) -> Step:
+        case, s, device = self.case, self.scenario.serving, self.memory.device
+        case.requests_attended_tokens = [s.max_model_len] * (s.max_batch_size or 1)
+        case.admitted, case.trimmed = plans.admit(case.requests_attended_tokens,
+                                                  case.admission_cap_tokens)
+        case.attended_tokens = sum(case.requests_attended_tokens[i] for i in case.admitted)
+        specs = context_buffers(self.scenario, case.attended_tokens)
+
+        def body() -> None:
+            allocate_specs(specs, device)
+
+        return Step(body, [ExpectedBuffer(spec.name, spec.nbytes, "context path")
+                           for spec in specs])
+
+
+def _reserve(case: dict) -> str:
+    return "-" if case.get("reserve_bytes") is None else format_bytes(case["reserve_bytes"])
+
+
+def _admission_cap(case: dict) -> str:
+    cap = case.get("admission_cap_tokens")
+    return "none" if cap is None else str(cap)
+
+
+def _kv_pool_tokens(case: dict) -> str:
+    return "n/a" if case.get("kv_pool_tokens") is None else str(case["kv_pool_tokens"])
+
+
+def _admitted(case: dict) -> str:
+    return f"{len(case.get('admitted', []))} / {len(case.get('trimmed', []))}"
+
+
+def _attended(case: dict) -> str:
+    return "n/a" if case.get("attended_tokens") is None else str(case["attended_tokens"])
+
+
+def _budget_rule(budget: dict, cases: list[dict]) -> str:
+    """TRT-LLM's KV budget rule, with the figures of the first case that sized one."""
+    figures = ""
+    case = next((c for c in cases if c.get("budget_bytes") is not None), None)
+    if case is not None:
+        cap, weights, profile = (case["torch_limit_bytes"], case["weights_bytes"],
+                                 case["profile_peak_bytes"])
+        figures = f" = {format_bytes(case['budget_bytes'])}"
+        if int(budget["utilization"] * (cap - weights - profile)) == case["budget_bytes"]:
+            figures = (f" = {budget['utilization']} x ({format_bytes(cap)} - "
+                       f"{format_bytes(weights)} - {format_bytes(profile)}){figures}")
+    return (f"KV budget rule (TRT-LLM's): free_gpu_memory_fraction x (total - non-torch - "
+            f"weights - profile peak){figures}; each variant's reserve comes out of it. "
+            "`mlamem plan` charges neither the profile peak nor non-torch memory, so its "
+            "reserves differ")
+
+
+_CELLS = (("reserve", _reserve), ("admission cap", _admission_cap),
+          ("KV pool tokens", _kv_pool_tokens), ("admitted / trimmed", _admitted),
+          ("attended KV", _attended))
+
+TRTLLMContextReuse.view = View(
+    heading="Context-MLA reuse OOM",
+    cases_named="reserve variants",
+    table_title="{scenario}, context-MLA reuse{predicted}",
+    table_columns=tuple(Column(header.replace(" ", "\n", 1), cell) for header, cell in _CELLS),
+    markdown_columns=tuple(Column(header, cell) for header, cell in _CELLS),
+    row_name=lambda c: VARIANT_LABELS[c["variant"]],
+    case_label=lambda c: VARIANT_LABELS[c["variant"]],
+    verdict_in_notes=lambda c: True,
+    budget_rule=_budget_rule)
+
+ENGINE = TRTLLMContextReuse

@@ -1,0 +1,226 @@
+"""vLLM's rank, for the sparse decode step: one case per decode path.
+
+The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
+- init: the attention backend's workspace (workspace paths only), the weights, the indexer's
+  top-k buffer and the KV pool the step reads;
+- profile: a pass at max_num_batched_tokens that allocates the step's activations but skips
+  attention, as the engine's profile run does;
+- KV sizing: `utilization x total - (init + profile peak + non-torch)`, in whole blocks;
+- step: one full step at max_num_batched_tokens through the path under test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlamem.allocator import round_size
+from mlamem.attribution import ExpectedBuffer, expected_buffers
+from mlamem.engines.base import (
+    Budget,
+    Case,
+    Column,
+    Engine,
+    NoKVRoom,
+    Step,
+    Verdict,
+    View,
+    allocate_specs,
+)
+from mlamem.inputs import fill_query, make_inputs
+from mlamem.kernels import BufferSpec
+from mlamem.measure import decoder
+from mlamem.paths import PATHS, decode_call, plan, reserve_workspace, wrapper_allocations
+from mlamem.scenario import Scenario
+from mlamem.units import gib
+
+
+def kv_block_bytes(scenario: Scenario) -> int:
+    """Bytes of one KV-cache block across all layers of a rank."""
+    return (scenario.serving.block_size * scenario.kv_cache_bytes_per_token_per_layer
+            * scenario.model.num_layers)
+
+
+def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:
+    """The engine's KV cache: what utilization x total leaves after the rest, in whole blocks."""
+    return max((budget.requested_bytes - non_kv_bytes) // block_bytes, 0) * block_bytes
+
+
+def activation_specs(scenario: Scenario, tokens: int) -> list[BufferSpec]:
+    """The step's tensors alive around attention: the profile pass allocates these and no more.
+
+    The residual stream in and out (when the scenario gives hidden_size), the attention input
+    q and the layer's attention output, which the engine allocates outside the kernel.
+    """
+    heads = scenario.heads_per_rank
+    specs = [BufferSpec("q", (tokens, heads, scenario.d_qk), torch.bfloat16, "temporary"),
+             BufferSpec("attn_output", (tokens, heads, scenario.d_v), torch.bfloat16, "temporary")]
+    if scenario.model.hidden_size:
+        hidden = (tokens, scenario.model.hidden_size)
+        specs[:0] = [BufferSpec("hidden_states", hidden, torch.bfloat16, "temporary"),
+                     BufferSpec("residual", hidden, torch.bfloat16, "temporary")]
+    return specs
+
+
+@dataclass(kw_only=True)
+class VLLMCase(Case):
+    """One decode path through vLLM's rank: the shared figures and vLLM's own."""
+
+    key_field = "path"
+
+    path: str
+    max_num_batched_tokens: int
+    workspace_bytes: int = 0  # reserved at init (workspace paths)
+    init_bytes: int | None = None  # everything allocated at init (weights, workspace, inputs)
+    kv_cache_bytes: int | None = None
+    kv_cache_tokens: int | None = None
+    out_staging_gain_bytes: int | None = None  # more headroom if out were staged (no out=)
+
+
+class VLLM(Engine):
+    """vLLM serving the scenario's sparse decode; see the module docstring."""
+
+    name = "vllm"
+    case_type = VLLMCase
+    searches_tokens = True
+
+    @classmethod
+    def case_keys(cls, paths: list[str]) -> list[str]:
+        return list(paths)
+
+    @classmethod
+    def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool, **fields) -> VLLMCase:
+        return VLLMCase(path=key, max_num_batched_tokens=max_num_batched_tokens,
+                        measured=measured, **fields)
+
+    def init(self) -> None:
+        scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
+        tokens = self.budget.max_num_batched_tokens
+        capabilities = kernel.capabilities()
+        self.padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+        out_spec = next((s for s in kernel.allocations((1, tokens, self.padded_heads,
+                                                        scenario.d_qk),
+                                                       scenario.d_v, self.sm_count)
+                         if s.name == "out"), None)
+        if out_spec is not None and not capabilities.takes_out:
+            case.out_staging_gain_bytes = round_size(out_spec.nbytes)
+        start = memory.stats().allocated
+        self.allocating = "workspace"
+        self.workspace = reserve_workspace(case.path, kernel, max_tokens=tokens,
+                                           padded_heads=self.padded_heads, d_qk=scenario.d_qk,
+                                           d_v=scenario.d_v, topk=scenario.decode_topk,
+                                           sm_count=self.sm_count, device=memory.device)
+        case.workspace_bytes = memory.stats().allocated - start
+        self.allocating = "weights"
+        self.resident.append(torch.empty(case.weights_bytes, dtype=torch.uint8,
+                                         device=memory.device))
+        self.allocating = "indices and KV pool"
+        self.inputs = make_inputs(scenario, tokens, memory.device, self.seed, with_query=False)
+        case.init_bytes = memory.stats().allocated - start
+
+    def profile(self) -> None:
+        self.allocating = "activations"
+        allocate_specs(activation_specs(self.scenario, self.budget.max_num_batched_tokens),
+                       self.memory.device)
+
+    def size_kv_cache(self) -> int:
+        case, budget = self.case, self.budget
+        block = kv_block_bytes(self.scenario)
+        case.kv_cache_bytes = kv_cache_bytes(
+            budget, case.init_bytes + case.profile_peak_bytes + case.non_torch_bytes, block)
+        case.kv_cache_tokens = case.kv_cache_bytes // block * self.scenario.serving.block_size
+        if case.kv_cache_bytes == 0:
+            raise NoKVRoom(f"no memory left for the KV cache: init {case.init_bytes} B + profile "
+                           f"peak {case.profile_peak_bytes} B + non-torch {case.non_torch_bytes} "
+                           f"B exceed utilization x total = {budget.requested_bytes} B")
+        return case.kv_cache_bytes
+
+    def step(self) -> Step:
+        scenario, kernel, memory, path = self.scenario, self.kernel, self.memory, self.case.path
+        tokens = self.budget.max_num_batched_tokens
+        capabilities = kernel.capabilities()
+        staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
+        call = decode_call(decode=decoder(kernel, memory, self.sm_count),
+                           kv_cache=self.inputs.kv_cache, indices=self.inputs.indices,
+                           sm_scale=scenario.softmax_scale, d_v=scenario.d_v,
+                           padded_heads=self.padded_heads, takes_out=capabilities.takes_out)
+        step_specs = activation_specs(scenario, tokens)
+        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs]
+                    + expected_buffers(
+                        wrapper_allocations(path, tokens, scenario.heads_per_rank,
+                                            self.padded_heads, scenario.d_qk),
+                        kernel.allocations((1, tokens, self.padded_heads, scenario.d_qk),
+                                           scenario.d_v, self.sm_count), staged))
+        workspace, seed = self.workspace, self.seed
+
+        def body() -> None:
+            tensors = allocate_specs(step_specs, memory.device)
+            fill_query(tensors["q"], seed)
+            out, _ = PATHS[path](tensors["q"], call, workspace)
+            tensors["attn_output"].copy_(out)
+
+        return Step(body, expected)
+
+
+def _gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{gib(value):.3f}"
+
+
+def _failed_alloc(case: dict) -> str:
+    if case.get("oom_requested_bytes") is None:
+        return ""
+    return f"{case.get('oom_buffer') or '?'} {_gib(case['oom_requested_bytes'])}"
+
+
+def _kv(case: dict) -> str:
+    if case.get("kv_cache_bytes") is None:
+        return "n/a"
+    return f"{gib(case['kv_cache_bytes']):.3f} GiB ({case['kv_cache_tokens']} tokens)"
+
+
+def _safe(case: dict) -> str:
+    tokens = case.get("max_safe_tokens")
+    return "n/a" if tokens is None else ("none" if tokens == 0 else str(tokens))
+
+
+def _gain(case: dict) -> str:
+    gain = case.get("out_staging_gain_bytes")
+    return "-" if gain is None else f"+{gib(gain):.3f}"
+
+
+def _budget_rule(budget: dict, cases: list[dict]) -> str:
+    return (f"KV cache rule (vLLM's): utilization {budget['utilization']} x total - (init + "
+            "profile peak + non-torch), in whole blocks, after a profile pass that skips "
+            "attention")
+
+
+VLLM.view = View(
+    heading="Runtime OOM reproduction",
+    cases_named="--paths",
+    table_title="{scenario}{predicted}; GiB",
+    table_columns=(
+        Column("failed\nalloc", _failed_alloc, name=True),
+        Column("free at\nOOM", lambda c: _gib(c.get("free_bytes_at_oom"))
+               if c["verdict"] == Verdict.OOM else ""),
+        Column("KV\ncache", lambda c: _gib(c.get("kv_cache_bytes"))),
+        Column("head-\nroom", lambda c: _gib(c.get("headroom_bytes"))
+               if c["verdict"] == Verdict.FITS else ""),
+        Column("+if out\nstaged", _gain),
+        Column("max\nsafe T", _safe)),
+    markdown_columns=(
+        Column("KV cache", _kv),
+        Column("headroom", lambda c: f"{_gib(c.get('headroom_bytes'))} GiB"
+               if c["verdict"] == Verdict.FITS else "-"),
+        Column("+ if out staged", lambda c: _gain(c) + (
+            " GiB" if c.get("out_staging_gain_bytes") is not None else "")),
+        Column("largest safe max_num_batched_tokens", _safe)),
+    row_name=lambda c: c["path"],
+    case_label=lambda c: f"{c['path']} path",
+    verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)
+                                or c["verdict"] == Verdict.OOM
+                                and c.get("oom_requested_bytes") is None),
+    budget_rule=_budget_rule,
+    budget_plot=True)
+
+ENGINE = VLLM

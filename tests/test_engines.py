@@ -1,0 +1,213 @@
+"""The engines package: its registry, the skeleton's order, a scenario's `engines`, --engine,
+old results' `mode`, and that the old modules are gone."""
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlamem import scenario as scenarios
+from mlamem.engines import REGISTRY, engine_names, load_engine, request_engine
+from mlamem.engines.base import Budget, Engine, Phase, Verdict
+from mlamem.engines.vllm import VLLM
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA
+from mlamem.memory import SimulatedMemory
+from mlamem.repro import ReproResult, run_case, run_repro, scenario_engine
+from mlamem.testing import check_bad_input, no_gpu, scenario_file
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GiB = 1024**3
+
+
+def test_registry_names_and_loads_each_engine():
+    """Every registered name loads an Engine subclass of that name, whose case names itself
+    by a field the case has."""
+    assert engine_names() == ["vllm", "trtllm-context-reuse"]
+    for name in REGISTRY:
+        engine = load_engine(name)
+        assert issubclass(engine, Engine) and engine.name == name
+        assert engine.case_type.key_field in {f for f in engine.case_type.__dataclass_fields__}
+    with pytest.raises(ValueError, match="unknown engine 'sglang'; expected one of vllm, "):
+        load_engine("sglang")
+
+
+def test_registry_imports_no_engine_module():
+    """Listing the engines and validating a scenario import neither torch nor an engine."""
+    code = ("import sys; from mlamem.engines import engine_names; engine_names(); "
+            "from mlamem import scenario; scenario.load('kimi-k2-context-reuse'); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.engines.')))")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_old_modules_are_gone():
+    """mlamem.engine and mlamem.context_reuse no longer exist; the engines package replaced them."""
+    for old in ("mlamem.engine", "mlamem.context_reuse"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+
+
+def test_verdicts_and_phases_serialise_as_before():
+    """The enums write the strings mlamem.repro-oom/1 has always had, and the graph phases sit
+    between profile, KV sizing and the step."""
+    assert [v.value for v in Verdict] == ["fits", "oom", "no-kv-room", "error", "crashed"]
+    assert [p.value for p in Phase] == ["init", "profile", "graph-estimate", "kv-cache",
+                                       "capture", "step", "done"]
+    assert json.dumps({"verdict": Verdict.NO_KV_ROOM}) == '{"verdict": "no-kv-room"}'
+
+
+def test_skeleton_calls_the_phases_in_order():
+    """emulate runs init, profile, the graph estimate, KV sizing, the capture, then the step."""
+    calls = []
+
+    class Traced(VLLM):
+        def init(self):
+            calls.append(("init", self.case.phase))
+            super().init()
+
+        def profile(self):
+            calls.append(("profile", self.case.phase))
+            super().profile()
+
+        def estimate_graphs(self):
+            calls.append(("estimate_graphs", self.case.phase))
+
+        def size_kv_cache(self):
+            calls.append(("size_kv_cache", self.case.phase))
+            return super().size_kv_cache()
+
+        def capture_graphs(self):
+            calls.append(("capture_graphs", self.case.phase))
+
+        def step(self):
+            calls.append(("step", self.case.phase))
+            return super().step()
+
+    glm = scenarios.load("glm5-fp8-tp8")
+    budget = Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 1024)
+    case = Traced.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "workspace", sm_count=132)
+    assert calls == [("init", "init"), ("profile", "profile"),
+                     ("estimate_graphs", "graph-estimate"), ("size_kv_cache", "kv-cache"),
+                     ("capture_graphs", "capture"), ("step", "step")]
+    assert case.verdict == "fits" and case.phase == "done"
+
+
+def test_a_failure_before_the_step_names_what_the_engine_allocated():
+    """An OOM in init is the engine's own allocation: named by what it was allocating."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    budget = Budget(30 * GiB, 0.85, 1024)  # 40 GiB of placeholder weights do not fit under it
+    case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
+    assert case.verdict == "oom" and case.phase == "init"
+    assert case.oom_buffer == "weights" and case.oom_allocated_by == "init"
+    assert case.oom_requested_bytes == glm.parallel.weights_bytes
+
+
+def test_scenario_engines_default_and_declared():
+    """A file without `engines` serves vLLM; kimi-k2-context-reuse declares context reuse
+    first, so repro-oom's default stays the context-reuse reproduction."""
+    assert scenarios.load("glm5-fp8-tp8").engines == ("vllm",)
+    kimi = scenarios.load("kimi-k2-context-reuse")
+    assert kimi.engines == ("trtllm-context-reuse", "vllm")
+    assert scenario_engine(kimi).name == "trtllm-context-reuse"
+    assert scenario_engine(kimi, "vllm").name == "vllm"
+    assert scenarios.from_dict(scenarios.to_dict(kimi), "again").engines == kimi.engines
+
+
+@pytest.mark.parametrize(("engines", "problem"), [
+    ('["sglang"]', "has unknown 'sglang'; expected names from ['vllm', 'trtllm-context-reuse']"),
+    ("[]", "is empty"),
+    ('["vllm", "vllm"]', "lists 'vllm' more than once"),
+    ('"vllm"', "must be a list of names"),
+])
+def test_scenario_engines_are_checked(tmp_path, engines, problem):
+    """`engines` lists registered names, each once; anything else is one line naming the field."""
+    path = scenario_file(tmp_path, edits={'\n[model]': f"\nengines = {engines}\n\n[model]"})
+    with pytest.raises(UserError, match="top].engines") as caught:
+        scenarios.load(str(path))
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_undeclared_engine_is_one_line_exit_2():
+    """--engine naming an engine the scenario does not declare exits 2 naming the declared."""
+    line = check_bad_input(["repro-oom", "--predict", "--engine", "trtllm-context-reuse"],
+                           "glm5-fp8-tp8 declares vllm")
+    assert "--engine trtllm-context-reuse" in line
+    check_bad_input(["repro-oom", "--predict", "--engine", "sglang"], "declares vllm")
+
+
+def test_context_reuse_refuses_a_scenario_without_block_reuse(tmp_path):
+    """The context-reuse engine, declared on a scenario without block reuse, refuses it in one
+    line naming the serving fields it needs."""
+    path = scenario_file(tmp_path, edits={"\n[model]": '\nengines = ["trtllm-context-reuse"]'
+                                                      "\n\n[model]"})
+    line = check_bad_input(["repro-oom", "-s", str(path), "--predict"], "block_reuse = true")
+    assert "has block_reuse = false, chunked_prefill = " in line
+
+
+def test_expectations_are_checked_against_the_chosen_engine():
+    """--expect-oom names a case of the chosen engine: a variant for context reuse, a path
+    for vLLM on the same scenario."""
+    check_bad_input(["repro-oom", "-s", "kimi-k2-context-reuse", "--predict", "--expect-oom",
+                     "alloc"], "not among the reserve variants none,fp8,full")
+    check_bad_input(["repro-oom", "-s", "kimi-k2-context-reuse", "--engine", "vllm", "--predict",
+                     "--expect-oom", "fp8"], "not among the --paths alloc,workspace")
+
+
+def test_vllm_on_the_context_reuse_scenario(capsys):
+    """--engine vllm runs kimi-k2-context-reuse's sparse decode step per path, as plan reads it."""
+    from mlamem.cli import main
+
+    assert main(["repro-oom", "-s", "kimi-k2-context-reuse", "--engine", "vllm", "--predict",
+                 "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["engine"] == "vllm" and "mode" not in data
+    assert [c["path"] for c in data["cases"]] == ["alloc", "workspace"]
+    assert all("max_safe_tokens" in c for c in data["cases"])
+
+
+@pytest.mark.parametrize(("mode", "engine"), [("decode", "vllm"), (None, "vllm"),
+                                              ("context-reuse", "trtllm-context-reuse")])
+def test_old_results_map_mode_to_the_engine(mode, engine):
+    """A file written before `engine` reads with the engine its `mode` meant (none: decode)."""
+    data = json.loads((FIXTURES / "results" / "repro-oom-glm5-h200.json").read_text())
+    data.pop("engine", None)
+    data.pop("mode", None)
+    if mode is not None:
+        data["mode"] = mode
+    result = ReproResult.from_dict(data)
+    assert result.engine == engine and "mode" not in result.to_dict()
+
+
+def test_a_new_result_names_its_engine():
+    """run_repro writes `engine`, not `mode`, and a saved result reads back unchanged."""
+    kimi = scenarios.load("kimi-k2-context-reuse")
+    budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
+    result = run_repro(kimi, budget, ["alloc"], command="test", predict=True)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["engine"] == "trtllm-context-reuse" and "mode" not in data
+    assert ReproResult.from_dict(data).to_dict() == data
+
+
+def test_requests_name_their_engine():
+    """A case request names its engine; one from before `engine` is read by its case key."""
+    assert request_engine({"engine": "vllm", "variant": "fp8"}) == "vllm"
+    assert request_engine({"variant": "fp8"}) == "trtllm-context-reuse"
+    assert request_engine({"path": "alloc"}) == "vllm"
+
+
+@no_gpu
+def test_the_case_process_reads_an_old_style_request():
+    """`python -m mlamem.engines` still takes a request without `engine` that names a reserve
+    variant, and answers with a context-reuse case saying why it measured nothing."""
+    kimi = scenarios.load("kimi-k2-context-reuse")
+    request = {"scenario": scenarios.to_dict(kimi), "variant": "fp8", "kernel": "flashmla",
+               "budget": {"gpu_memory_bytes": kimi.gpu.memory_bytes, "utilization": 0.9,
+                          "max_num_batched_tokens": 8192}}
+    case = run_case(request)
+    assert case["variant"] == "fp8" and "budget_bytes" in case and "path" not in case
+    assert case["verdict"] == "error" and case["failure"].startswith("cannot measure")
