@@ -107,10 +107,6 @@ class Case:
     failure: str | None = None  # one line, for oom, no-kv-room, error and crashed
     buffers: list[dict] = field(default_factory=list)  # the step's allocations, named
 
-    @property
-    def key(self) -> str:
-        return getattr(self, self.key_field)
-
     def record_failure(self, failure: Failure) -> None:
         """An OOM with the request, buffer and free bytes it names; anything else an error."""
         self.failure = failure.text
@@ -190,6 +186,7 @@ class Engine(ABC):
     searches_tokens: ClassVar[bool] = False  # repro-oom searches its largest safe
     #                                          max_num_batched_tokens per case
     view: ClassVar[View]
+    kv_cache_name: ClassVar[str] = "kv_cache"  # names the KV cache, should allocating it fail
 
     def __init__(self, memory: CudaMemory | SimulatedMemory, scenario: Scenario,
                  kernel: SparseDecodeKernel, budget: Budget, case: Case, *, sm_count: int,
@@ -271,8 +268,6 @@ class Engine(ABC):
             case.record_step(call, step.expected, memory)
 
     # The phases, in the skeleton's order
-
-    kv_cache_name: ClassVar[str] = "kv_cache"  # the KV cache's name, should allocating it fail
 
     @abstractmethod
     def init(self) -> None:
