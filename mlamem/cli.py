@@ -51,6 +51,11 @@ app = typer.Typer(
 stderr = Console(stderr=True)
 
 
+class Switch(StrEnum):
+    on = "on"
+    off = "off"
+
+
 class Format(StrEnum):
     table = "table"
     markdown = "markdown"
@@ -586,6 +591,14 @@ def repro_oom(
     engine: Annotated[str | None, typer.Option(
         help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
              "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
+    cuda_graphs: Annotated[Switch, typer.Option(
+        "--cuda-graphs", help="on: vLLM's CUDA-graph phases too: the graph estimate before KV "
+                              "sizing (its two largest FULL decode graphs, extrapolated), then "
+                              "every capture after the KV cache, then the step.")
+    ] = Switch.off,
+    capture_sizes: Annotated[str | None, typer.Option(
+        help="With --cuda-graphs on: comma-separated capture sizes. Default: the scenario's "
+             "FULL decode graphs (`mlamem graphs --help`).", show_default=False)] = None,
     expect_oom: Annotated[list[str] | None, typer.Option(
         "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
                              "variant none, fp8, full) runs out of memory (repeatable).")] = None,
@@ -641,11 +654,24 @@ def repro_oom(
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
         raise UserError(f"--gpu-memory: {exc}") from None
+    graphs_on = cuda_graphs is Switch.on
+    sizes = None if capture_sizes is None else parse_tokens(capture_sizes, "--capture-sizes")
+    if sizes is not None and not graphs_on:
+        raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
+    if graphs_on and not emulated.captures_graphs:
+        raise UserError(f"--cuda-graphs on: the {emulated.name} emulation has no CUDA-graph "
+                        "phases; use --engine vllm")
     budget = Budget(
         gpu_memory_bytes=memory_bytes,
         utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
         max_num_batched_tokens=(chosen.serving.max_num_batched_tokens
-                                if max_num_batched_tokens is None else max_num_batched_tokens))
+                                if max_num_batched_tokens is None else max_num_batched_tokens),
+        cuda_graphs=graphs_on, capture_sizes=None if sizes is None else tuple(sizes))
+    if graphs_on:
+        from mlamem.graphs import sizes_to_capture
+
+        sizes_to_capture(dataclasses.replace(chosen, serving=dataclasses.replace(
+            chosen.serving, max_num_batched_tokens=budget.max_num_batched_tokens)), sizes)
     padded_heads = scenarios.check_decode(chosen, decode.capabilities().head_counts, decode.label)
     scenarios.check_decode_tokens(
         chosen, padded_heads, [], max_tokens=budget.max_num_batched_tokens,

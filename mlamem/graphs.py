@@ -285,28 +285,30 @@ def _padded_heads(scenario: Scenario, kernel) -> int:
 
 
 def capture_all(memory, graphs, call: CallGraphs, sizes: Sequence[int],
-                on_capture: Callable[[Capture], None] | None = None) -> list[Capture]:
-    """Capture the call at every size, in order, into `graphs`' pool; stops at a failure (the
-    last capture then says why)."""
+                on_capture: Callable[[Capture], None] | None = None):
+    """Capture the call at every size, in order, into `graphs`' pool; stops at a failure.
+    Returns the captures and the failure (measure.Failure) of the last, or None."""
     from mlamem.attribution import ExpectedBuffer
 
     captures: list[Capture] = []
+    failure = None
     for tokens in sizes:
         step, expected = call.step_and_expected(memory, tokens)
         if not captures and not graphs.live:  # the first live graph registers the RNG state
             expected = [ExpectedBuffer(GRAPH_RNG_STATE, 8, "torch.cuda.graph")] * 2 + expected
-        capture = capture_one(memory, graphs, step, tokens, expected)
+        capture, failure = capture_one(memory, graphs, step, tokens, expected)
         captures.append(capture)
         if on_capture is not None:
             on_capture(capture)
-        if capture.failure is not None:
+        if failure is not None:
             break
-    return captures
+    return captures, failure
 
 
-def capture_one(memory, graphs, step, tokens: int, expected) -> Capture:
+def capture_one(memory, graphs, step, tokens: int, expected):
     """vLLM's warm-up (one eager call, outside the pool), then the capture; measured, the
-    replay is compared with the warm-up's out and lse bit for bit."""
+    replay is compared with the warm-up's out and lse bit for bit. Returns the capture and
+    its failure (measure.Failure), or None."""
     from mlamem.attribution import attribute
     from mlamem.measure import watched_call
 
@@ -314,7 +316,7 @@ def capture_one(memory, graphs, step, tokens: int, expected) -> Capture:
     warmup = watched_call(memory, step)
     if warmup.failure is not None:
         _failed(capture, warmup.failure)
-        return capture
+        return capture, warmup.failure
     eager = [t.cpu() for t in warmup.value] if memory.measured else None
     del warmup
     memory.empty_cache()  # torch.cuda.graph empties it too; here so `before` is after it
@@ -327,13 +329,14 @@ def capture_one(memory, graphs, step, tokens: int, expected) -> Capture:
     run = watched_call(memory, captured, expected)
     if run.failure is not None:
         _failed(capture, run.failure)
-        return capture
+        return capture, run.failure
     out, lse = run.value
     run.value = None
     if eager is not None:
         graphs.replay_last()
         capture.replay_equal = bool(out.cpu().equal(eager[0]) and lse.cpu().equal(eager[1]))
     del out, lse  # weak references only, as vLLM keeps a graph's outputs
+    memory.empty_cache()  # the comparison's copies: the pool's figures are the pool's own
     released, device_after = memory.stats(), memory.device_used_bytes()
     before, after = run.before, run.after
     capture.peak_allocated_bytes = after.peak_allocated - before.allocated
@@ -344,7 +347,7 @@ def capture_one(memory, graphs, step, tokens: int, expected) -> Capture:
         capture.device_growth_bytes = device_after - device_before
     capture.buffers = [dataclasses.asdict(b)
                        for b in attribute(run.watch.events, expected).buffers]
-    return capture
+    return capture, None
 
 
 def _failed(capture: Capture, failure) -> None:
@@ -365,7 +368,7 @@ def measure_path(memory, scenario: Scenario, kernel, path: str, sizes: Sequence[
         memory.empty_cache()
         start, device_start = memory.stats(), memory.device_used_bytes()
         with memory.graphs() as graphs:
-            result.captures = capture_all(memory, graphs, call, sizes, on_capture)
+            result.captures, _ = capture_all(memory, graphs, call, sizes, on_capture)
             end, device_end = memory.stats(), memory.device_used_bytes()
         del call
     failed = next((c for c in result.captures if c.failure is not None), None)

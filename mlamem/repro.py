@@ -195,7 +195,7 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     def request(key: str, tokens: int) -> dict:
         return {"engine": chosen.name, "scenario": to_dict(scenario), "source": scenario.source,
                 key_field: key, "kernel": kernel.name,
-                "budget": {**dataclasses.asdict(budget), "max_num_batched_tokens": tokens}}
+                "budget": {**budget.to_dict(), "max_num_batched_tokens": tokens}}
 
     def predicted(key: str, tokens: int, host: NonTorchSetup) -> dict:
         at = dataclasses.replace(budget, max_num_batched_tokens=tokens)
@@ -218,7 +218,7 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                                       predicted=predicted, request=request, worker=worker,
                                       progress=progress))
         cases.append(case)
-    notes = []
+    notes = chosen.notes(cases)
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
                       "verdicts do not depend on it, only the KV-cache size does")
@@ -289,7 +289,7 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 "version": kernel.version(),
                 **dataclasses.asdict(capabilities)},
-        budget={**dataclasses.asdict(budget), "requested_bytes": budget.requested_bytes},
+        budget={**budget.to_dict(), "requested_bytes": budget.requested_bytes},
         environment=environment.capture(), cases=cases, notes=notes,
         created=environment.now_utc())
 

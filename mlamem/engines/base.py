@@ -6,20 +6,23 @@
 2. init (`init`): what the engine places before profiling (weights, workspaces, inputs);
 3. profile (`profile`): the engine's profile pass; its peak over init is recorded, then the
    cache is emptied;
-4. graph estimate (`estimate_graphs`): the CUDA graphs' memory, where the engine estimates it
-   before sizing the KV cache (nothing yet);
-5. KV sizing (`size_kv_cache`): the cap is re-read with the non-torch memory then, the engine
-   sizes its KV cache (or raises `NoKVRoom`) and the skeleton allocates it;
-6. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (nothing yet);
-7. one full step (`step`), measured by `measure.watched_call`.
-A failure before the step is the engine's own allocation (`Rank.allocating` names it); in the
-step an OOM is named from the step's expected buffers. The same code runs on a GPU
+4. the non-torch memory is read again and the cap set from it, as the engine's profile ends;
+5. graph estimate (`estimate_graphs`): the CUDA graphs' memory, where the engine estimates it
+   before sizing the KV cache (with CUDA graphs on);
+6. KV sizing (`size_kv_cache`): the engine sizes its KV cache (or raises `NoKVRoom`) and the
+   skeleton allocates it;
+7. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (graphs on);
+8. one full step (`step`), measured by `measure.watched_call`.
+A failure before the step is the engine's own allocation (`allocating` names it), unless a
+phase reports a classified one (`PhaseFailed`, e.g. a capture); in the step an OOM is named
+from the step's expected buffers. The same code runs on a GPU
 (`CudaMemory`, each case in its own process: `python -m mlamem.engines`) and on the allocator
 model (`SimulatedMemory`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -66,8 +69,12 @@ class Budget:
     gpu_memory_bytes: int  # the target GPU's total memory (e.g. an 80 GiB H100)
     utilization: float  # --gpu-memory-utilization (TRT-LLM: free_gpu_memory_fraction)
     max_num_batched_tokens: int  # tokens per step; sizes the workspace and the profile pass
+    cuda_graphs: bool = False  # the engine estimates, then captures, its CUDA graphs
+    capture_sizes: tuple[int, ...] | None = None  # graphs on: None is the scenario's list
 
     def __post_init__(self) -> None:
+        if self.capture_sizes is not None:  # a JSON request gives a list
+            object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         if not 0 < self.utilization <= 1:
             raise UserError(f"--utilization {self.utilization} is outside (0, 1]; "
                             "pass a fraction such as 0.85")
@@ -81,6 +88,14 @@ class Budget:
     def requested_bytes(self) -> int:
         """What the engine may use: utilization x total."""
         return int(self.utilization * self.gpu_memory_bytes)
+
+    def to_dict(self) -> dict:
+        """The budget as a request or a result states it; the CUDA-graph fields only when on,
+        so a result with graphs off reads as it did before they existed."""
+        data = dataclasses.asdict(self)
+        if not self.cuda_graphs:
+            del data["cuda_graphs"], data["capture_sizes"]
+        return data
 
 
 @dataclass(kw_only=True)
@@ -161,6 +176,14 @@ class View:
     budget_plot: bool = False  # the report draws a memory-budget bar per case (vLLM's figures)
 
 
+class PhaseFailed(Exception):
+    """Raised by a phase with a failure it classified itself (a capture names its buffer)."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.text)
+        self.failure = failure
+
+
 class NoKVRoom(Exception):
     """Raised by `Engine.size_kv_cache`: nothing is left for the KV cache; says why."""
 
@@ -183,6 +206,7 @@ class Engine(ABC):
 
     name: ClassVar[str]  # its name in mlamem.engines.REGISTRY
     case_type: ClassVar[type[Case]]
+    captures_graphs: ClassVar[bool] = False  # has CUDA-graph phases (repro-oom --cuda-graphs)
     searches_tokens: ClassVar[bool] = False  # repro-oom searches its largest safe
     #                                          max_num_batched_tokens per case
     view: ClassVar[View]
@@ -194,6 +218,7 @@ class Engine(ABC):
         self.memory, self.scenario, self.kernel, self.budget = memory, scenario, kernel, budget
         self.case, self.sm_count, self.seed = case, sm_count, seed
         self.resident: list[torch.Tensor] = []  # weights, KV cache, ...: alive until the case ends
+        self.contexts = contextlib.ExitStack()  # entered for the case (CUDA graphs), closed after
         self.allocating = "weights"
 
     # What the engine serves and how its cases are named
@@ -209,6 +234,11 @@ class Engine(ABC):
         """The cases repro-oom runs, by key, given the chosen decode paths."""
 
     @classmethod
+    def notes(cls, cases: list[dict]) -> list[str]:
+        """Lines the result adds about these cases (none by default)."""
+        return []
+
+    @classmethod
     @abstractmethod
     def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool, **fields) -> Case:
         """An empty case for `key` at `max_num_batched_tokens` (fields: e.g. the failure of a
@@ -222,7 +252,10 @@ class Engine(ABC):
         case = cls.new_case(key, budget.max_num_batched_tokens, measured=memory.measured,
                             weights_bytes=scenario.parallel.weights_bytes)
         with memory:  # the rank and its tensors are gone before the memory is left
-            cls(memory, scenario, kernel, budget, case, sm_count=sm_count, seed=seed)._run()
+            engine = cls(memory, scenario, kernel, budget, case, sm_count=sm_count, seed=seed)
+            with engine.contexts:
+                engine._run()
+            del engine
         return case
 
     def _run(self) -> None:
@@ -238,12 +271,12 @@ class Engine(ABC):
             self.profile()
             case.profile_peak_bytes = memory.stats().peak_allocated - start
             memory.empty_cache()
-            case.phase = Phase.GRAPH_ESTIMATE
-            self.estimate_graphs()
-            case.phase = Phase.KV_CACHE
             case.non_torch_bytes = non_torch_now(memory)
             case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
                                                       - case.non_torch_bytes)
+            case.phase = Phase.GRAPH_ESTIMATE
+            self.estimate_graphs()
+            case.phase = Phase.KV_CACHE
             kv_bytes = self.size_kv_cache()
             self.allocating = self.kv_cache_name
             self.resident.append(torch.empty(kv_bytes, dtype=torch.uint8, device=memory.device))
@@ -251,6 +284,9 @@ class Engine(ABC):
             self.capture_graphs()
         except NoKVRoom as no_room:
             case.verdict, case.failure = Verdict.NO_KV_ROOM, str(no_room)
+            return
+        except PhaseFailed as failed:
+            case.record_failure(failed.failure)
             return
         except Exception as exc:
             failure = classify_failure(exc, memory, before.num_ooms)

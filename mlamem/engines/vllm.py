@@ -5,8 +5,14 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   top-k buffer and the KV pool the step reads;
 - profile: a pass at max_num_batched_tokens that allocates the step's activations but skips
   attention, as the engine's profile run does;
-- KV sizing: `utilization x total - (init + profile peak + non-torch)`, in whole blocks;
+- graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
+  FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
+  (N - 1) from their device-wide growth (mem_get_info; predicted: the allocator's);
+- KV sizing: `utilization x total - (init + profile peak + non-torch + graph estimate)`, in
+  whole blocks;
+- capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
 - step: one full step at max_num_batched_tokens through the path under test.
+The graphs hold the attention call only (mlamem/graphs.py), its q a static input buffer.
 """
 
 from __future__ import annotations
@@ -23,17 +29,21 @@ from mlamem.engines.base import (
     Column,
     Engine,
     NoKVRoom,
+    PhaseFailed,
     Step,
     Verdict,
     View,
     allocate_specs,
+    non_torch_now,
 )
+from mlamem.graphs import CallGraphs, capture_all, sizes_to_capture, vllm_estimate
 from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernels import BufferSpec
+from mlamem.kernels.base import OpInputs
 from mlamem.measure import decoder
 from mlamem.paths import PATHS, decode_call, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
-from mlamem.units import gib
+from mlamem.units import format_bytes, gib
 
 
 def kv_block_bytes(scenario: Scenario) -> int:
@@ -76,6 +86,21 @@ class VLLMCase(Case):
     kv_cache_bytes: int | None = None
     kv_cache_tokens: int | None = None
     out_staging_gain_bytes: int | None = None  # more headroom if out were staged (no out=)
+    # CUDA graphs (repro-oom --cuda-graphs on; absent from results without them)
+    graph_estimate_bytes: int | None = None  # what vLLM set aside before KV sizing
+    graph_estimate_source: str | None = None  # "device" (mem_get_info) or "allocator"
+    graph_kv_tokens_lost: int | None = None  # KV tokens the estimate took
+    graph_captures: int | None = None  # graphs captured after the KV cache
+    graph_pool_bytes: int | None = None  # the pool they took (allocator reserved growth)
+    graph_device_bytes: int | None = None  # the device-wide growth (measured)
+    graph_estimate_error_bytes: int | None = None  # estimate - what they took, same source
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        if self.graph_estimate_source is None:  # graphs off: the case as it always read
+            for name in [n for n in data if n.startswith("graph_")]:
+                del data[name]
+        return data
 
 
 class VLLM(Engine):
@@ -84,6 +109,7 @@ class VLLM(Engine):
     name = "vllm"
     case_type = VLLMCase
     searches_tokens = True
+    captures_graphs = True
 
     @classmethod
     def case_keys(cls, paths: list[str]) -> list[str]:
@@ -93,6 +119,28 @@ class VLLM(Engine):
     def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool, **fields) -> VLLMCase:
         return VLLMCase(path=key, max_num_batched_tokens=max_num_batched_tokens,
                         measured=measured, **fields)
+
+    @classmethod
+    def notes(cls, cases: list[dict]) -> list[str]:
+        """With CUDA graphs: per path, the estimate, the KV tokens it took, the pool the
+        captures took and the estimate's error."""
+        lines = []
+        for c in cases:
+            if c.get("graph_estimate_bytes") is None:
+                continue
+            line = (f"{c['path']}: CUDA graphs: vLLM's estimate {format_bytes(c['graph_estimate_bytes'])}"
+                    f" ({c['graph_estimate_source']}) took {c['graph_kv_tokens_lost']} KV tokens")
+            if c.get("graph_pool_bytes") is not None:
+                source = "device" if c["graph_estimate_source"] == "device" else "pool"
+                taken = (c["graph_device_bytes"] if source == "device" else c["graph_pool_bytes"])
+                line += (f"; {c['graph_captures']} captures took a {format_bytes(c['graph_pool_bytes'])}"
+                         f" pool" + (f" ({format_bytes(c['graph_device_bytes'])} on the device)"
+                                     if c.get("graph_device_bytes") is not None else "")
+                         + f"; the estimate's error {_signed(c['graph_estimate_error_bytes'])}"
+                         + (f" ({100 * c['graph_estimate_error_bytes'] / taken:+.1f}% of the "
+                            f"{source})" if taken else ""))
+            lines.append(line)
+        return lines
 
     def init(self) -> None:
         scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
@@ -124,12 +172,69 @@ class VLLM(Engine):
         allocate_specs(activation_specs(self.scenario, self.budget.max_num_batched_tokens),
                        self.memory.device)
 
+    def estimate_graphs(self) -> None:
+        if not self.budget.cuda_graphs:
+            return
+        memory, case = self.memory, self.case
+        self.graph_sizes = sizes_to_capture(self.scenario, self.budget.capture_sizes)
+        self.allocating = "graph input (static q)"
+        self.graph_call = self._graph_call()
+        with memory.graphs() as graphs:  # a throwaway pool: gone before the KV cache
+            captures, failure = capture_all(memory, graphs, self.graph_call,
+                                            self.graph_sizes[:2])
+        if failure is not None:
+            raise PhaseFailed(failure)
+        memory.empty_cache()
+        case.graph_estimate_source = "device" if memory.measured else "allocator"
+        samples = [c.device_growth_bytes if memory.measured else c.pool_growth_bytes
+                   for c in captures]
+        case.graph_estimate_bytes = vllm_estimate(case.graph_estimate_source, samples, 0,
+                                                  len(self.graph_sizes)).estimate_bytes
+
+    def _graph_call(self) -> CallGraphs:
+        """The attention call the graphs capture: q from a static buffer of the largest
+        capture's rows, the step's KV pool and indices, the path's workspace."""
+        scenario = self.scenario
+        q_all = torch.empty((max(self.graph_sizes), scenario.heads_per_rank, scenario.d_qk),
+                            dtype=torch.bfloat16, device=self.memory.device)
+        fill_query(q_all, self.seed)
+        self.resident.append(q_all)
+        inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
+        return CallGraphs(scenario, self.kernel, self.case.path, self.sm_count, q_all, inputs,
+                          self.workspace)
+
+    def capture_graphs(self) -> None:
+        if not self.budget.cuda_graphs:
+            return
+        memory, case = self.memory, self.case
+        graphs = self.contexts.enter_context(memory.graphs())  # live until the case ends
+        start, device_start = memory.stats(), memory.device_used_bytes()
+        captures, failure = capture_all(memory, graphs, self.graph_call, self.graph_sizes)
+        case.graph_captures = len(captures) - (failure is not None)
+        if failure is not None:
+            raise PhaseFailed(failure)
+        case.graph_pool_bytes = memory.stats().reserved - start.reserved
+        device_end = memory.device_used_bytes()
+        if device_end is not None and device_start is not None:
+            case.graph_device_bytes = device_end - device_start
+        taken = (case.graph_device_bytes if case.graph_estimate_source == "device"
+                 else case.graph_pool_bytes)
+        case.graph_estimate_error_bytes = case.graph_estimate_bytes - taken
+        # what graph instantiation took outside the allocator is gone from the device
+        case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
+                                                  - non_torch_now(memory))
+
     def size_kv_cache(self) -> int:
         case, budget = self.case, self.budget
         block = kv_block_bytes(self.scenario)
-        case.kv_cache_bytes = kv_cache_bytes(
-            budget, case.init_bytes + case.profile_peak_bytes + case.non_torch_bytes, block)
+        non_kv = case.init_bytes + case.profile_peak_bytes + case.non_torch_bytes
+        case.kv_cache_bytes = kv_cache_bytes(budget, non_kv + (case.graph_estimate_bytes or 0),
+                                             block)
         case.kv_cache_tokens = case.kv_cache_bytes // block * self.scenario.serving.block_size
+        if case.graph_estimate_bytes is not None:
+            without = kv_cache_bytes(budget, non_kv, block) // block
+            case.graph_kv_tokens_lost = (without * self.scenario.serving.block_size
+                                         - case.kv_cache_tokens)
         if case.kv_cache_bytes == 0:
             raise NoKVRoom(f"no memory left for the KV cache: init {case.init_bytes} B + profile "
                            f"peak {case.profile_peak_bytes} B + non-torch {case.non_torch_bytes} "
@@ -163,6 +268,10 @@ class VLLM(Engine):
         return Step(body, expected)
 
 
+def _signed(value: int) -> str:
+    return ("+" if value >= 0 else "-") + format_bytes(abs(value))
+
+
 def _gib(value: int | None) -> str:
     return "n/a" if value is None else f"{gib(value):.3f}"
 
@@ -190,9 +299,10 @@ def _gain(case: dict) -> str:
 
 
 def _budget_rule(budget: dict, cases: list[dict]) -> str:
+    graphs = " + CUDA-graph estimate" if budget.get("cuda_graphs") else ""
     return (f"KV cache rule (vLLM's): utilization {budget['utilization']} x total - (init + "
-            "profile peak + non-torch), in whole blocks, after a profile pass that skips "
-            "attention")
+            f"profile peak + non-torch{graphs}), in whole blocks, after a profile pass that "
+            "skips attention")
 
 
 VLLM.view = View(
