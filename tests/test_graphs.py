@@ -2,19 +2,25 @@
 pool of the sparse decode across a capture list."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 from mlamem import scenario as scenarios
+from mlamem.engines.base import Budget
 from mlamem.errors import UserError
 from mlamem.graphs import (
     MIN_PER_GRAPH_BYTES,
+    GraphsResult,
     capture_sizes,
     full_decode_sizes,
     run_graphs,
     sizes_to_capture,
     vllm_estimate,
 )
+from mlamem.kernels import load_kernel
+from mlamem.repro import run_repro
 
 MiB = 1 << 20
 VLLM_DEFAULT_51 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
@@ -97,3 +103,43 @@ def test_predicted_pool_is_the_largest_capture_not_the_sum():
     assert workspace.pool_bytes < alloc.pool_bytes
     (estimate,) = alloc.estimates  # predicted: the allocator's figures only
     assert estimate.estimate_bytes == alloc.pool_bytes + 3 * MIN_PER_GRAPH_BYTES
+
+
+GRAPHS_H200 = Path(__file__).parent / "fixtures" / "reports" / "graphs-h200"
+ALLOCATOR_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "pool_growth_bytes",
+                    "held_bytes", "buffers")
+
+
+@pytest.mark.parametrize("name", ["graphs-glm5-flashmla.json", "graphs-glm5-flashmla-vllm.json",
+                                  "graphs-deepseek-flashmla.json", "graphs-glm5-triton.json"])
+def test_prediction_equals_the_h200_captures_to_the_byte(name):
+    """reports/graphs-h200 (`bash scripts/gpu-check.sh --suite graphs`): every allocator figure
+    of every capture, and each path's pool, predicted here as measured there."""
+    measured = GraphsResult.from_dict(json.loads((GRAPHS_H200 / name).read_text()))
+    assert measured.measured and all(c.replay_equal for p in measured.paths for c in p.captures)
+    predicted = run_graphs(scenarios.load(measured.scenario["name"]),
+                           [p.path for p in measured.paths], command="test",
+                           kernel=load_kernel(measured.kernel["name"])(),
+                           sizes=measured.capture_sizes, predict=True)
+    for m, p in zip(measured.paths, predicted.paths, strict=True):
+        assert (m.pool_bytes, m.held_bytes) == (p.pool_bytes, p.held_bytes)
+        assert m.estimates[0] == p.estimates[0]  # vLLM's rule on the allocator's figures
+        for mc, pc in zip(m.captures, p.captures, strict=True):
+            assert [getattr(mc, f) for f in ALLOCATOR_FIELDS] == [
+                getattr(pc, f) for f in ALLOCATOR_FIELDS], (m.path, mc.tokens)
+
+
+def test_repro_with_graphs_predicts_the_h200_pool_and_verdicts():
+    """The measured repro-oom --cuda-graphs on: the model gives the same verdicts, captures
+    and pool; the estimate differs by what the device took outside the allocator."""
+    measured = json.loads((GRAPHS_H200 / "repro-graphs-glm5.json").read_text())
+    result = run_repro(scenarios.load("glm5-fp8-tp8"),
+                       Budget(**{k: measured["budget"][k] for k in (
+                           "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
+                           "cuda_graphs")}),
+                       ["alloc", "workspace"], command="test", predict=True)
+    for m, p in zip(measured["cases"], result.to_dict()["cases"], strict=True):
+        for field in ("verdict", "phase", "oom_buffer", "graph_captures", "graph_pool_bytes"):
+            assert m[field] == p[field], (m["path"], field)
+        assert m["graph_estimate_source"] == "device" and p["graph_estimate_source"] == "allocator"
+        assert m["graph_estimate_bytes"] > p["graph_estimate_bytes"]
