@@ -990,8 +990,15 @@ def graphs(
     the allocator model, private pools included.
     """
     decode = make_kernel(kernel)
+    if operations.SPARSE_DECODE not in decode.operations:
+        raise UserError(f"graphs captures the sparse decode; kernel {decode.name} runs "
+                        f"{', '.join(decode.operations)}: pick a --kernel that runs sparse-decode "
+                        "(`mlamem kernels`)")
     chosen = scenarios.load(scenario)
-    operations.check_supported(chosen, operations.SPARSE_DECODE, decode.name, decode.operations)
+    if operations.SPARSE_DECODE not in operations.scenario_operations(chosen):
+        raise UserError(f"graphs captures the sparse decode; {chosen.name} drives "
+                        f"{', '.join(operations.scenario_operations(chosen))}: pick a "
+                        "sparse-decode scenario (see `mlamem scenarios`)")
     path_list = parse_paths(paths, decode)
     sizes = None if capture_sizes is None else parse_tokens(capture_sizes, "--capture-sizes")
     output_format = Format(pick_format(output, output_format and output_format.value,

@@ -426,6 +426,10 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
              "vLLM's estimate: first FULL capture + max(second, 1 MiB) x (N - 1), from the "
              "device-wide growth of the first two captures (mem_get_info); the allocator line "
              "applies the same rule to the allocator's reserved growth"]
+    if scenario.heads_per_rank >= 32:
+        notes.append(f"{scenario.heads_per_rank} heads per rank: vLLM's FlashMLA sparse backend "
+                     "runs such a decode as (requests, 1 + k, heads, d); this captures the "
+                     "(1, T, heads, d) call it runs below 32 heads")
     if serving.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL"):
         notes.append("PIECEWISE graphs (mixed batches) run attention eagerly: they hold none of "
                      "the call's memory")

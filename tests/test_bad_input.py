@@ -353,6 +353,56 @@ def test_repro_oom(inputs, args, fix):
 
 
 @pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--capture-sizes", "abc"], "write e.g. --capture-sizes 512,256,8,1",
+                 id="sizes-word"),
+    pytest.param(["--capture-sizes", "0"], "positive integer", id="sizes-zero"),
+    pytest.param(["--capture-sizes", "99999"], "a capture must hold 1 to 32768 tokens",
+                 id="sizes-beyond-workspace"),
+    pytest.param(["--capture-sizes", "8,8"], "listed twice", id="sizes-twice"),
+    pytest.param(["--paths", "workspace-full"], "use --kernel triton", id="path-needs-triton"),
+    pytest.param(["--kernel", "flashinfer"], "pick a --kernel that runs sparse-decode",
+                 id="kernel-without-sparse-decode"),
+    pytest.param(["-s", "kimi-k2-dense-tp4-dp"], "pick a sparse-decode scenario",
+                 id="scenario-without-sparse-decode"),
+    pytest.param(["--scenario", toml({'block_size = 64 ': 'block_size = 64\ncudagraph_mode = "PIECEWISE" '})],
+                 "puts the attention call in no CUDA graph", id="toml-piecewise"),
+    pytest.param(["--scenario", toml({'block_size = 64 ': 'block_size = 64\ncudagraph_mode = "full" '})],
+                 "[serving].cudagraph_mode expected one of NONE, PIECEWISE", id="toml-mode-unknown"),
+    pytest.param(["--scenario", toml({'block_size = 64 ': 'block_size = 64\nmax_num_seqs = 0 '})],
+                 "max_num_seqs", id="toml-max-num-seqs-zero"),
+    pytest.param(["--format", "pdf"], "'pdf' is not one of", id="format-unknown"),
+    pytest.param(["--output", "{unwritable}/g.json"], "cannot write in", id="output-unwritable"),
+    pytest.param(["--report", "{file}"], "give a folder", id="report-is-a-file"),
+])
+def test_graphs(inputs, args, fix):
+    """graphs: every bad input is one line, exit 2, before any capture."""
+    _run(inputs, "graphs", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--cuda-graphs", "maybe"], "'maybe' is not one of 'on', 'off'",
+                 id="graphs-switch"),
+    pytest.param(["--capture-sizes", "8"], "applies to --cuda-graphs on", id="sizes-without-graphs"),
+    pytest.param(["--cuda-graphs", "on", "--capture-sizes", "40000"],
+                 "a capture must hold 1 to 32768 tokens", id="sizes-beyond-workspace"),
+    pytest.param(["--cuda-graphs", "on", "-s", "kimi-k2-context-reuse"],
+                 "has no CUDA-graph phases; use --engine vllm", id="graphs-context-reuse"),
+    pytest.param(["--graphs-typo"], "No such option", id="unknown-option"),
+])
+def test_repro_oom_graphs(inputs, args, fix):
+    _run(inputs, "repro-oom", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--graphs", "--tokens", "8"], "--tokens does not apply to --graphs",
+                 id="tokens-with-graphs"),
+    pytest.param(["--capture-sizes", "8"], "add --graphs", id="sizes-without-graphs"),
+])
+def test_validate_graphs(inputs, args, fix):
+    _run(inputs, "validate", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
     pytest.param(["--max-seq-len", "0"], "--max-seq-len must be > 0", id="seq-len-zero"),
     pytest.param(["--max-batch-size", "-1"], "--max-batch-size must be > 0", id="batch-negative"),
     pytest.param(["--gpu-memory", "0"], "--gpu-memory must be > 0", id="size-zero"),
