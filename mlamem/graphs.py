@@ -313,7 +313,7 @@ def capture_one(memory, graphs, step, tokens: int, expected):
     from mlamem.measure import watched_call
 
     capture = Capture(tokens=tokens)
-    warmup = watched_call(memory, step)
+    warmup = watched_call(memory, step, expected)
     if warmup.failure is not None:
         _failed(capture, warmup.failure)
         return capture, warmup.failure

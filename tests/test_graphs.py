@@ -143,3 +143,24 @@ def test_repro_with_graphs_predicts_the_h200_pool_and_verdicts():
             assert m[field] == p[field], (m["path"], field)
         assert m["graph_estimate_source"] == "device" and p["graph_estimate_source"] == "allocator"
         assert m["graph_estimate_bytes"] > p["graph_estimate_bytes"]
+
+
+def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
+    """An engine that leaves the graphs nothing (its KV cache takes all but 1 MiB under the
+    cap) gets `oom` in phase `capture`, with the buffer the capture could not place."""
+    from mlamem.engines.vllm import VLLM
+    from mlamem.memory import SimulatedMemory
+
+    class NoRoomForGraphs(VLLM):
+        def size_kv_cache(self) -> int:
+            used = self.memory.stats().reserved
+            return self.case.torch_limit_bytes - used - MiB
+
+    glm = scenarios.load("glm5-fp8-tp8")
+    budget = Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 32768,
+                    cuda_graphs=True)
+    case = NoRoomForGraphs.emulate(SimulatedMemory(), glm, load_kernel("flashmla")(), budget,
+                                   "alloc", sm_count=132).to_dict()
+    assert (case["verdict"], case["phase"]) == ("oom", "capture")
+    assert case["oom_buffer"] == "padded_q" and case["oom_allocated_by"] == "wrapper"
+    assert case["graph_captures"] == 0 and case["free_bytes_at_oom"] < 20 * MiB
