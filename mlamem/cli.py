@@ -421,6 +421,12 @@ def validate(
                 [(s, o, values)], path_lists[(s.name, o)], kernel=decode, kv_tokens=kv_tokens,
                 on_case=lambda name, t, p, o=o, symbol=symbol: advance(
                     f"{name} {o}: {symbol}={t} {p}"))
+    _emit_validation(comparisons, command, output, output_format)
+
+
+def _emit_validation(comparisons, command: str, output: Path | None,
+                     output_format: ReproFormat) -> None:
+    """Write validate's result; exit 1 if any figure differs."""
     if output_format is ReproFormat.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
                                       environment=environment.capture())
@@ -465,14 +471,7 @@ def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: st
         comparisons = run_graph_validation(
             chosen, path_list, decode, sizes,
             on_path=lambda name, path: advance(f"{name}: {path} captured"))
-    if output_format is ReproFormat.json:
-        text = render.validation_json(comparisons, command, created=environment.now_utc(),
-                                      environment=environment.capture())
-    else:
-        text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
-    _emit(text, output)
-    if not all(c.agrees for c in comparisons):
-        raise typer.Exit(1)
+    _emit_validation(comparisons, command, output, output_format)
 
 
 @app.command()

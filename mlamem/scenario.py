@@ -239,34 +239,28 @@ class Scenario:
 
 def _check_operations(operations: tuple[str, ...]) -> None:
     """The top-level `operations`: a non-empty list of distinct OPERATION_NAMES."""
-    if not operations:
-        raise _FieldError("top", "operations", "is empty; list at least one of "
-                                               f"{list(OPERATION_NAMES)}, or leave it out for "
-                                               f"{list(DEFAULT_OPERATIONS)}")
-    for op in operations:
-        if op not in OPERATION_NAMES:
-            raise _FieldError("top", "operations", f"has unknown {op!r}; expected names from "
-                                                   f"{list(OPERATION_NAMES)}")
-    repeated = sorted({op for op in operations if operations.count(op) > 1})
-    if repeated:
-        raise _FieldError("top", "operations", f"lists {repeated[0]!r} more than once; "
-                                               "name each operation once")
+    _check_names("operations", "operation", operations, list(OPERATION_NAMES),
+                 list(DEFAULT_OPERATIONS))
 
 
 def _check_engines(engines: tuple[str, ...]) -> None:
     """The top-level `engines`: a non-empty list of distinct registered engine names."""
-    known = engine_names()
-    if not engines:
-        raise _FieldError("top", "engines", f"is empty; list at least one of {known}, or leave "
-                                            f"it out for {list(DEFAULT_ENGINES)}")
-    for name in engines:
+    _check_names("engines", "engine", engines, engine_names(), list(DEFAULT_ENGINES))
+
+
+def _check_names(field: str, what: str, names: tuple[str, ...], known: list[str],
+                 default: list[str]) -> None:
+    """A top-level list of names: not empty, each known, none twice."""
+    if not names:
+        raise _FieldError("top", field, f"is empty; list at least one of {known}, or leave it "
+                                        f"out for {default}")
+    for name in names:
         if name not in known:
-            raise _FieldError("top", "engines", f"has unknown {name!r}; expected names from "
-                                                f"{known}")
-    repeated = sorted({name for name in engines if engines.count(name) > 1})
+            raise _FieldError("top", field, f"has unknown {name!r}; expected names from {known}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise _FieldError("top", "engines", f"lists {repeated[0]!r} more than once; name each "
-                                            "engine once")
+        raise _FieldError("top", field, f"lists {repeated[0]!r} more than once; name each "
+                                        f"{what} once")
 
 
 def _check_serving_for_operations(scenario: Scenario) -> None:
