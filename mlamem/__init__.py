@@ -4,11 +4,38 @@ The package is `mlamem`, `mlamem.render`, `mlamem.kernels` and `mlamem.scenarios
 else. In the repository `kernels/` and `scenarios/` sit at the top, beside `mlamem/`, and
 pyproject.toml's package-dir installs them as `mlamem.kernels` and `mlamem.scenarios`; a checkout
 is therefore used through an install (`pip install -e .`, or `pip install .`).
+
+The Python API (`mlamem.track`, `mlamem.profile_call`, see `mlamem.api`) loads on first access
+(PEP 562), so `import mlamem` imports no torch.
 """
 
 from pathlib import Path as _Path
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+_API = ("track", "profile_call", "Tracker", "NoCudaError")  # mlamem.api's public names
+
+if TYPE_CHECKING:  # for type checkers; at run time __getattr__ imports them
+    from mlamem.api import NoCudaError as NoCudaError
+    from mlamem.api import Tracker as Tracker
+    from mlamem.api import profile_call as profile_call
+    from mlamem.api import track as track
+
+
+def __getattr__(name: str):
+    """mlamem.api's public names, imported (with torch) on first access."""
+    if name not in _API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from mlamem import api
+
+    value = getattr(api, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])
 
 
 def _refuse_a_bare_checkout() -> None:

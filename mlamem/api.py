@@ -1,0 +1,336 @@
+"""mlamem from Python: the per-call figures of `mlamem profile` for your own code.
+
+    with mlamem.track(expect={"padded_q": ((1024, 64, 576), torch.bfloat16)}) as t:
+        my_kernel(q, kv)
+    t.peak_allocated_bytes, t.peak_reserved_bytes, t.allocations_in_call, t.buffers
+
+- `track` measures exactly what runs inside its `with` block: it empties the allocator's cache
+  and resets the peaks on entry, then records the allocator's trace until the block ends. A
+  `with` block cannot run its body twice, so there is no warm-up: a first call's one-time
+  allocations (compilation, library workspaces) are counted.
+- `profile_call(fn, *args, **kwargs)` is `mlamem profile`'s protocol for one call: warm up once
+  with the same arguments, empty the cache, reset the peaks, measure one call.
+
+Both return a `Tracker`. Bytes are deltas over the state before the measured code: the peaks
+(torch's max_memory_allocated / max_memory_reserved), NVML's device-used peak, and every
+allocation inside, named from `expect` (name -> bytes, (shape, dtype), a BufferSpec or an
+ExpectedBuffer) as `mlamem profile --breakdown` names a kernel's buffers; the rest is
+"unattributed". An out-of-memory inside is recorded (`oom`, `failure`), not raised; any other
+exception propagates.
+
+Devices. `device=None` means CUDA. `device="meta"` predicts instead: the code runs on the meta
+device, and every meta allocation feeds mlamem's model of the caching allocator, as `mlamem
+profile` predicts without a GPU; the figures are then labelled `measured=False`. Without CUDA
+and without `device="meta"`, `NoCudaError` says so in one line: mlamem does not fall back to
+predicting by itself, because a function whose tensors live on the CPU allocates nothing the
+model sees, and would be reported as needing 0 bytes. Tensors made before the block are not in
+the model, so a predicted reserved figure starts from an empty allocator.
+
+Trackers do not nest: the allocator trace is one per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+from mlamem.attribution import Breakdown, BufferUse, ExpectedBuffer, attribute
+from mlamem.errors import UserError
+from mlamem.kernels.base import BufferSpec
+from mlamem.measure import OUT_OF_MEMORY, Failure, classify_failure, watched_call
+from mlamem.memory import CallWatch, CudaMemory, MemoryStats, SimulatedMemory
+
+NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
+
+Expectation = int | tuple[tuple[int, ...], torch.dtype] | BufferSpec | ExpectedBuffer
+
+
+class NoCudaError(UserError, RuntimeError):
+    """No CUDA device to measure on; the message names device="meta", which predicts."""
+
+
+def expected_from(expect: Mapping[str, Expectation] | None) -> list[ExpectedBuffer]:
+    """The buffers `expect` names, in its order (attribution matches allocations to them in
+    order, by requested bytes): bytes (int), (shape, dtype), a BufferSpec (allocated by the
+    kernel) or an ExpectedBuffer (its own allocated_by). TypeError for anything else."""
+    buffers = []
+    for name, value in (expect or {}).items():
+        if isinstance(value, ExpectedBuffer):
+            buffers.append(ExpectedBuffer(name, value.nbytes, value.allocated_by))
+        elif isinstance(value, BufferSpec):
+            buffers.append(ExpectedBuffer(name, value.nbytes, "kernel"))
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            buffers.append(ExpectedBuffer(name, value, NAMED_BY_EXPECT))
+        elif (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], torch.dtype)
+              and all(isinstance(n, int) and n >= 0 for n in value[0])):
+            nbytes = math.prod(value[0]) * value[1].itemsize
+            buffers.append(ExpectedBuffer(name, nbytes, NAMED_BY_EXPECT))
+        else:
+            raise TypeError(f"expect[{name!r}] = {value!r}: expected bytes (an int >= 0), "
+                            "(shape, torch dtype), a BufferSpec or an ExpectedBuffer")
+    return buffers
+
+
+def memory_for(device: str | torch.device | None) -> CudaMemory | SimulatedMemory:
+    """The backend for `device`: a CUDA device measures (with Python stacks in its trace, for
+    save_snapshot), "meta" predicts. None means CUDA; NoCudaError without it."""
+    if device is None:
+        device = "cuda"
+    device = torch.device(device)
+    if device.type == "meta":
+        return SimulatedMemory()
+    if device.type != "cuda":
+        raise ValueError(f"device {str(device)!r}: expected cuda (measure) or meta (predict)")
+    if not torch.cuda.is_available():
+        raise NoCudaError('no CUDA device here to measure on; pass device="meta" to predict a '
+                          "function whose tensors are on the meta device")
+    return CudaMemory(device if device.index is not None else None, record_stacks=True)
+
+
+_active: list[Tracker] = []  # the tracker measuring now (at most one)
+
+
+class Tracker:
+    """The figures of one measured (or predicted) block or call; a context manager (`track`).
+
+    Every byte count is a delta over the state just before the measured code, and is None until
+    the block has ended (or when it failed before the figure was taken).
+    """
+
+    def __init__(self, expect: Mapping[str, Expectation] | None = None,
+                 device: str | torch.device | None = None):
+        self.expected = expected_from(expect)
+        self.memory = memory_for(device)
+        self.measured: bool = self.memory.measured  # False: predicted on the meta device
+        self.peak_allocated_bytes: int | None = None  # max_memory_allocated - allocated before
+        self.peak_reserved_bytes: int | None = None  # max_memory_reserved - reserved before
+        self.nvml_peak_bytes: int | None = None  # NVML device-used peak - before (predicted: reserved)
+        self.wall_time_ms: float | None = None  # the code and a synchronize (measured only)
+        self.breakdown: Breakdown | None = None  # the allocations inside, by buffer
+        self.failure: str | None = None  # one line: "out of memory", or the error
+        self.oom_requested_bytes: int | None = None  # the request that failed, when known
+        self.trace: list[dict] | None = None  # allocator trace entries (torch's layout)
+        self.segments: list[dict] | None = None  # allocator segments after the code
+        self.value: Any = None  # what profile_call's fn returned
+        self._before: MemoryStats | None = None
+        self._watch_context = None
+        self._watch: CallWatch | None = None
+        self._start = 0.0
+
+    # -- the figures ---------------------------------------------------------------------
+
+    @property
+    def oom(self) -> bool:
+        """Whether the code ran out of memory (recorded, not raised)."""
+        return self.failure == OUT_OF_MEMORY
+
+    @property
+    def buffers(self) -> list[BufferUse]:
+        """Each allocation inside, in order: name (from `expect`, else "unattributed"), who
+        allocated it, requested and block bytes, new segment bytes, live at the peak."""
+        return [] if self.breakdown is None else list(self.breakdown.buffers)
+
+    @property
+    def missing(self) -> list[str]:
+        """Expected buffers that were never allocated."""
+        return [] if self.breakdown is None else list(self.breakdown.missing)
+
+    @property
+    def allocations_in_call(self) -> int | None:
+        """Allocations made inside (0: safe to capture in a CUDA graph)."""
+        return None if self.breakdown is None else self.breakdown.allocations
+
+    @property
+    def bytes_allocated_in_call(self) -> int | None:
+        """Their requested bytes, summed."""
+        return None if self.breakdown is None else self.breakdown.allocated_bytes
+
+    def to_dict(self) -> dict:
+        """The figures as the fields of a `mlamem.profile/1` row (ProfileRow) that apply."""
+        breakdown = self.breakdown
+        return {
+            "measured": self.measured,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "nvml_peak_bytes": self.nvml_peak_bytes,
+            "wall_time_ms": self.wall_time_ms,
+            "allocations_in_call": self.allocations_in_call,
+            "bytes_allocated_in_call": self.bytes_allocated_in_call,
+            "buffers": [dataclasses.asdict(b) for b in self.buffers],
+            "breakdown_peak_bytes": None if breakdown is None else breakdown.peak_bytes,
+            "missing_buffers": self.missing,
+            "oom": self.oom,
+            "oom_requested_bytes": self.oom_requested_bytes,
+            "failure": self.failure,
+        }
+
+    def summary(self) -> str:
+        """One line: the peaks and the allocations inside (or the failure)."""
+        from mlamem.units import format_bytes
+
+        tag = "" if self.measured else " (PREDICTED)"
+        if self.failure is not None and self.peak_allocated_bytes is None:
+            requested = ("" if self.oom_requested_bytes is None
+                         else f" requesting {format_bytes(self.oom_requested_bytes)}")
+            return f"failed{tag}: {self.failure}{requested}"
+        nvml = "n/a" if self.nvml_peak_bytes is None else format_bytes(self.nvml_peak_bytes)
+        count = self.allocations_in_call
+        return (f"peak allocated {format_bytes(self.peak_allocated_bytes)}{tag}, reserved "
+                f"{format_bytes(self.peak_reserved_bytes)}, NVML {nvml}; "
+                f"{count} allocation{'' if count == 1 else 's'}, "
+                f"{format_bytes(self.bytes_allocated_in_call)} inside")
+
+    def table(self) -> str:
+        """The breakdown as text: one row per allocation inside, then whether the buffers live at
+        the peak add up to it, and the expected buffers never allocated."""
+        from mlamem.render.common import compact_table, console_text, with_notes
+        from mlamem.units import format_bytes
+
+        tag = "" if self.measured else " (PREDICTED)"
+        out = compact_table(f"mlamem: allocations inside{tag}")
+        for name in ("buffer", "by", "size", "bytes", "live at peak"):
+            out.add_column(name, justify="right" if name in ("size", "bytes") else "left",
+                           no_wrap=True)
+        for b in self.buffers:
+            out.add_row(b.name, b.allocated_by, format_bytes(b.requested_bytes),
+                        str(b.requested_bytes), "yes" if b.live_at_peak else "no")
+        notes = [self.summary()]
+        if self.breakdown is not None and self.peak_allocated_bytes is not None:
+            parts, peak = self.breakdown.peak_bytes, self.peak_allocated_bytes
+            notes.append(f"buffers live at the peak add up to the peak ({peak} B)" if parts == peak
+                         else f"buffers live at the peak sum to {parts} B, the peak is {peak} B")
+        if self.missing:
+            notes.append(f"expected but not allocated: {', '.join(self.missing)}")
+        return console_text(with_notes(out, notes))
+
+    def save_snapshot(self, path: str | Path) -> None:
+        """Write a PyTorch memory snapshot of the measured code (a pickle for
+        https://pytorch.org/memory_viz): torch's trace with Python stacks on a GPU, the allocator
+        model's events in the same layout when predicted."""
+        from mlamem import snapshot
+        from mlamem.files import write_atomic
+
+        if self.trace is None:
+            raise RuntimeError("nothing measured yet: call save_snapshot after the block ends")
+        write_atomic(Path(path), pickle.dumps(snapshot.build([self])), option="save_snapshot")
+
+    # -- the measurement -----------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        """Empty the cache, reset the peaks and start the allocator trace."""
+        if _active:
+            raise RuntimeError("mlamem trackers do not nest: the allocator trace is one per "
+                               "process; end the running one first")
+        self.memory.__enter__()
+        self.memory.empty_cache()
+        self.memory.reset_peaks()
+        self._before = self.memory.stats()
+        self._watch_context = self.memory.watch()
+        self._watch = self._watch_context.__enter__()
+        _active.append(self)
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        """Stop the trace and take the figures; True (swallow it) for an out-of-memory."""
+        try:
+            try:
+                self.memory.synchronize()
+                wall_s = time.perf_counter() - self._start
+            finally:
+                self._watch_context.__exit__(exc_type, exc, traceback)
+            if exc is not None and not isinstance(exc, Exception):
+                return False  # an interrupt or a test outcome: no figures
+            if exc is not None:
+                failure = classify_failure(exc, self.memory, self._before.num_ooms, self._watch,
+                                           self.expected, self._before.reserved)
+                self._take(self._before, None, self._watch, None, failure)
+                return failure.oom
+            self._take(self._before, self.memory.stats(), self._watch, wall_s, None)
+            return False
+        finally:
+            self.memory.__exit__(exc_type, exc, traceback)
+            _active.remove(self)
+
+    def _take(self, before: MemoryStats, after: MemoryStats | None, watch: CallWatch | None,
+              wall_s: float | None, failure: Failure | None) -> None:
+        """The figures of one watched run, as `mlamem profile` takes them."""
+        if watch is not None:
+            self.trace, self.segments = watch.events, watch.segments
+            self.breakdown = attribute(watch.events, self.expected)
+        if failure is not None:
+            self.failure = OUT_OF_MEMORY if failure.oom else failure.text
+            self.oom_requested_bytes = failure.requested_bytes if failure.oom else None
+            return
+        self.peak_allocated_bytes = after.peak_allocated - before.allocated
+        self.peak_reserved_bytes = after.peak_reserved - before.reserved
+        if watch.nvml_peak_bytes is not None and before.device_used is not None:
+            self.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
+        if self.measured:
+            self.wall_time_ms = wall_s * 1e3
+
+
+def track(expect: Mapping[str, Expectation] | None = None,
+          device: str | torch.device | None = None) -> Tracker:
+    """Measure exactly what runs inside the `with` block, once:
+
+        with mlamem.track(expect={"o_accum": o_accum_bytes}) as t:
+            my_kernel(q, kv)
+        print(t.table())
+
+    On entry the allocator's cache is emptied and the peaks are reset, so the reserved peak is
+    what the block needs from the device with a cold cache. A `with` block cannot be re-run, so
+    there is no warm-up: one-time allocations of a first call count (use `profile_call` to leave
+    them out). `expect` names buffers: name -> bytes, (shape, dtype), BufferSpec or
+    ExpectedBuffer; other allocations are "unattributed". `device`: None or a CUDA device
+    measures (NoCudaError without CUDA); "meta" predicts, for code whose tensors are on the meta
+    device. An out-of-memory inside is recorded on the tracker (`oom`, `failure`) and not
+    raised; any other exception propagates after the figures are taken.
+    """
+    return Tracker(expect, device)
+
+
+def profile_call(fn: Callable[..., Any], *args: Any,
+                 expect: Mapping[str, Expectation] | None = None,
+                 device: str | torch.device | None = None, warmup: bool = True,
+                 **kwargs: Any) -> Tracker:
+    """`mlamem profile`'s protocol for one call of `fn(*args, **kwargs)`: warm up once with the
+    same arguments (unless `warmup=False`), release the cached segments, reset the peaks, then
+    measure one call under the allocator trace. Returns the Tracker, with what `fn` returned in
+    `value`. `expect` and `device` are as for `track`; an out-of-memory, in the warm-up or the
+    call, is recorded and not raised; any other exception propagates.
+    """
+    tracker = Tracker(expect, device)
+    memory, raised = tracker.memory, []
+
+    def body() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+
+    if _active:
+        raise RuntimeError("mlamem trackers do not nest: profile_call runs inside another one")
+    _active.append(tracker)
+    try:
+        with memory:
+            run = watched_call(memory, body, tracker.expected) if warmup else None
+            if run is None or run.failure is None:
+                del run  # the warm-up's outputs go before the cache is emptied
+                memory.empty_cache()
+                run = watched_call(memory, body, tracker.expected)
+            if run.failure is not None and not run.failure.oom:
+                raise raised[-1]
+            tracker._take(run.before, run.after, run.watch, run.wall_s, run.failure)
+            tracker.value = run.value
+    finally:
+        _active.remove(tracker)
+    return tracker

@@ -1,0 +1,230 @@
+"""mlamem's pytest plugin (entry point pytest11): GPU memory limits on tests.
+
+- `@pytest.mark.limit_gpu_memory("2GiB")` fails the test when the GPU peak allocated inside its
+  body exceeds the limit; the failure carries the breakdown table (`Tracker.table`).
+- `@pytest.mark.max_gpu_allocations(0)` fails the test when its body allocates more than that
+  many times: 0 is the CUDA-graph-safety check. The failure lists what was allocated.
+- Both take `expect=` (name -> bytes, (shape, dtype), ...; see `mlamem.track`) to name the
+  buffers, and `device="meta"` to predict on the meta device instead of measuring.
+- The `gpu_memory` fixture gives `track` and `profile_call`, for a test that measures one call.
+
+The measurement window is the test function's body: fixtures run in setup, before it, so inputs
+and workspaces built in fixtures are not counted. Without CUDA, a marked test (without
+device="meta") is skipped, with the reason.
+
+The plugin loads in every pytest session where mlamem is installed, so importing it imports
+neither torch nor rich nor any kernel: they load when a marked test or the fixture runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from mlamem.units import format_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from mlamem.api import Tracker
+
+LIMIT = "limit_gpu_memory"
+MAX_ALLOCATIONS = "max_gpu_allocations"
+MARKERS = {
+    LIMIT: "limit_gpu_memory(limit, *, expect=None, device=None): fail when the GPU peak "
+           "allocated inside the test body exceeds limit ('2GiB', or bytes); mlamem",
+    MAX_ALLOCATIONS: "max_gpu_allocations(count, *, expect=None, device=None): fail when the "
+                     "test body allocates GPU memory more than count times (0: CUDA-graph "
+                     "safe); mlamem",
+}
+LIMITS = pytest.StashKey["Limits"]()  # a marked test's limits, checked in setup
+TRACKED = pytest.StashKey["Tracker"]()  # its body's figures
+SUMMARY = pytest.StashKey[list]()  # the terminal summary's lines
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a test's marks ask of its body."""
+
+    limit_bytes: int | None  # limit_gpu_memory, in bytes
+    max_allocations: int | None  # max_gpu_allocations
+    expect: dict = field(default_factory=dict)  # buffer names, both marks' merged
+    device: str | None = None  # None: CUDA; "meta": predicted
+
+
+def limits_of(item: pytest.Item) -> Limits | None:
+    """The marks' arguments, checked; None for a test without them. A bad argument fails the
+    test (in setup) with one line naming the fix."""
+    marks = {name: item.get_closest_marker(name) for name in MARKERS}
+    if not any(marks.values()):
+        return None
+    limit = count = None
+    expect, devices = {}, set()
+    for name, mark in marks.items():
+        if mark is None:
+            continue
+        if len(mark.args) != 1 or set(mark.kwargs) - {"expect", "device"}:
+            pytest.fail(f"{item.nodeid}: write @pytest.mark.{MARKERS[name].split(':')[0]}",
+                        pytrace=False)
+        expect.update(mark.kwargs.get("expect") or {})
+        devices.add(mark.kwargs.get("device"))
+        if name == LIMIT:
+            limit = _limit_bytes(item, mark.args[0])
+        else:
+            count = mark.args[0]
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                pytest.fail(f"{item.nodeid}: max_gpu_allocations({count!r}): give a count >= 0",
+                            pytrace=False)
+    if len(devices) > 1:
+        pytest.fail(f"{item.nodeid}: the marks name different devices {sorted(map(str, devices))};"
+                    " give one", pytrace=False)
+    device = devices.pop()
+    return Limits(limit, count, expect, None if device is None else str(device))
+
+
+def _limit_bytes(item: pytest.Item, limit: Any) -> int:
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        return limit
+    try:
+        parsed = parse_bytes(limit) if isinstance(limit, str) else 0
+    except ValueError as exc:
+        pytest.fail(f"{item.nodeid}: limit_gpu_memory: {exc}", pytrace=False)
+    if parsed <= 0:
+        pytest.fail(f"{item.nodeid}: limit_gpu_memory({limit!r}): give a size above 0, e.g. "
+                    "'2GiB'", pytrace=False)
+    return parsed
+
+
+def cuda_missing_reason(device: str | None) -> str | None:
+    """Why a marked test cannot be measured here (no CUDA); None when it can, or predicts."""
+    if device is not None and device.startswith("meta"):
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return ("mlamem: no CUDA device to measure GPU memory on (torch.cuda.is_available() is "
+            'False); give the mark device="meta" to predict instead')
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for text in MARKERS.values():
+        config.addinivalue_line("markers", text)
+    config.stash[SUMMARY] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a marked test without CUDA before its fixtures run; check the marks' arguments."""
+    limits = limits_of(item)
+    if limits is None:
+        return
+    reason = cuda_missing_reason(limits.device)
+    if reason is not None:
+        pytest.skip(reason)
+    item.stash[LIMITS] = limits
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    """Measure the test function's body (fixtures are already set up) for the marks."""
+    limits = pyfuncitem.stash.get(LIMITS, None)
+    if limits is None:
+        yield
+        return
+    from mlamem.api import Tracker
+
+    tracker = Tracker(expect=limits.expect, device=limits.device)
+    tracker.__enter__()
+    outcome = yield
+    tracker.__exit__(*(outcome.excinfo or (None, None, None)))  # the body's error stands
+    pyfuncitem.stash[TRACKED] = tracker
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A passed body that broke a mark fails, with the breakdown; every measured body's peak
+    goes to the terminal summary."""
+    outcome = yield
+    tracker = item.stash.get(TRACKED, None)
+    if call.when != "call" or tracker is None:
+        return
+    limits = item.stash[LIMITS]
+    report = outcome.get_result()
+    problems = broken_limits(tracker, limits)
+    if problems and report.passed:
+        report.outcome = "failed"
+        report.longrepr = "\n".join([*problems, "", tracker.table()])
+    item.config.stash[SUMMARY].append(summary_line(item.nodeid, tracker, limits))
+
+
+def broken_limits(tracker: Tracker, limits: Limits) -> list[str]:
+    """One line per mark the measured body broke."""
+    problems = []
+    peak = tracker.peak_allocated_bytes
+    if limits.limit_bytes is not None and peak is not None and peak > limits.limit_bytes:
+        problems.append(f"GPU peak allocated {format_bytes(peak)} ({peak} B){_tag(tracker)} "
+                        f"exceeds limit_gpu_memory {format_bytes(limits.limit_bytes)} "
+                        f"({limits.limit_bytes} B)")
+    count = tracker.allocations_in_call
+    if limits.max_allocations is not None and count is not None and count > limits.max_allocations:
+        made = ", ".join(f"{b.name} {format_bytes(b.requested_bytes)}" for b in tracker.buffers)
+        problems.append(f"{count} GPU allocation{'' if count == 1 else 's'} inside the test body"
+                        f"{_tag(tracker)}, max_gpu_allocations({limits.max_allocations}): {made}")
+    return problems
+
+
+def summary_line(nodeid: str, tracker: Tracker, limits: Limits) -> str:
+    """One test's peak for the terminal summary."""
+    if tracker.peak_allocated_bytes is None:
+        return f"{nodeid}: {tracker.summary()}"
+    limit = ("" if limits.limit_bytes is None
+             else f" (limit {format_bytes(limits.limit_bytes)})")
+    return (f"{nodeid}: peak allocated {format_bytes(tracker.peak_allocated_bytes)}{limit}"
+            f"{_tag(tracker)}, {tracker.allocations_in_call} allocations inside")
+
+
+def _tag(tracker: Tracker) -> str:
+    return "" if tracker.measured else " (PREDICTED)"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    lines = config.stash.get(SUMMARY, [])
+    if lines:
+        terminalreporter.write_sep("-", "mlamem GPU memory (test bodies)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+class GpuMemory:
+    """The `gpu_memory` fixture: `mlamem.track` and `mlamem.profile_call`, skipping the test
+    where there is no CUDA device and none of them asked for device="meta"."""
+
+    def track(self, expect: Mapping[str, Any] | None = None, device: Any = None) -> Tracker:
+        from mlamem.api import track
+
+        return self._or_skip(track, expect=expect, device=device)
+
+    def profile_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Tracker:
+        from mlamem.api import profile_call
+
+        return self._or_skip(profile_call, fn, *args, **kwargs)
+
+    @staticmethod
+    def _or_skip(start: Callable[..., Tracker], *args: Any, **kwargs: Any) -> Tracker:
+        from mlamem.api import NoCudaError
+
+        try:
+            return start(*args, **kwargs)
+        except NoCudaError as exc:
+            pytest.skip(f"mlamem: {exc}")
+
+
+@pytest.fixture
+def gpu_memory() -> GpuMemory:
+    """A tracker factory: `with gpu_memory.track(expect=...) as t:` or
+    `gpu_memory.profile_call(fn, *args)`; the test is skipped without CUDA (device="meta"
+    predicts instead)."""
+    return GpuMemory()
