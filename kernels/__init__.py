@@ -1,16 +1,18 @@
 """Kernel adapters, one table: each declares its capabilities and sits beside the reference.
 
-`REGISTRY` names every adapter without importing it, so listing the kernels (the `--kernel`
-choices and their help) imports neither torch nor any kernel library. Adding a kernel, or a
-plug-in from another package, is one entry: name -> (module, class, one-line help).
-`load_kernel(name)` imports the adapter on demand. The adapter classes themselves
-(`FlashMLA`, `TritonDecode`, ...) and `KERNELS` (name -> class) are still importable from here;
-they load on first access.
+`SHIPPED` names every adapter mlamem ships without importing it; `REGISTRY` is those, then the
+plug-ins other packages register through the entry-point group `mlamem.kernels`
+(`kernels/plugins.py`), discovered on first access. Listing the kernels (the `--kernel`
+choices and their help) imports neither torch nor any kernel library. Adding a kernel is one
+entry: name -> (module, class, one-line help, operations). `load_kernel(name)` imports the
+adapter on demand. The adapter classes themselves (`FlashMLA`, `TritonDecode`, ...) and
+`KERNELS` (shipped name -> class) are still importable from here; they load on first access.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -24,6 +26,9 @@ class KernelEntry(NamedTuple):
     cls: str  # the SparseDecodeKernel subclass in it
     help: str  # one line for `--kernel` help and listings
     operations: tuple[str, ...] = ("sparse-decode",)  # what it runs (see kernels.base.OPERATIONS)
+    # Set by plug-in discovery, not by the plug-in:
+    package: str | None = None  # a plug-in's distribution, "name version"; None when shipped
+    problem: str | None = None  # why a plug-in cannot be used, one line; None when it can
 
 
 ALL_OPERATIONS = ("sparse-decode", "dense-decode", "sparse-prefill")  # = base.OPERATIONS
@@ -32,7 +37,7 @@ DEFAULT_KERNEL = "flashmla"  # what --kernel defaults to
 REFERENCE_KERNEL = "reference"  # the yardstick other kernels' outputs are held to
 COMPARED_KERNELS = ("flashmla", "flashmla-vllm")  # `mlamem compare`'s default pair: two builds
 
-REGISTRY: dict[str, KernelEntry] = {
+SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
     "flashmla": KernelEntry("mlamem.kernels.flashmla", "FlashMLA", "FlashMLA, sgl-flash-mla",
                             ALL_OPERATIONS),
     "flashmla-vllm": KernelEntry("mlamem.kernels.flashmla_vllm", "FlashMLAVLLM",
@@ -47,11 +52,62 @@ REGISTRY: dict[str, KernelEntry] = {
                               ("dense-decode",)),
 }
 
+
+
+class Registry(MutableMapping[str, KernelEntry]):
+    """The shipped kernels, then the installed plug-ins: the entry-point scan runs once, on
+    first access (not when this module is imported, so `mlamem --help` pays it only if it
+    lists the kernels). Writable, for tests and in-process registration."""
+
+    def __init__(self, shipped: dict[str, KernelEntry]) -> None:
+        self._shipped = shipped
+        self._entries: dict[str, KernelEntry] | None = None
+        self._refused: list[str] = []
+
+    def _loaded(self) -> dict[str, KernelEntry]:
+        if self._entries is None:
+            from mlamem.kernels.plugins import discover
+
+            found = discover(taken=set(self._shipped))
+            self._entries, self._refused = {**self._shipped, **found.entries}, found.refused
+        return self._entries
+
+    def refused(self) -> list[str]:
+        """One line per plug-in kernel refused because its name was taken."""
+        self._loaded()
+        return list(self._refused)
+
+    def rediscover(self) -> None:
+        """Scan the entry points again on next access (after packages or sys.path changed);
+        entries written in-process are dropped."""
+        self._entries, self._refused = None, []
+
+    def __getitem__(self, name: str) -> KernelEntry:
+        return self._loaded()[name]
+
+    def __setitem__(self, name: str, entry: KernelEntry) -> None:
+        self._loaded()[name] = entry
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __repr__(self) -> str:
+        return f"Registry({list(self)})"
+
+
+REGISTRY = Registry(SHIPPED)
+
 # Names importable from this package, resolved on first access (PEP 562).
 _LAZY = {
     "BufferSpec": "mlamem.kernels.base", "Capabilities": "mlamem.kernels.base",
     "SparseDecodeKernel": "mlamem.kernels.base", "simulate_decode": "mlamem.kernels.base",
-    **{entry.cls: entry.module for entry in REGISTRY.values()},
+    **{entry.cls: entry.module for entry in SHIPPED.values()},
 }
 
 
@@ -71,17 +127,23 @@ def kernel_operations(name: str) -> tuple[str, ...]:
 
 
 def load_kernel(name: str) -> type[SparseDecodeKernel]:
-    """The adapter class registered as `name`, imported now."""
+    """The adapter class registered as `name`, imported now. A plug-in that is broken, or
+    whose adapter does not import or is not its entry's, is a PluginError (a UserError) naming
+    its package."""
     try:
         entry = REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown kernel {name!r}; expected one of {', '.join(REGISTRY)}") from None
-    return getattr(importlib.import_module(entry.module), entry.cls)
+    if entry.package is None:
+        return getattr(importlib.import_module(entry.module), entry.cls)
+    from mlamem.kernels.plugins import load_plugin_adapter
+
+    return load_plugin_adapter(name, entry)
 
 
 def __getattr__(name: str):
-    if name == "KERNELS":  # name -> class: imports every adapter
-        value = {kernel: load_kernel(kernel) for kernel in REGISTRY}
+    if name == "KERNELS":  # shipped name -> class: imports every shipped adapter
+        value = {kernel: load_kernel(kernel) for kernel in SHIPPED}
     elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     else:
@@ -91,7 +153,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL", "REGISTRY",
-           "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA", "FlashMLAVLLM", "KernelEntry",
-           "Reference",
-           "SparseDecodeKernel", "TritonDecode", "kernel_help", "kernel_names",
-           "kernel_operations", "load_kernel", "simulate_decode"]
+           "SHIPPED", "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA", "FlashMLAVLLM",
+           "KernelEntry", "Reference", "Registry", "SparseDecodeKernel", "TritonDecode",
+           "kernel_help", "kernel_names", "kernel_operations", "load_kernel", "simulate_decode"]

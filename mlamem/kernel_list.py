@@ -1,14 +1,16 @@
 """`mlamem kernels`: every registered kernel, what each operation takes, and whether it runs here.
 
-Everything comes from the registry (`mlamem.kernels.REGISTRY`) and the adapters themselves; no
-kernel is named here. Importing this module imports no adapter (nor torch): `list_kernels`
-loads them when called. An adapter that fails (to import, to construct, or to answer for one
-operation while it is being extended) is listed with the one-line reason instead.
+Everything comes from the registry (`mlamem.kernels.REGISTRY`: shipped kernels and plug-ins)
+and the adapters themselves; no kernel is named here. Importing this module imports no adapter
+(nor torch): `list_kernels` loads them when called. An adapter that fails (to import, to
+construct, or to answer for one operation while it is being extended), and a broken plug-in,
+is listed with the one-line reason instead; a plug-in refused its name is one line at the end.
 """
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 WIDTH = 100  # columns of `render_kernels` output
@@ -44,12 +46,6 @@ class KernelListing:
         return tuple(o.op for o in self.operations)
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def takes_text(capabilities) -> str:
     """'out', 'out, lse, accum' or 'nothing': what the caller may pass in."""
     taken = [name for name, flag in (("out", capabilities.takes_out),
@@ -69,6 +65,8 @@ def heads_text(head_counts: tuple[int, ...]) -> str:
 
 
 def _operation(adapter, op: str) -> OperationListing:
+    from mlamem.kernels.plugins import one_line
+
     try:
         capabilities = adapter.capabilities(op)
         formats = capabilities.kv_formats
@@ -88,6 +86,7 @@ def _operation(adapter, op: str) -> OperationListing:
 
 def _listing(name: str) -> KernelListing:
     from mlamem.kernels import REGISTRY, load_kernel
+    from mlamem.kernels.plugins import PluginError, one_line
 
     entry = REGISTRY[name]
     label = name
@@ -95,6 +94,9 @@ def _listing(name: str) -> KernelListing:
         cls = load_kernel(name)
         label = getattr(cls, "label", name)
         adapter = cls()
+    except PluginError as exc:  # a plug-in broken, or whose adapter is not its entry's
+        return KernelListing(name=name, label=label, help=entry.help, operations=(),
+                             version=None, available=False, reason=exc.problem)
     except Exception as exc:  # an adapter that does not import or construct here
         problem = f"the adapter does not load ({one_line(exc)})"
         return KernelListing(name=name, label=label, help=entry.help,
@@ -131,12 +133,18 @@ def _operation_text(o: OperationListing) -> str:
 _NBSP = "\0"  # holds an operation's text together when wrapping
 
 
-def render_kernels(listings: list[KernelListing], width: int = WIDTH) -> str:
+def render_kernels(listings: list[KernelListing], width: int = WIDTH,
+                   refused: Sequence[str] | None = None) -> str:
     """One entry per kernel: name, each operation (what it takes; head counts; * when assumed;
     `(?)` when the adapter could not say, its one-line reason at the end), the version, and
     whether it runs here or why not, e.g.
     `triton  sparse-decode(out, lse, accum; h 64,128)  3.6.0  available`. An entry longer than
-    `width` columns wraps under the operations, never inside one."""
+    `width` columns wraps under the operations, never inside one. Then one line per plug-in
+    kernel `refused` its name (None: the registry's)."""
+    if refused is None:
+        from mlamem.kernels import REGISTRY
+
+        refused = REGISTRY.refused()
     if not listings:
         return "no kernels registered\n"
     indent = max(len(k.name) for k in listings) + 2
@@ -152,4 +160,6 @@ def render_kernels(listings: list[KernelListing], width: int = WIDTH) -> str:
             subsequent_indent=" " * indent, break_on_hyphens=False)]
     if any(o.assumed for k in listings for o in k.operations):
         lines += ["", *textwrap.wrap(ASSUMED_NOTE, width=width)]
+    if refused:
+        lines += ["", *refused]
     return "\n".join(lines) + "\n"

@@ -1,4 +1,7 @@
-"""The kernel contract, checked for every registered kernel on the CPU (no kernel library needed).
+"""The kernel contract, checked for every shipped kernel on the CPU (no kernel library needed).
+
+Plug-ins installed in the environment are left out: their packages answer for them, and
+`load_kernel` checks that a plug-in's adapter is its entry's (tests/test_plugin_kernel.py).
 
 - The registry tells the truth without importing: each entry's operations are its adapter's.
 - `capabilities(op)` answers for every operation a kernel declares, for every cache it reads;
@@ -27,7 +30,7 @@ import torch
 
 from mlamem import operations
 from mlamem import scenario as scenarios
-from mlamem.kernels import REGISTRY, Capabilities, SparseDecodeKernel, load_kernel
+from mlamem.kernels import SHIPPED, Capabilities, SparseDecodeKernel, load_kernel
 from mlamem.kernels.base import KV_FORMATS, OPERATIONS, SPARSE_DECODE
 from mlamem.kernels.flashmla import FlashMLABuild, schema_op
 from mlamem.paths import available_paths
@@ -36,7 +39,7 @@ from mlamem.profile import run_profile
 ROOT = Path(__file__).parent.parent
 GiB = 1024**3
 
-CASES = [(name, op) for name, entry in REGISTRY.items() for op in entry.operations]
+CASES = [(name, op) for name, entry in SHIPPED.items() for op in entry.operations]
 CASE_IDS = [f"{name}-{op}" for name, op in CASES]
 
 
@@ -50,11 +53,11 @@ def formats(op: str) -> tuple[str, ...]:
 
 # The registry
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", list(SHIPPED))
 def test_the_registry_entry_is_the_adapters_own(name):
     """Listing without importing is truthful: the entry's operations (in OPERATIONS order) and
     name are the adapter class's."""
-    entry, cls = REGISTRY[name], load_kernel(name)
+    entry, cls = SHIPPED[name], load_kernel(name)
     assert cls.__name__ == entry.cls and cls.__module__ == entry.module
     assert issubclass(cls, SparseDecodeKernel)
     assert cls.name == name
@@ -228,8 +231,8 @@ def test_vllm_build_predicts_the_prs_after_column_at_glm5():
 
 # Nothing outside kernels/ names a kernel
 
-NAMES = set(REGISTRY)
-CLASSES = {entry.cls for entry in REGISTRY.values()}
+NAMES = set(SHIPPED)
+CLASSES = {entry.cls for entry in SHIPPED.values()}
 
 # (file, text on the line) -> why that mention of a kernel is right where it is.
 ALLOWED = {
