@@ -304,8 +304,10 @@ def profile_call(fn: Callable[..., Any], *args: Any,
     """`mlamem profile`'s protocol for one call of `fn(*args, **kwargs)`: warm up once with the
     same arguments (unless `warmup=False`), release the cached segments, reset the peaks, then
     measure one call under the allocator trace. Returns the Tracker, with what `fn` returned in
-    `value`. `expect` and `device` are as for `track`; an out-of-memory, in the warm-up or the
-    call, is recorded and not raised; any other exception propagates.
+    `value`. `expect` and `device` are as for `track` (they, and `warmup`, are profile_call's
+    own: to pass `fn` a keyword of one of those names, wrap it in a lambda or
+    functools.partial). An out-of-memory, in the warm-up or the call, is recorded and not
+    raised; any other exception propagates.
     """
     tracker = Tracker(expect, device)
     memory, raised = tracker.memory, []
