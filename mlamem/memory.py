@@ -265,9 +265,14 @@ class _MetaAllocations(TorchDispatchMode):
         result = _random_on_meta(func, args, kwargs or {})
         if result is None:
             result = func(*args, **(kwargs or {}))
+        # an input's storage (in place, a view) is no new memory, even one made before the mode
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.device.type == "meta"}
         for tensor in tree_leaves(result):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
-                self._track(tensor.untyped_storage())
+                storage = tensor.untyped_storage()
+                if id(storage) not in inputs:
+                    self._track(storage)
         return result
 
     def _track(self, storage) -> None:
