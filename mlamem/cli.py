@@ -17,13 +17,13 @@ from rich.console import Console
 # Imported at start-up: none of these loads torch, pandas or matplotlib, so `--help`,
 # `scenarios` and `plan` stay fast. What needs torch is imported in the command that uses it,
 # after `load_torch()` (benchmarks/cli_start.py measures this).
-from mlamem import environment, operations, render
+from mlamem import environment, operations, render, shards
 from mlamem import gate as gating
 from mlamem import plan as plans
 from mlamem import scenario as scenarios
 from mlamem.engines import engine_names
 from mlamem.errors import Interrupted, UserError
-from mlamem.files import check_distinct, check_output_path, pick_format, write_atomic
+from mlamem.files import check_distinct, check_output_path, pick_format, read_json, write_atomic
 from mlamem.interrupt import Guard
 from mlamem.kernels import COMPARED_KERNELS, DEFAULT_KERNEL, REFERENCE_KERNEL, REGISTRY, load_kernel
 from mlamem.paths import available_paths, check_paths
@@ -177,6 +177,17 @@ KvLenOption = Annotated[int | None, typer.Option(
                             "Default: 4 x topk.", show_default=False)]
 
 
+ShardOption = Annotated[str | None, typer.Option(
+    "--shard", metavar="I/N", help="Run shard I of N of the sweep, e.g. 2/4: its units (scenario, "
+    "operation, swept value; every path of a value together) dealt round-robin. `mlamem merge` "
+    "and `mlamem report` join the shards' JSON into the unsharded result.", show_default=False)]
+
+
+def parse_shard_option(text: str | None) -> shards.Shard | None:
+    """--shard I/N, or None when not given."""
+    return None if text is None else shards.parse_shard(text)
+
+
 def kv_length(op: str, context_len: int | None, kv_len: int | None) -> int | None:
     """The KV length flag that applies to `op`, refusing the one that does not."""
     for flag, value, wanted in (("--context-len", context_len, "dense-decode"),
@@ -232,6 +243,7 @@ def profile(
         "--report", help="Also write a report into this folder (created if needed): the "
                          "result JSON, report.md and its plots (PNG), as `mlamem report` makes.")
     ] = None,
+    shard: ShardOption = None,
 ) -> None:
     """Per-call peak memory of an MLA kernel call: allocating path vs workspace path.
 
@@ -245,6 +257,10 @@ def profile(
     op = op.value
     sweep_list = parse_sweep(op, tokens, requests)
     kv_tokens = kv_length(op, context_len, kv_len)
+    chosen_shard = parse_shard_option(shard)
+    if chosen_shard is not None and report_dir is not None:
+        raise UserError("--report renders a whole sweep, --shard a part of it: drop --report, "
+                        "then `mlamem report` the shards' JSON files together")
     decode = make_kernel(kernel)
     chosen = scenarios.load(scenario or operations.operation(op).default_scenario)
     operations.check_supported(chosen, op, decode.name, decode.operations)
@@ -290,14 +306,17 @@ def profile(
     command = "mlamem " + shlex.join(sys.argv[1:])
     calls = []
     symbol = operations.operation(op).symbol
-    with _progress(f"profiling {chosen.name}", len(token_list) * len(path_list)) as advance:
+    run_tokens = token_list if chosen_shard is None else chosen_shard.pick(token_list)
+    if chosen_shard is not None and not run_tokens:
+        print(shards.empty_note(chosen_shard, len(token_list)), file=sys.stderr)
+    with _progress(f"profiling {chosen.name}", len(run_tokens) * len(path_list)) as advance:
         result = run_profile(
             chosen, token_list, path_list, command=command, kernel=decode,
             require_gpu=require_gpu, predict=predict, record_stacks=snapshot_file is not None,
             on_case=lambda case: advance(f"{chosen.name}: {symbol}={case.tokens} {case.path} "
                                          f"{case.failure or 'ok'}"),
             on_calls=calls.extend if snapshot_file is not None else None, op=op,
-            kv_tokens=kv_tokens, bench=bench)
+            kv_tokens=kv_tokens, bench=bench, shard=chosen_shard)
     if not result.measured:
         print(f"mlamem: not measured ({result.not_measured_reason}); "
               "figures are PREDICTED by the allocator model", file=sys.stderr)
@@ -348,6 +367,7 @@ def validate(
         show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(help="Write to this file instead of stdout.")
     ] = None,
+    shard: ShardOption = None,
 ) -> None:
     """Prove the no-GPU prediction: measure and predict every case, compare every byte.
 
@@ -356,11 +376,13 @@ def validate(
     each capture of the CUDA-graph capture list instead. Exits 1 if any figure differs,
     printing the difference in bytes. Needs a GPU where the kernel runs.
     """
+    chosen_shard = parse_shard_option(shard)
     decode = make_kernel(kernel)
     if graphs or capture_sizes is not None:
         _validate_graphs(decode, scenario, paths, capture_sizes, graphs,
                          given={"--tokens": tokens, "--op": op, "--requests": requests,
-                                "--context-len": context_len, "--kv-len": kv_len},
+                                "--context-len": context_len, "--kv-len": kv_len,
+                                "--shard": shard},
                          output=output, output_format=output_format)
         return
     ops = [op.value] if op is not None else list(decode.operations)
@@ -412,6 +434,12 @@ def validate(
     command = "mlamem " + shlex.join(sys.argv[1:])
     for s, o, values in sweep:
         check_sweep([(s, o, values)], path_lists[(s.name, o)], decode)
+    if chosen_shard is not None:
+        units = sum(len(values) for _, _, values in sweep)
+        sweep = [(s, o, values) for (s, o), values in
+                 chosen_shard.pick_sweep([((s, o), values) for s, o, values in sweep])]
+        if not any(values for _, _, values in sweep):
+            print(shards.empty_note(chosen_shard, units), file=sys.stderr)
     total = sum(len(v) * len(path_lists[(s.name, o)]) for s, o, v in sweep)
     comparisons = []
     with _progress("validating", total) as advance:
@@ -421,15 +449,16 @@ def validate(
                 [(s, o, values)], path_lists[(s.name, o)], kernel=decode, kv_tokens=kv_tokens,
                 on_case=lambda name, t, p, o=o, symbol=symbol: advance(
                     f"{name} {o}: {symbol}={t} {p}"))
-    _emit_validation(comparisons, command, output, output_format)
+    _emit_validation(comparisons, command, output, output_format,
+                     shard=None if chosen_shard is None else str(chosen_shard))
 
 
 def _emit_validation(comparisons, command: str, output: Path | None,
-                     output_format: ReproFormat) -> None:
+                     output_format: ReproFormat, shard: str | None = None) -> None:
     """Write validate's result; exit 1 if any figure differs."""
     if output_format is ReproFormat.json:  # a saved result records where and when it was made
         text = render.validation_json(comparisons, command, created=environment.now_utc(),
-                                      environment=environment.capture())
+                                      environment=environment.capture(), shard=shard)
     else:
         text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
     _emit(text, output)
@@ -721,13 +750,37 @@ def report(
         pick_format(output, None, ["markdown"], what="report")
         check_distinct({**{str(path): path for path in results}, "--output": output})
         check_output_path(output)
-    saved = [reporting.load(path, reporting.shown_path(path, output)) for path in results]
+    saved = reporting.load_all(results, output)
     built = reporting.build(saved, figure_prefix=None if output is None else output.stem)
     if output is None:
         sys.stdout.write(built.markdown)
         return
     for path in reporting.write(built, output):
         stderr.print(f"mlamem: wrote {path}", highlight=False)
+
+
+@app.command()
+def merge(
+    shard_files: Annotated[list[Path], typer.Argument(
+        help="The JSON files of one sweep's shards, all N of them (profile or validate "
+             "--shard I/N --format json --output), in any order.", show_default=False)],
+    output: Annotated[Path | None, typer.Option(
+        help="Write the merged JSON here instead of stdout (written whole or not at all).")
+    ] = None,
+) -> None:
+    """Join the shards of one sharded sweep into the result the unsharded sweep writes.
+
+    Every figure is as the shards measured it, the units (scenario, operation, swept value) in
+    the sweep's order. The fields that differ per run are normalised (README: Sharded sweeps):
+    the command is the sweep's (--shard and --output dropped), created the latest shard's.
+    Mixed schemas, a missing or repeated shard, or shards of different sweeps: one line, exit 2.
+    """
+    if output is not None:
+        pick_format(output, None, ["json"], what="merge")
+        check_distinct({**{str(path): path for path in shard_files}, "--output": output})
+        check_output_path(output)
+    documents = [(str(path), read_json(path)) for path in shard_files]
+    _emit(shards.merged_json(documents), output)
 
 
 @app.command()
@@ -772,6 +825,10 @@ def gate(
     predict: Annotated[bool, typer.Option(
         help="Predict even where a GPU could measure (to gate against a predicted baseline).")
     ] = False,
+    shard: Annotated[str | None, typer.Option(
+        "--shard", metavar="I/N", help="Gate shard I of N of the sweep, e.g. 2/4 (its units "
+        "dealt as profile --shard deals them): compare only its cases and exit by them, so CI "
+        "passes when every shard passes. Not with --update.", show_default=False)] = None,
 ) -> None:
     """Fail CI when per-call memory grows: compare a profile sweep with a baseline file.
 
@@ -791,6 +848,10 @@ def gate(
             raise UserError(f"{flag} has no effect with --update, which writes this run's "
                             "figures whatever they are; drop one of them")
     overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
+    chosen_shard = parse_shard_option(shard)
+    if update and chosen_shard is not None:
+        raise UserError("--update writes the whole sweep's baseline, --shard gates a part of it: "
+                        "drop --shard to update")
     if op is not None:  # --tokens or --requests, whichever the operation sweeps
         swept = parse_sweep(op.value, tokens, requests)
         values_given = {} if swept is None else {operations.operation(op.value).flag: swept}
@@ -833,6 +894,12 @@ def gate(
         [(name, scenarios.load(name)) for name in names], ops, values, path_list, decode,
         op_given=op is not None, named=scenario not in (None, "all"),
         values_given=list(values_given), paths_given=paths is not None, fix=DROP_CASE)
+    if chosen_shard is not None:
+        units = sum(len(p.values) for p in parts)
+        parts = gating.shard_parts(parts, chosen_shard)
+        if not any(p.values for p in parts):
+            print(shards.empty_note(chosen_shard, units, "it compares nothing and passes"),
+                  file=sys.stderr)
     if not update:
         gating.check_covered(previous, parts)
     if previous and not update and not allow_env_change:  # this machine against the baseline's
@@ -863,7 +930,8 @@ def gate(
     if update:
         write_atomic(baseline, current.to_json(), "--baseline", parents=True)
     text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
-                                updated=update)
+                                updated=update,
+                                shard=None if chosen_shard is None else str(chosen_shard))
     sys.stdout.write(text)
     _append_step_summary(text)
     if result is not None and not update and not result.passed:

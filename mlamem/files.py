@@ -1,7 +1,9 @@
-"""Output files: checked before any work, written whole or not at all, their format agreed."""
+"""Output files: checked before any work, written whole or not at all, their format agreed;
+and result files read back (`read_json`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -148,3 +150,25 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
     finally:
         _temporaries.discard(tmp)
     _written.append(path)
+
+
+def read_json(path: Path) -> dict:
+    """The file's JSON object; a missing, unreadable or corrupt file is a UserError."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such result file; pass JSON files saved with "
+                        "--format json --output") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a folder; pass a result file (JSON)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); save results "
+                        "with --format json --output") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not an mlamem result (a JSON {type(data).__name__}, "
+                        "not an object)")
+    return data

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
     from mlamem.measure import CallMeasurement
     from mlamem.profile import ProfileResult
     from mlamem.scenario import Scenario
+    from mlamem.shards import Shard
 
 SCHEMA = "mlamem.baseline/1"
 
@@ -282,6 +283,14 @@ def run_sweep(parts: Sequence[SweepPart], sweep: dict, *, command: str,
                                                                           case)))
                for p in parts]
     return baseline_from(results, sweep, command)
+
+
+def shard_parts(parts: Sequence[SweepPart], shard: Shard) -> list[SweepPart]:
+    """The parts with the values of `shard`'s units only (`Shard.pick_sweep`). A part keeps its
+    place with no values where the shard holds none of its units: it then runs nothing, but
+    still says how the sweep runs (measured or predicted, and where)."""
+    return [dataclasses.replace(part, values=values)
+            for part, values in shard.pick_sweep([(p, p.values) for p in parts])]
 
 
 def sweep_kernel(sweep: dict) -> str:

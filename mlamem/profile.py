@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile
     from mlamem.kernels import SparseDecodeKernel
     from mlamem.measure import CallMeasurement
     from mlamem.scenario import Scenario
+    from mlamem.shards import Shard
 
 SCHEMA = "mlamem.profile/1"
 DEFAULT_TOKENS = (1024, 8192, 16384, 32768)
@@ -66,6 +67,7 @@ class ProfileResult:
     schema: str = SCHEMA
     created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
     op: str = SPARSE_DECODE  # the kernel operation profiled (older files: sparse-decode)
+    shard: str | None = None  # "I/N" when this is one shard of the sweep (mlamem.shards)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -78,7 +80,8 @@ class ProfileResult:
             not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
             kernel=data["kernel"], environment=environment.Environment.from_dict(data["environment"]),
             rows=[ProfileRow(**row) for row in data["rows"]], notes=list(data.get("notes", [])),
-            created=data.get("created"), op=data.get("op", SPARSE_DECODE))
+            created=data.get("created"), op=data.get("op", SPARSE_DECODE),
+            shard=data.get("shard"))
 
 
 RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
@@ -129,10 +132,11 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 on_case: Callable[[CallMeasurement], None] | None = None,
                 on_calls: Callable[[list[CallMeasurement]], None] | None = None,
                 op: str = SPARSE_DECODE, kv_tokens: int | None = None,
-                bench: bool = False) -> ProfileResult:
+                bench: bool = False, shard: Shard | None = None) -> ProfileResult:
     """Measure every (T, path) of `op` on the GPU, or predict it where the kernel cannot run.
     `tokens` are the operation's swept values (T, requests or s_q); `kv_tokens` overrides its
-    KV length; `bench` also times each measured call (do_bench median).
+    KV length; `bench` also times each measured call (do_bench median); `shard` runs only its
+    values (`Shard.pick`) and is recorded in the result.
 
     `on_case` sees each call as it finishes (progress); `on_calls` sees all of them at the end,
     traces included (snapshots).
@@ -155,7 +159,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label,
                                   q_dtype).notes
                   if n not in notes]
-    for t in tokens:
+    for t in tokens if shard is None else shard.pick(tokens):
         cases = []
         for path in paths:
             memory = CudaMemory(record_stacks=record_stacks) if reason is None else SimulatedMemory()
@@ -198,7 +202,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 "version": kernel.version(), **dataclasses.asdict(capabilities)},
         environment=environment.capture(), rows=rows, notes=notes,
-        created=environment.now_utc(), op=op,
+        created=environment.now_utc(), op=op, shard=None if shard is None else str(shard),
     )
 
 

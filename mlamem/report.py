@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from mlamem import render
+from mlamem import render, shards
 from mlamem.compare import SCHEMA as COMPARE_SCHEMA
 from mlamem.compare import CompareResult
 from mlamem.engines import engine_names, load_engine
 from mlamem.environment import Environment
 from mlamem.errors import UserError
-from mlamem.files import check_output_path, write_atomic
+from mlamem.files import check_output_path, read_json, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
 from mlamem.graphs import GraphsResult
 from mlamem.kernels.base import SPARSE_DECODE
@@ -99,28 +99,6 @@ _READERS: dict[str, Callable[[dict], Result]] = {
     "graphs": GraphsResult.from_dict}
 
 
-def read_json(path: Path) -> dict:
-    """The file's JSON object; a missing, unreadable or corrupt file is a UserError."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such result file; pass JSON files saved with "
-                        "--format json --output") from None
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder; pass a result file (JSON)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); save results "
-                        "with --format json --output") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: not an mlamem result (a JSON {type(data).__name__}, "
-                        "not an object)")
-    return data
-
-
 def _check_shape(data: dict, kind: str) -> str | None:
     """What is missing or of the wrong type, or None."""
     top, items, item_keys = _SHAPES[kind]
@@ -147,7 +125,21 @@ def _check_shape(data: dict, kind: str) -> str | None:
 
 def load(path: Path, shown_as: str | None = None) -> Saved:
     """Read one saved result, by its `schema`; a UserError names the file and what is wrong."""
-    data = read_json(path)
+    return load_document(read_json(path), str(path), shown_as)
+
+
+def load_all(paths: Sequence[Path], output: Path | None) -> list[Saved]:
+    """Read every result, in order; the shards of one sweep (`--shard I/N`) merge into one
+    result first (`shards.merge_shards`), named by their files joined with ` + `."""
+    documents = [(str(path), read_json(path)) for path in paths]
+    return [load_document(data, " + ".join(names),
+                          " + ".join(shown_path(Path(n), output) for n in names))
+            for names, data in shards.merge_shards(documents)]
+
+
+def load_document(data: dict, path: str, shown_as: str | None = None) -> Saved:
+    """A result read from `path` (a file, or shards' files joined), checked against its
+    schema; a UserError names `path` and what is wrong."""
     schema = data.get("schema")
     kind = KINDS.get(schema) if isinstance(schema, str) else None
     if kind is None:

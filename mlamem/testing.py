@@ -159,6 +159,27 @@ def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
     return path
 
 
+def split_into_shards(document: dict, count: int) -> list[dict]:
+    """A saved profile or validate result (a JSON document) as the `count` files that `--shard
+    I/N` runs of its sweep write: its units dealt by `mlamem.shards.Shard`, each file's command
+    with `--shard I/N` added and its `shard` set. Tests the merge on real results, such as the
+    committed measured ones, where the sweep cannot run again."""
+    from mlamem.shards import ITEMS, Shard, units_of
+
+    key = ITEMS[document["schema"]]
+    units = units_of(document[key])
+    shards = []
+    for index in range(1, count + 1):
+        shard = Shard(index, count)
+        items = [item for unit in shard.pick(units) for item in unit]
+        part = {**document, "command": f"{document['command']} --shard {shard}", key: items,
+                "shard": str(shard)}
+        if "agrees" in document:
+            part["agrees"] = all(item["difference"] == 0 for item in items)
+        shards.append(part)
+    return shards
+
+
 def __getattr__(name: str) -> Any:
     """`needs_flashmla` and `no_gpu`, built on first access: they import pytest and ask the
     FlashMLA adapter whether it can run here."""

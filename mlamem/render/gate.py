@@ -39,10 +39,11 @@ def _bytes_cell(value: int | None) -> str:
 
 
 def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
-                  updated: bool = False) -> str:
+                  updated: bool = False, shard: str | None = None) -> str:
     """The gate's verdict and a table of every figure that moved, for stdout and the CI summary.
 
-    `result` is None after --update when there was no previous baseline to compare with.
+    `result` is None after --update when there was no previous baseline to compare with;
+    `shard` ("I/N") when this run gated one shard of the sweep.
     """
     kind = "measured" if measured else "PREDICTED by the allocator model"
     if updated:
@@ -58,7 +59,8 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
         lines.append(f"Wrote `{baseline}`, figures {kind}." + (
             " Changes from the previous baseline:" if result and result.changes else ""))
     else:
-        lines.append(f"This run ({kind}) against `{baseline}`.")
+        part = f", shard {shard} of the sweep" if shard else ""
+        lines.append(f"This run ({kind}{part}) against `{baseline}`.")
     if result is None:
         return "\n".join(lines) + "\n"
     tolerances = ", ".join(f"{m} {_tolerance_text(t)}" for m, t in result.tolerances.items())
@@ -90,8 +92,12 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
         notes.append(f"Environment: {d.name} was {d.baseline}, is {d.current}{blocking}.")
     if result.not_in_baseline:
         notes.append(f"{result.not_in_baseline} case(s) are new in this sweep.")
+    if shard and not result.compared_cases:
+        notes.append(f"Shard {shard} holds no case of this sweep (more shards than units): "
+                     "nothing to compare.")
     if result.not_swept:
-        notes.append(f"{result.not_swept} baseline case(s) were not in this sweep and were not "
+        where = f"this shard ({shard}; the other shards compare theirs)" if shard else "this sweep"
+        notes.append(f"{result.not_swept} baseline case(s) were not in {where} and were not "
                      "compared.")
     if notes:
         lines += ["", *(f"- {note}" for note in notes)]

@@ -121,7 +121,9 @@ def markdown(result: ProfileResult) -> str:
     def times(row: dict) -> str:
         return "".join(f" {_ms(row[p]) or '-'} |" for p in paths) if timed else ""
 
-    if paths == ["alloc", "workspace"]:
+    if not paths:  # an empty shard: more shards than the sweep has units
+        lines += [f"No {sym} in shard {result.shard} of this sweep."]
+    elif paths == ["alloc", "workspace"]:
         lines += [f"| {sym} | before (allocating path) | after (workspace path) | saved | "
                   f"outputs equal |{time_head}", "|---|---|---|---|---|" + time_rule]
         for tokens, row in by_tokens.items():

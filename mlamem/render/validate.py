@@ -86,8 +86,10 @@ def validation_markdown(comparisons: list[Comparison], command: str) -> str:
 
 
 def validation_json(comparisons: list[Comparison], command: str, *,
-                    environment: Environment | None = None, created: str | None = None) -> str:
-    """The schema mlamem.validate/1; `environment` and `created` are recorded when given."""
+                    environment: Environment | None = None, created: str | None = None,
+                    shard: str | None = None) -> str:
+    """The schema mlamem.validate/1; `environment` and `created` are recorded when given,
+    `shard` ("I/N", or null when unsharded) always."""
     items = [{**c.__dict__, "difference": c.difference} for c in comparisons]
     data = {"schema": "mlamem.validate/1", "command": command,
             "agrees": all(c.agrees for c in comparisons), "comparisons": items}
@@ -95,6 +97,7 @@ def validation_json(comparisons: list[Comparison], command: str, *,
         data["environment"] = dataclasses.asdict(environment)
     if created is not None:
         data["created"] = created
+    data["shard"] = shard
     return json.dumps(data, indent=2) + "\n"
 
 
