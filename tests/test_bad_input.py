@@ -29,11 +29,12 @@ import pytest
 
 from mlamem import render
 from mlamem.cli import main
-from mlamem.testing import check_bad_input, no_gpu, scenario_file
+from mlamem.testing import check_bad_input, no_gpu, scenario_file, split_into_shards
 
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 PROFILE = RESULTS / "profile-glm5-h200.json"
 REPRO = RESULTS / "repro-oom-glm5-h200.json"
+VALIDATE = RESULTS / "validate-h200.json"
 LARGEST_GLM5_T = 2021161080  # 2**48 B // (64 padded heads x (576 + 512) x 2 B of q and out)
 
 
@@ -60,6 +61,15 @@ def written(name: str, content: str | Callable[[], str]) -> Made:
 
 def _json_with(source: Path, **fields) -> Callable[[], str]:
     return lambda: json.dumps({**json.loads(source.read_text()), **fields})
+
+
+def shard(source: Path, index: int, count: int, name: str | None = None, **fields) -> Made:
+    """Shard INDEX of COUNT of a saved result, as `--shard INDEX/COUNT` writes it (`fields`
+    changed), in a file `name` (default: SOURCE-INDEXofCOUNT.json)."""
+    def content() -> str:
+        part = split_into_shards(json.loads(source.read_text()), count)[index - 1]
+        return json.dumps({**part, **fields})
+    return written(name or f"{source.stem}-{index}of{count}.json", content)
 
 
 @dataclasses.dataclass
@@ -139,6 +149,14 @@ TOML_CASES = [  # a scenario the decode kernel cannot run, refused with the fiel
     pytest.param([written("bad.toml", "name = 'x'\ndescription = 'y'\n[model]\nname = 1\n")],
                  "[model].name", id="toml-malformed"),
     pytest.param([written("broken.toml", "name = ")], "not valid TOML", id="toml-not-toml"),
+]
+
+
+SHARD_CASES = [  # --shard I/N: the same in profile, validate and gate
+    *[pytest.param(["--shard", text], f"--shard: '{text}' is not a shard; write I/N",
+                   id=f"shard-{text.replace('/', '-of-')}") for text in ("0/2", "3/2", "a/b", "1/0")],
+    pytest.param(["--shard", "1/2", "--shard", "2/2"], "--shard is given twice",
+                 id="shard-given-twice"),
 ]
 
 
@@ -252,6 +270,9 @@ OP_CASES = [  # --op and the flags of its sweep and KV length: the same in profi
                  id="op-path-kernel-cannot"),
     pytest.param(["--op", "dense-decode", "--max-num-batched-tokens", "512"],
                  "[serving].max_batch_size requests: drop it", id="mnbt-with-dense-decode"),
+    *SHARD_CASES,
+    pytest.param(["--shard", "1/2", "--report", "{out}/r"], "drop --report",
+                 id="shard-with-report"),
 ])
 def test_profile(inputs, args, fix):
     """profile: every bad input is one line, exit 2, before any work."""
@@ -278,6 +299,7 @@ def test_profile(inputs, args, fix):
                  "kernel triton does not run sparse-prefill", id="op-not-in-kernel"),
     pytest.param(["--paths", "workspace-full", "--op", "dense-decode"], "--kernel triton",
                  id="op-path-kernel-cannot"),
+    *SHARD_CASES,
 ])
 def test_validate(inputs, args, fix):
     """validate: bad input is refused before the GPU check, one line, exit 2."""
@@ -475,6 +497,8 @@ def test_plan(inputs, args, fix):
     pytest.param(["--baseline", written("profile.json", PROFILE.read_text)],
                  "has schema 'mlamem.profile/1'", id="baseline-other-schema"),
     *_with_scenario(TOML_CASES[:4]),
+    *SHARD_CASES,
+    pytest.param(["--update", "--shard", "1/2"], "drop --shard to update", id="shard-with-update"),
 ])
 def test_gate(inputs, args, fix):
     """gate: bad input, a bad baseline or a contradicting flag: one line, exit 2, no work."""
@@ -529,6 +553,10 @@ def test_gate_baseline_fields(inputs, baseline):
                  id="output-is-an-input"),
     pytest.param([str(PROFILE), "--output", "{out}/a.md", "--output", "{out}/b.md"],
                  "--output is given twice", id="given-twice"),
+    pytest.param([shard(PROFILE, 1, 2)], "shard 2/2 missing (given: 1/2)", id="shard-missing"),
+    pytest.param([shard(PROFILE, 1, 2), shard(PROFILE, 2, 2, command="mlamem profile")],
+                 "are shards of different sweeps (their command differs)",
+                 id="shards-of-different-sweeps"),
 ])
 def test_report(inputs, args, fix):
     """report: a missing, corrupt or wrong-schema result, or a bad --output: one line, exit 2,
@@ -536,6 +564,40 @@ def test_report(inputs, args, fix):
     if "--output" not in args:
         args = [str(PROFILE), *args, "--output", "{out}/report.md"]
     _run(inputs, "report", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param([shard(PROFILE, 1, 4), shard(PROFILE, 2, 4), shard(PROFILE, 4, 4)],
+                 "shard 3/4 missing (given: 1/4, 2/4, 4/4)", id="shard-missing"),
+    pytest.param([shard(PROFILE, 1, 2), shard(PROFILE, 1, 2, name="again.json"),
+                  shard(PROFILE, 2, 2)], "again.json are both shard 1/2; give each shard once",
+                 id="shard-twice"),
+    pytest.param([shard(PROFILE, 1, 2), shard(VALIDATE, 2, 2)], "merge one schema at a time",
+                 id="schemas-mixed"),
+    pytest.param([shard(PROFILE, 1, 2), str(PROFILE)], "is not a shard", id="not-a-shard"),
+    pytest.param(["{baseline}"], "schema 'mlamem.baseline/1' cannot be merged",
+                 id="schema-not-mergeable"),
+    pytest.param([shard(PROFILE, 1, 2), shard(PROFILE, 2, 3)],
+                 "is one of 2 shards and", id="splits-differ"),
+    pytest.param([shard(PROFILE, 1, 2), shard(PROFILE, 2, 2, op="dense-decode")],
+                 "are shards of different sweeps (their op differs)", id="sweeps-differ"),
+    pytest.param([shard(PROFILE, 1, 2), shard(PROFILE, 2, 2, shard="2 of 2")],
+                 "shard '2 of 2' is not I/N", id="shard-field-malformed"),
+    pytest.param([shard(PROFILE, 1, 2), shard(PROFILE, 2, 2, rows="none")],
+                 "not a valid mlamem.profile/1 shard", id="rows-malformed"),
+    pytest.param(["{out}/missing.json"], "no such result file", id="input-missing"),
+    pytest.param([], "Missing argument", id="no-input"),
+    pytest.param([shard(PROFILE, 1, 1), "--output", "{out}/m.md"], ".md names markdown",
+                 id="output-extension"),
+    pytest.param([shard(PROFILE, 1, 1, name="m.json"), "--output", "{out}/../m.json"],
+                 "and --output both name", id="output-is-an-input"),
+    pytest.param([shard(PROFILE, 1, 1), "--output", "{unwritable}/m.json"], "cannot write in",
+                 id="output-unwritable"),
+])
+def test_merge(inputs, args, fix):
+    """merge: mixed schemas, a file that is not a shard, a missing, repeated or foreign shard,
+    or a bad --output: one line, exit 2, nothing written."""
+    _run(inputs, "merge", args, fix)
 
 
 @pytest.mark.parametrize(("args", "fix"), [
