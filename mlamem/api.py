@@ -116,6 +116,7 @@ class Tracker:
         self.breakdown: Breakdown | None = None  # the allocations inside, by buffer
         self.failure: str | None = None  # one line: "out of memory", or the error
         self.oom_requested_bytes: int | None = None  # the request that failed, when known
+        self.oom_buffer: str | None = None  # the expected buffer of that request's size
         self.trace: list[dict] | None = None  # allocator trace entries (torch's layout)
         self.segments: list[dict] | None = None  # allocator segments after the code
         self.value: Any = None  # what profile_call's fn returned
@@ -208,7 +209,7 @@ class Tracker:
                          else f"buffers live at the peak sum to {parts} B, the peak is {peak} B")
         if self.missing:
             notes.append(f"expected but not allocated: {', '.join(self.missing)}")
-        return console_text(with_notes(out, notes))
+        return console_text(with_notes(out, notes)).rstrip("\n")
 
     def save_snapshot(self, path: str | Path) -> None:
         """Write a PyTorch memory snapshot of the measured code (a pickle for
@@ -268,6 +269,7 @@ class Tracker:
         if failure is not None:
             self.failure = OUT_OF_MEMORY if failure.oom else failure.text
             self.oom_requested_bytes = failure.requested_bytes if failure.oom else None
+            self.oom_buffer = failure.buffer
             return
         self.peak_allocated_bytes = after.peak_allocated - before.allocated
         self.peak_reserved_bytes = after.peak_reserved - before.reserved

@@ -32,10 +32,24 @@ def pad_heads(q: torch.Tensor, heads: int = 64) -> torch.Tensor:
     return padded
 
 
+def decode_expect(kernel, chosen, tokens: int, path: str, sm_count: int) -> dict:
+    """What `mlamem profile` expects the sparse decode at (tokens, path) to allocate inside the
+    call: the path's and the kernel's buffers, by name, for `expect`."""
+    op = SPARSE_DECODE
+    capabilities = kernel.capabilities(op, kv_format(chosen, op))
+    heads, padded_heads = chosen.heads_per_rank, capabilities.padded_heads(chosen.heads_per_rank)
+    problem = problem_for(chosen, op, tokens, padded_heads)
+    staged = plan(path, heads, capabilities, kernel.label, problem.q_dtype).staged
+    expected = expected_buffers(
+        wrapper_allocations(path, tokens, heads, padded_heads, chosen.d_qk, problem.q_dtype),
+        kernel.op_allocations(problem, sm_count), staged)
+    return {e.name: e for e in expected}
+
+
 def decode_step(kernel, chosen, tokens: int, path: str, *, memory, sm_count: int, seed: int = 0):
     """The sparse decode call `mlamem profile` measures at (tokens, path), built as
-    mlamem.measure builds it on `memory`'s device: (step, expect), where step() runs the path
-    on inputs and a workspace made here, and expect names the path's and kernel's buffers."""
+    mlamem.measure builds it on `memory`'s device (the kernel, or on meta its allocation spec):
+    (step, expect), where step() runs the path on inputs and a workspace made here."""
     op = SPARSE_DECODE
     capabilities = kernel.capabilities(op, kv_format(chosen, op))
     heads, padded_heads = chosen.heads_per_rank, capabilities.padded_heads(chosen.heads_per_rank)
@@ -48,11 +62,8 @@ def decode_step(kernel, chosen, tokens: int, path: str, *, memory, sm_count: int
     call = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=op,
                       padded_heads=padded_heads, takes_out=capabilities.takes_out,
                       q_dtype=problem.q_dtype)
-    staged = plan(path, heads, capabilities, kernel.label, problem.q_dtype).staged
-    expected = expected_buffers(
-        wrapper_allocations(path, tokens, heads, padded_heads, chosen.d_qk, problem.q_dtype),
-        kernel.op_allocations(problem, sm_count), staged)
-    return functools.partial(PATHS[path], q, call, workspace), {e.name: e for e in expected}
+    step = functools.partial(PATHS[path], q, call, workspace)
+    return step, decode_expect(kernel, chosen, tokens, path, sm_count)
 
 
 def test_track_predicts_a_function_on_meta():
@@ -161,7 +172,7 @@ def test_an_oom_in_the_block_is_recorded_not_raised():
     t.memory.set_limit(32 * MiB)
     with t:
         torch.empty(64 * MiB, dtype=torch.uint8, device="meta")
-    assert t.oom and t.oom_requested_bytes == 64 * MiB
+    assert t.oom and t.oom_requested_bytes == 64 * MiB and t.oom_buffer == "big"
     assert t.peak_allocated_bytes is None and t.missing == ["big"]
     assert t.to_dict()["oom"] is True and "out of memory" in t.table()
 
