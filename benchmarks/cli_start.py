@@ -8,9 +8,13 @@ caches an installed package has (PYTHONDONTWRITEBYTECODE is dropped for the chil
 - a bare typer app with two commands, `--help`: the floor for a typer CLI;
 - `mlamem --help` and `mlamem scenarios`, which import none of torch, pandas or matplotlib;
 - `mlamem profile --predict` for every decode scenario x 4 T x both paths, all in one process
-  (the CLI called in-process, so imports count once), as wall and as wall minus the torch import.
+  (the CLI called in-process, so imports count once), as wall and as wall minus the torch import;
+- `python -c "import pytest"` and `python -c "import mlamem.pytest_plugin"`: what the pytest
+  plugin adds to every pytest session where mlamem is installed.
 Targets (issue 13, a 2-core CPU): `--help` and `scenarios` within 0.15 s of the bare typer app;
-the predicted sweep at most the torch import + 1 s. Exits 1 if a target is missed.
+the predicted sweep at most the torch import + 1 s; (issue 16) the plugin's import within
+0.05 s of pytest's, importing none of torch, pandas, matplotlib or rich. Exits 1 if a target is
+missed.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ import time
 from pathlib import Path
 
 HEAVY = ("torch", "pandas", "matplotlib")  # what --help and scenarios must not import
+PLUGIN_HEAVY = (*HEAVY, "rich")  # what loading the pytest plugin must not import
 DECODE_SCENARIOS = ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp")
 TOKENS = "1024,8192,16384,32768"
 HELP_SLACK_S = 0.15  # --help and scenarios: at most this much over the bare typer app
 SWEEP_SLACK_S = 1.0  # the predicted sweep: at most this much over `import torch`
+PLUGIN_SLACK_S = 0.05  # the pytest plugin's import: at most this much over `import pytest`
 
 BARE_TYPER_APP = '''
 import typer
@@ -88,13 +94,13 @@ def median_s(argv: list[str], repeats: int) -> tuple[float, float]:
     return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
 
 
-def heavy_imports(argv: list[str]) -> list[str]:
-    """Which of HEAVY the command imports (read from -X importtime)."""
+def heavy_imports(argv: list[str], names: tuple[str, ...] = HEAVY) -> list[str]:
+    """Which of `names` the command imports (read from -X importtime)."""
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           env={**CHILD_ENV, "PYTHONPROFILEIMPORTTIME": "1"})
     imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
-    return [name for name in HEAVY if name in imported]
+    return [name for name in names if name in imported]
 
 
 def mlamem_argv() -> list[str]:
@@ -118,11 +124,16 @@ def main() -> int:
             ("mlamem scenarios", [*mlamem, "scenarios"]),
             (f"profile --predict: {len(DECODE_SCENARIOS)} scenarios x 4 T x 2 paths, "
              "one process", [python, "-c", SWEEP]),
+            ('python -c "import pytest" (plugin floor)', [python, "-c", "import pytest"]),
+            ('python -c "import mlamem.pytest_plugin"',
+             [python, "-c", "import mlamem.pytest_plugin"]),
         ]
         figures = {label: median_s(argv, n) for label, argv in rows}
         heavy = {label: heavy_imports(argv) for label, argv in rows[2:4]}
+        plugin_heavy = heavy_imports(rows[6][1], PLUGIN_HEAVY)
     walls = {label: wall for label, (wall, _) in figures.items()}
     torch_s, floor_s, sweep_s = walls[rows[0][0]], walls[rows[1][0]], walls[rows[4][0]]
+    pytest_s, plugin_s = walls[rows[5][0]], walls[rows[6][0]]
 
     print(f"# mlamem start-up: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"median of {n} fresh processes each")
@@ -135,6 +146,9 @@ def main() -> int:
         over = f"{wall - floor_s:+.3f}" if label in heavy else ""
         imports = (", ".join(heavy[label]) or "none of torch, pandas, matplotlib"
                    if label in heavy else "")
+        if label == rows[6][0]:
+            over = f"{plugin_s - pytest_s:+.3f} (over pytest)"
+            imports = ", ".join(plugin_heavy) or "none of torch, pandas, matplotlib, rich"
         print(f"| {label} | {wall:.3f} | {cpu:.3f} | {over} | {imports} |")
     print(f"| the sweep less `import torch` | {sweep_s - torch_s:.3f} | "
           f"{figures[rows[4][0]][1] - figures[rows[0][0]][1]:.3f} | | |")
@@ -145,6 +159,9 @@ def main() -> int:
     checks.append((f"predicted sweep: at most `import torch` + {SWEEP_SLACK_S} s "
                    f"({sweep_s:.3f} <= {torch_s + SWEEP_SLACK_S:.3f})",
                    sweep_s <= torch_s + SWEEP_SLACK_S))
+    checks.append((f"pytest plugin: within {PLUGIN_SLACK_S} s of `import pytest` "
+                   f"({plugin_s - pytest_s:+.3f} s), importing none of {', '.join(PLUGIN_HEAVY)}",
+                   plugin_s - pytest_s <= PLUGIN_SLACK_S and not plugin_heavy))
     for text, ok in checks:
         print(f"{'PASS' if ok else 'MISS'}  {text}")
     return 0 if all(ok for _, ok in checks) else 1
