@@ -22,6 +22,7 @@ from mlamem.validate import Comparison
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "sharded-sweep.sh"
 VALIDATE_H200 = Path(__file__).parent / "fixtures" / "results" / "validate-h200.json"
+PROFILE_H200 = VALIDATE_H200.with_name("profile-glm5-h200.json")  # measured, timed
 TOKENS = "1024,8192,16384,32768"
 SWEPT = ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8")  # the script's scenarios
 
@@ -65,6 +66,36 @@ def test_parse_shard_refuses(text):
     """Anything else is one line naming the form."""
     with pytest.raises(UserError, match=r"--shard: .* is not a shard; write I/N"):
         parse_shard(text)
+
+
+@pytest.mark.parametrize(("command", "sweep"), [
+    ("mlamem profile --shard 2/4 --predict --output s2.json", "mlamem profile --predict"),
+    ("mlamem profile --shard=2/4 --output=s2.json --snapshot s.pickle -s glm5-fp8-tp8",
+     "mlamem profile -s glm5-fp8-tp8"),
+    ("mlamem validate --tokens 1024 --format json", "mlamem validate --tokens 1024 --format json"),
+])
+def test_a_shards_command_gives_the_sweeps(command, sweep):
+    """--shard and the files a run writes (--output, --snapshot) are dropped, either spelling."""
+    from mlamem.shards import sweep_command
+
+    assert sweep_command(command) == sweep
+
+
+def test_per_run_fields_may_differ_and_the_rest_must_agree():
+    """Shards made at other times, with another driver or Python, merge (the latest created,
+    shard 1's environment); another torch is another sweep."""
+    saved = json.loads(PROFILE_H200.read_text())
+    first, second = split_into_shards({**saved, "created": "2026-01-01T00:00:00Z"}, 2)
+    second = {**second, "created": "2099-01-01T00:00:00Z",
+              "environment": {**second["environment"], "driver": "999.1", "python": "3.99.0"}}
+    merged = merge([("a", first), ("b", second)])
+    assert merged["created"] == "2099-01-01T00:00:00Z"
+    assert merged["environment"] == saved["environment"]
+    assert normalised(merged) == normalised({**saved, "created": None, "shard": None})
+    second["environment"] = {**second["environment"], "torch": "9.9.9"}
+    with pytest.raises(UserError, match="a and b are shards of different sweeps \\(their "
+                                        "environment differs\\)"):
+        merge([("a", first), ("b", second)])
 
 
 def test_gate_shards_keep_every_path_of_a_value_together():
