@@ -108,15 +108,30 @@ def sweep_command(command: str) -> str:
 
 
 def normalised(document: dict) -> dict:
-    """`document` with every PER_RUN field set to what it is for the whole sweep regardless
-    of the run: the sweep's command, and null for the rest. Two runs of one sweep normalise to
-    the same document when every figure agrees."""
-    out = {**document, "command": sweep_command(document["command"]), "created": None}
-    if isinstance(out.get("environment"), dict):
-        out["environment"] = {**out["environment"], "driver": None, "python": None}
-    if isinstance(out.get("rows"), list):
-        out["rows"] = [{**row, "wall_time_ms": None, "median_ms": None} for row in out["rows"]]
+    """`document` with its PER_RUN fields made independent of the run: the sweep's command,
+    and null for the others (where present). Two runs of one sweep normalise to the same
+    document when every figure agrees."""
+    out = {**document, "command": sweep_command(document["command"])}
+    for field in PER_RUN:
+        if field != "command":
+            out = _null_at(out, field)
     return out
+
+
+def _null_at(value: object, field: str) -> object:
+    """`value` with `field` null: `a.b` a nested field, `a[].b` one in each item of list `a`."""
+    head, _, rest = field.partition(".")
+    name = head.removesuffix("[]")
+    if not isinstance(value, dict) or name not in value:
+        return value
+    inner = value[name]
+    if not rest:
+        inner = None
+    elif head.endswith("[]") and isinstance(inner, list):
+        inner = [_null_at(item, rest) for item in inner]
+    else:
+        inner = _null_at(inner, rest)
+    return {**value, name: inner}
 
 
 def _sweep_identity(document: dict) -> dict:
@@ -126,12 +141,13 @@ def _sweep_identity(document: dict) -> dict:
 
 
 def units_of(items: list[dict]) -> list[list[dict]]:
-    """Items grouped by unit (scenario, op, swept value), in order; a unit's items are adjacent."""
+    """Rows or comparisons grouped by unit, in order (a unit's items are adjacent)."""
+    def unit(item: dict) -> tuple:
+        return item["scenario"], item.get("op"), item["tokens"]  # op: absent in older files
+
     groups: list[list[dict]] = []
     for item in items:
-        key = (item["scenario"], item.get("op"), item["tokens"])
-        if groups and (groups[-1][0]["scenario"], groups[-1][0].get("op"),
-                       groups[-1][0]["tokens"]) == key:
+        if groups and unit(groups[-1][0]) == unit(item):
             groups[-1].append(item)
         else:
             groups.append([item])
