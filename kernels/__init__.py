@@ -62,25 +62,28 @@ class Registry(MutableMapping[str, KernelEntry]):
     def __init__(self, shipped: dict[str, KernelEntry]) -> None:
         self._shipped = shipped
         self._entries: dict[str, KernelEntry] | None = None
-        self._refused: list[str] = []
+        self._warnings: list[str] = []
 
     def _loaded(self) -> dict[str, KernelEntry]:
         if self._entries is None:
             from mlamem.kernels.plugins import discover
 
+            self._entries = dict(self._shipped)  # what a plug-in's module sees while it loads
             found = discover(taken=set(self._shipped))
-            self._entries, self._refused = {**self._shipped, **found.entries}, found.refused
+            self._entries.update(found.entries)
+            self._warnings = found.warnings
         return self._entries
 
-    def refused(self) -> list[str]:
-        """One line per plug-in kernel refused because its name was taken."""
+    def warnings(self) -> list[str]:
+        """One line per plug-in refused (its name was taken) or package whose entry points do
+        not parse."""
         self._loaded()
-        return list(self._refused)
+        return list(self._warnings)
 
     def rediscover(self) -> None:
         """Scan the entry points again on next access (after packages or sys.path changed);
         entries written in-process are dropped."""
-        self._entries, self._refused = None, []
+        self._entries, self._warnings = None, []
 
     def __getitem__(self, name: str) -> KernelEntry:
         return self._loaded()[name]

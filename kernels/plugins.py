@@ -10,11 +10,13 @@ The entry point's name is the `--kernel` name. `discover` scans the installed pa
 once and imports only those light modules. A plug-in that does not load, names something other
 than a `KernelEntry`, or declares operations mlamem does not know is registered broken: its
 `problem` says why in one line, naming the package to fix. A plug-in cannot take a shipped
-kernel's name, nor one another plug-in took first: it is refused, with one line saying so.
+kernel's name, nor one another plug-in took first: it is refused, with one line saying so, as
+is a package whose entry points do not parse.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from mlamem.errors import UserError
@@ -40,7 +42,8 @@ class Discovery(NamedTuple):
     """What one scan of the entry-point group found."""
 
     entries: dict[str, KernelEntry]  # name -> entry (broken ones carry their problem)
-    refused: list[str]  # one line per plug-in kernel refused (its name was taken)
+    warnings: list[str]  # one line per package whose entry points do not parse, then per
+    # plug-in kernel refused (its name was taken)
 
 
 def one_line(exc: BaseException) -> str:
@@ -105,21 +108,43 @@ def load_plugin_adapter(name: str, entry: KernelEntry) -> type[SparseDecodeKerne
     return cls
 
 
+def _group_entry_points() -> tuple[list[EntryPoint], list[str]]:
+    """The group's entry points, and one line per installed package whose entry points do not
+    parse (that package's are left out; the metadata is scanned package by package to find it)."""
+    from importlib.metadata import distributions, entry_points
+
+    try:
+        return list(entry_points(group=GROUP)), []
+    except Exception:  # some package's entry_points.txt is malformed
+        pass
+    found, unreadable, seen = [], [], set()
+    for dist in distributions():
+        name = dist.metadata["Name"] or "an unnamed package"
+        normalized = re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+        if normalized in seen:  # shadowed by one earlier on the path
+            continue
+        seen.add(normalized)
+        try:
+            found += dist.entry_points.select(group=GROUP)
+        except Exception as exc:
+            unreadable.append(f"package {name} {dist.version}: its entry points do not parse "
+                              f"({one_line(exc)}); fix or uninstall {name}")
+    return found, unreadable
+
+
 def discover(taken: set[str]) -> Discovery:
     """Every plug-in kernel installed, in the order the metadata lists them; `taken` are the
     shipped names, which a plug-in cannot override."""
-    from importlib.metadata import entry_points
-
     entries: dict[str, KernelEntry] = {}
-    refused = []
-    for entry_point in entry_points(group=GROUP):
+    group, warnings = _group_entry_points()
+    for entry_point in group:
         name, package = entry_point.name, package_of(entry_point)
         if name in taken:
-            refused.append(f"plug-in {package}: kernel {name!r} refused, a shipped kernel has "
-                           f"that name; rename its {GROUP} entry point")
+            warnings.append(f"plug-in {package}: kernel {name!r} refused, a shipped kernel has "
+                            f"that name; rename its {GROUP} entry point")
         elif name in entries:
-            refused.append(f"plug-in {package}: kernel {name!r} refused, "
-                           f"{entries[name].package} registers it first")
+            warnings.append(f"plug-in {package}: kernel {name!r} refused, "
+                            f"{entries[name].package} registers it first")
         else:
             entries[name] = _checked(entry_point, package)
-    return Discovery(entries, refused)
+    return Discovery(entries, warnings)

@@ -4,7 +4,8 @@ Everything comes from the registry (`mlamem.kernels.REGISTRY`: shipped kernels a
 and the adapters themselves; no kernel is named here. Importing this module imports no adapter
 (nor torch): `list_kernels` loads them when called. An adapter that fails (to import, to
 construct, or to answer for one operation while it is being extended), and a broken plug-in,
-is listed with the one-line reason instead; a plug-in refused its name is one line at the end.
+is listed with the one-line reason instead; a plug-in refused its name is one line at the
+end.
 """
 
 from __future__ import annotations
@@ -134,17 +135,17 @@ _NBSP = "\0"  # holds an operation's text together when wrapping
 
 
 def render_kernels(listings: list[KernelListing], width: int = WIDTH,
-                   refused: Sequence[str] | None = None) -> str:
+                   warnings: Sequence[str] | None = None) -> str:
     """One entry per kernel: name, each operation (what it takes; head counts; * when assumed;
     `(?)` when the adapter could not say, its one-line reason at the end), the version, and
     whether it runs here or why not, e.g.
     `triton  sparse-decode(out, lse, accum; h 64,128)  3.6.0  available`. An entry longer than
-    `width` columns wraps under the operations, never inside one. Then one line per plug-in
-    kernel `refused` its name (None: the registry's)."""
-    if refused is None:
+    `width` columns wraps under the operations, never inside one. Then the plug-in `warnings`,
+    one line each (None: the registry's: plug-ins refused their name, unreadable metadata)."""
+    if warnings is None:
         from mlamem.kernels import REGISTRY
 
-        refused = REGISTRY.refused()
+        warnings = REGISTRY.warnings()
     if not listings:
         return "no kernels registered\n"
     indent = max(len(k.name) for k in listings) + 2
@@ -160,6 +161,6 @@ def render_kernels(listings: list[KernelListing], width: int = WIDTH,
             subsequent_indent=" " * indent, break_on_hyphens=False)]
     if any(o.assumed for k in listings for o in k.operations):
         lines += ["", *textwrap.wrap(ASSUMED_NOTE, width=width)]
-    if refused:
-        lines += ["", *refused]
+    if warnings:
+        lines += ["", *warnings]
     return "\n".join(lines) + "\n"

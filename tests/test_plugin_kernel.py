@@ -94,6 +94,16 @@ def broken_site(tmp_path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def garbled_site(tmp_path) -> Path:
+    """The package `garbled 0.1`, whose entry_points.txt has a line that is no `name = value`."""
+    dist_info = tmp_path / "garbled-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: garbled\nVersion: 0.1\n")
+    (dist_info / "entry_points.txt").write_text("[mlamem.kernels]\nno value here\n")
+    return tmp_path
+
+
 @contextmanager
 def on_path(*folders: Path) -> Iterator[None]:
     """`folders` first on sys.path, in order, the registry discovering their plug-ins; after,
@@ -142,7 +152,7 @@ def profile_figures(document: dict) -> tuple[dict, dict]:
 def test_the_entry_point_registers_the_toy_after_the_shipped_kernels(toy):
     """The entry is the toy's own, its package recorded; its adapter loads when asked."""
     assert kernel_names() == [*SHIPPED, "toy"]
-    assert REGISTRY["toy"] == TOY_ENTRY and REGISTRY.refused() == []
+    assert REGISTRY["toy"] == TOY_ENTRY and REGISTRY.warnings() == []
     assert "toy_mlamem.adapter" not in sys.modules  # listed, not imported
     cls = load_kernel("toy")
     assert (cls.__module__, cls.__name__, cls.name) == ("toy_mlamem.adapter", "ToyKernel", "toy")
@@ -239,3 +249,15 @@ def test_other_commands_work_beside_broken_plug_ins(broken, capsys):
     assert json.loads(capsys.readouterr().out)["kernel"]["name"] == "flashmla"
     assert main(PROFILE_TOY) == 0
     assert profile_figures(json.loads(capsys.readouterr().out)) == (PEAKS, BUFFERS)
+
+
+def test_a_package_whose_entry_points_do_not_parse_is_one_line(toy_site, garbled_site, capsys):
+    """Its entry points are left out, named in one line at the end of `mlamem kernels`; the
+    other packages' plug-ins are found. (torch reads entry points too, when imported: a fresh
+    process fails there, but `--help` and the commands without torch work.)"""
+    with on_path(toy_site, garbled_site):
+        assert kernel_names() == [*SHIPPED, "toy"]
+        assert main(["kernels"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("package garbled 0.1: its entry points do not parse (") and last.endswith(
+        "); fix or uninstall garbled")
