@@ -115,17 +115,17 @@ _LAZY = {
 
 
 def kernel_names() -> list[str]:
-    """Every registered kernel name, in registry order; imports nothing."""
+    """Every registered kernel name, in registry order; imports no adapter."""
     return list(REGISTRY)
 
 
 def kernel_help(name: str) -> str:
-    """The one-line help of a registered kernel; imports nothing."""
+    """The one-line help of a registered kernel; imports no adapter."""
     return REGISTRY[name].help
 
 
 def kernel_operations(name: str) -> tuple[str, ...]:
-    """The operations a registered kernel runs; imports nothing."""
+    """The operations a registered kernel runs; imports no adapter."""
     return REGISTRY[name].operations
 
 

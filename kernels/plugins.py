@@ -53,9 +53,12 @@ def one_line(exc: BaseException) -> str:
 
 
 def package_of(entry_point: EntryPoint) -> str:
-    """'toy-mlamem 0.1.0': the distribution that declares `entry_point`."""
+    """'toy-mlamem 0.1.0': the distribution that declares `entry_point` (its first word, the
+    name to fix or uninstall)."""
     dist = entry_point.dist
-    return f"{dist.name} {dist.version}" if dist is not None else "an unknown package"
+    if dist is None:  # an entry point made by hand: its top-level module names the package
+        return f"{entry_point.module.split('.')[0]} (version unknown)"
+    return f"{dist.name} {dist.version}"
 
 
 def _checked(entry_point: EntryPoint, package: str) -> KernelEntry:
