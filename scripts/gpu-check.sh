@@ -45,6 +45,11 @@
 #                  flashmla-vllm, measured (JSON, Markdown, --report) and predicted;
 #                  `validate --graphs` for both; DeepSeek-V3.2 at GRAPH_SIZES; Triton's three
 #                  paths; repro-oom with --cuda-graphs on, measured and predicted
+#   api            the Python API, pytest plugin, plug-in kernels and shards (issue 16): their
+#                  tests (profile_call against `mlamem profile` on FlashMLA, the marks on the
+#                  Triton decode, the README's examples on CUDA); the README's plugin example
+#                  file run verbosely; a measured sweep in two shards, merged, against the
+#                  unsharded sweep (scripts/compare_sweeps.py), and a measured gate shard
 #
 # Setup: scripts/gpu-env.sh installs .whl/*.whl (FlashMLA) and this checkout into /tmp/site,
 # .whl/flashinfer/*.whl (FlashInfer) beside it, and points MLAMEM_VLLM_FLASHMLA at .whl/vllm/
@@ -56,7 +61,7 @@
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
 SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
-            flashinfer kernels-oom graphs)
+            flashinfer kernels-oom graphs api)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -375,6 +380,37 @@ suite_graphs() {
         step repro-graphs-md "${MLAMEM[@]}" repro-oom --cuda-graphs on --format markdown \
             --output "$R/repro-graphs-glm5.md"
     fi
+}
+
+suite_api() {
+    local i
+    step pytest timeout 500 python3 -m pytest -q -rs --junitxml="$R/junit.xml" \
+        tests/test_api_gpu.py tests/test_api.py tests/test_pytest_plugin.py \
+        tests/test_api_readme.py tests/test_plugin_kernel.py tests/test_shards.py
+    python3 - "$R/test_pad_heads.py" <<'PY'
+import re, sys
+text = open("README.md").read()
+section = text[text.index("## Use it from Python and pytest"):]
+open(sys.argv[1], "w").write(re.findall(r"^```python\n(.*?)^```$", section, re.M | re.S)[1])
+PY
+    step plugin-example python3 -m pytest -v -p no:cacheprovider "$R/test_pad_heads.py"
+    step profile-unsharded "${MLAMEM[@]}" profile --tokens "$TOKENS" --format json \
+        --output "$R/profile-unsharded.json"
+    for i in 1 2; do
+        step "profile-shard-$i" "${MLAMEM[@]}" profile --tokens "$TOKENS" --shard "$i/2" \
+            --format json --output "$R/profile-shard-$i.json"
+    done
+    step merge "${MLAMEM[@]}" merge "$R/profile-shard-1.json" "$R/profile-shard-2.json" \
+        --output "$R/profile-merged.json"
+    step compare-sweeps python3 scripts/compare_sweeps.py "$R/profile-merged.json" \
+        "$R/profile-unsharded.json"
+    step gate-update "${MLAMEM[@]}" gate --baseline "$R/baseline.json" -s glm5-fp8-tp8 --update
+    for i in 1 2; do
+        step "gate-shard-$i" "${MLAMEM[@]}" gate --baseline "$R/baseline.json" \
+            -s glm5-fp8-tp8 --shard "$i/2"
+    done
+    step report "${MLAMEM[@]}" report "$R/profile-shard-1.json" "$R/profile-shard-2.json" \
+        --output "$R/report/report.md"
 }
 
 for SUITE in "${SUITES[@]}"; do
