@@ -183,7 +183,8 @@ def summary_line(nodeid: str, tracker: Tracker, limits: Limits) -> str:
     limit = ("" if limits.limit_bytes is None
              else f" (limit {format_bytes(limits.limit_bytes)})")
     return (f"{nodeid}: peak allocated {format_bytes(tracker.peak_allocated_bytes)}{limit}"
-            f"{_tag(tracker)}, {tracker.allocations_in_call} allocations inside")
+            f"{_tag(tracker)}, {tracker.allocations_in_call} "
+            f"allocation{'' if tracker.allocations_in_call == 1 else 's'} inside")
 
 
 def _tag(tracker: Tracker) -> str:

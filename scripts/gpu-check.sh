@@ -409,6 +409,7 @@ PY
         step "gate-shard-$i" "${MLAMEM[@]}" gate --baseline "$R/baseline.json" \
             -s glm5-fp8-tp8 --shard "$i/2"
     done
+    mkdir -p "$R/report"
     step report "${MLAMEM[@]}" report "$R/profile-shard-1.json" "$R/profile-shard-2.json" \
         --output "$R/report/report.md"
 }

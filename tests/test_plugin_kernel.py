@@ -133,12 +133,16 @@ def broken(toy_site, broken_site) -> Iterator[None]:
         yield
 
 
+def with_site(site: Path) -> dict[str, str]:
+    """The environment with `site` first on PYTHONPATH (kept: where mlamem itself may be)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def run_mlamem(args: list[str], site: Path) -> subprocess.CompletedProcess:
     """`python -P -m mlamem ARGS` in a fresh process with `site` on PYTHONPATH."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.run([sys.executable, "-P", "-m", "mlamem", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+                          text=True, env=with_site(site), timeout=300)
 
 
 def profile_figures(document: dict) -> tuple[dict, dict]:
@@ -163,9 +167,8 @@ def test_listing_the_toy_imports_neither_torch_nor_its_adapter(toy_site):
     code = ("import sys; from mlamem.kernels import kernel_help, kernel_names; "
             "print(kernel_names()[-1], '|', kernel_help('toy')); "
             "print(sorted(m for m in ('torch', 'toy_mlamem.adapter') if m in sys.modules))")
-    env = {**os.environ, "PYTHONPATH": str(toy_site)}
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120)
+                          env=with_site(toy_site), timeout=120)
     assert done.stdout.splitlines() == [f"toy | {TOY_ENTRY.help}", "[]"], done.stderr
 
 

@@ -113,7 +113,7 @@ def test_terminal_summary_has_each_measured_peak(pytester):
     result.stdout.fnmatch_lines([
         "*- mlamem GPU memory (test bodies) -*",
         "*::test_over_the_limit: peak allocated 4.000 MiB (limit 1.000 MiB) (PREDICTED), "
-        "1 allocations inside",
+        "1 allocation inside",
         "*::test_within_the_limit: peak allocated 4.000 MiB (limit 8.000 MiB) (PREDICTED)*",
         "*::test_in_place_on_a_fixture: peak allocated 0 B (PREDICTED), 0 allocations inside",
     ])
