@@ -90,7 +90,11 @@ def _limit_bytes(item: pytest.Item, limit: Any) -> int:
     try:
         parsed = parse_bytes(limit) if isinstance(limit, str) else 0
     except ValueError as exc:
-        pytest.fail(f"{item.nodeid}: limit_gpu_memory: {exc}", pytrace=False)
+        problem = str(exc)  # failed outside the handler: no chained traceback in the report
+    else:
+        problem = None
+    if problem is not None:
+        pytest.fail(f"{item.nodeid}: limit_gpu_memory: {problem}", pytrace=False)
     if parsed <= 0:
         pytest.fail(f"{item.nodeid}: limit_gpu_memory({limit!r}): give a size above 0, e.g. "
                     "'2GiB'", pytrace=False)
