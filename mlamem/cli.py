@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import os
 import shlex
 import sys
@@ -110,8 +111,10 @@ def check_kernel_name(name: str | None) -> str | None:
     """--kernel: a registered name, checked against the registry when the command runs, so a
     plug-in kernel registered after this module was imported is a choice too."""
     if name is not None and name not in REGISTRY:
+        close = difflib.get_close_matches(name.lower(), list(REGISTRY), n=1)
+        hint = f": did you mean {close[0]!r}" if close else ""
         raise typer.BadParameter(f"{name!r} is not one of {', '.join(map(repr, REGISTRY))} "
-                                 "(`mlamem kernels` lists them)")
+                                 f"(`mlamem kernels` lists them){hint}")
     return name
 
 

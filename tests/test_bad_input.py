@@ -453,6 +453,7 @@ def test_validate_graphs(inputs, args, fix):
     pytest.param(["--kernel", "flashinfer"], "pick a --kernel that runs it",
                  id="kernel-without-sparse-decode"),
     pytest.param(["--kernel", "cuda-magic"], "mlamem kernels", id="kernel-unknown"),
+    pytest.param(["--kernel", "FlashMLA"], "lists them): did you mean 'flashmla'", id="kernel-capitalised"),
     *_with_scenario(TOML_CASES[:5]),  # the sparse vLLM side runs FlashMLA's allocation model
 ])
 def test_plan(inputs, args, fix):
