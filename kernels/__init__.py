@@ -45,6 +45,9 @@ SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
     "triton": KernelEntry("mlamem.kernels.triton_decode", "TritonDecode",
                           "mlamem's own, takes out, lse and accumulators, so it can run "
                           "workspace-full"),
+    "triton-native": KernelEntry("mlamem.kernels.triton_decode", "TritonNativeDecode",
+                                 "mlamem's own at the rank's head count (8-128): no padded q, "
+                                 "takes out, lse and accumulators"),
     "reference": KernelEntry("mlamem.kernels.reference", "Reference", "plain torch",
                              ALL_OPERATIONS),
     "flashinfer": KernelEntry("mlamem.kernels.flashinfer_mla", "FlashInferMLA",
@@ -158,4 +161,5 @@ def __getattr__(name: str):
 __all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL", "REGISTRY",
            "SHIPPED", "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA", "FlashMLAVLLM",
            "KernelEntry", "Reference", "Registry", "SparseDecodeKernel", "TritonDecode",
+           "TritonNativeDecode",
            "kernel_help", "kernel_names", "kernel_operations", "load_kernel", "simulate_decode"]

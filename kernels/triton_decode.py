@@ -10,7 +10,15 @@ shapes (`flashmla_allocations`): out, lse, scheduler metadata, num_splits, lse_a
 the last four freed before return; so the alloc column of a profile compares with FlashMLA's.
 With out=, lse= and accum_workspace= the call allocates nothing.
 
-Split rule (`split_plan`): a call runs b * s_q * (h_q / 64) attention programs. When that fills
+Native heads (`TritonNativeDecode`, `--kernel triton-native`): the same kernels at the rank's
+own head count, 8, 16, 32, 64 or 128, so no padded q exists at all. A program takes all of a
+rank's heads below 64 (padded to 16 rows in registers where fewer), 64 otherwise. Its allocation
+spec is its own (`native_allocations`): out and lse at h_q heads, and the accumulators only when
+the plan splits, sized to the splits it runs. `triton` keeps FlashMLA's head counts and
+allocations, so its alloc column compares with FlashMLA's.
+
+Split rule (`split_plan`): a call runs b * s_q * head_blocks(h_q) attention programs (h_q / 64,
+or 1 below 64 heads). When that fills
 the GPU's SMs, one program per (query, head block) walks the whole topk and writes out and lse
 directly; no accumulators are touched. Otherwise the topk range is cut into splits whose partial
 results go to the accumulators and a combine kernel merges them. The plan depends on shapes
@@ -28,14 +36,23 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.kernels.base import SPARSE_DECODE, Capabilities, SparseDecodeKernel, allocate_missing
+from mlamem.kernels.base import (
+    SPARSE_DECODE,
+    BufferSpec,
+    Capabilities,
+    SparseDecodeKernel,
+    allocate_missing,
+)
 from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 
 D_QK = NOPE_DIM + ROPE_DIM  # 576
-HEAD_BLOCK = 64  # query heads per attention program
+HEAD_BLOCK = 64  # query heads per attention program, at 64 heads or more
 HEAD_COUNTS = (64, 128)  # as FlashMLA, so the two pad q alike
+NATIVE_HEAD_COUNTS = (8, 16, 32, 64, 128)  # per-rank head counts the native kernel runs
+MIN_DOT_ROWS = 16  # a tl.dot's least rows: fewer heads are padded to this in registers
 DEFAULT_BLOCK_N = 128  # KV tokens per loop step: LaunchConfig's default (triton_sparse_decode)
+NATIVE_BLOCK_N = 64  # below 64 heads: the native default config's (triton_sparse_decode)
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
 INSTALL_HINT = "pip install triton"
@@ -68,19 +85,40 @@ class SplitPlan:
         return self.num_splits > 1
 
 
-def split_plan(b: int, s_q: int, h_q: int, topk: int, sm_count: int,
-               block_n: int = DEFAULT_BLOCK_N) -> SplitPlan:
-    """The split for a call; see the module docstring.
+def head_blocks(h_q: int) -> int:
+    """Attention programs per (batch, query, split): h_q / 64, or 1 below 64 heads."""
+    return max(h_q // HEAD_BLOCK, 1)
 
-    Splits per query are at most 1 + num_sm_parts // b, with FlashMLA's num_sm_parts, so that
-    b * num_splits partial results fit in FlashMLA-shaped accumulators (b + num_sm_parts).
-    """
+
+def block_heads(h_q: int) -> int:
+    """Rows of one program's q tile: 64, or h_q below it, at least MIN_DOT_ROWS."""
+    return max(min(h_q, HEAD_BLOCK), MIN_DOT_ROWS)
+
+
+def max_splits(b: int, s_q: int, h_q: int, sm_count: int) -> int:
+    """The most splits per query a call of this shape takes, whatever its topk: 1 when its
+    programs fill the SMs, else ceil(sm_count / programs), at most 1 + num_sm_parts // b with
+    FlashMLA's num_sm_parts, so that b * splits partial results fit in FlashMLA-shaped
+    accumulators (b + num_sm_parts)."""
+    programs = b * s_q * head_blocks(h_q)
+    if programs >= sm_count:
+        return 1
+    num_sm_parts = max(sm_count // s_q // head_blocks(h_q), 1)
+    return min(math.ceil(sm_count / programs), 1 + num_sm_parts // b)
+
+
+def default_block_n(h_q: int) -> int:
+    """KV tokens per loop step of the default launch config at h_q heads."""
+    return DEFAULT_BLOCK_N if h_q >= HEAD_BLOCK else NATIVE_BLOCK_N
+
+
+def split_plan(b: int, s_q: int, h_q: int, topk: int, sm_count: int,
+               block_n: int | None = None) -> SplitPlan:
+    """The split for a call (see the module docstring): max_splits, at most one per loop step
+    of block_n tokens (default: the default config's at h_q heads)."""
+    block_n = block_n or default_block_n(h_q)
     steps = max(math.ceil(topk / block_n), 1)
-    programs = b * s_q * (h_q // HEAD_BLOCK)
-    if programs >= sm_count or steps == 1:
-        return SplitPlan(1, steps * block_n)
-    num_sm_parts = max(sm_count // s_q // (h_q // HEAD_BLOCK), 1)
-    wanted = min(math.ceil(sm_count / programs), 1 + num_sm_parts // b, steps)
+    wanted = min(max_splits(b, s_q, h_q, sm_count), steps)
     tokens_per_split = math.ceil(steps / wanted) * block_n
     return SplitPlan(math.ceil(topk / tokens_per_split), tokens_per_split)
 
@@ -103,12 +141,32 @@ def max_accum_workspace_numel(b: int, h_q: int, d_v: int, topk: int, sm_count: i
                 for s_q in range(1, min(max_tokens, sm_count) + 1)), default=0)
 
 
-def _check_inputs(q, kv_cache, indices, d_v, out, lse) -> None:
+def native_allocations(q_shape: tuple[int, ...], d_v: int, sm_count: int) -> list[BufferSpec]:
+    """What one native-head call allocates, in order: out and lse at h_q heads; then, when the
+    call's programs do not fill the SMs (so it may split), lse_accum and o_accum for
+    b * max_splits partial results, freed before return. Nothing else: no padded q, and no
+    accumulators for a call of T >= 132 queries on an H200."""
+    b, s_q, h_q, _ = q_shape
+    returned = [BufferSpec("out", (b, s_q, h_q, d_v), torch.bfloat16, "returned"),
+                BufferSpec("lse", (b, h_q, s_q), torch.float32, "returned")]
+    splits = max_splits(b, s_q, h_q, sm_count)
+    if splits == 1:
+        return returned
+    entries = b * splits
+    return returned + [
+        BufferSpec("lse_accum", (entries, s_q, h_q), torch.float32, "temporary"),
+        BufferSpec("o_accum", (entries, s_q, h_q, d_v), torch.float32, "temporary")]
+
+
+def _check_inputs(q, kv_cache, indices, d_v, out, lse, native: bool) -> None:
     if q.dim() != 4 or q.shape[-1] != D_QK or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
         raise ValueError(f"q must be (b, s_q, h_q, {D_QK}) bfloat16 with unit last stride, "
                          f"got {tuple(q.shape)} {q.dtype}")
     b, s_q, h_q, _ = q.shape
-    if h_q % HEAD_BLOCK:
+    if native and h_q not in NATIVE_HEAD_COUNTS and h_q % HEAD_BLOCK:
+        raise ValueError(f"h_q must be one of {', '.join(map(str, NATIVE_HEAD_COUNTS[:-2]))} or a "
+                         f"multiple of {HEAD_BLOCK}, got {h_q}")
+    if not native and h_q % HEAD_BLOCK:
         raise ValueError(f"h_q must be a multiple of {HEAD_BLOCK}; pad q to "
                          f"{math.ceil(h_q / HEAD_BLOCK) * HEAD_BLOCK} heads")
     if d_v != NOPE_DIM:
@@ -151,36 +209,36 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
                              sm_scale: float, d_v: int = NOPE_DIM,
                              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                              accum_workspace: torch.Tensor | None = None,
-                             sm_count: int | None = None, config=None):
+                             sm_count: int | None = None, config=None, native: bool = False):
     """out (b, s_q, h_q, 512) bf16 and lse (b, h_q, s_q) fp32 of the sparse fp8 decode.
 
-    q (b, s_q, h_q, 576) bf16 with h_q a multiple of 64; kv_cache (num_blocks, block_size, 1,
-    656) fp8_ds_mla bytes; indices (b, s_q, topk) int32, token i = block i // block_size,
-    slot i % block_size, -1 = invalid. sm_count (default: q's device's, else 132) sets the
-    split; config a `triton_sparse_decode.LaunchConfig`. Buffers not passed are allocated in
-    FlashMLA's order and shapes; accumulators (from accum_workspace or allocated) are used only
-    when the plan splits.
+    q (b, s_q, h_q, 576) bf16 with h_q a multiple of 64 (native: or 8, 16, 32); kv_cache
+    (num_blocks, block_size, 1, 656) fp8_ds_mla bytes; indices (b, s_q, topk) int32, token i =
+    block i // block_size, slot i % block_size, -1 = invalid. sm_count (default: q's device's,
+    else 132) sets the split; config a `triton_sparse_decode.LaunchConfig`. Buffers not passed
+    are allocated in FlashMLA's order and shapes (native: `native_allocations`); accumulators
+    (from accum_workspace or allocated) are used only when the plan splits.
     """
     from mlamem.kernels import triton_sparse_decode as kernels
 
-    config = config or kernels.DEFAULT_CONFIG
-    _check_inputs(q, kv_cache, indices, d_v, out, lse)
+    config = config or kernels.default_config(q.shape[2])
+    _check_inputs(q, kv_cache, indices, d_v, out, lse, native)
     b, s_q, h_q, _ = q.shape
     if sm_count is None:
         sm_count = (torch.cuda.get_device_properties(q.device).multi_processor_count
                     if q.device.type == "cuda" else DEFAULT_SM_COUNT)
     plan = split_plan(b, s_q, h_q, indices.shape[-1], sm_count, config.block_n)
 
-    returned, temporaries = allocate_missing(
-        flashmla_allocations(tuple(q.shape), d_v, sm_count), q.device, out=out, lse=lse,
-        accum_workspace=accum_workspace)
+    specs = (native_allocations if native else flashmla_allocations)(tuple(q.shape), d_v, sm_count)
+    returned, temporaries = allocate_missing(specs, q.device, out=out, lse=lse,
+                                             accum_workspace=accum_workspace)
     out, lse = returned["out"], returned["lse"]
 
     lse_accum = o_accum = None
     if plan.split and accum_workspace is not None:
         lse_accum, o_accum = _accumulators_from(accum_workspace, b, s_q, h_q, d_v, plan)
     elif plan.split:
-        entries = b * plan.num_splits  # <= b + num_sm_parts by split_plan's bound
+        entries = b * plan.num_splits  # <= b * max_splits <= b + num_sm_parts
         lse_accum = temporaries["lse_accum"][:entries]
         o_accum = temporaries["o_accum"][:entries]
     kernels.launch(q, kv_cache, indices, out, lse, lse_accum, o_accum, sm_scale=sm_scale,
@@ -196,6 +254,8 @@ class TritonDecode(SparseDecodeKernel):
 
     name = "triton"
     label = "Triton"
+    native = False  # True: runs the rank's own head count (TritonNativeDecode)
+    head_counts = HEAD_COUNTS
 
     def __init__(self, device: torch.device | None = None):
         self.device = device or torch.device("cuda")
@@ -214,7 +274,7 @@ class TritonDecode(SparseDecodeKernel):
                     f"SM{capability[0]}{capability[1]}")
         from mlamem.kernels import triton_sparse_decode as kernels
 
-        needed = kernels.shared_bytes(kernels.DEFAULT_CONFIG)
+        needed = kernels.shared_bytes(kernels.DEFAULT_CONFIG)  # 64 heads: the most a program takes
         offered = getattr(torch.cuda.get_device_properties(self.device),
                           "shared_memory_per_block_optin", None)
         if offered is not None and offered < needed:
@@ -230,13 +290,14 @@ class TritonDecode(SparseDecodeKernel):
         if op != SPARSE_DECODE:
             raise ValueError(f"{self.label} does not run {op}")
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=True,
-                            head_counts=HEAD_COUNTS,
+                            head_counts=self.head_counts,
                             source="mlamem's Triton kernel (kernels/triton_decode.py)")
 
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None, lse=None,
                accum_workspace=None):
         return sparse_mla_decode_triton(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v,
-                                        out=out, lse=lse, accum_workspace=accum_workspace)
+                                        out=out, lse=lse, accum_workspace=accum_workspace,
+                                        native=self.native)
 
     def allocations(self, q_shape, d_v, sm_count):
         """FlashMLA's, by construction: the call allocates what FlashMLA's would, in order."""
@@ -244,3 +305,16 @@ class TritonDecode(SparseDecodeKernel):
 
     def accum_workspace_numel(self, b, max_tokens, h_q, topk, d_v, sm_count):
         return max_accum_workspace_numel(b, h_q, d_v, topk, sm_count, max_tokens)
+
+
+class TritonNativeDecode(TritonDecode):
+    """The same kernels at the rank's own head count (8, 16, 32, 64, 128): no padded q, and an
+    allocation spec of its own (`native_allocations`)."""
+
+    name = "triton-native"
+    label = "Triton (native heads)"
+    native = True
+    head_counts = NATIVE_HEAD_COUNTS
+
+    def allocations(self, q_shape, d_v, sm_count):
+        return native_allocations(q_shape, d_v, sm_count)

@@ -3,7 +3,9 @@
 Imports triton; `mlamem.kernels.triton_decode` imports this module only when a call runs, so
 the package works without triton. These functions allocate nothing: every buffer is passed in.
 
-One attention program handles one (batch, query position, block of 64 heads, KV split). It walks
+One attention program handles one (batch, query position, block of heads, KV split): 64
+heads, or all of a rank's 8, 16 or 32 heads for the native-head kernel. A block of fewer than 16
+heads is padded to 16 rows in registers (a tl.dot needs 16), never in memory. It walks
 its share of the topk indices BLOCK_N tokens at a time: gathers the 656-byte rows; dequantizes
 the NoPE latent to bf16 (each fp8 value times its 128-group's fp32 scale, in fp32, rounded once
 to bf16); computes the scores q·kᵀ as one 512-wide NoPE dot plus the RoPE dot; runs the online
@@ -26,7 +28,13 @@ import triton
 import triton.language as tl
 
 from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_DIM
-from mlamem.kernels.triton_decode import DEFAULT_BLOCK_N, HEAD_BLOCK
+from mlamem.kernels.triton_decode import (
+    DEFAULT_BLOCK_N,
+    HEAD_BLOCK,
+    NATIVE_BLOCK_N,
+    block_heads,
+    head_blocks,
+)
 
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
@@ -47,12 +55,22 @@ class LaunchConfig:
 
 
 DEFAULT_CONFIG = LaunchConfig()
+# Below 64 heads (one program of 16 rows, MMAs without wgmma): the config that compiles for SM90
+# without spilling (scripts/triton_registers.py: 224 registers, 0 B spilled, 159 KB shared) and
+# pipelines the gathers over two stages; (128, 8, 1) spills 928 B per thread there. Chosen by
+# compile figures until timed (benchmarks/triton_vs_flashmla.py --sweep, part 2).
+NATIVE_CONFIG = LaunchConfig(block_n=NATIVE_BLOCK_N, num_warps=8, num_stages=2)
 
 
-def shared_bytes(config: LaunchConfig) -> int:
+def default_config(heads: int) -> LaunchConfig:
+    """The launch config a call at `heads` query heads runs by default."""
+    return DEFAULT_CONFIG if heads >= HEAD_BLOCK else NATIVE_CONFIG
+
+
+def shared_bytes(config: LaunchConfig, heads: int = HEAD_BLOCK) -> int:
     """Shared memory per attention program: the q tile and one dequantized K tile, in bf16
-    (what Triton 3.6 allocates for SM90: 221,184 B at block_n 128)."""
-    return (HEAD_BLOCK + config.block_n) * (NOPE_DIM + ROPE_DIM) * 2
+    (what Triton 3.6 allocates for SM90: 221,184 B at block_n 128 and 64 heads)."""
+    return (block_heads(heads) + config.block_n) * (NOPE_DIM + ROPE_DIM) * 2
 
 
 @triton.jit
@@ -94,7 +112,7 @@ def _dequantized_nope(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, BLOCK_N: tl.
 def _sparse_decode_attention(
     q_ptr, kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr,
     out_ptr, lse_ptr, o_accum_ptr, lse_accum_ptr,
-    sm_scale_log2, s_q, heads, topk, tokens_per_split, num_splits, block_size,
+    sm_scale_log2, s_q, heads, head_blocks, topk, tokens_per_split, num_splits, block_size,
     q_stride_b, q_stride_s, q_stride_h,
     kv_stride_block, kv_stride_slot,
     idx_stride_b, idx_stride_s,
@@ -105,17 +123,19 @@ def _sparse_decode_attention(
     SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    head_blocks = heads // BLOCK_H
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1).to(tl.int64)
     head_block = pid % head_blocks
     pos = (pid // head_blocks) % s_q
     batch = pid // (head_blocks * s_q)
     h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    head = h < heads  # rows past the rank's heads: zero q in registers, never stored
 
     q_rows = q_ptr + batch * q_stride_b + pos * q_stride_s + h[:, None] * q_stride_h
-    q_nope = _mma(tl.load(q_rows + tl.arange(0, NOPE_DIM)[None, :]), UPCAST)
-    q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :]), UPCAST)
+    q_nope = _mma(tl.load(q_rows + tl.arange(0, NOPE_DIM)[None, :], mask=head[:, None],
+                          other=0.0), UPCAST)
+    q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :], mask=head[:, None],
+                          other=0.0), UPCAST)
 
     acc = tl.zeros((BLOCK_H, NOPE_DIM), dtype=tl.float32)
     m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)  # running max, base 2
@@ -153,14 +173,14 @@ def _sparse_decode_attention(
     lse_log2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
     if SPLIT:
         row = ((batch * num_splits + split) * s_q + pos) * heads + h
-        tl.store(lse_accum_ptr + row, lse_log2)
+        tl.store(lse_accum_ptr + row, lse_log2, mask=head)
         o_rows = o_accum_ptr + row * NOPE_DIM
     else:
         tl.store(lse_ptr + batch * lse_stride_b + h * lse_stride_h + pos * lse_stride_s,
-                 lse_log2 * LN2)
+                 lse_log2 * LN2, mask=head)
         o_rows = out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
     tl.store(o_rows[:, None] + tl.arange(0, NOPE_DIM)[None, :],
-             (acc / l_safe[:, None]).to(o_rows.dtype.element_ty))
+             (acc / l_safe[:, None]).to(o_rows.dtype.element_ty), mask=head[:, None])
 
 
 @triton.jit
@@ -202,7 +222,7 @@ def _combine_splits(
 def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
            lse: torch.Tensor, lse_accum: torch.Tensor | None, o_accum: torch.Tensor | None, *,
            sm_scale: float, num_splits: int, tokens_per_split: int,
-           config: LaunchConfig = DEFAULT_CONFIG) -> None:
+           config: LaunchConfig | None = None) -> None:
     """Run the decode into the given buffers; allocates nothing.
 
     q (b, s_q, h_q, 576) bf16; kv_cache (blocks, block_size, 1, 656) uint8; indices
@@ -213,30 +233,33 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     j * num_splits + i.
     """
     b, s_q, heads, _ = q.shape
+    config = config or default_config(heads)
     topk = indices.shape[-1]
     kv_bytes = kv_cache.view(torch.uint8)
     split = num_splits > 1
     accum_lse = lse_accum if split else lse  # unused without a split
     accum_o = o_accum if split else out
-    grid = (b * s_q * (heads // HEAD_BLOCK), num_splits)
+    grid = (b * s_q * head_blocks(heads), num_splits)
     _sparse_decode_attention[grid](
         q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices,
         out, lse, accum_o, accum_lse,
-        sm_scale * LOG2E, s_q, heads, topk, tokens_per_split, num_splits, kv_cache.shape[1],
+        sm_scale * LOG2E, s_q, heads, head_blocks(heads), topk, tokens_per_split, num_splits,
+        kv_cache.shape[1],
         q.stride(0), q.stride(1), q.stride(2),
         kv_bytes.stride(0), kv_bytes.stride(1),
         indices.stride(0), indices.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        SPLIT=split, BLOCK_H=HEAD_BLOCK, BLOCK_N=config.block_n,
+        SPLIT=split, BLOCK_H=block_heads(heads), BLOCK_N=config.block_n,
         GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
         SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, UPCAST=INTERPRETED,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split:
-        _combine_splits[(b * s_q, heads // COMBINE_HEADS)](
+        combine_heads = min(COMBINE_HEADS, heads)  # 8 heads: one program of 8
+        _combine_splits[(b * s_q, heads // combine_heads)](
             o_accum, lse_accum, out, lse, s_q, heads, num_splits,
             out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(1), lse.stride(2),
-            BLOCK_H=COMBINE_HEADS, D_V=NOPE_DIM, LN2=LN2, num_warps=4,
+            BLOCK_H=combine_heads, D_V=NOPE_DIM, LN2=LN2, num_warps=4,
         )

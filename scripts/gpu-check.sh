@@ -45,6 +45,13 @@
 #                  flashmla-vllm, measured (JSON, Markdown, --report) and predicted;
 #                  `validate --graphs` for both; DeepSeek-V3.2 at GRAPH_SIZES; Triton's three
 #                  paths; repro-oom with --cuda-graphs on, measured and predicted
+#   native         the native-head Triton decode and the speed targets (issue 17): the Triton
+#                  GPU tests; `profile --kernel triton-native` at GLM-5 and DeepSeek-V3.2 TP8,
+#                  measured and predicted, and `validate --kernel triton-native`; the register
+#                  and shared-memory table (scripts/triton_registers.py); the benchmark, both
+#                  parts with every launch config and lse (benchmarks/triton_vs_flashmla.py
+#                  --sweep --lse); ncu of one call each of triton-native (8 heads), triton (64)
+#                  and FlashMLA's padded call, T=8192 from the 4 GiB pool, where ncu exists
 #   api            the Python API, pytest plugin, plug-in kernels and shards (issue 16): their
 #                  tests (profile_call against `mlamem profile` on FlashMLA, the marks on the
 #                  Triton decode, the README's examples on CUDA); the README's plugin example
@@ -61,7 +68,7 @@
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
 SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
-            flashinfer kernels-oom graphs api)
+            flashinfer kernels-oom graphs api native)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -379,6 +386,36 @@ suite_graphs() {
             --predict --format json --output "$R/repro-graphs-glm5.predicted.json"
         step repro-graphs-md "${MLAMEM[@]}" repro-oom --cuda-graphs on --format markdown \
             --output "$R/repro-graphs-glm5.md"
+    fi
+}
+
+suite_native() {
+    local s k
+    step pytest timeout 300 python3 -m pytest -q -rs --junitxml="$R/junit.xml" \
+        tests/test_triton_decode_gpu.py tests/test_triton_decode.py
+    for s in glm5-fp8-tp8 deepseek-v32-fp8-tp8; do
+        step "profile-$s" timeout 120 "${MLAMEM[@]}" profile --kernel triton-native -s "$s" \
+            --tokens "$TOKENS" --format json --output "$R/native-profile-$s.json"
+        step "profile-$s-predicted" "${MLAMEM[@]}" profile --kernel triton-native -s "$s" \
+            --tokens "$TOKENS" --predict --format json --output "$R/native-profile-$s.predicted.json"
+        step "profile-$s-md" timeout 120 "${MLAMEM[@]}" profile --kernel triton-native -s "$s" \
+            --tokens "$TOKENS" --format markdown --output "$R/native-profile-$s.md"
+    done
+    step validate timeout 300 "${MLAMEM[@]}" validate --kernel triton-native \
+        -s glm5-fp8-tp8,deepseek-v32-fp8-tp8 --format json --output "$R/native-validate.json"
+    step registers timeout 240 env -u TRITON_INTERPRET python3 scripts/triton_registers.py
+    step bench timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/triton_vs_flashmla.py --sweep \
+        --lse --json "$R/triton-vs-flashmla.json"
+    if command -v ncu > /dev/null; then
+        for k in "triton-native 8" "triton 64" "flashmla 8"; do
+            set -- $k
+            step "ncu-$1-$2" timeout 240 ncu --nvtx --nvtx-include "decode/" --set full \
+                -o "$R/ncu-$1-$2" python3 scripts/decode_call.py --kernel "$1" --heads "$2" \
+                --tokens 8192
+            step "ncu-$1-$2-details" ncu --import "$R/ncu-$1-$2.ncu-rep" --page details
+        done
+    else
+        echo "ncu not found: no Nsight Compute breakdown" | tee "$R/ncu-missing.txt"
     fi
 }
 

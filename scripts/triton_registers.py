@@ -4,7 +4,8 @@ for SM90 without a GPU: compile-time figures, not measurements of speed.
 Usage: python3 scripts/triton_registers.py  (triton installed; TRITON_INTERPRET unset)
 
 The kernel's arguments are those `sparse_mla_decode_triton` passes for the benchmark's shape
-(h_q = 64, topk = 2048, no split) on CPU tensors; Triton's own binder turns them into the
+(topk = 2048, no split) at 64 heads, and for the native-head kernel at 8 and 16 heads (GLM-5
+and DeepSeek-V3.2 at TP8: one program of 16 rows), on CPU tensors; Triton's own binder turns them into the
 signature, constexprs and alignment attributes a launch would compile with, and ptxas -v reads
 the PTX as Triton's compile does. Each config is also compiled with maxnreg = 128, the most
 registers that lets two 8-warp programs share an SM (65,536 registers), to show what that costs.
@@ -28,12 +29,15 @@ from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
 from mlamem.kernels.triton_decode import sparse_mla_decode_triton
 
 TARGET = GPUTarget("cuda", 90, 32)  # warp size 32, as the CUDA driver reports
-S_Q, HEADS, TOPK, BLOCK_SIZE = 256, 64, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
-CONFIGS = [kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st)
+S_Q, TOPK, BLOCK_SIZE = 256, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
+CONFIGS = [(64, kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st))
            for n, w, st in ((128, 8, 1), (128, 8, 2), (64, 8, 1), (64, 8, 2), (32, 8, 1), (32, 4, 1))]
+CONFIGS += [(heads, kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st))
+            for heads in (8, 16)
+            for n, w, st in ((128, 8, 1), (128, 4, 1), (64, 4, 1), (64, 4, 2), (64, 8, 2))]
 
 
-def attention_call(config) -> tuple[tuple, dict]:
+def attention_call(heads, config) -> tuple[tuple, dict]:
     """The positional and keyword arguments the wrapper launches the attention kernel with."""
     calls = []
 
@@ -43,21 +47,21 @@ def attention_call(config) -> tuple[tuple, dict]:
 
     pool = 4 * TOPK
     kv = torch.zeros(pool // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN, dtype=torch.uint8)
-    q = torch.zeros(1, S_Q, HEADS, 576, dtype=torch.bfloat16)
+    q = torch.zeros(1, S_Q, heads, 576, dtype=torch.bfloat16)
     indices = torch.zeros(1, S_Q, TOPK, dtype=torch.int32)
     kernel, kernels._sparse_decode_attention = kernels._sparse_decode_attention, Recorder()
     try:
         sparse_mla_decode_triton(q, kv, indices, sm_scale=1 / math.sqrt(576), sm_count=1,
-                                 config=config)
+                                 config=config, native=heads < 64)
     finally:
         kernels._sparse_decode_attention = kernel
     return calls[0]
 
 
-def compile_sm90(config):
-    """The attention kernel compiled for SM90 as a launch with config would compile it."""
+def compile_sm90(heads, config):
+    """The attention kernel compiled for SM90 as a launch at `heads` with config would compile it."""
     fn = kernels._sparse_decode_attention
-    args, kwargs = attention_call(config)
+    args, kwargs = attention_call(heads, config)
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
@@ -84,12 +88,12 @@ def ptxas_usage(ptx: str) -> dict:
 def main() -> None:
     print(f"triton {triton.__version__}, {TARGET}; stack and spills in bytes per thread, "
           "shared memory in bytes per program\n")
-    print("| block_n | warps | stages | registers | stack | spill stores / loads | shared |")
-    print("|---|---|---|---|---|---|---|")
-    for c in CONFIGS:
-        compiled = compile_sm90(c)
+    print("| heads | block_n | warps | stages | registers | stack | spill stores / loads | shared |")
+    print("|---|---|---|---|---|---|---|---|")
+    for heads, c in CONFIGS:
+        compiled = compile_sm90(heads, c)
         usage = ptxas_usage(compiled.asm["ptx"])
-        print(f"| {c.block_n} | {c.num_warps} | {c.num_stages} | {usage['registers']} | "
+        print(f"| {heads} | {c.block_n} | {c.num_warps} | {c.num_stages} | {usage['registers']} | "
               f"{usage['stack']} | {usage['spill_stores']} / {usage['spill_loads']} | "
               f"{compiled.metadata.shared} |", flush=True)
 

@@ -88,7 +88,8 @@ def test_cli_kernel_option(capsys):
     assert err.count("\n") == 1 and "--kernel triton" in err
     assert main(["profile", "--kernel", "cuda-magic"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "'flashmla', 'flashmla-vllm', 'triton', 'reference'" in err
+    assert err.count("\n") == 1
+    assert "'flashmla', 'flashmla-vllm', 'triton', 'triton-native', 'reference'" in err
 
 
 def test_markdown_names_the_kernel_and_every_path(capsys):

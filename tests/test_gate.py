@@ -256,7 +256,8 @@ def test_update_never_leaves_a_broken_file(baseline_file, tmp_path, capsys):
 
 @no_gpu
 @pytest.mark.parametrize("name", ["predicted.json", "predicted-flashmla-vllm.json",
-                                  "predicted-triton.json", "predicted-flashinfer.json"])
+                                  "predicted-triton.json", "predicted-triton-native.json",
+                                  "predicted-flashinfer.json"])
 def test_committed_predicted_baselines_pass(name, capsys):
     """The predicted figures of every shipped scenario, in every operation it declares that the
     baseline's kernel runs, equal the committed baseline's: a bare gate reruns its sweep."""

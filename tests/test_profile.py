@@ -97,3 +97,22 @@ def test_workspace_full_allocates_nothing_inside_the_call(triton_prediction):
         assert row.staged == ["padded_q", "out", "lse", ACCUM_WORKSPACE]
         assert row.peak_allocated_bytes == 0 and row.peak_reserved_bytes == 0
         assert row.allocations_in_call == 0 and row.buffers == [] and row.missing_buffers == []
+
+
+def test_native_heads_need_no_padded_q_a_third_way():
+    """`--kernel triton-native` at GLM-5 TP8 (8 heads per rank): no padded q on any path, out and
+    lse at 8 heads, no accumulators at T >= 132, so the alloc path holds only out and lse
+    (T = 32768: 256 MiB + 1 MiB) against FlashMLA's 12.27 GiB; workspace-full holds nothing."""
+    from mlamem.kernels import TritonNativeDecode
+
+    glm5 = scenario.load("glm5-fp8-tp8")
+    result = run_profile(glm5, [1024, 32768], ALL_PATHS, command="test",
+                         kernel=TritonNativeDecode(), predict=True)
+    assert "q not staged: 8 heads per rank need no padding" in result.notes
+    for row in result.rows:
+        assert "padded_q" not in [b["name"] for b in row.buffers] + row.staged
+    alloc = {r.tokens: r for r in _rows(result, "alloc")}
+    assert [b["name"] for b in alloc[32768].buffers] == ["out", "lse"]
+    assert alloc[32768].peak_allocated_bytes == 32768 * 8 * 512 * 2 + 8 * 32768 * 4
+    assert [r.staged for r in _rows(result, "workspace")] == [["out"], ["out"]]
+    assert all(r.peak_allocated_bytes == 0 for r in _rows(result, "workspace-full"))

@@ -44,7 +44,8 @@ def launches(monkeypatch):
     """Replace the Triton kernels with a fake that records its calls' arguments."""
     calls = []
     fake = types.ModuleType("mlamem.kernels.triton_sparse_decode")
-    fake.DEFAULT_CONFIG = types.SimpleNamespace(block_n=triton_decode.DEFAULT_BLOCK_N)
+    fake.default_config = lambda heads: types.SimpleNamespace(
+        block_n=triton_decode.default_block_n(heads))
     fake.launch = lambda *args, **kwargs: calls.append((args, kwargs))
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(mlamem.kernels, "triton_sparse_decode", fake, raising=False)
@@ -185,3 +186,81 @@ def test_bad_shapes_are_refused(launches, change, message):
     q, kv, indices = meta_inputs(4, h_q=change.get("h_q", 64))
     with pytest.raises(ValueError, match=message):
         sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, d_v=change.get("d_v", 512))
+
+
+# The native-head kernel (`triton-native`): the rank's own heads, its own allocation spec.
+
+@pytest.mark.parametrize("sm_count", [132, 78])
+@pytest.mark.parametrize("h_q", [8, 16, 32])
+@pytest.mark.parametrize("b", [1, 3])
+def test_native_split_plan_fits_its_accumulators(sm_count, h_q, b):
+    """Below 64 heads one program takes all heads: splits only when b * s_q programs leave SMs
+    idle, never more than max_splits (what native_allocations reserves), no empty split."""
+    for s_q in [*range(1, 140), 1024, 32768]:
+        for topk in (64, 256, 2048):
+            plan = split_plan(b, s_q, h_q, topk, sm_count)
+            assert plan.split == (b * s_q < sm_count and topk > triton_decode.NATIVE_BLOCK_N)
+            assert plan.num_splits <= triton_decode.max_splits(b, s_q, h_q, sm_count)
+            assert (plan.num_splits - 1) * plan.tokens_per_split < topk
+
+
+@pytest.mark.parametrize(("s_q", "h_q", "buffers"), [
+    # 1024 and 32768 queries fill an H200's 132 SMs: out and lse, nothing else
+    (1024, 8, [((1, 1024, 8, 512), torch.bfloat16), ((1, 8, 1024), torch.float32)]),
+    (32768, 16, [((1, 32768, 16, 512), torch.bfloat16), ((1, 16, 32768), torch.float32)]),
+    # 5 queries: max_splits = min(ceil(132 / 5), 1 + 132 // 5) = 27 partial results
+    (5, 8, [((1, 5, 8, 512), torch.bfloat16), ((1, 8, 5), torch.float32),
+            ((27, 5, 8), torch.float32), ((27, 5, 8, 512), torch.float32)]),
+    (5, 128, [((1, 5, 128, 512), torch.bfloat16), ((1, 128, 5), torch.float32),
+              ((14, 5, 128), torch.float32), ((14, 5, 128, 512), torch.float32)]),
+])
+def test_native_allocating_mode_allocates_its_own_spec(launches, s_q, h_q, buffers):
+    """No padded q, no scheduler metadata: out and lse at h_q heads, and accumulators only for a
+    call that can split; the kernel gets the plan's share of them."""
+    q, kv, indices = meta_inputs(s_q, h_q=h_q)
+    kernel = KERNELS["triton-native"]()
+    with RecordAllocations() as record:
+        out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, sm_count=132,
+                                            native=True)
+    assert record.allocations == buffers
+    assert [(s.shape, s.dtype) for s in kernel.allocations(tuple(q.shape), 512, 132)] == buffers
+    assert out.shape == (1, s_q, h_q, 512) and lse.shape == (1, h_q, s_q)
+    (args, kwargs), = launches
+    plan = split_plan(1, s_q, h_q, 2048, 132)
+    assert kwargs["num_splits"] == plan.num_splits
+    assert (args[6] is None) == (not plan.split)
+    if plan.split:
+        assert args[6].shape == (plan.num_splits, s_q, h_q, 512)
+
+
+@pytest.mark.parametrize("s_q", [1, 5, 4096])
+def test_native_caller_buffers_mean_no_allocation(launches, s_q):
+    """With out=, lse= and accum_workspace= the native call allocates nothing either."""
+    q, kv, indices = meta_inputs(s_q, h_q=8)
+    out = torch.empty((1, s_q, 8, 512), dtype=torch.bfloat16, device=META)
+    lse = torch.empty((1, 8, s_q), device=META)
+    numel = KERNELS["triton-native"]().accum_workspace_numel(1, 32768, 8, 2048, 512, 132)
+    workspace = torch.empty(numel, device=META)
+    with RecordAllocations() as record:
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, out=out, lse=lse,
+                                 accum_workspace=workspace, sm_count=132, native=True)
+    assert record.allocations == []
+
+
+def test_native_adapter_declares_the_rank_head_counts():
+    """triton-native runs 8 to 128 heads unpadded; triton keeps FlashMLA's 64 and 128."""
+    native, padded = KERNELS["triton-native"](), KERNELS["triton"]()
+    assert native.capabilities().head_counts == (8, 16, 32, 64, 128)
+    assert [native.capabilities().padded_heads(h) for h in (8, 16, 32)] == [8, 16, 32]
+    assert padded.capabilities().padded_heads(8) == 64
+    assert native.capabilities().takes_accum_workspace
+
+
+@pytest.mark.parametrize(("h_q", "native", "message"), [
+    (24, True, "h_q must be one of 8, 16, 32 or a multiple of 64, got 24"),
+    (8, False, "pad q to 64 heads"),
+])
+def test_head_counts_each_kernel_refuses(launches, h_q, native, message):
+    q, kv, indices = meta_inputs(4, h_q=h_q)
+    with pytest.raises(ValueError, match=message):
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, native=native)
