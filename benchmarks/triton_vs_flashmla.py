@@ -44,8 +44,16 @@ POOLS = {"l2": 4 * TOPK,  # tokens
 SM_SCALE = 1 / math.sqrt(576)
 LSE_SHAPES = [(4096, 128, 128), (1024, 64, 2048)]  # (s_q, h_q, topk) of the --lse check
 SCHEMA = "mlamem.bench/2"
-SWEEP = [(32, 8, 1), (32, 4, 1), (64, 8, 1), (64, 8, 2), (64, 8, 3), (128, 4, 1), (64, 4, 1),
-         (64, 4, 2), (64, 16, 1)]  # (block_n, warps, stages) beside the default
+# --sweep: the designs and launch configs timed beside the defaults (LaunchConfig's fields:
+# block_n, num_warps, num_stages, design, prefetch, q_per_step, max_registers)
+SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "scaled", True), (64, 8, 1, "folded-bf16"),
+            (128, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16"),
+            (64, 8, 1, "folded-f16", True), (64, 8, 1, "folded-bf16", True)]
+SWEEP_RANK = [(128, 8, 1), (64, 8, 1), (64, 8, 2), (64, 8, 1, "scaled", False, False, 128),
+              (64, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
+              (64, 8, 1, "folded-f16", True), (64, 8, 1, "folded-f16", False, True, 128),
+              (32, 4, 1, "folded-f16"), (32, 4, 1, "folded-f16", False, True, 128),
+              (64, 8, 1, "folded-bf16", False, True, 128)]
 
 
 def attention_flops(tokens: int, heads: int, topk: int = TOPK) -> int:
@@ -140,11 +148,19 @@ def flashmla_padded(q, kv, indices):
 
 
 def config_label(name: str, config, default) -> str:
-    return (f"{name} block_n={config.block_n} warps={config.num_warps} "
-            f"stages={config.num_stages}" + (" (default)" if config == default else ""))
+    return f"{name} {config.label}" + (" (default)" if config == default else "")
 
 
-def bench_64_heads(tokens: int, pool: str, kv, configs, sm_count: int) -> list[dict]:
+def configs_for(heads: int, sweep: bool) -> list:
+    """The default config at `heads`, then (with --sweep) the others of SWEEP_64 or SWEEP_RANK."""
+    from mlamem.kernels.triton_sparse_decode import LaunchConfig, default_config
+
+    default = default_config(heads)
+    others = [LaunchConfig(*fields) for fields in (SWEEP_64 if heads >= HEADS else SWEEP_RANK)]
+    return [default, *(c for c in others if sweep and c != default)]
+
+
+def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 1 at one s_q and pool: FlashMLA, then the Triton kernel in each config."""
     from mlamem.kernels import FlashMLA
     from mlamem.kernels.triton_decode import sparse_mla_decode_triton, split_plan
@@ -156,7 +172,7 @@ def bench_64_heads(tokens: int, pool: str, kv, configs, sm_count: int) -> list[d
     flashmla = functools.partial(FlashMLA().decode, q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     (reference, _), allocated = allocated_in(flashmla)
     rows = [timing_row("FlashMLA", tokens, HEADS, pool, median_ms(flashmla), allocated)]
-    for config in configs:
+    for config in configs_for(HEADS, sweep):
         label = config_label("Triton", config, DEFAULT_CONFIG)
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config)
@@ -169,18 +185,18 @@ def bench_64_heads(tokens: int, pool: str, kv, configs, sm_count: int) -> list[d
     rows = with_ratio(rows)
     for row in rows:
         error = row.get("rel_l2_vs_flashmla")
-        print(f"  {row['kernel']:<48} {row['ms']:9.3f} ms {row['tflops']:7.1f} TFLOP/s "
+        print(f"  {row['kernel']:<76} {row['ms']:9.3f} ms {row['tflops']:7.1f} TFLOP/s "
               f"{row['gathered_tb_per_s']:6.2f} TB/s gathered  x{row['ratio_vs_flashmla']:.3f} "
               f"{row['allocated_bytes'] / 2**20:10.1f} MiB allocated"
               + (f"  rel L2 {error:.2e}" if error is not None else ""))
     return rows
 
 
-def bench_rank(scenario: str, tokens: int, kv, configs) -> list[dict]:
+def bench_rank(scenario: str, tokens: int, kv, sweep: bool) -> list[dict]:
     """Part 2 at one scenario and T: FlashMLA's padded call, then the native-head Triton call in
     each config; speedup = FlashMLA's time / this call's."""
     from mlamem.kernels.triton_decode import sparse_mla_decode_triton
-    from mlamem.kernels.triton_sparse_decode import DEFAULT_CONFIG
+    from mlamem.kernels.triton_sparse_decode import default_config
 
     heads = RANK_HEADS[scenario]
     q, indices = make_query(tokens, heads, POOLS["hbm"])
@@ -188,8 +204,8 @@ def bench_rank(scenario: str, tokens: int, kv, configs) -> list[dict]:
     (reference, _), allocated = allocated_in(padded)
     rows = [timing_row("FlashMLA, q padded to 64 heads (pad timed)", tokens, heads, "hbm",
                        median_ms(padded), allocated)]
-    for config in configs:
-        label = config_label("Triton native heads", config, DEFAULT_CONFIG)
+    for config in configs_for(heads, sweep):
+        label = config_label("Triton native heads", config, default_config(heads))
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config, native=True)
         try:
@@ -202,7 +218,7 @@ def bench_rank(scenario: str, tokens: int, kv, configs) -> list[dict]:
     rows = with_speedup(scenario, rows)
     for row in rows:
         error = row.get("rel_l2_vs_flashmla")
-        print(f"  {row['kernel']:<56} {row['ms']:9.3f} ms  x{row['speedup_vs_flashmla_padded']:.3f} "
+        print(f"  {row['kernel']:<92} {row['ms']:9.3f} ms  x{row['speedup_vs_flashmla_padded']:.3f} "
               f"{row['allocated_bytes'] / 2**20:10.1f} MiB allocated"
               + (f"  rel L2 {error:.2e}" if error is not None else ""))
     return rows
@@ -246,7 +262,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="8192,32768", help="part 1's s_q values")
     parser.add_argument("--rank-tokens", default="1024,8192,32768", help="part 2's T values")
     parser.add_argument("--pools", default="l2,hbm", help="part 1's KV pools: l2, hbm or both")
-    parser.add_argument("--sweep", action="store_true", help="also time other launch configs")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the other designs and launch configs (SWEEP_64, SWEEP_RANK)")
     parser.add_argument("--lse", action="store_true",
                         help="also compare both kernels' lse with the fp32 reference's")
     parser.add_argument("--json", help="write the rows to this file")
@@ -255,21 +272,22 @@ def main() -> None:
     if not set(pools) <= set(POOLS):
         parser.error(f"--pools: expected l2, hbm or l2,hbm, got {args.pools}")
 
-    from mlamem.kernels import FlashMLA
+    from mlamem.kernels import FlashMLA, TritonDecode
     from mlamem.kernels.triton_decode import triton_version
-    from mlamem.kernels.triton_sparse_decode import DEFAULT_CONFIG, LaunchConfig
 
+    for kernel in (FlashMLA(), TritonDecode()):
+        if (reason := kernel.unavailable_reason()) is not None:
+            parser.exit(2, f"triton_vs_flashmla.py: {kernel.label} is unavailable: {reason}\n")
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     environment = {"gpu": torch.cuda.get_device_name(), "sm_count": sm_count,
                    "torch": torch.__version__, "triton": triton_version(),
                    "flash_mla": FlashMLA().version()}
     print(", ".join(f"{k} {v}" for k, v in environment.items()) + f"; topk={TOPK}")
-    configs = [DEFAULT_CONFIG, *(LaunchConfig(*c) for c in SWEEP if args.sweep)]
     kv = {pool: make_pool(POOLS[pool]) for pool in {*pools, "hbm"}}
     rows = [row for pool in pools for tokens in map(int, args.tokens.split(","))
-            for row in bench_64_heads(tokens, pool, kv[pool], configs, sm_count)]
+            for row in bench_64_heads(tokens, pool, kv[pool], args.sweep, sm_count)]
     rank_rows = [row for scenario in RANK_HEADS for tokens in map(int, args.rank_tokens.split(","))
-                 for row in bench_rank(scenario, tokens, kv["hbm"], configs)]
+                 for row in bench_rank(scenario, tokens, kv["hbm"], args.sweep)]
     lse_rows = lse_errors() if args.lse else []
     if args.json:
         write_json(args.json, document(environment, rows, rank_rows, lse_rows))

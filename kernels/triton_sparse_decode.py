@@ -44,14 +44,44 @@ COMBINE_HEADS = 16  # heads per combine program
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 
 
+DESIGNS = ("scaled", "folded-bf16", "folded-f16")
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tile and launch parameters of the attention kernel. The default is the fastest of the
-    configs timed on an H200 (`benchmarks/triton_vs_flashmla.py --sweep`)."""
+    """Design, tile and launch parameters of the attention kernel.
+
+    design: where the per-128 fp8 scales are applied.
+      scaled       each fp8 value times its scale, rounded to bf16 (FlashMLA's way): one 512-wide
+                   q·kᵀ dot and one p·V dot per step on the dequantized tile.
+      folded-bf16  the fp8 values converted exactly to bf16, unscaled; the scales go to the
+                   scores' columns (one q·kᵀ dot per 128-group) and are folded into p (one p·V
+                   dot per group): no (block_n, 512) multiply, 8 dots per step.
+      folded-f16   the same in f16 (fp8 to f16 is one instruction per pair of values; q is
+                   converted to f16 once, exact within f16's range, |q| < 65504), p times the
+                   scale times 2^8 rounded to f16 (accumulator divided by 2^8 at the end).
+    prefetch: the next step's indices, fp8 bytes, scales and RoPE values are loaded before this
+    step's dots, into registers, so the gathers are in flight while the tensor cores work.
+    """
 
     block_n: int = DEFAULT_BLOCK_N  # KV tokens per loop step (a multiple of 16)
     num_warps: int = 8
     num_stages: int = 1
+    design: str = "scaled"
+    prefetch: bool = False
+    q_per_step: bool = False  # folded: q read each step, not held in registers across the loop
+    max_registers: int | None = None  # per thread (ptxas maxnreg): 128 lets 2 8-warp programs share an SM
+
+    def __post_init__(self):
+        if self.design not in DESIGNS:
+            raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
+
+    @property
+    def label(self) -> str:
+        options = [self.design] + ["prefetch"] * self.prefetch + ["q per step"] * self.q_per_step
+        return (f"{' '.join(options)} block_n={self.block_n} warps={self.num_warps} "
+                f"stages={self.num_stages}"
+                + (f" maxnreg={self.max_registers}" if self.max_registers else ""))
 
 
 DEFAULT_CONFIG = LaunchConfig()
@@ -60,6 +90,7 @@ DEFAULT_CONFIG = LaunchConfig()
 # pipelines the gathers over two stages; (128, 8, 1) spills 928 B per thread there. Chosen by
 # compile figures until timed (benchmarks/triton_vs_flashmla.py --sweep, part 2).
 NATIVE_CONFIG = LaunchConfig(block_n=NATIVE_BLOCK_N, num_warps=8, num_stages=2)
+F16_P_SCALE = 256.0  # folded-f16: p * scale * 2^8 keeps p's small values out of f16 subnormals
 
 
 def default_config(heads: int) -> LaunchConfig:
@@ -94,18 +125,118 @@ def _round_bf16(x, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _dequantized_nope(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, BLOCK_N: tl.constexpr,
-                      GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, SCALES_BYTE: tl.constexpr,
-                      UPCAST: tl.constexpr):
-    """(BLOCK_N, NOPE_DIM) bf16 dot operand: each token's fp8 NoPE values times their group's
-    fp32 scale (0 for invalid tokens)."""
+def _round_to(x, F16: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 x rounded to the folded dot type (f16 or bf16), held in fp32 in the interpreter."""
+    return _mma(x.to(tl.float16), UPCAST) if F16 else _round_bf16(x, UPCAST)
+
+
+@triton.jit
+def _fp8_exact(raw, F16: tl.constexpr, UPCAST: tl.constexpr):
+    """fp8 e4m3 bytes as the folded dot type, exactly (no scale)."""
+    values = raw.to(tl.float8e4nv, bitcast=True)
+    if UPCAST:
+        exact = values.to(tl.float32)
+    elif F16:
+        exact = values.to(tl.float16)
+    else:
+        exact = values.to(tl.bfloat16)
+    return exact
+
+
+@triton.jit
+def _tile_tokens(idx_row, offs, stop, block_size, kv_stride_block, kv_stride_slot):
+    """(valid, byte offset of each token's row) for the topk positions offs."""
+    idx = tl.load(idx_row + offs, mask=offs < stop, other=-1)
+    valid = idx >= 0
+    token = tl.where(valid, idx, 0).to(tl.int64)
+    return valid, (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
+
+
+@triton.jit
+def _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE: tl.constexpr, ROPE_DIM: tl.constexpr):
+    return tl.load(kv_bf16_ptr + ((token_bytes + ROPE_BYTE) // 2)[:, None]
+                   + tl.arange(0, ROPE_DIM)[None, :], mask=valid[:, None], other=0.0)
+
+
+@triton.jit
+def _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, g: tl.constexpr,
+                GROUP: tl.constexpr, SCALES_BYTE: tl.constexpr):
+    """(block_n, GROUP) fp8 bytes of 128-group g and their (block_n,) fp32 scales."""
+    raw = tl.load(kv_bytes_ptr + token_bytes[:, None] + g * GROUP + tl.arange(0, GROUP)[None, :],
+                  mask=valid[:, None], other=0)
+    scale = tl.load(kv_f32_ptr + (token_bytes + SCALES_BYTE) // 4 + g, mask=valid, other=0.0)
+    return raw, scale
+
+
+@triton.jit
+def _load_scaled_tile(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, token_bytes, valid,
+                      NOPE_DIM: tl.constexpr, GROUP: tl.constexpr, SCALES_BYTE: tl.constexpr,
+                      ROPE_BYTE: tl.constexpr, ROPE_DIM: tl.constexpr):
+    """The scaled design's tile: (block_n, NOPE_DIM) fp8 bytes, (block_n, 4) scales, RoPE."""
     raw = tl.load(kv_bytes_ptr + token_bytes[:, None] + tl.arange(0, NOPE_DIM)[None, :],
                   mask=valid[:, None], other=0)
     scales = tl.load(kv_f32_ptr + ((token_bytes + SCALES_BYTE) // 4)[:, None]
                      + tl.arange(0, NOPE_DIM // GROUP)[None, :], mask=valid[:, None], other=0.0)
+    return raw, scales, _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE, ROPE_DIM)
+
+
+@triton.jit
+def _dequantized(raw, scales, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+                 NOPE_DIM: tl.constexpr, UPCAST: tl.constexpr):
+    """(BLOCK_N, NOPE_DIM) bf16 dot operand: each fp8 value times its group's fp32 scale."""
     values = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32),
                         (BLOCK_N, NOPE_DIM // GROUP, GROUP))
     return _round_bf16(tl.reshape(values * scales[:, :, None], (BLOCK_N, NOPE_DIM)), UPCAST)
+
+
+@triton.jit
+def _online_softmax(scores, valid, m_i, l_i, sm_scale_log2):
+    """One step of the base-2 online softmax: (p, alpha, new max, new sum)."""
+    scores = tl.where(valid[None, :], scores * sm_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: no NaN
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _program(head_blocks, s_q, BLOCK_H: tl.constexpr):
+    """(batch, query position, head rows, which rows are real heads) of this program."""
+    pid = tl.program_id(0).to(tl.int64)
+    head_block = pid % head_blocks
+    pos = (pid // head_blocks) % s_q
+    batch = pid // (head_blocks * s_q)
+    h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
+    return batch, pos, h
+
+
+@triton.jit
+def _store_lse(m_i, l_i, batch, pos, h, head, split, s_q, heads, num_splits,
+               lse_ptr, lse_accum_ptr, lse_stride_b, lse_stride_h, lse_stride_s,
+               SPLIT: tl.constexpr, LN2: tl.constexpr):
+    """Stores lse (natural log), or the split's base-2 lse; returns the divisor of out (l_i,
+    or 1 for a query with no valid key)."""
+    has_keys = l_i > 0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    lse_log2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
+    if SPLIT:
+        row = ((batch * num_splits + split) * s_q + pos) * heads + h
+        tl.store(lse_accum_ptr + row, lse_log2, mask=head)
+    else:
+        tl.store(lse_ptr + batch * lse_stride_b + h * lse_stride_h + pos * lse_stride_s,
+                 lse_log2 * LN2, mask=head)
+    return l_safe
+
+
+@triton.jit
+def _out_rows(batch, pos, h, split, s_q, heads, num_splits, out_ptr, o_accum_ptr,
+              out_stride_b, out_stride_s, out_stride_h, NOPE_DIM: tl.constexpr,
+              SPLIT: tl.constexpr):
+    """Pointer to the first element of each head's output row (out, or the split's o_accum)."""
+    if SPLIT:
+        return o_accum_ptr + (((batch * num_splits + split) * s_q + pos) * heads + h) * NOPE_DIM
+    return out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
 
 
 @triton.jit
@@ -118,17 +249,14 @@ def _sparse_decode_attention(
     idx_stride_b, idx_stride_s,
     out_stride_b, out_stride_s, out_stride_h,
     lse_stride_b, lse_stride_h, lse_stride_s,
-    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
     SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
+    """The scaled design: one dequantized (BLOCK_N, 512) bf16 tile per step."""
+    batch, pos, h = _program(head_blocks, s_q, BLOCK_H)
     split = tl.program_id(1).to(tl.int64)
-    head_block = pid % head_blocks
-    pos = (pid // head_blocks) % s_q
-    batch = pid // (head_blocks * s_q)
-    h = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     head = h < heads  # rows past the rank's heads: zero q in registers, never stored
 
     q_rows = q_ptr + batch * q_stride_b + pos * q_stride_s + h[:, None] * q_stride_h
@@ -144,43 +272,166 @@ def _sparse_decode_attention(
     start = split * tokens_per_split
     stop = tl.minimum(start + tokens_per_split, topk)
     idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
+    if PREFETCH:
+        valid, token_bytes = _tile_tokens(idx_row, start + tl.arange(0, BLOCK_N), stop,
+                                          block_size, kv_stride_block, kv_stride_slot)
+        raw, scales, rope = _load_scaled_tile(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, token_bytes,
+                                              valid, NOPE_DIM, GROUP, SCALES_BYTE, ROPE_BYTE,
+                                              ROPE_DIM)
     for step_start in range(0, tokens_per_split, BLOCK_N):  # same trip count in every split
-        offs = start + step_start + tl.arange(0, BLOCK_N)
-        idx = tl.load(idx_row + offs, mask=offs < stop, other=-1)
-        valid = idx >= 0
-        token = tl.where(valid, idx, 0).to(tl.int64)
-        token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
-
-        k_nope = _dequantized_nope(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, BLOCK_N, GROUP,
-                                   NOPE_DIM, SCALES_BYTE, UPCAST)
-        rope = _mma(tl.load(kv_bf16_ptr + ((token_bytes + ROPE_BYTE) // 2)[:, None]
-                            + tl.arange(0, ROPE_DIM)[None, :], mask=valid[:, None], other=0.0),
-                    UPCAST)
-
-        scores = tl.dot(q_rope, tl.trans(rope), tl.dot(q_nope, tl.trans(k_nope)))
-        scores = tl.where(valid[None, :], scores * sm_scale_log2, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: no NaN
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if not PREFETCH:
+            valid, token_bytes = _tile_tokens(idx_row, start + step_start + tl.arange(0, BLOCK_N),
+                                              stop, block_size, kv_stride_block, kv_stride_slot)
+            raw, scales, rope = _load_scaled_tile(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr,
+                                                  token_bytes, valid, NOPE_DIM, GROUP,
+                                                  SCALES_BYTE, ROPE_BYTE, ROPE_DIM)
+        else:
+            next_valid, next_bytes = _tile_tokens(
+                idx_row, start + step_start + BLOCK_N + tl.arange(0, BLOCK_N), stop, block_size,
+                kv_stride_block, kv_stride_slot)
+            next_raw, next_scales, next_rope = _load_scaled_tile(
+                kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, next_bytes, next_valid, NOPE_DIM, GROUP,
+                SCALES_BYTE, ROPE_BYTE, ROPE_DIM)
+        k_nope = _dequantized(raw, scales, BLOCK_N, GROUP, NOPE_DIM, UPCAST)
+        scores = tl.dot(q_rope, tl.trans(_mma(rope, UPCAST)), tl.dot(q_nope, tl.trans(k_nope)))
+        p, alpha, m_i, l_i = _online_softmax(scores, valid, m_i, l_i, sm_scale_log2)
         acc = tl.dot(_round_bf16(p, UPCAST), k_nope, acc * alpha[:, None])
-        m_i = m_new
+        if PREFETCH:
+            valid, raw, scales, rope = next_valid, next_raw, next_scales, next_rope
 
-    has_keys = l_i > 0
-    l_safe = tl.where(has_keys, l_i, 1.0)
-    lse_log2 = tl.where(has_keys, m_i + tl.log2(l_safe), float("-inf"))
-    if SPLIT:
-        row = ((batch * num_splits + split) * s_q + pos) * heads + h
-        tl.store(lse_accum_ptr + row, lse_log2, mask=head)
-        o_rows = o_accum_ptr + row * NOPE_DIM
-    else:
-        tl.store(lse_ptr + batch * lse_stride_b + h * lse_stride_h + pos * lse_stride_s,
-                 lse_log2 * LN2, mask=head)
-        o_rows = out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
+    l_safe = _store_lse(m_i, l_i, batch, pos, h, head, split, s_q, heads, num_splits, lse_ptr,
+                        lse_accum_ptr, lse_stride_b, lse_stride_h, lse_stride_s, SPLIT, LN2)
+    o_rows = _out_rows(batch, pos, h, split, s_q, heads, num_splits, out_ptr, o_accum_ptr,
+                       out_stride_b, out_stride_s, out_stride_h, NOPE_DIM, SPLIT)
     tl.store(o_rows[:, None] + tl.arange(0, NOPE_DIM)[None, :],
              (acc / l_safe[:, None]).to(o_rows.dtype.element_ty), mask=head[:, None])
+
+
+@triton.jit
+def _folded_group_q(q_rows, head, g: tl.constexpr, GROUP: tl.constexpr, F16: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    q = tl.load(q_rows + g * GROUP + tl.arange(0, GROUP)[None, :], mask=head[:, None], other=0.0)
+    if F16:
+        q = q.to(tl.float16)
+    return _mma(q, UPCAST)
+
+
+@triton.jit
+def _store_group(o_rows, acc, l_safe, head, g: tl.constexpr, GROUP: tl.constexpr,
+                 P_SCALE: tl.constexpr):
+    tl.store(o_rows[:, None] + g * GROUP + tl.arange(0, GROUP)[None, :],
+             (acc / (l_safe[:, None] * P_SCALE)).to(o_rows.dtype.element_ty), mask=head[:, None])
+
+
+@triton.jit
+def _folded_decode_attention(
+    q_ptr, kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr,
+    out_ptr, lse_ptr, o_accum_ptr, lse_accum_ptr,
+    sm_scale_log2, s_q, heads, head_blocks, topk, tokens_per_split, num_splits, block_size,
+    q_stride_b, q_stride_s, q_stride_h,
+    kv_stride_block, kv_stride_slot,
+    idx_stride_b, idx_stride_s,
+    out_stride_b, out_stride_s, out_stride_h,
+    lse_stride_b, lse_stride_h, lse_stride_s,
+    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
+    SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
+    UPCAST: tl.constexpr, F16: tl.constexpr, P_SCALE: tl.constexpr, Q_PER_STEP: tl.constexpr,
+):
+    """The folded designs: the four 128-groups of fp8 values converted exactly, their scales on
+    the scores' columns and in p; one accumulator of (BLOCK_H, 128) per group."""
+    batch, pos, h = _program(head_blocks, s_q, BLOCK_H)
+    split = tl.program_id(1).to(tl.int64)
+    head = h < heads
+
+    q_rows = q_ptr + batch * q_stride_b + pos * q_stride_s + h[:, None] * q_stride_h
+    if not Q_PER_STEP:
+        q0 = _folded_group_q(q_rows, head, 0, GROUP, F16, UPCAST)
+        q1 = _folded_group_q(q_rows, head, 1, GROUP, F16, UPCAST)
+        q2 = _folded_group_q(q_rows, head, 2, GROUP, F16, UPCAST)
+        q3 = _folded_group_q(q_rows, head, 3, GROUP, F16, UPCAST)
+        q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :],
+                              mask=head[:, None], other=0.0), UPCAST)
+
+    acc0 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
+    m_i = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+
+    start = split * tokens_per_split
+    stop = tl.minimum(start + tokens_per_split, topk)
+    idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
+    if PREFETCH:
+        valid, token_bytes = _tile_tokens(idx_row, start + tl.arange(0, BLOCK_N), stop,
+                                          block_size, kv_stride_block, kv_stride_slot)
+        raw0, sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 0, GROUP, SCALES_BYTE)
+        raw1, sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 1, GROUP, SCALES_BYTE)
+        raw2, sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 2, GROUP, SCALES_BYTE)
+        raw3, sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 3, GROUP, SCALES_BYTE)
+        rope = _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE, ROPE_DIM)
+    for step_start in range(0, tokens_per_split, BLOCK_N):
+        if not PREFETCH:
+            valid, token_bytes = _tile_tokens(idx_row, start + step_start + tl.arange(0, BLOCK_N),
+                                              stop, block_size, kv_stride_block, kv_stride_slot)
+            raw0, sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 0, GROUP,
+                                    SCALES_BYTE)
+            raw1, sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 1, GROUP,
+                                    SCALES_BYTE)
+            raw2, sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 2, GROUP,
+                                    SCALES_BYTE)
+            raw3, sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 3, GROUP,
+                                    SCALES_BYTE)
+            rope = _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE, ROPE_DIM)
+        else:
+            next_valid, next_bytes = _tile_tokens(
+                idx_row, start + step_start + BLOCK_N + tl.arange(0, BLOCK_N), stop, block_size,
+                kv_stride_block, kv_stride_slot)
+            next0, next_sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 0,
+                                          GROUP, SCALES_BYTE)
+            next1, next_sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 1,
+                                          GROUP, SCALES_BYTE)
+            next2, next_sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 2,
+                                          GROUP, SCALES_BYTE)
+            next3, next_sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 3,
+                                          GROUP, SCALES_BYTE)
+            next_rope = _load_rope(kv_bf16_ptr, next_bytes, next_valid, ROPE_BYTE, ROPE_DIM)
+        k0 = _fp8_exact(raw0, F16, UPCAST)
+        k1 = _fp8_exact(raw1, F16, UPCAST)
+        k2 = _fp8_exact(raw2, F16, UPCAST)
+        k3 = _fp8_exact(raw3, F16, UPCAST)
+        if Q_PER_STEP:  # q read again each step (L1 hits), not held in registers
+            q0 = _folded_group_q(q_rows, head, 0, GROUP, F16, UPCAST)
+            q1 = _folded_group_q(q_rows, head, 1, GROUP, F16, UPCAST)
+            q2 = _folded_group_q(q_rows, head, 2, GROUP, F16, UPCAST)
+            q3 = _folded_group_q(q_rows, head, 3, GROUP, F16, UPCAST)
+            q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :],
+                                  mask=head[:, None], other=0.0), UPCAST)
+        scores = tl.dot(q_rope, tl.trans(_mma(rope, UPCAST)))
+        scores += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
+        scores += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
+        scores += tl.dot(q2, tl.trans(k2)) * sc2[None, :]
+        scores += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
+        p, alpha, m_i, l_i = _online_softmax(scores, valid, m_i, l_i, sm_scale_log2)
+        p = p * P_SCALE
+        acc0 = tl.dot(_round_to(p * sc0[None, :], F16, UPCAST), k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(_round_to(p * sc1[None, :], F16, UPCAST), k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(_round_to(p * sc2[None, :], F16, UPCAST), k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(_round_to(p * sc3[None, :], F16, UPCAST), k3, acc3 * alpha[:, None])
+        if PREFETCH:
+            valid, rope = next_valid, next_rope
+            raw0, raw1, raw2, raw3 = next0, next1, next2, next3
+            sc0, sc1, sc2, sc3 = next_sc0, next_sc1, next_sc2, next_sc3
+
+    l_safe = _store_lse(m_i, l_i, batch, pos, h, head, split, s_q, heads, num_splits, lse_ptr,
+                        lse_accum_ptr, lse_stride_b, lse_stride_h, lse_stride_s, SPLIT, LN2)
+    o_rows = _out_rows(batch, pos, h, split, s_q, heads, num_splits, out_ptr, o_accum_ptr,
+                       out_stride_b, out_stride_s, out_stride_h, NOPE_DIM, SPLIT)
+    _store_group(o_rows, acc0, l_safe, head, 0, GROUP, P_SCALE)
+    _store_group(o_rows, acc1, l_safe, head, 1, GROUP, P_SCALE)
+    _store_group(o_rows, acc2, l_safe, head, 2, GROUP, P_SCALE)
+    _store_group(o_rows, acc3, l_safe, head, 3, GROUP, P_SCALE)
 
 
 @triton.jit
@@ -240,7 +491,12 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     accum_lse = lse_accum if split else lse  # unused without a split
     accum_o = o_accum if split else out
     grid = (b * s_q * head_blocks(heads), num_splits)
-    _sparse_decode_attention[grid](
+    folded = {} if config.design == "scaled" else {
+        "F16": config.design == "folded-f16",
+        "P_SCALE": F16_P_SCALE if config.design == "folded-f16" else 1.0,
+        "Q_PER_STEP": config.q_per_step}
+    kernel = _sparse_decode_attention if config.design == "scaled" else _folded_decode_attention
+    kernel[grid](
         q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices,
         out, lse, accum_o, accum_lse,
         sm_scale * LOG2E, s_q, heads, head_blocks(heads), topk, tokens_per_split, num_splits,
@@ -250,10 +506,11 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
         indices.stride(0), indices.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        SPLIT=split, BLOCK_H=block_heads(heads), BLOCK_N=config.block_n,
+        SPLIT=split, PREFETCH=config.prefetch, BLOCK_H=block_heads(heads), BLOCK_N=config.block_n,
         GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
         SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, UPCAST=INTERPRETED,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
+        **folded,
     )
     if split:
         combine_heads = min(COMBINE_HEADS, heads)  # 8 heads: one program of 8

@@ -37,31 +37,40 @@ CONFIGS += [(heads, kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st))
             for n, w, st in ((128, 8, 1), (128, 4, 1), (64, 4, 1), (64, 4, 2), (64, 8, 2))]
 
 
-def attention_call(heads, config) -> tuple[tuple, dict]:
-    """The positional and keyword arguments the wrapper launches the attention kernel with."""
+ATTENTION_KERNELS = ("_sparse_decode_attention", "_folded_decode_attention")  # by design
+
+
+def attention_call(heads, config) -> tuple[object, tuple, dict]:
+    """The attention kernel the wrapper launches for config, with its positional and keyword
+    arguments."""
     calls = []
 
     class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: calls.append((args, kwargs))
+            return lambda *args, **kwargs: calls.append((self.kernel, args, kwargs))
 
     pool = 4 * TOPK
     kv = torch.zeros(pool // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN, dtype=torch.uint8)
     q = torch.zeros(1, S_Q, heads, 576, dtype=torch.bfloat16)
     indices = torch.zeros(1, S_Q, TOPK, dtype=torch.int32)
-    kernel, kernels._sparse_decode_attention = kernels._sparse_decode_attention, Recorder()
+    originals = {name: getattr(kernels, name) for name in ATTENTION_KERNELS}
+    for name, kernel in originals.items():
+        setattr(kernels, name, Recorder(kernel))
     try:
         sparse_mla_decode_triton(q, kv, indices, sm_scale=1 / math.sqrt(576), sm_count=1,
                                  config=config, native=heads < 64)
     finally:
-        kernels._sparse_decode_attention = kernel
+        for name, kernel in originals.items():
+            setattr(kernels, name, kernel)
     return calls[0]
 
 
 def compile_sm90(heads, config):
     """The attention kernel compiled for SM90 as a launch at `heads` with config would compile it."""
-    fn = kernels._sparse_decode_attention
-    args, kwargs = attention_call(heads, config)
+    fn, args, kwargs = attention_call(heads, config)
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
