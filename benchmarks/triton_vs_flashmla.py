@@ -53,7 +53,8 @@ SWEEP_RANK = [(128, 8, 1), (64, 8, 1), (64, 8, 2), (64, 8, 1, "scaled", False, F
               (64, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
               (64, 8, 1, "folded-f16", True), (64, 8, 1, "folded-f16", False, True, 128),
               (32, 4, 1, "folded-f16"), (32, 4, 1, "folded-f16", False, True, 128),
-              (64, 8, 1, "folded-bf16", False, True, 128)]
+              (32, 4, 1, "folded-f16", False, True, 168), (32, 4, 2, "folded-f16", False, True, 168),
+              (16, 4, 1, "folded-f16", False, True, 128), (64, 8, 1, "folded-bf16", False, True, 128)]
 
 
 def attention_flops(tokens: int, heads: int, topk: int = TOPK) -> int:

@@ -48,10 +48,11 @@
 #   native         the native-head Triton decode and the speed targets (issue 17): the Triton
 #                  GPU tests; `profile --kernel triton-native` at GLM-5 and DeepSeek-V3.2 TP8,
 #                  measured and predicted, and `validate --kernel triton-native`; the register
-#                  and shared-memory table (scripts/triton_registers.py); the benchmark, both
-#                  parts with every launch config and lse (benchmarks/triton_vs_flashmla.py
-#                  --sweep --lse); ncu of one call each of triton-native (8 heads), triton (64)
-#                  and FlashMLA's padded call, T=8192 from the 4 GiB pool, where ncu exists
+#                  and shared-memory table (scripts/triton_registers.py); the benchmark's sweep
+#                  of designs and launch configs at T=8192 (--sweep), then both parts at every
+#                  T in the default configs, with lse (benchmarks/triton_vs_flashmla.py); ncu
+#                  of one call each of triton-native (8 heads), triton (64) and FlashMLA's
+#                  padded call, T=8192 from the 4 GiB pool, where ncu exists
 #   api            the Python API, pytest plugin, plug-in kernels and shards (issue 16): their
 #                  tests (profile_call against `mlamem profile` on FlashMLA, the marks on the
 #                  Triton decode, the README's examples on CUDA); the README's plugin example
@@ -404,8 +405,10 @@ suite_native() {
     step validate timeout 300 "${MLAMEM[@]}" validate --kernel triton-native \
         -s glm5-fp8-tp8,deepseek-v32-fp8-tp8 --format json --output "$R/native-validate.json"
     step registers timeout 240 env -u TRITON_INTERPRET python3 scripts/triton_registers.py
-    step bench timeout "${BENCH_TIMEOUT:-420}" python3 benchmarks/triton_vs_flashmla.py --sweep \
-        --lse --json "$R/triton-vs-flashmla.json"
+    step sweep timeout "${SWEEP_TIMEOUT:-420}" python3 benchmarks/triton_vs_flashmla.py --sweep \
+        --tokens 8192 --rank-tokens 8192 --json "$R/triton-vs-flashmla-sweep.json"
+    step bench timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/triton_vs_flashmla.py --lse \
+        --json "$R/triton-vs-flashmla.json"
     if command -v ncu > /dev/null; then
         for k in "triton-native 8" "triton 64" "flashmla 8"; do
             set -- $k
