@@ -1,4 +1,5 @@
-"""mlamem's Triton sparse decodes against FlashMLA, side by side in one run.
+"""mlamem's own sparse decodes (the Gluon warp-specialized kernel and the Triton designs) against
+FlashMLA, side by side in one run.
 
 Run on a GPU with flash_mla and triton:
     python3 benchmarks/triton_vs_flashmla.py [--tokens 8192,32768] [--rank-tokens 1024,8192,32768]
@@ -8,13 +9,15 @@ Part 1, 64 heads (FlashMLA's own shape): h_q = 64, topk = 2048, s_q in --tokens,
 valid, from each KV pool of --pools:
   l2   4 x topk tokens (5.4 MB): the gathers hit the H200's 60 MB L2;
   hbm  4 GiB of cache (6.5 M tokens): the gathers come from HBM.
-FlashMLA, then the Triton kernel in each launch config; TFLOP/s = 2 * s_q * h_q * topk *
-(576 + 512) / time, and the ratio to FlashMLA's. "gathered" is the KV bytes the attention
-programs read, s_q * (h_q / 64) * topk * 656, over the time.
+FlashMLA, then mlamem's kernel in the default config, the Triton fallback and (--sweep) the
+other designs and launch configs (a config that would fall back on this GPU is named, not
+timed); TFLOP/s = 2 * s_q * h_q * topk * (576 + 512) / time, and the ratio to FlashMLA's.
+"gathered" is the KV bytes the attention programs read, s_q * (h_q / 64) * topk * 656, over
+the time.
 
 Part 2, the heads of one tensor-parallel rank: GLM-5 TP8 (8 heads) and DeepSeek-V3.2 TP8 (16),
 topk 2048, T in --rank-tokens, from the hbm pool. FlashMLA's padded call, as an engine runs it
-(q.new_zeros to 64 heads, the copy, the call: the pad is timed), against the native-head Triton
+(q.new_zeros to 64 heads, the copy, the call: the pad is timed), against mlamem's native-head
 call at the rank's heads (`--kernel triton-native`); time per call and speedup = FlashMLA's
 time / native's (above 1: native is faster).
 
@@ -44,17 +47,13 @@ POOLS = {"l2": 4 * TOPK,  # tokens
 SM_SCALE = 1 / math.sqrt(576)
 LSE_SHAPES = [(4096, 128, 128), (1024, 64, 2048)]  # (s_q, h_q, topk) of the --lse check
 SCHEMA = "mlamem.bench/2"
-# --sweep: the designs and launch configs timed beside the defaults (LaunchConfig's fields:
-# block_n, num_warps, num_stages, design, prefetch, q_per_step, max_registers)
-SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "scaled", True), (64, 8, 1, "folded-bf16"),
-            (128, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16"),
-            (64, 8, 1, "folded-f16", True), (64, 8, 1, "folded-bf16", True)]
-SWEEP_RANK = [(128, 8, 1), (64, 8, 1), (64, 8, 2), (64, 8, 1, "scaled", False, False, 128),
-              (64, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
-              (64, 8, 1, "folded-f16", True), (64, 8, 1, "folded-f16", False, True, 128),
-              (32, 4, 1, "folded-f16"), (32, 4, 1, "folded-f16", False, True, 128),
-              (32, 4, 1, "folded-f16", False, True, 168), (32, 4, 2, "folded-f16", False, True, 168),
-              (16, 4, 1, "folded-f16", False, True, 128), (64, 8, 1, "folded-bf16", False, True, 128)]
+# --sweep: the designs and launch configs timed beside the default and the Triton fallback
+# (LaunchConfig's fields: block_n, num_warps, num_stages, design, prefetch, q_per_step,
+# max_registers). The prefetch designs were 5x slower than without (reports/native-h200).
+SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16"),
+            (64, 8, 1, "gluon-folded-f16")]
+SWEEP_RANK = [(64, 8, 2), (64, 8, 1), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
+              (32, 4, 1, "folded-f16", False, True, 168), (64, 8, 1, "gluon-folded-f16")]
 
 
 def attention_flops(tokens: int, heads: int, topk: int = TOPK) -> int:
@@ -153,19 +152,33 @@ def config_label(name: str, config, default) -> str:
 
 
 def configs_for(heads: int, sweep: bool) -> list:
-    """The default config at `heads`, then (with --sweep) the others of SWEEP_64 or SWEEP_RANK."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig, default_config
+    """The default config at `heads`, its Triton fallback, then (with --sweep) the others of
+    SWEEP_64 or SWEEP_RANK."""
+    from mlamem.kernels.triton_sparse_decode import LaunchConfig, default_config, fallback_config
 
-    default = default_config(heads)
     others = [LaunchConfig(*fields) for fields in (SWEEP_64 if heads >= HEADS else SWEEP_RANK)]
-    return [default, *(c for c in others if sweep and c != default)]
+    configs = [default_config(heads), fallback_config(heads), *(others if sweep else [])]
+    return list(dict.fromkeys(configs))
+
+
+def runs_as(config, heads: int, tokens: int, sm_count: int):
+    """config, or None (with the reason printed) where the call would fall back to another."""
+    from mlamem.kernels.triton_decode import split_plan
+    from mlamem.kernels.triton_sparse_decode import runnable_config
+
+    splits = split_plan(1, tokens, heads, TOPK, sm_count, config.block_n).split
+    runs, reason = runnable_config(config, heads, torch.device("cuda"), splits)
+    if reason is not None:
+        print(f"  {config.label}: not timed, it would run {runs.label}: {reason}")
+        return None
+    return config
 
 
 def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 1 at one s_q and pool: FlashMLA, then the Triton kernel in each config."""
     from mlamem.kernels import FlashMLA
     from mlamem.kernels.triton_decode import sparse_mla_decode_triton, split_plan
-    from mlamem.kernels.triton_sparse_decode import DEFAULT_CONFIG
+    from mlamem.kernels.triton_sparse_decode import default_config
 
     q, indices = make_query(tokens, HEADS, POOLS[pool])
     print(f"\n64 heads, s_q={tokens}, pool {pool} ({POOLS[pool]} tokens): triton plan "
@@ -174,7 +187,9 @@ def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> li
     (reference, _), allocated = allocated_in(flashmla)
     rows = [timing_row("FlashMLA", tokens, HEADS, pool, median_ms(flashmla), allocated)]
     for config in configs_for(HEADS, sweep):
-        label = config_label("Triton", config, DEFAULT_CONFIG)
+        if runs_as(config, HEADS, tokens, sm_count) is None:
+            continue
+        label = config_label("mlamem", config, default_config(HEADS))
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config)
         try:
@@ -193,7 +208,7 @@ def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> li
     return rows
 
 
-def bench_rank(scenario: str, tokens: int, kv, sweep: bool) -> list[dict]:
+def bench_rank(scenario: str, tokens: int, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 2 at one scenario and T: FlashMLA's padded call, then the native-head Triton call in
     each config; speedup = FlashMLA's time / this call's."""
     from mlamem.kernels.triton_decode import sparse_mla_decode_triton
@@ -206,7 +221,9 @@ def bench_rank(scenario: str, tokens: int, kv, sweep: bool) -> list[dict]:
     rows = [timing_row("FlashMLA, q padded to 64 heads (pad timed)", tokens, heads, "hbm",
                        median_ms(padded), allocated)]
     for config in configs_for(heads, sweep):
-        label = config_label("Triton native heads", config, default_config(heads))
+        if runs_as(config, heads, tokens, sm_count) is None:
+            continue
+        label = config_label("mlamem native heads", config, default_config(heads))
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config, native=True)
         try:
@@ -288,7 +305,7 @@ def main() -> None:
     rows = [row for pool in pools for tokens in map(int, args.tokens.split(","))
             for row in bench_64_heads(tokens, pool, kv[pool], args.sweep, sm_count)]
     rank_rows = [row for scenario in RANK_HEADS for tokens in map(int, args.rank_tokens.split(","))
-                 for row in bench_rank(scenario, tokens, kv["hbm"], args.sweep)]
+                 for row in bench_rank(scenario, tokens, kv["hbm"], args.sweep, sm_count)]
     lse_rows = lse_errors() if args.lse else []
     if args.json:
         write_json(args.json, document(environment, rows, rank_rows, lse_rows))

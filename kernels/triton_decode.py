@@ -52,7 +52,7 @@ HEAD_COUNTS = (64, 128)  # as FlashMLA, so the two pad q alike
 NATIVE_HEAD_COUNTS = (8, 16, 32, 64, 128)  # per-rank head counts the native kernel runs
 MIN_DOT_ROWS = 16  # a tl.dot's least rows: fewer heads are padded to this in registers
 DEFAULT_BLOCK_N = 128  # KV tokens per loop step: LaunchConfig's default (triton_sparse_decode)
-NATIVE_BLOCK_N = 64  # below 64 heads: the native default config's (triton_sparse_decode)
+NATIVE_BLOCK_N = 32  # below 64 heads: the native Triton config's (triton_sparse_decode)
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
 INSTALL_HINT = "pip install triton"
@@ -108,7 +108,8 @@ def max_splits(b: int, s_q: int, h_q: int, sm_count: int) -> int:
 
 
 def default_block_n(h_q: int) -> int:
-    """KV tokens per loop step of the default launch config at h_q heads."""
+    """KV tokens per loop step of the Triton config a call at h_q heads runs when it splits
+    (the Gluon kernel never splits: such calls fall back to the Triton kernel)."""
     return DEFAULT_BLOCK_N if h_q >= HEAD_BLOCK else NATIVE_BLOCK_N
 
 
@@ -221,13 +222,16 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
     """
     from mlamem.kernels import triton_sparse_decode as kernels
 
-    config = config or kernels.default_config(q.shape[2])
     _check_inputs(q, kv_cache, indices, d_v, out, lse, native)
     b, s_q, h_q, _ = q.shape
     if sm_count is None:
         sm_count = (torch.cuda.get_device_properties(q.device).multi_processor_count
                     if q.device.type == "cuda" else DEFAULT_SM_COUNT)
-    plan = split_plan(b, s_q, h_q, indices.shape[-1], sm_count, config.block_n)
+    topk = indices.shape[-1]
+    config = config or kernels.default_config(h_q)
+    config, _ = kernels.runnable_config(
+        config, h_q, q.device, split_plan(b, s_q, h_q, topk, sm_count, config.block_n).split)
+    plan = split_plan(b, s_q, h_q, topk, sm_count, config.block_n)
 
     specs = (native_allocations if native else flashmla_allocations)(tuple(q.shape), d_v, sm_count)
     returned, temporaries = allocate_missing(specs, q.device, out=out, lse=lse,
@@ -284,7 +288,29 @@ class TritonDecode(SparseDecodeKernel):
         return None
 
     def version(self) -> str | None:
-        return triton_version()
+        """triton's version and, on a CUDA device, the design a call that fills the SMs runs at
+        each head count (a kernel's identity: e.g. "3.6.0 (gluon)"), or why the Triton fallback
+        runs instead of the Gluon kernel. Calls that split the topk always run the Triton
+        kernel."""
+        version = triton_version()
+        if version is None or not torch.cuda.is_available():
+            return version
+        from mlamem.kernels import triton_sparse_decode as kernels
+
+        designs: dict[str, list[int]] = {}
+        reasons = set()
+        for heads in self.head_counts:
+            config, reason = kernels.runnable_config(kernels.default_config(heads), heads,
+                                                     self.device, splits=False)
+            designs.setdefault(config.design, []).append(heads)
+            reasons.add(reason)
+        if len(designs) == 1:
+            text = next(iter(designs))
+        else:
+            text = "; ".join(f"{design} at {', '.join(map(str, heads))} heads"
+                             for design, heads in designs.items())
+        reason = next((r for r in reasons if r), None)
+        return f"{version} ({text}" + (f": {reason}" if reason else "") + ")"
 
     def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
         if op != SPARSE_DECODE:

@@ -31,7 +31,6 @@ from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_DIM
 from mlamem.kernels.triton_decode import (
     DEFAULT_BLOCK_N,
     HEAD_BLOCK,
-    NATIVE_BLOCK_N,
     block_heads,
     head_blocks,
 )
@@ -44,7 +43,8 @@ COMBINE_HEADS = 16  # heads per combine program
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 
 
-DESIGNS = ("scaled", "folded-bf16", "folded-f16")
+GLUON_DESIGNS = {"gluon": False, "gluon-folded-f16": True}  # design -> the kernel's fold_f16
+DESIGNS = ("scaled", "folded-bf16", "folded-f16", *GLUON_DESIGNS)
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ class LaunchConfig:
       folded-f16   the same in f16 (fp8 to f16 is one instruction per pair of values; q is
                    converted to f16 once, exact within f16's range, |q| < 65504), p times the
                    scale times 2^8 rounded to f16 (accumulator divided by 2^8 at the end).
+      gluon        the warp-specialized Gluon kernel (kernels/gluon_sparse_decode.py): producer
+                   warps gather and dequantize into a shared-memory ring while two consumer
+                   warpgroups run the wgmmas and the softmax; SM90 only, no split, block_n 64.
+      gluon-folded-f16  the same with the folded-f16 dequantization (the producer only converts).
     prefetch: the next step's indices, fp8 bytes, scales and RoPE values are loaded before this
     step's dots, into registers, so the gathers are in flight while the tensor cores work.
     """
@@ -84,18 +88,60 @@ class LaunchConfig:
                 + (f" maxnreg={self.max_registers}" if self.max_registers else ""))
 
 
-DEFAULT_CONFIG = LaunchConfig()
-# Below 64 heads (one program of 16 rows, MMAs without wgmma): the config that compiles for SM90
-# without spilling (scripts/triton_registers.py: 224 registers, 0 B spilled, 159 KB shared) and
-# pipelines the gathers over two stages; (128, 8, 1) spills 928 B per thread there. Chosen by
-# compile figures until timed (benchmarks/triton_vs_flashmla.py --sweep, part 2).
-NATIVE_CONFIG = LaunchConfig(block_n=NATIVE_BLOCK_N, num_warps=8, num_stages=2)
+# Triton designs: the fallback where the Gluon kernel cannot run (no SM90, no Gluon, or a call
+# that splits the topk). Each the fastest of its head count in the H200 sweep
+# (benchmarks/triton_vs_flashmla.py --sweep, reports/native-h200).
+DEFAULT_CONFIG = LaunchConfig()  # 64 heads and more: 12.9 ms at T=8192, L2 pool
+NATIVE_CONFIG = LaunchConfig(block_n=32, num_warps=4, num_stages=2, design="folded-f16",
+                             q_per_step=True, max_registers=168)  # 8 and 16 heads: 11.0 ms
+GLUON_CONFIG = LaunchConfig(block_n=64, num_warps=8, design="gluon")  # the Gluon kernel's tile
 F16_P_SCALE = 256.0  # folded-f16: p * scale * 2^8 keeps p's small values out of f16 subnormals
 
 
-def default_config(heads: int) -> LaunchConfig:
-    """The launch config a call at `heads` query heads runs by default."""
+def fallback_config(heads: int) -> LaunchConfig:
+    """The Triton config a call at `heads` query heads runs where the Gluon kernel cannot."""
     return DEFAULT_CONFIG if heads >= HEAD_BLOCK else NATIVE_CONFIG
+
+
+def default_config(heads: int) -> LaunchConfig:
+    """The launch config a call at `heads` query heads asks for (`runnable_config` may fall
+    back)."""
+    return GLUON_CONFIG
+
+
+def gluon_unavailable_reason(device: torch.device) -> str | None:
+    """None where the Gluon kernel runs on device; else why not, in one line."""
+    if INTERPRETED or device.type != "cuda":
+        return "the Gluon kernel runs only on a CUDA GPU (not in Triton's interpreter)"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        return (f"the Gluon kernel is written for SM90 (wgmma, setmaxnreg); this GPU is "
+                f"SM{capability[0]}{capability[1]}")
+    try:
+        from mlamem.kernels import gluon_sparse_decode
+    except Exception as exc:  # a triton without Gluon's Hopper API
+        return (f"triton {triton.__version__} has no usable Gluon "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+    offered = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin",
+                      None)
+    if offered is not None and offered < gluon_sparse_decode.SHARED_LIMIT:
+        return (f"the Gluon kernel needs {gluon_sparse_decode.SHARED_LIMIT // 1024} KiB of shared "
+                f"memory per program; this GPU offers {offered // 1024} KiB")
+    return None
+
+
+def runnable_config(config: LaunchConfig, heads: int, device: torch.device,
+                    splits: bool) -> tuple[LaunchConfig, str | None]:
+    """(the config the call runs, why it is not `config`, or None). A Gluon design falls back
+    to the Triton kernel where Gluon cannot run or the call splits the topk (the Gluon kernel
+    has no split: a call whose programs do not fill the SMs)."""
+    if config.design not in GLUON_DESIGNS:
+        return config, None
+    reason = gluon_unavailable_reason(device)
+    if reason is None and splits:
+        reason = ("the call's programs do not fill the SMs, so it splits the topk, and the Gluon "
+                  "kernel has no split")
+    return (config, None) if reason is None else (fallback_config(heads), reason)
 
 
 def shared_bytes(config: LaunchConfig, heads: int = HEAD_BLOCK) -> int:
@@ -485,6 +531,15 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     """
     b, s_q, heads, _ = q.shape
     config = config or default_config(heads)
+    if config.design in GLUON_DESIGNS:
+        if num_splits > 1:
+            raise ValueError("the Gluon kernel has no split; runnable_config falls back to the "
+                             "Triton kernel for a call that splits")
+        from mlamem.kernels.gluon_sparse_decode import launch_gluon
+
+        launch_gluon(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
+                     tokens_per_split=tokens_per_split, fold_f16=GLUON_DESIGNS[config.design])
+        return
     topk = indices.shape[-1]
     kv_bytes = kv_cache.view(torch.uint8)
     split = num_splits > 1

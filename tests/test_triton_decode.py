@@ -46,6 +46,7 @@ def launches(monkeypatch):
     fake = types.ModuleType("mlamem.kernels.triton_sparse_decode")
     fake.default_config = lambda heads: types.SimpleNamespace(
         block_n=triton_decode.default_block_n(heads))
+    fake.runnable_config = lambda config, heads, device, splits: (config, None)
     fake.launch = lambda *args, **kwargs: calls.append((args, kwargs))
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(mlamem.kernels, "triton_sparse_decode", fake, raising=False)

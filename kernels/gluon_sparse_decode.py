@@ -1,0 +1,326 @@
+"""Warp-specialised Hopper (SM90) sparse fp8 MLA decode in Gluon: the gathers and the
+dequantization overlap the MMAs.
+
+It computes what `triton_sparse_decode._sparse_decode_attention` computes without a split (the
+"scaled" design): per (batch, query position, block of 64 heads) one program walks the whole
+topk, BLOCK_N tokens a step; each token's 656-byte fp8_ds_mla row is gathered, its 512 NoPE
+values dequantized to bf16 (fp8 times the fp32 scale of its 128-group, rounded once to bf16),
+the scores are q_nope·Kᵀ + q_rope·ropeᵀ, the softmax is the base-2 online one, and
+acc += bf16(p)·K (V is the dequantized NoPE tile). The program writes out (bf16) and lse
+(natural log; -inf and 0 rows for a query with no valid index).
+
+Design (FlashMLA's Hopper sparse-fp8 decode shape), one CTA of 12 warps:
+  consumer (default partition, 8 warps = 2 warpgroups): stages q in shared memory once, then per
+      step waits full[slot]; wgmma q_nope (64x512) x Kᵀ + q_rope (64x64) x ropeᵀ into a (64,
+      BLOCK_N) fp32 tile (each warpgroup BLOCK_N / 2 columns); masks and runs the online softmax
+      in registers (row max and sum cross the two warpgroups); p -> bf16 as a register A
+      operand; wgmma p x K into the (64, 512) fp32 accumulator (each warpgroup 256 columns);
+      arrives empty[slot] once both warpgroups' MMAs are done.
+  producer (worker partition, 4 warps): per step loads the BLOCK_N indices and gathers the fp8
+      bytes (16-byte vectors along each row), the scales and the RoPE values into registers
+      *before* waiting for a free slot, so the gather is in flight while the consumer works;
+      then waits empty[slot], dequantizes one 128-group at a time into the slot's bf16 K tile,
+      stores RoPE and a 0 / -inf key mask, fences (generic -> async proxy) and arrives
+      full[slot].
+  mbarrier parity as in Gluon's tutorials: step i uses slot i % NUM_BUF and phase
+  (i // NUM_BUF) & 1; the producer waits empty with phase ^ 1, which a fresh barrier passes.
+
+Shared memory per CTA (BLOCK_N 64, NUM_BUF 2; SM90 allows 232,448 B):
+  q_nope 64x512 bf16 65,536 + q_rope 64x64 bf16 8,192                      =  73,728
+  K ring 2 x 64x512 bf16 131,072 + RoPE ring 2 x 64x64 bf16 16,384            = 147,456
+  key masks 2 x 64 fp32 512 + 4 mbarriers 32                                  =     544
+  + the compiler's scratch for the p layout change and the cross-warpgroup row reductions.
+Registers: 65,536 per SM for 12 warps, so maxnreg 168 (12 x 32 x 168 = 64,512). Triton's
+setmaxnreg gives the producer PRODUCER_REGS and the consumer the rest, rounded down to 8:
+8 x C + 4 x P <= 12 x 168, so P = 136 -> C = 184. The consumer holds the (64, 512) fp32
+accumulator (128 registers per thread), the scores, p and the softmax state: ptxas uses up to
+182 of its 184. The producer holds a gathered tile (64 x 656 bytes over 128 threads: 82
+registers of data) plus its addresses: up to 134 of 136; at 128 or fewer it spills.
+(scripts/gluon_compile.py, triton 3.6.0, sm_90a: 0 bytes spilled, 226,084 B shared.)
+
+Not covered: splits (and the combine), h_q < 64 (a program takes exactly 64 heads), fp8 MMAs
+(the dots are bf16), Triton's interpreter. It cannot run on the CPU; scripts/gluon_compile.py
+compiles it ahead of time for sm_90a.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_DIM
+
+LN2 = 0.6931471805599453
+LOG2E = 1.4426950408889634
+SCALES_BYTE = NOPE_DIM  # where a token's fp32 scales start (byte 512)
+ROPE_BYTE = NOPE_DIM + 4 * NUM_SCALES  # where a token's bf16 RoPE values start (byte 528)
+BLOCK_H = 64  # query heads per program: one wgmma M of 64
+BLOCK_N = 64  # KV tokens per step
+NUM_BUF = 2  # slots in the shared-memory ring
+NUM_WARPS = 8  # consumer (default partition): 2 warpgroups
+PRODUCER_WARPS = 4
+PRODUCER_REGS = 136  # per producer thread (setmaxnreg): the gathered tile in flight without spills
+MAX_REGISTERS = 168  # maxnreg of the kernel: 12 warps x 32 lanes x 168 <= 65,536
+SHARED_LIMIT = 232_448  # SM90's opt-in shared memory per block
+
+
+@gluon.jit
+def _program(head_blocks, s_q):
+    """(batch, query position, head block) of this program."""
+    pid = gl.program_id(0).to(gl.int64)
+    head_block = pid % head_blocks
+    pos = (pid // head_blocks) % s_q
+    batch = pid // (head_blocks * s_q)
+    return batch, pos, head_block
+
+
+@gluon.jit
+def _consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ring, mask_ring,
+              full_bars, empty_bars, sm_scale_log2, s_q, head_blocks, num_steps,
+              q_stride_b, q_stride_s, q_stride_h,
+              out_stride_b, out_stride_s, out_stride_h,
+              lse_stride_b, lse_stride_h, lse_stride_s,
+              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NOPE_DIM: gl.constexpr,
+              ROPE_DIM: gl.constexpr, NUM_BUF: gl.constexpr, LN2: gl.constexpr):
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    batch, pos, head_block = _program(head_blocks, s_q)
+
+    # q -> shared memory, once (plain loads; 8 bf16 = 16 bytes per thread per row piece).
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
+    q_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_layout))
+    q_rows = q_ptr + batch * q_stride_b + pos * q_stride_s + q_heads[:, None] * q_stride_h
+    q_nope_smem.store(gl.load(q_rows + gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, q_layout))[None, :]))
+    q_rope_smem.store(gl.load(q_rows + NOPE_DIM
+                              + gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, q_layout))[None, :]))
+    fence_async_shared()  # generic stores -> wgmma (async proxy) reads
+    gl.thread_barrier()
+
+    # Scores: (BLOCK_H, BLOCK_N), each warpgroup BLOCK_N / 2 columns. Accumulator: (BLOCK_H,
+    # NOPE_DIM), each warpgroup NOPE_DIM / 2 columns; p is its A operand, in registers.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, BLOCK_N * 4 // NUM_WARPS, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, NOPE_DIM * 4 // NUM_WARPS, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+    acc = gl.zeros([BLOCK_H, NOPE_DIM], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, s_rows)  # running max, base 2
+    l_i = gl.zeros([BLOCK_H], gl.float32, s_rows)  # running sum of exp2(score - m_i)
+
+    for step in range(num_steps):
+        slot = step % NUM_BUF
+        mbarrier.wait(full_bars.index(slot), (step // NUM_BUF) & 1)
+        k_tile = k_ring.index(slot)  # (BLOCK_N, NOPE_DIM) bf16: K, and V
+        rope_tile = rope_ring.index(slot)  # (BLOCK_N, ROPE_DIM) bf16
+
+        s = warpgroup_mma(q_nope_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_rope_smem, rope_tile.permute((1, 0)), s, is_async=True)
+        key_mask = mask_ring.index(slot).load(gl.SliceLayout(0, s_layout))  # 0, or -inf: invalid
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+
+        # The base-2 online softmax of _online_softmax (no valid key yet: m stays -inf, no NaN).
+        scores = s * sm_scale_log2 + key_mask[None, :]
+        m_new = gl.maximum(m_i, gl.max(scores, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        acc = warpgroup_mma(p_op, k_tile, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.thread_barrier()  # both warpgroups' MMAs have read the slot
+        mbarrier.arrive(empty_bars.index(slot))
+
+    has_keys = l_i > 0
+    l_safe = gl.where(has_keys, l_i, 1.0)
+    lse = gl.where(has_keys, (m_i + gl.log2(l_safe)) * LN2, float("-inf"))
+    lse_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=s_rows)
+    gl.store(lse_ptr + batch * lse_stride_b + lse_heads * lse_stride_h + pos * lse_stride_s, lse)
+
+    out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(gl.bfloat16)
+    out_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=o_rows)
+    out_cols = gl.arange(0, NOPE_DIM, layout=gl.SliceLayout(0, o_layout))
+    gl.store(out_ptr + batch * out_stride_b + pos * out_stride_s + out_heads[:, None] * out_stride_h
+             + out_cols[None, :], out)
+
+
+@gluon.jit
+def _dequantized(raw, scale):
+    """bf16(fp32(fp8 raw) * scale), one scale per row."""
+    return (raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(gl.bfloat16)
+
+
+@gluon.jit
+def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring, mask_ring,
+              full_bars, empty_bars, s_q, head_blocks, stop, num_steps, block_size,
+              kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
+              BLOCK_N: gl.constexpr, GROUP: gl.constexpr, NOPE_DIM: gl.constexpr,
+              ROPE_DIM: gl.constexpr, SCALES_BYTE: gl.constexpr, ROPE_BYTE: gl.constexpr,
+              NUM_BUF: gl.constexpr):
+    WARPS: gl.constexpr = gl.num_warps()
+    gl.static_assert(NOPE_DIM == 4 * GROUP)
+    batch, pos, head_block = _program(head_blocks, s_q)
+    idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
+
+    # One 128-group of the tile: 16 fp8 bytes (one 16-byte load) per thread along a row.
+    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [WARPS, 1], [1, 0])
+    # RoPE: 8 bf16 (16 bytes) per thread along a row.
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, nope_layout)
+    nope_cols = gl.arange(0, GROUP, layout=gl.SliceLayout(0, nope_layout))
+    rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, rope_layout))
+    mask_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+
+    for step in range(num_steps):
+        slot = step % NUM_BUF
+        offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows)
+        idx = gl.load(idx_row + offs, mask=offs < stop, other=-1)
+        valid = idx >= 0
+        token = gl.where(valid, idx, 0).to(gl.int64)
+        token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
+        token_bytes = gl.multiple_of(token_bytes, 16)  # launch_gluon checks the strides
+
+        # Gather the whole tile into registers before waiting for the slot.
+        row_bytes = kv_bytes_ptr + token_bytes[:, None] + nope_cols[None, :]
+        raw0 = gl.load(row_bytes + 0 * GROUP, mask=valid[:, None], other=0)
+        raw1 = gl.load(row_bytes + 1 * GROUP, mask=valid[:, None], other=0)
+        raw2 = gl.load(row_bytes + 2 * GROUP, mask=valid[:, None], other=0)
+        raw3 = gl.load(row_bytes + 3 * GROUP, mask=valid[:, None], other=0)
+        scale_rows = kv_f32_ptr + (token_bytes + SCALES_BYTE) // 4
+        scale0 = gl.load(scale_rows + 0, mask=valid, other=0.0)
+        scale1 = gl.load(scale_rows + 1, mask=valid, other=0.0)
+        scale2 = gl.load(scale_rows + 2, mask=valid, other=0.0)
+        scale3 = gl.load(scale_rows + 3, mask=valid, other=0.0)
+        rope_bytes = gl.convert_layout(token_bytes, gl.SliceLayout(1, rope_layout))
+        rope_valid = gl.convert_layout(valid, gl.SliceLayout(1, rope_layout))
+        rope = gl.load(kv_bf16_ptr + ((rope_bytes + ROPE_BYTE) // 2)[:, None] + rope_cols[None, :],
+                       mask=rope_valid[:, None], other=0.0)
+        key_mask = gl.convert_layout(gl.where(valid, 0.0, float("-inf")), mask_layout)
+
+        mbarrier.wait(empty_bars.index(slot), ((step // NUM_BUF) & 1) ^ 1)
+        k_tile = k_ring.index(slot)
+        k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized(raw0, scale0))
+        k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized(raw1, scale1))
+        k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized(raw2, scale2))
+        k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized(raw3, scale3))
+        rope_ring.index(slot).store(rope)
+        mask_ring.index(slot).store(key_mask)
+        fence_async_shared()  # generic stores -> the consumer's wgmma (async proxy) reads
+        gl.thread_barrier()  # every producer warp has stored before the arrive
+        mbarrier.arrive(full_bars.index(slot))
+
+
+@gluon.jit
+def _gluon_sparse_decode_attention(
+    q_ptr, kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, out_ptr, lse_ptr,
+    sm_scale_log2, s_q, heads, head_blocks, topk, tokens_per_split, block_size,
+    q_stride_b, q_stride_s, q_stride_h,
+    kv_stride_block, kv_stride_slot,
+    idx_stride_b, idx_stride_s,
+    out_stride_b, out_stride_s, out_stride_h,
+    lse_stride_b, lse_stride_h, lse_stride_s,
+    BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, GROUP: gl.constexpr, NOPE_DIM: gl.constexpr,
+    ROPE_DIM: gl.constexpr, SCALES_BYTE: gl.constexpr, ROPE_BYTE: gl.constexpr,
+    LN2: gl.constexpr, NUM_BUF: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr,
+):
+    """One program per (batch, query position, 64 heads), the whole topk (no split)."""
+    gl.static_assert(BLOCK_H == 64)
+    # 128-byte swizzled tiles, as wgmma reads them (q and K rows are 1,024 bytes, RoPE 128).
+    # (A ring of NUM_BUF tiles takes the rank-2 layout of one tile.)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, NOPE_DIM], tile_layout)
+    q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, ROPE_DIM], tile_layout)
+    k_ring = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, NOPE_DIM], tile_layout)
+    rope_ring = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, ROPE_DIM], tile_layout)
+    mask_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF, BLOCK_N],
+                                          gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    full_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty_bars = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(full_bars.index(i), count=1)
+        mbarrier.init(empty_bars.index(i), count=1)
+
+    stop = gl.minimum(tokens_per_split, topk)  # no split: the program's range is [0, topk)
+    num_steps = gl.cdiv(stop, BLOCK_N)
+
+    gl.warp_specialize([
+        (_consumer, (q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ring, mask_ring,
+                     full_bars, empty_bars, sm_scale_log2, s_q, head_blocks, num_steps,
+                     q_stride_b, q_stride_s, q_stride_h,
+                     out_stride_b, out_stride_s, out_stride_h,
+                     lse_stride_b, lse_stride_h, lse_stride_s,
+                     BLOCK_H, BLOCK_N, NOPE_DIM, ROPE_DIM, NUM_BUF, LN2)),
+        (_producer, (kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring, mask_ring,
+                     full_bars, empty_bars, s_q, head_blocks, stop, num_steps, block_size,
+                     kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
+                     BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, SCALES_BYTE, ROPE_BYTE, NUM_BUF)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.invalidate(full_bars.index(i))
+        mbarrier.invalidate(empty_bars.index(i))
+
+
+def shared_bytes() -> int:
+    """Shared memory the kernel allocates explicitly (without the compiler's scratch)."""
+    tiles = (BLOCK_H + NUM_BUF * BLOCK_N) * (NOPE_DIM + ROPE_DIM) * 2
+    return tiles + NUM_BUF * BLOCK_N * 4 + 2 * NUM_BUF * 8
+
+
+def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, *, sm_scale: float, tokens_per_split: int):
+    """(grid, positional arguments, keyword arguments) of the kernel for this call."""
+    b, s_q, heads, _ = q.shape
+    if heads % BLOCK_H:
+        raise ValueError(f"the Gluon decode takes h_q a multiple of {BLOCK_H}, got {heads}")
+    kv_bytes = kv_cache.view(torch.uint8)
+    if kv_bytes.stride(0) % 16 or kv_bytes.stride(1) % 16:
+        raise ValueError("the Gluon decode gathers 16-byte vectors: kv_cache's block and slot "
+                         f"strides must be multiples of 16 bytes, got {kv_bytes.stride()[:2]}")
+    head_blocks = heads // BLOCK_H
+    grid = (b * s_q * head_blocks, )
+    args = (
+        q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices, out, lse,
+        sm_scale * LOG2E, s_q, heads, head_blocks, indices.shape[-1], tokens_per_split,
+        kv_cache.shape[1],
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_bytes.stride(0), kv_bytes.stride(1),
+        indices.stride(0), indices.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+    )
+    kwargs = dict(
+        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
+        SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, NUM_BUF=NUM_BUF,
+        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+        num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
+    )
+    return grid, args, kwargs
+
+
+def launch_gluon(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                 lse: torch.Tensor, *, sm_scale: float, tokens_per_split: int) -> None:
+    """Run the decode into out and lse without a split; allocates nothing.
+
+    q (b, s_q, h_q, 576) bf16, h_q a multiple of 64; kv_cache (blocks, block_size, 1, 656) uint8
+    with 16-byte aligned block and slot strides; indices (b, s_q, topk) int32 (-1 = invalid);
+    out (b, s_q, h_q, 512) bf16; lse (b, h_q, s_q) fp32 (natural log). Each program covers topk
+    positions [0, min(tokens_per_split, topk)), as `launch` with num_splits = 1.
+    """
+    grid, args, kwargs = launch_args(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
+                                     tokens_per_split=tokens_per_split)
+    _gluon_sparse_decode_attention[grid](*args, **kwargs)
