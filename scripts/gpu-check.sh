@@ -45,14 +45,16 @@
 #                  flashmla-vllm, measured (JSON, Markdown, --report) and predicted;
 #                  `validate --graphs` for both; DeepSeek-V3.2 at GRAPH_SIZES; Triton's three
 #                  paths; repro-oom with --cuda-graphs on, measured and predicted
-#   native         the native-head Triton decode and the speed targets (issue 17): the Triton
-#                  GPU tests; `profile --kernel triton-native` at GLM-5 and DeepSeek-V3.2 TP8,
-#                  measured and predicted, and `validate --kernel triton-native`; the register
-#                  and shared-memory table (scripts/triton_registers.py); the benchmark's sweep
-#                  of designs and launch configs at T=8192 (--sweep), then both parts at every
-#                  T in the default configs, with lse (benchmarks/triton_vs_flashmla.py); ncu
-#                  of one call each of triton-native (8 heads), triton (64) and FlashMLA's
-#                  padded call, T=8192 from the 4 GiB pool, where ncu exists
+#   native         mlamem's own decode at native heads (issue 17): the Gluon kernel against the
+#                  Triton one at every head count (scripts/gluon_compile.py --check); the
+#                  Triton GPU tests (every design against FlashMLA); `profile --kernel
+#                  triton-native` at GLM-5 and DeepSeek-V3.2 TP8, measured and predicted;
+#                  `validate --kernel triton-native`; ncu of one call each of triton-native (8
+#                  heads), triton (64) and FlashMLA's padded call, T=8192 from the 4 GiB pool,
+#                  where ncu exists
+#   native-bench   its speed targets (issue 17): the benchmark's sweep of designs and launch
+#                  configs at T=8192 (--sweep), then both parts at every T in the default and
+#                  fallback configs, with lse (benchmarks/triton_vs_flashmla.py)
 #   api            the Python API, pytest plugin, plug-in kernels and shards (issue 16): their
 #                  tests (profile_call against `mlamem profile` on FlashMLA, the marks on the
 #                  Triton decode, the README's examples on CUDA); the README's plugin example
@@ -69,7 +71,7 @@
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
 SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
-            flashinfer kernels-oom graphs api native)
+            flashinfer kernels-oom graphs api native native-bench)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -392,27 +394,21 @@ suite_graphs() {
 
 suite_native() {
     local s k
-    step pytest timeout 300 python3 -m pytest -q -rs --junitxml="$R/junit.xml" \
+    step gluon-check timeout 120 python3 scripts/gluon_compile.py --check
+    step pytest timeout 400 python3 -m pytest -q -rs --junitxml="$R/junit.xml" \
         tests/test_triton_decode_gpu.py tests/test_triton_decode.py
     for s in glm5-fp8-tp8 deepseek-v32-fp8-tp8; do
         step "profile-$s" timeout 120 "${MLAMEM[@]}" profile --kernel triton-native -s "$s" \
             --tokens "$TOKENS" --format json --output "$R/native-profile-$s.json"
         step "profile-$s-predicted" "${MLAMEM[@]}" profile --kernel triton-native -s "$s" \
             --tokens "$TOKENS" --predict --format json --output "$R/native-profile-$s.predicted.json"
-        step "profile-$s-md" timeout 120 "${MLAMEM[@]}" profile --kernel triton-native -s "$s" \
-            --tokens "$TOKENS" --format markdown --output "$R/native-profile-$s.md"
     done
     step validate timeout 300 "${MLAMEM[@]}" validate --kernel triton-native \
         -s glm5-fp8-tp8,deepseek-v32-fp8-tp8 --format json --output "$R/native-validate.json"
-    step registers timeout 240 env -u TRITON_INTERPRET python3 scripts/triton_registers.py
-    step sweep timeout "${SWEEP_TIMEOUT:-420}" python3 benchmarks/triton_vs_flashmla.py --sweep \
-        --tokens 8192 --rank-tokens 8192 --json "$R/triton-vs-flashmla-sweep.json"
-    step bench timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/triton_vs_flashmla.py --lse \
-        --json "$R/triton-vs-flashmla.json"
     if command -v ncu > /dev/null; then
         for k in "triton-native 8" "triton 64" "flashmla 8"; do
             set -- $k
-            step "ncu-$1-$2" timeout 240 ncu --nvtx --nvtx-include "decode/" --set full \
+            step "ncu-$1-$2" timeout 120 ncu --nvtx --nvtx-include "decode/" --set full \
                 -o "$R/ncu-$1-$2" python3 scripts/decode_call.py --kernel "$1" --heads "$2" \
                 --tokens 8192
             step "ncu-$1-$2-details" ncu --import "$R/ncu-$1-$2.ncu-rep" --page details
@@ -420,6 +416,13 @@ suite_native() {
     else
         echo "ncu not found: no Nsight Compute breakdown" | tee "$R/ncu-missing.txt"
     fi
+}
+
+suite_native-bench() {
+    step sweep timeout "${SWEEP_TIMEOUT:-300}" python3 benchmarks/triton_vs_flashmla.py --sweep \
+        --tokens 8192 --rank-tokens 8192 --json "$R/triton-vs-flashmla-sweep.json"
+    step bench timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/triton_vs_flashmla.py --lse \
+        --json "$R/triton-vs-flashmla.json"
 }
 
 suite_api() {

@@ -1,14 +1,16 @@
-"""Registers and spills of the Triton attention kernel per launch config, compiled ahead of time
-for SM90 without a GPU: compile-time figures, not measurements of speed.
+"""Registers and spills of the Triton attention kernels per design and launch config, compiled
+ahead of time for SM90 without a GPU: compile-time figures, not measurements of speed. (The
+Gluon kernel's are printed by scripts/gluon_compile.py.)
 
 Usage: python3 scripts/triton_registers.py  (triton installed; TRITON_INTERPRET unset)
 
 The kernel's arguments are those `sparse_mla_decode_triton` passes for the benchmark's shape
 (topk = 2048, no split) at 64 heads, and for the native-head kernel at 8 and 16 heads (GLM-5
-and DeepSeek-V3.2 at TP8: one program of 16 rows), on CPU tensors; Triton's own binder turns them into the
-signature, constexprs and alignment attributes a launch would compile with, and ptxas -v reads
-the PTX as Triton's compile does. Each config is also compiled with maxnreg = 128, the most
-registers that lets two 8-warp programs share an SM (65,536 registers), to show what that costs.
+and DeepSeek-V3.2 at TP8: one program of 16 rows), on CPU tensors; Triton's own binder turns
+them into the signature, constexprs and alignment attributes a launch would compile with, and
+ptxas -v reads the PTX as Triton's compile does. ptxas takes all 255 registers a thread may have
+unless maxnreg caps it (168 lets three 4-warp programs share an SM's 65,536), so the figure
+that matters is the spills.
 """
 
 import math
@@ -30,11 +32,17 @@ from mlamem.kernels.triton_decode import sparse_mla_decode_triton
 
 TARGET = GPUTarget("cuda", 90, 32)  # warp size 32, as the CUDA driver reports
 S_Q, TOPK, BLOCK_SIZE = 256, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
-CONFIGS = [(64, kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st))
+L = kernels.LaunchConfig
+CONFIGS = [(64, L(block_n=n, num_warps=w, num_stages=st))
            for n, w, st in ((128, 8, 1), (128, 8, 2), (64, 8, 1), (64, 8, 2), (32, 8, 1), (32, 4, 1))]
-CONFIGS += [(heads, kernels.LaunchConfig(block_n=n, num_warps=w, num_stages=st))
+CONFIGS += [(64, L(64, 8, 1, design)) for design in ("folded-bf16", "folded-f16")]
+CONFIGS += [(64, L(64, 8, 1, "scaled", prefetch=True)), (64, L(64, 8, 1, "folded-f16", prefetch=True))]
+CONFIGS += [(heads, L(block_n=n, num_warps=w, num_stages=st))
             for heads in (8, 16)
             for n, w, st in ((128, 8, 1), (128, 4, 1), (64, 4, 1), (64, 4, 2), (64, 8, 2))]
+CONFIGS += [(heads, config) for heads in (8, 16) for config in (
+    L(64, 8, 1, "folded-f16"), L(64, 8, 1, "folded-f16", prefetch=True),
+    L(32, 4, 1, "folded-f16", q_per_step=True, max_registers=168), kernels.NATIVE_CONFIG)]
 
 
 ATTENTION_KERNELS = ("_sparse_decode_attention", "_folded_decode_attention")  # by design
@@ -97,14 +105,14 @@ def ptxas_usage(ptx: str) -> dict:
 def main() -> None:
     print(f"triton {triton.__version__}, {TARGET}; stack and spills in bytes per thread, "
           "shared memory in bytes per program\n")
-    print("| heads | block_n | warps | stages | registers | stack | spill stores / loads | shared |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| heads | config | registers | stack | spill stores / loads | shared |")
+    print("|---|---|---|---|---|---|")
     for heads, c in CONFIGS:
         compiled = compile_sm90(heads, c)
         usage = ptxas_usage(compiled.asm["ptx"])
-        print(f"| {heads} | {c.block_n} | {c.num_warps} | {c.num_stages} | {usage['registers']} | "
-              f"{usage['stack']} | {usage['spill_stores']} / {usage['spill_loads']} | "
-              f"{compiled.metadata.shared} |", flush=True)
+        print(f"| {heads} | {c.label} | {usage['registers']} | {usage['stack']} | "
+              f"{usage['spill_stores']} / {usage['spill_loads']} | {compiled.metadata.shared} |",
+              flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

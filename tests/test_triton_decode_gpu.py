@@ -246,3 +246,55 @@ def test_native_profile_is_bit_identical_across_paths_and_measured_as_predicted(
             assert m[1] is None and m[2], (name, m)
             assert "padded_q" not in m[6], (name, m)
             assert m[3:] == p[3:], (name, m, p)
+
+
+# Every design of the kernel (issue 17), and which one runs.
+
+def test_the_gluon_kernel_runs_on_sm90_and_split_calls_fall_back():
+    """On an SM90 GPU the default is the Gluon kernel, with no fallback; a call that splits runs
+    the Triton fallback, with its reason."""
+    from mlamem.kernels.triton_sparse_decode import (
+        GLUON_CONFIG,
+        default_config,
+        fallback_config,
+        runnable_config,
+    )
+
+    device = torch.device("cuda")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is written for SM90")
+    for heads in (8, 16, 64, 128):
+        assert runnable_config(default_config(heads), heads, device, False) == (GLUON_CONFIG, None)
+        config, reason = runnable_config(default_config(heads), heads, device, True)
+        assert config == fallback_config(heads) and "split" in reason
+    assert TritonNativeDecode().version().endswith("(gluon)")
+
+
+@needs_flashmla
+@pytest.mark.parametrize("design", ["scaled", "folded-bf16", "folded-f16", "gluon",
+                                    "gluon-folded-f16"])
+@pytest.mark.parametrize("h_q", [8, 16, 64, 128])
+def test_every_design_matches_flashmla(design, h_q, seed):
+    """Each design at 300 queries (no split on an H200) within 1e-2 relative L2 and 2e-2 in lse
+    of FlashMLA (on q padded to 64 heads below 64), -inf and 0 where a query has no valid key,
+    and the same bits whether out and lse are allocated or passed in."""
+    from mlamem.kernels.triton_sparse_decode import LaunchConfig, runnable_config
+
+    config = LaunchConfig(block_n=64, num_warps=8, design=design)
+    assert runnable_config(config, h_q, torch.device("cuda"), False)[0] == config
+    q, kv, indices = random_inputs(300, h_q, 2048, seed)
+    indices[0, -1] = -1
+    out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, config=config,
+                                        native=True)
+    padded_q = q.new_zeros((1, 300, max(h_q, 64), 576))
+    padded_q[:, :, :h_q] = q
+    ref_out, ref_lse = FlashMLA().decode(padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    assert relative_l2(out[:, :-1], ref_out[:, :-1, :h_q]) <= 1e-2, f"seed {seed}"
+    torch.testing.assert_close(lse[..., :-1], ref_lse[:, :h_q, :-1], rtol=0, atol=2e-2,
+                               msg=lambda detail: f"{detail} (seed {seed})")
+    assert (out[0, -1] == 0).all() and torch.isneginf(lse[0, :, -1]).all()
+    given_out = torch.full_like(out, float("nan"))
+    given_lse = torch.full_like(lse, float("nan"))
+    sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, config=config, native=True,
+                             out=given_out, lse=given_lse)
+    assert torch.equal(given_out, out) and torch.equal(given_lse, lse)

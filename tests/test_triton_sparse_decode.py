@@ -222,3 +222,23 @@ def test_every_design_matches_reference(design, prefetch, s_q, h_q, sm_count, se
     no_keys = (indices[0] < 0).all(-1)
     assert torch.equal(out[0, no_keys], torch.zeros_like(out[0, no_keys]))
     assert torch.isneginf(lse[0][:, no_keys]).all()
+
+
+def test_gluon_designs_fall_back_with_a_reason_here():
+    """Where the Gluon kernel cannot run (here: Triton's interpreter) or the call splits, the
+    default config falls back to the Triton design of its head count, with a one-line reason;
+    a Triton design runs as asked."""
+    from mlamem.kernels.triton_sparse_decode import (
+        DEFAULT_CONFIG,
+        NATIVE_CONFIG,
+        default_config,
+        runnable_config,
+    )
+
+    cpu = torch.device("cpu")
+    for heads, fallback in ((8, NATIVE_CONFIG), (16, NATIVE_CONFIG), (64, DEFAULT_CONFIG)):
+        for splits in (False, True):
+            config, reason = runnable_config(default_config(heads), heads, cpu, splits)
+            assert config == fallback
+            assert "CUDA GPU" in reason and "\n" not in reason
+        assert runnable_config(fallback, heads, cpu, True) == (fallback, None)
