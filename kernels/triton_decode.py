@@ -24,6 +24,13 @@ directly; no accumulators are touched. Otherwise the topk range is cut into spli
 results go to the accumulators and a combine kernel merges them. The plan depends on shapes
 only, never on which buffers were passed, so every path gives bit-identical results.
 
+Which kernel runs (`triton_sparse_decode.runnable_config`): a call that fills the SMs runs the
+Gluon warp-specialized kernel (`gluon_sparse_decode`: producer warps gather and dequantize while
+two consumer warpgroups run the wgmmas) on an SM90 GPU whose triton has Gluon; elsewhere, and for
+every call that splits, the Triton kernel runs (the scaled design at 64 heads and more, the
+folded-f16 one below), with the reason in one line. The adapter's version() names the design,
+e.g. "3.6.0 (gluon)". Every design allocates the same buffers.
+
 This module imports without triton (the planning is plain Python, tested on CPU); the kernels
 are in `triton_sparse_decode`, imported when a call runs.
 """

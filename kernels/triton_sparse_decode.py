@@ -1,4 +1,6 @@
-"""Triton kernels of the sparse fp8 MLA decode over an fp8_ds_mla cache (d_qk 576, d_v 512).
+"""Triton kernels of the sparse fp8 MLA decode over an fp8_ds_mla cache (d_qk 576, d_v 512), the
+launch configs and designs (`LaunchConfig`), and the choice between them and the Gluon kernel
+(`runnable_config`).
 
 Imports triton; `mlamem.kernels.triton_decode` imports this module only when a call runs, so
 the package works without triton. These functions allocate nothing: every buffer is passed in.
@@ -10,8 +12,10 @@ its share of the topk indices BLOCK_N tokens at a time: gathers the 656-byte row
 the NoPE latent to bf16 (each fp8 value times its 128-group's fp32 scale, in fp32, rounded once
 to bf16); computes the scores q·kᵀ as one 512-wide NoPE dot plus the RoPE dot; runs the online
 softmax in base 2; and adds p·V into one (64, 512) fp32 accumulator, V being the same
-dequantized NoPE tile. Whole-tile dots (3 per step, where one per 128-group took 9) made the
-call 1.8x faster at block_n 64 on an H200 and let bigger tiles pay (reports/triton-h200).
+dequantized NoPE tile (the "scaled" design; the "folded" ones convert the fp8 values exactly and
+move the scales onto the scores and p, one dot per 128-group). Whole-tile dots (3 per step,
+where one per 128-group took 9) made the scaled call 1.8x faster at block_n 64 on an H200 and
+let bigger tiles pay (reports/triton-h200).
 
 Without a split the program writes out (bf16) and lse (natural log) itself. With a split it
 writes its normalised partial out and base-2 lse into the accumulators, and the combine kernel
