@@ -324,7 +324,7 @@ class TritonDecode(SparseDecodeKernel):
             raise ValueError(f"{self.label} does not run {op}")
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=True,
                             head_counts=self.head_counts,
-                            source="mlamem's Triton kernel (kernels/triton_decode.py)")
+                            source="mlamem's Gluon and Triton kernels (kernels/triton_decode.py)")
 
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None, lse=None,
                accum_workspace=None):
