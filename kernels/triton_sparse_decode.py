@@ -285,8 +285,10 @@ def _out_rows(batch, pos, h, split, s_q, heads, num_splits, out_ptr, o_accum_ptr
               SPLIT: tl.constexpr):
     """Pointer to the first element of each head's output row (out, or the split's o_accum)."""
     if SPLIT:
-        return o_accum_ptr + (((batch * num_splits + split) * s_q + pos) * heads + h) * NOPE_DIM
-    return out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
+        rows = o_accum_ptr + (((batch * num_splits + split) * s_q + pos) * heads + h) * NOPE_DIM
+    else:
+        rows = out_ptr + batch * out_stride_b + pos * out_stride_s + h * out_stride_h
+    return rows
 
 
 @triton.jit

@@ -45,12 +45,13 @@ CONFIGS += [(heads, config) for heads in (8, 16) for config in (
     L(32, 4, 1, "folded-f16", q_per_step=True, max_registers=168), kernels.NATIVE_CONFIG)]
 
 
-ATTENTION_KERNELS = ("_sparse_decode_attention", "_folded_decode_attention")  # by design
+# the attention kernels (one per design) and the combine, which a split launches after it
+LAUNCHED_KERNELS = ("_sparse_decode_attention", "_folded_decode_attention", "_combine_splits")
 
 
-def attention_call(heads, config) -> tuple[object, tuple, dict]:
+def attention_call(heads, config, split=False) -> tuple[object, tuple, dict]:
     """The attention kernel the wrapper launches for config, with its positional and keyword
-    arguments."""
+    arguments; split: for one query on 132 SMs, so the topk is split."""
     calls = []
 
     class Recorder:
@@ -62,13 +63,15 @@ def attention_call(heads, config) -> tuple[object, tuple, dict]:
 
     pool = 4 * TOPK
     kv = torch.zeros(pool // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN, dtype=torch.uint8)
-    q = torch.zeros(1, S_Q, heads, 576, dtype=torch.bfloat16)
-    indices = torch.zeros(1, S_Q, TOPK, dtype=torch.int32)
-    originals = {name: getattr(kernels, name) for name in ATTENTION_KERNELS}
+    s_q = 1 if split else S_Q
+    q = torch.zeros(1, s_q, heads, 576, dtype=torch.bfloat16)
+    indices = torch.zeros(1, s_q, TOPK, dtype=torch.int32)
+    originals = {name: getattr(kernels, name) for name in LAUNCHED_KERNELS}
     for name, kernel in originals.items():
         setattr(kernels, name, Recorder(kernel))
     try:
-        sparse_mla_decode_triton(q, kv, indices, sm_scale=1 / math.sqrt(576), sm_count=1,
+        sparse_mla_decode_triton(q, kv, indices, sm_scale=1 / math.sqrt(576),
+                                 sm_count=132 if split else 1,
                                  config=config, native=heads < 64)
     finally:
         for name, kernel in originals.items():
@@ -76,9 +79,9 @@ def attention_call(heads, config) -> tuple[object, tuple, dict]:
     return calls[0]
 
 
-def compile_sm90(heads, config):
+def compile_sm90(heads, config, split=False):
     """The attention kernel compiled for SM90 as a launch at `heads` with config would compile it."""
-    fn, args, kwargs = attention_call(heads, config)
+    fn, args, kwargs = attention_call(heads, config, split)
     backend = make_backend(TARGET)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
@@ -113,6 +116,10 @@ def main() -> None:
         print(f"| {heads} | {c.label} | {usage['registers']} | {usage['stack']} | "
               f"{usage['spill_stores']} / {usage['spill_loads']} | {compiled.metadata.shared} |",
               flush=True)
+    for heads, c in CONFIGS:  # the split variant of each (a call too small to fill the SMs)
+        compile_sm90(heads, c, split=True)
+    print(f"\nevery config also compiles with a split ({len(CONFIGS)} configs)")
+
 
 if __name__ == "__main__":
     sys.exit(main())
