@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--pool", choices=["l2", "hbm"], default="hbm")
     parser.add_argument("--warmup", type=int, default=2, help="calls before the profiled one")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.exit(2, "decode_call.py: needs a CUDA GPU (it profiles one call under ncu)\n")
     spec = importlib.util.spec_from_file_location("bench", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

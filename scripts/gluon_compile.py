@@ -172,6 +172,10 @@ def check_on_gpu(heads_list=(8, 16, 32, 64, 128), folds=(False, True)) -> int:
     without a split on random fp8_ds_mla data, with invalid indices, a query with no valid
     index and a topk that is not a multiple of BLOCK_N; FOLD_F16 also against the Triton
     folded-f16 design. One line per case; CHECK OK / CHECK FAILED. Needs an SM90 GPU."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("gluon_compile.py --check: needs an SM90 GPU (H100, H200); without one, run it "
+              "without --check to compile for sm_90a", file=sys.stderr)
+        return 2
     from mlamem.kernels import triton_sparse_decode as triton_decode
     from mlamem.kernels.fp8_ds_mla import quantize
 
