@@ -13,6 +13,8 @@ ROPE_DIM = 64
 GROUP = 128  # NoPE values per scale
 NUM_SCALES = NOPE_DIM // GROUP
 BYTES_PER_TOKEN = NOPE_DIM + 4 * NUM_SCALES + 2 * ROPE_DIM  # 656
+SCALES_BYTE = NOPE_DIM  # where a token's fp32 scales start (byte 512)
+ROPE_BYTE = NOPE_DIM + 4 * NUM_SCALES  # where a token's bf16 RoPE values start (byte 528)
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 

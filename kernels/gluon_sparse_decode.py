@@ -90,12 +90,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_DIM
+from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
+from mlamem.kernels.triton_sparse_decode import LN2, LOG2E
 
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
-SCALES_BYTE = NOPE_DIM  # where a token's fp32 scales start (byte 512)
-ROPE_BYTE = NOPE_DIM + 4 * NUM_SCALES  # where a token's bf16 RoPE values start (byte 528)
 BLOCK_H = 64  # query rows per program: one wgmma M of 64 (heads, or fewer heads and zero rows)
 NATIVE_HEADS = (8, 16, 32)  # h_q below BLOCK_H that a program takes, its other rows zero
 BLOCK_N = 64  # KV tokens per step

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_DIM
+from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
 from mlamem.kernels.triton_decode import (
     DEFAULT_BLOCK_N,
     HEAD_BLOCK,
@@ -41,8 +41,6 @@ from mlamem.kernels.triton_decode import (
 
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
-SCALES_BYTE = NOPE_DIM  # where a token's fp32 scales start (byte 512)
-ROPE_BYTE = NOPE_DIM + 4 * NUM_SCALES  # where a token's bf16 RoPE values start (byte 528)
 COMBINE_HEADS = 16  # heads per combine program
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 
