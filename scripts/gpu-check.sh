@@ -412,6 +412,7 @@ suite_native() {
                 -o "$R/ncu-$1-$2" python3 scripts/decode_call.py --kernel "$1" --heads "$2" \
                 --tokens 8192
             step "ncu-$1-$2-details" ncu --import "$R/ncu-$1-$2.ncu-rep" --page details
+            step "ncu-$1-$2-stalls" python3 scripts/ncu_stalls.py "$R/ncu-$1-$2.ncu-rep"
         done
     else
         echo "ncu not found: no Nsight Compute breakdown" | tee "$R/ncu-missing.txt"
