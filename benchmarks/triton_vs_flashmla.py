@@ -262,8 +262,8 @@ def lse_errors() -> list[dict]:
                        for a, b in (("flashmla", "reference"), ("triton", "reference"),
                                     ("triton", "flashmla"))})
         print(f"  lse at s_q={tokens} h_q={heads} topk={topk}: max |FlashMLA - fp32 reference| "
-              f"{rows[-1]['flashmla_vs_reference']:.2e}, |Triton - reference| "
-              f"{rows[-1]['triton_vs_reference']:.2e}, |Triton - FlashMLA| "
+              f"{rows[-1]['flashmla_vs_reference']:.2e}, |mlamem - reference| "
+              f"{rows[-1]['triton_vs_reference']:.2e}, |mlamem - FlashMLA| "
               f"{rows[-1]['triton_vs_flashmla']:.2e}")
     return rows
 

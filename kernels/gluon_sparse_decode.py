@@ -91,7 +91,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
-from mlamem.kernels.triton_sparse_decode import LN2, LOG2E
+from mlamem.kernels.triton_sparse_decode import F16_P_SCALE, LN2, LOG2E
 
 BLOCK_H = 64  # query rows per program: one wgmma M of 64 (heads, or fewer heads and zero rows)
 NATIVE_HEADS = (8, 16, 32)  # h_q below BLOCK_H that a program takes, its other rows zero
@@ -103,7 +103,7 @@ PRODUCER_REGS = 136  # per producer thread (setmaxnreg): the gathered tile in fl
 FOLD_PRODUCER_REGS = 136  # the same for FOLD_F16 (its producer converts, no scale multiply)
 MAX_REGISTERS = 168  # maxnreg of the kernel: 12 warps x 32 lanes x 168 <= 65,536
 SHARED_LIMIT = 232_448  # SM90's opt-in shared memory per block
-P_SCALE = 256.0  # FOLD_F16: p * scale * 2^8 in f16 (as triton_sparse_decode.F16_P_SCALE)
+P_SCALE = F16_P_SCALE  # FOLD_F16: p * scale * 2^8 in f16, as the Triton folded-f16 design
 SCALE_FLOOR = 2.0**-64  # FOLD_F16: the least scale the score chain divides by (see _folded_consumer)
 
 
@@ -387,6 +387,35 @@ def _fp8_as_f16(raw):
 
 
 @gluon.jit
+def _gather_nope(kv_bytes_ptr, idx_row, step, stop, block_size, kv_stride_block, kv_stride_slot,
+                 rows: gl.constexpr, nope_cols, BLOCK_N: gl.constexpr, GROUP: gl.constexpr):
+    """Step `step`'s tokens (valid, byte offset of each row) and their fp8 bytes, one
+    (BLOCK_N, GROUP) tile per 128-group, loaded in 16-byte vectors."""
+    offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows)
+    idx = gl.load(idx_row + offs, mask=offs < stop, other=-1)
+    valid = idx >= 0
+    token = gl.where(valid, idx, 0).to(gl.int64)
+    token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
+    token_bytes = gl.multiple_of(token_bytes, 16)  # launch_gluon checks the strides
+    row_bytes = kv_bytes_ptr + token_bytes[:, None] + nope_cols[None, :]
+    raw0 = gl.load(row_bytes + 0 * GROUP, mask=valid[:, None], other=0)
+    raw1 = gl.load(row_bytes + 1 * GROUP, mask=valid[:, None], other=0)
+    raw2 = gl.load(row_bytes + 2 * GROUP, mask=valid[:, None], other=0)
+    raw3 = gl.load(row_bytes + 3 * GROUP, mask=valid[:, None], other=0)
+    return valid, token_bytes, raw0, raw1, raw2, raw3
+
+
+@gluon.jit
+def _gather_rope(kv_bf16_ptr, token_bytes, valid, rope_layout: gl.constexpr, rope_cols,
+                 ROPE_BYTE: gl.constexpr):
+    """The tokens' (BLOCK_N, ROPE_DIM) bf16 RoPE values."""
+    rope_bytes = gl.convert_layout(token_bytes, gl.SliceLayout(1, rope_layout))
+    rope_valid = gl.convert_layout(valid, gl.SliceLayout(1, rope_layout))
+    return gl.load(kv_bf16_ptr + ((rope_bytes + ROPE_BYTE) // 2)[:, None] + rope_cols[None, :],
+                   mask=rope_valid[:, None], other=0.0)
+
+
+@gluon.jit
 def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring, mask_ring,
               full_bars, empty_bars, s_q, head_blocks, stop, num_steps, block_size,
               kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
@@ -409,28 +438,16 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
 
     for step in range(num_steps):
         slot = step % NUM_BUF
-        offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows)
-        idx = gl.load(idx_row + offs, mask=offs < stop, other=-1)
-        valid = idx >= 0
-        token = gl.where(valid, idx, 0).to(gl.int64)
-        token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
-        token_bytes = gl.multiple_of(token_bytes, 16)  # launch_gluon checks the strides
-
         # Gather the whole tile into registers before waiting for the slot.
-        row_bytes = kv_bytes_ptr + token_bytes[:, None] + nope_cols[None, :]
-        raw0 = gl.load(row_bytes + 0 * GROUP, mask=valid[:, None], other=0)
-        raw1 = gl.load(row_bytes + 1 * GROUP, mask=valid[:, None], other=0)
-        raw2 = gl.load(row_bytes + 2 * GROUP, mask=valid[:, None], other=0)
-        raw3 = gl.load(row_bytes + 3 * GROUP, mask=valid[:, None], other=0)
+        valid, token_bytes, raw0, raw1, raw2, raw3 = _gather_nope(
+            kv_bytes_ptr, idx_row, step, stop, block_size, kv_stride_block, kv_stride_slot,
+            rows, nope_cols, BLOCK_N, GROUP)
         scale_rows = kv_f32_ptr + (token_bytes + SCALES_BYTE) // 4
         scale0 = gl.load(scale_rows + 0, mask=valid, other=0.0)
         scale1 = gl.load(scale_rows + 1, mask=valid, other=0.0)
         scale2 = gl.load(scale_rows + 2, mask=valid, other=0.0)
         scale3 = gl.load(scale_rows + 3, mask=valid, other=0.0)
-        rope_bytes = gl.convert_layout(token_bytes, gl.SliceLayout(1, rope_layout))
-        rope_valid = gl.convert_layout(valid, gl.SliceLayout(1, rope_layout))
-        rope = gl.load(kv_bf16_ptr + ((rope_bytes + ROPE_BYTE) // 2)[:, None] + rope_cols[None, :],
-                       mask=rope_valid[:, None], other=0.0)
+        rope = _gather_rope(kv_bf16_ptr, token_bytes, valid, rope_layout, rope_cols, ROPE_BYTE)
         key_mask = gl.convert_layout(gl.where(valid, 0.0, float("-inf")), mask_layout)
 
         mbarrier.wait(empty_bars.index(slot), ((step // NUM_BUF) & 1) ^ 1)
@@ -472,23 +489,11 @@ def _folded_producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring,
 
     for step in range(num_steps):
         slot = step % NUM_BUF
-        offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows)
-        idx = gl.load(idx_row + offs, mask=offs < stop, other=-1)
-        valid = idx >= 0
-        token = gl.where(valid, idx, 0).to(gl.int64)
-        token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
-        token_bytes = gl.multiple_of(token_bytes, 16)  # launch_gluon checks the strides
-
         # Gather the whole tile into registers before waiting for the slot.
-        row_bytes = kv_bytes_ptr + token_bytes[:, None] + nope_cols[None, :]
-        raw0 = gl.load(row_bytes + 0 * GROUP, mask=valid[:, None], other=0)
-        raw1 = gl.load(row_bytes + 1 * GROUP, mask=valid[:, None], other=0)
-        raw2 = gl.load(row_bytes + 2 * GROUP, mask=valid[:, None], other=0)
-        raw3 = gl.load(row_bytes + 3 * GROUP, mask=valid[:, None], other=0)
-        rope_bytes = gl.convert_layout(token_bytes, gl.SliceLayout(1, rope_layout))
-        rope_valid = gl.convert_layout(valid, gl.SliceLayout(1, rope_layout))
-        rope = gl.load(kv_bf16_ptr + ((rope_bytes + ROPE_BYTE) // 2)[:, None] + rope_cols[None, :],
-                       mask=rope_valid[:, None], other=0.0)
+        valid, token_bytes, raw0, raw1, raw2, raw3 = _gather_nope(
+            kv_bytes_ptr, idx_row, step, stop, block_size, kv_stride_block, kv_stride_slot,
+            rows, nope_cols, BLOCK_N, GROUP)
+        rope = _gather_rope(kv_bf16_ptr, token_bytes, valid, rope_layout, rope_cols, ROPE_BYTE)
         t_offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=token_layout)
         t_idx = gl.load(idx_row + t_offs, mask=t_offs < stop, other=-1)
         t_valid = t_idx >= 0
