@@ -31,15 +31,19 @@ import tempfile
 from pathlib import Path
 
 import torch
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import make_backend
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import create_function_from_signature
 
-from mlamem.kernels import gluon_sparse_decode as gluon_decode
-from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
+try:
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import create_function_from_signature
+
+    from mlamem.kernels import gluon_sparse_decode as gluon_decode
+    from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
+except ImportError as exc:  # triton (and its Gluon) compile the kernels
+    sys.exit(f"gluon_compile.py: needs triton 3.6 ({exc}); pip install triton")
 
 TARGET = GPUTarget("cuda", 90, 32)
 B, S_Q, HEADS, TOPK, BLOCK_SIZE = 1, 256, 64, 2048, 64

@@ -20,15 +20,19 @@ import sys
 import tempfile
 
 import torch
-import triton
-from triton import knobs
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
 
-from mlamem.kernels import triton_sparse_decode as kernels
-from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
-from mlamem.kernels.triton_decode import sparse_mla_decode_triton
+try:
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from mlamem.kernels import triton_sparse_decode as kernels
+    from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
+    from mlamem.kernels.triton_decode import sparse_mla_decode_triton
+except ImportError as exc:  # triton (and its Gluon) compile the kernels
+    sys.exit(f"triton_registers.py: needs triton 3.6 ({exc}); pip install triton")
 
 TARGET = GPUTarget("cuda", 90, 32)  # warp size 32, as the CUDA driver reports
 S_Q, TOPK, BLOCK_SIZE = 256, 2048, 64  # s_q only needs to be > 1 and to fill the SMs
