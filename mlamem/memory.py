@@ -242,13 +242,24 @@ class SimulatedGraphs:
         """Nothing to replay on the meta device: a replay allocates nothing."""
 
 
+class _StorageRef(weakref.ref):
+    """A weak reference to a tracked storage, carrying its key in `_MetaAllocations.live`."""
+
+    __slots__ = ("key",)
+
+
 class _MetaAllocations(TorchDispatchMode):
-    """Feeds the storage of every new meta tensor into the allocator model; frees on death."""
+    """Feeds the storage of every new meta tensor into the allocator model; frees on death.
+
+    A storage's death only queues its block (the weakref callback is `list.append`, C code that
+    Ctrl-C cannot interrupt); `collect` frees the queue before the model is next used. So the
+    model changes only in ordinary code, never half-way inside a finalizer."""
 
     def __init__(self, model: CachingAllocatorModel):
         super().__init__()
         self.model = model
-        self.live: dict[int, object] = {}  # id(storage) -> model block
+        self.live: dict[int, tuple[_StorageRef, object]] = {}  # id(storage) -> (ref, block)
+        self._dead: list[_StorageRef] = []
 
     on_op = None  # called with each op before it runs (SimulatedMemory's first launches)
 
@@ -265,6 +276,7 @@ class _MetaAllocations(TorchDispatchMode):
         result = _random_on_meta(func, args, kwargs or {})
         if result is None:
             result = func(*args, **(kwargs or {}))
+        self.collect()  # before ids are compared: a dead storage's id may be reused
         # an input's storage (in place, a view) is no new memory, even one made before the mode
         inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
                   if isinstance(t, torch.Tensor) and t.device.type == "meta"}
@@ -279,12 +291,15 @@ class _MetaAllocations(TorchDispatchMode):
         key = id(storage)
         if key in self.live:  # a view or an in-place result: no new memory
             return
-        self.live[key] = self.model.malloc(storage.nbytes())
-        weakref.finalize(storage, self._release, key)
+        ref = _StorageRef(storage, self._dead.append)
+        ref.key = key
+        self.live[key] = (ref, self.model.malloc(storage.nbytes()))
 
-    def _release(self, key: int) -> None:
-        block = self.live.pop(key, None)
-        if block is not None:
+    def collect(self) -> None:
+        """Free the blocks of the storages that died since the last call, in order of death."""
+        while self._dead:
+            ref = self._dead.pop(0)
+            _, block = self.live.pop(ref.key)
             self.model.free(block)
 
 
@@ -325,12 +340,18 @@ class SimulatedMemory:
     def __init__(self, limit_bytes: int | None = None, non_torch: NonTorchSetup | None = None):
         """`non_torch`: the host setup to emulate on (repro-oom): its non-torch memory, which
         grows as ops launch for the first time, and its physical memory, which binds with it."""
-        self.model = CachingAllocatorModel(limit_bytes)
+        self._model = CachingAllocatorModel(limit_bytes)
         self._cap = limit_bytes
         self.non_torch = non_torch
         self.loaded: list = []  # the host's lazily loaded modules, in the order they loaded
-        self._mode = _MetaAllocations(self.model)
+        self._mode = _MetaAllocations(self._model)
         self._mode.on_op = self._on_op if non_torch is not None else None
+
+    @property
+    def model(self) -> CachingAllocatorModel:
+        """The allocator model, up to date: the blocks of storages dead by now are freed."""
+        self._mode.collect()
+        return self._model
 
     def set_limit(self, limit_bytes: int) -> int:
         self._cap = limit_bytes

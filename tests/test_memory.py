@@ -1,5 +1,6 @@
 """The simulated memory backend: meta tensors fed into the allocator model."""
 
+import pytest
 import torch
 
 from mlamem.memory import SimulatedMemory
@@ -17,3 +18,25 @@ def test_meta_views_allocate_nothing():
         assert memory.model.allocated_bytes == 4 << 20
         del view
         assert memory.model.allocated_bytes == 0
+
+
+def test_a_tensor_death_runs_no_python(monkeypatch):
+    """A dying meta tensor only queues its block; the model frees it when next used, in ordinary
+    code. So Ctrl-C (or any error) during a free surfaces there, never as an "Exception ignored"
+    traceback from a finalizer, and never leaves a half-freed model for finalizers to trip on."""
+    memory = SimulatedMemory()
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    with memory:
+        tensor = torch.empty(1 << 20, device="meta")
+        model = memory.model
+
+        def interrupted_free(block):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(model, "free", interrupted_free)
+        del tensor
+        assert unraisable == []
+        with pytest.raises(KeyboardInterrupt):  # the free runs when the model is next used
+            memory.stats()
+        assert unraisable == []

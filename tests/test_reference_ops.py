@@ -259,9 +259,12 @@ def test_sparse_prefill_invalid_indices_count_for_nothing(seed):
     assert width > 0
     for r, kept in zip(rows, valid, strict=True):
         short = torch.tensor(kept, dtype=torch.int32).reshape(1, 1, -1)
-        one = sparse_mla_prefill_reference(q[r:r + 1], kv, short, **args)
-        for a, b in zip(one, (out, max_logits, lse), strict=True):
-            close(a[0], b[r], seed, 1e-6)
+        one_out, one_max, one_lse = sparse_mla_prefill_reference(q[r:r + 1], kv, short, **args)
+        # another topk width sums in another order: bf16 out may round one ulp (2^-7) apart
+        torch.testing.assert_close(one_out[0].double(), out[r].double(), rtol=2 ** -7, atol=1e-6,
+                                   msg=lambda detail: f"{detail} (seed {seed})")
+        close(one_max[0], max_logits[r], seed, 1e-6)
+        close(one_lse[0], lse[r], seed, 1e-5)
 
 
 def test_sparse_prefill_runs_on_meta():
