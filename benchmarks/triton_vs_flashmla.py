@@ -53,7 +53,9 @@ SCHEMA = "mlamem.bench/2"
 SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16")]
 SWEEP_RANK = [(64, 8, 2), (64, 8, 1), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
               (32, 4, 1, "folded-f16", False, True, 168)]
-GLUON_FOLDED = (64, 8, 1, "gluon-folded-f16")  # timed beside the default at every T
+# the other Gluon designs, timed beside the default at every T
+GLUON_OTHERS = [(64, 8, 1, design) for design in ("gluon", "gluon-folded-f16",
+                                                  "gluon-early-indices", "gluon-bf16-scale")]
 
 
 def attention_flops(tokens: int, heads: int, topk: int = TOPK) -> int:
@@ -152,12 +154,13 @@ def config_label(name: str, config, default) -> str:
 
 
 def configs_for(heads: int, sweep: bool) -> list:
-    """The default config at `heads`, the other Gluon design, the Triton fallback, then (with
+    """The default config at `heads`, the other Gluon designs, the Triton fallback, then (with
     --sweep) the others of SWEEP_64 or SWEEP_RANK."""
     from mlamem.kernels.triton_sparse_decode import LaunchConfig, default_config, fallback_config
 
     others = [LaunchConfig(*fields) for fields in (SWEEP_64 if heads >= HEADS else SWEEP_RANK)]
-    configs = [default_config(heads), LaunchConfig(*GLUON_FOLDED), fallback_config(heads),
+    configs = [default_config(heads), *(LaunchConfig(*fields) for fields in GLUON_OTHERS),
+               fallback_config(heads),
                *(others if sweep else [])]
     return list(dict.fromkeys(configs))
 

@@ -31,6 +31,15 @@ Design (FlashMLA's Hopper sparse-fp8 decode shape), one CTA of 12 warps:
   mbarrier parity as in Gluon's tutorials: step i uses slot i % NUM_BUF and phase
   (i // NUM_BUF) & 1; the producer waits empty with phase ^ 1, which a fresh barrier passes.
 
+PREFETCH_INDICES (launch_gluon(..., prefetch_indices=True); the "gluon-early-indices" design):
+  the producer loads the next step's indices during this step, so a gather waits on one memory
+  round trip, not two. BF16_SCALE (bf16_scale=True, with the prefetch: "gluon-bf16-scale"):
+  FlashMLA's dequantization, bf16(bf16(fp8) * bf16(scale)), in 4 instructions per pair of
+  values (_dequantized_bf16); the K tile is stored times KEY_SCALE = 2^-32, so q_rope is staged
+  times KEY_SCALE, sm_scale_log2 is divided by it and out is divided by it (exact powers of
+  two). Both compile for sm_90a; neither has run on a GPU yet (scripts/gpu-check.sh --suite
+  gluon-designs).
+
 FOLD_F16 (launch_gluon(..., fold_f16=True); triton_sparse_decode's "folded-f16" design moved
 into this kernel): the dequantization multiply leaves the producer, the bottleneck.
   producer (_folded_producer): converts the fp8 bytes exactly to f16 (cvt.rn.f16x2.e4m3x2, one
@@ -71,11 +80,15 @@ scripts/gluon_compile.py (triton 3.6.0, sm_90a, every h_q the same code but the 
       shared. Giving the consumer 192 registers (PRODUCER_REGS 120) halves the spills but
       makes the producer spill; a producer below 120 cannot hold its tile. Not yet measured:
       whether the spills cost anything next to the producer's time (FOLD_PRODUCER_REGS).
+  PREFETCH_INDICES (the next step's 4 indices per thread held across the step): 16 B spill
+      stores / 20 B loads in the producer (7 spill instructions; 144 producer registers still
+      spill 12 B and make the consumer spill); with BF16_SCALE as well: 0 bytes spilled (the
+      cheaper dequantization needs fewer temporaries).
 
 Not covered: splits (and the combine), h_q other than 8, 16, 32 or multiples of 64, fp8 MMAs
 (the dots are bf16 / f16), Triton's interpreter. It cannot run on the CPU;
-scripts/gluon_compile.py compiles it ahead of time for sm_90a, and its --check runs both
-variants against the Triton kernel on an SM90 GPU.
+scripts/gluon_compile.py compiles it ahead of time for sm_90a, and its --check runs every
+design against the Triton kernel on an SM90 GPU.
 """
 
 from __future__ import annotations
@@ -90,7 +103,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, NUM_SCALES, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
+from mlamem.kernels.fp8_ds_mla import (
+    E4M3_BITS_AS_BF16,
+    E4M3_TO_BF16_PTX,
+    GROUP,
+    NOPE_DIM,
+    NUM_SCALES,
+    ROPE_BYTE,
+    ROPE_DIM,
+    SCALES_BYTE,
+)
 from mlamem.kernels.triton_sparse_decode import F16_P_SCALE, LN2, LOG2E
 
 BLOCK_H = 64  # query rows per program: one wgmma M of 64 (heads, or fewer heads and zero rows)
@@ -105,6 +127,8 @@ MAX_REGISTERS = 168  # maxnreg of the kernel: 12 warps x 32 lanes x 168 <= 65,53
 SHARED_LIMIT = 232_448  # SM90's opt-in shared memory per block
 P_SCALE = F16_P_SCALE  # FOLD_F16: p * scale * 2^8 in f16, as the Triton folded-f16 design
 SCALE_FLOOR = 2.0**-64  # FOLD_F16: the least scale the score chain divides by (see _folded_consumer)
+E4M3_TO_BF16 = gl.constexpr(E4M3_TO_BF16_PTX)  # a global a jit function may read
+BF16_KEY_SCALE = 2.0**-32  # BF16_SCALE: the power of two K is stored at (see _dequantized_bf16)
 
 
 @gluon.jit
@@ -121,9 +145,10 @@ def _program(head_blocks, s_q):
 def _stage_q(q_ptr, q_nope_smem, q_rope_smem, batch, pos, head_block, heads,
              q_stride_b, q_stride_s, q_stride_h,
              BLOCK_H: gl.constexpr, GROUP: gl.constexpr, NOPE_DIM: gl.constexpr,
-             ROPE_DIM: gl.constexpr, MASK_HEADS: gl.constexpr):
+             ROPE_DIM: gl.constexpr, MASK_HEADS: gl.constexpr, KEY_SCALE: gl.constexpr = 1.0):
     """q -> shared memory, once: q_nope in q_nope_smem's type (bf16, or f16 for FOLD_F16),
-    q_rope bf16; rows past the rank's heads zero (MASK_HEADS)."""
+    q_rope bf16 times KEY_SCALE (the power of two the K tile is stored at, so q_rope·ropeᵀ is
+    on the scale of q_nope·Kᵀ); rows past the rank's heads zero (MASK_HEADS)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     # Plain loads, 8 bf16 = 16 bytes per thread per row piece.
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -134,10 +159,13 @@ def _stage_q(q_ptr, q_nope_smem, q_rope_smem, batch, pos, head_block, heads,
     if MASK_HEADS:
         head = (q_heads < heads)[:, None]
         q_nope_smem.store(gl.load(q_rows + nope_cols, mask=head, other=0.0).to(q_nope_smem.dtype))
-        q_rope_smem.store(gl.load(q_rows + rope_cols, mask=head, other=0.0))
+        q_rope = gl.load(q_rows + rope_cols, mask=head, other=0.0)
     else:
         q_nope_smem.store(gl.load(q_rows + nope_cols).to(q_nope_smem.dtype))
-        q_rope_smem.store(gl.load(q_rows + rope_cols))
+        q_rope = gl.load(q_rows + rope_cols)
+    if KEY_SCALE != 1.0:
+        q_rope = (q_rope.to(gl.float32) * KEY_SCALE).to(gl.bfloat16)  # a power of two: exact
+    q_rope_smem.store(q_rope)
     fence_async_shared()  # generic stores -> wgmma (async proxy) reads
     gl.thread_barrier()
 
@@ -184,12 +212,15 @@ def _consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ri
               lse_stride_b, lse_stride_h, lse_stride_s,
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, GROUP: gl.constexpr,
               NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, NUM_BUF: gl.constexpr,
-              LN2: gl.constexpr, MASK_HEADS: gl.constexpr):
-    """The default (scaled) consumer: K is the dequantized bf16 tile."""
+              LN2: gl.constexpr, MASK_HEADS: gl.constexpr, KEY_SCALE: gl.constexpr):
+    """The default (scaled) consumer: K is the dequantized bf16 tile times KEY_SCALE (a power of
+    two: 1, or BF16_KEY_SCALE with BF16_SCALE), which q_rope is staged at and out divided by;
+    launch_args divides sm_scale_log2 by it."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     batch, pos, head_block = _program(head_blocks, s_q)
     _stage_q(q_ptr, q_nope_smem, q_rope_smem, batch, pos, head_block, heads,
-             q_stride_b, q_stride_s, q_stride_h, BLOCK_H, GROUP, NOPE_DIM, ROPE_DIM, MASK_HEADS)
+             q_stride_b, q_stride_s, q_stride_h, BLOCK_H, GROUP, NOPE_DIM, ROPE_DIM, MASK_HEADS,
+             KEY_SCALE)
 
     # Scores: (BLOCK_H, BLOCK_N), each warpgroup BLOCK_N / 2 columns. Accumulator: (BLOCK_H,
     # NOPE_DIM), each warpgroup NOPE_DIM / 2 columns; p is its A operand, in registers.
@@ -235,7 +266,7 @@ def _consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ri
 
     l_safe = _store_lse(lse_ptr, m_i, l_i, batch, pos, head_block, heads, lse_stride_b,
                         lse_stride_h, lse_stride_s, s_rows, BLOCK_H, LN2, MASK_HEADS)
-    out = (acc / gl.convert_layout(l_safe, o_rows)[:, None]).to(gl.bfloat16)
+    out = (acc / gl.convert_layout(l_safe * KEY_SCALE, o_rows)[:, None]).to(gl.bfloat16)
     _store_out(out_ptr, out, 0, batch, pos, head_block, heads, out_stride_b, out_stride_s,
                out_stride_h, BLOCK_H, MASK_HEADS)
 
@@ -381,18 +412,40 @@ def _dequantized(raw, scale):
 
 
 @gluon.jit
+def _dequantized_bf16(raw, scale, BF16_FACTOR: gl.constexpr):
+    """BF16_SCALE: FlashMLA's dequantization, bf16(bf16(fp8 raw) * bf16(scale)), times the
+    power of two KEY_SCALE, in 4 instructions per pair of values instead of 6.
+
+    The e4m3 byte's 7 exponent-and-mantissa bits placed at bf16 bits 10..4 (its sign at 15)
+    are the bf16 of fp8 * 2^-120, exactly, subnormals included (prmt replicating the sign,
+    shl, and). One bf16x2 multiply by bf16(scale * BF16_FACTOR), BF16_FACTOR = 2^120 *
+    KEY_SCALE, then gives bf16(fp8 * bf16(scale)) * KEY_SCALE: FlashMLA's rounding, as powers
+    of two are exact (KEY_SCALE = 2^-32 keeps scale * BF16_FACTOR finite for any scale below
+    2^39; 2^120 alone would overflow bf16 from scale 2^8 on). The consumer takes KEY_SCALE
+    back out."""
+    factor = (scale * BF16_FACTOR).to(gl.bfloat16)
+    return gl.inline_asm_elementwise(E4M3_TO_BF16, "=r,=r,r,r,r", [raw, factor[:, None]],
+                                     dtype=gl.bfloat16, is_pure=True, pack=4)
+
+
+@gluon.jit
 def _fp8_as_f16(raw):
     """The fp8 e4m3 bytes as f16, exactly (cvt.rn.f16x2.e4m3x2: one instruction per pair)."""
     return raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
 
 
 @gluon.jit
-def _gather_nope(kv_bytes_ptr, idx_row, step, stop, block_size, kv_stride_block, kv_stride_slot,
-                 rows: gl.constexpr, nope_cols, BLOCK_N: gl.constexpr, GROUP: gl.constexpr):
-    """Step `step`'s tokens (valid, byte offset of each row) and their fp8 bytes, one
-    (BLOCK_N, GROUP) tile per 128-group, loaded in 16-byte vectors."""
+def _load_indices(idx_row, step, stop, rows: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Step `step`'s BLOCK_N token indices (-1 past the program's range)."""
     offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows)
-    idx = gl.load(idx_row + offs, mask=offs < stop, other=-1)
+    return gl.load(idx_row + offs, mask=offs < stop, other=-1)
+
+
+@gluon.jit
+def _gather_nope(kv_bytes_ptr, idx, block_size, kv_stride_block, kv_stride_slot, nope_cols,
+                 GROUP: gl.constexpr):
+    """The tokens `idx` (valid, byte offset of each row) and their fp8 bytes, one
+    (BLOCK_N, GROUP) tile per 128-group, loaded in 16-byte vectors."""
     valid = idx >= 0
     token = gl.where(valid, idx, 0).to(gl.int64)
     token_bytes = (token // block_size) * kv_stride_block + (token % block_size) * kv_stride_slot
@@ -421,7 +474,10 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
               kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
               BLOCK_N: gl.constexpr, GROUP: gl.constexpr, NOPE_DIM: gl.constexpr,
               ROPE_DIM: gl.constexpr, SCALES_BYTE: gl.constexpr, ROPE_BYTE: gl.constexpr,
-              NUM_BUF: gl.constexpr):
+              NUM_BUF: gl.constexpr, PREFETCH_INDICES: gl.constexpr, BF16_SCALE: gl.constexpr,
+              BF16_FACTOR: gl.constexpr):
+    """The default producer: K dequantized to bf16 (BF16_SCALE: FlashMLA's way, times
+    KEY_SCALE; see _dequantized_bf16)."""
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(NOPE_DIM == 4 * GROUP)
     batch, pos, head_block = _program(head_blocks, s_q)
@@ -436,12 +492,20 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
     rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, rope_layout))
     mask_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
 
+    if PREFETCH_INDICES:
+        next_idx = _load_indices(idx_row, 0, stop, rows, BLOCK_N)
     for step in range(num_steps):
         slot = step % NUM_BUF
-        # Gather the whole tile into registers before waiting for the slot.
+        # Gather the whole tile into registers before waiting for the slot; with
+        # PREFETCH_INDICES the indices were loaded a step earlier, so the gather waits on one
+        # memory round trip instead of two.
+        if PREFETCH_INDICES:
+            idx = next_idx
+            next_idx = _load_indices(idx_row, step + 1, stop, rows, BLOCK_N)
+        else:
+            idx = _load_indices(idx_row, step, stop, rows, BLOCK_N)
         valid, token_bytes, raw0, raw1, raw2, raw3 = _gather_nope(
-            kv_bytes_ptr, idx_row, step, stop, block_size, kv_stride_block, kv_stride_slot,
-            rows, nope_cols, BLOCK_N, GROUP)
+            kv_bytes_ptr, idx, block_size, kv_stride_block, kv_stride_slot, nope_cols, GROUP)
         scale_rows = kv_f32_ptr + (token_bytes + SCALES_BYTE) // 4
         scale0 = gl.load(scale_rows + 0, mask=valid, other=0.0)
         scale1 = gl.load(scale_rows + 1, mask=valid, other=0.0)
@@ -452,10 +516,16 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
 
         mbarrier.wait(empty_bars.index(slot), ((step // NUM_BUF) & 1) ^ 1)
         k_tile = k_ring.index(slot)
-        k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized(raw0, scale0))
-        k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized(raw1, scale1))
-        k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized(raw2, scale2))
-        k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized(raw3, scale3))
+        if BF16_SCALE:
+            k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw0, scale0, BF16_FACTOR))
+            k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw1, scale1, BF16_FACTOR))
+            k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw2, scale2, BF16_FACTOR))
+            k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw3, scale3, BF16_FACTOR))
+        else:
+            k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized(raw0, scale0))
+            k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized(raw1, scale1))
+            k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized(raw2, scale2))
+            k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized(raw3, scale3))
         rope_ring.index(slot).store(rope)
         mask_ring.index(slot).store(key_mask)
         fence_async_shared()  # generic stores -> the consumer's wgmma (async proxy) reads
@@ -491,8 +561,8 @@ def _folded_producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring,
         slot = step % NUM_BUF
         # Gather the whole tile into registers before waiting for the slot.
         valid, token_bytes, raw0, raw1, raw2, raw3 = _gather_nope(
-            kv_bytes_ptr, idx_row, step, stop, block_size, kv_stride_block, kv_stride_slot,
-            rows, nope_cols, BLOCK_N, GROUP)
+            kv_bytes_ptr, _load_indices(idx_row, step, stop, rows, BLOCK_N), block_size,
+            kv_stride_block, kv_stride_slot, nope_cols, GROUP)
         rope = _gather_rope(kv_bf16_ptr, token_bytes, valid, rope_layout, rope_cols, ROPE_BYTE)
         t_offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=token_layout)
         t_idx = gl.load(idx_row + t_offs, mask=t_offs < stop, other=-1)
@@ -537,7 +607,9 @@ def _gluon_sparse_decode_attention(
     LN2: gl.constexpr, NUM_BUF: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_HEADS: gl.constexpr = False,
     FOLD_F16: gl.constexpr = False, P_SCALE: gl.constexpr = 256.0,
-    SCALE_FLOOR: gl.constexpr = 5.421010862427522e-20,
+    SCALE_FLOOR: gl.constexpr = 5.421010862427522e-20, PREFETCH_INDICES: gl.constexpr = False,
+    BF16_SCALE: gl.constexpr = False, KEY_SCALE: gl.constexpr = 1.0,
+    BF16_FACTOR: gl.constexpr = 1.0,
 ):
     """One program per (batch, query position, 64 query rows), the whole topk (no split).
     MASK_HEADS: h_q < 64, the rows past h_q zero in q and never stored. FOLD_F16: the
@@ -590,11 +662,13 @@ def _gluon_sparse_decode_attention(
                          q_stride_b, q_stride_s, q_stride_h,
                          out_stride_b, out_stride_s, out_stride_h,
                          lse_stride_b, lse_stride_h, lse_stride_s,
-                         BLOCK_H, BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, NUM_BUF, LN2, MASK_HEADS)),
+                         BLOCK_H, BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, NUM_BUF, LN2, MASK_HEADS,
+                         KEY_SCALE)),
             (_producer, (kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring,
                          mask_ring, full_bars, empty_bars, s_q, head_blocks, stop, num_steps,
                          block_size, kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
-                         BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, SCALES_BYTE, ROPE_BYTE, NUM_BUF)),
+                         BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, SCALES_BYTE, ROPE_BYTE, NUM_BUF,
+                         PREFETCH_INDICES, BF16_SCALE, BF16_FACTOR)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
     for i in gl.static_range(NUM_BUF):
@@ -623,8 +697,11 @@ def head_layout(heads: int) -> tuple[int, bool]:
 
 def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, *, sm_scale: float, tokens_per_split: int,
-                fold_f16: bool = False):
+                fold_f16: bool = False, bf16_scale: bool = False, prefetch_indices: bool = False):
     """(grid, positional arguments, keyword arguments) of the kernel for this call."""
+    if fold_f16 and bf16_scale:
+        raise ValueError("fold_f16 and bf16_scale are two dequantizations; pick one")
+    key_scale = BF16_KEY_SCALE if bf16_scale else 1.0
     b, s_q, heads, _ = q.shape
     head_blocks, mask_heads = head_layout(heads)
     kv_bytes = kv_cache.view(torch.uint8)
@@ -634,7 +711,7 @@ def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
     grid = (b * s_q * head_blocks, )
     args = (
         q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices, out, lse,
-        sm_scale * LOG2E, s_q, heads, head_blocks, indices.shape[-1], tokens_per_split,
+        sm_scale * LOG2E / key_scale, s_q, heads, head_blocks, indices.shape[-1], tokens_per_split,
         kv_cache.shape[1],
         q.stride(0), q.stride(1), q.stride(2),
         kv_bytes.stride(0), kv_bytes.stride(1),
@@ -648,6 +725,8 @@ def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
         PRODUCER_WARPS=PRODUCER_WARPS,
         PRODUCER_REGS=FOLD_PRODUCER_REGS if fold_f16 else PRODUCER_REGS,
         MASK_HEADS=mask_heads, FOLD_F16=bool(fold_f16), P_SCALE=P_SCALE, SCALE_FLOOR=SCALE_FLOOR,
+        PREFETCH_INDICES=bool(prefetch_indices), BF16_SCALE=bool(bf16_scale), KEY_SCALE=key_scale,
+        BF16_FACTOR=key_scale / E4M3_BITS_AS_BF16,
         num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
     )
     return grid, args, kwargs
@@ -655,15 +734,19 @@ def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
 
 def launch_gluon(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, *, sm_scale: float, tokens_per_split: int,
-                 fold_f16: bool = False) -> None:
+                 fold_f16: bool = False, bf16_scale: bool = False,
+                 prefetch_indices: bool = False) -> None:
     """Run the decode into out and lse without a split; allocates nothing.
 
     q (b, s_q, h_q, 576) bf16, h_q 8, 16, 32 or a multiple of 64; kv_cache (blocks, block_size,
     1, 656) uint8 with 16-byte aligned block and slot strides; indices (b, s_q, topk) int32
     (-1 = invalid); out (b, s_q, h_q, 512) bf16; lse (b, h_q, s_q) fp32 (natural log). Each
     program covers topk positions [0, min(tokens_per_split, topk)), as `launch` with
-    num_splits = 1. fold_f16: the folded-f16 variant (FOLD_F16).
+    num_splits = 1. fold_f16: the folded-f16 variant (FOLD_F16); bf16_scale: FlashMLA's
+    dequantization (BF16_SCALE); prefetch_indices: the producer loads a step's indices one
+    step ahead (PREFETCH_INDICES).
     """
     grid, args, kwargs = launch_args(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
-                                     tokens_per_split=tokens_per_split, fold_f16=fold_f16)
+                                     tokens_per_split=tokens_per_split, fold_f16=fold_f16,
+                                     bf16_scale=bf16_scale, prefetch_indices=prefetch_indices)
     _gluon_sparse_decode_attention[grid](*args, **kwargs)

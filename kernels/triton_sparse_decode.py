@@ -45,7 +45,12 @@ COMBINE_HEADS = 16  # heads per combine program
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 
 
-GLUON_DESIGNS = {"gluon": False, "gluon-folded-f16": True}  # design -> the kernel's fold_f16
+GLUON_DESIGNS = {  # design -> launch_gluon's keyword arguments
+    "gluon": {},
+    "gluon-folded-f16": {"fold_f16": True},
+    "gluon-early-indices": {"prefetch_indices": True},
+    "gluon-bf16-scale": {"prefetch_indices": True, "bf16_scale": True},
+}
 DESIGNS = ("scaled", "folded-bf16", "folded-f16", *GLUON_DESIGNS)
 
 
@@ -66,6 +71,13 @@ class LaunchConfig:
                    warps gather and dequantize into a shared-memory ring while two consumer
                    warpgroups run the wgmmas and the softmax; SM90 only, no split, block_n 64.
       gluon-folded-f16  the same with the folded-f16 dequantization (the producer only converts).
+      gluon-early-indices  gluon with each step's indices loaded one step ahead, so a gather
+                   waits on one memory round trip, not two (its producer spills 16 B).
+      gluon-bf16-scale  gluon-early-indices with FlashMLA's dequantization: the scale rounded
+                   to bf16, the product in bf16, 4 producer instructions per pair of values
+                   instead of 6 (no spill); K equals FlashMLA's dequantized K.
+      The last two are compiled for sm_90a and not yet run on a GPU (scripts/gpu-check.sh
+      --suite gluon-designs runs and times them).
     prefetch: the next step's indices, fp8 bytes, scales and RoPE values are loaded before this
     step's dots, into registers, so the gathers are in flight while the tensor cores work.
     """
@@ -542,7 +554,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
         from mlamem.kernels.gluon_sparse_decode import launch_gluon
 
         launch_gluon(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
-                     tokens_per_split=tokens_per_split, fold_f16=GLUON_DESIGNS[config.design])
+                     tokens_per_split=tokens_per_split, **GLUON_DESIGNS[config.design])
         return
     topk = indices.shape[-1]
     kv_bytes = kv_cache.view(torch.uint8)

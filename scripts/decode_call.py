@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--pool", choices=["l2", "hbm"], default="hbm")
+    parser.add_argument("--design", help="a LaunchConfig design of mlamem's kernel (e.g. "
+                        "gluon-bf16-scale; default: the default config's)")
     parser.add_argument("--warmup", type=int, default=2, help="calls before the profiled one")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -36,13 +38,20 @@ def main() -> None:
 
     from mlamem.kernels.triton_decode import sparse_mla_decode_triton
 
+    config = None
+    if args.design is not None:
+        from mlamem.kernels.triton_sparse_decode import DESIGNS, LaunchConfig
+
+        if args.design not in DESIGNS:
+            parser.exit(2, f"decode_call.py: --design must be one of {', '.join(DESIGNS)}\n")
+        config = LaunchConfig(block_n=64, num_warps=8, design=args.design)
     kv = bench.make_pool(bench.POOLS[args.pool])
     q, indices = bench.make_query(args.tokens, args.heads, bench.POOLS[args.pool])
     def call():
         if args.kernel == "flashmla":
             return bench.flashmla_padded(q, kv, indices)
         return sparse_mla_decode_triton(q, kv, indices, sm_scale=1 / math.sqrt(576),
-                                        native=args.kernel == "triton-native")
+                                        config=config, native=args.kernel == "triton-native")
 
     for _ in range(args.warmup):
         call()
@@ -51,7 +60,8 @@ def main() -> None:
     call()
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
-    print(f"{args.warmup} warm-up calls and one in NVTX range 'decode': {args.kernel} at "
+    print(f"{args.warmup} warm-up calls and one in NVTX range 'decode': {args.kernel}"
+          + (f" ({args.design})" if args.design else "") + " at "
           f"{args.heads} heads, T={args.tokens}, pool {args.pool}")
 
 

@@ -2,19 +2,21 @@
 SM90 without a GPU and prints what ptxas and the compiler report: compile-time figures, not
 measurements of speed.
 
-Usage: python3 scripts/gluon_compile.py [--fold 0|1|both] [--heads 8,16,64] [--producer-regs N]
-                                         [--producer-warps N] [--maxnreg N] [--dump DIR]
-       python3 scripts/gluon_compile.py --check [--fold 0|1|both] [--heads 8,16,32,64,128]
-              (on an SM90 GPU: runs launch_gluon, both variants, against the Triton kernel's
-               `launch` without a split, FOLD_F16 also against the Triton folded-f16 design;
-               one line per case, CHECK OK / CHECK FAILED, exit 0 / 1)
+Usage: python3 scripts/gluon_compile.py [--designs gluon,...] [--heads 8,16,64]
+                                         [--producer-regs N] [--producer-warps N] [--maxnreg N]
+                                         [--dump DIR]
+       python3 scripts/gluon_compile.py --check [--designs gluon,...] [--heads 8,16,32,64,128]
+              (on an SM90 GPU: runs launch_gluon in each design against the Triton kernel's
+               `launch` without a split, gluon-folded-f16 also against the Triton folded-f16
+               design; one line per case, CHECK OK / CHECK FAILED, exit 0 / 1)
        (triton 3.6 installed; TRITON_INTERPRET unset)
 
-By default every variant is compiled: FOLD_F16 False / True x h_q 8, 16, 64 (h_q 32 compiles to
-the same code as 8 and 16: a masked program of 64 rows). Per variant it prints the registers,
-the spills (ptxas -v, and the SASS's spill instructions by setmaxnreg region), whether ptxas
-serialised the wgmmas for want of registers (C7512), and the shared memory; OK needs 0 spills,
-no serialisation and shared <= 232,448 B. --producer-regs etc. override the launch for all.
+By default every Gluon design (triton_sparse_decode.GLUON_DESIGNS) is compiled at h_q 8, 16
+and 64 (h_q 32 compiles to the same code as 8 and 16: a masked program of 64 rows). Per
+variant it prints the registers, the spills (ptxas -v, and the SASS's spill instructions by
+setmaxnreg region), whether ptxas serialised the wgmmas for want of registers (C7512), and the
+shared memory; OK needs 0 spills, no serialisation and shared <= 232,448 B. --producer-regs
+etc. override the launch for all.
 
 The kernel's arguments are those `launch_gluon` passes for a benchmark-like shape (topk 2048,
 no split) on CPU tensors; Triton's own binder turns them into the signature,
@@ -42,6 +44,7 @@ try:
 
     from mlamem.kernels import gluon_sparse_decode as gluon_decode
     from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
+    from mlamem.kernels.triton_sparse_decode import GLUON_DESIGNS
 except ImportError as exc:  # triton (and its Gluon) compile the kernels
     sys.exit(f"gluon_compile.py: needs triton 3.6 ({exc}); pip install triton")
 
@@ -49,16 +52,16 @@ TARGET = GPUTarget("cuda", 90, 32)
 B, S_Q, HEADS, TOPK, BLOCK_SIZE = 1, 256, 64, 2048, 64
 
 
-def compile_sm90(heads=HEADS, fold_f16=False, **overrides):
-    """The kernel compiled for SM90 as launch_gluon would compile it at h_q = heads (keyword
-    overrides replace launch options or constexprs, e.g. PRODUCER_REGS=88, maxnreg=160)."""
+def compile_sm90(heads=HEADS, design="gluon", **overrides):
+    """The kernel compiled for SM90 as launch_gluon would compile it in `design` at h_q = heads
+    (keyword overrides replace launch options or constexprs, e.g. PRODUCER_REGS=88)."""
     kv = torch.zeros(4 * TOPK // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN, dtype=torch.uint8)
     q = torch.zeros(B, S_Q, heads, 576, dtype=torch.bfloat16)
     indices = torch.zeros(B, S_Q, TOPK, dtype=torch.int32)
     out = torch.zeros(B, S_Q, heads, 512, dtype=torch.bfloat16)
     lse = torch.zeros(B, heads, S_Q, dtype=torch.float32)
     _, args, kwargs = gluon_decode.launch_args(q, kv, indices, out, lse, sm_scale=1 / math.sqrt(576),
-                                               tokens_per_split=TOPK, fold_f16=fold_f16)
+                                               tokens_per_split=TOPK, **GLUON_DESIGNS[design])
     kwargs.update(overrides)
     fn = gluon_decode._gluon_sparse_decode_attention
     backend = make_backend(TARGET)
@@ -118,8 +121,8 @@ def ptx_facts(ptx: str) -> dict:
     }
 
 
-def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale, fold_f16):
-    """(out, lse, ref_out, ref_lse[, fold_out, fold_lse]) of one case on the GPU."""
+def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale, design):
+    """(out, lse, [(ref_out, ref_lse)[, (fold_out, fold_lse)]]) of one case on the GPU."""
     from mlamem.kernels.triton_sparse_decode import LaunchConfig
 
     device = q.device
@@ -133,13 +136,13 @@ def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale,
 
     out, lse = buffers()
     gluon_decode_launch(q, cache, indices, out, lse, sm_scale=sm_scale,
-                        tokens_per_split=tokens_per_split, fold_f16=fold_f16)
+                        tokens_per_split=tokens_per_split, **GLUON_DESIGNS[design])
     ref_out, ref_lse = buffers()
     triton_decode.launch(q, cache, indices, ref_out, ref_lse, None, None, sm_scale=sm_scale,
                          num_splits=1, tokens_per_split=tokens_per_split,
                          config=triton_decode.DEFAULT_CONFIG)
     refs = [(ref_out, ref_lse)]
-    if fold_f16:
+    if GLUON_DESIGNS[design].get("fold_f16"):
         fold_out, fold_lse = buffers()
         triton_decode.launch(q, cache, indices, fold_out, fold_lse, None, None, sm_scale=sm_scale,
                              num_splits=1, tokens_per_split=tokens_per_split,
@@ -149,18 +152,19 @@ def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale,
     return out, lse, refs
 
 
-def _compare(out, lse, ref_out, ref_lse, fold_f16):
-    """(ok, one-line summary) of out / lse against a reference. Default variant: |out diff| <=
-    1e-2 + 1e-2 |ref| elementwise, |lse diff| <= 1e-3 (the GPU check passed at 1e-6); FOLD_F16:
-    out relative L2 <= 1e-2, |lse diff| <= 2e-2. Both: -inf lse exactly where the reference
-    has it, no NaN."""
+def _compare(out, lse, ref_out, ref_lse, same_rounding):
+    """(ok, one-line summary) of out / lse against a reference. Same rounding (the Triton
+    scaled design's dequantization): |out diff| <= 1e-2 + 1e-2 |ref| elementwise, |lse diff| <=
+    1e-3 (the GPU check passed at 1e-6); another rounding (folded-f16, bf16 scale): out
+    relative L2 <= 1e-2, |lse diff| <= 2e-2. Both: -inf lse exactly where the reference has it,
+    no NaN."""
     finite = ref_lse.isfinite()
     same_inf = bool((lse.isfinite() == finite).all()) and not bool(lse.isnan().any())
     lse_diff = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
     diff = (out.float() - ref_out.float()).nan_to_num(float("inf"))
     no_nan = not bool(out.isnan().any())
     rel_l2 = (diff.norm() / ref_out.float().norm().clamp(min=1e-30)).item()
-    if fold_f16:
+    if not same_rounding:
         ok = rel_l2 <= 1e-2 and lse_diff <= 2e-2
     else:
         excess = (diff.abs() - 1e-2 - 1e-2 * ref_out.float().abs()).max().item()
@@ -171,11 +175,11 @@ def _compare(out, lse, ref_out, ref_lse, fold_f16):
                 f"NaN-free: {no_nan}")
 
 
-def check_on_gpu(heads_list=(8, 16, 32, 64, 128), folds=(False, True)) -> int:
-    """Runs launch_gluon (both variants, h_q 8 to 128) against the Triton kernel's `launch`
+def check_on_gpu(heads_list=(8, 16, 32, 64, 128), designs=tuple(GLUON_DESIGNS)) -> int:
+    """Runs launch_gluon (each design, h_q 8 to 128) against the Triton kernel's `launch`
     without a split on random fp8_ds_mla data, with invalid indices, a query with no valid
-    index and a topk that is not a multiple of BLOCK_N; FOLD_F16 also against the Triton
-    folded-f16 design. One line per case; CHECK OK / CHECK FAILED. Needs an SM90 GPU."""
+    index and a topk that is not a multiple of BLOCK_N; gluon-folded-f16 also against the
+    Triton folded-f16 design. One line per case; CHECK OK / CHECK FAILED. Needs an SM90 GPU."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("gluon_compile.py --check: needs an SM90 GPU (H100, H200); without one, run it "
               "without --check to compile for sm_90a", file=sys.stderr)
@@ -202,18 +206,18 @@ def check_on_gpu(heads_list=(8, 16, 32, 64, 128), folds=(False, True)) -> int:
             except Exception as exc:
                 data_error = exc
             sm_scale = 1 / math.sqrt(576)
-            for fold_f16 in folds:
-                case = (f"{'fold-f16' if fold_f16 else 'default '} b={b} s_q={s_q} h_q={heads} "
-                        f"topk={topk} block_size={block_size}")
+            for design in designs:
+                case = (f"{design:<19} b={b} s_q={s_q} h_q={heads} topk={topk} "
+                        f"block_size={block_size}")
                 try:
                     if data_error is not None:
                         raise data_error
                     out, lse, refs = _check_case(gluon_decode.launch_gluon, triton_decode, cache, q,
-                                                 indices, sm_scale, fold_f16)
-                    ok, line = _compare(out, lse, *refs[0], fold_f16)
+                                                 indices, sm_scale, design)
+                    ok, line = _compare(out, lse, *refs[0], same_rounding(design))
                     line = f"vs triton: {line}"
-                    if fold_f16:
-                        ok_fold, fold_line = _compare(out, lse, *refs[1], True)
+                    if len(refs) > 1:
+                        ok_fold, fold_line = _compare(out, lse, *refs[1], False)
                         ok = ok and ok_fold
                         line += f"; vs triton folded-f16: {fold_line}"
                 except Exception as exc:  # one case's failure, reported, not a crash
@@ -225,15 +229,22 @@ def check_on_gpu(heads_list=(8, 16, 32, 64, 128), folds=(False, True)) -> int:
     return 0 if all_ok else 1
 
 
-def report_variant(heads, fold_f16, overrides, dump=None) -> bool:
-    """Compiles one variant for sm_90a and prints its figures; True when it has no spills and
+def same_rounding(design: str) -> bool:
+    """Whether the design dequantizes as the Triton scaled design does (bf16(fp8 * scale))."""
+    options = GLUON_DESIGNS[design]
+    return not (options.get("fold_f16") or options.get("bf16_scale"))
+
+
+def report_variant(heads, design, overrides, dump=None) -> bool:
+    """Compiles one design for sm_90a and prints its figures; True when it has no spills and
     fits the shared memory."""
+    fold_f16 = bool(GLUON_DESIGNS[design].get("fold_f16"))
     regs = overrides.get("PRODUCER_REGS", gluon_decode.FOLD_PRODUCER_REGS if fold_f16
                          else gluon_decode.PRODUCER_REGS)
-    print(f"== FOLD_F16={fold_f16} h_q={heads} (b={B} s_q={S_Q} topk={TOPK}; producer regs "
+    print(f"== {design} h_q={heads} (b={B} s_q={S_Q} topk={TOPK}; producer regs "
           f"{regs}; {overrides or 'defaults'})")
     try:
-        compiled = compile_sm90(heads=heads, fold_f16=fold_f16, **overrides)
+        compiled = compile_sm90(heads=heads, design=design, **overrides)
     except Exception as exc:
         print(f"   compile FAILED: {type(exc).__name__}: {str(exc).strip().splitlines()[-1]}")
         return False
@@ -241,7 +252,7 @@ def report_variant(heads, fold_f16, overrides, dump=None) -> bool:
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for name in ("ttgir", "llir", "ptx"):
-            (dump / f"gluon_sparse_decode.fold{int(fold_f16)}.h{heads}.{name}").write_text(
+            (dump / f"gluon_sparse_decode.{design}.h{heads}.{name}").write_text(
                 compiled.asm[name])
     report = ptxas_report(ptx)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
@@ -266,18 +277,22 @@ def main() -> int:
     parser.add_argument("--producer-regs", type=int, default=None)
     parser.add_argument("--maxnreg", type=int, default=None)
     parser.add_argument("--producer-warps", type=int, default=None)
-    parser.add_argument("--fold", choices=("0", "1", "both"), default="both",
-                        help="FOLD_F16 variant(s) to compile / check (default both)")
+    parser.add_argument("--designs", default=",".join(GLUON_DESIGNS),
+                        help=f"comma-separated Gluon designs (default all: "
+                             f"{','.join(GLUON_DESIGNS)})")
     parser.add_argument("--heads", type=str, default=None,
                         help="comma-separated h_q (default 8,16,64 compiled; 8,16,32,64,128 checked)")
     parser.add_argument("--dump", type=Path, default=None, help="write the ttgir, llir and ptx here")
     parser.add_argument("--check", action="store_true", help="run it against the Triton kernel "
                         "on an SM90 GPU instead of compiling ahead of time")
     opts = parser.parse_args()
-    folds = {"0": (False, ), "1": (True, ), "both": (False, True)}[opts.fold]
+    designs = tuple(opts.designs.split(","))
+    if unknown := [d for d in designs if d not in GLUON_DESIGNS]:
+        parser.error(f"--designs: unknown {', '.join(unknown)}; choose from "
+                     f"{', '.join(GLUON_DESIGNS)}")
     heads = tuple(int(h) for h in opts.heads.split(",")) if opts.heads else None
     if opts.check:
-        return check_on_gpu(heads or (8, 16, 32, 64, 128), folds)
+        return check_on_gpu(heads or (8, 16, 32, 64, 128), designs)
     overrides = {}
     if opts.producer_regs is not None:
         overrides["PRODUCER_REGS"] = opts.producer_regs
@@ -288,11 +303,11 @@ def main() -> int:
 
     print(f"triton {triton.__version__}, {TARGET}, sm_90a")
     results = {}
-    for fold_f16 in folds:
+    for design in designs:
         for h in heads or (8, 16, 64):
-            results[(fold_f16, h)] = report_variant(h, fold_f16, overrides, opts.dump)
-    print("summary: " + ", ".join(f"FOLD_F16={f} h_q={h}: {'OK' if ok else 'NOT OK'}"
-                                  for (f, h), ok in results.items()))
+            results[(design, h)] = report_variant(h, design, overrides, opts.dump)
+    print("summary: " + ", ".join(f"{d} h_q={h}: {'OK' if ok else 'NOT OK'}"
+                                  for (d, h), ok in results.items()))
     ok = all(results.values())
     print("OK" if ok else "NOT OK")
     return 0 if ok else 1

@@ -55,6 +55,12 @@
 #   native-bench   its speed targets (issue 17): the benchmark's sweep of designs and launch
 #                  configs at T=8192 (--sweep), then both parts at every T in the default and
 #                  fallback configs, with lse (benchmarks/triton_vs_flashmla.py)
+#   gluon-designs  the Gluon designs not yet measured (gluon-early-indices, gluon-bf16-scale):
+#                  every design against the Triton kernel (gluon_compile.py --check) and
+#                  against FlashMLA (the GPU tests); the benchmark at T=8192 and 32768, both
+#                  pools and both ranks, every Gluon design beside the default; ncu of
+#                  gluon-bf16-scale at 8 heads (stalls, and the source page's per-instruction
+#                  counters, which name the bank-conflicted shared stores)
 #   api            the Python API, pytest plugin, plug-in kernels and shards (issue 16): their
 #                  tests (profile_call against `mlamem profile` on FlashMLA, the marks on the
 #                  Triton decode, the README's examples on CUDA); the README's plugin example
@@ -71,7 +77,7 @@
 # exited non-zero (every step here is expected to exit 0), 2 on bad usage.
 set -uo pipefail
 SUITES_ALL=(tests profile validate repro context-reuse gate triton report non-torch kernels
-            flashinfer kernels-oom graphs api native native-bench)
+            flashinfer kernels-oom graphs api native native-bench gluon-designs)
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 fail_usage() { echo "gpu-check.sh: $1" >&2; echo "usage: bash scripts/gpu-check.sh [--suite SUITE[,SUITE...]] OUTDIR" >&2; exit 2; }
@@ -424,6 +430,29 @@ suite_native-bench() {
         --tokens 8192 --rank-tokens 8192 --json "$R/triton-vs-flashmla-sweep.json"
     step bench timeout "${BENCH_TIMEOUT:-240}" python3 benchmarks/triton_vs_flashmla.py --lse \
         --json "$R/triton-vs-flashmla.json"
+}
+
+suite_gluon-designs() {
+    local d
+    step gluon-check timeout 400 python3 scripts/gluon_compile.py --check --heads 8,16,64
+    step pytest timeout 300 python3 -m pytest -q -rs --junitxml="$R/junit.xml" \
+        tests/test_triton_decode_gpu.py -k "every_design and gluon"
+    step bench timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/triton_vs_flashmla.py \
+        --rank-tokens 8192,32768 --json "$R/triton-vs-flashmla.json"
+    if command -v ncu > /dev/null; then
+        for d in gluon-bf16-scale gluon; do
+            step "ncu-$d-8" timeout 120 ncu --nvtx --nvtx-include "decode/" --set full \
+                --import-source yes -o "$R/ncu-$d-8" python3 scripts/decode_call.py \
+                --kernel triton-native --design "$d" --heads 8 --tokens 8192
+            step "ncu-$d-8-stalls" python3 scripts/ncu_stalls.py "$R/ncu-$d-8.ncu-rep"
+            step "ncu-$d-8-details" ncu --import "$R/ncu-$d-8.ncu-rep" --page details
+            step "ncu-$d-8-source" ncu --import "$R/ncu-$d-8.ncu-rep" --page source --csv \
+                --print-source sass
+            rm -f "$R/ncu-$d-8.ncu-rep"  # 6 to 8 MB each: the pages above are what comes back
+        done
+    else
+        echo "ncu not found: no Nsight Compute breakdown" | tee "$R/ncu-missing.txt"
+    fi
 }
 
 suite_api() {

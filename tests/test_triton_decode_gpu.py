@@ -272,7 +272,8 @@ def test_the_gluon_kernel_runs_on_sm90_and_split_calls_fall_back():
 
 @needs_flashmla
 @pytest.mark.parametrize("design", ["scaled", "folded-bf16", "folded-f16", "gluon",
-                                    "gluon-folded-f16"])
+                                    "gluon-folded-f16", "gluon-early-indices",
+                                    "gluon-bf16-scale"])
 @pytest.mark.parametrize("h_q", [8, 16, 64, 128])
 def test_every_design_matches_flashmla(design, h_q, seed):
     """Each design at 300 queries (no split on an H200) within 1e-2 relative L2 and 2e-2 in lse
