@@ -54,8 +54,8 @@ SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "folded-bf16"), (64, 8, 1, "folde
 SWEEP_RANK = [(64, 8, 2), (64, 8, 1), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
               (32, 4, 1, "folded-f16", False, True, 168)]
 # the other Gluon designs, timed beside the default at every T
-GLUON_OTHERS = [(64, 8, 1, design) for design in ("gluon", "gluon-folded-f16",
-                                                  "gluon-early-indices", "gluon-bf16-scale")]
+GLUON_OTHERS = [(64, 8, 1, design) for design in ("gluon-folded-f16", "gluon-early-indices",
+                                                  "gluon-bf16-scale")]
 
 
 def attention_flops(tokens: int, heads: int, topk: int = TOPK) -> int:
