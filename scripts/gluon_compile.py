@@ -286,11 +286,15 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="run it against the Triton kernel "
                         "on an SM90 GPU instead of compiling ahead of time")
     opts = parser.parse_args()
-    designs = tuple(opts.designs.split(","))
-    if unknown := [d for d in designs if d not in GLUON_DESIGNS]:
-        parser.error(f"--designs: unknown {', '.join(unknown)}; choose from "
-                     f"{', '.join(GLUON_DESIGNS)}")
-    heads = tuple(int(h) for h in opts.heads.split(",")) if opts.heads else None
+    designs = tuple(d.strip() for d in opts.designs.split(",") if d.strip())
+    if not designs or (unknown := [d for d in designs if d not in GLUON_DESIGNS]):
+        parser.error(f"--designs: {'unknown ' + ', '.join(unknown) if designs else 'none given'}; "
+                     f"choose from {', '.join(GLUON_DESIGNS)}")
+    try:
+        heads = tuple(int(h) for h in opts.heads.split(",")) if opts.heads else None
+    except ValueError:
+        parser.error(f"--heads: expected comma-separated head counts such as 8,16,64, got "
+                     f"{opts.heads!r}")
     if opts.check:
         return check_on_gpu(heads or (8, 16, 32, 64, 128), designs)
     overrides = {}
