@@ -406,8 +406,11 @@ def _folded_consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, 
 
 
 @gluon.jit
-def _dequantized(raw, scale):
-    """bf16(fp32(fp8 raw) * scale), one scale per row."""
+def _dequantized(raw, scale, BF16_SCALE: gl.constexpr, BF16_FACTOR: gl.constexpr):
+    """bf16(fp32(fp8 raw) * scale), one scale per row; BF16_SCALE: FlashMLA's rounding, times
+    KEY_SCALE (_dequantized_bf16)."""
+    if BF16_SCALE:
+        return _dequantized_bf16(raw, scale, BF16_FACTOR)
     return (raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * scale[:, None]).to(gl.bfloat16)
 
 
@@ -516,16 +519,10 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
 
         mbarrier.wait(empty_bars.index(slot), ((step // NUM_BUF) & 1) ^ 1)
         k_tile = k_ring.index(slot)
-        if BF16_SCALE:
-            k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw0, scale0, BF16_FACTOR))
-            k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw1, scale1, BF16_FACTOR))
-            k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw2, scale2, BF16_FACTOR))
-            k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized_bf16(raw3, scale3, BF16_FACTOR))
-        else:
-            k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized(raw0, scale0))
-            k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized(raw1, scale1))
-            k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized(raw2, scale2))
-            k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized(raw3, scale3))
+        k_tile.slice(0 * GROUP, GROUP, dim=1).store(_dequantized(raw0, scale0, BF16_SCALE, BF16_FACTOR))
+        k_tile.slice(1 * GROUP, GROUP, dim=1).store(_dequantized(raw1, scale1, BF16_SCALE, BF16_FACTOR))
+        k_tile.slice(2 * GROUP, GROUP, dim=1).store(_dequantized(raw2, scale2, BF16_SCALE, BF16_FACTOR))
+        k_tile.slice(3 * GROUP, GROUP, dim=1).store(_dequantized(raw3, scale3, BF16_SCALE, BF16_FACTOR))
         rope_ring.index(slot).store(rope)
         mask_ring.index(slot).store(key_mask)
         fence_async_shared()  # generic stores -> the consumer's wgmma (async proxy) reads
@@ -564,8 +561,7 @@ def _folded_producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring,
             kv_bytes_ptr, _load_indices(idx_row, step, stop, rows, BLOCK_N), block_size,
             kv_stride_block, kv_stride_slot, nope_cols, GROUP)
         rope = _gather_rope(kv_bf16_ptr, token_bytes, valid, rope_layout, rope_cols, ROPE_BYTE)
-        t_offs = step * BLOCK_N + gl.arange(0, BLOCK_N, layout=token_layout)
-        t_idx = gl.load(idx_row + t_offs, mask=t_offs < stop, other=-1)
+        t_idx = _load_indices(idx_row, step, stop, token_layout, BLOCK_N)
         t_valid = t_idx >= 0
         t_token = gl.where(t_valid, t_idx, 0).to(gl.int64)
         scale_rows = kv_f32_ptr + ((t_token // block_size) * kv_stride_block

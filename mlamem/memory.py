@@ -11,6 +11,7 @@ GPU with `torch.cuda.graph`, on the model by sending a capture's requests to a p
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import re
@@ -251,7 +252,7 @@ class _StorageRef(weakref.ref):
 class _MetaAllocations(TorchDispatchMode):
     """Feeds the storage of every new meta tensor into the allocator model; frees on death.
 
-    A storage's death only queues its block (the weakref callback is `list.append`, C code that
+    A storage's death only queues its block (the weakref callback is `deque.append`, C code that
     Ctrl-C cannot interrupt); `collect` frees the queue before the model is next used. So the
     model changes only in ordinary code, never half-way inside a finalizer."""
 
@@ -259,7 +260,7 @@ class _MetaAllocations(TorchDispatchMode):
         super().__init__()
         self.model = model
         self.live: dict[int, tuple[_StorageRef, object]] = {}  # id(storage) -> (ref, block)
-        self._dead: list[_StorageRef] = []
+        self._dead: collections.deque[_StorageRef] = collections.deque()
 
     on_op = None  # called with each op before it runs (SimulatedMemory's first launches)
 
@@ -298,7 +299,7 @@ class _MetaAllocations(TorchDispatchMode):
     def collect(self) -> None:
         """Free the blocks of the storages that died since the last call, in order of death."""
         while self._dead:
-            ref = self._dead.pop(0)
+            ref = self._dead.popleft()
             _, block = self.live.pop(ref.key)
             self.model.free(block)
 
