@@ -32,20 +32,20 @@ Trackers do not nest: the allocator trace is one per process.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import pickle
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
 import torch
 
-from mlamem.attribution import Breakdown, BufferUse, ExpectedBuffer, attribute
+from mlamem.attribution import BufferUse, ExpectedBuffer
 from mlamem.errors import UserError
 from mlamem.kernels.base import BufferSpec
-from mlamem.measure import OUT_OF_MEMORY, Failure, classify_failure, watched_call
-from mlamem.memory import CallWatch, CudaMemory, MemoryStats, SimulatedMemory
+from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, measure_one
+from mlamem.memory import CudaMemory, SimulatedMemory
 
 NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
 
@@ -109,21 +109,39 @@ class Tracker:
         self.expected = expected_from(expect)
         self.memory = memory_for(device)
         self.measured: bool = self.memory.measured  # False: predicted on the meta device
-        self.peak_allocated_bytes: int | None = None  # max_memory_allocated - allocated before
-        self.peak_reserved_bytes: int | None = None  # max_memory_reserved - reserved before
-        self.nvml_peak_bytes: int | None = None  # NVML device-used peak - before (predicted: reserved)
-        self.wall_time_ms: float | None = None  # the code and a synchronize (measured only)
-        self.breakdown: Breakdown | None = None  # the allocations inside, by buffer
-        self.failure: str | None = None  # one line: "out of memory", or the error
-        self.oom_requested_bytes: int | None = None  # the request that failed, when known
-        self.oom_buffer: str | None = None  # the expected buffer of that request's size
-        self.trace: list[dict] | None = None  # allocator trace entries (torch's layout)
-        self.segments: list[dict] | None = None  # allocator segments after the code
+        self.call: CallRecord | None = None  # the measured call's record (measure.measure_one)
         self.value: Any = None  # what profile_call's fn returned
-        self._before: MemoryStats | None = None
-        self._watch_context = None
-        self._watch: CallWatch | None = None
-        self._start = 0.0
+        self._measuring: Measuring | None = None
+
+    def _figure(self, name: str):
+        return None if self.call is None else getattr(self.call, name)
+
+    # each a delta over the state before the code; None until taken (or when it failed first)
+    peak_allocated_bytes = property(lambda self: self._figure("peak_allocated_bytes"))
+    peak_reserved_bytes = property(lambda self: self._figure("peak_reserved_bytes"))
+    nvml_peak_bytes = property(lambda self: self._figure("nvml_peak_bytes"))  # predicted: reserved
+    wall_time_ms = property(lambda self: self._figure("wall_time_ms"))  # code + sync (measured)
+    breakdown = property(lambda self: self._figure("breakdown"))  # the allocations inside
+    trace = property(lambda self: self._figure("trace"))  # allocator trace (torch's layout)
+    segments = property(lambda self: self._figure("segments"))  # allocator segments after
+
+    @property
+    def failure(self) -> str | None:
+        """One line: "out of memory", or the error."""
+        failure = self._figure("failure")
+        return None if failure is None else OUT_OF_MEMORY if failure.oom else failure.text
+
+    @property
+    def oom_requested_bytes(self) -> int | None:
+        """The request that failed, when known."""
+        failure = self._figure("failure")
+        return failure.requested_bytes if failure is not None and failure.oom else None
+
+    @property
+    def oom_buffer(self) -> str | None:
+        """The expected buffer of that request's size."""
+        failure = self._figure("failure")
+        return None if failure is None else failure.buffer
 
     # -- the figures ---------------------------------------------------------------------
 
@@ -231,52 +249,22 @@ class Tracker:
                                "process; end the running one first")
         self.memory.__enter__()
         self.memory.empty_cache()
-        self.memory.reset_peaks()
-        self._before = self.memory.stats()
-        self._watch_context = self.memory.watch()
-        self._watch = self._watch_context.__enter__()
+        self._measuring = Measuring(self.memory, self.expected)
+        self._measuring.start()
         _active.append(self)
-        self._start = time.perf_counter()
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
         """Stop the trace and take the figures; True (swallow it) for an out-of-memory."""
         try:
-            try:
-                self.memory.synchronize()
-                wall_s = time.perf_counter() - self._start
-            finally:
-                self._watch_context.__exit__(exc_type, exc, traceback)
+            call = self._measuring.finish(exc)
             if exc is not None and not isinstance(exc, Exception):
                 return False  # an interrupt or a test outcome: no figures
-            if exc is not None:
-                failure = classify_failure(exc, self.memory, self._before.num_ooms, self._watch,
-                                           self.expected, self._before.reserved)
-                self._take(self._before, None, self._watch, None, failure)
-                return failure.oom
-            self._take(self._before, self.memory.stats(), self._watch, wall_s, None)
-            return False
+            self.call = call
+            return exc is not None and call.oom
         finally:
             self.memory.__exit__(exc_type, exc, traceback)
             _active.remove(self)
-
-    def _take(self, before: MemoryStats, after: MemoryStats | None, watch: CallWatch | None,
-              wall_s: float | None, failure: Failure | None) -> None:
-        """The figures of one watched run, as `mlamem profile` takes them."""
-        if watch is not None:
-            self.trace, self.segments = watch.events, watch.segments
-            self.breakdown = attribute(watch.events, self.expected)
-        if failure is not None:
-            self.failure = OUT_OF_MEMORY if failure.oom else failure.text
-            self.oom_requested_bytes = failure.requested_bytes if failure.oom else None
-            self.oom_buffer = failure.buffer
-            return
-        self.peak_allocated_bytes = after.peak_allocated - before.allocated
-        self.peak_reserved_bytes = after.peak_reserved - before.reserved
-        if watch.nvml_peak_bytes is not None and before.device_used is not None:
-            self.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
-        if self.measured:
-            self.wall_time_ms = wall_s * 1e3
 
 
 def track(expect: Mapping[str, Expectation] | None = None,
@@ -323,18 +311,19 @@ def profile_call(fn: Callable[..., Any], *args: Any,
 
     if _active:
         raise RuntimeError("mlamem trackers do not nest: profile_call runs inside another one")
+    tracker = Tracker(expect, device)
+    memory = tracker.memory
+    call = functools.partial(fn, *args, **kwargs)
     _active.append(tracker)
     try:
         with memory:
-            run = watched_call(memory, body, tracker.expected) if warmup else None
+            run = measure_one(memory, call, tracker.expected, raise_errors=True) if warmup else None
             if run is None or run.failure is None:
                 del run  # the warm-up's outputs go before the cache is emptied
                 memory.empty_cache()
-                run = watched_call(memory, body, tracker.expected)
-            if run.failure is not None and not run.failure.oom:
-                raise raised[-1]
-            tracker._take(run.before, run.after, run.watch, run.wall_s, run.failure)
-            tracker.value = run.value
+                run = measure_one(memory, call, tracker.expected, raise_errors=True)
+            tracker.value, run.value = run.value, None
+            tracker.call = run
     finally:
         _active.remove(tracker)
     return tracker

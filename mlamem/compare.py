@@ -10,17 +10,17 @@ reported beside it, so two builds that differ can each be held to the reference 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlamem import environment
 from mlamem.errors import UserError
-from mlamem.operations import kv_format, problem_for
+from mlamem.operations import kv_format
 
 if TYPE_CHECKING:
     from mlamem.kernels import SparseDecodeKernel
+    from mlamem.measure import Failure
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.compare/1"
@@ -62,9 +62,13 @@ class CompareResult:
     created: str
     schema: str = SCHEMA
     notes: list[str] = field(default_factory=list)
+    failure: Failure | None = None  # the out-of-memory that stopped the sweep (rows: those
+    #                                 before it); not saved: a saved result is a complete one
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, failure=None))
+        del data["failure"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> CompareResult:
@@ -99,24 +103,32 @@ def check_kernels(kernels: Sequence[SparseDecodeKernel], op: str) -> None:
                             f"here ({reason})")
 
 
-def _run(kernel, scenario, op, tokens, path, kv_tokens, seed, device):
-    """out (rows, heads, d_v) and lse (heads, rows) of one path's call, on the GPU."""
-    from mlamem.measure import local_sm_count
-    from mlamem.paths import PATHS, KernelCall, reserve_workspace
+def _run(memory, kernel, scenario, op, tokens, path, kv_tokens, seed):
+    """One path's call on the GPU, measured (`measure.measure_one`): ((out (rows, heads, d_v),
+    lse (heads, rows), kv_tokens), None), or (None, the out-of-memory that stopped it). Any
+    other failure is raised."""
+    from mlamem.measure import (
+        classify_failure,
+        local_sm_count,
+        measure_one,
+        prepare_call,
+    )
 
-    capabilities = kernel.capabilities(op, kv_format(scenario, op))
-    padded = capabilities.padded_heads(scenario.heads_per_rank)
-    problem = problem_for(scenario, op, tokens, padded, kv_tokens)
-    q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, device, seed)
-    workspace = reserve_workspace(path, kernel, max_tokens=tokens, padded_heads=padded,
-                                  d_qk=scenario.d_qk, d_v=scenario.d_v, topk=problem.topk,
-                                  sm_count=local_sm_count(), device=device,
-                                  q_dtype=problem.q_dtype)
-    call = KernelCall(run=functools.partial(kernel.run, problem, inputs=inputs), op=op,
-                      padded_heads=padded, takes_out=capabilities.takes_out,
-                      q_dtype=problem.q_dtype)
-    out, lse = PATHS[path](q, call, workspace)
-    return out.clone(), lse.clone(), problem.kv_tokens
+    ooms_before = memory.stats(device=False).num_ooms
+    try:
+        prepared = prepare_call(scenario, kernel, memory, op, tokens, path,
+                                sm_count=local_sm_count(), max_tokens=tokens, seed=seed,
+                                kv_tokens=kv_tokens)
+    except Exception as exc:
+        failure = classify_failure(exc, memory, ooms_before)
+        if not failure.oom:
+            raise
+        return None, failure
+    call = measure_one(memory, prepared.step, prepared.expected, raise_errors=True)
+    if call.failure is not None:
+        return None, call.failure
+    out, lse = call.value
+    return (out.clone(), lse.clone(), prepared.problem.kv_tokens), None
 
 
 def reference_error(out, lse, ref_out, ref_lse) -> ReferenceDifference:
@@ -136,23 +148,32 @@ def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Seque
                 kv_tokens: int | None = None, reference: SparseDecodeKernel | None = None,
                 seed: int = 0,
                 on_case: Callable[[int, str], None] | None = None) -> CompareResult:
-    """Compare two kernels (and each with `reference`, when given) over values x paths."""
+    """Compare two kernels (and each with `reference`, when given) over values x paths, each
+    call measured; an out-of-memory stops the sweep and is the result's `failure`."""
     import torch
 
+    from mlamem.memory import CudaMemory
+
     check_kernels(kernels, op)
-    device = torch.device("cuda")
-    rows, kv_used = [], kv_tokens
+    memory = CudaMemory()
+    rows, kv_used, failure = [], kv_tokens, None
     for t in values:
         ref = None
         if reference is not None:
-            ref_out, ref_lse, _ = _run(reference, scenario, op, t, "alloc", kv_tokens, seed,
-                                       device)
-            ref = (ref_out, ref_lse)
+            ran, failure = _run(memory, reference, scenario, op, t, "alloc", kv_tokens, seed)
+            if failure is not None:
+                break
+            ref = ran[:2]
         for path in paths:
             outs = {}
             for kernel in kernels:
-                out, lse, kv_used = _run(kernel, scenario, op, t, path, kv_tokens, seed, device)
+                ran, failure = _run(memory, kernel, scenario, op, t, path, kv_tokens, seed)
+                if failure is not None:
+                    break
+                out, lse, kv_used = ran
                 outs[kernel.name] = (out, lse)
+            if failure is not None:
+                break
             (out_a, lse_a), (out_b, lse_b) = outs.values()
             rows.append(CompareRow(
                 tokens=t, path=path, out_equal=torch.equal(out_a, out_b),
@@ -165,7 +186,9 @@ def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Seque
             if on_case:
                 on_case(t, path)
         del ref
-        torch.cuda.empty_cache()
+        memory.empty_cache()
+        if failure is not None:
+            break
     return CompareResult(
         command=command, op=op, scenario=scenario.name,
         kernels=[{"name": k.name, "label": k.label, "version": k.version(),
@@ -173,7 +196,8 @@ def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Seque
                  for k in kernels],
         kv_tokens=kv_used, rows=rows, environment=environment.capture(),
         created=environment.now_utc(),
-        notes=[] if reference is not None else ["no reference run (--no-reference)"])
+        notes=[] if reference is not None else ["no reference run (--no-reference)"],
+        failure=failure)
 
 
 __all__ = ["SCHEMA", "CompareResult", "CompareRow", "run_compare"]

@@ -22,12 +22,16 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mlamem import environment
 from mlamem.errors import UserError
 from mlamem.kernels.base import SPARSE_DECODE
 from mlamem.paths import check_paths, plan
 from mlamem.scenario import Scenario, Serving
+
+if TYPE_CHECKING:
+    from mlamem.measure import CallRecord
 
 SCHEMA = "mlamem.graphs/1"
 MIN_PER_GRAPH_BYTES = 1 << 20  # vLLM's _MIN_PER_GRAPH_BYTES: "driver overhead" per graph
@@ -143,6 +147,18 @@ class Capture:
     failure: str | None = None  # one line, when the warm-up or the capture failed
     oom: bool = False
     oom_requested_bytes: int | None = None
+    call: CallRecord | None = None  # the measured warm-up (when it failed) or capture; not saved
+
+    def take(self, call: CallRecord) -> None:
+        """The figures of the measured call: its failure, or its peaks and named buffers."""
+        self.call = call
+        if call.failure is not None:
+            self.failure, self.oom = call.failure.text, call.failure.oom
+            self.oom_requested_bytes = call.failure.requested_bytes
+            return
+        self.peak_allocated_bytes = call.peak_allocated_bytes
+        self.peak_reserved_bytes = call.peak_reserved_bytes
+        self.buffers = [dataclasses.asdict(b) for b in call.buffers]
 
 
 @dataclass(frozen=True)
@@ -210,7 +226,9 @@ class GraphsResult:
     created: str | None = None
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        from mlamem.measure import without_record
+
+        return without_record(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> GraphsResult:
@@ -309,13 +327,12 @@ def capture_one(memory, graphs, step, tokens: int, expected):
     """vLLM's warm-up (one eager call, outside the pool), then the capture; measured, the
     replay is compared with the warm-up's out and lse bit for bit. Returns the capture and
     its failure (measure.Failure), or None."""
-    from mlamem.attribution import attribute
-    from mlamem.measure import watched_call
+    from mlamem.measure import measure_one
 
     capture = Capture(tokens=tokens)
-    warmup = watched_call(memory, step, expected)
+    warmup = measure_one(memory, step, expected)
     if warmup.failure is not None:
-        _failed(capture, warmup.failure)
+        capture.take(warmup)
         return capture, warmup.failure
     eager = [t.cpu() for t in warmup.value] if memory.measured else None
     del warmup
@@ -326,9 +343,9 @@ def capture_one(memory, graphs, step, tokens: int, expected):
         with graphs.capture():
             return step()
 
-    run = watched_call(memory, captured, expected)
+    run = measure_one(memory, captured, expected)
+    capture.take(run)
     if run.failure is not None:
-        _failed(capture, run.failure)
         return capture, run.failure
     out, lse = run.value
     run.value = None
@@ -337,22 +354,12 @@ def capture_one(memory, graphs, step, tokens: int, expected):
         capture.replay_equal = bool(out.cpu().equal(eager[0]) and lse.cpu().equal(eager[1]))
     del out, lse  # weak references only, as vLLM keeps a graph's outputs
     memory.empty_cache()  # the comparison's copies: the pool's figures are the pool's own
-    released, device_after = memory.stats(), memory.device_used_bytes()
-    before, after = run.before, run.after
-    capture.peak_allocated_bytes = after.peak_allocated - before.allocated
-    capture.peak_reserved_bytes = after.peak_reserved - before.reserved
-    capture.pool_growth_bytes = released.reserved - before.reserved
-    capture.held_bytes = released.allocated - before.allocated
+    released, device_after = memory.stats(device=False), memory.device_used_bytes()
+    capture.pool_growth_bytes = released.reserved - run.before.reserved
+    capture.held_bytes = released.allocated - run.before.allocated
     if device_after is not None and device_before is not None:
         capture.device_growth_bytes = device_after - device_before
-    capture.buffers = [dataclasses.asdict(b)
-                       for b in attribute(run.watch.events, expected).buffers]
     return capture, None
-
-
-def _failed(capture: Capture, failure) -> None:
-    capture.failure, capture.oom = failure.text, failure.oom
-    capture.oom_requested_bytes = failure.requested_bytes
 
 
 def measure_path(memory, scenario: Scenario, kernel, path: str, sizes: Sequence[int], *,

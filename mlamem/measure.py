@@ -11,6 +11,8 @@ step of that size in an engine.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from mlamem.allocator import round_size
-from mlamem.attribution import Breakdown, ExpectedBuffer, attribute, expected_buffers
+from mlamem.attribution import Breakdown, BufferUse, ExpectedBuffer, attribute, expected_buffers
 from mlamem.kernels.base import SPARSE_DECODE, SparseDecodeKernel, simulate_decode, simulate_run
 from mlamem.memory import (
     CallWatch,
@@ -38,7 +40,8 @@ OUT_OF_MEMORY = "out of memory"
 
 @dataclass
 class CallMeasurement:
-    """One measured (or predicted) call; byte counts are deltas over the state before it."""
+    """One (T, path) of a profile sweep: its case, and the record of its measured (or
+    predicted) call (`call`), whose figures it shows as they always read."""
 
     tokens: int  # query rows of the call: T, requests (dense decode) or s_q (prefill)
     path: str
@@ -46,18 +49,35 @@ class CallMeasurement:
     op: str = SPARSE_DECODE
     kv_tokens: int | None = None  # KV tokens each query sees (dense: context; prefill: s_kv)
     median_ms: float | None = None  # do_bench median of the path's call (when asked, measured)
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    nvml_peak_bytes: int | None = None
-    wall_time_ms: float | None = None
-    failure: str | None = None  # one line, when the call failed (OOM or otherwise)
-    oom_requested_bytes: int | None = None  # the request that failed, when known
     staged: tuple[str, ...] = ()  # buffers the path took from the workspace
-    breakdown: Breakdown | None = None  # the call's allocations by buffer
-    trace: list[dict] | None = None  # allocator trace entries of the call (torch's layout)
-    segments: list[dict] | None = None  # allocator segments after the call
+    call: CallRecord | None = None  # the measured call (None until it ran)
     out: torch.Tensor | None = None  # real heads of out, on the CPU (measured calls)
     lse: torch.Tensor | None = None  # real heads of lse, on the CPU (measured calls)
+
+    def _ran(self, name: str):
+        """A figure of the call, None when it failed or never ran."""
+        ran = self.call is not None and self.call.failure is None
+        return getattr(self.call, name) if ran else None
+
+    peak_allocated_bytes = property(lambda self: self._ran("peak_allocated_bytes"))
+    peak_reserved_bytes = property(lambda self: self._ran("peak_reserved_bytes"))
+    nvml_peak_bytes = property(lambda self: self._ran("nvml_peak_bytes"))
+    wall_time_ms = property(lambda self: self._ran("wall_time_ms"))
+    breakdown = property(lambda self: self._ran("breakdown"))
+    trace = property(lambda self: self._ran("trace"))
+    segments = property(lambda self: self._ran("segments"))
+
+    @property
+    def failure(self) -> str | None:
+        """One line, when the call failed: OUT_OF_MEMORY, or the error."""
+        failure = self.call and self.call.failure
+        return None if not failure else OUT_OF_MEMORY if failure.oom else failure.text
+
+    @property
+    def oom_requested_bytes(self) -> int | None:
+        """The request that failed, when known."""
+        failure = self.call and self.call.failure
+        return failure.requested_bytes if failure and failure.oom else None
 
     @property
     def oom(self) -> bool:
@@ -121,71 +141,78 @@ def median_ms(step) -> float | None:
     return do_bench(step, warmup=10, rep=50, return_mode="median")
 
 
-def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv_tokens,
-             bench) -> None:
-    tokens, path, op = result.tokens, result.path, result.op
+def prepare_call(scenario: Scenario, kernel: SparseDecodeKernel, memory, op: str,
+                 tokens: int, path: str, *, sm_count: int, max_tokens: int, seed: int = 0,
+                 kv_tokens: int | None = None) -> PreparedCall:
+    """The inputs, the workspace and the wrapped call of `path` for `op` at `tokens` rows, on
+    `memory`'s device (its allocation spec stands in for the kernel on the meta device)."""
     capabilities = kernel.capabilities(op, kv_format(scenario, op))
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     problem = problem_for(scenario, op, tokens, padded_heads, kv_tokens)
-    result.staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label,
-                         problem.q_dtype).staged
-    result.kv_tokens = problem.kv_tokens
-    ooms_before = memory.stats().num_ooms
-    try:
-        q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
-        workspace = reserve_workspace(path, kernel, max_tokens=max_tokens,
-                                      padded_heads=padded_heads, d_qk=scenario.d_qk,
-                                      d_v=scenario.d_v, topk=problem.topk,
-                                      sm_count=sm_count, device=memory.device,
-                                      q_dtype=problem.q_dtype)
-    except Exception as exc:
-        _record_failure(result, classify_failure(exc, memory, ooms_before))
-        return
+    q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
+    workspace = reserve_workspace(path, kernel, max_tokens=max_tokens, padded_heads=padded_heads,
+                                  d_qk=scenario.d_qk, d_v=scenario.d_v, topk=problem.topk,
+                                  sm_count=sm_count, device=memory.device,
+                                  q_dtype=problem.q_dtype)
     call = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=op,
                       padded_heads=padded_heads, takes_out=capabilities.takes_out,
                       q_dtype=problem.q_dtype)
-    step = functools.partial(PATHS[path], q, call, workspace)
-    warmup = watched_call(memory, step)
-    if warmup.failure is not None:
-        _record_failure(result, warmup.failure)
-        return
-    del warmup  # its outputs go before the cache is emptied
-    memory.empty_cache()
-    run = watched_call(memory, step)
-    if run.failure is not None:
-        _record_failure(result, run.failure)
-        return
-    before, after, watch = run.before, run.after, run.watch
-    result.peak_allocated_bytes = after.peak_allocated - before.allocated
-    result.peak_reserved_bytes = after.peak_reserved - before.reserved
     expected = expected_buffers(
         wrapper_allocations(path, tokens, scenario.heads_per_rank, padded_heads, scenario.d_qk,
                             problem.q_dtype),
-        kernel.op_allocations(problem, sm_count), result.staged)
-    result.breakdown = attribute(watch.events, expected)
-    result.trace, result.segments = watch.events, watch.segments
-    if watch.nvml_peak_bytes is not None and before.device_used is not None:
-        result.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
-    if memory.measured:
-        result.wall_time_ms = run.wall_s * 1e3
-        out, lse = run.value
-        del run
-        result.out, result.lse = out.cpu(), lse.cpu()
-        del out, lse
-        if bench:
-            result.median_ms = median_ms(step)
+        kernel.op_allocations(problem, sm_count),
+        plan(path, scenario.heads_per_rank, capabilities, kernel.label, problem.q_dtype).staged)
+    return PreparedCall(functools.partial(PATHS[path], q, call, workspace), expected, problem)
 
 
-def _record_failure(result: CallMeasurement, failure: Failure) -> None:
-    """A failed call: OUT_OF_MEMORY with the size that failed, or the error line."""
-    result.failure = OUT_OF_MEMORY if failure.oom else failure.text
-    result.oom_requested_bytes = failure.requested_bytes if failure.oom else None
+@dataclass
+class PreparedCall:
+    """One path's call, ready to run, and the buffers it is expected to allocate."""
+
+    step: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # out and lse
+    expected: list[ExpectedBuffer]
+    problem: object  # the operation's problem (shapes, kv_tokens)
+
+
+def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv_tokens,
+             bench) -> None:
+    op = result.op
+    capabilities = kernel.capabilities(op, kv_format(scenario, op))
+    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    problem = problem_for(scenario, op, result.tokens, padded_heads, kv_tokens)
+    result.staged = plan(result.path, scenario.heads_per_rank, capabilities, kernel.label,
+                         problem.q_dtype).staged
+    result.kv_tokens = problem.kv_tokens
+    ooms_before = memory.stats(device=False).num_ooms
+    try:
+        prepared = prepare_call(scenario, kernel, memory, op, result.tokens, result.path,
+                                sm_count=sm_count, max_tokens=max_tokens, seed=seed,
+                                kv_tokens=kv_tokens)
+    except Exception as exc:
+        result.call = failed_before_call(memory, classify_failure(exc, memory, ooms_before))
+        return
+    step, expected = prepared.step, prepared.expected
+    warmup = measure_one(memory, step, expected)
+    if warmup.failure is not None:
+        result.call = warmup
+        return
+    del warmup  # its outputs go before the cache is emptied
+    memory.empty_cache()
+    result.call = run = measure_one(memory, step, expected)
+    if run.failure is not None or not memory.measured:
+        return
+    out, lse = run.value
+    run.value = None
+    result.out, result.lse = out.cpu(), lse.cpu()
+    del out, lse
+    if bench:
+        result.median_ms = median_ms(step)
 
 
 @dataclass(frozen=True)
 class Failure:
-    """Why a call failed, classified once (`classify_failure`) for profile, the engines' steps
-    and anything else run through `watched_call`."""
+    """Why a call failed, classified once (`classify_failure`) for every call measured by
+    `measure_one` and for the setups around them."""
 
     oom: bool  # an out-of-memory, however it surfaced (memory.is_out_of_memory)
     text: str  # "ExcType: first line of the message"
@@ -204,7 +231,7 @@ def classify_failure(exc: Exception, memory, ooms_before: int, watch: CallWatch 
     among `expected` that the call had not yet allocated; anything else is an error line."""
     first_line = str(exc).splitlines()[0] if str(exc) else ""
     text = f"{type(exc).__name__}: {first_line}"
-    if not is_out_of_memory(exc, ooms_before, memory.stats().num_ooms):
+    if not is_out_of_memory(exc, ooms_before, memory.stats(device=False).num_ooms):
         return Failure(oom=False, text=text)
     requested, reserved = oom_event(watch.events, reserved_before) if watch else (None, None)
     requested = (requested or (watch.oom_requested_bytes if watch else None)
@@ -232,33 +259,125 @@ def oom_event(events: list[dict], reserved_before: int) -> tuple[int | None, int
 
 
 @dataclass
-class WatchedCall:
-    """One run of a body under the allocator trace (`watched_call`)."""
+class CallRecord:
+    """One measured (or predicted) call, the one record every caller embeds: byte counts are
+    deltas over the state just before it, None until taken (or when it failed first)."""
 
-    before: MemoryStats  # after the peak reset, just before the body
-    watch: CallWatch | None = None  # its trace, segments and NVML peak (None: the watch failed)
-    after: MemoryStats | None = None  # after the body and a synchronize; None when it failed
-    value: object = None  # what the body returned
-    wall_s: float | None = None  # the body and the synchronize, in seconds
+    measured: bool
+    before: MemoryStats | None = None  # after the peak reset, just before the call
+    after: MemoryStats | None = None  # after the call and a synchronize (no NVML reading)
+    peak_allocated_bytes: int | None = None  # max_memory_allocated - allocated before
+    peak_reserved_bytes: int | None = None  # max_memory_reserved - reserved before
+    nvml_peak_bytes: int | None = None  # NVML device-used peak - used before (predicted: reserved)
+    device_peak_bytes: int | None = None  # NVML's device-used peak itself, all processes
+    wall_time_ms: float | None = None  # the call and one synchronize (measured only)
+    breakdown: Breakdown | None = None  # the allocations in the call, by buffer
+    trace: list[dict] | None = None  # allocator trace entries of the call (torch's layout)
+    segments: list[dict] | None = None  # allocator segments after the call
     failure: Failure | None = None  # why it failed; None when it ran
+    value: object = None  # what the call returned
+
+    @property
+    def buffers(self) -> list[BufferUse]:
+        return [] if self.breakdown is None else list(self.breakdown.buffers)
+
+    @property
+    def oom(self) -> bool:
+        return self.failure is not None and self.failure.oom
 
 
-def watched_call(memory: CudaMemory | SimulatedMemory, body: Callable[[], object],
-                 expected: list[ExpectedBuffer] | None = None) -> WatchedCall:
-    """Run `body` once with the peaks reset, under `memory.watch()`, synchronized; a failure is
-    classified (`classify_failure`, an OOM named from `expected`), never raised."""
-    memory.reset_peaks()
-    call = WatchedCall(before=memory.stats())
+def failed_before_call(memory, failure: Failure) -> CallRecord:
+    """The record of a call that never ran: its setup failed."""
+    return CallRecord(measured=memory.measured, failure=failure)
+
+
+class Measuring:
+    """`measure_one`'s protocol in two halves, for a `with` block (`api.track`): `start`
+    resets the peaks and starts the watch; `finish` takes the figures of what ran between."""
+
+    def __init__(self, memory: CudaMemory | SimulatedMemory,
+                 expected: list[ExpectedBuffer] | None = None):
+        self.memory, self.expected = memory, expected or []
+        self.record = CallRecord(measured=memory.measured)
+        self._watch_context = None
+        self._watch: CallWatch | None = None
+        self._start = 0.0
+
+    def start(self) -> None:
+        memory = self.memory
+        memory.reset_peaks()
+        self.record.before = memory.stats()
+        self._watch_context = memory.watch()
+        self._watch = self._watch_context.__enter__()
+        self._start = time.perf_counter()  # the timed window: the call and one synchronize
+
+    def finish(self, exc: BaseException | None = None) -> CallRecord:
+        """The figures, after the call returned (`exc` None) or raised `exc`; an interrupt
+        (not an Exception) leaves them out."""
+        memory, record, watch = self.memory, self.record, self._watch
+        try:
+            try:
+                memory.synchronize()
+            except Exception as failed:  # a kernel's error can surface here
+                exc = exc or failed
+            wall_s = time.perf_counter() - self._start
+        finally:
+            self._watch_context.__exit__(None, None, None)
+        if exc is not None and not isinstance(exc, Exception):
+            return record
+        record.trace, record.segments = watch.events, watch.segments
+        record.breakdown = attribute(watch.events, self.expected)
+        before = record.before
+        if exc is not None:
+            record.failure = classify_failure(exc, memory, before.num_ooms, watch, self.expected,
+                                              before.reserved)
+            return record
+        record.after = after = memory.stats(device=False)
+        record.peak_allocated_bytes = after.peak_allocated - before.allocated
+        record.peak_reserved_bytes = after.peak_reserved - before.reserved
+        record.device_peak_bytes = watch.nvml_peak_bytes
+        if watch.nvml_peak_bytes is not None and before.device_used is not None:
+            record.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
+        if memory.measured:
+            record.wall_time_ms = wall_s * 1e3
+        return record
+
+
+def measure_one(memory: CudaMemory | SimulatedMemory, call: Callable[[], object],
+                expected: list[ExpectedBuffer] | None = None, *,
+                raise_errors: bool = False) -> CallRecord:
+    """Measure (or, on the simulated memory, predict) one `call()`: the peaks reset, under the
+    allocator trace and the NVML sampler, synchronized. The record holds the peaks, the
+    allocations in the call named from `expected`, and a failure, classified, never raised,
+    unless `raise_errors` and it is no out-of-memory (then the error propagates)."""
+    measuring = Measuring(memory, expected)
+    measuring.start()
     try:
-        with memory.watch() as call.watch:
-            start = time.perf_counter()
-            call.value = body()
-            memory.synchronize()
-            call.wall_s = time.perf_counter() - start
-    except Exception as exc:
-        call.value = None
-        call.failure = classify_failure(exc, memory, call.before.num_ooms, call.watch, expected,
-                                        call.before.reserved)
-        return call
-    call.after = memory.stats()
-    return call
+        value = call()
+    except BaseException as exc:
+        record = measuring.finish(exc)
+        if record.failure is None or (raise_errors and not record.failure.oom):
+            raise
+        return record
+    record = measuring.finish()
+    if raise_errors and record.failure is not None and not record.failure.oom:
+        raise RuntimeError(record.failure.text)  # it surfaced in the closing synchronize
+    record.value = value
+    return record
+
+
+def without_record(obj) -> dict:
+    """A dataclass that embeds a CallRecord (its `call` field) as a dict without it: the
+    serialised shape it had before it embedded the record."""
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+            if f.name != "call"}
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return without_record(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return copy.deepcopy(value)

@@ -124,30 +124,30 @@ class CudaMemory:
     def reset_peaks(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
 
-    def stats(self) -> MemoryStats:
+    def stats(self, device: bool = True) -> MemoryStats:
+        """The allocator's counters (one memory_stats call) and, with `device`, NVML's."""
         s = torch.cuda.memory_stats(self.device)
         return MemoryStats(
             allocated=s.get("allocated_bytes.all.current", 0),
             reserved=s.get("reserved_bytes.all.current", 0),
             peak_allocated=s.get("allocated_bytes.all.peak", 0),
             peak_reserved=s.get("reserved_bytes.all.peak", 0),
-            device_used=nvml.used_bytes(self.nvml_handle),
+            device_used=nvml.used_bytes(self.nvml_handle) if device else None,
             num_ooms=s.get("num_ooms", 0),
         )
 
     @contextlib.contextmanager
     def watch(self):
-        """Sample NVML and record the allocator's trace while the body runs."""
+        """Sample NVML and record the allocator's trace while the body runs; the body ends
+        with a synchronize of its own (`measure.Measuring.finish`), so the NVML reading on exit
+        is after the call's work."""
         result = CallWatch()
         torch.cuda.memory._record_memory_history(
             context="alloc" if self.record_stacks else None, stacks="python",
             max_entries=100_000, device=self.device, clear_history=True)
         try:
             with nvml.PeakSampler(self.nvml_handle) as sampler:
-                try:
-                    yield result
-                finally:
-                    self.synchronize()
+                yield result
         finally:
             snapshot = torch.cuda.memory._snapshot(self.device)
             torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
@@ -410,7 +410,7 @@ class SimulatedMemory:
     def reset_peaks(self) -> None:
         self.model.reset_peaks()
 
-    def stats(self) -> MemoryStats:
+    def stats(self, device: bool = True) -> MemoryStats:
         m = self.model
         return MemoryStats(
             allocated=m.allocated_bytes, reserved=m.reserved_bytes,
@@ -434,17 +434,26 @@ class SimulatedMemory:
             result.nvml_peak_bytes = self.model.peak_reserved_bytes  # reserved stands for NVML
 
 
-def is_out_of_memory(exc: BaseException, ooms_before: int, ooms_after: int) -> bool:
-    """Whether a failure was an out-of-memory, however it surfaced.
+def is_out_of_memory(exc: BaseException, ooms_before: int | None = None,
+                     ooms_after: int | None = None) -> bool:
+    """Whether a failure was an out-of-memory, however it surfaced: the one place that says so.
 
-    torch raises OutOfMemoryError; a stable-ABI kernel (FlashMLA) turns the same failure into a
-    RuntimeError about `torch_call_dispatcher`, but the allocator's num_ooms still counts it.
+    torch raises OutOfMemoryError (the model AllocatorOutOfMemory); a stable-ABI kernel
+    (FlashMLA) turns the same failure into a RuntimeError whose text names
+    `torch_call_dispatcher(... "aten::new_empty" ...)`. The allocator's num_ooms still counts
+    it: when the caller read it before and after (`ooms_before`, `ooms_after`), the count
+    decides such an error; without the counts, its text does.
     """
     if isinstance(exc, torch.OutOfMemoryError | AllocatorOutOfMemory):
         return True
     if not isinstance(exc, RuntimeError):
         return False
-    return ooms_after > ooms_before or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    if "out of memory" in text:
+        return True
+    if ooms_before is not None and ooms_after is not None:
+        return ooms_after > ooms_before
+    return "aten::new_empty" in text
 
 
 def requested_bytes_from_message(message: str) -> int | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 
 try:
     import pynvml
@@ -91,9 +90,8 @@ class PeakSampler:
             self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self.interval_s):  # wakes at once when stopped
             self._sample()
-            time.sleep(self.interval_s)
 
     def __enter__(self) -> PeakSampler:
         if self.handle is not None:

@@ -12,7 +12,7 @@
 6. KV sizing (`size_kv_cache`): the engine sizes its KV cache (or raises `NoKVRoom`) and the
    skeleton allocates it;
 7. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (graphs on);
-8. one full step (`step`), measured by `measure.watched_call`.
+8. one full step (`step`), measured by `measure.measure_one`.
 A failure before the step is the engine's own allocation (`allocating` names it), unless a
 phase reports a classified one (`PhaseFailed`, e.g. a capture); in the step an OOM is named
 from the step's expected buffers. The same code runs on a GPU
@@ -32,10 +32,10 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from mlamem.attribution import ExpectedBuffer, attribute
+from mlamem.attribution import ExpectedBuffer
 from mlamem.errors import UserError
 from mlamem.kernels import BufferSpec, SparseDecodeKernel
-from mlamem.measure import Failure, WatchedCall, classify_failure, watched_call
+from mlamem.measure import CallRecord, Failure, classify_failure, measure_one, without_record
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.scenario import Scenario
 
@@ -121,6 +121,7 @@ class Case:
     free_bytes_at_oom: int | None = None  # cap - reserved when it failed
     failure: str | None = None  # one line, for oom, no-kv-room, error and crashed
     buffers: list[dict] = field(default_factory=list)  # the step's allocations, named
+    call: CallRecord | None = None  # the measured step's record; not saved (to_dict)
 
     def record_failure(self, failure: Failure) -> None:
         """An OOM with the request, buffer and free bytes it names; anything else an error."""
@@ -134,19 +135,24 @@ class Case:
         if failure.reserved_bytes is not None and self.torch_limit_bytes is not None:
             self.free_bytes_at_oom = self.torch_limit_bytes - failure.reserved_bytes
 
-    def record_step(self, call: WatchedCall, expected: list[ExpectedBuffer], memory) -> None:
-        """A completed step: its reserved peak, the headroom under the cap, its named buffers."""
+    def record_step(self, call: CallRecord, memory) -> None:
+        """The measured step: its failure, or its reserved peak, the headroom under the cap and
+        its named buffers."""
+        self.call = call
+        if call.failure is not None:
+            self.record_failure(call.failure)
+            return
         self.verdict, self.phase = Verdict.FITS, Phase.DONE
         self.step_peak_bytes = call.after.peak_reserved
         self.headroom_bytes = self.torch_limit_bytes - call.after.peak_reserved
-        self.buffers = [dataclasses.asdict(b) for b in attribute(call.watch.events, expected).buffers]
-        if memory.measured and call.watch.nvml_peak_bytes is not None:
-            self.nvml_step_peak_bytes = call.watch.nvml_peak_bytes - memory.used_by_others
+        self.buffers = [dataclasses.asdict(b) for b in call.buffers]
+        if memory.measured and call.device_peak_bytes is not None:
+            self.nvml_step_peak_bytes = call.device_peak_bytes - memory.used_by_others
 
     def to_dict(self) -> dict:
         """The JSON case: its key first, verdict and phase as plain strings."""
         data = {name: value.value if isinstance(value, Enum) else value
-                for name, value in dataclasses.asdict(self).items()}
+                for name, value in without_record(self).items()}
         return {self.key_field: data.pop(self.key_field), **data}
 
 
@@ -260,7 +266,7 @@ class Engine(ABC):
 
     def _run(self) -> None:
         memory, case = self.memory, self.case
-        before = memory.stats()
+        before = memory.stats(device=False)
         try:
             case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
                                                       - non_torch_now(memory))
@@ -297,11 +303,7 @@ class Engine(ABC):
             return
         case.phase = Phase.STEP
         step = self.step()
-        call = watched_call(memory, step.body, step.expected)
-        if call.failure is not None:
-            case.record_failure(call.failure)
-        else:
-            case.record_step(call, step.expected, memory)
+        case.record_step(measure_one(memory, step.body, step.expected), memory)
 
     # The phases, in the skeleton's order
 
@@ -315,7 +317,7 @@ class Engine(ABC):
 
     def estimate_graphs(self) -> None:
         """Before KV sizing: the memory the engine sets aside for CUDA graphs."""
-        return None  # no engine estimates CUDA graphs yet
+        return None  # by default none (vLLM's engine estimates them, engines/vllm.py)
 
     @abstractmethod
     def size_kv_cache(self) -> int:
@@ -324,7 +326,7 @@ class Engine(ABC):
 
     def capture_graphs(self) -> None:
         """After the KV cache: the engine's CUDA-graph captures."""
-        return None  # no engine captures CUDA graphs yet
+        return None  # by default none (vLLM's engine captures them, engines/vllm.py)
 
     @abstractmethod
     def step(self) -> Step:
