@@ -1,62 +1,157 @@
-"""Profiler overhead: wall time of a measured call against a bare call of the same path.
+"""What mlamem's one measure function (`measure.measure_one`) adds to a call, on a GPU.
 
-Run on a GPU with flash_mla:  python3 benchmarks/overhead.py [--tokens 8192,32768]
+Run on a GPU with flash_mla:  python3 benchmarks/overhead.py [--tokens 8192,32768] [--json PATH]
+
+One call: the alloc path of FlashMLA's sparse decode at GLM-5 TP8 shapes. Every "wall" figure is
+host wall time from just before the call to just after a `torch.cuda.synchronize()`, the median
+of --repeats runs, in ms:
+- warm: the allocator's cache already holds the call's blocks (no cudaMalloc);
+- cold: after `empty_cache`, so the call pays cudaMalloc for its segments, as a measured call
+  does (the protocol measures with a cold cache, for the reserved figure);
+- measured: `measure_one` after `empty_cache`; its `wall_time_ms`, which times the call and one
+  synchronize under the allocator trace and the NVML sampler;
+- trace, sampler: cold, under the allocator trace alone, or the NVML sampler alone.
+mlamem's part is measured - cold (both pay the same cudaMalloc); its share is that over warm.
+"host" is the measure function's own time around the call (the trace on and off, the snapshot,
+the NVML reads, the attribution): it adds to a sweep's time, not to the call's figure.
+The allocations a call makes after `empty_cache` are timed apart: each buffer, named, as
+`torch.empty` of its bytes after `empty_cache`, in the call's order.
 """
 
 import argparse
-import functools
+import contextlib
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
-import triton.testing
 
-from mlamem import scenario
-from mlamem.inputs import make_inputs
+from mlamem import nvml, scenario
 from mlamem.kernels import FlashMLA
-from mlamem.measure import measure_call
+from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.measure import local_sm_count, measure_one, prepare_call
 from mlamem.memory import CudaMemory
-from mlamem.paths import PATHS, decode_call
 
 
-def bare_call(glm, kernel, tokens):
-    """Median ms of the alloc path alone: do_bench (events) and host wall time with sync."""
-    inputs = make_inputs(glm, tokens, torch.device("cuda"))
-    call = decode_call(decode=kernel.decode, kv_cache=inputs.kv_cache, indices=inputs.indices,
-                      sm_scale=glm.softmax_scale, d_v=glm.d_v, padded_heads=64, takes_out=False)
-    step = functools.partial(PATHS["alloc"], inputs.q, call, None)
-    events_ms = triton.testing.do_bench(step, warmup=50, rep=500, return_mode="median")
-    walls = []
-    for _ in range(20):
-        torch.cuda.synchronize()
+def wall_ms(memory, call, repeats: int, cold: bool, around=contextlib.nullcontext) -> float:
+    """Median host wall time of `call()` and a synchronize; `cold`: after empty_cache each
+    time; `around`: a context manager entered around each call, outside the timing."""
+    times = []
+    for _ in range(repeats):
+        if cold:
+            memory.empty_cache()
+        memory.synchronize()
+        with around():
+            start = time.perf_counter()
+            value = call()
+            memory.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+        del value
+    return statistics.median(times)
+
+
+@contextlib.contextmanager
+def trace_only(memory):
+    """The allocator trace measure_one records (CudaMemory.watch), without the NVML sampler."""
+    torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=100_000,
+                                             device=memory.device, clear_history=True)
+    try:
+        yield
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None, device=memory.device)
+
+
+def measured(memory, step, expected, repeats: int) -> tuple[float, float]:
+    """Medians of measure_one after empty_cache: its wall_time_ms, and its own host time
+    around the call (its whole time less wall_time_ms)."""
+    walls, hosts = [], []
+    for _ in range(repeats):
+        memory.empty_cache()
         start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        walls.append((time.perf_counter() - start) * 1e3)
-    return events_ms, statistics.median(walls)
+        record = measure_one(memory, step, expected)
+        total_ms = (time.perf_counter() - start) * 1e3
+        if record.failure is not None:
+            raise SystemExit(f"the measured call failed: {record.failure.text}")
+        walls.append(record.wall_time_ms)
+        hosts.append(total_ms - record.wall_time_ms)
+        del record
+    return statistics.median(walls), statistics.median(hosts)
+
+
+def allocations(memory, expected, repeats: int) -> list[dict]:
+    """Each buffer the call allocates, as torch.empty of its bytes after empty_cache, in the
+    call's order (the earlier ones held, as in the call): median ms, with the synchronize."""
+    times: list[list[float]] = [[] for _ in expected]
+    for _ in range(repeats):
+        memory.empty_cache()
+        held = []
+        for index, buffer in enumerate(expected):
+            memory.synchronize()
+            start = time.perf_counter()
+            held.append(torch.empty(buffer.nbytes, dtype=torch.uint8, device=memory.device))
+            memory.synchronize()
+            times[index].append((time.perf_counter() - start) * 1e3)
+        del held
+    return [{"buffer": b.name, "allocated_by": b.allocated_by, "bytes": b.nbytes,
+             "ms": statistics.median(t)} for b, t in zip(expected, times, strict=True)]
+
+
+def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
+    prepared = prepare_call(glm, kernel, memory, SPARSE_DECODE, tokens, "alloc",
+                            sm_count=local_sm_count(), max_tokens=tokens)
+    step, expected = prepared.step, prepared.expected
+    import triton.testing
+
+    step()  # loads the kernel's modules
+    result = {
+        "tokens": tokens,
+        "warm_do_bench_ms": triton.testing.do_bench(step, warmup=25, rep=200,
+                                                    return_mode="median"),
+        "warm_wall_ms": wall_ms(memory, step, repeats, cold=False),
+        "cold_wall_ms": wall_ms(memory, step, repeats, cold=True),
+        "cold_trace_wall_ms": wall_ms(memory, step, repeats, cold=True,
+                                      around=lambda: trace_only(memory)),
+        "cold_sampler_wall_ms": wall_ms(memory, step, repeats, cold=True,
+                                        around=lambda: nvml.PeakSampler(memory.nvml_handle)),
+    }
+    result["measured_wall_ms"], result["host_ms"] = measured(memory, step, expected, repeats)
+    result["allocations"] = allocations(memory, expected, repeats)
+    result["allocations_ms"] = sum(a["ms"] for a in result["allocations"])
+    result["mlamem_ms"] = result["measured_wall_ms"] - result["cold_wall_ms"]
+    result["mlamem_share"] = result["mlamem_ms"] / result["warm_wall_ms"]
+    del prepared, step
+    memory.empty_cache()
+    return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="8192,32768")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--json", type=Path, help="write the rows here as JSON")
     args = parser.parse_args()
-    glm, kernel = scenario.load("glm5-fp8-tp8"), FlashMLA()
-    rows = []
-    for tokens in map(int, args.tokens.split(",")):
-        events_ms, bare_wall_ms = bare_call(glm, kernel, tokens)
-        measured = [measure_call(CudaMemory(), glm, kernel, tokens, "alloc", sm_count=132,
-                                 max_tokens=32768).wall_time_ms for _ in range(args.repeats)]
-        rows.append({"tokens": tokens, "bare_do_bench_ms": events_ms,
-                     "bare_wall_ms": bare_wall_ms,
-                     "measured_call_wall_ms": statistics.median(measured),
-                     "overhead_ms": statistics.median(measured) - bare_wall_ms})
-    print(json.dumps(rows, indent=2))
-    print(f"{'T':>6} {'do_bench ms':>12} {'bare wall ms':>13} {'measured ms':>12} {'overhead':>9}")
+    glm, kernel, memory = scenario.load("glm5-fp8-tp8"), FlashMLA(), CudaMemory()
+    rows = [row(memory, glm, kernel, int(t), args.repeats) for t in args.tokens.split(",")]
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
     for r in rows:
-        print(f"{r['tokens']:>6} {r['bare_do_bench_ms']:>12.3f} {r['bare_wall_ms']:>13.3f} "
-              f"{r['measured_call_wall_ms']:>12.3f} {r['overhead_ms']:>9.3f}")
+        print(f"T={r['tokens']}: the call's allocations after empty_cache (torch.empty each, "
+              "synchronized, median ms)")
+        for a in r["allocations"]:
+            print(f"  {a['buffer']:<24} {a['allocated_by']:<8} {a['bytes']:>14} B "
+                  f"{a['ms']:>8.3f} ms")
+    print("\nhost wall ms, median (call + synchronize); mlamem = measured - cold; "
+          "share = mlamem / warm")
+    header = ("T", "do_bench", "warm", "cold", "allocs", "trace", "sampler", "measured",
+              "mlamem", "share", "host")
+    print(" ".join(f"{h:>9}" for h in header))
+    for r in rows:
+        cells = (r["warm_do_bench_ms"], r["warm_wall_ms"], r["cold_wall_ms"],
+                 r["allocations_ms"], r["cold_trace_wall_ms"], r["cold_sampler_wall_ms"],
+                 r["measured_wall_ms"], r["mlamem_ms"])
+        print(f"{r['tokens']:>9} " + " ".join(f"{c:>9.3f}" for c in cells)
+              + f" {r['mlamem_share']:>8.1%} {r['host_ms']:>9.3f}")
 
 
 if __name__ == "__main__":

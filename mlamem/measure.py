@@ -1,5 +1,10 @@
 """Measuring one call: the protocol shared by the GPU and the prediction.
 
+`measure_one` measures (on the simulated memory, predicts) one call and returns one
+`CallRecord`: the peaks, the allocations in the call by buffer, the trace and a
+`failure: Failure | None`. The profile sweep (`measure_call`), the API's tracker and
+`profile_call`, graph captures, engine steps and compare all measure through it.
+
 For one (T, path): make the inputs, reserve the workspace (workspace paths), warm up once at the
 same shape, release the cached segments, then measure one call:
     peak allocated = max_memory_allocated after a reset - bytes allocated before

@@ -1,6 +1,7 @@
 """The engines package: its registry, the skeleton's order, a scenario's `engines`, --engine,
 old results' `mode`, and that the old modules are gone."""
 
+import dataclasses
 import importlib
 import json
 import subprocess
@@ -211,3 +212,16 @@ def test_the_case_process_reads_an_old_style_request():
     case = run_case(request)
     assert case["variant"] == "fp8" and "budget_bytes" in case and "path" not in case
     assert case["verdict"] == "error" and case["failure"].startswith("cannot measure")
+
+
+def test_a_case_embeds_its_steps_record_and_saves_the_figures_it_always_saved():
+    """The step's CallRecord rides on the case; its JSON is the case's fields, no record."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    budget = Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 1024)
+    case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
+    assert case.verdict == "fits" and case.call.failure is None
+    assert case.step_peak_bytes == case.call.after.peak_reserved
+    assert case.buffers and case.buffers == [dataclasses.asdict(b) for b in case.call.buffers]
+    data = case.to_dict()
+    assert "call" not in data and list(data)[0] == "path"
+    assert json.loads(json.dumps(data))["step_peak_bytes"] == case.step_peak_bytes

@@ -164,3 +164,15 @@ def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
     assert (case["verdict"], case["phase"]) == ("oom", "capture")
     assert case["oom_buffer"] == "padded_q" and case["oom_allocated_by"] == "wrapper"
     assert case["graph_captures"] == 0 and case["free_bytes_at_oom"] < 20 * MiB
+
+
+def test_a_capture_embeds_its_record_and_saves_without_it():
+    """Each capture carries the measure function's record; the saved result does not."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    result = run_graphs(glm, ["alloc"], command="test", sizes=[8, 1], predict=True)
+    first = result.paths[0].captures[0]
+    assert first.call is not None and first.call.failure is None
+    assert first.peak_allocated_bytes == first.call.peak_allocated_bytes
+    saved = result.to_dict()
+    assert all("call" not in c for c in saved["paths"][0]["captures"])
+    assert GraphsResult.from_dict(json.loads(json.dumps(saved))).to_dict() == saved

@@ -40,3 +40,16 @@ def test_a_tensor_death_runs_no_python(monkeypatch):
         with pytest.raises(KeyboardInterrupt):  # the free runs when the model is next used
             memory.stats()
         assert unraisable == []
+
+
+def test_out_of_memory_is_recognised_in_one_place():
+    """torch's OOM, and FlashMLA's stable-ABI RuntimeError, with or without num_ooms."""
+    from mlamem.memory import is_out_of_memory
+
+    abi = RuntimeError('torch_call_dispatcher(... "aten::new_empty" ...) failed')
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB"))
+    assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(abi)  # no counts: the text decides
+    assert is_out_of_memory(abi, 0, 1) and not is_out_of_memory(abi, 1, 1)  # counts decide
+    assert not is_out_of_memory(RuntimeError("CUDA error: an illegal memory access"))
+    assert not is_out_of_memory(ValueError("out of memory"))
