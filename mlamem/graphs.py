@@ -38,7 +38,7 @@ MIN_PER_GRAPH_BYTES = 1 << 20  # vLLM's _MIN_PER_GRAPH_BYTES: "driver overhead" 
 GRAPH_RNG_STATE = "graph_rng_state"  # the first live graph's seed and offset (2 x 8 B)
 
 # vLLM 0.33.0's capture sizes (config/vllm.py, VllmConfig._set_cudagraph_sizes)
-DEFAULT_MAX_GRAPH_SIZE = 512  # the cap of the default largest size; mlamem uses it on every GPU
+DEFAULT_MAX_GRAPH_SIZE = 512  # caps the default largest size, on every GPU (no per-arch value)
 FULL_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # decode graphs hold attention
 
 
