@@ -44,7 +44,7 @@ import torch
 from mlamem.attribution import BufferUse, ExpectedBuffer
 from mlamem.errors import UserError
 from mlamem.kernels.base import BufferSpec
-from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, measure_one
+from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
 from mlamem.memory import CudaMemory, SimulatedMemory
 
 NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
@@ -101,7 +101,9 @@ class Tracker:
     """The figures of one measured (or predicted) block or call; a context manager (`track`).
 
     Every byte count is a delta over the state just before the measured code, and is None until
-    the block has ended (or when it failed before the figure was taken).
+    the block has ended (or when it failed before the figure was taken). The figures are those
+    of `call`, the record of the measure function (`measure.measure_one`) that profile, graph
+    captures and engine steps share.
     """
 
     def __init__(self, expect: Mapping[str, Expectation] | None = None,
@@ -113,35 +115,32 @@ class Tracker:
         self.value: Any = None  # what profile_call's fn returned
         self._measuring: Measuring | None = None
 
-    def _figure(self, name: str):
-        return None if self.call is None else getattr(self.call, name)
-
     # each a delta over the state before the code; None until taken (or when it failed first)
-    peak_allocated_bytes = property(lambda self: self._figure("peak_allocated_bytes"))
-    peak_reserved_bytes = property(lambda self: self._figure("peak_reserved_bytes"))
-    nvml_peak_bytes = property(lambda self: self._figure("nvml_peak_bytes"))  # predicted: reserved
-    wall_time_ms = property(lambda self: self._figure("wall_time_ms"))  # code + sync (measured)
-    breakdown = property(lambda self: self._figure("breakdown"))  # the allocations inside
-    trace = property(lambda self: self._figure("trace"))  # allocator trace (torch's layout)
-    segments = property(lambda self: self._figure("segments"))  # allocator segments after
+    peak_allocated_bytes = RecordField(when_failed=True)
+    peak_reserved_bytes = RecordField(when_failed=True)
+    nvml_peak_bytes = RecordField(when_failed=True)  # predicted: reserved
+    wall_time_ms = RecordField(when_failed=True)  # the code and a synchronize (measured only)
+    breakdown = RecordField(when_failed=True)  # the allocations inside, by buffer
+    trace = RecordField(when_failed=True)  # allocator trace entries (torch's layout)
+    segments = RecordField(when_failed=True)  # allocator segments after the code
 
     @property
     def failure(self) -> str | None:
         """One line: "out of memory", or the error."""
-        failure = self._figure("failure")
-        return None if failure is None else OUT_OF_MEMORY if failure.oom else failure.text
+        failure = self.call and self.call.failure
+        return None if not failure else OUT_OF_MEMORY if failure.oom else failure.text
 
     @property
     def oom_requested_bytes(self) -> int | None:
         """The request that failed, when known."""
-        failure = self._figure("failure")
-        return failure.requested_bytes if failure is not None and failure.oom else None
+        failure = self.call and self.call.failure
+        return failure.requested_bytes if failure and failure.oom else None
 
     @property
     def oom_buffer(self) -> str | None:
         """The expected buffer of that request's size."""
-        failure = self._figure("failure")
-        return None if failure is None else failure.buffer
+        failure = self.call and self.call.failure
+        return failure.buffer if failure else None
 
     # -- the figures ---------------------------------------------------------------------
 

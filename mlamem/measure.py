@@ -43,6 +43,31 @@ from mlamem.scenario import Scenario
 OUT_OF_MEMORY = "out of memory"
 
 
+class RecordField:
+    """An attribute of a record that embeds a CallRecord (`call`): the record's field of the same
+    name, read and written through; None while no call ran and, unless `when_failed`, when
+    the call failed (profile shows a failed call's figures as None)."""
+
+    def __init__(self, when_failed: bool = False):
+        self.when_failed = when_failed
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        call = obj.call
+        if call is None or (call.failure is not None and not self.when_failed):
+            return None
+        return getattr(call, self.name)
+
+    def __set__(self, obj, value) -> None:
+        if obj.call is None:
+            obj.call = CallRecord(measured=obj.measured)
+        setattr(obj.call, self.name, value)
+
+
 @dataclass
 class CallMeasurement:
     """One (T, path) of a profile sweep: its case, and the record of its measured (or
@@ -59,18 +84,13 @@ class CallMeasurement:
     out: torch.Tensor | None = None  # real heads of out, on the CPU (measured calls)
     lse: torch.Tensor | None = None  # real heads of lse, on the CPU (measured calls)
 
-    def _ran(self, name: str):
-        """A figure of the call, None when it failed or never ran."""
-        ran = self.call is not None and self.call.failure is None
-        return getattr(self.call, name) if ran else None
-
-    peak_allocated_bytes = property(lambda self: self._ran("peak_allocated_bytes"))
-    peak_reserved_bytes = property(lambda self: self._ran("peak_reserved_bytes"))
-    nvml_peak_bytes = property(lambda self: self._ran("nvml_peak_bytes"))
-    wall_time_ms = property(lambda self: self._ran("wall_time_ms"))
-    breakdown = property(lambda self: self._ran("breakdown"))
-    trace = property(lambda self: self._ran("trace"))
-    segments = property(lambda self: self._ran("segments"))
+    peak_allocated_bytes = RecordField()
+    peak_reserved_bytes = RecordField()
+    nvml_peak_bytes = RecordField()
+    wall_time_ms = RecordField()
+    breakdown = RecordField()  # the call's allocations by buffer
+    trace = RecordField()  # allocator trace entries of the call (torch's layout)
+    segments = RecordField()  # allocator segments after the call
 
     @property
     def failure(self) -> str | None:
@@ -326,8 +346,9 @@ class Measuring:
             except Exception as failed:  # a kernel's error can surface here
                 exc = exc or failed
             wall_s = time.perf_counter() - self._start
-        finally:
-            self._watch_context.__exit__(None, None, None)
+        finally:  # the watch sees the failure, as a `with` around the call would
+            self._watch_context.__exit__(type(exc) if exc else None, exc,
+                                         exc.__traceback__ if exc else None)
         if exc is not None and not isinstance(exc, Exception):
             return record
         record.trace, record.segments = watch.events, watch.segments
