@@ -124,17 +124,9 @@ class Tracker:
     trace = RecordField(when_failed=True)  # allocator trace entries (torch's layout)
     segments = RecordField(when_failed=True)  # allocator segments after the code
 
-    @property
-    def failure(self) -> str | None:
-        """One line: "out of memory", or the error."""
-        failure = self.call and self.call.failure
-        return None if not failure else OUT_OF_MEMORY if failure.oom else failure.text
-
-    @property
-    def oom_requested_bytes(self) -> int | None:
-        """The request that failed, when known."""
-        failure = self.call and self.call.failure
-        return failure.requested_bytes if failure and failure.oom else None
+    # one line, "out of memory" or the error, and an out-of-memory's failed request
+    failure = property(lambda self: self.call and self.call.failure_line)
+    oom_requested_bytes = property(lambda self: self.call and self.call.oom_requested_bytes)
 
     @property
     def oom_buffer(self) -> str | None:

@@ -92,17 +92,8 @@ class CallMeasurement:
     trace = RecordField()  # allocator trace entries of the call (torch's layout)
     segments = RecordField()  # allocator segments after the call
 
-    @property
-    def failure(self) -> str | None:
-        """One line, when the call failed: OUT_OF_MEMORY, or the error."""
-        failure = self.call and self.call.failure
-        return None if not failure else OUT_OF_MEMORY if failure.oom else failure.text
-
-    @property
-    def oom_requested_bytes(self) -> int | None:
-        """The request that failed, when known."""
-        failure = self.call and self.call.failure
-        return failure.requested_bytes if failure and failure.oom else None
+    failure = property(lambda self: self.call and self.call.failure_line)
+    oom_requested_bytes = property(lambda self: self.call and self.call.oom_requested_bytes)
 
     @property
     def oom(self) -> bool:
@@ -309,6 +300,19 @@ class CallRecord:
     @property
     def oom(self) -> bool:
         return self.failure is not None and self.failure.oom
+
+    @property
+    def failure_line(self) -> str | None:
+        """The failure in one line, as profile and the API show it: OUT_OF_MEMORY, or the
+        error; None when the call ran."""
+        if self.failure is None:
+            return None
+        return OUT_OF_MEMORY if self.failure.oom else self.failure.text
+
+    @property
+    def oom_requested_bytes(self) -> int | None:
+        """An out-of-memory's failed request, when known."""
+        return self.failure.requested_bytes if self.oom else None
 
 
 def failed_before_call(memory, failure: Failure) -> CallRecord:
