@@ -335,9 +335,11 @@ class Measuring:
     def start(self) -> None:
         memory = self.memory
         memory.reset_peaks()
-        self.record.before = memory.stats()
+        self.record.before = before = memory.stats(device=False)
         self._watch_context = memory.watch()
         self._watch = self._watch_context.__enter__()
+        if self._watch.nvml_start_bytes is not None:  # the sampler's first reading: NVML once
+            before.device_used = self._watch.nvml_start_bytes
         self._start = time.perf_counter()  # the timed window: the call and one synchronize
 
     def finish(self, exc: BaseException | None = None) -> CallRecord:

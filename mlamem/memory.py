@@ -46,6 +46,7 @@ class MemoryStats:
 class CallWatch:
     """What was seen while one call ran."""
 
+    nvml_start_bytes: int | None = None  # NVML used memory as the call started (measured)
     nvml_peak_bytes: int | None = None  # peak NVML used memory during the call
     oom_requested_bytes: int | None = None  # the request that failed, when one did
     events: list[dict] = field(default_factory=list)  # allocator trace entries, torch's layout
@@ -147,6 +148,7 @@ class CudaMemory:
             max_entries=100_000, device=self.device, clear_history=True)
         try:
             with nvml.PeakSampler(self.nvml_handle) as sampler:
+                result.nvml_start_bytes = sampler.start_bytes
                 yield result
         finally:
             snapshot = torch.cuda.memory._snapshot(self.device)
@@ -411,6 +413,7 @@ class SimulatedMemory:
         self.model.reset_peaks()
 
     def stats(self, device: bool = True) -> MemoryStats:
+        """The model's counters; `device` is moot: its reserved bytes stand for NVML's."""
         m = self.model
         return MemoryStats(
             allocated=m.allocated_bytes, reserved=m.reserved_bytes,

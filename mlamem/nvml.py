@@ -81,6 +81,7 @@ class PeakSampler:
         self.handle = handle
         self.interval_s = interval_s
         self.peak_bytes: int | None = None
+        self.start_bytes: int | None = None  # the reading taken on entry
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -96,6 +97,7 @@ class PeakSampler:
     def __enter__(self) -> PeakSampler:
         if self.handle is not None:
             self._sample()
+            self.start_bytes = self.peak_bytes
             self._thread.start()
         return self
 
