@@ -107,12 +107,7 @@ def _run(memory, kernel, scenario, op, tokens, path, kv_tokens, seed):
     """One path's call on the GPU, measured (`measure.measure_one`): ((out (rows, heads, d_v),
     lse (heads, rows), kv_tokens), None), or (None, the out-of-memory that stopped it). Any
     other failure is raised."""
-    from mlamem.measure import (
-        classify_failure,
-        local_sm_count,
-        measure_one,
-        prepare_call,
-    )
+    from mlamem.measure import classify_failure, local_sm_count, measure_one, prepare_call
 
     ooms_before = memory.stats(device=False).num_ooms
     try:
