@@ -30,7 +30,7 @@ import torch
 from mlamem import nvml, scenario
 from mlamem.kernels import FlashMLA
 from mlamem.kernels.base import SPARSE_DECODE
-from mlamem.measure import local_sm_count, measure_one, prepare_call
+from mlamem.measure import local_sm_count, measure_one, plan_call, prepare_call
 from mlamem.memory import CudaMemory
 
 
@@ -98,9 +98,10 @@ def allocations(memory, expected, repeats: int) -> list[dict]:
 
 
 def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
-    prepared = prepare_call(glm, kernel, memory, SPARSE_DECODE, tokens, "alloc",
-                            sm_count=local_sm_count(), max_tokens=tokens)
-    step, expected = prepared.step, prepared.expected
+    sm_count = local_sm_count()
+    planned = plan_call(glm, kernel, SPARSE_DECODE, tokens, "alloc", sm_count=sm_count)
+    step = prepare_call(glm, kernel, memory, planned, sm_count=sm_count, max_tokens=tokens)
+    expected = planned.expected
     import triton.testing
 
     step()  # loads the kernel's modules
@@ -120,7 +121,7 @@ def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
     result["allocations_ms"] = sum(a["ms"] for a in result["allocations"])
     result["mlamem_ms"] = result["measured_wall_ms"] - result["cold_wall_ms"]
     result["mlamem_share"] = result["mlamem_ms"] / result["warm_wall_ms"]
-    del prepared, step
+    del step
     memory.empty_cache()
     return result
 

@@ -107,23 +107,31 @@ def _run(memory, kernel, scenario, op, tokens, path, kv_tokens, seed):
     """One path's call on the GPU, measured (`measure.measure_one`): ((out (rows, heads, d_v),
     lse (heads, rows), kv_tokens), None), or (None, the out-of-memory that stopped it). Any
     other failure is raised."""
-    from mlamem.measure import classify_failure, local_sm_count, measure_one, prepare_call
+    from mlamem.measure import (
+        classify_failure,
+        local_sm_count,
+        measure_one,
+        plan_call,
+        prepare_call,
+    )
 
+    sm_count = local_sm_count()
+    planned = plan_call(scenario, kernel, op, tokens, path, sm_count=sm_count,
+                        kv_tokens=kv_tokens)
     ooms_before = memory.stats(device=False).num_ooms
     try:
-        prepared = prepare_call(scenario, kernel, memory, op, tokens, path,
-                                sm_count=local_sm_count(), max_tokens=tokens, seed=seed,
-                                kv_tokens=kv_tokens)
+        step = prepare_call(scenario, kernel, memory, planned, sm_count=sm_count,
+                            max_tokens=tokens, seed=seed)
     except Exception as exc:
         failure = classify_failure(exc, memory, ooms_before)
         if not failure.oom:
             raise
         return None, failure
-    call = measure_one(memory, prepared.step, prepared.expected, raise_errors=True)
+    call = measure_one(memory, step, planned.expected, raise_errors=True)
     if call.failure is not None:
         return None, call.failure
     out, lse = call.value
-    return (out.clone(), lse.clone(), prepared.problem.kv_tokens), None
+    return (out.clone(), lse.clone(), planned.problem.kv_tokens), None
 
 
 def reference_error(out, lse, ref_out, ref_lse) -> ReferenceDifference:

@@ -157,64 +157,69 @@ def median_ms(step) -> float | None:
     return do_bench(step, warmup=10, rep=50, return_mode="median")
 
 
-def prepare_call(scenario: Scenario, kernel: SparseDecodeKernel, memory, op: str,
-                 tokens: int, path: str, *, sm_count: int, max_tokens: int, seed: int = 0,
-                 kv_tokens: int | None = None) -> PreparedCall:
-    """The inputs, the workspace and the wrapped call of `path` for `op` at `tokens` rows, on
-    `memory`'s device (its allocation spec stands in for the kernel on the meta device)."""
+@dataclass(frozen=True)
+class CallPlan:
+    """One path's call for one problem, before anything is allocated."""
+
+    path: str
+    problem: object  # the operation's problem (shapes, kv_tokens)
+    padded_heads: int
+    takes_out: bool
+    staged: tuple[str, ...]  # buffers the path takes from the workspace
+    expected: list[ExpectedBuffer]  # the buffers the call allocates, to name them
+
+
+def plan_call(scenario: Scenario, kernel: SparseDecodeKernel, op: str, tokens: int, path: str,
+              *, sm_count: int, kv_tokens: int | None = None) -> CallPlan:
+    """The call of `path` for `op` at `tokens` rows (T, requests or s_q)."""
     capabilities = kernel.capabilities(op, kv_format(scenario, op))
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     problem = problem_for(scenario, op, tokens, padded_heads, kv_tokens)
-    q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
-    workspace = reserve_workspace(path, kernel, max_tokens=max_tokens, padded_heads=padded_heads,
-                                  d_qk=scenario.d_qk, d_v=scenario.d_v, topk=problem.topk,
-                                  sm_count=sm_count, device=memory.device,
-                                  q_dtype=problem.q_dtype)
-    call = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=op,
-                      padded_heads=padded_heads, takes_out=capabilities.takes_out,
-                      q_dtype=problem.q_dtype)
+    staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label,
+                  problem.q_dtype).staged
     expected = expected_buffers(
         wrapper_allocations(path, tokens, scenario.heads_per_rank, padded_heads, scenario.d_qk,
                             problem.q_dtype),
-        kernel.op_allocations(problem, sm_count),
-        plan(path, scenario.heads_per_rank, capabilities, kernel.label, problem.q_dtype).staged)
-    return PreparedCall(functools.partial(PATHS[path], q, call, workspace), expected, problem)
+        kernel.op_allocations(problem, sm_count), staged)
+    return CallPlan(path, problem, padded_heads, capabilities.takes_out, staged, expected)
 
 
-@dataclass
-class PreparedCall:
-    """One path's call, ready to run, and the buffers it is expected to allocate."""
-
-    step: Callable[[], tuple[torch.Tensor, torch.Tensor]]  # out and lse
-    expected: list[ExpectedBuffer]
-    problem: object  # the operation's problem (shapes, kv_tokens)
+def prepare_call(scenario: Scenario, kernel: SparseDecodeKernel, memory, call: CallPlan, *,
+                 sm_count: int, max_tokens: int, seed: int = 0):
+    """The planned call ready to run on `memory`'s device, returning out and lse: its inputs
+    and its workspace (`max_tokens` rows) allocated; on the meta device the kernel's
+    allocation spec stands in for it."""
+    problem = call.problem
+    q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
+    workspace = reserve_workspace(call.path, kernel, max_tokens=max_tokens,
+                                  padded_heads=call.padded_heads, d_qk=scenario.d_qk,
+                                  d_v=scenario.d_v, topk=problem.topk, sm_count=sm_count,
+                                  device=memory.device, q_dtype=problem.q_dtype)
+    run = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=problem.op,
+                     padded_heads=call.padded_heads, takes_out=call.takes_out,
+                     q_dtype=problem.q_dtype)
+    return functools.partial(PATHS[call.path], q, run, workspace)
 
 
 def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv_tokens,
              bench) -> None:
-    op = result.op
-    capabilities = kernel.capabilities(op, kv_format(scenario, op))
-    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-    problem = problem_for(scenario, op, result.tokens, padded_heads, kv_tokens)
-    result.staged = plan(result.path, scenario.heads_per_rank, capabilities, kernel.label,
-                         problem.q_dtype).staged
-    result.kv_tokens = problem.kv_tokens
+    planned = plan_call(scenario, kernel, result.op, result.tokens, result.path,
+                        sm_count=sm_count, kv_tokens=kv_tokens)
+    result.staged, result.kv_tokens = planned.staged, planned.problem.kv_tokens
     ooms_before = memory.stats(device=False).num_ooms
     try:
-        prepared = prepare_call(scenario, kernel, memory, op, result.tokens, result.path,
-                                sm_count=sm_count, max_tokens=max_tokens, seed=seed,
-                                kv_tokens=kv_tokens)
+        step = prepare_call(scenario, kernel, memory, planned, sm_count=sm_count,
+                            max_tokens=max_tokens, seed=seed)
     except Exception as exc:
         result.call = failed_before_call(memory, classify_failure(exc, memory, ooms_before))
         return
-    step, expected = prepared.step, prepared.expected
-    warmup = measure_one(memory, step, expected)
+    warmup = measure_one(memory, step, planned.expected)
     if warmup.failure is not None:
         result.call = warmup
         return
     del warmup  # its outputs go before the cache is emptied
     memory.empty_cache()
-    result.call = run = measure_one(memory, step, expected)
+    result.call = run = measure_one(memory, step, planned.expected)
     if run.failure is not None or not memory.measured:
         return
     out, lse = run.value
