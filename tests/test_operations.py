@@ -2,7 +2,7 @@
 the operation table, the dense fp8 decode's quantized q, and which builds stage out.
 
 Golden data comes from tests/fixtures/ only: `reports/kernels-h200/` (the H200 runs of
-`bash scripts/gpu-check.sh --suite kernels`) is mirrored in tests/fixtures/reports/kernels-h200/
+`python3 scripts/gpu_check.py --suite kernels`) is mirrored in tests/fixtures/reports/kernels-h200/
 (see tests/fixtures/README.md); until it is, the H200 comparison skips and says so.
 """
 
