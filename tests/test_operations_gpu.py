@@ -137,3 +137,12 @@ def test_validate_refuses_what_a_kernel_cannot_hold_in_one_line(args, fix):
     """On the GPU too, `validate` of an operation the kernel does not run, or of the reference
     (no allocation spec), exits 2 with one line and measures nothing."""
     check_bad_input(["validate", *args], fix)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_loaded_schemas_are_the_recorded_ones(build):
+    """Every op schema the loaded library registers is the one the adapter records for a
+    machine without it (so the capabilities predicted on a CPU are the GPU's)."""
+    adapter = kernel(build)
+    assert {op: adapter._schema(op) for op in adapter.assumed_schemas} == {
+        op: (schema, False) for op, schema in adapter.assumed_schemas.items()}
