@@ -5,7 +5,6 @@ import pickle
 
 import torch.cuda._memory_viz as memory_viz
 
-from mlamem import snapshot
 from mlamem.cli import main
 
 
