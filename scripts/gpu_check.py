@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -131,16 +132,17 @@ def run(argv: list[str], log: Path, env: dict[str, str]) -> int | str:
         log.write_text(f"{argv[0]} not found: skipped\n")
         return "skip"
     print(f"$ {shlex.join(argv)}", flush=True)
-    deadline = time.monotonic() + TIMEOUT_S
     with log.open("w") as handle, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                    env=env, text=True, start_new_session=True) as child:
+        timer = threading.Timer(TIMEOUT_S, os.killpg, (child.pid, 9))  # its group: pytest's children too
+        timer.start()
         for line in child.stdout:
             sys.stdout.write(line)
             handle.write(line)
-            if time.monotonic() > deadline:  # the process group: pytest's and mlamem's children too
-                os.killpg(child.pid, 9)
-                handle.write(f"killed after {TIMEOUT_S} s\n")
-        return child.wait()
+        timer.cancel()
+        if child.wait() == -9:
+            handle.write(f"killed after {TIMEOUT_S} s\n")
+        return child.returncode
 
 
 def main(argv: list[str]) -> int:
