@@ -67,8 +67,10 @@ SUITES = {
     "gate": [f"{PYTEST} tests/test_gate.py tests/test_gate_gpu.py",
              *(f"mlamem profile -s {s} --require-gpu @{run}-{s}" for run in range(1, 6) for s in DECODE),
              "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # its spread sets gate.MEASURED
-    "triton": [*both(f"mlamem profile --kernel triton {T} --paths alloc,workspace,workspace-full "
-                     "@triton-profile"), f"mlamem profile {T} --paths alloc @flashmla-alloc",
+    "triton": [f"{PYTEST} tests/test_triton_decode_gpu.py",  # then the files triton_acceptance.py reads
+               *(f"mlamem profile --kernel triton {T} --paths alloc,workspace,workspace-full {m}"
+                 for m in ("@triton-profile", "--predict @triton-profile-predicted")),
+               f"mlamem profile {T} --paths alloc @flashmla-alloc",
                "python3 scripts/triton_acceptance.py {out}", f"{BENCH} --lse --json {{out}}/bench.json"],
     "report": ["mlamem profile --report {out}/profile", "mlamem repro-oom @repro",
                "mlamem report {out}/profile/*.json {out}/repro.json reports/triton-h200/triton-profile.json "
@@ -97,6 +99,7 @@ SUITES = {
                "mlamem graphs --report {out}/report-glm5 --format markdown",
                *both("mlamem repro-oom --cuda-graphs on @repro-graphs")],
     "native": ["python3 scripts/gluon_compile.py --check",
+               f"{PYTEST} tests/test_triton_decode_gpu.py tests/test_triton_decode.py",
                *(c for s in DECODE[:2] for c in both(f"mlamem profile --kernel triton-native {T} -s {s} "
                                                      f"@native-{s}")),
                *ncu("triton-native-8", "--kernel triton-native --heads 8"),
@@ -104,8 +107,10 @@ SUITES = {
     "native-bench": [f"{BENCH} --sweep --tokens 8192 --rank-tokens 8192 --json {{out}}/sweep.json",
                      f"{BENCH} --lse --json {{out}}/bench.json"],
     "gluon-designs": ["python3 scripts/gluon_compile.py --check --heads 8,16,64",
+                      f"{PYTEST} tests/test_triton_decode_gpu.py -k 'every_design and gluon'",
                       f"{BENCH} --rank-tokens 8192,32768 --json {{out}}/bench.json",
-                      *ncu("gluon-bf16-scale-8", "--kernel triton-native --design gluon-bf16-scale")],
+                      *ncu("gluon-bf16-scale-8", "--kernel triton-native --design gluon-bf16-scale"),
+                      *ncu("gluon-8", "--kernel triton-native --design gluon")],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }
