@@ -11,8 +11,8 @@ caches an installed package has (PYTHONDONTWRITEBYTECODE is dropped for the chil
   (the CLI called in-process, so imports count once), as wall and as wall minus the torch import;
 - `python -c "import pytest"` and `python -c "import mlamem.pytest_plugin"`: what the pytest
   plugin adds to every pytest session where mlamem is installed.
-Targets (issue 13, a 2-core CPU): `--help` and `scenarios` within 0.15 s of the bare typer app;
-the predicted sweep at most the torch import + 1 s; (issue 16) the plugin's import within
+Targets (on a 2-core CPU): `--help` and `scenarios` within 0.15 s of the bare typer app;
+the predicted sweep at most the torch import + 1 s; the plugin's import within
 0.05 s of pytest's, importing none of torch, pandas, matplotlib or rich. Exits 1 if a target is
 missed.
 """

@@ -226,8 +226,13 @@ class FlashMLA(FlashMLABuild):
 
 
 def num_sm_parts(sm_count: int, s_q: int, h_q: int) -> int:
-    """FlashMLA's split-KV partitions: SMs over the 64-head query tiles (at least 1)."""
-    return max(sm_count // -(-s_q * h_q // 64), 1)
+    """FlashMLA's split-KV partitions on SM90, max(sm_count // s_q // ceil(h_q / 64), 1): the
+    SMs over the call's 64-head query tiles, at least 1. FlashMLA's sparse decode computes
+    `max(num_sms / s_q / (h_q / 64), 1)` for its 64 and 128 heads (csrc/api/sparse_decode.h,
+    `Decode_Sm90_Impl::get_meta`), its dense decode `max(num_sms / h_k / ceil_div(s_q * h_q /
+    h_k, 64), 1)` with h_k = 1 (csrc/api/dense_decode.h), the same at the s_q = 1 it is called
+    with here. Below 64 heads a call is one tile, as the Triton decode's programs are."""
+    return max(sm_count // s_q // -(-h_q // 64), 1)
 
 
 def flashmla_allocations(q_shape: tuple[int, ...], d_v: int, sm_count: int) -> list[BufferSpec]:
@@ -235,11 +240,11 @@ def flashmla_allocations(q_shape: tuple[int, ...], d_v: int, sm_count: int) -> l
     `torch.cuda.memory._record_memory_history` (sgl-flash-mla 1.0.0, b=1, s_q=8192, h_q=64):
     out, lse, scheduler metadata (32 B), num_splits (8 B), lse_accum, o_accum.
 
-    The split-KV accumulators hold b + num_sm_parts partial results, with
-    num_sm_parts = max(sm_count // s_q // (h_q // 64), 1); they are freed before return.
+    The split-KV accumulators hold b + num_sm_parts(sm_count, s_q, h_q) partial results; they
+    are freed before return.
     """
     b, s_q, h_q, _ = q_shape
-    parts = max(sm_count // s_q // (h_q // 64), 1)
+    parts = num_sm_parts(sm_count, s_q, h_q)
     splits = b + parts
     return [
         BufferSpec("out", (b, s_q, h_q, d_v), torch.bfloat16, "returned"),

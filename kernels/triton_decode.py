@@ -50,7 +50,7 @@ from mlamem.kernels.base import (
     SparseDecodeKernel,
     allocate_missing,
 )
-from mlamem.kernels.flashmla import flashmla_allocations
+from mlamem.kernels.flashmla import flashmla_allocations, num_sm_parts
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
 
 D_QK = NOPE_DIM + ROPE_DIM  # 576
@@ -110,8 +110,7 @@ def max_splits(b: int, s_q: int, h_q: int, sm_count: int) -> int:
     programs = b * s_q * head_blocks(h_q)
     if programs >= sm_count:
         return 1
-    num_sm_parts = max(sm_count // s_q // head_blocks(h_q), 1)
-    return min(math.ceil(sm_count / programs), 1 + num_sm_parts // b)
+    return min(math.ceil(sm_count / programs), 1 + num_sm_parts(sm_count, s_q, h_q) // b)
 
 
 def default_block_n(h_q: int) -> int:

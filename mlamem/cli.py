@@ -332,7 +332,7 @@ def profile(
     if report_dir is not None:
         from mlamem import report as reporting
 
-        for path in reporting.write_profile_report(result, report_dir):
+        for path in reporting.write_result_report(result, report_dir):
             stderr.print(f"mlamem: wrote {path}", highlight=False)
     terminal = None
     if output_format is Format.table:

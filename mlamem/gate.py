@@ -56,7 +56,7 @@ class Tolerance:
 
 EXACT = {metric: Tolerance() for metric in METRICS}
 # Measured baselines: over 5 fresh-process sweeps of every shipped scenario on the H200
-# (scripts/gpu-check.sh --suite gate, benchmarks/gate_noise.py; reports/baselines/noise-h200.md), no
+# (scripts/gpu_check.py --suite gate, benchmarks/gate_noise.py; reports/baselines/noise-h200.md), no
 # gated figure moved by a single byte: the caching allocator is deterministic for a fixed request
 # sequence. So measured baselines are byte-exact by default too; --tolerance loosens them.
 MEASURED = dict(EXACT)

@@ -387,5 +387,3 @@ def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> l
     report = build([Saved(name, KINDS[result.schema], result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]
 
-
-write_profile_report = write_result_report  # the name `profile --report` calls

@@ -1,5 +1,5 @@
-# Setup for mlamem on a GPU machine, in the repo root. Sourced by scripts/gpu-check.sh, or by
-# hand before running mlamem there: `source scripts/gpu-env.sh`.
+# Setup for mlamem on a GPU machine, in the repo root. scripts/gpu_check.py runs its commands in
+# the environment this leaves; by hand, before running mlamem there: `source scripts/gpu-env.sh`.
 #
 # 1. Installs the wheels in .whl/ and this checkout into $MLAMEM_SITE (default /tmp/site),
 #    without dependencies or network: the machine's python3 brings torch, typer, rich, pandas

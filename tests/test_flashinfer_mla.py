@@ -99,8 +99,6 @@ def test_profile_on_the_cpu_is_labelled_predicted_with_the_install_hint(capsys):
     assert main(["profile", "--kernel", "flashinfer", "--op", DENSE, "--requests", "16"]) == 0
     err = capsys.readouterr().err
     assert f"not measured ({REASON})" in err and "PREDICTED" in err
-    assert INSTALL_HINT == ("pip install flashinfer-python==0.7.2.post1 (its MLA kernels "
-                            "JIT-compile with nvcc and ninja on first use)")
     if importlib.util.find_spec("flashinfer") is None:
         assert f"flashinfer is not installed; {INSTALL_HINT}" == REASON
 

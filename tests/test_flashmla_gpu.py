@@ -1,5 +1,9 @@
 """FlashMLA on the GPU: numerics against the reference, measured == predicted, OOM rows."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -79,3 +83,26 @@ def test_measured_breakdown_adds_up_and_names_every_buffer():
         assert row.missing_buffers == []
         assert "unattributed" not in [b["name"] for b in row.buffers]
         assert row.breakdown_peak_bytes == row.peak_allocated_bytes
+
+
+def _profile_rows(*args: str) -> list[dict]:
+    done = subprocess.run([sys.executable, "-P", "-m", "mlamem", "profile", *args, "--format",
+                           "json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["rows"]
+
+
+@pytest.mark.parametrize("name", ["glm5-fp8-tp8", "deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp"])
+def test_default_sweep_measured_equals_predicted(name):
+    """`mlamem profile` at its default T and paths, measured in a fresh process, equals
+    `--predict` in every row's allocated and reserved peaks and each buffer's bytes, with both
+    paths' outputs bit-identical; NVML, a device-wide reading, is not compared."""
+    def figures(row: dict) -> dict:
+        return {**{k: row[k] for k in ("tokens", "path", "peak_allocated_bytes",
+                                       "peak_reserved_bytes", "bytes_allocated_in_call")},
+                "buffers": [(b["name"], b["requested_bytes"], b["block_bytes"])
+                            for b in row["buffers"]]}
+
+    measured, predicted = _profile_rows("-s", name), _profile_rows("-s", name, "--predict")
+    assert [figures(row) for row in measured] == [figures(row) for row in predicted]
+    assert all(row["measured"] and row["outputs_equal"] for row in measured)

@@ -1,6 +1,7 @@
 """`mlamem gate` on the GPU: measured baselines, measured == predicted, a measured regression."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,11 +22,20 @@ def measured_baseline(tmp_path_factory):
 
 
 def test_measured_baseline_then_a_second_run_passes(measured_baseline, capsys):
-    """--update records a measured baseline with its GPU; a second measured run exits 0."""
+    """--update records a measured baseline with its GPU; a second measured run exits 0, with
+    the default tolerances and with none (the gated figures do not move from run to run)."""
     data = json.loads(measured_baseline.read_text())
     assert data["measured"] is True and data["environment"]["compute_capability"]
     assert main(["gate", "--baseline", str(measured_baseline)]) == 0
+    assert main(["gate", "--baseline", str(measured_baseline), "--tolerance", "0"]) == 0
     assert "FAILED" not in capsys.readouterr().out
+
+
+def test_committed_predicted_baseline_passes_predicted_on_the_gpu():
+    """The predicted baseline CI gates against (made on a CPU without flash_mla), predicted on
+    the GPU machine: the same figures, the environment check lifted."""
+    baseline = Path(__file__).parent / "fixtures" / "reports" / "baselines" / "predicted.json"
+    assert main(["gate", "--baseline", str(baseline), "--predict", "--allow-env-change"]) == 0
 
 
 def test_predicted_figures_pass_byte_exact_against_the_measured_baseline(measured_baseline):

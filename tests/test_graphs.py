@@ -113,7 +113,7 @@ ALLOCATOR_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "pool_growth_
 @pytest.mark.parametrize("name", ["graphs-glm5-flashmla.json", "graphs-glm5-flashmla-vllm.json",
                                   "graphs-deepseek-flashmla.json", "graphs-glm5-triton.json"])
 def test_prediction_equals_the_h200_captures_to_the_byte(name):
-    """reports/graphs-h200 (`bash scripts/gpu-check.sh --suite graphs`): every allocator figure
+    """reports/graphs-h200 (`python3 scripts/gpu_check.py --suite graphs`): every allocator figure
     of every capture, and each path's pool, predicted here as measured there."""
     measured = GraphsResult.from_dict(json.loads((GRAPHS_H200 / name).read_text()))
     assert measured.measured and all(c.replay_equal for p in measured.paths for c in p.captures)

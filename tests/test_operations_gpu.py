@@ -22,7 +22,7 @@ from mlamem.kernels import load_kernel
 from mlamem.kernels.base import Problem, to_kernel_layout
 from mlamem.kernels.flashmla import ALL_HEADS
 from mlamem.profile import run_profile
-from mlamem.testing import kernel_or_skip
+from mlamem.testing import check_bad_input, kernel_or_skip
 from mlamem.validate import run_validation
 
 pytestmark = [pytest.mark.gpu,
@@ -128,3 +128,21 @@ def test_vllm_writes_into_the_callers_out(op, kv_format):
     buffer = torch.full_like(own, float("nan"))
     out, _ = adapter.run(problem, q, inputs, out=buffer)
     assert out.data_ptr() == buffer.data_ptr() and torch.equal(buffer, own)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--kernel", "triton", "--op", "dense-decode"], "kernel triton does not run dense-decode"),
+    (["--kernel", "reference"], "torch reference has none")])
+def test_validate_refuses_what_a_kernel_cannot_hold_in_one_line(args, fix):
+    """On the GPU too, `validate` of an operation the kernel does not run, or of the reference
+    (no allocation spec), exits 2 with one line and measures nothing."""
+    check_bad_input(["validate", *args], fix)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_loaded_schemas_are_the_recorded_ones(build):
+    """Every op schema the loaded library registers is the one the adapter records for a
+    machine without it (so the capabilities predicted on a CPU are the GPU's)."""
+    adapter = kernel(build)
+    assert {op: adapter._schema(op) for op in adapter.assumed_schemas} == {
+        op: (schema, False) for op, schema in adapter.assumed_schemas.items()}

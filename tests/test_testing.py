@@ -20,8 +20,12 @@ def test_importing_it_imports_neither_pytest_nor_torch_nor_a_kernel(tmp_path):
 
 
 def test_seeds_are_fixed_by_name():
-    """The same name gives the same seed on every run; names differ, seeds differ."""
-    assert seed_for("tests/test_x.py::test_a") == seed_for("tests/test_x.py::test_a")
+    """The same name gives the same seed on every run (a fresh process, another hash seed);
+    names differ, seeds differ."""
+    code = "from mlamem.testing import seed_for; print(seed_for('tests/test_x.py::test_a'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=True, env={"PYTHONHASHSEED": "12345", "PATH": ""})
+    assert int(done.stdout) == seed_for("tests/test_x.py::test_a")
     assert seed_for("tests/test_x.py::test_a") != seed_for("tests/test_x.py::test_b")
     assert seed_for("a") == 3904355907  # zlib.crc32(b"a")
 
