@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# README's sharded GitHub Actions example ("In GitHub Actions"), run on one machine, predicted on
+# The sharded GitHub Actions example of docs/ci.md ("In GitHub Actions"), run on one machine, predicted on
 # a CPU: each matrix job (shard I of 4: the profiles and the gate), then the report job (merge,
-# report). Its mlamem lines are the README's, with ${{ matrix.shard }} written $shard;
+# report). Its mlamem lines are the docs', with ${{ matrix.shard }} written $shard;
 # tests/test_shards.py checks that, runs this script, and compares the merged profiles with
 # unsharded ones. This repository's reports/baselines/predicted.json stands in for the
 # ci/mlamem-predicted.json a user commits.

@@ -1,5 +1,5 @@
-"""The README's "Use it from Python and pytest" examples, run as written (on the meta device
-without a GPU): the API example prints what the README shows, the test file passes."""
+"""The API page's examples (docs/api.md), run as written (on the meta device without a GPU):
+the API example prints what the page shows, the test file passes."""
 
 import contextlib
 import io
@@ -10,31 +10,27 @@ import torch
 
 pytest_plugins = ["pytester"]
 
-README = Path(__file__).parent.parent / "README.md"
-SECTION = "## Use it from Python and pytest"
+API_PAGE = Path(__file__).parent.parent / "docs" / "api.md"
 
 
 def section_blocks() -> list[tuple[str, str]]:
-    """(language, code) of each fenced block in the section, in order."""
-    text = README.read_text()
-    start = text.index(f"\n{SECTION}\n")
-    end = text.index("\n## ", start + 1)
-    return re.findall(r"^```(\w+)\n(.*?)^```$", text[start:end], flags=re.MULTILINE | re.DOTALL)
+    """(language, code) of each fenced block on the page, in order."""
+    return re.findall(r"^```(\w+)\n(.*?)^```$", API_PAGE.read_text(), flags=re.MULTILINE | re.DOTALL)
 
 
-def test_the_section_has_the_api_example_its_output_and_a_test_file():
+def test_the_page_has_the_api_example_its_output_and_a_test_file():
     """Three blocks: the API example, what it prints, the pytest file."""
     assert [language for language, _ in section_blocks()] == ["python", "text", "python"]
 
 
-def test_api_example_runs_and_prints_what_the_readme_shows(tmp_path, monkeypatch):
-    """The API example runs as written; without a GPU it prints the README's output, and its
+def test_api_example_runs_and_prints_what_the_page_shows(tmp_path, monkeypatch):
+    """The API example runs as written; without a GPU it prints the page's output, and its
     snapshot file is written."""
     (_, example), (_, shown), _ = section_blocks()
     monkeypatch.chdir(tmp_path)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(example, "README.md", "exec"), {"__name__": "readme_example"})
+        exec(compile(example, "docs/api.md", "exec"), {"__name__": "readme_example"})
     if torch.cuda.is_available():
         assert printed.getvalue().splitlines()[0] == "75497472 75497472 1"
     else:

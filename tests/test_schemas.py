@@ -1,8 +1,8 @@
-"""Every JSON schema mlamem writes is documented field by field in the README.
+"""Every JSON schema mlamem writes is documented field by field in docs/schemas.md.
 
 For each schema the test writes a real document (predicted, on the CPU; validate from the
 committed H200 comparisons, bench from its committed H200 output) and compares its fields, nested
-objects as dotted names, with the README's table for that schema, in both directions.
+objects as dotted names, with docs/schemas.md's table for that schema, in both directions.
 """
 
 from __future__ import annotations
@@ -16,18 +16,18 @@ import pytest
 from mlamem.cli import main
 
 ROOT = Path(__file__).parent.parent
-README = ROOT / "README.md"
+SCHEMAS = ROOT / "docs" / "schemas.md"
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 SHARED = "### JSON objects shared by the schemas"
 MAP = ".<>"  # the keys of an object whose keys are data (`cases[].buffers.<buffer>`)
 
 
-def readme_tables() -> dict[str, list[set[str]]]:
-    """Schema name -> the fields of each of its README tables, `object.*` rows expanded from
+def documented_tables() -> dict[str, list[set[str]]]:
+    """Schema name -> the fields of each of its docs/schemas.md tables, `object.*` rows expanded from
     the shared objects' tables and `<key>` placeholders written as MAP."""
     sections: dict[str, list[set[str]]] = {}
     current, table = None, None
-    for line in README.read_text().splitlines():
+    for line in SCHEMAS.read_text().splitlines():
         if line.startswith(("## ", "### ")):
             found = re.fullmatch(r"### JSON schema `(mlamem\.[a-z-]+/\d+)`", line)
             current = found.group(1) if found else SHARED if line == SHARED else None
@@ -50,7 +50,7 @@ def readme_tables() -> dict[str, list[set[str]]]:
             for star in [f for f in fields if f.endswith(".*")]:
                 fields.remove(star)
                 expansion = {f for f in shared if f.startswith(star[:-1])}
-                assert expansion, f"README: `{star}` names no shared object"
+                assert expansion, f"docs/schemas.md: `{star}` names no shared object"
                 fields |= expansion
     return sections
 
@@ -100,7 +100,7 @@ def _validate_document() -> dict:
 
 @pytest.fixture(scope="module")
 def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
-    """Schema -> for each README table (mode), the documents written in that shape."""
+    """Schema -> for each docs/schemas.md table (mode), the documents written in that shape."""
     tmp = tmp_path_factory.mktemp("schemas")
     return {
         "mlamem.profile/1": [[_json(tmp, "profile.json", "profile", "--tokens", "1024",
@@ -169,31 +169,31 @@ def _baseline(tmp: Path) -> dict:
     return json.loads(target.read_text())
 
 
-def test_every_schema_the_code_writes_has_a_readme_section(documents):
-    """A schema named anywhere in mlamem/ or benchmarks/ has its README table and a document
+def test_every_schema_the_code_writes_has_a_docs_section(documents):
+    """A schema named anywhere in mlamem/ or benchmarks/ has its docs/schemas.md table and a document
     in this test."""
     named = {m for folder in ("mlamem", "benchmarks") for path in (ROOT / folder).rglob("*.py")
              for m in re.findall(r"\"(mlamem\.[a-z-]+/\d+)\"", path.read_text())}
-    assert named == set(readme_tables()) == set(documents)
+    assert named == set(documented_tables()) == set(documents)
 
 
 @pytest.mark.parametrize("schema", ["mlamem.profile/1", "mlamem.repro-oom/1",
                                     "mlamem.validate/1", "mlamem.baseline/1", "mlamem.plan/1",
                                     "mlamem.bench/2", "mlamem.compare/1",
                                     "mlamem.graphs/1"])
-def test_readme_documents_every_field(schema, documents):
-    """The README's table for `schema` lists every field a written document has, and nothing
+def test_the_docs_document_every_field(schema, documents):
+    """docs/schemas.md's table for `schema` lists every field a written document has, and nothing
     else; repro-oom's context-reuse cases are checked against their own table."""
-    tables = readme_tables()[schema]
+    tables = documented_tables()[schema]
     shapes = documents[schema]
-    assert len(tables) == len(shapes), f"{schema}: {len(tables)} README tables"
+    assert len(tables) == len(shapes), f"{schema}: {len(tables)} tables in docs/schemas.md"
     for i, (fields, written) in enumerate(zip(tables, shapes, strict=True)):
         if i:  # a later table replaces the first one's cases[], keeps the rest
             fields = fields | {f for f in tables[0] if not f.startswith("cases[]")}
         missing, stale = differences(written, fields)
-        assert not missing, (f"{schema}: written but not in the README's table under "
+        assert not missing, (f"{schema}: written but not in docs/schemas.md's table under "
                              f"'### JSON schema `{schema}`': {missing}")
-        assert not stale, f"{schema}: in the README's table but never written: {stale}"
+        assert not stale, f"{schema}: in docs/schemas.md's table but never written: {stale}"
 
 
 def test_a_new_field_is_caught():

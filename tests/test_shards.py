@@ -1,5 +1,5 @@
 """Sharded sweeps: the round-robin split, the merge back to the unsharded result, gate shards,
-and the README's GitHub Actions matrix run through scripts/sharded-sweep.sh."""
+and the CI page's GitHub Actions matrix (docs/ci.md) run through scripts/sharded-sweep.sh."""
 
 import json
 import os
@@ -240,12 +240,12 @@ def _mlamem_lines(text: str) -> list[str]:
 
 
 @no_gpu
-def test_the_readme_matrix_runs_through_the_script(tmp_path):
-    """scripts/sharded-sweep.sh holds the README matrix's mlamem lines, runs them (every gate
+def test_the_docs_matrix_runs_through_the_script(tmp_path):
+    """scripts/sharded-sweep.sh holds the CI page's matrix's mlamem lines, runs them (every gate
     shard passes against the committed predicted baseline), and each merged profile equals the
     unsharded `mlamem profile --predict` in every figure; the report merges the shards too."""
-    readme = (ROOT / "README.md").read_text()
-    [matrix] = [block for block in re.findall(r"```yaml\n(.*?)```", readme, re.S)
+    ci_page = (ROOT / "docs" / "ci.md").read_text()
+    [matrix] = [block for block in re.findall(r"```yaml\n(.*?)```", ci_page, re.S)
                 if "matrix:" in block and "--shard" in block]
     script = SCRIPT.read_text()
     assert _mlamem_lines(matrix.replace("${{ matrix.shard }}", "$shard")) == _mlamem_lines(script)
