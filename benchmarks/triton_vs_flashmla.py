@@ -156,7 +156,7 @@ def config_label(name: str, config, default) -> str:
 def configs_for(heads: int, sweep: bool) -> list:
     """The default config at `heads`, the other Gluon designs, the Triton fallback, then (with
     --sweep) the others of SWEEP_64 or SWEEP_RANK."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig, default_config, fallback_config
+    from mlamem.kernels.own.triton_sparse_decode import LaunchConfig, default_config, fallback_config
 
     others = [LaunchConfig(*fields) for fields in (SWEEP_64 if heads >= HEADS else SWEEP_RANK)]
     configs = [default_config(heads), *(LaunchConfig(*fields) for fields in GLUON_OTHERS),
@@ -167,8 +167,8 @@ def configs_for(heads: int, sweep: bool) -> list:
 
 def runs_as(config, heads: int, tokens: int, sm_count: int):
     """config, or None (with the reason printed) where the call would fall back to another."""
-    from mlamem.kernels.triton_decode import split_plan
-    from mlamem.kernels.triton_sparse_decode import runnable_config
+    from mlamem.kernels.own.triton_decode import split_plan
+    from mlamem.kernels.own.triton_sparse_decode import runnable_config
 
     splits = split_plan(1, tokens, heads, TOPK, sm_count, config.block_n).split
     runs, reason = runnable_config(config, heads, torch.device("cuda"), splits)
@@ -181,8 +181,8 @@ def runs_as(config, heads: int, tokens: int, sm_count: int):
 def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 1 at one s_q and pool: FlashMLA, then the Triton kernel in each config."""
     from mlamem.kernels import FlashMLA
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton, split_plan
-    from mlamem.kernels.triton_sparse_decode import default_config
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton, split_plan
+    from mlamem.kernels.own.triton_sparse_decode import default_config
 
     q, indices = make_query(tokens, HEADS, POOLS[pool])
     print(f"\n64 heads, s_q={tokens}, pool {pool} ({POOLS[pool]} tokens): triton plan "
@@ -215,8 +215,8 @@ def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> li
 def bench_rank(scenario: str, tokens: int, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 2 at one scenario and T: FlashMLA's padded call, then the native-head Triton call in
     each config; speedup = FlashMLA's time / this call's."""
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton
-    from mlamem.kernels.triton_sparse_decode import default_config
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton
+    from mlamem.kernels.own.triton_sparse_decode import default_config
 
     heads = RANK_HEADS[scenario]
     q, indices = make_query(tokens, heads, POOLS["hbm"])
@@ -295,7 +295,7 @@ def main() -> None:
         parser.error(f"--pools: expected l2, hbm or l2,hbm, got {args.pools}")
 
     from mlamem.kernels import FlashMLA, TritonDecode
-    from mlamem.kernels.triton_decode import triton_version
+    from mlamem.kernels.own.triton_decode import triton_version
 
     for kernel in (FlashMLA(), TritonDecode()):
         if (reason := kernel.unavailable_reason()) is not None:

@@ -1,4 +1,4 @@
-"""Compiles the warp-specialised Gluon decode (kernels/gluon_sparse_decode.py) ahead of time for
+"""Compiles the warp-specialised Gluon decode (kernels/own/gluon_sparse_decode.py) ahead of time for
 SM90 without a GPU and prints what ptxas and the compiler report: compile-time figures, not
 measurements of speed.
 
@@ -42,9 +42,9 @@ try:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
-    from mlamem.kernels import gluon_sparse_decode as gluon_decode
     from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
-    from mlamem.kernels.triton_sparse_decode import GLUON_DESIGNS
+    from mlamem.kernels.own import gluon_sparse_decode as gluon_decode
+    from mlamem.kernels.own.triton_sparse_decode import GLUON_DESIGNS
 except ImportError as exc:  # triton (and its Gluon) compile the kernels
     sys.exit(f"gluon_compile.py: needs triton 3.6 ({exc}); pip install triton")
 
@@ -123,7 +123,7 @@ def ptx_facts(ptx: str) -> dict:
 
 def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale, design):
     """(out, lse, [(ref_out, ref_lse)[, (fold_out, fold_lse)]]) of one case on the GPU."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig
+    from mlamem.kernels.own.triton_sparse_decode import LaunchConfig
 
     device = q.device
     b, s_q, heads, _ = q.shape
@@ -184,8 +184,8 @@ def check_on_gpu(heads_list=(8, 16, 32, 64, 128), designs=tuple(GLUON_DESIGNS)) 
         print("gluon_compile.py --check: needs an SM90 GPU (H100, H200); without one, run it "
               "without --check to compile for sm_90a", file=sys.stderr)
         return 2
-    from mlamem.kernels import triton_sparse_decode as triton_decode
     from mlamem.kernels.fp8_ds_mla import quantize
+    from mlamem.kernels.own import triton_sparse_decode as triton_decode
 
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)

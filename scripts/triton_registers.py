@@ -28,9 +28,9 @@ try:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from mlamem.kernels import triton_sparse_decode as kernels
     from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton
+    from mlamem.kernels.own import triton_sparse_decode as kernels
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton
 except ImportError as exc:  # triton (and its Gluon) compile the kernels
     sys.exit(f"triton_registers.py: needs triton 3.6 ({exc}); pip install triton")
 

@@ -11,13 +11,13 @@ import torch
 
 from mlamem import scenario
 from mlamem.kernels import FlashMLA, TritonDecode, TritonNativeDecode
-from mlamem.kernels.reference import sparse_mla_decode_reference
-from mlamem.kernels.triton_decode import (
+from mlamem.kernels.own.triton_decode import (
     accum_workspace_numel,
     max_accum_workspace_numel,
     sparse_mla_decode_triton,
     split_plan,
 )
+from mlamem.kernels.reference import sparse_mla_decode_reference
 from mlamem.measure import local_sm_count
 from mlamem.profile import run_profile
 from mlamem.testing import needs_flashmla, random_decode_inputs, relative_l2
@@ -253,7 +253,7 @@ def test_native_profile_is_bit_identical_across_paths_and_measured_as_predicted(
 def test_the_gluon_kernel_runs_on_sm90_and_split_calls_fall_back():
     """On an SM90 GPU the default is the Gluon kernel, with no fallback; a call that splits runs
     the Triton fallback, with its reason."""
-    from mlamem.kernels.triton_sparse_decode import (
+    from mlamem.kernels.own.triton_sparse_decode import (
         GLUON_CONFIG,
         default_config,
         fallback_config,
@@ -279,7 +279,7 @@ def test_every_design_matches_flashmla(design, h_q, seed):
     """Each design at 300 queries (no split on an H200) within 1e-2 relative L2 and 2e-2 in lse
     of FlashMLA (on q padded to 64 heads below 64), -inf and 0 where a query has no valid key,
     and the same bits whether out and lse are allocated or passed in."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig, runnable_config
+    from mlamem.kernels.own.triton_sparse_decode import LaunchConfig, runnable_config
 
     config = LaunchConfig(block_n=64, num_warps=8, design=design)
     assert runnable_config(config, h_q, torch.device("cuda"), False)[0] == config

@@ -28,12 +28,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mlamem.kernels.reference import sparse_mla_decode_reference  # noqa: E402
-from mlamem.kernels.triton_decode import (  # noqa: E402
+from mlamem.kernels.own.triton_decode import (  # noqa: E402
     accum_workspace_numel,
     sparse_mla_decode_triton,
     split_plan,
 )
+from mlamem.kernels.reference import sparse_mla_decode_reference  # noqa: E402
 from mlamem.testing import random_decode_inputs, relative_l2  # noqa: E402
 
 
@@ -169,7 +169,7 @@ def test_native_heads_equal_the_padded_call(s_q, h_q, sm_count, seed):
     gives the padded call's first h_q heads up to fp32 summation order (numpy's matmul, which
     the interpreter's tl.dot runs, may sum a 16-row product in another order than a 64-row one:
     up to 6e-5 relative L2 and 1.5e-5 in lse seen; bit-equal at 32 heads)."""
-    from mlamem.kernels.triton_sparse_decode import NATIVE_CONFIG as config
+    from mlamem.kernels.own.triton_sparse_decode import NATIVE_CONFIG as config
 
     q, kv, indices = random_inputs(s_q, h_q, SPLIT_TOPK, seed)
     assert (split_plan(1, s_q, h_q, SPLIT_TOPK, sm_count, config.block_n)
@@ -209,7 +209,7 @@ def test_every_design_matches_reference(design, prefetch, s_q, h_q, sm_count, se
     topk not a multiple of block_n): as close to the fp32 reference as today's kernel, -inf and 0
     where no key. Folding the scales into p and the scores is exact in the dot inputs (only p
     times the scale is rounded), so the folded designs are no further from the reference."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig
+    from mlamem.kernels.own.triton_sparse_decode import LaunchConfig
 
     config = LaunchConfig(block_n=64, num_warps=4, design=design, prefetch=prefetch)
     q, kv, indices = random_inputs(s_q, h_q, 160, seed)
@@ -228,7 +228,7 @@ def test_gluon_designs_fall_back_with_a_reason_here():
     """Where the Gluon kernel cannot run (here: Triton's interpreter) or the call splits, the
     default config falls back to the Triton design of its head count, with a one-line reason;
     a Triton design runs as asked."""
-    from mlamem.kernels.triton_sparse_decode import (
+    from mlamem.kernels.own.triton_sparse_decode import (
         DEFAULT_CONFIG,
         NATIVE_CONFIG,
         default_config,

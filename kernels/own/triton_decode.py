@@ -227,7 +227,7 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
     are allocated in FlashMLA's order and shapes (native: `native_allocations`); accumulators
     (from accum_workspace or allocated) are used only when the plan splits.
     """
-    from mlamem.kernels import triton_sparse_decode as kernels
+    from mlamem.kernels.own import triton_sparse_decode as kernels
 
     _check_inputs(q, kv_cache, indices, d_v, out, lse, native)
     b, s_q, h_q, _ = q.shape
@@ -283,7 +283,7 @@ class TritonDecode(SparseDecodeKernel):
         if capability < MIN_COMPUTE_CAPABILITY:
             return (f"the Triton decode needs SM89 or newer (fp8 e4m3); this GPU is "
                     f"SM{capability[0]}{capability[1]}")
-        from mlamem.kernels import triton_sparse_decode as kernels
+        from mlamem.kernels.own import triton_sparse_decode as kernels
 
         needed = kernels.shared_bytes(kernels.DEFAULT_CONFIG)  # 64 heads: the most a program takes
         offered = getattr(torch.cuda.get_device_properties(self.device),
@@ -302,7 +302,7 @@ class TritonDecode(SparseDecodeKernel):
         version = triton_version()
         if version is None or not torch.cuda.is_available():
             return version
-        from mlamem.kernels import triton_sparse_decode as kernels
+        from mlamem.kernels.own import triton_sparse_decode as kernels
 
         designs: dict[str, list[int]] = {}
         reasons = set()
@@ -324,7 +324,7 @@ class TritonDecode(SparseDecodeKernel):
             raise ValueError(f"{self.label} does not run {op}")
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=True,
                             head_counts=self.head_counts,
-                            source="mlamem's Gluon and Triton kernels (kernels/triton_decode.py)")
+                            source="mlamem's Gluon and Triton kernels (kernels/own/triton_decode.py)")
 
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None, lse=None,
                accum_workspace=None):

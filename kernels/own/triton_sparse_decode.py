@@ -2,7 +2,7 @@
 launch configs and designs (`LaunchConfig`), and the choice between them and the Gluon kernel
 (`runnable_config`).
 
-Imports triton; `mlamem.kernels.triton_decode` imports this module only when a call runs, so
+Imports triton; `mlamem.kernels.own.triton_decode` imports this module only when a call runs, so
 the package works without triton. These functions allocate nothing: every buffer is passed in.
 
 One attention program handles one (batch, query position, block of heads, KV split): 64
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
-from mlamem.kernels.triton_decode import (
+from mlamem.kernels.own.triton_decode import (
     DEFAULT_BLOCK_N,
     HEAD_BLOCK,
     block_heads,
@@ -67,7 +67,7 @@ class LaunchConfig:
       folded-f16   the same in f16 (fp8 to f16 is one instruction per pair of values; q is
                    converted to f16 once, exact within f16's range, |q| < 65504), p times the
                    scale times 2^8 rounded to f16 (accumulator divided by 2^8 at the end).
-      gluon        the warp-specialized Gluon kernel (kernels/gluon_sparse_decode.py): producer
+      gluon        the warp-specialized Gluon kernel (kernels/own/gluon_sparse_decode.py): producer
                    warps gather and dequantize into a shared-memory ring while two consumer
                    warpgroups run the wgmmas and the softmax; SM90 only, no split, block_n 64.
       gluon-folded-f16  the same with the folded-f16 dequantization (the producer only converts).
@@ -132,7 +132,7 @@ def gluon_unavailable_reason(device: torch.device) -> str | None:
         return (f"the Gluon kernel is written for SM90 (wgmma, setmaxnreg); this GPU is "
                 f"SM{capability[0]}{capability[1]}")
     try:
-        from mlamem.kernels import gluon_sparse_decode
+        from mlamem.kernels.own import gluon_sparse_decode
     except Exception as exc:  # a triton without Gluon's Hopper API
         return (f"triton {triton.__version__} has no usable Gluon "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
@@ -551,7 +551,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
         if num_splits > 1:
             raise ValueError("the Gluon kernel has no split; runnable_config falls back to the "
                              "Triton kernel for a call that splits")
-        from mlamem.kernels.gluon_sparse_decode import launch_gluon
+        from mlamem.kernels.own.gluon_sparse_decode import launch_gluon
 
         launch_gluon(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
                      tokens_per_split=tokens_per_split, **GLUON_DESIGNS[config.design])
