@@ -42,12 +42,13 @@ class RecordAllocations(TorchDispatchMode):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Replace the Triton kernels with a fake that records its calls' arguments."""
+    """Replace the Triton kernels with a fake that records its calls' arguments. As on a CPU,
+    the default (Gluon, block_n 64) falls back to the Triton config of the call's heads."""
     calls = []
     fake = types.ModuleType("mlamem.kernels.own.triton_sparse_decode")
-    fake.default_config = lambda heads: types.SimpleNamespace(
-        block_n=triton_decode.default_block_n(heads))
-    fake.runnable_config = lambda config, heads, device, splits: (config, None)
+    fake.DEFAULT_CONFIG = types.SimpleNamespace(block_n=64)
+    fake.runnable_config = lambda config, heads, device, splits: (
+        types.SimpleNamespace(block_n=triton_decode.default_block_n(heads)), "no Gluon here")
     fake.launch = lambda *args, **kwargs: calls.append((args, kwargs))
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(mlamem.kernels.own, "triton_sparse_decode", fake, raising=False)
