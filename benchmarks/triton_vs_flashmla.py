@@ -9,8 +9,9 @@ Part 1, 64 heads (FlashMLA's own shape): h_q = 64, topk = 2048, s_q in --tokens,
 valid, from each KV pool of --pools:
   l2   4 x topk tokens (5.4 MB): the gathers hit the H200's 60 MB L2;
   hbm  4 GiB of cache (6.5 M tokens): the gathers come from HBM.
-FlashMLA, then mlamem's kernel in the default config, the Triton fallback and (--sweep) the
-other designs and launch configs (a config that would fall back on this GPU is named, not
+FlashMLA, then mlamem's kernel in the default config (the Gluon kernel, gluon-bf16-scale), the
+Gluon kernel's first design (gluon, the default before), the Triton fallback and (--sweep) other
+launch configs of the Triton designs (a config that would fall back on this GPU is named, not
 timed); TFLOP/s = 2 * s_q * h_q * topk * (576 + 512) / time, and the ratio to FlashMLA's.
 "gathered" is the KV bytes the attention programs read, s_q * (h_q / 64) * topk * 656, over
 the time.
@@ -23,7 +24,7 @@ time / native's (above 1: native is faster).
 
 Every row records what the call allocates: the allocator's peak during one call in allocating
 mode, above what was allocated before it. Times are `triton.testing.do_bench` medians. --sweep
-also times other launch configs (the table each default was chosen from); --lse compares both
+also times other launch configs (the table each fallback was chosen from); --lse compares both
 kernels' lse with the fp32 reference.
 """
 
@@ -47,15 +48,13 @@ POOLS = {"l2": 4 * TOPK,  # tokens
 SM_SCALE = 1 / math.sqrt(576)
 LSE_SHAPES = [(4096, 128, 128), (1024, 64, 2048)]  # (s_q, h_q, topk) of the --lse check
 SCHEMA = "mlamem.bench/2"
-# --sweep: the designs and launch configs timed beside the default and the Triton fallback
-# (LaunchConfig's fields: block_n, num_warps, num_stages, design, prefetch, q_per_step,
-# max_registers). The prefetch designs were 5x slower than without (reports/native-h200).
-SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "folded-bf16"), (64, 8, 1, "folded-f16")]
+# --sweep: the Triton launch configs timed beside the default and the Triton fallback
+# (LaunchConfig's fields: block_n, num_warps, num_stages, design, max_registers).
+SWEEP_64 = [(64, 8, 1), (64, 8, 2), (64, 8, 1, "folded-f16")]
 SWEEP_RANK = [(64, 8, 2), (64, 8, 1), (64, 8, 1, "folded-f16"), (64, 8, 2, "folded-f16"),
-              (32, 4, 1, "folded-f16", False, True, 168)]
-# the other Gluon designs, timed beside the default at every T
-GLUON_OTHERS = [(64, 8, 1, design) for design in ("gluon-folded-f16", "gluon-early-indices",
-                                                  "gluon-bf16-scale")]
+              (32, 4, 1, "folded-f16", 168)]
+# timed beside the default at every T: the Gluon kernel's first design, the default before
+COMPARED = [(64, 8, 1, "gluon")]
 
 
 def attention_flops(tokens: int, heads: int, topk: int = TOPK) -> int:
@@ -154,21 +153,20 @@ def config_label(name: str, config, default) -> str:
 
 
 def configs_for(heads: int, sweep: bool) -> list:
-    """The default config at `heads`, the other Gluon designs, the Triton fallback, then (with
-    --sweep) the others of SWEEP_64 or SWEEP_RANK."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig, default_config, fallback_config
+    """The default config, COMPARED, the Triton fallback at `heads`, then (with --sweep) the
+    others of SWEEP_64 or SWEEP_RANK."""
+    from mlamem.kernels.own.triton_sparse_decode import DEFAULT_CONFIG, LaunchConfig, fallback_config
 
     others = [LaunchConfig(*fields) for fields in (SWEEP_64 if heads >= HEADS else SWEEP_RANK)]
-    configs = [default_config(heads), *(LaunchConfig(*fields) for fields in GLUON_OTHERS),
-               fallback_config(heads),
-               *(others if sweep else [])]
+    configs = [DEFAULT_CONFIG, *(LaunchConfig(*fields) for fields in COMPARED),
+               fallback_config(heads), *(others if sweep else [])]
     return list(dict.fromkeys(configs))
 
 
 def runs_as(config, heads: int, tokens: int, sm_count: int):
     """config, or None (with the reason printed) where the call would fall back to another."""
-    from mlamem.kernels.triton_decode import split_plan
-    from mlamem.kernels.triton_sparse_decode import runnable_config
+    from mlamem.kernels.own.triton_decode import split_plan
+    from mlamem.kernels.own.triton_sparse_decode import runnable_config
 
     splits = split_plan(1, tokens, heads, TOPK, sm_count, config.block_n).split
     runs, reason = runnable_config(config, heads, torch.device("cuda"), splits)
@@ -181,8 +179,8 @@ def runs_as(config, heads: int, tokens: int, sm_count: int):
 def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 1 at one s_q and pool: FlashMLA, then the Triton kernel in each config."""
     from mlamem.kernels import FlashMLA
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton, split_plan
-    from mlamem.kernels.triton_sparse_decode import default_config
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton, split_plan
+    from mlamem.kernels.own.triton_sparse_decode import DEFAULT_CONFIG
 
     q, indices = make_query(tokens, HEADS, POOLS[pool])
     print(f"\n64 heads, s_q={tokens}, pool {pool} ({POOLS[pool]} tokens): triton plan "
@@ -193,7 +191,7 @@ def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> li
     for config in configs_for(HEADS, sweep):
         if runs_as(config, HEADS, tokens, sm_count) is None:
             continue
-        label = config_label("mlamem", config, default_config(HEADS))
+        label = config_label("mlamem", config, DEFAULT_CONFIG)
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config)
         try:
@@ -215,8 +213,8 @@ def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> li
 def bench_rank(scenario: str, tokens: int, kv, sweep: bool, sm_count: int) -> list[dict]:
     """Part 2 at one scenario and T: FlashMLA's padded call, then the native-head Triton call in
     each config; speedup = FlashMLA's time / this call's."""
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton
-    from mlamem.kernels.triton_sparse_decode import default_config
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton
+    from mlamem.kernels.own.triton_sparse_decode import DEFAULT_CONFIG
 
     heads = RANK_HEADS[scenario]
     q, indices = make_query(tokens, heads, POOLS["hbm"])
@@ -227,7 +225,7 @@ def bench_rank(scenario: str, tokens: int, kv, sweep: bool, sm_count: int) -> li
     for config in configs_for(heads, sweep):
         if runs_as(config, heads, tokens, sm_count) is None:
             continue
-        label = config_label("mlamem native heads", config, default_config(heads))
+        label = config_label("mlamem native heads", config, DEFAULT_CONFIG)
         step = functools.partial(sparse_mla_decode_triton, q, kv, indices, sm_scale=SM_SCALE,
                                  config=config, native=True)
         try:
@@ -295,7 +293,7 @@ def main() -> None:
         parser.error(f"--pools: expected l2, hbm or l2,hbm, got {args.pools}")
 
     from mlamem.kernels import FlashMLA, TritonDecode
-    from mlamem.kernels.triton_decode import triton_version
+    from mlamem.kernels.own.triton_decode import triton_version
 
     for kernel in (FlashMLA(), TritonDecode()):
         if (reason := kernel.unavailable_reason()) is not None:

@@ -42,10 +42,10 @@ SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
                             ALL_OPERATIONS),
     "flashmla-vllm": KernelEntry("mlamem.kernels.flashmla_vllm", "FlashMLAVLLM",
                                  "vLLM's FlashMLA build, takes out_", ALL_OPERATIONS),
-    "triton": KernelEntry("mlamem.kernels.triton_decode", "TritonDecode",
+    "triton": KernelEntry("mlamem.kernels.own.triton_decode", "TritonDecode",
                           "mlamem's own, takes out, lse and accumulators, so it can run "
                           "workspace-full"),
-    "triton-native": KernelEntry("mlamem.kernels.triton_decode", "TritonNativeDecode",
+    "triton-native": KernelEntry("mlamem.kernels.own.triton_decode", "TritonNativeDecode",
                                  "mlamem's own at the rank's head count (8-128): no padded q, "
                                  "takes out, lse and accumulators"),
     "reference": KernelEntry("mlamem.kernels.reference", "Reference", "plain torch",

@@ -36,11 +36,11 @@ def main() -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
 
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton
 
     config = None
     if args.design is not None:
-        from mlamem.kernels.triton_sparse_decode import DESIGNS, LaunchConfig
+        from mlamem.kernels.own.triton_sparse_decode import DESIGNS, LaunchConfig
 
         if args.design not in DESIGNS:
             parser.exit(2, f"decode_call.py: --design must be one of {', '.join(DESIGNS)}\n")

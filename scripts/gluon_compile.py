@@ -1,5 +1,5 @@
-"""Compiles the warp-specialised Gluon decode (kernels/gluon_sparse_decode.py) ahead of time for
-SM90 without a GPU and prints what ptxas and the compiler report: compile-time figures, not
+"""Compiles the warp-specialised Gluon decode (kernels/own/gluon_sparse_decode.py) ahead of time
+for SM90 without a GPU and prints what ptxas and the compiler report: compile-time figures, not
 measurements of speed.
 
 Usage: python3 scripts/gluon_compile.py [--designs gluon,...] [--heads 8,16,64]
@@ -7,16 +7,15 @@ Usage: python3 scripts/gluon_compile.py [--designs gluon,...] [--heads 8,16,64]
                                          [--dump DIR]
        python3 scripts/gluon_compile.py --check [--designs gluon,...] [--heads 8,16,32,64,128]
               (on an SM90 GPU: runs launch_gluon in each design against the Triton kernel's
-               `launch` without a split, gluon-folded-f16 also against the Triton folded-f16
-               design; one line per case, CHECK OK / CHECK FAILED, exit 0 / 1)
+               `launch` without a split; one line per case, CHECK OK / CHECK FAILED, exit 0 / 1)
        (triton 3.6 installed; TRITON_INTERPRET unset)
 
-By default every Gluon design (triton_sparse_decode.GLUON_DESIGNS) is compiled at h_q 8, 16
-and 64 (h_q 32 compiles to the same code as 8 and 16: a masked program of 64 rows). Per
-variant it prints the registers, the spills (ptxas -v, and the SASS's spill instructions by
-setmaxnreg region), whether ptxas serialised the wgmmas for want of registers (C7512), and the
-shared memory; OK needs 0 spills, no serialisation and shared <= 232,448 B. --producer-regs
-etc. override the launch for all.
+By default every Gluon design (triton_sparse_decode.GLUON_DESIGNS: gluon-bf16-scale, the
+default, and gluon) is compiled at h_q 8, 16 and 64 (h_q 32 compiles to the same code as 8 and
+16: a masked program of 64 rows). Per variant it prints the registers, the spills (ptxas -v, and
+the SASS's spill instructions by setmaxnreg region), whether ptxas serialised the wgmmas for
+want of registers (C7512), and the shared memory; OK needs 0 spills, no serialisation and
+shared <= 232,448 B. --producer-regs etc. override the launch for all.
 
 The kernel's arguments are those `launch_gluon` passes for a benchmark-like shape (topk 2048,
 no split) on CPU tensors; Triton's own binder turns them into the signature,
@@ -42,9 +41,9 @@ try:
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import create_function_from_signature
 
-    from mlamem.kernels import gluon_sparse_decode as gluon_decode
     from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
-    from mlamem.kernels.triton_sparse_decode import GLUON_DESIGNS
+    from mlamem.kernels.own import gluon_sparse_decode as gluon_decode
+    from mlamem.kernels.own.triton_sparse_decode import DEFAULT_CONFIG, GLUON_DESIGNS
 except ImportError as exc:  # triton (and its Gluon) compile the kernels
     sys.exit(f"gluon_compile.py: needs triton 3.6 ({exc}); pip install triton")
 
@@ -52,7 +51,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 B, S_Q, HEADS, TOPK, BLOCK_SIZE = 1, 256, 64, 2048, 64
 
 
-def compile_sm90(heads=HEADS, design="gluon", **overrides):
+def compile_sm90(heads=HEADS, design=DEFAULT_CONFIG.design, **overrides):
     """The kernel compiled for SM90 as launch_gluon would compile it in `design` at h_q = heads
     (keyword overrides replace launch options or constexprs, e.g. PRODUCER_REGS=88)."""
     kv = torch.zeros(4 * TOPK // BLOCK_SIZE, BLOCK_SIZE, 1, BYTES_PER_TOKEN, dtype=torch.uint8)
@@ -121,10 +120,9 @@ def ptx_facts(ptx: str) -> dict:
     }
 
 
-def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale, design):
-    """(out, lse, [(ref_out, ref_lse)[, (fold_out, fold_lse)]]) of one case on the GPU."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig
-
+def _check_case(gluon_decode_launch, triton_kernels, cache, q, indices, sm_scale, design):
+    """(out, lse, ref_out, ref_lse) of one case on the GPU: the Gluon design, then the Triton
+    scaled design (the fallback at 64 heads and more), both without a split."""
     device = q.device
     b, s_q, heads, _ = q.shape
     topk = indices.shape[-1]
@@ -138,25 +136,18 @@ def _check_case(gluon_decode_launch, triton_decode, cache, q, indices, sm_scale,
     gluon_decode_launch(q, cache, indices, out, lse, sm_scale=sm_scale,
                         tokens_per_split=tokens_per_split, **GLUON_DESIGNS[design])
     ref_out, ref_lse = buffers()
-    triton_decode.launch(q, cache, indices, ref_out, ref_lse, None, None, sm_scale=sm_scale,
-                         num_splits=1, tokens_per_split=tokens_per_split,
-                         config=triton_decode.DEFAULT_CONFIG)
-    refs = [(ref_out, ref_lse)]
-    if GLUON_DESIGNS[design].get("fold_f16"):
-        fold_out, fold_lse = buffers()
-        triton_decode.launch(q, cache, indices, fold_out, fold_lse, None, None, sm_scale=sm_scale,
-                             num_splits=1, tokens_per_split=tokens_per_split,
-                             config=LaunchConfig(block_n=64, num_warps=8, design="folded-f16"))
-        refs.append((fold_out, fold_lse))
+    triton_kernels.launch(q, cache, indices, ref_out, ref_lse, None, None, sm_scale=sm_scale,
+                          num_splits=1, tokens_per_split=tokens_per_split,
+                          config=triton_kernels.FALLBACK_CONFIG)
     torch.cuda.synchronize()
-    return out, lse, refs
+    return out, lse, ref_out, ref_lse
 
 
 def _compare(out, lse, ref_out, ref_lse, same_rounding):
     """(ok, one-line summary) of out / lse against a reference. Same rounding (the Triton
     scaled design's dequantization): |out diff| <= 1e-2 + 1e-2 |ref| elementwise, |lse diff| <=
-    1e-3 (the GPU check passed at 1e-6); another rounding (folded-f16, bf16 scale): out
-    relative L2 <= 1e-2, |lse diff| <= 2e-2. Both: -inf lse exactly where the reference has it,
+    1e-3 (the GPU check passed at 1e-6); another rounding (gluon-bf16-scale's): out relative
+    L2 <= 1e-2, |lse diff| <= 2e-2. Both: -inf lse exactly where the reference has it,
     no NaN."""
     finite = ref_lse.isfinite()
     same_inf = bool((lse.isfinite() == finite).all()) and not bool(lse.isnan().any())
@@ -178,14 +169,14 @@ def _compare(out, lse, ref_out, ref_lse, same_rounding):
 def check_on_gpu(heads_list=(8, 16, 32, 64, 128), designs=tuple(GLUON_DESIGNS)) -> int:
     """Runs launch_gluon (each design, h_q 8 to 128) against the Triton kernel's `launch`
     without a split on random fp8_ds_mla data, with invalid indices, a query with no valid
-    index and a topk that is not a multiple of BLOCK_N; gluon-folded-f16 also against the
-    Triton folded-f16 design. One line per case; CHECK OK / CHECK FAILED. Needs an SM90 GPU."""
+    index and a topk that is not a multiple of BLOCK_N. One line per case; CHECK OK / CHECK
+    FAILED. Needs an SM90 GPU."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("gluon_compile.py --check: needs an SM90 GPU (H100, H200); without one, run it "
               "without --check to compile for sm_90a", file=sys.stderr)
         return 2
-    from mlamem.kernels import triton_sparse_decode as triton_decode
     from mlamem.kernels.fp8_ds_mla import quantize
+    from mlamem.kernels.own import triton_sparse_decode as triton_kernels
 
     device = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
@@ -212,14 +203,11 @@ def check_on_gpu(heads_list=(8, 16, 32, 64, 128), designs=tuple(GLUON_DESIGNS)) 
                 try:
                     if data_error is not None:
                         raise data_error
-                    out, lse, refs = _check_case(gluon_decode.launch_gluon, triton_decode, cache, q,
-                                                 indices, sm_scale, design)
-                    ok, line = _compare(out, lse, *refs[0], same_rounding(design))
+                    out, lse, ref_out, ref_lse = _check_case(
+                        gluon_decode.launch_gluon, triton_kernels, cache, q, indices, sm_scale,
+                        design)
+                    ok, line = _compare(out, lse, ref_out, ref_lse, same_rounding(design))
                     line = f"vs triton: {line}"
-                    if len(refs) > 1:
-                        ok_fold, fold_line = _compare(out, lse, *refs[1], False)
-                        ok = ok and ok_fold
-                        line += f"; vs triton folded-f16: {fold_line}"
                 except Exception as exc:  # one case's failure, reported, not a crash
                     text = str(exc).strip().splitlines()
                     ok, line = False, f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -231,16 +219,13 @@ def check_on_gpu(heads_list=(8, 16, 32, 64, 128), designs=tuple(GLUON_DESIGNS)) 
 
 def same_rounding(design: str) -> bool:
     """Whether the design dequantizes as the Triton scaled design does (bf16(fp8 * scale))."""
-    options = GLUON_DESIGNS[design]
-    return not (options.get("fold_f16") or options.get("bf16_scale"))
+    return not GLUON_DESIGNS[design].get("bf16_scale")
 
 
 def report_variant(heads, design, overrides, dump=None) -> bool:
     """Compiles one design for sm_90a and prints its figures; True when it has no spills and
     fits the shared memory."""
-    fold_f16 = bool(GLUON_DESIGNS[design].get("fold_f16"))
-    regs = overrides.get("PRODUCER_REGS", gluon_decode.FOLD_PRODUCER_REGS if fold_f16
-                         else gluon_decode.PRODUCER_REGS)
+    regs = overrides.get("PRODUCER_REGS", gluon_decode.PRODUCER_REGS)
     print(f"== {design} h_q={heads} (b={B} s_q={S_Q} topk={TOPK}; producer regs "
           f"{regs}; {overrides or 'defaults'})")
     try:
@@ -262,7 +247,7 @@ def report_variant(heads, design, overrides, dump=None) -> bool:
     shared = compiled.metadata.shared
     print(f"   registers {registers} (kernel, before setmaxnreg); spills {spill_stores} B stored / "
           f"{spill_loads} B loaded per thread; wgmma serialized by ptxas: {serialized}")
-    print(f"   shared memory {shared} B (explicit {gluon_decode.shared_bytes(fold_f16)} B; limit "
+    print(f"   shared memory {shared} B (explicit {gluon_decode.shared_bytes()} B; limit "
           f"{gluon_decode.SHARED_LIMIT} B) -> {'fits' if shared <= gluon_decode.SHARED_LIMIT else 'TOO BIG'}")
     print(f"   spill instructions in the SASS by region: {sass_spills_by_region(ptx) or 'none'}")
     print("   " + "; ".join(f"{key}: {value}" for key, value in ptx_facts(ptx).items()))

@@ -1,6 +1,6 @@
-"""Registers and spills of the Triton attention kernels per design and launch config, compiled
-ahead of time for SM90 without a GPU: compile-time figures, not measurements of speed. (The
-Gluon kernel's are printed by scripts/gluon_compile.py.)
+"""Registers and spills of the Triton attention kernels (the fallbacks' designs, scaled and
+folded-f16) per launch config, compiled ahead of time for SM90 without a GPU: compile-time
+figures, not measurements of speed. (The Gluon kernel's are printed by scripts/gluon_compile.py.)
 
 Usage: python3 scripts/triton_registers.py  (triton installed; TRITON_INTERPRET unset)
 
@@ -28,9 +28,9 @@ try:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from mlamem.kernels import triton_sparse_decode as kernels
     from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
-    from mlamem.kernels.triton_decode import sparse_mla_decode_triton
+    from mlamem.kernels.own import triton_sparse_decode as kernels
+    from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton
 except ImportError as exc:  # triton (and its Gluon) compile the kernels
     sys.exit(f"triton_registers.py: needs triton 3.6 ({exc}); pip install triton")
 
@@ -39,14 +39,13 @@ S_Q, TOPK, BLOCK_SIZE = 256, 2048, 64  # s_q only needs to be > 1 and to fill th
 L = kernels.LaunchConfig
 CONFIGS = [(64, L(block_n=n, num_warps=w, num_stages=st))
            for n, w, st in ((128, 8, 1), (128, 8, 2), (64, 8, 1), (64, 8, 2), (32, 8, 1), (32, 4, 1))]
-CONFIGS += [(64, L(64, 8, 1, design)) for design in ("folded-bf16", "folded-f16")]
-CONFIGS += [(64, L(64, 8, 1, "scaled", prefetch=True)), (64, L(64, 8, 1, "folded-f16", prefetch=True))]
+CONFIGS += [(64, L(64, 8, 1, "folded-f16"))]
 CONFIGS += [(heads, L(block_n=n, num_warps=w, num_stages=st))
             for heads in (8, 16)
             for n, w, st in ((128, 8, 1), (128, 4, 1), (64, 4, 1), (64, 4, 2), (64, 8, 2))]
 CONFIGS += [(heads, config) for heads in (8, 16) for config in (
-    L(64, 8, 1, "folded-f16"), L(64, 8, 1, "folded-f16", prefetch=True),
-    L(32, 4, 1, "folded-f16", q_per_step=True, max_registers=168), kernels.NATIVE_CONFIG)]
+    L(64, 8, 1, "folded-f16"), L(32, 4, 1, "folded-f16", max_registers=168),
+    kernels.NATIVE_FALLBACK_CONFIG)]
 
 
 # the attention kernels (one per design) and the combine, which a split launches after it

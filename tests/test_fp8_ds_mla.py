@@ -4,13 +4,8 @@ import re
 
 import torch
 
-from mlamem.kernels.fp8_ds_mla import (
-    BYTES_PER_TOKEN,
-    E4M3_BITS_AS_BF16,
-    E4M3_TO_BF16_PTX,
-    dequantize,
-    quantize,
-)
+from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, dequantize, quantize
+from mlamem.kernels.own.e4m3_bf16 import E4M3_BITS_AS_BF16, E4M3_TO_BF16_PTX
 
 
 def test_quantized_token_layout(seed):

@@ -13,7 +13,7 @@ import mlamem
 
 
 @pytest.mark.parametrize("name", ["mlamem.engines", "mlamem.render", "mlamem.kernels",
-                                  "mlamem.scenarios"])
+                                  "mlamem.kernels.own", "mlamem.scenarios"])
 def test_declared_subpackages_import(name):
     """The subpackages pyproject.toml declares are found, kernels/ and scenarios/ included."""
     assert importlib.util.find_spec(name) is not None

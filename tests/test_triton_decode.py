@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import mlamem.kernels
-from mlamem.kernels import KERNELS, FlashMLA, TritonDecode, triton_decode
-from mlamem.kernels.triton_decode import (
+import mlamem.kernels.own
+from mlamem.kernels import KERNELS, FlashMLA, TritonDecode
+from mlamem.kernels.own import triton_decode
+from mlamem.kernels.own.triton_decode import (
     accum_workspace_numel,
     max_accum_workspace_numel,
     sparse_mla_decode_triton,
@@ -41,15 +42,16 @@ class RecordAllocations(TorchDispatchMode):
 
 @pytest.fixture
 def launches(monkeypatch):
-    """Replace the Triton kernels with a fake that records its calls' arguments."""
+    """Replace the Triton kernels with a fake that records its calls' arguments. As on a CPU,
+    the default (Gluon, block_n 64) falls back to the Triton config of the call's heads."""
     calls = []
-    fake = types.ModuleType("mlamem.kernels.triton_sparse_decode")
-    fake.default_config = lambda heads: types.SimpleNamespace(
-        block_n=triton_decode.default_block_n(heads))
-    fake.runnable_config = lambda config, heads, device, splits: (config, None)
+    fake = types.ModuleType("mlamem.kernels.own.triton_sparse_decode")
+    fake.DEFAULT_CONFIG = types.SimpleNamespace(block_n=64)
+    fake.runnable_config = lambda config, heads, device, splits: (
+        types.SimpleNamespace(block_n=triton_decode.default_block_n(heads)), "no Gluon here")
     fake.launch = lambda *args, **kwargs: calls.append((args, kwargs))
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
-    monkeypatch.setattr(mlamem.kernels, "triton_sparse_decode", fake, raising=False)
+    monkeypatch.setattr(mlamem.kernels.own, "triton_sparse_decode", fake, raising=False)
     return calls
 
 

@@ -28,12 +28,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # read when triton is imported
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mlamem.kernels.reference import sparse_mla_decode_reference  # noqa: E402
-from mlamem.kernels.triton_decode import (  # noqa: E402
+from mlamem.kernels.own.triton_decode import (  # noqa: E402
     accum_workspace_numel,
     sparse_mla_decode_triton,
     split_plan,
 )
+from mlamem.kernels.reference import sparse_mla_decode_reference  # noqa: E402
 from mlamem.testing import random_decode_inputs, relative_l2  # noqa: E402
 
 
@@ -169,7 +169,7 @@ def test_native_heads_equal_the_padded_call(s_q, h_q, sm_count, seed):
     gives the padded call's first h_q heads up to fp32 summation order (numpy's matmul, which
     the interpreter's tl.dot runs, may sum a 16-row product in another order than a 64-row one:
     up to 6e-5 relative L2 and 1.5e-5 in lse seen; bit-equal at 32 heads)."""
-    from mlamem.kernels.triton_sparse_decode import NATIVE_CONFIG as config
+    from mlamem.kernels.own.triton_sparse_decode import NATIVE_FALLBACK_CONFIG as config
 
     q, kv, indices = random_inputs(s_q, h_q, SPLIT_TOPK, seed)
     assert (split_plan(1, s_q, h_q, SPLIT_TOPK, sm_count, config.block_n)
@@ -201,17 +201,16 @@ def test_native_heads_write_their_rows_and_nothing_else(sm_count, seed):
     assert out_slot[5:].isnan().all() and lse_slot[8 * 5:].isnan().all()
 
 
-@pytest.mark.parametrize("design", ["scaled", "folded-bf16", "folded-f16"])
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("design", ["scaled", "folded-f16"])
 @pytest.mark.parametrize(("s_q", "h_q", "sm_count"), [(5, 64, SPLIT_SM_COUNT), (3, 8, NO_SPLIT_SM_COUNT)])
-def test_every_design_matches_reference(design, prefetch, s_q, h_q, sm_count, seed):
-    """Each kernel design, with and without the prefetch, at 64 heads (split) and 8 (no split,
-    topk not a multiple of block_n): as close to the fp32 reference as today's kernel, -inf and 0
-    where no key. Folding the scales into p and the scores is exact in the dot inputs (only p
-    times the scale is rounded), so the folded designs are no further from the reference."""
-    from mlamem.kernels.triton_sparse_decode import LaunchConfig
+def test_every_design_matches_reference(design, s_q, h_q, sm_count, seed):
+    """Each Triton design at 64 heads (split) and 8 (no split, topk not a multiple of block_n):
+    as close to the fp32 reference as the scaled one, -inf and 0 where no key. Folding the
+    scales into p and the scores is exact in the dot inputs (only p times the scale is
+    rounded), so the folded design is no further from the reference."""
+    from mlamem.kernels.own.triton_sparse_decode import LaunchConfig
 
-    config = LaunchConfig(block_n=64, num_warps=4, design=design, prefetch=prefetch)
+    config = LaunchConfig(block_n=64, num_warps=4, design=design)
     q, kv, indices = random_inputs(s_q, h_q, 160, seed)
     out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE, sm_count=sm_count,
                                         config=config, native=True)
@@ -225,20 +224,37 @@ def test_every_design_matches_reference(design, prefetch, s_q, h_q, sm_count, se
 
 
 def test_gluon_designs_fall_back_with_a_reason_here():
-    """Where the Gluon kernel cannot run (here: Triton's interpreter) or the call splits, the
-    default config falls back to the Triton design of its head count, with a one-line reason;
-    a Triton design runs as asked."""
-    from mlamem.kernels.triton_sparse_decode import (
+    """Where the Gluon kernel cannot run (here: Triton's interpreter) or the call splits, each
+    Gluon design falls back to the Triton design of its head count, with a one-line reason; a
+    Triton design runs as asked."""
+    from mlamem.kernels.own.triton_sparse_decode import (
         DEFAULT_CONFIG,
-        NATIVE_CONFIG,
-        default_config,
+        FALLBACK_CONFIG,
+        GLUON_DESIGNS,
+        NATIVE_FALLBACK_CONFIG,
+        LaunchConfig,
+        fallback_config,
         runnable_config,
     )
 
+    assert DEFAULT_CONFIG.design == "gluon-bf16-scale"
     cpu = torch.device("cpu")
-    for heads, fallback in ((8, NATIVE_CONFIG), (16, NATIVE_CONFIG), (64, DEFAULT_CONFIG)):
-        for splits in (False, True):
-            config, reason = runnable_config(default_config(heads), heads, cpu, splits)
-            assert config == fallback
-            assert "CUDA GPU" in reason and "\n" not in reason
+    for heads, fallback in ((8, NATIVE_FALLBACK_CONFIG), (16, NATIVE_FALLBACK_CONFIG),
+                            (32, NATIVE_FALLBACK_CONFIG), (64, FALLBACK_CONFIG),
+                            (128, FALLBACK_CONFIG)):
+        assert fallback_config(heads) == fallback
+        for design in GLUON_DESIGNS:
+            for splits in (False, True):
+                config, reason = runnable_config(LaunchConfig(64, 8, 1, design), heads, cpu, splits)
+                assert config == fallback
+                assert "CUDA GPU" in reason and "\n" not in reason
         assert runnable_config(fallback, heads, cpu, True) == (fallback, None)
+
+
+def test_an_unknown_design_is_refused():
+    """A design that is not kept (here: one removed) is refused, naming the designs there are."""
+    from mlamem.kernels.own.triton_sparse_decode import LaunchConfig
+
+    with pytest.raises(ValueError, match="design must be one of scaled, folded-f16, "
+                                         "gluon-bf16-scale, gluon, got 'folded-bf16'"):
+        LaunchConfig(design="folded-bf16")

@@ -2,7 +2,7 @@
 launch configs and designs (`LaunchConfig`), and the choice between them and the Gluon kernel
 (`runnable_config`).
 
-Imports triton; `mlamem.kernels.triton_decode` imports this module only when a call runs, so
+Imports triton; `mlamem.kernels.own.triton_decode` imports this module only when a call runs, so
 the package works without triton. These functions allocate nothing: every buffer is passed in.
 
 One attention program handles one (batch, query position, block of heads, KV split): 64
@@ -12,8 +12,8 @@ its share of the topk indices BLOCK_N tokens at a time: gathers the 656-byte row
 the NoPE latent to bf16 (each fp8 value times its 128-group's fp32 scale, in fp32, rounded once
 to bf16); computes the scores q·kᵀ as one 512-wide NoPE dot plus the RoPE dot; runs the online
 softmax in base 2; and adds p·V into one (64, 512) fp32 accumulator, V being the same
-dequantized NoPE tile (the "scaled" design; the "folded" ones convert the fp8 values exactly and
-move the scales onto the scores and p, one dot per 128-group). Whole-tile dots (3 per step,
+dequantized NoPE tile (the "scaled" design; the "folded-f16" one converts the fp8 values exactly
+and moves the scales onto the scores and p, one dot per 128-group). Whole-tile dots (3 per step,
 where one per 128-group took 9) made the scaled call 1.8x faster at block_n 64 on an H200 and
 let bigger tiles pay (reports/triton-h200).
 
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
-from mlamem.kernels.triton_decode import (
+from mlamem.kernels.own.triton_decode import (
     DEFAULT_BLOCK_N,
     HEAD_BLOCK,
     block_heads,
@@ -46,49 +46,41 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpre
 
 
 GLUON_DESIGNS = {  # design -> launch_gluon's keyword arguments
-    "gluon": {},
-    "gluon-folded-f16": {"fold_f16": True},
-    "gluon-early-indices": {"prefetch_indices": True},
     "gluon-bf16-scale": {"prefetch_indices": True, "bf16_scale": True},
+    "gluon": {},
 }
-DESIGNS = ("scaled", "folded-bf16", "folded-f16", *GLUON_DESIGNS)
+DESIGNS = ("scaled", "folded-f16", *GLUON_DESIGNS)
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
     """Design, tile and launch parameters of the attention kernel.
 
-    design: where the per-128 fp8 scales are applied.
+    design: where the per-128 fp8 scales are applied, and which kernel runs.
       scaled       each fp8 value times its scale, rounded to bf16 (FlashMLA's way): one 512-wide
                    q·kᵀ dot and one p·V dot per step on the dequantized tile.
-      folded-bf16  the fp8 values converted exactly to bf16, unscaled; the scales go to the
-                   scores' columns (one q·kᵀ dot per 128-group) and are folded into p (one p·V
-                   dot per group): no (block_n, 512) multiply, 8 dots per step.
-      folded-f16   the same in f16 (fp8 to f16 is one instruction per pair of values; q is
-                   converted to f16 once, exact within f16's range, |q| < 65504), p times the
-                   scale times 2^8 rounded to f16 (accumulator divided by 2^8 at the end).
-      gluon        the warp-specialized Gluon kernel (kernels/gluon_sparse_decode.py): producer
-                   warps gather and dequantize into a shared-memory ring while two consumer
-                   warpgroups run the wgmmas and the softmax; SM90 only, no split, block_n 64.
-      gluon-folded-f16  the same with the folded-f16 dequantization (the producer only converts).
-      gluon-early-indices  gluon with each step's indices loaded one step ahead, so a gather
-                   waits on one memory round trip, not two (its producer spills 16 B).
-      gluon-bf16-scale  gluon-early-indices with FlashMLA's dequantization: the scale rounded
-                   to bf16, the product in bf16, 4 producer instructions per pair of values
-                   instead of 6 (no spill); K equals FlashMLA's dequantized K.
-      The last two are compiled for sm_90a and not yet run on a GPU (scripts/gpu-check.sh
-      --suite gluon-designs runs and times them).
-    prefetch: the next step's indices, fp8 bytes, scales and RoPE values are loaded before this
-    step's dots, into registers, so the gathers are in flight while the tensor cores work.
+      folded-f16   the fp8 values converted exactly to f16 (one instruction per pair), unscaled;
+                   the scales go to the scores' columns (one q·kᵀ dot per 128-group) and into p
+                   (one p·V dot per group): p times the scale times 2^8 rounded to f16 (the
+                   accumulator divided by 2^8 at the end). q is read again each step (L1 hits)
+                   rather than held in registers, converted to f16 (exact within f16's range,
+                   |q| < 65504).
+      gluon-bf16-scale  the warp-specialized Gluon kernel (kernels/own/gluon_sparse_decode.py):
+                   producer warps gather and dequantize into a shared-memory ring while two
+                   consumer warpgroups run the wgmmas and the softmax; SM90 only, no split,
+                   block_n 64. Each step's indices are loaded one step ahead (a gather waits on
+                   one memory round trip, not two), and the dequantization is FlashMLA's: the
+                   scale rounded to bf16, the product in bf16, 4 producer instructions per pair
+                   of values; K equals FlashMLA's dequantized K. The default.
+      gluon        the same kernel as first written, the default before gluon-bf16-scale: the
+                   indices loaded in the step, the scaled design's rounding.
     """
 
     block_n: int = DEFAULT_BLOCK_N  # KV tokens per loop step (a multiple of 16)
     num_warps: int = 8
     num_stages: int = 1
     design: str = "scaled"
-    prefetch: bool = False
-    q_per_step: bool = False  # folded: q read each step, not held in registers across the loop
-    max_registers: int | None = None  # per thread (ptxas maxnreg): 128 lets 2 8-warp programs share an SM
+    max_registers: int | None = None  # per thread (ptxas maxnreg): 168 lets 3 4-warp programs share an SM
 
     def __post_init__(self):
         if self.design not in DESIGNS:
@@ -96,31 +88,27 @@ class LaunchConfig:
 
     @property
     def label(self) -> str:
-        options = [self.design] + ["prefetch"] * self.prefetch + ["q per step"] * self.q_per_step
-        return (f"{' '.join(options)} block_n={self.block_n} warps={self.num_warps} "
+        return (f"{self.design} block_n={self.block_n} warps={self.num_warps} "
                 f"stages={self.num_stages}"
                 + (f" maxnreg={self.max_registers}" if self.max_registers else ""))
 
 
-# Triton designs: the fallback where the Gluon kernel cannot run (no SM90, no Gluon, or a call
-# that splits the topk). Each the fastest of its head count in the H200 sweep
+# What a call asks for, at every head count: on the H200 it ran at 0.889-0.896x FlashMLA's
+# padded call at 16 native heads, where gluon ran at 0.845-0.851x, its out within 4.6e-5
+# relative L2 of FlashMLA's (benchmarks/triton_vs_flashmla.py --lse).
+DEFAULT_CONFIG = LaunchConfig(block_n=64, num_warps=8, design="gluon-bf16-scale")
+# Triton fallbacks, where the Gluon kernel cannot run (no SM90, no Gluon, or a call that splits
+# the topk): each the fastest of its head count in the H200 sweep
 # (benchmarks/triton_vs_flashmla.py --sweep, reports/native-h200).
-DEFAULT_CONFIG = LaunchConfig()  # 64 heads and more: 12.9 ms at T=8192, L2 pool
-NATIVE_CONFIG = LaunchConfig(block_n=32, num_warps=4, num_stages=2, design="folded-f16",
-                             q_per_step=True, max_registers=168)  # 8 and 16 heads: 11.0 ms
-GLUON_CONFIG = LaunchConfig(block_n=64, num_warps=8, design="gluon")  # the Gluon kernel's tile
+FALLBACK_CONFIG = LaunchConfig()  # 64 heads and more: 12.9 ms at T=8192, L2 pool
+NATIVE_FALLBACK_CONFIG = LaunchConfig(block_n=32, num_warps=4, num_stages=2, design="folded-f16",
+                                      max_registers=168)  # 8 and 16 heads: 11.0 ms
 F16_P_SCALE = 256.0  # folded-f16: p * scale * 2^8 keeps p's small values out of f16 subnormals
 
 
 def fallback_config(heads: int) -> LaunchConfig:
     """The Triton config a call at `heads` query heads runs where the Gluon kernel cannot."""
-    return DEFAULT_CONFIG if heads >= HEAD_BLOCK else NATIVE_CONFIG
-
-
-def default_config(heads: int) -> LaunchConfig:
-    """The launch config a call at `heads` query heads asks for (`runnable_config` may fall
-    back)."""
-    return GLUON_CONFIG
+    return FALLBACK_CONFIG if heads >= HEAD_BLOCK else NATIVE_FALLBACK_CONFIG
 
 
 def gluon_unavailable_reason(device: torch.device) -> str | None:
@@ -132,7 +120,7 @@ def gluon_unavailable_reason(device: torch.device) -> str | None:
         return (f"the Gluon kernel is written for SM90 (wgmma, setmaxnreg); this GPU is "
                 f"SM{capability[0]}{capability[1]}")
     try:
-        from mlamem.kernels import gluon_sparse_decode
+        from mlamem.kernels.own import gluon_sparse_decode
     except Exception as exc:  # a triton without Gluon's Hopper API
         return (f"triton {triton.__version__} has no usable Gluon "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
@@ -185,22 +173,12 @@ def _round_bf16(x, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _round_to(x, F16: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 x rounded to the folded dot type (f16 or bf16), held in fp32 in the interpreter."""
-    return _mma(x.to(tl.float16), UPCAST) if F16 else _round_bf16(x, UPCAST)
-
-
-@triton.jit
-def _fp8_exact(raw, F16: tl.constexpr, UPCAST: tl.constexpr):
-    """fp8 e4m3 bytes as the folded dot type, exactly (no scale)."""
+def _fp8_as_f16(raw, UPCAST: tl.constexpr):
+    """fp8 e4m3 bytes as f16 dot operands, exactly (no scale); fp32 in the interpreter."""
     values = raw.to(tl.float8e4nv, bitcast=True)
     if UPCAST:
-        exact = values.to(tl.float32)
-    elif F16:
-        exact = values.to(tl.float16)
-    else:
-        exact = values.to(tl.bfloat16)
-    return exact
+        return values.to(tl.float32)
+    return values.to(tl.float16)
 
 
 @triton.jit
@@ -311,7 +289,7 @@ def _sparse_decode_attention(
     idx_stride_b, idx_stride_s,
     out_stride_b, out_stride_s, out_stride_h,
     lse_stride_b, lse_stride_h, lse_stride_s,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
     SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -334,32 +312,16 @@ def _sparse_decode_attention(
     start = split * tokens_per_split
     stop = tl.minimum(start + tokens_per_split, topk)
     idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
-    if PREFETCH:
-        valid, token_bytes = _tile_tokens(idx_row, start + tl.arange(0, BLOCK_N), stop,
-                                          block_size, kv_stride_block, kv_stride_slot)
+    for step_start in range(0, tokens_per_split, BLOCK_N):  # same trip count in every split
+        valid, token_bytes = _tile_tokens(idx_row, start + step_start + tl.arange(0, BLOCK_N),
+                                          stop, block_size, kv_stride_block, kv_stride_slot)
         raw, scales, rope = _load_scaled_tile(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, token_bytes,
                                               valid, NOPE_DIM, GROUP, SCALES_BYTE, ROPE_BYTE,
                                               ROPE_DIM)
-    for step_start in range(0, tokens_per_split, BLOCK_N):  # same trip count in every split
-        if not PREFETCH:
-            valid, token_bytes = _tile_tokens(idx_row, start + step_start + tl.arange(0, BLOCK_N),
-                                              stop, block_size, kv_stride_block, kv_stride_slot)
-            raw, scales, rope = _load_scaled_tile(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr,
-                                                  token_bytes, valid, NOPE_DIM, GROUP,
-                                                  SCALES_BYTE, ROPE_BYTE, ROPE_DIM)
-        else:
-            next_valid, next_bytes = _tile_tokens(
-                idx_row, start + step_start + BLOCK_N + tl.arange(0, BLOCK_N), stop, block_size,
-                kv_stride_block, kv_stride_slot)
-            next_raw, next_scales, next_rope = _load_scaled_tile(
-                kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, next_bytes, next_valid, NOPE_DIM, GROUP,
-                SCALES_BYTE, ROPE_BYTE, ROPE_DIM)
         k_nope = _dequantized(raw, scales, BLOCK_N, GROUP, NOPE_DIM, UPCAST)
         scores = tl.dot(q_rope, tl.trans(_mma(rope, UPCAST)), tl.dot(q_nope, tl.trans(k_nope)))
         p, alpha, m_i, l_i = _online_softmax(scores, valid, m_i, l_i, sm_scale_log2)
         acc = tl.dot(_round_bf16(p, UPCAST), k_nope, acc * alpha[:, None])
-        if PREFETCH:
-            valid, raw, scales, rope = next_valid, next_raw, next_scales, next_rope
 
     l_safe = _store_lse(m_i, l_i, batch, pos, h, head, split, s_q, heads, num_splits, lse_ptr,
                         lse_accum_ptr, lse_stride_b, lse_stride_h, lse_stride_s, SPLIT, LN2)
@@ -370,12 +332,10 @@ def _sparse_decode_attention(
 
 
 @triton.jit
-def _folded_group_q(q_rows, head, g: tl.constexpr, GROUP: tl.constexpr, F16: tl.constexpr,
-                    UPCAST: tl.constexpr):
+def _folded_group_q(q_rows, head, g: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr):
+    """q's 128-group g as an f16 dot operand (exact within f16's range)."""
     q = tl.load(q_rows + g * GROUP + tl.arange(0, GROUP)[None, :], mask=head[:, None], other=0.0)
-    if F16:
-        q = q.to(tl.float16)
-    return _mma(q, UPCAST)
+    return _mma(q.to(tl.float16), UPCAST)
 
 
 @triton.jit
@@ -395,26 +355,18 @@ def _folded_decode_attention(
     idx_stride_b, idx_stride_s,
     out_stride_b, out_stride_s, out_stride_h,
     lse_stride_b, lse_stride_h, lse_stride_s,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr, NOPE_DIM: tl.constexpr, ROPE_DIM: tl.constexpr,
     SCALES_BYTE: tl.constexpr, ROPE_BYTE: tl.constexpr, LN2: tl.constexpr,
-    UPCAST: tl.constexpr, F16: tl.constexpr, P_SCALE: tl.constexpr, Q_PER_STEP: tl.constexpr,
+    UPCAST: tl.constexpr, P_SCALE: tl.constexpr,
 ):
-    """The folded designs: the four 128-groups of fp8 values converted exactly, their scales on
-    the scores' columns and in p; one accumulator of (BLOCK_H, 128) per group."""
+    """The folded-f16 design: the four 128-groups of fp8 values converted exactly to f16, their
+    scales on the scores' columns and in p; one accumulator of (BLOCK_H, 128) per group."""
     batch, pos, h = _program(head_blocks, s_q, BLOCK_H)
     split = tl.program_id(1).to(tl.int64)
     head = h < heads
 
     q_rows = q_ptr + batch * q_stride_b + pos * q_stride_s + h[:, None] * q_stride_h
-    if not Q_PER_STEP:
-        q0 = _folded_group_q(q_rows, head, 0, GROUP, F16, UPCAST)
-        q1 = _folded_group_q(q_rows, head, 1, GROUP, F16, UPCAST)
-        q2 = _folded_group_q(q_rows, head, 2, GROUP, F16, UPCAST)
-        q3 = _folded_group_q(q_rows, head, 3, GROUP, F16, UPCAST)
-        q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :],
-                              mask=head[:, None], other=0.0), UPCAST)
-
     acc0 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
     acc1 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_H, GROUP), dtype=tl.float32)
@@ -425,51 +377,29 @@ def _folded_decode_attention(
     start = split * tokens_per_split
     stop = tl.minimum(start + tokens_per_split, topk)
     idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
-    if PREFETCH:
-        valid, token_bytes = _tile_tokens(idx_row, start + tl.arange(0, BLOCK_N), stop,
-                                          block_size, kv_stride_block, kv_stride_slot)
-        raw0, sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 0, GROUP, SCALES_BYTE)
-        raw1, sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 1, GROUP, SCALES_BYTE)
-        raw2, sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 2, GROUP, SCALES_BYTE)
-        raw3, sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 3, GROUP, SCALES_BYTE)
-        rope = _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE, ROPE_DIM)
     for step_start in range(0, tokens_per_split, BLOCK_N):
-        if not PREFETCH:
-            valid, token_bytes = _tile_tokens(idx_row, start + step_start + tl.arange(0, BLOCK_N),
-                                              stop, block_size, kv_stride_block, kv_stride_slot)
-            raw0, sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 0, GROUP,
-                                    SCALES_BYTE)
-            raw1, sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 1, GROUP,
-                                    SCALES_BYTE)
-            raw2, sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 2, GROUP,
-                                    SCALES_BYTE)
-            raw3, sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 3, GROUP,
-                                    SCALES_BYTE)
-            rope = _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE, ROPE_DIM)
-        else:
-            next_valid, next_bytes = _tile_tokens(
-                idx_row, start + step_start + BLOCK_N + tl.arange(0, BLOCK_N), stop, block_size,
-                kv_stride_block, kv_stride_slot)
-            next0, next_sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 0,
-                                          GROUP, SCALES_BYTE)
-            next1, next_sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 1,
-                                          GROUP, SCALES_BYTE)
-            next2, next_sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 2,
-                                          GROUP, SCALES_BYTE)
-            next3, next_sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, next_bytes, next_valid, 3,
-                                          GROUP, SCALES_BYTE)
-            next_rope = _load_rope(kv_bf16_ptr, next_bytes, next_valid, ROPE_BYTE, ROPE_DIM)
-        k0 = _fp8_exact(raw0, F16, UPCAST)
-        k1 = _fp8_exact(raw1, F16, UPCAST)
-        k2 = _fp8_exact(raw2, F16, UPCAST)
-        k3 = _fp8_exact(raw3, F16, UPCAST)
-        if Q_PER_STEP:  # q read again each step (L1 hits), not held in registers
-            q0 = _folded_group_q(q_rows, head, 0, GROUP, F16, UPCAST)
-            q1 = _folded_group_q(q_rows, head, 1, GROUP, F16, UPCAST)
-            q2 = _folded_group_q(q_rows, head, 2, GROUP, F16, UPCAST)
-            q3 = _folded_group_q(q_rows, head, 3, GROUP, F16, UPCAST)
-            q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :],
-                                  mask=head[:, None], other=0.0), UPCAST)
+        valid, token_bytes = _tile_tokens(idx_row, start + step_start + tl.arange(0, BLOCK_N),
+                                          stop, block_size, kv_stride_block, kv_stride_slot)
+        raw0, sc0 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 0, GROUP,
+                                SCALES_BYTE)
+        raw1, sc1 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 1, GROUP,
+                                SCALES_BYTE)
+        raw2, sc2 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 2, GROUP,
+                                SCALES_BYTE)
+        raw3, sc3 = _load_group(kv_bytes_ptr, kv_f32_ptr, token_bytes, valid, 3, GROUP,
+                                SCALES_BYTE)
+        rope = _load_rope(kv_bf16_ptr, token_bytes, valid, ROPE_BYTE, ROPE_DIM)
+        k0 = _fp8_as_f16(raw0, UPCAST)
+        k1 = _fp8_as_f16(raw1, UPCAST)
+        k2 = _fp8_as_f16(raw2, UPCAST)
+        k3 = _fp8_as_f16(raw3, UPCAST)
+        # q read again each step (L1 hits), not held in registers across the loop
+        q0 = _folded_group_q(q_rows, head, 0, GROUP, UPCAST)
+        q1 = _folded_group_q(q_rows, head, 1, GROUP, UPCAST)
+        q2 = _folded_group_q(q_rows, head, 2, GROUP, UPCAST)
+        q3 = _folded_group_q(q_rows, head, 3, GROUP, UPCAST)
+        q_rope = _mma(tl.load(q_rows + NOPE_DIM + tl.arange(0, ROPE_DIM)[None, :],
+                              mask=head[:, None], other=0.0), UPCAST)
         scores = tl.dot(q_rope, tl.trans(_mma(rope, UPCAST)))
         scores += tl.dot(q0, tl.trans(k0)) * sc0[None, :]
         scores += tl.dot(q1, tl.trans(k1)) * sc1[None, :]
@@ -477,14 +407,10 @@ def _folded_decode_attention(
         scores += tl.dot(q3, tl.trans(k3)) * sc3[None, :]
         p, alpha, m_i, l_i = _online_softmax(scores, valid, m_i, l_i, sm_scale_log2)
         p = p * P_SCALE
-        acc0 = tl.dot(_round_to(p * sc0[None, :], F16, UPCAST), k0, acc0 * alpha[:, None])
-        acc1 = tl.dot(_round_to(p * sc1[None, :], F16, UPCAST), k1, acc1 * alpha[:, None])
-        acc2 = tl.dot(_round_to(p * sc2[None, :], F16, UPCAST), k2, acc2 * alpha[:, None])
-        acc3 = tl.dot(_round_to(p * sc3[None, :], F16, UPCAST), k3, acc3 * alpha[:, None])
-        if PREFETCH:
-            valid, rope = next_valid, next_rope
-            raw0, raw1, raw2, raw3 = next0, next1, next2, next3
-            sc0, sc1, sc2, sc3 = next_sc0, next_sc1, next_sc2, next_sc3
+        acc0 = tl.dot(_mma((p * sc0[None, :]).to(tl.float16), UPCAST), k0, acc0 * alpha[:, None])
+        acc1 = tl.dot(_mma((p * sc1[None, :]).to(tl.float16), UPCAST), k1, acc1 * alpha[:, None])
+        acc2 = tl.dot(_mma((p * sc2[None, :]).to(tl.float16), UPCAST), k2, acc2 * alpha[:, None])
+        acc3 = tl.dot(_mma((p * sc3[None, :]).to(tl.float16), UPCAST), k3, acc3 * alpha[:, None])
 
     l_safe = _store_lse(m_i, l_i, batch, pos, h, head, split, s_q, heads, num_splits, lse_ptr,
                         lse_accum_ptr, lse_stride_b, lse_stride_h, lse_stride_s, SPLIT, LN2)
@@ -546,12 +472,12 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     j * num_splits + i.
     """
     b, s_q, heads, _ = q.shape
-    config = config or default_config(heads)
+    config = config or DEFAULT_CONFIG
     if config.design in GLUON_DESIGNS:
         if num_splits > 1:
             raise ValueError("the Gluon kernel has no split; runnable_config falls back to the "
                              "Triton kernel for a call that splits")
-        from mlamem.kernels.gluon_sparse_decode import launch_gluon
+        from mlamem.kernels.own.gluon_sparse_decode import launch_gluon
 
         launch_gluon(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
                      tokens_per_split=tokens_per_split, **GLUON_DESIGNS[config.design])
@@ -562,10 +488,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
     accum_lse = lse_accum if split else lse  # unused without a split
     accum_o = o_accum if split else out
     grid = (b * s_q * head_blocks(heads), num_splits)
-    folded = {} if config.design == "scaled" else {
-        "F16": config.design == "folded-f16",
-        "P_SCALE": F16_P_SCALE if config.design == "folded-f16" else 1.0,
-        "Q_PER_STEP": config.q_per_step}
+    folded = {} if config.design == "scaled" else {"P_SCALE": F16_P_SCALE}
     kernel = _sparse_decode_attention if config.design == "scaled" else _folded_decode_attention
     kernel[grid](
         q, kv_bytes, kv_bytes.view(torch.float32), kv_bytes.view(torch.bfloat16), indices,
@@ -577,7 +500,7 @@ def launch(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: 
         indices.stride(0), indices.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), lse.stride(2),
-        SPLIT=split, PREFETCH=config.prefetch, BLOCK_H=block_heads(heads), BLOCK_N=config.block_n,
+        SPLIT=split, BLOCK_H=block_heads(heads), BLOCK_N=config.block_n,
         GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
         SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, UPCAST=INTERPRETED,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,

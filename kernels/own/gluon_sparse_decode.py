@@ -31,40 +31,22 @@ Design (FlashMLA's Hopper sparse-fp8 decode shape), one CTA of 12 warps:
   mbarrier parity as in Gluon's tutorials: step i uses slot i % NUM_BUF and phase
   (i // NUM_BUF) & 1; the producer waits empty with phase ^ 1, which a fresh barrier passes.
 
-PREFETCH_INDICES (launch_gluon(..., prefetch_indices=True); the "gluon-early-indices" design):
-  the producer loads the next step's indices during this step, so a gather waits on one memory
-  round trip, not two. BF16_SCALE (bf16_scale=True, with the prefetch: "gluon-bf16-scale"):
-  FlashMLA's dequantization, bf16(bf16(fp8) * bf16(scale)), in 4 instructions per pair of
-  values (_dequantized_bf16); the K tile is stored times KEY_SCALE = 2^-32, so q_rope is staged
-  times KEY_SCALE, sm_scale_log2 is divided by it and out is divided by it (exact powers of
-  two). Both compile for sm_90a; neither has run on a GPU yet (scripts/gpu-check.sh --suite
-  gluon-designs).
-
-FOLD_F16 (launch_gluon(..., fold_f16=True); triton_sparse_decode's "folded-f16" design moved
-into this kernel): the dequantization multiply leaves the producer, the bottleneck.
-  producer (_folded_producer): converts the fp8 bytes exactly to f16 (cvt.rn.f16x2.e4m3x2, one
-      instruction per pair, no scale) into the slot's f16 K tile; RoPE stays bf16; the slot's
-      (BLOCK_N, 4) fp32 scales go to a scale ring beside the key mask (scales and mask loaded
-      one token per lane from a second read of the indices, so no layout change through shared
-      memory).
-  consumer (_folded_consumer): q_nope is staged in f16 (exact within f16's range), q_rope bf16.
-      Scores in ONE (64, BLOCK_N) accumulator, chained: s = q_rope·ropeᵀ; s *= 1 / c_0;
-      s += q_0·K_0ᵀ; s *= c_0 / c_1; ... s += q_3·K_3ᵀ; s *= c_3, which is q_rope·ropeᵀ +
-      sum_g (q_g·K_gᵀ) * c_g (c_g = max(scale_g, 2^-64): finite ratios for a zero scale; the
-      ratios are fp32, relative error ~1e-7). A second (64, BLOCK_N) tile per group (t_g
-      scaled and added) does not fit: ptxas serialises every wgmma (C7512) and spills. Then
-      the same online softmax; p * 2^8 is kept in fp32 and, per group, P_g = f16(p * 2^8 *
-      scale_g) goes to a register A operand of a wgmma into that group's (64, 128) fp32
-      accumulator (4 of them, 128 registers as the one (64, 512) accumulator; each warpgroup
-      64 columns of each, wgmma N = 64), one group in flight at a time; out = acc_g / (l * 2^8).
-  It rounds differently from the default (f16 operands, p folded with the scale): compare
-  with the Triton folded-f16 design, not bit for bit.
+Two designs (triton_sparse_decode.GLUON_DESIGNS), both the shape above:
+  gluon-bf16-scale (the default; launch_gluon(..., prefetch_indices=True, bf16_scale=True)):
+      PREFETCH_INDICES: the producer loads the next step's indices during this step, so a
+      gather waits on one memory round trip, not two. BF16_SCALE: FlashMLA's dequantization,
+      bf16(bf16(fp8) * bf16(scale)), in 4 instructions per pair of values (_dequantized_bf16);
+      the K tile is stored times KEY_SCALE = 2^-32, so q_rope is staged times KEY_SCALE,
+      sm_scale_log2 is divided by it and out is divided by it (exact powers of two). On the
+      H200 it ran at 0.889-0.896x FlashMLA's padded call at 16 native heads, its out within
+      4.6e-5 relative L2 of FlashMLA's.
+  gluon (as first written; the default before): the indices loaded in the step, the scaled
+      design's rounding, bf16(fp8 * scale); 0.845-0.851x there.
 
 Shared memory per CTA (BLOCK_N 64, NUM_BUF 2; SM90 allows 232,448 B):
-  q_nope 64x512 bf16 (f16) 65,536 + q_rope 64x64 bf16 8,192                  =  73,728
-  K ring 2 x 64x512 bf16 (f16) 131,072 + RoPE ring 2 x 64x64 bf16 16,384       = 147,456
+  q_nope 64x512 bf16 65,536 + q_rope 64x64 bf16 8,192                        =  73,728
+  K ring 2 x 64x512 bf16 131,072 + RoPE ring 2 x 64x64 bf16 16,384            = 147,456
   key masks 2 x 64 fp32 512 + 4 mbarriers 32                                  =     544
-  FOLD_F16 only: scale ring 2 x 4 x 64 fp32                                   =   2,048
   + the compiler's scratch for the p layout change and the cross-warpgroup row reductions.
 Registers: 65,536 per SM for 12 warps, so maxnreg 168 (12 x 32 x 168 = 64,512). Triton's
 setmaxnreg gives the producer PRODUCER_REGS and the consumer the rest, rounded down to 8:
@@ -72,21 +54,13 @@ setmaxnreg gives the producer PRODUCER_REGS and the consumer the rest, rounded d
 accumulator (128 registers per thread), the scores, p and the softmax state: ptxas uses up to
 182 of its 184. The producer holds a gathered tile (64 x 656 bytes over 128 threads: 82
 registers of data) plus its addresses: up to 134 of 136; at 128 or fewer it spills.
-scripts/gluon_compile.py (triton 3.6.0, sm_90a, every h_q the same code but the masks):
-  default  h_q 8, 16, 64: 0 bytes spilled, 226,084 B shared, no wgmma serialisation.
-  FOLD_F16 h_q 8, 16, 64: 80 B spill stores / 72 B spill loads per thread (the consumer's
-      loop-invariant wgmma descriptors of the four q_g slices and the softmax state, reloaded
-      from local memory (L1) each step: ~10 LDL per step), no wgmma serialisation, 227,876 B
-      shared. Giving the consumer 192 registers (PRODUCER_REGS 120) halves the spills but
-      makes the producer spill; a producer below 120 cannot hold its tile. Not yet measured:
-      whether the spills cost anything next to the producer's time (FOLD_PRODUCER_REGS).
-  PREFETCH_INDICES (the next step's 4 indices per thread held across the step): 16 B spill
-      stores / 20 B loads in the producer (7 spill instructions; 144 producer registers still
-      spill 12 B and make the consumer spill); with BF16_SCALE as well: 0 bytes spilled (the
-      cheaper dequantization needs fewer temporaries).
+scripts/gluon_compile.py (triton 3.6.0, sm_90a, every h_q the same code but the masks): both
+designs at h_q 8, 16, 64: 0 bytes spilled, 226,084 B shared, no wgmma serialisation. (The
+prefetched indices alone, without BF16_SCALE's cheaper dequantization, spill 16 B in the
+producer.)
 
 Not covered: splits (and the combine), h_q other than 8, 16, 32 or multiples of 64, fp8 MMAs
-(the dots are bf16 / f16), Triton's interpreter. It cannot run on the CPU;
+(the dots are bf16), Triton's interpreter. It cannot run on the CPU;
 scripts/gluon_compile.py compiles it ahead of time for sm_90a, and its --check runs every
 design against the Triton kernel on an SM90 GPU.
 """
@@ -104,16 +78,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from mlamem.kernels.fp8_ds_mla import (
-    E4M3_BITS_AS_BF16,
-    E4M3_TO_BF16_PTX,
     GROUP,
     NOPE_DIM,
-    NUM_SCALES,
     ROPE_BYTE,
     ROPE_DIM,
     SCALES_BYTE,
 )
-from mlamem.kernels.triton_sparse_decode import F16_P_SCALE, LN2, LOG2E
+from mlamem.kernels.own.e4m3_bf16 import E4M3_BITS_AS_BF16, E4M3_TO_BF16_PTX
+from mlamem.kernels.own.triton_sparse_decode import LN2, LOG2E
 
 BLOCK_H = 64  # query rows per program: one wgmma M of 64 (heads, or fewer heads and zero rows)
 NATIVE_HEADS = (8, 16, 32)  # h_q below BLOCK_H that a program takes, its other rows zero
@@ -122,11 +94,8 @@ NUM_BUF = 2  # slots in the shared-memory ring
 NUM_WARPS = 8  # consumer (default partition): 2 warpgroups
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 136  # per producer thread (setmaxnreg): the gathered tile in flight without spills
-FOLD_PRODUCER_REGS = 136  # the same for FOLD_F16 (its producer converts, no scale multiply)
 MAX_REGISTERS = 168  # maxnreg of the kernel: 12 warps x 32 lanes x 168 <= 65,536
 SHARED_LIMIT = 232_448  # SM90's opt-in shared memory per block
-P_SCALE = F16_P_SCALE  # FOLD_F16: p * scale * 2^8 in f16, as the Triton folded-f16 design
-SCALE_FLOOR = 2.0**-64  # FOLD_F16: the least scale the score chain divides by (see _folded_consumer)
 E4M3_TO_BF16 = gl.constexpr(E4M3_TO_BF16_PTX)  # a global a jit function may read
 BF16_KEY_SCALE = 2.0**-32  # BF16_SCALE: the power of two K is stored at (see _dequantized_bf16)
 
@@ -146,9 +115,9 @@ def _stage_q(q_ptr, q_nope_smem, q_rope_smem, batch, pos, head_block, heads,
              q_stride_b, q_stride_s, q_stride_h,
              BLOCK_H: gl.constexpr, GROUP: gl.constexpr, NOPE_DIM: gl.constexpr,
              ROPE_DIM: gl.constexpr, MASK_HEADS: gl.constexpr, KEY_SCALE: gl.constexpr = 1.0):
-    """q -> shared memory, once: q_nope in q_nope_smem's type (bf16, or f16 for FOLD_F16),
-    q_rope bf16 times KEY_SCALE (the power of two the K tile is stored at, so q_rope·ropeᵀ is
-    on the scale of q_nope·Kᵀ); rows past the rank's heads zero (MASK_HEADS)."""
+    """q -> shared memory, once: q_nope in bf16, q_rope bf16 times KEY_SCALE (the power of two
+    the K tile is stored at, so q_rope·ropeᵀ is on the scale of q_nope·Kᵀ); rows past the
+    rank's heads zero (MASK_HEADS)."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     # Plain loads, 8 bf16 = 16 bytes per thread per row piece.
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NUM_WARPS, 1], [1, 0])
@@ -213,7 +182,7 @@ def _consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ri
               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, GROUP: gl.constexpr,
               NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, NUM_BUF: gl.constexpr,
               LN2: gl.constexpr, MASK_HEADS: gl.constexpr, KEY_SCALE: gl.constexpr):
-    """The default (scaled) consumer: K is the dequantized bf16 tile times KEY_SCALE (a power of
+    """The consumer: K is the dequantized bf16 tile times KEY_SCALE (a power of
     two: 1, or BF16_KEY_SCALE with BF16_SCALE), which q_rope is staged at and out divided by;
     launch_args divides sm_scale_log2 by it."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -272,140 +241,6 @@ def _consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ri
 
 
 @gluon.jit
-def _score_ratio(scale_ring, prev_row, next_row, layout: gl.constexpr, SCALE_FLOOR: gl.constexpr,
-                 FIRST: gl.constexpr):
-    """(1, BLOCK_N) c_prev / c_next of the folded score chain (1 / c_next when FIRST; prev_row
-    unused then), read from shared memory where it is used rather than held across the wgmma."""
-    c_next = gl.maximum(scale_ring.index(next_row).load(layout), SCALE_FLOOR)
-    if FIRST:
-        c_prev = gl.full_like(c_next, 1.0)
-    else:
-        c_prev = gl.maximum(scale_ring.index(prev_row).load(layout), SCALE_FLOOR)
-    return gl.fdiv(c_prev, c_next, ieee_rounding=False)[None, :]
-
-
-@gluon.jit
-def _group_pv(acc, p, scale, alpha, k_tile, g: gl.constexpr, GROUP: gl.constexpr):
-    """FOLD_F16: acc * alpha + f16(p * scale) x V_g (p already times P_SCALE), issued async."""
-    layout: gl.constexpr = acc.type.layout
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=layout, k_width=2)
-    p_op = gl.convert_layout((p * scale[None, :]).to(gl.float16), p_layout)
-    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, layout))[:, None]
-    return warpgroup_mma(p_op, k_tile.slice(g * GROUP, GROUP, dim=1), acc, is_async=True)
-
-
-@gluon.jit
-def _folded_consumer(q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ring,
-                     mask_ring, scale_ring, full_bars, empty_bars, sm_scale_log2, s_q, heads,
-                     head_blocks, num_steps,
-                     q_stride_b, q_stride_s, q_stride_h,
-                     out_stride_b, out_stride_s, out_stride_h,
-                     lse_stride_b, lse_stride_h, lse_stride_s,
-                     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, GROUP: gl.constexpr,
-                     NOPE_DIM: gl.constexpr, ROPE_DIM: gl.constexpr, NUM_BUF: gl.constexpr,
-                     LN2: gl.constexpr, P_SCALE: gl.constexpr, SCALE_FLOOR: gl.constexpr,
-                     MASK_HEADS: gl.constexpr):
-    """The FOLD_F16 consumer: K is the unscaled f16 tile (fp8 values exactly), q_nope f16; the
-    scales multiply the scores' columns group by group and are folded into p."""
-    NUM_WARPS: gl.constexpr = gl.num_warps()
-    gl.static_assert(NOPE_DIM == 4 * GROUP)
-    batch, pos, head_block = _program(head_blocks, s_q)
-    _stage_q(q_ptr, q_nope_smem, q_rope_smem, batch, pos, head_block, heads,
-             q_stride_b, q_stride_s, q_stride_h, BLOCK_H, GROUP, NOPE_DIM, ROPE_DIM, MASK_HEADS)
-
-    # Scores: (BLOCK_H, BLOCK_N), each warpgroup BLOCK_N / 2 columns. Four accumulators of
-    # (BLOCK_H, GROUP), one per 128-group, each warpgroup GROUP / 2 columns of each.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, BLOCK_N * 4 // NUM_WARPS, 16])
-    g_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4], instr_shape=[16, GROUP * 4 // NUM_WARPS, 16])
-    s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    s_cols: gl.constexpr = gl.SliceLayout(0, s_layout)
-    g_rows: gl.constexpr = gl.SliceLayout(1, g_layout)
-
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
-    acc0 = gl.zeros([BLOCK_H, GROUP], gl.float32, g_layout)
-    acc1 = gl.zeros([BLOCK_H, GROUP], gl.float32, g_layout)
-    acc2 = gl.zeros([BLOCK_H, GROUP], gl.float32, g_layout)
-    acc3 = gl.zeros([BLOCK_H, GROUP], gl.float32, g_layout)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, s_rows)  # running max, base 2
-    l_i = gl.zeros([BLOCK_H], gl.float32, s_rows)  # running sum of exp2(score - m_i)
-    q0 = q_nope_smem.slice(0 * GROUP, GROUP, dim=1)
-    q1 = q_nope_smem.slice(1 * GROUP, GROUP, dim=1)
-    q2 = q_nope_smem.slice(2 * GROUP, GROUP, dim=1)
-    q3 = q_nope_smem.slice(3 * GROUP, GROUP, dim=1)
-
-    for step in range(num_steps):
-        slot = step % NUM_BUF
-        mbarrier.wait(full_bars.index(slot), (step // NUM_BUF) & 1)
-        k_tile = k_ring.index(slot)  # (BLOCK_N, NOPE_DIM) f16: the fp8 values, unscaled
-        rope_tile = rope_ring.index(slot)  # (BLOCK_N, ROPE_DIM) bf16
-
-        # scores = q_rope·ropeᵀ + sum_g (q_g·K_gᵀ) * c_g[None, :] in ONE accumulator: before
-        # group g's dot the running sum is rescaled by c_{g-1} / c_g (1 / c_0 before group 0)
-        # and after the last by c_3, so each dot accumulates onto it (a second (64, BLOCK_N)
-        # tile per group does not fit the registers: ptxas serialises the wgmmas and spills).
-        # c_g = max(scale_g, SCALE_FLOOR) keeps the ratios finite for a zero scale.
-        s = warpgroup_mma(q_rope_smem, rope_tile.permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = s * _score_ratio(scale_ring, slot * 4, slot * 4, s_cols, SCALE_FLOOR, True)
-        s = warpgroup_mma(q0, k_tile.slice(0 * GROUP, GROUP, dim=1).permute((1, 0)), s,
-                          is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = s * _score_ratio(scale_ring, slot * 4 + 0, slot * 4 + 1, s_cols, SCALE_FLOOR, False)
-        s = warpgroup_mma(q1, k_tile.slice(1 * GROUP, GROUP, dim=1).permute((1, 0)), s,
-                          is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = s * _score_ratio(scale_ring, slot * 4 + 1, slot * 4 + 2, s_cols, SCALE_FLOOR, False)
-        s = warpgroup_mma(q2, k_tile.slice(2 * GROUP, GROUP, dim=1).permute((1, 0)), s,
-                          is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = s * _score_ratio(scale_ring, slot * 4 + 2, slot * 4 + 3, s_cols, SCALE_FLOOR, False)
-        s = warpgroup_mma(q3, k_tile.slice(3 * GROUP, GROUP, dim=1).permute((1, 0)), s,
-                          is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        c_last = gl.maximum(scale_ring.index(slot * 4 + 3).load(s_cols), SCALE_FLOOR)
-        key_mask = mask_ring.index(slot).load(s_cols)  # 0, or -inf: invalid
-        s = s * c_last[None, :]
-
-        # The base-2 online softmax of _online_softmax (no valid key yet: m stays -inf, no NaN).
-        scores = s * sm_scale_log2 + key_mask[None, :]
-        m_new = gl.maximum(m_i, gl.max(scores, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        p = p * P_SCALE
-
-        # acc_g = acc_g * alpha + f16(p * 2^8 * scale_g) x V_g, one group at a time (a second
-        # group's P_g in flight, wait(1), costs registers the consumer does not have).
-        acc0 = _group_pv(acc0, p, scale_ring.index(slot * 4 + 0).load(s_cols), alpha, k_tile, 0, GROUP)
-        acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
-        acc1 = _group_pv(acc1, p, scale_ring.index(slot * 4 + 1).load(s_cols), alpha, k_tile, 1, GROUP)
-        acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc1, ))
-        acc2 = _group_pv(acc2, p, scale_ring.index(slot * 4 + 2).load(s_cols), alpha, k_tile, 2, GROUP)
-        acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc2, ))
-        acc3 = _group_pv(acc3, p, scale_ring.index(slot * 4 + 3).load(s_cols), alpha, k_tile, 3, GROUP)
-        acc3 = warpgroup_mma_wait(num_outstanding=0, deps=(acc3, ))
-        gl.thread_barrier()  # both warpgroups' MMAs have read the slot
-        mbarrier.arrive(empty_bars.index(slot))
-
-    l_safe = _store_lse(lse_ptr, m_i, l_i, batch, pos, head_block, heads, lse_stride_b,
-                        lse_stride_h, lse_stride_s, s_rows, BLOCK_H, LN2, MASK_HEADS)
-    divisor = gl.convert_layout(l_safe, g_rows)[:, None] * P_SCALE
-    _store_out(out_ptr, (acc0 / divisor).to(gl.bfloat16), 0 * GROUP, batch, pos, head_block,
-               heads, out_stride_b, out_stride_s, out_stride_h, BLOCK_H, MASK_HEADS)
-    _store_out(out_ptr, (acc1 / divisor).to(gl.bfloat16), 1 * GROUP, batch, pos, head_block,
-               heads, out_stride_b, out_stride_s, out_stride_h, BLOCK_H, MASK_HEADS)
-    _store_out(out_ptr, (acc2 / divisor).to(gl.bfloat16), 2 * GROUP, batch, pos, head_block,
-               heads, out_stride_b, out_stride_s, out_stride_h, BLOCK_H, MASK_HEADS)
-    _store_out(out_ptr, (acc3 / divisor).to(gl.bfloat16), 3 * GROUP, batch, pos, head_block,
-               heads, out_stride_b, out_stride_s, out_stride_h, BLOCK_H, MASK_HEADS)
-
-
-@gluon.jit
 def _dequantized(raw, scale, BF16_SCALE: gl.constexpr, BF16_FACTOR: gl.constexpr):
     """bf16(fp32(fp8 raw) * scale), one scale per row; BF16_SCALE: FlashMLA's rounding, times
     KEY_SCALE (_dequantized_bf16)."""
@@ -429,12 +264,6 @@ def _dequantized_bf16(raw, scale, BF16_FACTOR: gl.constexpr):
     factor = (scale * BF16_FACTOR).to(gl.bfloat16)
     return gl.inline_asm_elementwise(E4M3_TO_BF16, "=r,=r,r,r,r", [raw, factor[:, None]],
                                      dtype=gl.bfloat16, is_pure=True, pack=4)
-
-
-@gluon.jit
-def _fp8_as_f16(raw):
-    """The fp8 e4m3 bytes as f16, exactly (cvt.rn.f16x2.e4m3x2: one instruction per pair)."""
-    return raw.to(gl.float8e4nv, bitcast=True).to(gl.float16)
 
 
 @gluon.jit
@@ -479,7 +308,7 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
               ROPE_DIM: gl.constexpr, SCALES_BYTE: gl.constexpr, ROPE_BYTE: gl.constexpr,
               NUM_BUF: gl.constexpr, PREFETCH_INDICES: gl.constexpr, BF16_SCALE: gl.constexpr,
               BF16_FACTOR: gl.constexpr):
-    """The default producer: K dequantized to bf16 (BF16_SCALE: FlashMLA's way, times
+    """The producer: K dequantized to bf16 (BF16_SCALE: FlashMLA's way, times
     KEY_SCALE; see _dequantized_bf16)."""
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(NOPE_DIM == 4 * GROUP)
@@ -531,65 +360,6 @@ def _producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_r
 
 
 @gluon.jit
-def _folded_producer(kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring,
-                     mask_ring, scale_ring, full_bars, empty_bars, s_q, head_blocks, stop,
-                     num_steps, block_size, kv_stride_block, kv_stride_slot, idx_stride_b,
-                     idx_stride_s,
-                     BLOCK_N: gl.constexpr, GROUP: gl.constexpr, NOPE_DIM: gl.constexpr,
-                     ROPE_DIM: gl.constexpr, SCALES_BYTE: gl.constexpr, ROPE_BYTE: gl.constexpr,
-                     NUM_BUF: gl.constexpr):
-    """The FOLD_F16 producer: the fp8 values go to the ring as f16 (exact, no scale), the
-    (BLOCK_N, 4) scales to scale_ring (row slot * 4 + g: group g) beside the key mask."""
-    WARPS: gl.constexpr = gl.num_warps()
-    gl.static_assert(NOPE_DIM == 4 * GROUP)
-    batch, pos, head_block = _program(head_blocks, s_q)
-    idx_row = indices_ptr + batch * idx_stride_b + pos * idx_stride_s
-
-    nope_layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [WARPS, 1], [1, 0])
-    rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    rows: gl.constexpr = gl.SliceLayout(1, nope_layout)
-    nope_cols = gl.arange(0, GROUP, layout=gl.SliceLayout(0, nope_layout))
-    rope_cols = gl.arange(0, ROPE_DIM, layout=gl.SliceLayout(0, rope_layout))
-    # The scales and the key mask: one token per lane (the indices read a second time, from
-    # L1, in this layout rather than a layout change through shared memory).
-    token_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-
-    for step in range(num_steps):
-        slot = step % NUM_BUF
-        # Gather the whole tile into registers before waiting for the slot.
-        valid, token_bytes, raw0, raw1, raw2, raw3 = _gather_nope(
-            kv_bytes_ptr, _load_indices(idx_row, step, stop, rows, BLOCK_N), block_size,
-            kv_stride_block, kv_stride_slot, nope_cols, GROUP)
-        rope = _gather_rope(kv_bf16_ptr, token_bytes, valid, rope_layout, rope_cols, ROPE_BYTE)
-        t_idx = _load_indices(idx_row, step, stop, token_layout, BLOCK_N)
-        t_valid = t_idx >= 0
-        t_token = gl.where(t_valid, t_idx, 0).to(gl.int64)
-        scale_rows = kv_f32_ptr + ((t_token // block_size) * kv_stride_block
-                                   + (t_token % block_size) * kv_stride_slot + SCALES_BYTE) // 4
-        scale0 = gl.load(scale_rows + 0, mask=t_valid, other=0.0)
-        scale1 = gl.load(scale_rows + 1, mask=t_valid, other=0.0)
-        scale2 = gl.load(scale_rows + 2, mask=t_valid, other=0.0)
-        scale3 = gl.load(scale_rows + 3, mask=t_valid, other=0.0)
-        key_mask = gl.where(t_valid, 0.0, float("-inf"))
-
-        mbarrier.wait(empty_bars.index(slot), ((step // NUM_BUF) & 1) ^ 1)
-        k_tile = k_ring.index(slot)
-        k_tile.slice(0 * GROUP, GROUP, dim=1).store(_fp8_as_f16(raw0))
-        k_tile.slice(1 * GROUP, GROUP, dim=1).store(_fp8_as_f16(raw1))
-        k_tile.slice(2 * GROUP, GROUP, dim=1).store(_fp8_as_f16(raw2))
-        k_tile.slice(3 * GROUP, GROUP, dim=1).store(_fp8_as_f16(raw3))
-        scale_ring.index(slot * 4 + 0).store(scale0)
-        scale_ring.index(slot * 4 + 1).store(scale1)
-        scale_ring.index(slot * 4 + 2).store(scale2)
-        scale_ring.index(slot * 4 + 3).store(scale3)
-        rope_ring.index(slot).store(rope)
-        mask_ring.index(slot).store(key_mask)
-        fence_async_shared()  # generic stores -> the consumer's wgmma (async proxy) reads
-        gl.thread_barrier()  # every producer warp has stored before the arrive
-        mbarrier.arrive(full_bars.index(slot))
-
-
-@gluon.jit
 def _gluon_sparse_decode_attention(
     q_ptr, kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, out_ptr, lse_ptr,
     sm_scale_log2, s_q, heads, head_blocks, topk, tokens_per_split, block_size,
@@ -602,14 +372,12 @@ def _gluon_sparse_decode_attention(
     ROPE_DIM: gl.constexpr, SCALES_BYTE: gl.constexpr, ROPE_BYTE: gl.constexpr,
     LN2: gl.constexpr, NUM_BUF: gl.constexpr, PRODUCER_WARPS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, MASK_HEADS: gl.constexpr = False,
-    FOLD_F16: gl.constexpr = False, P_SCALE: gl.constexpr = 256.0,
-    SCALE_FLOOR: gl.constexpr = 5.421010862427522e-20, PREFETCH_INDICES: gl.constexpr = False,
-    BF16_SCALE: gl.constexpr = False, KEY_SCALE: gl.constexpr = 1.0,
-    BF16_FACTOR: gl.constexpr = 1.0,
+    PREFETCH_INDICES: gl.constexpr = False, BF16_SCALE: gl.constexpr = False,
+    KEY_SCALE: gl.constexpr = 1.0, BF16_FACTOR: gl.constexpr = 1.0,
 ):
     """One program per (batch, query position, 64 query rows), the whole topk (no split).
-    MASK_HEADS: h_q < 64, the rows past h_q zero in q and never stored. FOLD_F16: the
-    folded-f16 dequantization (the K ring holds the unscaled fp8 values in f16)."""
+    MASK_HEADS: h_q < 64, the rows past h_q zero in q and never stored. PREFETCH_INDICES,
+    BF16_SCALE: the gluon-bf16-scale design (see the module docstring)."""
     gl.static_assert(BLOCK_H == 64)
     # 128-byte swizzled tiles, as wgmma reads them (q and K rows are 1,024 bytes, RoPE 128).
     # (A ring of NUM_BUF tiles takes the rank-2 layout of one tile.)
@@ -627,57 +395,34 @@ def _gluon_sparse_decode_attention(
     stop = gl.minimum(tokens_per_split, topk)  # no split: the program's range is [0, topk)
     num_steps = gl.cdiv(stop, BLOCK_N)
 
-    if FOLD_F16:
-        q_nope_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, NOPE_DIM], tile_layout)
-        k_ring = gl.allocate_shared_memory(gl.float16, [NUM_BUF, BLOCK_N, NOPE_DIM], tile_layout)
-        # Scales: row slot * 4 + g holds group g's BLOCK_N scales of the slot.
-        scale_ring = gl.allocate_shared_memory(gl.float32, [NUM_BUF * (NOPE_DIM // GROUP), BLOCK_N],
-                                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        gl.warp_specialize([
-            (_folded_consumer, (q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ring,
-                                mask_ring, scale_ring, full_bars, empty_bars, sm_scale_log2, s_q,
-                                heads, head_blocks, num_steps,
-                                q_stride_b, q_stride_s, q_stride_h,
-                                out_stride_b, out_stride_s, out_stride_h,
-                                lse_stride_b, lse_stride_h, lse_stride_s,
-                                BLOCK_H, BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, NUM_BUF, LN2, P_SCALE,
-                                SCALE_FLOOR, MASK_HEADS)),
-            (_folded_producer, (kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring,
-                                rope_ring, mask_ring, scale_ring, full_bars, empty_bars, s_q,
-                                head_blocks, stop, num_steps, block_size, kv_stride_block,
-                                kv_stride_slot, idx_stride_b, idx_stride_s, BLOCK_N, GROUP,
-                                NOPE_DIM, ROPE_DIM, SCALES_BYTE, ROPE_BYTE, NUM_BUF)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
-    else:
-        q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, NOPE_DIM], tile_layout)
-        k_ring = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, NOPE_DIM], tile_layout)
-        gl.warp_specialize([
-            (_consumer, (q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ring,
-                         mask_ring, full_bars, empty_bars, sm_scale_log2, s_q, heads, head_blocks,
-                         num_steps,
-                         q_stride_b, q_stride_s, q_stride_h,
-                         out_stride_b, out_stride_s, out_stride_h,
-                         lse_stride_b, lse_stride_h, lse_stride_s,
-                         BLOCK_H, BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, NUM_BUF, LN2, MASK_HEADS,
-                         KEY_SCALE)),
-            (_producer, (kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring,
-                         mask_ring, full_bars, empty_bars, s_q, head_blocks, stop, num_steps,
-                         block_size, kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
-                         BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, SCALES_BYTE, ROPE_BYTE, NUM_BUF,
-                         PREFETCH_INDICES, BF16_SCALE, BF16_FACTOR)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    q_nope_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, NOPE_DIM], tile_layout)
+    k_ring = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, NOPE_DIM], tile_layout)
+    gl.warp_specialize([
+        (_consumer, (q_ptr, out_ptr, lse_ptr, q_nope_smem, q_rope_smem, k_ring, rope_ring,
+                     mask_ring, full_bars, empty_bars, sm_scale_log2, s_q, heads, head_blocks,
+                     num_steps,
+                     q_stride_b, q_stride_s, q_stride_h,
+                     out_stride_b, out_stride_s, out_stride_h,
+                     lse_stride_b, lse_stride_h, lse_stride_s,
+                     BLOCK_H, BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, NUM_BUF, LN2, MASK_HEADS,
+                     KEY_SCALE)),
+        (_producer, (kv_bytes_ptr, kv_f32_ptr, kv_bf16_ptr, indices_ptr, k_ring, rope_ring,
+                     mask_ring, full_bars, empty_bars, s_q, head_blocks, stop, num_steps,
+                     block_size, kv_stride_block, kv_stride_slot, idx_stride_b, idx_stride_s,
+                     BLOCK_N, GROUP, NOPE_DIM, ROPE_DIM, SCALES_BYTE, ROPE_BYTE, NUM_BUF,
+                     PREFETCH_INDICES, BF16_SCALE, BF16_FACTOR)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
     for i in gl.static_range(NUM_BUF):
         mbarrier.invalidate(full_bars.index(i))
         mbarrier.invalidate(empty_bars.index(i))
 
 
-def shared_bytes(fold_f16: bool = False) -> int:
-    """Shared memory the kernel allocates explicitly (without the compiler's scratch): the same
-    tiles for both variants (f16 in place of bf16), plus the scale ring for FOLD_F16."""
+def shared_bytes() -> int:
+    """Shared memory the kernel allocates explicitly (without the compiler's scratch), the same
+    in both designs: the q tile, the K and RoPE rings, the key masks and the mbarriers."""
     tiles = (BLOCK_H + NUM_BUF * BLOCK_N) * (NOPE_DIM + ROPE_DIM) * 2
-    scales = NUM_BUF * NUM_SCALES * BLOCK_N * 4 if fold_f16 else 0
-    return tiles + NUM_BUF * BLOCK_N * 4 + scales + 2 * NUM_BUF * 8
+    return tiles + NUM_BUF * BLOCK_N * 4 + 2 * NUM_BUF * 8
 
 
 def head_layout(heads: int) -> tuple[int, bool]:
@@ -693,10 +438,8 @@ def head_layout(heads: int) -> tuple[int, bool]:
 
 def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                 lse: torch.Tensor, *, sm_scale: float, tokens_per_split: int,
-                fold_f16: bool = False, bf16_scale: bool = False, prefetch_indices: bool = False):
+                bf16_scale: bool = False, prefetch_indices: bool = False):
     """(grid, positional arguments, keyword arguments) of the kernel for this call."""
-    if fold_f16 and bf16_scale:
-        raise ValueError("fold_f16 and bf16_scale are two dequantizations; pick one")
     key_scale = BF16_KEY_SCALE if bf16_scale else 1.0
     b, s_q, heads, _ = q.shape
     head_blocks, mask_heads = head_layout(heads)
@@ -719,8 +462,7 @@ def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, GROUP=GROUP, NOPE_DIM=NOPE_DIM, ROPE_DIM=ROPE_DIM,
         SCALES_BYTE=SCALES_BYTE, ROPE_BYTE=ROPE_BYTE, LN2=LN2, NUM_BUF=NUM_BUF,
         PRODUCER_WARPS=PRODUCER_WARPS,
-        PRODUCER_REGS=FOLD_PRODUCER_REGS if fold_f16 else PRODUCER_REGS,
-        MASK_HEADS=mask_heads, FOLD_F16=bool(fold_f16), P_SCALE=P_SCALE, SCALE_FLOOR=SCALE_FLOOR,
+        PRODUCER_REGS=PRODUCER_REGS, MASK_HEADS=mask_heads,
         PREFETCH_INDICES=bool(prefetch_indices), BF16_SCALE=bool(bf16_scale), KEY_SCALE=key_scale,
         BF16_FACTOR=key_scale / E4M3_BITS_AS_BF16,
         num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS,
@@ -730,19 +472,18 @@ def launch_args(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, 
 
 def launch_gluon(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor, *, sm_scale: float, tokens_per_split: int,
-                 fold_f16: bool = False, bf16_scale: bool = False,
-                 prefetch_indices: bool = False) -> None:
+                 bf16_scale: bool = False, prefetch_indices: bool = False) -> None:
     """Run the decode into out and lse without a split; allocates nothing.
 
     q (b, s_q, h_q, 576) bf16, h_q 8, 16, 32 or a multiple of 64; kv_cache (blocks, block_size,
     1, 656) uint8 with 16-byte aligned block and slot strides; indices (b, s_q, topk) int32
     (-1 = invalid); out (b, s_q, h_q, 512) bf16; lse (b, h_q, s_q) fp32 (natural log). Each
     program covers topk positions [0, min(tokens_per_split, topk)), as `launch` with
-    num_splits = 1. fold_f16: the folded-f16 variant (FOLD_F16); bf16_scale: FlashMLA's
-    dequantization (BF16_SCALE); prefetch_indices: the producer loads a step's indices one
-    step ahead (PREFETCH_INDICES).
+    num_splits = 1. The design's options (triton_sparse_decode.GLUON_DESIGNS): bf16_scale,
+    FlashMLA's dequantization (BF16_SCALE); prefetch_indices, the producer loads a step's
+    indices one step ahead (PREFETCH_INDICES).
     """
     grid, args, kwargs = launch_args(q, kv_cache, indices, out, lse, sm_scale=sm_scale,
-                                     tokens_per_split=tokens_per_split, fold_f16=fold_f16,
-                                     bf16_scale=bf16_scale, prefetch_indices=prefetch_indices)
+                                     tokens_per_split=tokens_per_split, bf16_scale=bf16_scale,
+                                     prefetch_indices=prefetch_indices)
     _gluon_sparse_decode_attention[grid](*args, **kwargs)

@@ -25,11 +25,12 @@ results go to the accumulators and a combine kernel merges them. The plan depend
 only, never on which buffers were passed, so every path gives bit-identical results.
 
 Which kernel runs (`triton_sparse_decode.runnable_config`): a call that fills the SMs runs the
-Gluon warp-specialized kernel (`gluon_sparse_decode`: producer warps gather and dequantize while
-two consumer warpgroups run the wgmmas) on an SM90 GPU whose triton has Gluon; elsewhere, and for
+Gluon warp-specialized kernel (`gluon_sparse_decode`, design gluon-bf16-scale: producer warps
+gather and dequantize as FlashMLA does while two consumer warpgroups run the wgmmas) on an SM90
+GPU whose triton has Gluon; elsewhere, and for
 every call that splits, the Triton kernel runs (the scaled design at 64 heads and more, the
 folded-f16 one below), with the reason in one line. The adapter's version() names the design,
-e.g. "3.6.0 (gluon)". Every design allocates the same buffers.
+e.g. "3.6.0 (gluon-bf16-scale)". Every design allocates the same buffers.
 
 This module imports without triton (the planning is plain Python, tested on CPU); the kernels
 are in `triton_sparse_decode`, imported when a call runs.
@@ -58,8 +59,8 @@ HEAD_BLOCK = 64  # query heads per attention program, at 64 heads or more
 HEAD_COUNTS = (64, 128)  # as FlashMLA, so the two pad q alike
 NATIVE_HEAD_COUNTS = (8, 16, 32, 64, 128)  # per-rank head counts the native kernel runs
 MIN_DOT_ROWS = 16  # a tl.dot's least rows: fewer heads are padded to this in registers
-DEFAULT_BLOCK_N = 128  # KV tokens per loop step: LaunchConfig's default (triton_sparse_decode)
-NATIVE_BLOCK_N = 32  # below 64 heads: the native Triton config's (triton_sparse_decode)
+DEFAULT_BLOCK_N = 128  # KV tokens per loop step: the Triton fallback's at 64 heads (triton_sparse_decode)
+NATIVE_BLOCK_N = 32  # below 64 heads: the native Triton fallback's (triton_sparse_decode)
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
 INSTALL_HINT = "pip install triton"
@@ -226,7 +227,7 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
     are allocated in FlashMLA's order and shapes (native: `native_allocations`); accumulators
     (from accum_workspace or allocated) are used only when the plan splits.
     """
-    from mlamem.kernels import triton_sparse_decode as kernels
+    from mlamem.kernels.own import triton_sparse_decode as kernels
 
     _check_inputs(q, kv_cache, indices, d_v, out, lse, native)
     b, s_q, h_q, _ = q.shape
@@ -234,7 +235,7 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
         sm_count = (torch.cuda.get_device_properties(q.device).multi_processor_count
                     if q.device.type == "cuda" else DEFAULT_SM_COUNT)
     topk = indices.shape[-1]
-    config = config or kernels.default_config(h_q)
+    config = config or kernels.DEFAULT_CONFIG
     config, _ = kernels.runnable_config(
         config, h_q, q.device, split_plan(b, s_q, h_q, topk, sm_count, config.block_n).split)
     plan = split_plan(b, s_q, h_q, topk, sm_count, config.block_n)
@@ -282,9 +283,9 @@ class TritonDecode(SparseDecodeKernel):
         if capability < MIN_COMPUTE_CAPABILITY:
             return (f"the Triton decode needs SM89 or newer (fp8 e4m3); this GPU is "
                     f"SM{capability[0]}{capability[1]}")
-        from mlamem.kernels import triton_sparse_decode as kernels
+        from mlamem.kernels.own import triton_sparse_decode as kernels
 
-        needed = kernels.shared_bytes(kernels.DEFAULT_CONFIG)  # 64 heads: the most a program takes
+        needed = kernels.shared_bytes(kernels.FALLBACK_CONFIG)  # 64 heads: the most a program takes
         offered = getattr(torch.cuda.get_device_properties(self.device),
                           "shared_memory_per_block_optin", None)
         if offered is not None and offered < needed:
@@ -295,18 +296,18 @@ class TritonDecode(SparseDecodeKernel):
 
     def version(self) -> str | None:
         """triton's version and, on a CUDA device, the design a call that fills the SMs runs at
-        each head count (a kernel's identity: e.g. "3.6.0 (gluon)"), or why the Triton fallback
-        runs instead of the Gluon kernel. Calls that split the topk always run the Triton
-        kernel."""
+        each head count (a kernel's identity: e.g. "3.6.0 (gluon-bf16-scale)"), or why the
+        Triton fallback runs instead of the Gluon kernel. Calls that split the topk always run
+        the Triton kernel."""
         version = triton_version()
         if version is None or not torch.cuda.is_available():
             return version
-        from mlamem.kernels import triton_sparse_decode as kernels
+        from mlamem.kernels.own import triton_sparse_decode as kernels
 
         designs: dict[str, list[int]] = {}
         reasons = set()
         for heads in self.head_counts:
-            config, reason = kernels.runnable_config(kernels.default_config(heads), heads,
+            config, reason = kernels.runnable_config(kernels.DEFAULT_CONFIG, heads,
                                                      self.device, splits=False)
             designs.setdefault(config.design, []).append(heads)
             reasons.add(reason)
@@ -323,7 +324,7 @@ class TritonDecode(SparseDecodeKernel):
             raise ValueError(f"{self.label} does not run {op}")
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=True,
                             head_counts=self.head_counts,
-                            source="mlamem's Gluon and Triton kernels (kernels/triton_decode.py)")
+                            source="mlamem's Gluon and Triton kernels (kernels/own/triton_decode.py)")
 
     def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None, lse=None,
                accum_workspace=None):
