@@ -584,6 +584,7 @@ def compare(
                                  kv_tokens=kv_tokens, reference=reference_kernel,
                                  on_case=lambda t, p: advance(f"{symbol}={t} {p}"))
         except RuntimeError as exc:  # torch.OutOfMemoryError, or one across a kernel's ABI
+            # measure helper: is_out_of_memory
             if "out of memory" not in str(exc):
                 raise
             raise UserError(f"compare ran out of GPU memory ({str(exc).splitlines()[0]}); "
