@@ -54,17 +54,16 @@ class Tolerance:
         return max(self.bytes, int(self.fraction * baseline_bytes))
 
 
-EXACT = {metric: Tolerance() for metric in METRICS}
-# Measured baselines: over 5 fresh-process sweeps of every shipped scenario on the H200
-# (scripts/gpu_check.py --suite gate, benchmarks/gate_noise.py; reports/baselines/noise-h200.md), no
+# The default for every baseline, predicted or measured. Over 5 fresh-process sweeps of every
+# shipped scenario on the H200 (benchmarks/gate_noise.py; reports/baselines/noise-h200.md), no
 # gated figure moved by a single byte: the caching allocator is deterministic for a fixed request
-# sequence. So measured baselines are byte-exact by default too; --tolerance loosens them.
-MEASURED = dict(EXACT)
+# sequence. So measured baselines are byte-exact too; --tolerance loosens them.
+EXACT = {metric: Tolerance() for metric in METRICS}
 
 
-def default_tolerances(measured: bool) -> dict[str, Tolerance]:
-    """Byte-exact for predicted baselines; `MEASURED` for measured ones."""
-    return dict(MEASURED if measured else EXACT)
+def default_tolerances() -> dict[str, Tolerance]:
+    """Byte-exact for every metric, predicted and measured baselines alike (see `EXACT`)."""
+    return dict(EXACT)
 
 
 _TOLERANCE_HINT = ("write 0, 1MiB or 0.5%, or per metric e.g. peak_reserved=2MiB,buffer=0 "
@@ -82,7 +81,7 @@ def parse_tolerance(text: str) -> Tolerance:
             return Tolerance(fraction=percent / 100)
         return Tolerance(bytes=parse_bytes(text))
     except ValueError:
-        raise UserError(f"--tolerance: {text!r} is not a tolerance; {_TOLERANCE_HINT}") from None
+        raise UserError(f"{text!r} is not a tolerance; {_TOLERANCE_HINT}", field="tolerance") from None
 
 
 def parse_tolerances(text: str) -> dict[str, Tolerance]:
@@ -94,8 +93,8 @@ def parse_tolerances(text: str) -> dict[str, Tolerance]:
             chosen.update(dict.fromkeys(METRICS, parse_tolerance(item)))
             continue
         if metric.strip() not in METRICS:
-            raise UserError(f"--tolerance: unknown metric {metric.strip()!r}; expected one of: "
-                            f"{', '.join(METRICS)}")
+            raise UserError(f"unknown metric {metric.strip()!r}; expected one of: "
+                            f"{', '.join(METRICS)}", field="tolerance")
         chosen[metric.strip()] = parse_tolerance(value)
     return chosen
 
@@ -230,7 +229,7 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
                 try:
                     check_paths(paths, capabilities, kernel.label, op)
                 except UserError as exc:
-                    raise UserError(f"--paths: {exc}") from None
+                    raise UserError(str(exc), field="paths") from None
                 part_paths = list(paths)
             else:
                 part_paths = [p for p in paths if p in available_paths(capabilities)]
@@ -304,20 +303,22 @@ def load(path: Path) -> Baseline:
     """Read and check a baseline file; UserError (exit 2) if missing, corrupt or wrong schema."""
     fix = f"make one with `mlamem gate --baseline {path} --update`"
     if not path.is_file():
-        raise UserError(f"--baseline: {path} not found; {fix}")
+        raise UserError(f"{path} not found; {fix}", field="baseline")
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--baseline: cannot read {path} ({exc}); {fix}") from None
+        raise UserError(f"cannot read {path} ({exc}); {fix}", field="baseline") from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"--baseline: {path} is not valid JSON ({exc}); {fix}") from None
+        raise UserError(f"{path} is not valid JSON ({exc}); {fix}", field="baseline") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise UserError(f"--baseline: {path} has schema {found!r}, expected {SCHEMA!r}; {fix}")
+        raise UserError(f"{path} has schema {found!r}, expected {SCHEMA!r}; {fix}",
+                        field="baseline")
     try:
         return _parse(data)
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"--baseline: {path} is not a valid {SCHEMA} file ({exc}); {fix}") from None
+        raise UserError(f"{path} is not a valid {SCHEMA} file ({exc}); {fix}",
+                        field="baseline") from None
 
 
 def _get(data: dict, key: str, kind: type | tuple[type, ...], where: str):
@@ -430,7 +431,7 @@ def _kernel_version(env: dict, kernel: str) -> str | None:
     try:
         return kernel_versions(env).get(kernel)
     except ValueError as exc:  # a legacy field contradicting `kernels`: not a comparable file
-        raise UserError(f"--baseline: {exc}; make a new one with --update") from None
+        raise UserError(f"{exc}; make a new one with --update", field="baseline") from None
 
 
 def _kind(measured: bool) -> str:
@@ -442,8 +443,9 @@ def check_comparable(differences: Sequence[EnvironmentDifference], source: Path)
     blocking = [d for d in differences if d.blocking]
     if blocking:
         what = "; ".join(f"{d.name}: baseline {d.baseline}, this run {d.current}" for d in blocking)
-        raise UserError(f"--baseline: {source} was made in a different environment ({what}); "
-                        "pass --allow-env-change to compare anyway, or --update to replace it")
+        raise UserError(f"{source} was made in a different environment ({what}); "
+                        "pass --allow-env-change to compare anyway, or --update to replace it",
+                        field="baseline")
 
 
 # The comparison.

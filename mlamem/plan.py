@@ -46,20 +46,19 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         for name in ("gpu_memory_bytes", "max_num_tokens", "max_batch_size", "max_seq_len"):
-            option = name.replace("_bytes", "").replace("_", "-")
             if getattr(self, name) <= 0:
-                raise UserError(f"--{option} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"must be > 0, got {getattr(self, name)}", field=name)
             if name != "gpu_memory_bytes" and getattr(self, name) > MAX_TOKENS:
-                raise UserError(f"--{option} must be at most {MAX_TOKENS} (engines count tokens "
-                                f"in int32), got {getattr(self, name)}")
+                raise UserError(f"must be at most {MAX_TOKENS} (engines count tokens in int32), "
+                                f"got {getattr(self, name)}", field=name)
         if (self.utilization is None) == (self.free_fraction is None):
             raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
                             "not both")
         for name in ("utilization", "free_fraction"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
-                raise UserError(f"--{name.replace('_', '-')} {value} is outside (0, 1]; pass a "
-                                "fraction such as 0.9")
+                raise UserError(f"{value} is outside (0, 1]; pass a fraction such as 0.9",
+                                field=name)
 
 
 def request_for(scenario: Scenario, **overrides) -> PlanRequest:
@@ -281,13 +280,13 @@ def parse_sweep(text: str) -> tuple[str, list]:
 
     name, sep, values = text.partition("=")
     if not sep or name.strip() not in SWEEPABLE:
-        raise UserError(f"--sweep {text!r}: write NAME=V1,V2,... with NAME one of: "
-                        f"{', '.join(SWEEPABLE)}")
+        raise UserError(f"{text!r}: write NAME=V1,V2,... with NAME one of: "
+                        f"{', '.join(SWEEPABLE)}", field="sweep")
     field = SWEEPABLE[name.strip()]
     parse = {"gpu_memory_bytes": parse_bytes, "utilization": float,
              "free_fraction": float}.get(field, int)
     try:
         return field, [parse(v.strip()) for v in values.split(",")]
     except ValueError:
-        raise UserError(f"--sweep {text!r}: {values!r} are not all valid values for "
-                        f"{name.strip()}") from None
+        raise UserError(f"{text!r}: {values!r} are not all valid values for {name.strip()}",
+                        field="sweep") from None

@@ -149,7 +149,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     check_request(scenario, tokens, paths, kernel, op=op)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     if reason and require_gpu:
-        raise UserError(f"--require-gpu: cannot measure ({reason})")
+        raise UserError(f"cannot measure ({reason})", field="require_gpu")
     capabilities = kernel.capabilities(op, kv_format(scenario, op))
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count

@@ -25,7 +25,7 @@ from mlamem.errors import UserError
 Unit = TypeVar("Unit")
 Group = TypeVar("Group")
 
-_HINT = "write I/N with 1 <= I <= N, e.g. --shard 2/4"
+_HINT = "write I/N with 1 <= I <= N, e.g. 2/4"
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def parse_shard(text: str) -> Shard:
     index, sep, count = text.partition("/")
     if not (sep and index.strip().isdigit() and count.strip().isdigit()
             and 1 <= int(index) <= int(count)):
-        raise UserError(f"--shard: {text!r} is not a shard; {_HINT}")
+        raise UserError(f"{text!r} is not a shard; {_HINT}", field="shard")
     return Shard(int(index), int(count))
 
 

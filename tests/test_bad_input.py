@@ -353,7 +353,7 @@ def test_compare(inputs, args, fix):
     pytest.param(["--gpu-memory", "lots"], "80GiB", id="size-word"),
     pytest.param(["--gpu-memory", "80"], "'80' has no unit", id="size-without-unit"),
     pytest.param(["--gpu-memory", "1e30GiB"], "more than 256 TiB", id="size-cannot-exist"),
-    pytest.param(["--gpu-memory", "0"], "--gpu-memory must be positive", id="size-zero"),
+    pytest.param(["--gpu-memory", "0"], "--gpu-memory: must be positive", id="size-zero"),
     pytest.param(["--paths", "alloc", "--expect-oom", "workspace"], "not among the --paths alloc",
                  id="expect-not-a-path"),
     pytest.param(["--expect-oom", "alloc", "--expect-fit", "alloc"],
@@ -425,9 +425,9 @@ def test_validate_graphs(inputs, args, fix):
 
 
 @pytest.mark.parametrize(("args", "fix"), [
-    pytest.param(["--max-seq-len", "0"], "--max-seq-len must be > 0", id="seq-len-zero"),
-    pytest.param(["--max-batch-size", "-1"], "--max-batch-size must be > 0", id="batch-negative"),
-    pytest.param(["--gpu-memory", "0"], "--gpu-memory must be > 0", id="size-zero"),
+    pytest.param(["--max-seq-len", "0"], "--max-seq-len: must be > 0", id="seq-len-zero"),
+    pytest.param(["--max-batch-size", "-1"], "--max-batch-size: must be > 0", id="batch-negative"),
+    pytest.param(["--gpu-memory", "0"], "--gpu-memory: must be > 0", id="size-zero"),
     pytest.param(["--gpu-memory", "80"], "has no unit", id="size-without-unit"),
     pytest.param(["--gpu-memory", "1e30GiB"], "more than 256 TiB", id="size-cannot-exist"),
     pytest.param(["--gpu-memory", "inf"], "is not a size", id="size-inf"),

@@ -76,7 +76,7 @@ def test_new_and_vanished_buffers():
     """A buffer new in this run is growth from 0; a buffer that is gone is an improvement."""
     before = _baseline(_case(buffers={"out": 1000, "padded_q": 500}))
     after = _baseline(_case(buffers={"out": 1000, "o_accum": 64}))
-    result = gate.compare(before, after, gate.default_tolerances(measured=False))
+    result = gate.compare(before, after, gate.default_tolerances())
     verdicts = {c.buffer: (c.verdict, c.baseline_bytes, c.current_bytes) for c in result.changes}
     assert verdicts == {"padded_q": ("improved", 500, None), "o_accum": ("regressed", None, 64)}
     assert result.compared_figures == 3 + 3

@@ -64,7 +64,7 @@ def test_parse_shard(text, shard):
 @pytest.mark.parametrize("text", ["0/2", "3/2", "a/b", "1/0", "2", "1/2/3", "-1/2", "/4", ""])
 def test_parse_shard_refuses(text):
     """Anything else is one line naming the form."""
-    with pytest.raises(UserError, match=r"--shard: .* is not a shard; write I/N"):
+    with pytest.raises(UserError, match=r"^shard: .* is not a shard; write I/N"):
         parse_shard(text)
 
 

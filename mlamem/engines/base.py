@@ -76,13 +76,13 @@ class Budget:
         if self.capture_sizes is not None:  # a JSON request gives a list
             object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         if not 0 < self.utilization <= 1:
-            raise UserError(f"--utilization {self.utilization} is outside (0, 1]; "
-                            "pass a fraction such as 0.85")
+            raise UserError(f"{self.utilization} is outside (0, 1]; pass a fraction such as 0.85",
+                            field="utilization")
         if self.gpu_memory_bytes <= 0:
-            raise UserError("--gpu-memory must be positive; pass a size such as 80GiB")
+            raise UserError("must be positive; pass a size such as 80GiB", field="gpu_memory_bytes")
         if self.max_num_batched_tokens <= 0:
-            raise UserError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be "
-                            "> 0; pass e.g. 32768")
+            raise UserError(f"{self.max_num_batched_tokens} must be > 0; pass e.g. 32768",
+                            field="max_num_batched_tokens")
 
     @property
     def requested_bytes(self) -> int:
