@@ -43,7 +43,7 @@ import torch
 
 from mlamem.attribution import Breakdown, BufferUse, ExpectedBuffer, attribute
 from mlamem.errors import UserError
-from mlamem.kernels.base import BufferSpec
+from mlamem.kernel_api import BufferSpec
 from mlamem.measure import OUT_OF_MEMORY, Failure, classify_failure, watched_call
 from mlamem.memory import CallWatch, CudaMemory, MemoryStats, SimulatedMemory
 
