@@ -12,7 +12,7 @@ The Python API (`mlamem.track`, `mlamem.profile_call`, see `mlamem.api`) loads o
 from pathlib import Path as _Path
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from mlamem.version import __version__ as __version__
 
 _API = ("track", "profile_call", "Tracker", "NoCudaError")  # mlamem.api's public names
 

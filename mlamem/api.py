@@ -43,7 +43,7 @@ import torch
 
 from mlamem.attribution import BufferUse, ExpectedBuffer
 from mlamem.errors import UserError
-from mlamem.kernels.base import BufferSpec
+from mlamem.kernel_api import BufferSpec
 from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
 from mlamem.memory import CudaMemory, SimulatedMemory
 

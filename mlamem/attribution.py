@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlamem.allocator import round_size
-from mlamem.kernels.base import BufferSpec, allocated_in_call
+from mlamem.kernel_api import BufferSpec, allocated_in_call
 
 UNATTRIBUTED = "unattributed"
 

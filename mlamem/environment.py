@@ -7,8 +7,8 @@ import platform
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import mlamem
 from mlamem import nvml
+from mlamem.version import __version__
 
 # Files written before `kernels` recorded one kernel version per field; each maps to a kernel.
 LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}
@@ -69,7 +69,7 @@ def capture() -> Environment:
     return Environment(
         gpu=gpu, compute_capability=capability, sm_count=sm_count, gpu_memory_bytes=memory,
         driver=nvml.driver_version() if gpu else None, cuda=torch.version.cuda,
-        torch=torch.__version__, mlamem=mlamem.__version__, python=platform.python_version(),
+        torch=torch.__version__, mlamem=__version__, python=platform.python_version(),
         allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         kernels=installed_kernel_versions(),
     )
@@ -78,7 +78,7 @@ def capture() -> Environment:
 def installed_kernel_versions() -> dict[str, str | None]:
     """Registered kernel name -> its adapter's version(), in registry order; None where the
     kernel's library is absent or the adapter cannot say (any exception)."""
-    from mlamem.kernels import kernel_names, load_kernel
+    from mlamem.kernel_registry import kernel_names, load_kernel
 
     versions: dict[str, str | None] = {}
     for name in kernel_names():

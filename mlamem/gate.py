@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from mlamem import operations
 from mlamem.errors import UserError
+from mlamem.kernel_api import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
-from mlamem.kernels.base import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.kernels.base import DENSE_DECODE, SPARSE_DECODE, OpInputs, Problem
-from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, quantize
+from mlamem.fp8_ds_mla import BYTES_PER_TOKEN, quantize
+from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE, OpInputs, Problem
+from mlamem.operations import kv_pool_tokens
 from mlamem.scenario import Scenario
-
-KV_POOL_TOPK_MULTIPLE = 4  # the synthetic KV pool holds 4 x topk tokens
 
 
 @dataclass
@@ -27,12 +26,6 @@ class DecodeInputs:
     q: torch.Tensor | None  # (T, heads_per_rank, 576) bfloat16; None if not asked for
     kv_cache: torch.Tensor  # (num_blocks, block_size, 1, 656) uint8, fp8_ds_mla
     indices: torch.Tensor  # (1, T, topk) int32, in range, -1 where invalid
-
-
-def kv_pool_tokens(scenario: Scenario) -> int:
-    """Tokens in the synthetic KV pool: a whole number of blocks covering 4 x topk."""
-    block = scenario.serving.block_size
-    return -(-KV_POOL_TOPK_MULTIPLE * scenario.decode_topk // block) * block
 
 
 def make_inputs(scenario: Scenario, tokens: int, device: torch.device, seed: int = 0,

@@ -27,7 +27,8 @@ import torch
 
 from mlamem.allocator import round_size
 from mlamem.attribution import Breakdown, BufferUse, ExpectedBuffer, attribute, expected_buffers
-from mlamem.kernels.base import SPARSE_DECODE, SparseDecodeKernel, simulate_decode, simulate_run
+from mlamem.kernel_api import SPARSE_DECODE, simulate_decode, simulate_run
+from mlamem.kernel_api import KernelContract as SparseDecodeKernel
 from mlamem.memory import (
     CallWatch,
     CudaMemory,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
-from mlamem.kernels.base import (
+from mlamem.kernel_api import (
     DENSE_DECODE,
     KV_FORMATS,
     OPERATIONS,
@@ -55,6 +55,7 @@ OPERATION_TABLE = {
                               "glm5-fp8-tp8"),
 }
 PREFILL_KV_TOPK_MULTIPLE = 4  # the default gathered KV of a prefill: 4 x topk tokens
+KV_POOL_TOPK_MULTIPLE = 4  # the synthetic sparse-decode KV pool holds 4 x topk tokens
 
 
 def operation(name: str) -> Operation:
@@ -90,11 +91,15 @@ def workspace_rows(scenario: Scenario, op: str) -> int:
     return scenario.serving.max_num_batched_tokens
 
 
+def kv_pool_tokens(scenario: Scenario) -> int:
+    """Tokens in the synthetic KV pool: a whole number of blocks covering 4 x topk."""
+    block = scenario.serving.block_size
+    return -(-KV_POOL_TOPK_MULTIPLE * scenario.decode_topk // block) * block
+
+
 def default_kv_tokens(scenario: Scenario, op: str) -> int:
     """KV tokens of one call: the sparse decode pool, each dense request's context, or the
     prefill's gathered KV."""
-    from mlamem.inputs import kv_pool_tokens
-
     if op == DENSE_DECODE:
         return scenario.serving.decode_context_len
     if op == SPARSE_PREFILL:

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
-from mlamem.kernels.base import (
+from mlamem.kernel_api import (
     ACCUM_WORKSPACE,
     SPARSE_DECODE,
     BufferSpec,
     Capabilities,
-    SparseDecodeKernel,
     from_kernel_layout,
     to_kernel_layout,
 )
+from mlamem.kernel_api import KernelContract as SparseDecodeKernel
 
 if TYPE_CHECKING:  # checking paths needs no torch; allocating does, and imports it there
     import torch
@@ -226,7 +226,7 @@ def full_staging_kernels(op: str = SPARSE_DECODE) -> list[str]:
     """The registered kernels that take everything workspace-full stages (FULL_STAGING) for
     `op`, in registry order. It loads every adapter that runs `op` (an adapter that fails to
     is left out), so only the error path of `check_paths` asks."""
-    from mlamem.kernels import REGISTRY, load_kernel
+    from mlamem.kernel_registry import REGISTRY, load_kernel
 
     names = []
     for name, entry in list(REGISTRY.items()):

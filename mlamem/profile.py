@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from mlamem import environment
 from mlamem.errors import UserError
-from mlamem.kernels.base import DENSE_DECODE, SPARSE_DECODE
+from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE
 from mlamem.operations import check_cache, kv_format, operation, problem_for, workspace_rows
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 

@@ -25,7 +25,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, read_json, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
 from mlamem.graphs import GraphsResult
-from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from mlamem.engines import DEFAULT_ENGINES, engine_names
+from mlamem.engine_registry import DEFAULT_ENGINES, engine_names
 from mlamem.errors import UserError
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 

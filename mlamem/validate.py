@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
-from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import workspace_rows
 from mlamem.profile import DROP_CASE, check_request
 

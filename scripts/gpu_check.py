@@ -66,7 +66,7 @@ SUITES = {
                   f"{PYTEST} tests/test_repro_gpu.py -k 'shipped and not vllm' --basetemp={{out}}/cases"],
     "gate": [f"{PYTEST} tests/test_gate.py tests/test_gate_gpu.py",
              *(f"mlamem profile -s {s} --require-gpu @{run}-{s}" for run in range(1, 6) for s in DECODE),
-             "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # its spread sets gate.MEASURED
+             "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # run-to-run noise
     "triton": [f"{PYTEST} tests/test_triton_decode_gpu.py",  # then the files triton_acceptance.py reads
                *(f"mlamem profile --kernel triton {T} --paths alloc,workspace,workspace-full {m}"
                  for m in ("@triton-profile", "--predict @triton-profile-predicted")),

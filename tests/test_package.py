@@ -36,7 +36,8 @@ def test_a_bare_checkout_says_how_to_install_it(tmp_path):
     """Imported from a checkout's mlamem/ that no install maps kernels/ into (as `python -m` in
     the repo root does with a non-editable install), mlamem fails at once naming the fix."""
     (tmp_path / "mlamem").mkdir()
-    (tmp_path / "mlamem" / "__init__.py").write_text(Path(mlamem.__file__).read_text())
+    for module in ("__init__.py", "version.py"):  # what `import mlamem` reads
+        (tmp_path / "mlamem" / module).write_text((Path(mlamem.__file__).parent / module).read_text())
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text("")
     (tmp_path / "pyproject.toml").write_text("")

@@ -85,7 +85,7 @@ from mlamem.kernels.fp8_ds_mla import (
     SCALES_BYTE,
 )
 from mlamem.kernels.own.e4m3_bf16 import E4M3_BITS_AS_BF16, E4M3_TO_BF16_PTX
-from mlamem.kernels.own.triton_sparse_decode import LN2, LOG2E
+from mlamem.kernels.own.tiles import LN2, LOG2E
 
 BLOCK_H = 64  # query rows per program: one wgmma M of 64 (heads, or fewer heads and zero rows)
 NATIVE_HEADS = (8, 16, 32)  # h_q below BLOCK_H that a program takes, its other rows zero

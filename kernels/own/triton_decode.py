@@ -53,13 +53,11 @@ from mlamem.kernels.base import (
 )
 from mlamem.kernels.flashmla import flashmla_allocations, num_sm_parts
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, NOPE_DIM, ROPE_DIM
+from mlamem.kernels.own.tiles import DEFAULT_BLOCK_N, HEAD_BLOCK, MIN_DOT_ROWS, block_heads, head_blocks  # noqa: F401
 
 D_QK = NOPE_DIM + ROPE_DIM  # 576
-HEAD_BLOCK = 64  # query heads per attention program, at 64 heads or more
 HEAD_COUNTS = (64, 128)  # as FlashMLA, so the two pad q alike
 NATIVE_HEAD_COUNTS = (8, 16, 32, 64, 128)  # per-rank head counts the native kernel runs
-MIN_DOT_ROWS = 16  # a tl.dot's least rows: fewer heads are padded to this in registers
-DEFAULT_BLOCK_N = 128  # KV tokens per loop step: the Triton fallback's at 64 heads (triton_sparse_decode)
 NATIVE_BLOCK_N = 32  # below 64 heads: the native Triton fallback's (triton_sparse_decode)
 DEFAULT_SM_COUNT = 132  # an H200's, for calls on the CPU (Triton's interpreter)
 MIN_COMPUTE_CAPABILITY = (8, 9)  # fp8 e4m3 conversions
@@ -91,16 +89,6 @@ class SplitPlan:
     @property
     def split(self) -> bool:
         return self.num_splits > 1
-
-
-def head_blocks(h_q: int) -> int:
-    """Attention programs per (batch, query, split): h_q / 64, or 1 below 64 heads."""
-    return max(h_q // HEAD_BLOCK, 1)
-
-
-def block_heads(h_q: int) -> int:
-    """Rows of one program's q tile: 64, or h_q below it, at least MIN_DOT_ROWS."""
-    return max(min(h_q, HEAD_BLOCK), MIN_DOT_ROWS)
 
 
 def max_splits(b: int, s_q: int, h_q: int, sm_count: int) -> int:

@@ -32,15 +32,8 @@ import triton
 import triton.language as tl
 
 from mlamem.kernels.fp8_ds_mla import GROUP, NOPE_DIM, ROPE_BYTE, ROPE_DIM, SCALES_BYTE
-from mlamem.kernels.own.triton_decode import (
-    DEFAULT_BLOCK_N,
-    HEAD_BLOCK,
-    block_heads,
-    head_blocks,
-)
+from mlamem.kernels.own.tiles import DEFAULT_BLOCK_N, HEAD_BLOCK, LN2, LOG2E, block_heads, head_blocks  # noqa: F401
 
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
 COMBINE_HEADS = 16  # heads per combine program
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter runs the kernels
 

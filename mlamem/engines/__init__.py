@@ -1,50 +1,17 @@
-"""Inference engines, emulated one rank at a time to reproduce runtime OOMs.
+"""Inference engines, one module each, emulated one rank at a time to reproduce runtime OOMs.
 
-`base.py` holds the one skeleton every engine runs in (cap, init, profile, graph estimate, KV
-sizing, capture, step), the case every engine fills and the budget; each engine is one module
-with an `Engine` subclass named `ENGINE`. `REGISTRY` names them without importing them (they
-import torch), so validating a scenario's `engines` and the CLI's help stay light. Adding an
-engine is one module and one line here. `python -m mlamem.engines REQUEST RESULT` runs one case
-in its own process (`worker.py`).
+The registry (`REGISTRY`, `load_engine`, `DEFAULT_ENGINES`, ...) is `mlamem.engine_registry`, in
+the spec layer below the engines (the scenario names its engines); it is re-exported here.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mlamem.engines.base import Engine
-
-REGISTRY: dict[str, str] = {  # engine name -> its module, which defines ENGINE
-    "vllm": "mlamem.engines.vllm",
-    "trtllm-context-reuse": "mlamem.engines.trtllm_context_reuse",
-}
-DEFAULT_ENGINES = ("vllm",)  # what a scenario without `engines` serves
-
-# repro-oom files before `engine` said which shape their cases have in `mode`
-ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}
-
-
-def engine_names() -> list[str]:
-    """Every registered engine name, in registry order; imports nothing."""
-    return list(REGISTRY)
-
-
-def load_engine(name: str) -> type[Engine]:
-    """The engine registered as `name`, imported now."""
-    try:
-        module = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(REGISTRY)}") from None
-    return importlib.import_module(module).ENGINE
-
-
-def request_engine(request: dict) -> str:
-    """The engine a case request names; a request from before `engine` names its case by
-    `variant` (context reuse) or `path` (vLLM)."""
-    return request.get("engine") or ("trtllm-context-reuse" if "variant" in request else "vllm")
-
+from mlamem.engine_registry import (
+    DEFAULT_ENGINES,
+    ENGINE_OF_MODE,
+    REGISTRY,
+    engine_names,
+    load_engine,
+    request_engine,
+)
 
 __all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "engine_names", "load_engine",
            "request_engine"]

@@ -8,9 +8,9 @@ attended token) grows far past what was profiled. The skeleton's phases:
 - init: the weights;
 - profile: the context buffers at max_num_tokens attended tokens, then freed;
 - KV sizing: budget = free fraction x (cap - weights - profile peak); the variant's reserve
-  (`plan.reserve`) comes out of it and the rest is the KV pool, in whole blocks;
+  (`context_reserve.reserve`) comes out of it and the rest is the KV pool, in whole blocks;
 - step: max_batch_size context requests, each attending max_seq_len tokens, trimmed by the
-  variant's admission cap (`plan.admit`), build the context buffers for every attended token.
+  variant's admission cap (`context_reserve.admit`), build the context buffers for every attended token.
 Variants: no reserve; the PR's fp8-only reserve (w); everything charged (w + BF16 gather).
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mlamem import plan as plans
+from mlamem import context_reserve
 from mlamem.attribution import ExpectedBuffer
 from mlamem.engines.base import (
     Case,
@@ -55,7 +55,7 @@ def context_buffers(scenario: Scenario, attended_tokens: int) -> list[BufferSpec
                    "temporary"),
         BufferSpec("full_k", (t, heads, m.qk_nope_head_dim + m.qk_rope_head_dim), torch.bfloat16,
                    "temporary"),
-        BufferSpec("fp8_kv_staging", (t, plans.staging_bytes_per_token(scenario)), torch.uint8,
+        BufferSpec("fp8_kv_staging", (t, context_reserve.staging_bytes_per_token(scenario)), torch.uint8,
                    "temporary"),
     ]
 
@@ -121,13 +121,13 @@ class TRTLLMContextReuse(Engine):
         case.budget_bytes = int(self.budget.utilization * free)
         if case.budget_bytes <= 0:
             raise NoKVRoom("weights and profiling leave no KV budget")
-        k = plans.kv_bytes_per_token(scenario)
-        per_token = {"none": 0, "fp8": plans.staging_bytes_per_token(scenario),
-                     "full": plans.staging_bytes_per_token(scenario)
-                     + plans.gather_bytes_per_token(scenario)}[case.variant]
-        l_cap = plans.kv_len_cap(s.max_batch_size or s.max_num_batched_tokens,
+        k = context_reserve.kv_bytes_per_token(scenario)
+        per_token = {"none": 0, "fp8": context_reserve.staging_bytes_per_token(scenario),
+                     "full": context_reserve.staging_bytes_per_token(scenario)
+                     + context_reserve.gather_bytes_per_token(scenario)}[case.variant]
+        l_cap = context_reserve.kv_len_cap(s.max_batch_size or s.max_num_batched_tokens,
                                  s.max_num_batched_tokens, s.max_model_len)
-        reserve = plans.reserve(case.budget_bytes, k, per_token, l_cap,
+        reserve = context_reserve.reserve(case.budget_bytes, k, per_token, l_cap,
                                 applies=case.variant != "none", pool_without=case.budget_bytes // k)
         case.reserve_bytes, case.admission_cap_tokens = (reserve.reserve_bytes,
                                                          reserve.admission_cap_tokens)
@@ -140,7 +140,7 @@ class TRTLLMContextReuse(Engine):
     def step(self) -> Step:
         case, s, device = self.case, self.scenario.serving, self.memory.device
         case.requests_attended_tokens = [s.max_model_len] * (s.max_batch_size or 1)
-        case.admitted, case.trimmed = plans.admit(case.requests_attended_tokens,
+        case.admitted, case.trimmed = context_reserve.admit(case.requests_attended_tokens,
                                                   case.admission_cap_tokens)
         case.attended_tokens = sum(case.requests_attended_tokens[i] for i in case.admitted)
         specs = context_buffers(self.scenario, case.attended_tokens)

@@ -36,14 +36,15 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
-from mlamem.graphs import CallGraphs, capture_all, sizes_to_capture, vllm_estimate
+from mlamem.graph_capture import CallGraphs, capture_all
 from mlamem.inputs import fill_query, make_inputs
+from mlamem.kernel_api import OpInputs
 from mlamem.kernels import BufferSpec
-from mlamem.kernels.base import OpInputs
 from mlamem.measure import decoder
 from mlamem.paths import PATHS, decode_call, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 from mlamem.units import format_bytes, gib
+from mlamem.vllm_graphs import sizes_to_capture, vllm_estimate
 
 
 def kv_block_bytes(scenario: Scenario) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlamem.gate import Change, GateResult, Tolerance
-from mlamem.kernels.base import OPERATIONS
+from mlamem.kernel_api import OPERATIONS
 from mlamem.operations import operation
 from mlamem.units import format_bytes
 
