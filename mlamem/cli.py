@@ -579,16 +579,12 @@ def compare(
     command = "mlamem " + shlex.join(sys.argv[1:])
     symbol = operations.operation(op).symbol
     with _progress(f"comparing {names[0]} and {names[1]}", len(values) * len(path_list)) as advance:
-        try:
-            result = run_compare(chosen, op, values, path_list, pair, command=command,
-                                 kv_tokens=kv_tokens, reference=reference_kernel,
-                                 on_case=lambda t, p: advance(f"{symbol}={t} {p}"))
-        except RuntimeError as exc:  # torch.OutOfMemoryError, or one across a kernel's ABI
-            # measure helper: is_out_of_memory
-            if "out of memory" not in str(exc):
-                raise
-            raise UserError(f"compare ran out of GPU memory ({str(exc).splitlines()[0]}); "
-                            f"drop the largest {symbol} or add --no-reference") from None
+        result = run_compare(chosen, op, values, path_list, pair, command=command,
+                             kv_tokens=kv_tokens, reference=reference_kernel,
+                             on_case=lambda t, p: advance(f"{symbol}={t} {p}"))
+    if result.failure is not None:  # memory.is_out_of_memory said so; the sweep stopped there
+        raise UserError(f"compare ran out of GPU memory ({result.failure.text}); "
+                        f"drop the largest {symbol} or add --no-reference")
     _emit(render.COMPARE_FORMATS[output_format.value](result), output)
 
 
