@@ -30,12 +30,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_list_names_every_suite_without_torch():
-    """--list prints one suite a line, `tests` (the whole pytest set) among them, and imports
+    """--list prints one suite a line, `tests` and `tests-slow` (the whole pytest set) among them, and imports
     neither torch nor mlamem: it needs no CUDA."""
     done = _run("--list")
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.splitlines() == list(gpu_check.SUITES)
-    assert "tests" in gpu_check.SUITES and gpu_check.SUITES["tests"][0].endswith(" tests")
+    whole = " ".join(c for suite in ("tests", "tests-slow") for c in gpu_check.SUITES[suite])
+    assert gpu_check.SUITES["tests"][0].endswith(" tests")  # the two suites: every test file
+    assert all(t in whole for t in gpu_check.SLOW_GPU_TESTS)
     probe = (f"import runpy, sys; sys.argv = [{str(SCRIPT)!r}, '--list']\n"
              f"try:\n    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
              "except SystemExit as exit:\n    assert exit.code == 0\n"
