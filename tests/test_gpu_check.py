@@ -95,7 +95,7 @@ def test_every_mlamem_command_exists():
     commands = sorted({shlex.split(c)[1] for _, c in COMMANDS if c.startswith("mlamem ")})
     assert {"profile", "validate", "repro-oom", "gate", "graphs", "compare", "report"} <= set(commands)
     for name in commands:
-        done = subprocess.run([sys.executable, "-m", "mlamem", name, "--help"], capture_output=True,
+        done = subprocess.run([sys.executable, "-P", "-m", "mlamem", name, "--help"], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, (name, done.stderr)
 
@@ -106,7 +106,7 @@ def test_every_test_selection_selects_tests(command):
     words = shlex.split(command.format(out="/tmp"))
     selection = [w for w in words[words.index("pytest") + 1:]
                  if not w.startswith(("-q", "-rs", "-p", "no:", "--"))]
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
+    done = subprocess.run([sys.executable, "-P", "-m", "pytest", "--collect-only", "-q", "-p",
                            "no:cacheprovider", *selection], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stdout[-500:]  # 5: no test collected

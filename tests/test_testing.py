@@ -23,7 +23,7 @@ def test_seeds_are_fixed_by_name():
     """The same name gives the same seed on every run (a fresh process, another hash seed);
     names differ, seeds differ."""
     code = "from mlamem.testing import seed_for; print(seed_for('tests/test_x.py::test_a'))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60,
                           check=True, env={"PYTHONHASHSEED": "12345", "PATH": ""})
     assert int(done.stdout) == seed_for("tests/test_x.py::test_a")
     assert seed_for("tests/test_x.py::test_a") != seed_for("tests/test_x.py::test_b")
