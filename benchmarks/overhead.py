@@ -3,14 +3,16 @@
 Run on a GPU with flash_mla:  python3 benchmarks/overhead.py [--tokens 8192,32768] [--json PATH]
 
 One call: the alloc path of FlashMLA's sparse decode at GLM-5 TP8 shapes. Every "wall" figure is
-host wall time from just before the call to just after a `torch.cuda.synchronize()`, the median
-of --repeats runs, in ms:
+host wall time from just before the call to just after a `torch.cuda.synchronize()`, in ms, the
+median of --repeats rounds; each round runs every variant once, in a shuffled order, so drift in
+the GPU's clocks or in cudaMalloc's time falls on all variants alike:
 - warm: the allocator's cache already holds the call's blocks (no cudaMalloc);
 - cold: after `empty_cache`, so the call pays cudaMalloc for its segments, as a measured call
   does (the protocol measures with a cold cache, for the reserved figure);
 - measured: `measure_one` after `empty_cache`; its `wall_time_ms`, which times the call and one
   synchronize under the allocator trace and the NVML sampler;
-- trace, sampler: cold, under the allocator trace alone, or the NVML sampler alone.
+- trace, sampler: cold, under the allocator trace alone (trace_1k: a 1,000-entry ring), or the
+  NVML sampler alone (sampler_2ms: polling every 2 ms, not 0.5 ms): where the cost lies.
 mlamem's part is measured - cold (both pay the same cudaMalloc); its share is that over warm.
 "host" is the measure function's own time around the call (the trace on and off, the snapshot,
 the NVML reads, the attribution): it adds to a sweep's time, not to the call's figure.
@@ -21,6 +23,7 @@ The allocations a call makes after `empty_cache` are timed apart: each buffer, n
 import argparse
 import contextlib
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -34,27 +37,25 @@ from mlamem.measure import local_sm_count, measure_one, plan_call, prepare_call
 from mlamem.memory import CudaMemory
 
 
-def wall_ms(memory, call, repeats: int, cold: bool, around=contextlib.nullcontext) -> float:
-    """Median host wall time of `call()` and a synchronize; `cold`: after empty_cache each
-    time; `around`: a context manager entered around each call, outside the timing."""
-    times = []
-    for _ in range(repeats):
-        if cold:
-            memory.empty_cache()
+def timed(memory, call, cold: bool, around=contextlib.nullcontext) -> float:
+    """Host wall ms of one `call()` and a synchronize; `cold`: after empty_cache; `around`: a
+    context manager entered around the call, outside the timing."""
+    if cold:
+        memory.empty_cache()
+    memory.synchronize()
+    with around():
+        start = time.perf_counter()
+        value = call()
         memory.synchronize()
-        with around():
-            start = time.perf_counter()
-            value = call()
-            memory.synchronize()
-            times.append((time.perf_counter() - start) * 1e3)
-        del value
-    return statistics.median(times)
+        elapsed = (time.perf_counter() - start) * 1e3
+    del value
+    return elapsed
 
 
 @contextlib.contextmanager
-def trace_only(memory):
+def trace_only(memory, max_entries: int = 100_000):
     """The allocator trace measure_one records (CudaMemory.watch), without the NVML sampler."""
-    torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=100_000,
+    torch.cuda.memory._record_memory_history(context=None, stacks="python", max_entries=max_entries,
                                              device=memory.device, clear_history=True)
     try:
         yield
@@ -62,21 +63,29 @@ def trace_only(memory):
         torch.cuda.memory._record_memory_history(enabled=None, device=memory.device)
 
 
-def measured(memory, step, expected, repeats: int) -> tuple[float, float]:
-    """Medians of measure_one after empty_cache: its wall_time_ms, and its own host time
-    around the call (its whole time less wall_time_ms)."""
-    walls, hosts = [], []
+def measured_once(memory, step, expected) -> tuple[float, float]:
+    """measure_one after empty_cache: its wall_time_ms, and its own host time around the call
+    (its whole time less wall_time_ms)."""
+    memory.empty_cache()
+    start = time.perf_counter()
+    record = measure_one(memory, step, expected)
+    total_ms = (time.perf_counter() - start) * 1e3
+    if record.failure is not None:
+        raise SystemExit(f"the measured call failed: {record.failure.text}")
+    return record.wall_time_ms, total_ms - record.wall_time_ms
+
+
+def interleaved(variants: dict, repeats: int, seed: int = 0) -> dict[str, float]:
+    """The median of each variant's ms over `repeats` rounds, every round running each
+    variant once in a shuffled order, so drift in the GPU's clocks or the driver's cudaMalloc
+    falls on all of them alike."""
+    order, times = list(variants), {name: [] for name in variants}
+    shuffle = random.Random(seed).shuffle
     for _ in range(repeats):
-        memory.empty_cache()
-        start = time.perf_counter()
-        record = measure_one(memory, step, expected)
-        total_ms = (time.perf_counter() - start) * 1e3
-        if record.failure is not None:
-            raise SystemExit(f"the measured call failed: {record.failure.text}")
-        walls.append(record.wall_time_ms)
-        hosts.append(total_ms - record.wall_time_ms)
-        del record
-    return statistics.median(walls), statistics.median(hosts)
+        shuffle(order)
+        for name in order:
+            times[name].append(variants[name]())
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def allocations(memory, expected, repeats: int) -> list[dict]:
@@ -105,23 +114,32 @@ def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
     import triton.testing
 
     step()  # loads the kernel's modules
-    result = {
-        "tokens": tokens,
-        "warm_do_bench_ms": triton.testing.do_bench(step, warmup=25, rep=200,
-                                                    return_mode="median"),
-        "warm_wall_ms": wall_ms(memory, step, repeats, cold=False),
-        "cold_wall_ms": wall_ms(memory, step, repeats, cold=True),
-        "cold_trace_wall_ms": wall_ms(memory, step, repeats, cold=True,
-                                      around=lambda: trace_only(memory)),
-        "cold_sampler_wall_ms": wall_ms(memory, step, repeats, cold=True,
-                                        around=lambda: nvml.PeakSampler(memory.nvml_handle)),
-    }
-    result["measured_wall_ms"], result["host_ms"] = measured(memory, step, expected, repeats)
+    hosts = []
+
+    def measured() -> float:
+        wall, host = measured_once(memory, step, expected)
+        hosts.append(host)
+        return wall
+
+    handle = memory.nvml_handle
+    medians = interleaved({
+        "warm": lambda: timed(memory, step, cold=False),
+        "cold": lambda: timed(memory, step, cold=True),
+        "trace": lambda: timed(memory, step, True, lambda: trace_only(memory)),
+        "trace_1k": lambda: timed(memory, step, True, lambda: trace_only(memory, 1000)),
+        "sampler": lambda: timed(memory, step, True, lambda: nvml.PeakSampler(handle)),
+        "sampler_2ms": lambda: timed(memory, step, True, lambda: nvml.PeakSampler(handle, 0.002)),
+        "measured": measured,
+    }, repeats)
+    result = {"tokens": tokens, "warm_do_bench_ms": triton.testing.do_bench(
+        step, warmup=25, rep=200, return_mode="median")}
+    result.update({f"{name}_wall_ms": ms for name, ms in medians.items()})
+    result["host_ms"] = statistics.median(hosts)
     result["allocations"] = allocations(memory, expected, repeats)
     result["allocations_ms"] = sum(a["ms"] for a in result["allocations"])
     result["mlamem_ms"] = result["measured_wall_ms"] - result["cold_wall_ms"]
     result["mlamem_share"] = result["mlamem_ms"] / result["warm_wall_ms"]
-    del step
+    step = None  # the inputs go before the next row
     memory.empty_cache()
     return result
 
@@ -129,7 +147,7 @@ def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="8192,32768")
-    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--json", type=Path, help="write the rows here as JSON")
     args = parser.parse_args()
     glm, kernel, memory = scenario.load("glm5-fp8-tp8"), FlashMLA(), CudaMemory()
@@ -144,13 +162,13 @@ def main() -> None:
                   f"{a['ms']:>8.3f} ms")
     print("\nhost wall ms, median (call + synchronize); mlamem = measured - cold; "
           "share = mlamem / warm")
-    header = ("T", "do_bench", "warm", "cold", "allocs", "trace", "sampler", "measured",
-              "mlamem", "share", "host")
+    header = ("T", "do_bench", "warm", "cold", "allocs", "trace", "trace_1k", "sampler",
+              "sampler_2ms", "measured", "mlamem", "share", "host")
     print(" ".join(f"{h:>9}" for h in header))
     for r in rows:
-        cells = (r["warm_do_bench_ms"], r["warm_wall_ms"], r["cold_wall_ms"],
-                 r["allocations_ms"], r["cold_trace_wall_ms"], r["cold_sampler_wall_ms"],
-                 r["measured_wall_ms"], r["mlamem_ms"])
+        cells = (r["warm_do_bench_ms"], r["warm_wall_ms"], r["cold_wall_ms"], r["allocations_ms"],
+                 r["trace_wall_ms"], r["trace_1k_wall_ms"], r["sampler_wall_ms"],
+                 r["sampler_2ms_wall_ms"], r["measured_wall_ms"], r["mlamem_ms"])
         print(f"{r['tokens']:>9} " + " ".join(f"{c:>9.3f}" for c in cells)
               + f" {r['mlamem_share']:>8.1%} {r['host_ms']:>9.3f}")
 

@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 TIMEOUT_S = 570  # per command: a suite is meant to fit in one 10-minute call
-SLOW_GPU_TESTS = ("tests/test_repro_gpu.py", "tests/test_triton_decode_gpu.py", "tests/test_shards_gpu.py")
+SHIPPED_REPRO = "tests/test_repro_shipped_gpu.py"  # alone: a CUDA context in pytest is a neighbour
+SLOW_GPU_TESTS = (SHIPPED_REPRO, "tests/test_repro_gpu.py", "tests/test_triton_decode_gpu.py",
+                  "tests/test_shards_gpu.py")
 T = "--tokens 1024,8192,16384,32768"
 DECODE = ("deepseek-v32-fp8-tp8", "glm5-fp8-tp8", "kimi-k2-fp8-tp4-dp")
 DENSE = ("kimi-k2-dense-tp4-dp", "kimi-k2-dense-fp8-tp4-dp")
@@ -52,21 +54,21 @@ def both(command: str) -> list[str]:
 SUITES = {
     # every test, the GPU ones included, in two suites of under 10 minutes each on an H200
     "tests": [f"{PYTEST} {' '.join(f'--ignore={t}' for t in SLOW_GPU_TESTS)} tests"],
-    "tests-slow": [f"{PYTEST} {' '.join(SLOW_GPU_TESTS)}"],
+    "tests-slow": [f"{PYTEST} {SHIPPED_REPRO}", f"{PYTEST} {' '.join(SLOW_GPU_TESTS[1:])}"],
     "profile": [f"{PYTEST} tests/test_flashmla_gpu.py", *(c for s in DECODE for c in both(
         f"mlamem profile -s {s} @{s}")), "python3 benchmarks/overhead.py",
                 "python3 benchmarks/staging_cost.py"],
     "validate": ["mlamem validate --tokens 1024,4096,8192,16384,32768 @validate-h200",
                  "mlamem profile --tokens 32768 --breakdown",
                  "mlamem profile --tokens 1024 --snapshot {out}/glm5-t1024.snapshot.pickle"],
-    "repro": [f"{PYTEST} tests/test_repro.py tests/test_repro_gpu.py -k 'not shipped'",
+    "repro": [f"{PYTEST} tests/test_repro.py tests/test_repro_gpu.py",
               *(f"mlamem repro-oom -s {s} @{s}" for s in DECODE)],
     "context-reuse": ["mlamem repro-oom -s kimi-k2-context-reuse @kimi-k2-context-reuse",
                       "mlamem plan -s kimi-k2-context-reuse",
                       "mlamem plan --sweep max-seq-len=131072,786432"],
     # the figures of mlamem/non_torch.toml, then every shipped scenario's repro-oom: measured = predicted
     "non-torch": [*(f"python3 scripts/non_torch_probe.py step-ops {s}" for s in DECODE[1:]),
-                  f"{PYTEST} tests/test_repro_gpu.py -k 'shipped and not vllm' --basetemp={{out}}/cases"],
+                  f"{PYTEST} {SHIPPED_REPRO} -k 'not vllm' --basetemp={{out}}/cases"],
     "gate": [f"{PYTEST} tests/test_gate.py tests/test_gate_gpu.py",
              *(f"mlamem profile -s {s} --require-gpu @{run}-{s}" for run in range(1, 6) for s in DECODE),
              "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # run-to-run noise
@@ -93,7 +95,7 @@ SUITES = {
     "flashinfer": [f"{PYTEST} tests/test_flashinfer_mla.py", "mlamem validate --kernel flashinfer --op "
                    "dense-decode", f"mlamem compare --kernels flashmla,flashinfer --op dense-decode -s "
                    f"{DENSE[0]} @compare-flashinfer"],
-    "kernels-oom": [f"{PYTEST} tests/test_repro_gpu.py -k 'shipped and vllm' --basetemp={{out}}/cases",
+    "kernels-oom": [f"{PYTEST} {SHIPPED_REPRO} -k vllm --basetemp={{out}}/cases",
                     "mlamem gate --kernel flashmla-vllm -s glm5-fp8-tp8 --baseline {out}/vllm.json --update",
                     "mlamem gate --baseline {out}/vllm.json"],
     "graphs": [f"{PYTEST} tests/test_graphs_gpu.py tests/test_graphs.py tests/test_allocator.py",

@@ -1,0 +1,61 @@
+"""repro-oom of every shipped scenario on a GPU, measured and predicted: equal field by field.
+
+Another process's CUDA context is a neighbour that moves repro-oom's device-wide figures, and
+pytest's own process is one once a test has touched CUDA. So this file runs mlamem only in child
+processes, checks the kernel there too, and is skipped where this process already holds a
+context (scripts/gpu_check.py runs it alone, first)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mlamem import scenario as scenarios
+from mlamem.repro import prediction_differences
+from mlamem.testing import needs_flashmla
+
+pytestmark = needs_flashmla
+NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
+             "figures; run this file alone (scripts/gpu_check.py does)")
+
+# every shipped scenario repro-oom replays (its sparse decode step), with FlashMLA; GLM-5 also
+# with vLLM's build
+REPRO_CASES = [*((name, "flashmla") for name in scenarios.shipped_names()
+                 if "sparse-decode" in scenarios.load(name).operations),
+               ("glm5-fp8-tp8", "flashmla-vllm")]
+# the verdicts a scenario's cases must get (--expect-oom / --expect-fit)
+EXPECTED = {"glm5-fp8-tp8": ["--expect-oom", "alloc", "--expect-fit", "workspace"],
+            "kimi-k2-context-reuse": ["--expect-oom", "none", "--expect-oom", "fp8",
+                                      "--expect-fit", "full"]}
+UNAVAILABLE = "from mlamem.kernels import load_kernel; import sys; " \
+              "print(load_kernel(sys.argv[1])().unavailable_reason() or '')"
+
+
+def _child(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-P", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _repro_json(args: list[str], output) -> dict:
+    done = _child("-m", "mlamem", "repro-oom", *args, "--format", "json", "--output", str(output),
+                  timeout=400)
+    assert done.returncode == 0, done.stderr
+    return json.loads(output.read_text())
+
+
+@pytest.mark.parametrize(("name", "kernel"), REPRO_CASES)
+def test_every_shipped_scenario_measured_equals_predicted(name, kernel, tmp_path):
+    """`mlamem repro-oom` at the scenario's defaults, measured (exit 0 with the verdicts of
+    EXPECTED) and predicted: equal in every field a prediction gives, case by case."""
+    if torch.cuda.is_initialized():
+        pytest.skip(NEIGHBOUR)
+    reason = _child("-c", UNAVAILABLE, kernel, timeout=120).stdout.strip()
+    if reason:
+        pytest.skip(f"{kernel}: {reason}")
+    args = ["-s", name, "--kernel", kernel]
+    measured = _repro_json([*args, *EXPECTED.get(name, [])], tmp_path / f"{name}.json")
+    predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
+    assert measured["measured"] and not predicted["measured"]
+    assert prediction_differences(measured, predicted) == []
