@@ -227,3 +227,21 @@ def test_a_case_embeds_its_steps_record_and_saves_the_figures_it_always_saved():
     data = case.to_dict()
     assert "call" not in data and list(data)[0] == "path"
     assert json.loads(json.dumps(data))["step_peak_bytes"] == case.step_peak_bytes
+
+
+def test_each_engine_builds_its_own_budget():
+    """An engine's budget holds its own options (vLLM's CUDA graphs); an option an engine lacks
+    passes while off and is refused, naming the field, when set."""
+    from mlamem.engines.vllm import VLLMBudget
+
+    knobs = {"gpu_memory_bytes": 80 * GiB, "utilization": 0.85, "max_num_batched_tokens": 1024}
+    vllm = VLLM.make_budget(**knobs, cuda_graphs=True, capture_sizes=[8, 1])
+    assert isinstance(vllm, VLLMBudget) and vllm.capture_sizes == (8, 1)
+    assert vllm.to_dict()["cuda_graphs"] is True
+    assert "cuda_graphs" not in VLLM.make_budget(**knobs).to_dict()
+    context_reuse = load_engine("trtllm-context-reuse")
+    assert context_reuse.make_budget(**knobs, cuda_graphs=False, capture_sizes=None) == Budget(**knobs)
+    with pytest.raises(UserError) as refused:
+        context_reuse.make_budget(**knobs, cuda_graphs=True)
+    assert refused.value.field == "cuda_graphs"
+    assert (VLLM.searched_knob, context_reuse.searched_knob) == ("max_num_batched_tokens", None)
