@@ -654,8 +654,7 @@ def repro_oom(
         raise UserError(f"repro-oom replays the engine's sparse decode step; kernel {decode.name} "
                         f"runs {', '.join(decode.operations)}: pick a --kernel that runs "
                         "sparse-decode (`mlamem kernels`)")
-    from mlamem.engines.base import Budget  # torch: after make_kernel
-    from mlamem.repro import check_target, run_repro, scenario_engine
+    from mlamem.repro import check_target, run_repro, scenario_engine  # torch: after make_kernel
 
     path_list = parse_paths(paths, decode)
     output_format = ReproFormat(pick_format(output, output_format and output_format.value,
@@ -689,7 +688,7 @@ def repro_oom(
     if graphs_on and not emulated.captures_graphs:
         raise UserError(f"--cuda-graphs on: the {emulated.name} emulation has no CUDA-graph "
                         "phases; use --engine vllm")
-    budget = Budget(
+    budget = emulated.make_budget(
         gpu_memory_bytes=memory_bytes,
         utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
         max_num_batched_tokens=(chosen.serving.max_num_batched_tokens

@@ -3,19 +3,31 @@
 Inference engines are emulated one rank at a time to reproduce runtime OOMs. `engines/base.py`
 holds the one skeleton every engine runs in (cap, init, profile, graph estimate, KV sizing,
 capture, step), the case every engine fills and the budget; each engine is one module with an
-`Engine` subclass named `ENGINE`. `REGISTRY` names them without importing them (they import
-torch), so validating a scenario's `engines` and the CLI's help stay light. Adding an engine is
-one module and one line here (`mlamem.engines` re-exports all of this). `python -m
-mlamem.engines REQUEST RESULT` runs one case in its own process (`engines/worker.py`).
+`Engine` subclass named `ENGINE`. An engine may own a table of the scenario named after it
+(`[vllm]`): its `section` names the class that reads it, in a module without torch, so loading a
+scenario stays light. `REGISTRY` names both without importing them, so validating a scenario's
+`engines` and the CLI's help stay light. Adding an engine is one module and one line here
+(`mlamem.engines` re-exports all of this). `python -m mlamem.engines REQUEST RESULT` runs one
+case in its own process (`engines/worker.py`).
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
-REGISTRY: dict[str, str] = {  # engine name -> its module, which defines ENGINE
-    "vllm": "mlamem.engines.vllm",
-    "trtllm-context-reuse": "mlamem.engines.trtllm_context_reuse",
+
+class EngineEntry(NamedTuple):
+    """Where an engine lives: its module (which defines ENGINE), and its scenario section's
+    class as "module:Class" (None: the engine reads no table of its own)."""
+
+    module: str
+    section: str | None = None
+
+
+REGISTRY: dict[str, EngineEntry] = {
+    "vllm": EngineEntry("mlamem.engines.vllm", section="mlamem.engines.vllm_rules:VLLMSection"),
+    "trtllm-context-reuse": EngineEntry("mlamem.engines.trtllm_context_reuse"),
 }
 DEFAULT_ENGINES = ("vllm",)  # what a scenario without `engines` serves
 
@@ -28,14 +40,27 @@ def engine_names() -> list[str]:
     return list(REGISTRY)
 
 
+def _entry(name: str) -> EngineEntry:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(REGISTRY)}") from None
+
+
 def load_engine(name: str) -> type:
     """The engine registered as `name` (an `mlamem.engines.base.Engine` subclass), imported now,
     by module name: the registry sits below the engines."""
-    try:
-        module = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(REGISTRY)}") from None
-    return importlib.import_module(module).ENGINE
+    return importlib.import_module(_entry(name).module).ENGINE
+
+
+def section_type(name: str) -> type | None:
+    """The class of engine `name`'s own scenario table (a frozen dataclass whose fields are the
+    table's keys), imported now; None when the engine reads no table of its own."""
+    section = _entry(name).section
+    if section is None:
+        return None
+    module, _, attribute = section.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def request_engine(request: dict) -> str:
@@ -44,5 +69,5 @@ def request_engine(request: dict) -> str:
     return request.get("engine") or ("trtllm-context-reuse" if "variant" in request else "vllm")
 
 
-__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "engine_names", "load_engine",
-           "request_engine"]
+__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "EngineEntry", "engine_names",
+           "load_engine", "request_engine", "section_type"]

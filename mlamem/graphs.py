@@ -23,6 +23,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mlamem import environment
+from mlamem.engines.vllm_rules import (  # noqa: F401 (re-exported: vLLM's capture rules)
+    DEFAULT_MAX_GRAPH_SIZE,
+    FULL_MODES,
+    MIN_PER_GRAPH_BYTES,
+    Estimate,
+    capture_list_source,
+    capture_sizes,
+    check_capture_sizes,
+    full_decode_sizes,
+    request_counts,
+    settings,
+    sizes_to_capture,
+    vllm_estimate,
+)
 from mlamem.graph_capture import (  # noqa: F401 (re-exported: the capture lives in the runtime)
     GRAPH_RNG_STATE,
     CallGraphs,
@@ -33,19 +47,6 @@ from mlamem.graph_capture import (  # noqa: F401 (re-exported: the capture lives
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.paths import check_paths, plan
 from mlamem.scenario import Scenario
-from mlamem.vllm_graphs import (  # noqa: F401 (re-exported: vLLM's capture rules)
-    DEFAULT_MAX_GRAPH_SIZE,
-    FULL_MODES,
-    MIN_PER_GRAPH_BYTES,
-    Estimate,
-    capture_list_source,
-    capture_sizes,
-    check_capture_sizes,
-    full_decode_sizes,
-    request_counts,
-    sizes_to_capture,
-    vllm_estimate,
-)
 
 SCHEMA = "mlamem.graphs/1"
 
@@ -164,9 +165,9 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     capabilities = kernel.capabilities(SPARSE_DECODE)
     check_paths(paths, capabilities, kernel.label)
-    serving = scenario.serving
+    serving = settings(scenario)  # vLLM's [vllm] table
     chosen = sizes_to_capture(scenario, sizes)
-    source = capture_list_source(serving) if sizes is None else "--capture-sizes"
+    source = capture_list_source(scenario) if sizes is None else "--capture-sizes"
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     results = []

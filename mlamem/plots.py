@@ -14,6 +14,7 @@ import matplotlib.style
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from mlamem.engines import load_engine
 from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.profile import ProfileResult
 from mlamem.repro import ReproResult
@@ -147,35 +148,6 @@ def buffers_by_tokens(result: ProfileResult) -> bytes:
         return _png(figure)
 
 
-def _budget_segments(case: dict) -> list[tuple[str, int, str]]:
-    """(label, bytes, color key) from 0 up to the cap: what the engine placed before the step."""
-    init = case.get("init_bytes")
-    if init is None:
-        return []
-    weights, workspace = case.get("weights_bytes") or 0, case.get("workspace_bytes") or 0
-    kv = case.get("kv_cache_bytes") or 0
-    segments = [("weights", weights, "weights")]
-    if workspace:
-        segments.append(("workspace", workspace, "workspace"))
-    segments.append(("rest of init", init - weights - workspace, "init_rest"))
-    segments.append(("KV cache", kv, "kv_cache"))
-    if case.get("torch_limit_bytes") is not None:
-        segments.append(("free under the cap", case["torch_limit_bytes"] - init - kv, "free"))
-    return segments
-
-
-def step_need_bytes(case: dict) -> int | None:
-    """What the full step needed on top of init and the KV cache (OOM: at least this much)."""
-    base = (case.get("init_bytes") or 0) + (case.get("kv_cache_bytes") or 0)
-    if case["verdict"] == "fits" and case.get("step_peak_bytes") is not None:
-        return case["step_peak_bytes"] - base
-    if case["verdict"] == "oom" and case.get("free_bytes_at_oom") is not None and \
-            case.get("oom_requested_bytes") is not None and case["phase"] == "step":
-        reserved = case["torch_limit_bytes"] - case["free_bytes_at_oom"]
-        return reserved - base + case["oom_requested_bytes"]
-    return None
-
-
 def _verdict_note(case: dict) -> str:
     if case["verdict"] == "fits":
         return f"fits, headroom {format_bytes(case['headroom_bytes'])}"
@@ -190,7 +162,9 @@ def _verdict_note(case: dict) -> str:
 
 
 def repro_budget(result: ReproResult) -> bytes:
-    """One bar per path: weights, workspace, rest of init, KV cache, free; the step's need."""
+    """One bar per case, of the segments its engine's view names (vLLM: weights, workspace,
+    rest of init, KV cache, free), and the step's need."""
+    view = load_engine(result.engine).view
     cases = result.cases
     with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
         figure = _figure(11, 2.4 + 1.5 * len(cases))
@@ -200,7 +174,7 @@ def repro_budget(result: ReproResult) -> bytes:
         for i, case in enumerate(cases):
             y = len(cases) - 1 - i
             left = 0.0
-            for label, size, key in _budget_segments(case):
+            for label, size, key in view.budget_segments(case):
                 width = gib(size)
                 ax.barh(y + 0.17, width, left=left, height=0.34, color=BUDGET_COLORS[key],
                         edgecolor="black" if key == "free" else "white", linewidth=0.6,
@@ -212,7 +186,7 @@ def repro_budget(result: ReproResult) -> bytes:
                 seen.add(label)
                 left += width
             right = max(right, left)
-            need = step_need_bytes(case)
+            need = view.step_need(case)
             if need is not None:
                 start = gib(case["init_bytes"] + case["kv_cache_bytes"])
                 limit = gib(case["torch_limit_bytes"])
@@ -240,7 +214,7 @@ def repro_budget(result: ReproResult) -> bytes:
             ax.axvline(gib(cap), color="black", linestyle="--", linewidth=1.2,
                        label="torch cap (target GPU less non-torch memory)" if k == 0 else None)
         ax.set_yticks(range(len(cases)), labels=[
-            f"{c['path']} path\n{_verdict_note(c)}" for c in reversed(cases)])
+            f"{view.case_label(c)}\n{_verdict_note(c)}" for c in reversed(cases)])
         ax.set_xlim(0, right * 1.16 if right else 1)
         ax.set_ylim(-0.6, len(cases) - 0.4)
         ax.set_xlabel("device memory of one rank (GiB)")

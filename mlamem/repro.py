@@ -1,14 +1,15 @@
 """`mlamem repro-oom`: reproduce a runtime OOM of one engine rank, per path, and find the limit.
 
-One engine (`mlamem.engines`, the scenario's first unless chosen) runs each of its cases; each
-measured case runs `python -m mlamem.engines` in its own process, so an OOM or a poisoned CUDA
-context never reaches the next case or this one; a process that dies still gets a verdict.
-Without a GPU every case is predicted by the same emulation on the allocator model.
+One engine (from the engine registry, the scenario's first unless chosen) runs each of its
+cases; repro names no engine. Each measured case runs `python -m mlamem.engines` in its own
+process, so an OOM or a poisoned CUDA context never reaches the next case or this one; a process
+that dies still gets a verdict. Without a GPU every case is predicted by the same emulation on
+the allocator model.
 
-For an engine that searches it (vLLM), the largest safe max_num_batched_tokens is searched on
-the validated allocator model (fast, byte-exact against the GPU); on a GPU the answer T is then
-confirmed by measuring T (must fit) and T + 1 (must OOM), and bisected by measurement if either
-disagrees.
+For an engine that names a searched knob (`Engine.searched_knob`: vLLM's max_num_batched_tokens),
+its largest safe value is searched on the validated allocator model (fast, byte-exact against the
+GPU); on a GPU the answer T is then confirmed by measuring T (must fit) and T + 1 (must OOM), and
+bisected by measurement if either disagrees.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def run_case(request: dict, worker: Sequence[str] = WORKER,
 def _crashed(request: dict, failure: str) -> dict:
     engine = load_engine(request_engine(request))
     return engine.new_case(request[engine.case_type.key_field],
-                           request["budget"]["max_num_batched_tokens"], measured=True,
+                           request["budget"], measured=True,
                            verdict=Verdict.CRASHED, failure=failure).to_dict()
 
 
@@ -169,9 +170,9 @@ def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], 
 def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> None:
     """Refuse to emulate a target GPU larger than the local one."""
     if budget.gpu_memory_bytes > local_total_bytes:
-        raise UserError(f"--gpu-memory {format_bytes(budget.gpu_memory_bytes)} exceeds this "
-                        f"{local_name}'s {format_bytes(local_total_bytes)}; emulate a target GPU "
-                        "no larger than the local one")
+        raise UserError(f"{format_bytes(budget.gpu_memory_bytes)} exceeds this {local_name}'s "
+                        f"{format_bytes(local_total_bytes)}; emulate a target GPU no larger than "
+                        "the local one", field="gpu_memory_bytes")
 
 
 def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,
@@ -192,31 +193,28 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     progress = on_progress or (lambda _: None)
     key_field = chosen.case_type.key_field
 
-    def request(key: str, tokens: int) -> dict:
+    def request(key: str, at: Budget) -> dict:
         return {"engine": chosen.name, "scenario": to_dict(scenario), "source": scenario.source,
-                key_field: key, "kernel": kernel.name,
-                "budget": {**budget.to_dict(), "max_num_batched_tokens": tokens}}
+                key_field: key, "kernel": kernel.name, "budget": at.to_dict()}
 
-    def predicted(key: str, tokens: int, host: NonTorchSetup) -> dict:
-        at = dataclasses.replace(budget, max_num_batched_tokens=tokens)
+    def predicted(key: str, at: Budget, host: NonTorchSetup) -> dict:
         return chosen.emulate(SimulatedMemory(non_torch=host), scenario, kernel, at, key,
                               sm_count=sm_count).to_dict()
 
     cases = []
     for key in chosen.case_keys(list(paths)):
-        tokens = budget.max_num_batched_tokens
         progress(f"{chosen.view.case_label({key_field: key})}: emulating the rank")
-        case = predicted(key, tokens, setup)
+        case = predicted(key, budget, setup)
         host = setup
         if measured:  # the model searches from this host's measured non-torch memory
             modelled = case["non_torch_bytes"]
-            case = run_case(request(key, tokens), worker)
+            case = run_case(request(key, budget), worker)
             if case.get("non_torch_bytes") is not None:
                 host = calibrated(setup, modelled, case["non_torch_bytes"])
-        if chosen.searches_tokens:
-            case.update(_largest_safe(case, key, tokens, host, measured=measured,
-                                      predicted=predicted, request=request, worker=worker,
-                                      progress=progress))
+        if chosen.searched_knob is not None:
+            case.update(_largest_safe(case, key, budget, chosen.searched_knob, host,
+                                      measured=measured, predicted=predicted, request=request,
+                                      worker=worker, progress=progress))
         cases.append(case)
     notes = chosen.notes(cases)
     if not scenario.parallel.weights_gib_per_rank:
@@ -226,19 +224,23 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                    reason=reason, sm_count=sm_count, setup=setup)
 
 
-def _largest_safe(case: dict, key: str, tokens: int, host: NonTorchSetup, *, measured: bool,
-                  predicted, request, worker, progress) -> dict:
-    """max_safe_tokens and max_safe_method of one case: searched on the model, then, measured,
-    confirmed (or bisected) on the GPU."""
-    progress(f"{key}: searching the largest safe max_num_batched_tokens on the model")
-    on_model, _ = largest_fitting(lambda t: predicted(key, t, host)["verdict"] == Verdict.FITS,
-                                  tokens)
+def _largest_safe(case: dict, key: str, budget: Budget, knob: str, host: NonTorchSetup, *,
+                  measured: bool, predicted, request, worker, progress) -> dict:
+    """max_safe_tokens and max_safe_method of one case, for the engine's searched `knob`:
+    searched on the model, then, measured, confirmed (or bisected) on the GPU."""
+    def at(value: int) -> Budget:
+        return dataclasses.replace(budget, **{knob: value})
+
+    progress(f"{key}: searching the largest safe {knob} on the model")
+    on_model, _ = largest_fitting(
+        lambda t: predicted(key, at(t), host)["verdict"] == Verdict.FITS, getattr(budget, knob))
     if not measured or case["verdict"] in (Verdict.ERROR, Verdict.CRASHED):
         return {"max_safe_tokens": on_model,
                 "max_safe_method": "validated allocator model (predicted, not measured)"}
     found, method = _confirm_on_gpu(
-        lambda t: run_case(request(key, t), worker)["verdict"], {tokens: case["verdict"]},
-        on_model, lambda t: progress(f"{key}: confirming on the GPU at {t} tokens"))
+        lambda t: run_case(request(key, at(t)), worker)["verdict"],
+        {getattr(budget, knob): case["verdict"]}, on_model,
+        lambda t: progress(f"{key}: confirming on the GPU at {knob} {t}"))
     return {"max_safe_tokens": found, "max_safe_method": method}
 
 
@@ -247,8 +249,8 @@ def scenario_engine(scenario: Scenario, engine: str | None = None) -> type[Engin
     UserError in one line when the scenario does not declare it or the engine refuses it."""
     name = engine or scenario.engines[0]
     if name not in scenario.engines:
-        raise UserError(f"--engine {name}: {scenario.name} declares {', '.join(scenario.engines)}; "
-                        "pick one of those, or add it to the scenario's `engines`")
+        raise UserError(f"{scenario.name} declares {', '.join(scenario.engines)}, not {name}; "
+                        "pick one of those, or add it to the scenario's `engines`", field="engine")
     chosen = load_engine(name)
     chosen.check(scenario)
     return chosen
@@ -289,9 +291,18 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
         kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
                 "version": kernel.version(),
                 **dataclasses.asdict(capabilities)},
-        budget={**budget.to_dict(), "requested_bytes": budget.requested_bytes},
+        budget=_budget_dict(budget, scenario),
         environment=environment.capture(), cases=cases, notes=notes,
         created=environment.now_utc())
+
+
+def _budget_dict(budget: Budget, scenario: Scenario) -> dict:
+    """The result's budget; where the target memory is not the scenario GPU's, that GPU's
+    memory too (`scenario_gpu_memory_bytes`), so a reader can tell the two apart."""
+    data = {**budget.to_dict(), "requested_bytes": budget.requested_bytes}
+    if budget.gpu_memory_bytes != scenario.gpu.memory_bytes:
+        data["scenario_gpu_memory_bytes"] = scenario.gpu.memory_bytes
+    return data
 
 
 # What a prediction cannot give, by name: `prediction_differences` skips these and says so.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from mlamem.engine_registry import DEFAULT_ENGINES, engine_names
+from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, section_type
 from mlamem.errors import UserError
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
@@ -26,9 +26,6 @@ DEFAULT_OPERATIONS = ("sparse-decode",)  # what a file without `operations` driv
 SPARSE_OPERATIONS = ("sparse-decode", "sparse-prefill")  # these attend a top-k of the KV
 SPARSE_DECODE_KV_DTYPE = "fp8_ds_mla"  # the cache FlashMLA's sparse decode reads
 DENSE_DECODE_KV_DTYPES = ("bf16", "fp8")  # plain caches of d_qk = 576 values per token
-
-# vLLM's CUDAGraphMode names (config/compilation.py)
-CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 # KV-cache bytes per token per layer, by the engine's kv-cache dtype name.
 KV_CACHE_BYTES_PER_TOKEN = {
@@ -54,12 +51,12 @@ class Model:
 
     def __post_init__(self) -> None:
         if self.hidden_size is not None:
-            _positive(self, "model", "hidden_size")
+            check_positive(self, "model", "hidden_size")
         for name in ("num_attention_heads", "num_layers", "kv_lora_rank", "qk_rope_head_dim",
                      "qk_nope_head_dim", "v_head_dim"):
-            _positive(self, "model", name)
+            check_positive(self, "model", name)
         if self.index_topk is not None:
-            _positive(self, "model", "index_topk")
+            check_positive(self, "model", "index_topk")
 
 
 @dataclass(frozen=True)
@@ -73,11 +70,11 @@ class Parallelism:
 
     def __post_init__(self) -> None:
         if self.weights_gib_per_rank is not None and self.weights_gib_per_rank < 0:
-            raise _FieldError("parallel", "weights_gib_per_rank", "must be >= 0")
-        _positive(self, "parallel", "tensor_parallel")
-        _positive(self, "parallel", "attention_data_parallel")
+            raise FieldError("parallel", "weights_gib_per_rank", "must be >= 0")
+        check_positive(self, "parallel", "tensor_parallel")
+        check_positive(self, "parallel", "attention_data_parallel")
         if self.tensor_parallel % self.attention_data_parallel:
-            raise _FieldError("parallel", "attention_data_parallel",
+            raise FieldError("parallel", "attention_data_parallel",
                                "must divide tensor_parallel")
 
     @property
@@ -93,7 +90,8 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class Serving:
-    """The engine's serving configuration."""
+    """The serving configuration every engine reads; an engine's own settings are its table
+    (`Scenario.section`)."""
 
     max_num_batched_tokens: int  # tokens per step; sizes the engine's attention workspace
     max_model_len: int  # longest sequence
@@ -104,38 +102,23 @@ class Serving:
     decode_context_len: int | None = None  # context tokens of each request in the dense decode batch
     block_reuse: bool = False  # prefix (KV block) reuse across requests
     chunked_prefill: bool = True  # long prompts split into chunks of max_num_batched_tokens
-    # CUDA graphs, vLLM 0.33.0's defaults (mlamem/graphs.py cites its config code)
-    max_num_seqs: int = 1024  # --max-num-seqs: `vllm serve` on a >= 70 GiB GPU other than A100
-    max_cudagraph_capture_size: int | None = None  # None: vLLM's rule from max_num_seqs
-    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # -O2's mode; one of CUDAGRAPH_MODES
-    num_speculative_tokens: int = 0  # MTP / speculative tokens per decode step (k)
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None:
-            _positive(self, "serving", "max_batch_size")
+            check_positive(self, "serving", "max_batch_size")
         for name in ("max_num_batched_tokens", "max_model_len", "block_size"):
-            _positive(self, "serving", name)
+            check_positive(self, "serving", name)
         if self.synthetic_topk is not None:
-            _positive(self, "serving", "synthetic_topk")
+            check_positive(self, "serving", "synthetic_topk")
         if self.decode_context_len is not None:
-            _positive(self, "serving", "decode_context_len")
+            check_positive(self, "serving", "decode_context_len")
             if self.decode_context_len > self.max_model_len:
-                raise _FieldError("serving", "decode_context_len",
+                raise FieldError("serving", "decode_context_len",
                                    f"{self.decode_context_len} exceeds [serving].max_model_len "
                                    f"{self.max_model_len}: a request cannot hold more tokens than "
                                    "a sequence; lower it or raise max_model_len")
-        _positive(self, "serving", "max_num_seqs")
-        if self.max_cudagraph_capture_size is not None:
-            _positive(self, "serving", "max_cudagraph_capture_size")
-        if not 0 <= self.num_speculative_tokens <= 64:
-            raise _FieldError("serving", "num_speculative_tokens",
-                              f"{self.num_speculative_tokens} is outside 0..64")
-        if self.cudagraph_mode not in CUDAGRAPH_MODES:
-            raise _FieldError("serving", "cudagraph_mode",
-                              f"expected one of {', '.join(CUDAGRAPH_MODES)}, "
-                              f"got {self.cudagraph_mode!r}")
         if self.kv_cache_dtype not in KV_CACHE_BYTES_PER_TOKEN:
-            raise _FieldError("serving", "kv_cache_dtype",
+            raise FieldError("serving", "kv_cache_dtype",
                                f"expected one of {sorted(KV_CACHE_BYTES_PER_TOKEN)}, "
                                f"got {self.kv_cache_dtype!r}")
 
@@ -150,10 +133,10 @@ class TargetGPU:
     sm_count: int  # streaming multiprocessors; FlashMLA's split-KV scheduling depends on it
 
     def __post_init__(self) -> None:
-        _positive(self, "gpu", "memory_mib", maximum=MAX_BYTES // MiB)
-        _positive(self, "gpu", "sm_count")
+        check_positive(self, "gpu", "memory_mib", maximum=MAX_BYTES // MiB)
+        check_positive(self, "gpu", "sm_count")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise _FieldError("gpu", "gpu_memory_utilization", "must be in (0, 1]")
+            raise FieldError("gpu", "gpu_memory_utilization", "must be in (0, 1]")
 
     @property
     def memory_bytes(self) -> int:
@@ -173,6 +156,8 @@ class Scenario:
     operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (OPERATION_NAMES)
     engines: tuple[str, ...] = DEFAULT_ENGINES  # engines serving it (mlamem.engines), first: default
     source: str = ""  # where it was loaded from
+    # the engines' own tables the file gives ([vllm], ...), by engine name: see `section`
+    sections: dict[str, object] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operations", tuple(self.operations))  # a list reads as a tuple
@@ -180,9 +165,15 @@ class Scenario:
         object.__setattr__(self, "engines", tuple(self.engines))
         _check_engines(self.engines)
         if self.model.num_attention_heads % self.parallel.attention_tensor_parallel:
-            raise _FieldError("parallel", "tensor_parallel",
+            raise FieldError("parallel", "tensor_parallel",
                                "must divide model.num_attention_heads (with attention-DP)")
         _check_serving_for_operations(self)
+
+    def section(self, engine: str):
+        """Engine `engine`'s own table (its registry `section` class): as the file gave it, else
+        its defaults."""
+        given = self.sections.get(engine)
+        return given if given is not None else section_type(engine)()
 
     @property
     def sparse_operations(self) -> tuple[str, ...]:
@@ -252,14 +243,14 @@ def _check_names(field: str, what: str, names: tuple[str, ...], known: list[str]
                  default: list[str]) -> None:
     """A top-level list of names: not empty, each known, none twice."""
     if not names:
-        raise _FieldError("top", field, f"is empty; list at least one of {known}, or leave it "
+        raise FieldError("top", field, f"is empty; list at least one of {known}, or leave it "
                                         f"out for {default}")
     for name in names:
         if name not in known:
-            raise _FieldError("top", field, f"has unknown {name!r}; expected names from {known}")
+            raise FieldError("top", field, f"has unknown {name!r}; expected names from {known}")
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise _FieldError("top", field, f"lists {repeated[0]!r} more than once; name each "
+        raise FieldError("top", field, f"lists {repeated[0]!r} more than once; name each "
                                         f"{what} once")
 
 
@@ -268,15 +259,15 @@ def _check_serving_for_operations(scenario: Scenario) -> None:
     ops, m, s = scenario.operations, scenario.model, scenario.serving
     sparse = scenario.sparse_operations
     if sparse and m.index_topk is None and s.synthetic_topk is None:
-        raise _FieldError("serving", "synthetic_topk",
+        raise FieldError("serving", "synthetic_topk",
                            f"is required for {sparse[0]} on a dense-MLA model ([model].index_topk "
                            f"unset): set it, or drop {'/'.join(sparse)} from operations")
     if not sparse and s.synthetic_topk is not None:
-        raise _FieldError("serving", "synthetic_topk",
+        raise FieldError("serving", "synthetic_topk",
                            f"is set but no operation uses it (operations {list(ops)}): remove it, "
                            "or add sparse-decode or sparse-prefill to operations")
     if "sparse-decode" in ops and "dense-decode" in ops:
-        raise _FieldError("top", "operations",
+        raise FieldError("top", "operations",
                            "lists both sparse-decode and dense-decode, which read different caches "
                            f"({SPARSE_DECODE_KV_DTYPE} vs {' or '.join(DENSE_DECODE_KV_DTYPES)}): "
                            "keep one and put the other in its own scenario")
@@ -285,25 +276,25 @@ def _check_serving_for_operations(scenario: Scenario) -> None:
     context_reuse = s.block_reuse and not s.chunked_prefill
     if ("sparse-decode" in ops and s.kv_cache_dtype != SPARSE_DECODE_KV_DTYPE
             and not context_reuse):
-        raise _FieldError("serving", "kv_cache_dtype",
+        raise FieldError("serving", "kv_cache_dtype",
                            f"is {s.kv_cache_dtype!r}; sparse-decode reads the "
                            f"{SPARSE_DECODE_KV_DTYPE} cache: set kv_cache_dtype = "
                            f'"{SPARSE_DECODE_KV_DTYPE}", or operations = ["dense-decode"] for a '
                            "plain cache")
     if "dense-decode" in ops:
         if s.kv_cache_dtype not in DENSE_DECODE_KV_DTYPES:
-            raise _FieldError("serving", "kv_cache_dtype",
+            raise FieldError("serving", "kv_cache_dtype",
                                f"is {s.kv_cache_dtype!r}; dense-decode reads a plain cache of "
                                f"{m.kv_lora_rank + m.qk_rope_head_dim} values per token: set it "
                                f"to {' or '.join(repr(d) for d in DENSE_DECODE_KV_DTYPES)}")
         for name, meaning in (("max_batch_size", "requests per decode step"),
                               ("decode_context_len", "context tokens of each request")):
             if getattr(s, name) is None:
-                raise _FieldError("serving", name,
+                raise FieldError("serving", name,
                                    f"is required for dense-decode ({meaning}): set it, or drop "
                                    "dense-decode from operations")
     elif s.decode_context_len is not None:
-        raise _FieldError("serving", "decode_context_len",
+        raise FieldError("serving", "decode_context_len",
                            f"is set but no operation uses it (operations {list(ops)}): remove it, "
                            "or add dense-decode to operations")
 
@@ -386,33 +377,35 @@ def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
 _SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}
 
 
-class _FieldError(ValueError):
+class FieldError(ValueError):
+    """A bad field of a section, `[section].field problem`; `from_dict` names the source."""
+
     def __init__(self, section: str, field: str, problem: str):
         super().__init__(f"[{section}].{field} {problem}")
 
 
-def _positive(obj: object, section: str, name: str, maximum: int = MAX_TOKENS) -> None:
+def check_positive(obj: object, section: str, name: str, maximum: int = MAX_TOKENS) -> None:
     """A count in (0, maximum]: by default int32, as engines and kernels count tokens."""
     if getattr(obj, name) <= 0:
-        raise _FieldError(section, name, f"must be > 0, got {getattr(obj, name)}")
+        raise FieldError(section, name, f"must be > 0, got {getattr(obj, name)}")
     if getattr(obj, name) > maximum:
-        raise _FieldError(section, name, f"must be at most {maximum}, got {getattr(obj, name)}")
+        raise FieldError(section, name, f"must be at most {maximum}, got {getattr(obj, name)}")
 
 
 def _build(cls: type, table: object, section: str):
     """Build a section dataclass from a TOML table, checking names and types."""
     if not isinstance(table, dict):
-        raise _FieldError(section, "", "must be a table")
+        raise FieldError(section, "", "must be a table")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in table:
         if key not in fields:
-            raise _FieldError(section, key, f"is not a known field; expected one of {list(fields)}")
+            raise FieldError(section, key, f"is not a known field; expected one of {list(fields)}")
     values = {}
     for name, field in fields.items():
         if name not in table:
             if field.default is dataclasses.MISSING:
-                raise _FieldError(section, name, "is missing")
+                raise FieldError(section, name, "is missing")
             continue
         value, hint = table[name], hints[name]
         wanted = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
@@ -421,7 +414,7 @@ def _build(cls: type, table: object, section: str):
         if float in wanted and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if not ok:
-            raise _FieldError(section, name, f"must be {' or '.join(t.__name__ for t in wanted)}, "
+            raise FieldError(section, name, f"must be {' or '.join(t.__name__ for t in wanted)}, "
                                               f"got {value!r}")
         values[name] = value
     return cls(**values)
@@ -464,33 +457,71 @@ def to_dict(scenario: Scenario) -> dict:
     for section in _SECTIONS:
         fields = dataclasses.asdict(getattr(scenario, section))
         data[section] = {k: v for k, v in fields.items() if v is not None}
+    for engine, table in scenario.sections.items():
+        data[engine] = {k: v for k, v in dataclasses.asdict(table).items() if v is not None}
+    return data
+
+
+# Version 1 of the layout kept vLLM's CUDA-graph settings in [serving]; they are its own table now.
+MOVED_TO_ENGINE = {"vllm": ("max_num_seqs", "max_cudagraph_capture_size", "cudagraph_mode",
+                            "num_speculative_tokens")}
+
+
+def migrate(data: dict) -> dict:
+    """Data in the older layout, in today's: each engine's settings moved from [serving] to its
+    own table. One step; data already in today's layout comes back as it was."""
+    serving = data.get("serving")
+    if not isinstance(serving, dict):
+        return data
+    data, serving = dict(data), dict(serving)
+    for engine, names in MOVED_TO_ENGINE.items():
+        moved = {name: serving.pop(name) for name in names if name in serving}
+        if not moved:
+            continue
+        table = data.get(engine, {})
+        if isinstance(table, dict):
+            both = sorted(set(moved) & set(table))
+            if both:
+                raise FieldError("serving", both[0], f"is also in [{engine}]; keep it only there")
+            data[engine] = {**moved, **table}
+    data["serving"] = serving
     return data
 
 
 def from_dict(data: dict, source: str) -> Scenario:
     """Build a scenario from TOML-layout data; errors name the source and the field."""
     try:
-        unknown = set(data) - set(_SECTIONS) - {"name", "description", "operations", "engines"}
+        data = migrate(data)
+        tables = [name for name, entry in REGISTRY.items() if entry.section is not None]
+        unknown = (set(data) - set(_SECTIONS) - set(tables)
+                   - {"name", "description", "operations", "engines"})
         if unknown:
-            raise _FieldError(sorted(unknown)[0], "", "is not a known section; expected "
-                               f"name, description, operations, engines, {', '.join(_SECTIONS)}")
+            raise FieldError(sorted(unknown)[0], "", "is not a known section; expected "
+                             f"name, description, operations, engines, "
+                             f"{', '.join([*_SECTIONS, *tables])}")
         for top in ("name", "description"):
             if not isinstance(data.get(top), str):
-                raise _FieldError("top", top, "must be a string")
+                raise FieldError("top", top, "must be a string")
         operations = data.get("operations", list(DEFAULT_OPERATIONS))
         if not (isinstance(operations, list) and all(isinstance(op, str) for op in operations)):
-            raise _FieldError("top", "operations", "must be a list of names from "
+            raise FieldError("top", "operations", "must be a list of names from "
                                                    f"{list(OPERATION_NAMES)}, got {operations!r}")
         engines = data.get("engines", list(DEFAULT_ENGINES))
         if not (isinstance(engines, list) and all(isinstance(name, str) for name in engines)):
-            raise _FieldError("top", "engines", "must be a list of names from "
+            raise FieldError("top", "engines", "must be a list of names from "
                                                 f"{engine_names()}, got {engines!r}")
         sections = {}
         for key, cls in _SECTIONS.items():
             if key not in data:
-                raise _FieldError(key, "", "section is missing")
+                raise FieldError(key, "", "section is missing")
             sections[key] = _build(cls, data[key], key)
+        given = {name: _build(section_type(name), data[name], name)
+                 for name in tables if name in data}
+        for name in engines:  # a declared engine's table must hold what it requires
+            if name in tables and name not in given:
+                _build(section_type(name), {}, name)
         return Scenario(name=data["name"], description=data["description"], source=source,
-                        operations=tuple(operations), engines=tuple(engines), **sections)
-    except _FieldError as exc:
+                        operations=tuple(operations), engines=tuple(engines), sections=given,
+                        **sections)
+    except FieldError as exc:
         raise UserError(f"{source}: {exc}; fix that field") from None

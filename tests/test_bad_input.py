@@ -389,7 +389,7 @@ def test_repro_oom(inputs, args, fix):
     pytest.param(["--scenario", toml({'block_size = 64 ': 'block_size = 64\ncudagraph_mode = "PIECEWISE" '})],
                  "puts the attention call in no CUDA graph", id="toml-piecewise"),
     pytest.param(["--scenario", toml({'block_size = 64 ': 'block_size = 64\ncudagraph_mode = "full" '})],
-                 "[serving].cudagraph_mode expected one of NONE, PIECEWISE", id="toml-mode-unknown"),
+                 "[vllm].cudagraph_mode expected one of NONE, PIECEWISE", id="toml-mode-unknown"),
     pytest.param(["--scenario", toml({'block_size = 64 ': 'block_size = 64\nmax_num_seqs = 0 '})],
                  "max_num_seqs", id="toml-max-num-seqs-zero"),
     pytest.param(["--format", "pdf"], "'pdf' is not one of", id="format-unknown"),

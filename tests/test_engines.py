@@ -37,10 +37,12 @@ def test_registry_names_and_loads_each_engine():
 
 
 def test_registry_imports_no_engine_module():
-    """Listing the engines and validating a scenario import neither torch nor an engine."""
+    """Listing the engines and validating a scenario import neither torch nor an engine: only
+    the light modules of the engines' own scenario tables (vLLM's rules)."""
     code = ("import sys; from mlamem.engines import engine_names; engine_names(); "
             "from mlamem import scenario; scenario.load('kimi-k2-context-reuse'); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.engines.')))")
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.engines.')"
+            " and m != 'mlamem.engines.vllm_rules'))")
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"
@@ -137,7 +139,7 @@ def test_undeclared_engine_is_one_line_exit_2():
     """--engine naming an engine the scenario does not declare exits 2 naming the declared."""
     line = check_bad_input(["repro-oom", "--predict", "--engine", "trtllm-context-reuse"],
                            "glm5-fp8-tp8 declares vllm")
-    assert "--engine trtllm-context-reuse" in line
+    assert line.startswith("mlamem: error: --engine: ") and "not trtllm-context-reuse" in line
     check_bad_input(["repro-oom", "--predict", "--engine", "sglang"], "declares vllm")
 
 
@@ -225,3 +227,21 @@ def test_a_case_embeds_its_steps_record_and_saves_the_figures_it_always_saved():
     data = case.to_dict()
     assert "call" not in data and list(data)[0] == "path"
     assert json.loads(json.dumps(data))["step_peak_bytes"] == case.step_peak_bytes
+
+
+def test_each_engine_builds_its_own_budget():
+    """An engine's budget holds its own options (vLLM's CUDA graphs); an option an engine lacks
+    passes while off and is refused, naming the field, when set."""
+    from mlamem.engines.vllm import VLLMBudget
+
+    knobs = {"gpu_memory_bytes": 80 * GiB, "utilization": 0.85, "max_num_batched_tokens": 1024}
+    vllm = VLLM.make_budget(**knobs, cuda_graphs=True, capture_sizes=[8, 1])
+    assert isinstance(vllm, VLLMBudget) and vllm.capture_sizes == (8, 1)
+    assert vllm.to_dict()["cuda_graphs"] is True
+    assert "cuda_graphs" not in VLLM.make_budget(**knobs).to_dict()
+    context_reuse = load_engine("trtllm-context-reuse")
+    assert context_reuse.make_budget(**knobs, cuda_graphs=False, capture_sizes=None) == Budget(**knobs)
+    with pytest.raises(UserError) as refused:
+        context_reuse.make_budget(**knobs, cuda_graphs=True)
+    assert refused.value.field == "cuda_graphs"
+    assert (VLLM.searched_knob, context_reuse.searched_knob) == ("max_num_batched_tokens", None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlamem import scenario as scenarios
-from mlamem.engines.base import Budget
+from mlamem.engines.vllm import VLLMBudget
 from mlamem.errors import UserError
 from mlamem.graphs import (
     MIN_PER_GRAPH_BYTES,
@@ -27,7 +27,11 @@ VLLM_DEFAULT_51 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
 
 
 def serving(**fields):
-    return dataclasses.replace(scenarios.load("glm5-fp8-tp8").serving, **fields)
+    """GLM-5 with these [serving] and [vllm] fields (the rules read both)."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    vllm = {k: fields.pop(k) for k in list(fields) if k not in ("max_num_batched_tokens",)}
+    return dataclasses.replace(glm, serving=dataclasses.replace(glm.serving, **fields),
+                               sections={"vllm": dataclasses.replace(glm.section("vllm"), **vllm)})
 
 
 def test_default_list_is_vllms_51_sizes_largest_first():
@@ -64,10 +68,9 @@ def test_explicit_max_capture_size_and_max_num_batched_tokens_cap_the_list():
 
 
 def test_modes_without_full_graphs_capture_no_attention():
-    glm = scenarios.load("glm5-fp8-tp8")
     for mode in ("PIECEWISE", "NONE"):
-        piecewise = dataclasses.replace(glm, serving=serving(cudagraph_mode=mode))
-        assert full_decode_sizes(piecewise.serving) == []
+        piecewise = serving(cudagraph_mode=mode)
+        assert full_decode_sizes(piecewise) == []
         with pytest.raises(UserError, match="no CUDA graph"):
             sizes_to_capture(piecewise, None)
 
@@ -134,7 +137,7 @@ def test_repro_with_graphs_predicts_the_h200_pool_and_verdicts():
     and pool; the estimate differs by what the device took outside the allocator."""
     measured = json.loads((GRAPHS_H200 / "repro-graphs-glm5.json").read_text())
     result = run_repro(scenarios.load("glm5-fp8-tp8"),
-                       Budget(**{k: measured["budget"][k] for k in (
+                       VLLMBudget(**{k: measured["budget"][k] for k in (
                            "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
                            "cuda_graphs")}),
                        ["alloc", "workspace"], command="test", predict=True)
@@ -157,7 +160,7 @@ def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
             return self.case.torch_limit_bytes - used - MiB
 
     glm = scenarios.load("glm5-fp8-tp8")
-    budget = Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 32768,
+    budget = VLLMBudget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 32768,
                     cuda_graphs=True)
     case = NoRoomForGraphs.emulate(SimulatedMemory(), glm, load_kernel("flashmla")(), budget,
                                    "alloc", sm_count=132).to_dict()

@@ -23,10 +23,8 @@ PENDING = {
     "mlamem/gate.py": 6,
     "mlamem/operations.py": 4,
     "mlamem/plan.py": 3,
-    "mlamem/repro.py": 2,
     "mlamem/shards.py": 2,
     "mlamem/validate.py": 1,
-    "mlamem/vllm_graphs.py": 2,
 }
 
 

@@ -215,7 +215,8 @@ def test_repro_header_names_the_scenario_gpu_only_for_its_memory():
     default = " ".join(render.repro_markdown(result).split())
     assert "target: 79.647 GiB (H100 SXM 80GB memory) at utilization 0.85" in default
     override = dataclasses.replace(result, command="mlamem repro-oom --gpu-memory 70GiB",
-                                   budget={**result.budget, "gpu_memory_bytes": 70 * 2**30})
+                                   budget={**result.budget, "gpu_memory_bytes": 70 * 2**30,
+                                           "scenario_gpu_memory_bytes": 81559 * 2**20})
     text = " ".join(render.repro_markdown(override).split())
     assert "target: 70.000 GiB (--gpu-memory; the scenario's GPU is H100 SXM 80GB)" in text
 

@@ -1,6 +1,7 @@
 """Scenarios: shipped files load into validated dataclasses; bad TOML names file and field."""
 
 import dataclasses
+from importlib import resources
 
 import pytest
 
@@ -222,3 +223,24 @@ def test_unknown_scenario_lists_valid_names():
     with pytest.raises(UserError, match="unknown scenario 'glm6'") as info:
         scenario.load("glm6")
     assert all(name in str(info.value) for name in scenario.shipped_names())
+
+
+def test_vllm_settings_in_serving_migrate_to_their_own_table():
+    """vLLM's CUDA-graph settings are its [vllm] table; a file of the older layout, with them in
+    [serving], loads the same (one migrate step), and a key given in both is refused."""
+    text = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    old = scenario.parse(text.replace("[serving]\n", "[serving]\nmax_num_seqs = 256\n"
+                                       'cudagraph_mode = "FULL"\n'), "old.toml")
+    new = scenario.parse(text + '\n[vllm]\nmax_num_seqs = 256\ncudagraph_mode = "FULL"\n',
+                          "new.toml")
+    assert old.section("vllm") == new.section("vllm")
+    assert (new.section("vllm").max_num_seqs, new.section("vllm").cudagraph_mode) == (256, "FULL")
+    assert scenario.load("glm5-fp8-tp8").section("vllm").max_num_seqs == 1024  # the default
+    again = scenario.from_dict(scenario.to_dict(new), "again")
+    assert again.section("vllm") == new.section("vllm")
+    assert "vllm" not in scenario.to_dict(scenario.load("glm5-fp8-tp8"))  # none given: none out
+    with pytest.raises(UserError, match=r"\[serving\].max_num_seqs is also in \[vllm\]"):
+        scenario.parse(text.replace("[serving]\n", "[serving]\nmax_num_seqs = 8\n")
+                        + "\n[vllm]\nmax_num_seqs = 256\n", "both.toml")
+    with pytest.raises(UserError, match=r"\[vllm\].max_num_seqs must be > 0"):
+        scenario.parse(text + "\n[vllm]\nmax_num_seqs = 0\n", "zero.toml")

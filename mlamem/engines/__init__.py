@@ -8,10 +8,12 @@ from mlamem.engine_registry import (
     DEFAULT_ENGINES,
     ENGINE_OF_MODE,
     REGISTRY,
+    EngineEntry,
     engine_names,
     load_engine,
     request_engine,
+    section_type,
 )
 
-__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "engine_names", "load_engine",
-           "request_engine"]
+__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "EngineEntry", "engine_names",
+           "load_engine", "request_engine", "section_type"]

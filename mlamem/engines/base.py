@@ -64,17 +64,14 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True)
 class Budget:
-    """The target GPU and the engine's memory settings for one rank."""
+    """The target GPU and the memory settings every engine takes for one rank; an engine with
+    options of its own subclasses it (`Engine.budget_type`)."""
 
     gpu_memory_bytes: int  # the target GPU's total memory (e.g. an 80 GiB H100)
     utilization: float  # --gpu-memory-utilization (TRT-LLM: free_gpu_memory_fraction)
     max_num_batched_tokens: int  # tokens per step; sizes the workspace and the profile pass
-    cuda_graphs: bool = False  # the engine estimates, then captures, its CUDA graphs
-    capture_sizes: tuple[int, ...] | None = None  # graphs on: None is the scenario's list
 
     def __post_init__(self) -> None:
-        if self.capture_sizes is not None:  # a JSON request gives a list
-            object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
         if not 0 < self.utilization <= 1:
             raise UserError(f"{self.utilization} is outside (0, 1]; pass a fraction such as 0.85",
                             field="utilization")
@@ -90,12 +87,8 @@ class Budget:
         return int(self.utilization * self.gpu_memory_bytes)
 
     def to_dict(self) -> dict:
-        """The budget as a request or a result states it; the CUDA-graph fields only when on,
-        so a result with graphs off reads as it did before they existed."""
-        data = dataclasses.asdict(self)
-        if not self.cuda_graphs:
-            del data["cuda_graphs"], data["capture_sizes"]
-        return data
+        """The budget as a request or a result states it."""
+        return dataclasses.asdict(self)
 
 
 @dataclass(kw_only=True)
@@ -179,7 +172,15 @@ class View:
     verdict_in_notes: Callable[[dict], bool]  # whether the table's notes spell out its verdict
     budget_rule: Callable[[dict, list[dict]], str]  # which rule sized the KV cache, from the
     #                                                 budget and the cases
-    budget_plot: bool = False  # the report draws a memory-budget bar per case (vLLM's figures)
+    # the memory-budget bars the report draws per case: (label, bytes, color key) from 0 up to
+    # the cap, and what the full step needed on top (None: no figure); None: no budget plot
+    budget_segments: Callable[[dict], list[tuple[str, int, str]]] | None = None
+    step_need: Callable[[dict], int | None] | None = None
+
+    @property
+    def budget_plot(self) -> bool:
+        """Whether the report draws the memory-budget plot for this engine's cases."""
+        return self.budget_segments is not None
 
 
 class PhaseFailed(Exception):
@@ -212,9 +213,10 @@ class Engine(ABC):
 
     name: ClassVar[str]  # its name in mlamem.engines.REGISTRY
     case_type: ClassVar[type[Case]]
-    captures_graphs: ClassVar[bool] = False  # has CUDA-graph phases (repro-oom --cuda-graphs)
-    searches_tokens: ClassVar[bool] = False  # repro-oom searches its largest safe
-    #                                          max_num_batched_tokens per case
+    budget_type: ClassVar[type[Budget]] = Budget  # its knobs and options
+    captures_graphs: ClassVar[bool] = False  # has CUDA-graph phases (its budget's cuda_graphs)
+    searched_knob: ClassVar[str | None] = None  # the budget knob (a token count) whose largest
+    #                                             safe value repro-oom searches per case
     view: ClassVar[View]
     kv_cache_name: ClassVar[str] = "kv_cache"  # names the KV cache, should allocating it fail
 
@@ -245,17 +247,31 @@ class Engine(ABC):
         return []
 
     @classmethod
+    def make_budget(cls, **knobs) -> Budget:
+        """This engine's budget from the knobs a face gathered: an option the engine lacks is
+        dropped while it is off (None or False), refused (UserError naming it) when set."""
+        names = {f.name for f in dataclasses.fields(cls.budget_type)}
+        for name, value in knobs.items():
+            if name not in names and value not in (None, False):
+                raise UserError(f"the {cls.name} engine has no such option (given {value!r})",
+                                field=name)
+        return cls.budget_type(**{k: v for k, v in knobs.items() if k in names})
+
+    @classmethod
     @abstractmethod
-    def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool, **fields) -> Case:
-        """An empty case for `key` at `max_num_batched_tokens` (fields: e.g. the failure of a
-        case that never ran)."""
+    def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> Case:
+        """An empty case for `key` under `budget`, as a request states it (`Budget.to_dict`;
+        fields: e.g. the failure of a case that never ran)."""
 
     @classmethod
     def emulate(cls, memory: CudaMemory | SimulatedMemory, scenario: Scenario,
                 kernel: SparseDecodeKernel, budget: Budget, key: str, *, sm_count: int,
                 seed: int = 0) -> Case:
-        """Run case `key` through one rank of this engine; see the module docstring."""
-        case = cls.new_case(key, budget.max_num_batched_tokens, measured=memory.measured,
+        """Run case `key` through one rank of this engine; see the module docstring. A plain
+        `Budget` reads as this engine's, its options off."""
+        if not isinstance(budget, cls.budget_type):
+            budget = cls.make_budget(**dataclasses.asdict(budget))
+        case = cls.new_case(key, budget.to_dict(), measured=memory.measured,
                             weights_bytes=scenario.parallel.weights_bytes)
         with memory:  # the rank and its tensors are gone before the memory is left
             engine = cls(memory, scenario, kernel, budget, case, sm_count=sm_count, seed=seed)

@@ -101,7 +101,7 @@ class TRTLLMContextReuse(Engine):
         return list(VARIANTS)
 
     @classmethod
-    def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool,
+    def new_case(cls, key: str, budget: dict, *, measured: bool,
                  **fields) -> ContextReuseCase:
         return ContextReuseCase(variant=key, measured=measured, **fields)
 

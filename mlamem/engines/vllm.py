@@ -12,11 +12,15 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   whole blocks;
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
 - step: one full step at max_num_batched_tokens through the path under test.
-The graphs hold the attention call only (mlamem/graphs.py), its q a static input buffer.
+The graphs hold the attention call only (mlamem/graphs.py), its q a static input buffer; which
+sizes vLLM captures, and its estimate, are vLLM's rules (engines/vllm_rules.py), set in the
+scenario's `[vllm]` table. The budget's own options are the CUDA graphs (`VLLMBudget`), and
+repro-oom searches each path's largest safe max_num_batched_tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +40,7 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
+from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
 from mlamem.graph_capture import CallGraphs, capture_all
 from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernel_api import OpInputs
@@ -44,7 +49,27 @@ from mlamem.measure import decoder
 from mlamem.paths import PATHS, decode_call, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 from mlamem.units import format_bytes, gib
-from mlamem.vllm_graphs import sizes_to_capture, vllm_estimate
+
+
+@dataclass(frozen=True)
+class VLLMBudget(Budget):
+    """The budget with vLLM's options: its CUDA graphs."""
+
+    cuda_graphs: bool = False  # the engine estimates, then captures, its CUDA graphs
+    capture_sizes: tuple[int, ...] | None = None  # graphs on: None is the scenario's list
+
+    def __post_init__(self) -> None:
+        if self.capture_sizes is not None:  # a JSON request gives a list
+            object.__setattr__(self, "capture_sizes", tuple(self.capture_sizes))
+        super().__post_init__()
+
+    def to_dict(self) -> dict:
+        """The CUDA-graph fields only when on, so a result with graphs off reads as it did
+        before they existed."""
+        data = dataclasses.asdict(self)
+        if not self.cuda_graphs:
+            del data["cuda_graphs"], data["capture_sizes"]
+        return data
 
 
 def kv_block_bytes(scenario: Scenario) -> int:
@@ -109,16 +134,18 @@ class VLLM(Engine):
 
     name = "vllm"
     case_type = VLLMCase
-    searches_tokens = True
+    budget_type = VLLMBudget
+    searched_knob = "max_num_batched_tokens"
     captures_graphs = True
+    budget: VLLMBudget
 
     @classmethod
     def case_keys(cls, paths: list[str]) -> list[str]:
         return list(paths)
 
     @classmethod
-    def new_case(cls, key: str, max_num_batched_tokens: int, *, measured: bool, **fields) -> VLLMCase:
-        return VLLMCase(path=key, max_num_batched_tokens=max_num_batched_tokens,
+    def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> VLLMCase:
+        return VLLMCase(path=key, max_num_batched_tokens=budget["max_num_batched_tokens"],
                         measured=measured, **fields)
 
     @classmethod
@@ -299,6 +326,35 @@ def _gain(case: dict) -> str:
     return "-" if gain is None else f"+{gib(gain):.3f}"
 
 
+def _budget_segments(case: dict) -> list[tuple[str, int, str]]:
+    """(label, bytes, color key) from 0 up to the cap: what the engine placed before the step."""
+    init = case.get("init_bytes")
+    if init is None:
+        return []
+    weights, workspace = case.get("weights_bytes") or 0, case.get("workspace_bytes") or 0
+    kv = case.get("kv_cache_bytes") or 0
+    segments = [("weights", weights, "weights")]
+    if workspace:
+        segments.append(("workspace", workspace, "workspace"))
+    segments.append(("rest of init", init - weights - workspace, "init_rest"))
+    segments.append(("KV cache", kv, "kv_cache"))
+    if case.get("torch_limit_bytes") is not None:
+        segments.append(("free under the cap", case["torch_limit_bytes"] - init - kv, "free"))
+    return segments
+
+
+def step_need_bytes(case: dict) -> int | None:
+    """What the full step needed on top of init and the KV cache (OOM: at least this much)."""
+    base = (case.get("init_bytes") or 0) + (case.get("kv_cache_bytes") or 0)
+    if case["verdict"] == "fits" and case.get("step_peak_bytes") is not None:
+        return case["step_peak_bytes"] - base
+    if case["verdict"] == "oom" and case.get("free_bytes_at_oom") is not None and \
+            case.get("oom_requested_bytes") is not None and case["phase"] == "step":
+        reserved = case["torch_limit_bytes"] - case["free_bytes_at_oom"]
+        return reserved - base + case["oom_requested_bytes"]
+    return None
+
+
 def _budget_rule(budget: dict, cases: list[dict]) -> str:
     graphs = " + CUDA-graph estimate" if budget.get("cuda_graphs") else ""
     return (f"KV cache rule (vLLM's): utilization {budget['utilization']} x total - (init + "
@@ -332,6 +388,7 @@ VLLM.view = View(
                                 or c["verdict"] == Verdict.OOM
                                 and c.get("oom_requested_bytes") is None),
     budget_rule=_budget_rule,
-    budget_plot=True)
+    budget_segments=_budget_segments,
+    step_need=step_need_bytes)
 
 ENGINE = VLLM

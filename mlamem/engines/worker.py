@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from mlamem.engines import load_engine, request_engine
-from mlamem.engines.base import Budget, Verdict
+from mlamem.engines.base import Verdict
 
 
 def run_request(request: dict) -> dict:
@@ -24,12 +24,12 @@ def run_request(request: dict) -> dict:
     used_before_cuda = nvml.used_by_uuid()  # before this process creates a CUDA context
     engine = load_engine(request_engine(request))
     chosen = scenario.from_dict(request["scenario"], request.get("source", "request"))
-    budget = Budget(**request["budget"])
+    budget = engine.budget_type(**request["budget"])
     key = request[engine.case_type.key_field]
     kernel = load_kernel(request.get("kernel", DEFAULT_KERNEL))()
     reason = kernel.unavailable_reason()
     if reason is not None:
-        return engine.new_case(key, budget.max_num_batched_tokens, measured=True,
+        return engine.new_case(key, request["budget"], measured=True,
                                failure=f"cannot measure: {reason}").to_dict()
     return engine.emulate(CudaMemory(used_before_cuda=used_before_cuda), chosen, kernel, budget,
                           key, sm_count=local_sm_count(), seed=request.get("seed", 0)).to_dict()

@@ -32,8 +32,7 @@ def _budget_lines(result: ReproResult) -> list[str]:
     b, s = result.budget, result.scenario
     first = result.cases[0] if result.cases else {}
     gpu = (f"--gpu-memory; the scenario's GPU is {s['target_gpu']}"
-           if "--gpu-memory" in result.command.split() or "--gpu-memory=" in result.command
-           else f"{s['target_gpu']} memory")
+           if "scenario_gpu_memory_bytes" in b else f"{s['target_gpu']} memory")
     lines = [f"target: {format_bytes(b['gpu_memory_bytes'])} ({gpu}) at "
              f"utilization {b['utilization']} = {format_bytes(b['requested_bytes'])} for the "
              f"engine; max_num_batched_tokens {b['max_num_batched_tokens']}",
