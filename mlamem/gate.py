@@ -207,8 +207,8 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
         for op in ops:
             if op not in kernel.operations:
                 raise UserError(f"kernel {kernel.name} does not run {op}; it runs "
-                                f"{', '.join(kernel.operations)}: pick one with --op, or "
-                                "another --kernel")
+                                f"{', '.join(kernel.operations)}: pick one of them, or "
+                                "another kernel", field="op")
     parts = []
     for source, s in chosen:
         s_ops = [o for o in ops if o in kernel.operations and o in
@@ -220,7 +220,7 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
             raise UserError(f"scenario {s.name} drives "
                             f"{', '.join(operations.scenario_operations(s))}; kernel {kernel.name} "
                             f"runs {', '.join(covered) or 'none of ' + ', '.join(ops)} in this "
-                            "sweep: pick another --scenario, --op or --kernel")
+                            "sweep: pick another scenario, operation or kernel", field="scenario")
         for op in s_ops:
             spec = operations.operation(op)
             fmt = operations.kv_format(s, op)
@@ -244,7 +244,7 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
                 parts.append(SweepPart(s, source, op, runnable, part_paths))
     if not parts:
         raise UserError(f"no chosen scenario drives {', '.join(ops)} with kernel {kernel.name}; "
-                        "pick another --scenario, --op or --kernel")
+                        "pick another scenario, operation or kernel")
     for flag in values_given:
         if not any(operations.operation(p.op).flag == flag for p in parts):
             swept = sorted({operations.operation(p.op).flag for p in parts})
@@ -380,9 +380,9 @@ def check_covered(baseline: Baseline, parts: Sequence[SweepPart]) -> None:
             for path in part.paths:
                 if (name, part.op, t, path) not in known:
                     raise UserError(f"the baseline has no figures for {name} {symbol}={t} {path} "
-                                    f"({part.op}); drop --scenario/--op/--tokens/--requests/"
-                                    "--paths to rerun the baseline's sweep, or add the case with "
-                                    "--update")
+                                    f"({part.op}); drop the scenario, operation, value and path "
+                                    "choices to rerun the baseline's sweep, or add the case by "
+                                    "updating the baseline", field="baseline")
 
 
 # The environment: what makes two sweeps comparable.
@@ -431,7 +431,7 @@ def _kernel_version(env: dict, kernel: str) -> str | None:
     try:
         return kernel_versions(env).get(kernel)
     except ValueError as exc:  # a legacy field contradicting `kernels`: not a comparable file
-        raise UserError(f"{exc}; make a new one with --update", field="baseline") from None
+        raise UserError(f"{exc}; make a new one (update the baseline)", field="baseline") from None
 
 
 def _kind(measured: bool) -> str:
@@ -444,8 +444,8 @@ def check_comparable(differences: Sequence[EnvironmentDifference], source: Path)
     if blocking:
         what = "; ".join(f"{d.name}: baseline {d.baseline}, this run {d.current}" for d in blocking)
         raise UserError(f"{source} was made in a different environment ({what}); "
-                        "pass --allow-env-change to compare anyway, or --update to replace it",
-                        field="baseline")
+                        "allow the environment change to compare anyway, or update the baseline "
+                        "to replace it", field="allow_env_change")
 
 
 # The comparison.

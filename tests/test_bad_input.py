@@ -450,7 +450,7 @@ def test_validate_graphs(inputs, args, fix):
     pytest.param(["--sweep", "max-seq-len=a,b"], "not all valid", id="sweep-not-numbers"),
     pytest.param(["--output", "{out}/p.csv"], ".csv names csv", id="extension-csv"),
     pytest.param(["--output", "{unwritable}/p.json"], "cannot write in", id="output-unwritable"),
-    pytest.param(["--kernel", "flashinfer"], "pick a --kernel that runs it",
+    pytest.param(["--kernel", "flashinfer"], "--kernel: plan's vLLM side models the sparse decode",
                  id="kernel-without-sparse-decode"),
     pytest.param(["--kernel", "cuda-magic"], "mlamem kernels", id="kernel-unknown"),
     pytest.param(["--kernel", "FlashMLA"], "lists them): did you mean 'flashmla'", id="kernel-capitalised"),
