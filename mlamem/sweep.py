@@ -1,0 +1,188 @@
+"""The one sweep planner: a request (scenarios, operations, swept values, paths, kernel and
+engine options) is checked before any work and planned into (scenario, operation) parts.
+profile, validate, compare, gate, graphs and repro-oom all plan through `plan`.
+
+Errors name the request's field (`paths`, `max_num_batched_tokens`, `kernel`); each face words
+it its own way (the CLI as the flag that sets it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mlamem import operations
+from mlamem.errors import UserError
+
+if TYPE_CHECKING:
+    from mlamem.kernel_api import SparseDecodeKernel
+    from mlamem.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class SweepPart:
+    """One (scenario, operation) of a sweep: the values it runs and the paths it runs them on."""
+
+    scenario: Scenario  # with the request's max_num_batched_tokens, where it gives one
+    source: str  # the scenario as given: a name or a TOML path
+    op: str
+    values: list[int]  # those the scenario can run (runnable_tokens)
+    paths: list[str]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a command asks to sweep, before any check.
+
+    `values[op]`: the values of `op` to run (none: the part only runs the engine's own step).
+    `given`: the operations whose values were asked for, which every scenario must run
+    whole; `strict`: every operation's values must run whole (profile, compare), where others
+    run those each scenario can (`runnable_tokens`). `keys_given`: the swept quantities asked
+    for (`tokens`, `requests`), each of which some part must take. `paths`: the paths asked
+    for, every part must have them; None: each part runs those of `candidate_paths` (default:
+    every path) its kernel has. `named`: the scenarios were named one by one, so each must
+    take part. `required`: the operation the command is about (graphs, repro-oom), with the
+    words saying why (`purpose`). `capture_sizes`: CUDA-graph capture sizes to check.
+    """
+
+    scenarios: Sequence[tuple[str, Scenario]]
+    ops: Sequence[str]
+    kernel: SparseDecodeKernel
+    values: Mapping[str, Sequence[int]] = dataclasses.field(default_factory=dict)
+    given: Collection[str] = ()
+    strict: bool = False
+    keys_given: Collection[str] = ()
+    paths: Sequence[str] | None = None
+    candidate_paths: Sequence[str] | None = None
+    kv_tokens: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_tokens_option: str | None = None  # how the face names max_num_batched_tokens' source
+    capture_sizes: Sequence[int] | None = None
+    capture_option: str = "capture_sizes"
+    named: bool = True
+    op_given: bool = True
+    purpose: str | None = None
+    fix: str | None = None  # what helps where a value does not fit a workspace (check_request)
+
+
+def plan(request: Request) -> list[SweepPart]:
+    """Check `request` before any work and split it into parts, in the order of its scenarios
+    and operations; a part that can run nothing is left out. UserError (naming the field) for
+    the first thing that cannot run."""
+    _check_kernel(request)
+    parts = []
+    for source, scenario in request.scenarios:
+        for op in _scenario_ops(request, scenario):
+            part = _plan_part(request, source, scenario, op)
+            if part.paths and (part.values or not _values_of(request, op)):
+                parts.append(part)
+    if not parts:
+        raise UserError(f"no chosen scenario drives {', '.join(request.ops)} with kernel "
+                        f"{request.kernel.name}; pick another scenario, operation or kernel")
+    _check_keys_taken(request, parts)
+    return parts
+
+
+def _check_kernel(request: Request) -> None:
+    """The operations asked for must be the kernel's."""
+    kernel = request.kernel
+    for op in request.ops if request.op_given or request.purpose else ():
+        if op in kernel.operations:
+            continue
+        if request.purpose:
+            raise UserError(f"{request.purpose}; kernel {kernel.name} runs "
+                            f"{', '.join(kernel.operations)}: pick a kernel that runs {op} "
+                            "(`mlamem kernels`)", field="kernel")
+        raise UserError(f"kernel {kernel.name} does not run {op}; it runs "
+                        f"{', '.join(kernel.operations)}: pick one of them, or another kernel",
+                        field="op")
+
+
+def _scenario_ops(request: Request, scenario: Scenario) -> list[str]:
+    """The operations of the request that `scenario` drives and the kernel runs on its cache;
+    a scenario named on purpose that has none is refused, saying why."""
+    kernel, driven = request.kernel, operations.scenario_operations(scenario)
+    if request.purpose and request.ops[0] not in driven:
+        raise UserError(f"{request.purpose}; {scenario.name} drives {', '.join(driven)}: pick a "
+                        f"{request.ops[0]} scenario (see `mlamem scenarios`)", field="scenario")
+    ops = [o for o in request.ops if o in kernel.operations and o in driven
+           and operations.reads_cache(kernel, scenario, o)]
+    if ops or not request.named:
+        return ops
+    if request.op_given:
+        operations.check_supported(scenario, request.ops[0], kernel.name, kernel.operations)
+        operations.check_cache(kernel, scenario, request.ops[0])
+    covered = [o for o in request.ops if o in kernel.operations]
+    raise UserError(f"scenario {scenario.name} drives {', '.join(driven)}; kernel {kernel.name} "
+                    f"runs {', '.join(covered) or 'none of ' + ', '.join(request.ops)} in this "
+                    "sweep: pick another scenario, operation or kernel", field="scenario")
+
+
+def _values_of(request: Request, op: str) -> list[int]:
+    return list(request.values.get(op, ()))
+
+
+def _plan_part(request: Request, source: str, scenario: Scenario, op: str) -> SweepPart:
+    """Check one (scenario, operation): its cache, paths, KV length, decode shape, workspace
+    and values, in that order."""
+    from mlamem import scenario as scenarios
+    from mlamem.profile import RAISE_LIMIT, check_request, runnable_tokens
+
+    kernel, values = request.kernel, _values_of(request, op)
+    capabilities = kernel.capabilities(op, operations.kv_format(scenario, op))
+    paths = _part_paths(request, capabilities, op)
+    whole = request.strict or op in request.given
+    operations.check_kv_tokens(scenario, op, values, request.kv_tokens)
+    mnbt = _max_num_batched_tokens(request, op)
+    padded_heads = scenarios.check_decode(scenario, capabilities.head_counts, kernel.label)
+    operations.check_workspace(scenario, op, padded_heads)
+    scenarios.check_decode_tokens(
+        scenario, padded_heads, values if whole else [], option=operations.operation(op).flag,
+        max_tokens=mnbt, max_tokens_option=request.max_tokens_option)
+    if request.capture_sizes is not None:
+        scenarios.check_decode_tokens(scenario, padded_heads, request.capture_sizes,
+                                      option=request.capture_option)
+    if mnbt is not None:
+        scenario = dataclasses.replace(scenario, serving=dataclasses.replace(
+            scenario.serving, max_num_batched_tokens=mnbt))
+    if whole and values:
+        check_request(scenario, values, paths, kernel, fix=request.fix or RAISE_LIMIT, op=op)
+    return SweepPart(scenario, source, op, runnable_tokens(scenario, values, paths, op), paths)
+
+
+def _part_paths(request: Request, capabilities, op: str) -> list[str]:
+    """The paths asked for, checked against the kernel; else those it has of the candidates."""
+    from mlamem.paths import PATH_NAMES, available_paths, check_paths
+
+    if request.paths is None:
+        available = available_paths(capabilities)
+        return [p for p in request.candidate_paths or PATH_NAMES if p in available]
+    twice = next((p for i, p in enumerate(request.paths) if p in request.paths[:i]), None)
+    if twice is not None:
+        raise UserError(f"{twice} is listed twice; list each path once", field="paths")
+    try:
+        check_paths(request.paths, capabilities, request.kernel.label, op)
+    except UserError as exc:
+        raise UserError(str(exc), field="paths") from None
+    return list(request.paths)
+
+
+def _max_num_batched_tokens(request: Request, op: str) -> int | None:
+    """The request's max_num_batched_tokens, which only the token workspaces take."""
+    if request.max_num_batched_tokens is not None and op == operations.DENSE_DECODE:
+        raise UserError("sizes the token workspace of sparse-decode and sparse-prefill; "
+                        "dense-decode's holds the scenario's [serving].max_batch_size requests: "
+                        "drop it", field="max_num_batched_tokens")
+    return request.max_num_batched_tokens
+
+
+def _check_keys_taken(request: Request, parts: Sequence[SweepPart]) -> None:
+    """Each swept quantity asked for must be one that some part sweeps."""
+    swept = sorted({operations.operation(p.op).key for p in parts})
+    for key in request.keys_given:
+        if key not in swept:
+            raise UserError(f"no operation of this sweep takes it (it sweeps "
+                            f"{', '.join(sorted({p.op for p in parts}))}); give "
+                            f"{' or '.join(swept)} instead", field=key)
