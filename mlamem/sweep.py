@@ -171,11 +171,14 @@ def _part_paths(request: Request, capabilities, op: str) -> list[str]:
 
 def _max_num_batched_tokens(request: Request, op: str) -> int | None:
     """The request's max_num_batched_tokens, which only the token workspaces take."""
-    if request.max_num_batched_tokens is not None and op == operations.DENSE_DECODE:
+    mnbt = request.max_num_batched_tokens
+    if mnbt is not None and mnbt <= 0:
+        raise UserError(f"{mnbt} must be > 0; pass e.g. 32768", field="max_num_batched_tokens")
+    if mnbt is not None and op == operations.DENSE_DECODE:
         raise UserError("sizes the token workspace of sparse-decode and sparse-prefill; "
                         "dense-decode's holds the scenario's [serving].max_batch_size requests: "
                         "drop it", field="max_num_batched_tokens")
-    return request.max_num_batched_tokens
+    return mnbt
 
 
 def _check_keys_taken(request: Request, parts: Sequence[SweepPart]) -> None:
