@@ -34,36 +34,28 @@ class SweepPart:
 
 @dataclass(frozen=True)
 class Request:
-    """What a command asks to sweep, before any check.
+    """What a command asks to sweep, before any check. The words a face gave (`fix`,
+    `max_tokens_option`, `capture_option`) go into the messages of the checks below the
+    planner (`check_request`, `scenario.check_decode_tokens`), which print them as given."""
 
-    `values[op]`: the values of `op` to run (none: the part only runs the engine's own step).
-    `given`: the operations whose values were asked for, which every scenario must run
-    whole; `strict`: every operation's values must run whole (profile, compare), where others
-    run those each scenario can (`runnable_tokens`). `keys_given`: the swept quantities asked
-    for (`tokens`, `requests`), each of which some part must take. `paths`: the paths asked
-    for, every part must have them; None: each part runs those of `candidate_paths` (default:
-    every path) its kernel has. `named`: the scenarios were named one by one, so each must
-    take part. `required`: the operation the command is about (graphs, repro-oom), with the
-    words saying why (`purpose`). `capture_sizes`: CUDA-graph capture sizes to check.
-    """
-
-    scenarios: Sequence[tuple[str, Scenario]]
+    scenarios: Sequence[tuple[str, Scenario]]  # (as given: a name or a TOML path, loaded)
     ops: Sequence[str]
     kernel: SparseDecodeKernel
+    # The values of each operation to run; none: the part runs the engine's own step only.
     values: Mapping[str, Sequence[int]] = dataclasses.field(default_factory=dict)
-    given: Collection[str] = ()
-    strict: bool = False
-    keys_given: Collection[str] = ()
-    paths: Sequence[str] | None = None
-    candidate_paths: Sequence[str] | None = None
-    kv_tokens: int | None = None
-    max_num_batched_tokens: int | None = None
+    given: Collection[str] = ()  # operations whose values were asked for: run whole
+    strict: bool = False  # every operation's values run whole; else what each scenario holds
+    keys_given: Collection[str] = ()  # swept quantities asked for (tokens, requests): some part takes each
+    paths: Sequence[str] | None = None  # asked for: every part must have them
+    candidate_paths: Sequence[str] | None = None  # else: those of these (all) the kernel has
+    kv_tokens: int | None = None  # one sequence's KV (dense decode's context, prefill's s_kv)
+    max_num_batched_tokens: int | None = None  # sizes the token workspace; in the parts' scenario
     max_tokens_option: str | None = None  # how the face names max_num_batched_tokens' source
-    capture_sizes: Sequence[int] | None = None
-    capture_option: str = "capture_sizes"
-    named: bool = True
-    op_given: bool = True
-    purpose: str | None = None
+    capture_sizes: Sequence[int] | None = None  # CUDA-graph capture sizes, checked
+    capture_option: str = "capture_sizes"  # how the face names them
+    named: bool = True  # the scenarios were named one by one: each must take part
+    op_given: bool = True  # the operations were asked for: the kernel must run them
+    purpose: str | None = None  # why the command needs its one operation (graphs, repro-oom)
     fix: str | None = None  # what helps where a value does not fit a workspace (check_request)
 
 
