@@ -7,7 +7,7 @@ in and the sweep itself (kernel, scenarios, operations, values, paths), so a bar
 it exactly. The swept value is T (sparse decode), b requests (dense decode) or s_q (sparse
 prefill), kept under `tokens` in every case. Baselines from before operations have no `op`:
 they are sparse decode. Everything here works on plain data; `plan_sweep` checks a sweep before
-any work, `run_sweep` is the one function that runs the profiler.
+any work (through `mlamem.sweep`, the one planner), `run_sweep` is the one function that runs the profiler.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from mlamem import operations
 from mlamem.errors import UserError
 from mlamem.kernel_api import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
+from mlamem.sweep import SweepPart
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
@@ -158,17 +159,6 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
                     cases=cases)
 
 
-@dataclass(frozen=True)
-class SweepPart:
-    """One (scenario, operation) of a sweep: the values it runs and the paths it runs them on."""
-
-    scenario: Scenario
-    source: str  # the scenario as given: a name or a TOML path
-    op: str
-    values: list[int]  # those the scenario can run (runnable_tokens)
-    paths: list[str]
-
-
 def sweep_ops(sweep: dict) -> list[str]:
     """The operations a sweep covers; baselines from before operations covered sparse decode."""
     return list(sweep.get("ops", [SPARSE_DECODE]))
@@ -185,73 +175,27 @@ def sweep_values(sweep: dict | None, op: str) -> list[int]:
 
 def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
                values: dict[str, list[int]], paths: Sequence[str], kernel: SparseDecodeKernel,
-               *, op_given: bool = False, named: bool = True,
-               values_given: Sequence[str] = (), paths_given: bool = False,
-               fix: str | None = None) -> list[SweepPart]:
-    """Check a sweep before any work and split it into (scenario, operation) parts: each chosen
-    scenario runs every operation of `ops` that the kernel runs and the scenario declares, at
-    `values[op]` (filtered by what its workspace holds) on the `paths` the kernel has for it.
+               *, op_given: bool = False, named: bool = True, keys_given: Sequence[str] = (),
+               paths_given: bool = False, fix: str | None = None) -> list[SweepPart]:
+    """The gate's sweep, checked and split into (scenario, operation) parts by the one sweep
+    planner (`mlamem.sweep.plan`): each chosen scenario runs every operation of `ops` that the
+    kernel runs and the scenario declares, at `values[op]` (filtered by what its workspace
+    holds) on the `paths` the kernel has for it.
 
-    `chosen`: (name or TOML path as given, scenario) pairs. `op_given`: `ops` is the user's --op,
-    which the kernel must run. `named`: the scenarios were named (not `all`), so each must drive
-    one of `ops`. `values_given`: the flags (--tokens, --requests) the user gave, whose values
-    every scenario must take. `paths_given`: --paths was given, so each must be supported;
-    otherwise a part runs the ones of `paths` its kernel supports for that operation. `fix`
-    names the flags that help when a given value does not suit a scenario.
+    `chosen`: (name or TOML path as given, scenario) pairs. `op_given`: `ops` was asked for,
+    and the kernel must run it. `named`: the scenarios were named (not `all`), so each must
+    drive one of `ops`. `keys_given`: the swept quantities asked for (`tokens`, `requests`),
+    whose values every scenario must take whole. `paths_given`: `paths` was asked for, so each
+    must be supported; otherwise a part runs the ones of `paths` its kernel has. `fix` says
+    what helps when a value asked for does not suit a scenario.
     """
-    from mlamem import scenario as scenarios
-    from mlamem.paths import available_paths, check_paths
-    from mlamem.profile import DROP_CASE, check_request, runnable_tokens
+    from mlamem.sweep import Request, plan
 
-    if op_given:
-        for op in ops:
-            if op not in kernel.operations:
-                raise UserError(f"kernel {kernel.name} does not run {op}; it runs "
-                                f"{', '.join(kernel.operations)}: pick one with --op, or "
-                                "another --kernel")
-    parts = []
-    for source, s in chosen:
-        s_ops = [o for o in ops if o in kernel.operations and o in
-                 operations.scenario_operations(s) and operations.reads_cache(kernel, s, o)]
-        if not s_ops and named:  # a scenario named on purpose must take part
-            if op_given:
-                operations.check_supported(s, ops[0], kernel.name, kernel.operations)
-            covered = [o for o in ops if o in kernel.operations]
-            raise UserError(f"scenario {s.name} drives "
-                            f"{', '.join(operations.scenario_operations(s))}; kernel {kernel.name} "
-                            f"runs {', '.join(covered) or 'none of ' + ', '.join(ops)} in this "
-                            "sweep: pick another --scenario, --op or --kernel")
-        for op in s_ops:
-            spec = operations.operation(op)
-            fmt = operations.kv_format(s, op)
-            capabilities = kernel.capabilities(op, fmt)
-            if paths_given:
-                try:
-                    check_paths(paths, capabilities, kernel.label, op)
-                except UserError as exc:
-                    raise UserError(str(exc), field="paths") from None
-                part_paths = list(paths)
-            else:
-                part_paths = [p for p in paths if p in available_paths(capabilities)]
-            padded_heads = scenarios.check_decode(s, capabilities.head_counts, kernel.label)
-            given = spec.flag in values_given
-            scenarios.check_decode_tokens(s, padded_heads, values[op] if given else [],
-                                          option=spec.flag)
-            if given:  # values given: every scenario must take them all
-                check_request(s, values[op], part_paths, kernel, fix=fix or DROP_CASE, op=op)
-            runnable = runnable_tokens(s, values[op], part_paths, op)
-            if runnable and part_paths:
-                parts.append(SweepPart(s, source, op, runnable, part_paths))
-    if not parts:
-        raise UserError(f"no chosen scenario drives {', '.join(ops)} with kernel {kernel.name}; "
-                        "pick another --scenario, --op or --kernel")
-    for flag in values_given:
-        if not any(operations.operation(p.op).flag == flag for p in parts):
-            swept = sorted({operations.operation(p.op).flag for p in parts})
-            raise UserError(f"{flag}: no operation of this sweep takes it (it sweeps "
-                            f"{', '.join(sorted({p.op for p in parts}))}); give "
-                            f"{' or '.join(swept)} instead")
-    return parts
+    given = [o for o in values if operations.operation(o).key in keys_given]
+    return plan(Request(chosen, ops, kernel, values=values, given=given, keys_given=keys_given,
+                        paths=list(paths) if paths_given else None,
+                        candidate_paths=None if paths_given else list(paths),
+                        named=named, op_given=op_given, fix=fix))
 
 
 def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kernel: str) -> dict:
@@ -380,9 +324,9 @@ def check_covered(baseline: Baseline, parts: Sequence[SweepPart]) -> None:
             for path in part.paths:
                 if (name, part.op, t, path) not in known:
                     raise UserError(f"the baseline has no figures for {name} {symbol}={t} {path} "
-                                    f"({part.op}); drop --scenario/--op/--tokens/--requests/"
-                                    "--paths to rerun the baseline's sweep, or add the case with "
-                                    "--update")
+                                    f"({part.op}); drop the scenario, operation, value and path "
+                                    "choices to rerun the baseline's sweep, or add the case by "
+                                    "updating the baseline", field="baseline")
 
 
 # The environment: what makes two sweeps comparable.
@@ -431,7 +375,7 @@ def _kernel_version(env: dict, kernel: str) -> str | None:
     try:
         return kernel_versions(env).get(kernel)
     except ValueError as exc:  # a legacy field contradicting `kernels`: not a comparable file
-        raise UserError(f"{exc}; make a new one with --update", field="baseline") from None
+        raise UserError(f"{exc}; make a new one (update the baseline)", field="baseline") from None
 
 
 def _kind(measured: bool) -> str:
@@ -444,8 +388,8 @@ def check_comparable(differences: Sequence[EnvironmentDifference], source: Path)
     if blocking:
         what = "; ".join(f"{d.name}: baseline {d.baseline}, this run {d.current}" for d in blocking)
         raise UserError(f"{source} was made in a different environment ({what}); "
-                        "pass --allow-env-change to compare anyway, or --update to replace it",
-                        field="baseline")
+                        "allow the environment change to compare anyway, or update the baseline "
+                        "to replace it", field="allow_env_change")
 
 
 # The comparison.

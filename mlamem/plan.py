@@ -62,7 +62,7 @@ class PlanRequest:
                 raise UserError(f"must be at most {MAX_TOKENS} (engines count tokens in int32), "
                                 f"got {getattr(self, name)}", field=name)
         if (self.utilization is None) == (self.free_fraction is None):
-            raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
+            raise UserError("give one of utilization (vLLM) and free_fraction (TRT-LLM), "
                             "not both")
         for name in ("utilization", "free_fraction"):
             value = getattr(self, name)
@@ -119,7 +119,7 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
         headroom = total - weights - budget
     if budget <= 0:
         raise UserError(f"the weights ({weights} B) leave no KV budget on a {total} B GPU; "
-                        "raise --gpu-memory or the utilization")
+                        "raise the GPU memory or the utilization", field="gpu_memory_bytes")
     k, w, gather = (kv_bytes_per_token(scenario), staging_bytes_per_token(scenario),
                     gather_bytes_per_token(scenario))
     l_cap = kv_len_cap(request.max_batch_size, request.max_num_tokens, request.max_seq_len)
@@ -172,8 +172,8 @@ def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
     kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
     if "sparse-decode" not in kernel.operations:
         raise UserError(f"plan's vLLM side models the sparse decode; kernel {kernel.name} runs "
-                        f"{', '.join(kernel.operations)}: pick a --kernel that runs it "
-                        "(`mlamem kernels`)")
+                        f"{', '.join(kernel.operations)}: pick a kernel that runs it "
+                        "(`mlamem kernels`)", field="kernel")
     padded_heads = check_decode(scenario, kernel.capabilities().head_counts, kernel.label)
     for request in requests:
         given = request.max_num_tokens != scenario.serving.max_num_batched_tokens

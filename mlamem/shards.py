@@ -162,7 +162,7 @@ def _check_shard(name: str, document: dict) -> Shard:
                         f"{' or '.join(ITEMS)}")
     if document.get("shard") is None:
         raise UserError(f"{name} is not a shard (its `shard` is null); merge takes the files "
-                        "that `--shard I/N` wrote, all N of one sweep")
+                        "that a sweep's shard I/N wrote, all N of one sweep")
     items = document.get(ITEMS[schema])
     if not isinstance(document.get("command"), str) or not isinstance(items, list) or not all(
             isinstance(i, dict) and isinstance(i.get("scenario"), str)
@@ -218,7 +218,7 @@ def merge(documents: Sequence[tuple[str, dict]]) -> dict:
         units = interleave([units_of(document[key]) for _, document in ordered])
     except ValueError as exc:
         raise UserError(f"{', '.join(n for n, _ in ordered)}: {exc} (each shard's units are "
-                        "not those --shard deals); rerun the shards") from None
+                        "not those a shard I/N deals); rerun the shards") from None
     merged = {**base, "command": sweep_command(base["command"]),
               key: [item for unit in units for item in unit], "shard": None}
     created = [d["created"] for _, d in ordered if d.get("created") is not None]

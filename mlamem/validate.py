@@ -138,8 +138,8 @@ def check_sweep(sweep, paths: Sequence[str], kernel: SparseDecodeKernel) -> None
     if kernel.runs_on_meta:
         raise UserError(f"validate holds a kernel's allocation spec to the GPU; {kernel.label} "
                         "has none (it predicts by running itself on the meta device, where "
-                        "cuBLAS's CUDA temporaries do not appear): validate another --kernel "
-                        "(`mlamem kernels`)")
+                        "cuBLAS's CUDA temporaries do not appear): validate another kernel "
+                        "(`mlamem kernels`)", field="kernel")
     for scenario, op, tokens in sweep_cases(sweep):
         check_request(scenario, tokens, paths, kernel, fix=DROP_CASE, op=op)
     reason = kernel.unavailable_reason()

@@ -1,0 +1,102 @@
+"""`mlamem compare`: the same inputs through two kernels."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mlamem import operations, render
+from mlamem import scenario as scenarios
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import command_line, emit, progress
+from mlamem.errors import UserError
+from mlamem.files import check_output_path, pick_format
+from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
+
+
+@app.command()
+def compare(
+    kernels: Annotated[str, typer.Option(
+        help="Two comma-separated kernel names to run on the same inputs (`mlamem kernels` "
+             "lists them).")] = ",".join(COMPARED_KERNELS),
+    op: o.OpOption = o.OpName["sparse-decode"],
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values (sparse-prefill: s_q). Default: the operation's sweep.",
+        show_default=False)] = None,
+    requests: o.RequestsOption = None,
+    context_len: o.ContextOption = None,
+    kv_len: o.KvLenOption = None,
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="A shipped scenario name or a TOML path. Default: the "
+                                 "operation's (glm5-fp8-tp8; dense-decode: kimi-k2-dense-tp4-dp).",
+        show_default=False)] = None,
+    paths: Annotated[str, typer.Option(
+        help="Comma-separated wrapper paths both kernels run.")] = "alloc,workspace",
+    reference: Annotated[bool, typer.Option(
+        help="Also hold each kernel to the plain-torch reference (out relative L2, lse max "
+             "abs).")] = True,
+    output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.compare/1")] = None,
+    output: o.PlainOutputOption = None,
+) -> None:
+    """Run the same inputs through two kernels: are out and lse bit-identical per (T, path)?
+
+    Where they differ, the largest difference, and each kernel's error against the torch
+    reference. Needs a GPU where both kernels run. Example: `mlamem compare --op
+    sparse-prefill` holds sgl-flash-mla and vLLM's FlashMLA build to the reference.
+    """
+    from mlamem.compare import check_kernels, run_compare
+
+    names = _kernel_names(kernels)
+    op = op.value
+    values = o.parse_sweep(op, tokens, requests)
+    kv_tokens = o.kv_length(op, context_len, kv_len)
+    output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
+                                              list(render.COMPARE_FORMATS), what="compare"))
+    if output is not None:
+        check_output_path(output)
+    pair = [o.make_kernel(name) for name in names]
+    part = _plan(op, scenario, values, paths, pair, kv_tokens)
+    check_kernels(pair, op)  # needs the GPU: after every input check, before any progress line
+    reference_kernel = o.make_kernel(REFERENCE_KERNEL) if reference else None
+    symbol = operations.operation(op).symbol
+    with progress(f"comparing {names[0]} and {names[1]}",
+                  len(part.values) * len(part.paths)) as advance:
+        result = run_compare(part.scenario, op, part.values, part.paths, pair,
+                             command=command_line(), kv_tokens=kv_tokens,
+                             reference=reference_kernel,
+                             on_case=lambda t, p: advance(f"{symbol}={t} {p}"))
+    if result.failure is not None:  # memory.is_out_of_memory said so; the sweep stopped there
+        raise UserError(f"compare ran out of GPU memory ({result.failure.text}); "
+                        f"drop the largest {symbol} or add --no-reference")
+    emit(render.COMPARE_FORMATS[output_format.value](result), output)
+
+
+def _kernel_names(kernels: str) -> list[str]:
+    """--kernels: two different registered kernels."""
+    names = [n.strip() for n in kernels.split(",") if n.strip()]
+    if len(names) != 2 or names[0] == names[1]:
+        raise UserError(f"--kernels: give two different kernels, e.g. {','.join(COMPARED_KERNELS)}; "
+                        f"got {kernels!r}")
+    for name in names:
+        if name not in REGISTRY:
+            raise UserError(f"--kernels: unknown kernel {name!r}; expected one of "
+                            f"{', '.join(REGISTRY)}")
+    return names
+
+
+def _plan(op: str, scenario: str | None, values: list[int] | None, paths: str, pair,
+          kv_tokens: int | None):
+    """The one part both kernels run, checked for each of them."""
+    from mlamem.sweep import Request, plan
+
+    name = scenario or operations.operation(op).default_scenario
+    chosen = scenarios.load(name)
+    flag = operations.operation(op).flag
+    parts = [plan(Request(
+        [(name, chosen)], [op], kernel,
+        values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
+        paths=o.split_paths(paths), kv_tokens=kv_tokens,
+        fix=f"lower {flag} or drop the workspace paths from --paths"))[0] for kernel in pair]
+    return parts[0]

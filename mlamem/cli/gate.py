@@ -1,0 +1,205 @@
+"""`mlamem gate`: fail CI when per-call memory grows against a baseline file."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlamem import environment, operations, render, shards
+from mlamem import gate as gating
+from mlamem import scenario as scenarios
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
+from mlamem.errors import UserError
+from mlamem.files import check_output_path, pick_format, write_atomic
+from mlamem.kernels import REGISTRY
+from mlamem.profile import DEFAULT_TOKENS, DROP_CASE
+
+
+@app.command()
+def gate(
+    baseline: Annotated[Path, typer.Option(
+        help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for every "
+                                 "shipped scenario. Default: the baseline's (all for a new one).")
+    ] = None,
+    op: Annotated[o.OpName | None, typer.Option(
+        "--op", help="Gate this operation only. Default: the baseline's operations; with "
+                     "--update, every operation the kernel runs that each scenario declares.",
+        show_default=False)] = None,
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values (sparse-decode) and s_q values (sparse-prefill). Default: "
+             f"the baseline's ({','.join(map(str, DEFAULT_TOKENS))} for a new one), each "
+             "scenario the ones its max_num_batched_tokens allows.", show_default=False)] = None,
+    requests: Annotated[str | None, typer.Option(
+        help="dense-decode: comma-separated b values, requests per decode step. Default: the "
+             "baseline's (" + ",".join(map(str, operations.OPERATION_TABLE["dense-decode"]
+                                             .default_sweep)) + " for a new one).",
+        show_default=False)] = None,
+    paths: Annotated[str | None, typer.Option(
+        help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
+             "for a new one).")] = None,
+    kernel: Annotated[o.KernelName | None, typer.Option(
+        callback=o.check_kernel_name, metavar=o.KERNEL_METAVAR,
+        help=f"The kernel ({', '.join(REGISTRY)}). Default: the baseline's "
+             f"({gating.DEFAULT_KERNEL} for a new one).", show_default=False)] = None,
+    tolerance: Annotated[str | None, typer.Option(
+        help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
+             "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
+             "Default: 0, byte-exact, for predicted and measured baselines alike (measured "
+             "figures do not move between runs: reports/baselines/noise-h200.md).")
+    ] = None,
+    update: Annotated[bool, typer.Option(
+        help="Write this run's figures as the new baseline (atomically), showing what changed.")
+    ] = False,
+    allow_env_change: Annotated[bool, typer.Option(
+        help="Compare even across a different GPU architecture, kernel version, or measured "
+             "against predicted.")] = False,
+    predict: Annotated[bool, typer.Option(
+        help="Predict even where a GPU could measure (to gate against a predicted baseline).")
+    ] = False,
+    shard: Annotated[str | None, typer.Option(
+        "--shard", metavar="I/N", help="Gate shard I of N of the sweep, e.g. 2/4 (its units "
+        "dealt as profile --shard deals them): compare only its cases and exit by them, so CI "
+        "passes when every shard passes. Not with --update.", show_default=False)] = None,
+) -> None:
+    """Fail CI when per-call memory grows: compare a profile sweep with a baseline file.
+
+    Every (scenario, operation, swept value, path) of the sweep is measured on a GPU (predicted
+    without one) and its peak allocated, peak reserved, bytes allocated inside the call and
+    per-buffer bytes are compared with the baseline. Without flags the baseline's own sweep
+    (kernel, scenarios, operations, values, paths) runs again. Exits 1 if any grew beyond the
+    tolerance, 0 otherwise (an improvement says to update the baseline), 2 on bad input or a
+    baseline from a different environment. Prints a Markdown diff, also appended to
+    $GITHUB_STEP_SUMMARY when set.
+    """
+    for flag, given in (("--tolerance", tolerance is not None),
+                        ("--allow-env-change", allow_env_change)):
+        if update and given:
+            raise UserError(f"{flag} has no effect with --update, which writes this run's "
+                            "figures whatever they are; drop one of them")
+    overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
+    chosen_shard = o.parse_shard_option(shard)
+    if update and chosen_shard is not None:
+        raise UserError("--update writes the whole sweep's baseline, --shard gates a part of it: "
+                        "drop --shard to update")
+    values_given = _values_given(op, tokens, requests)
+    previous, unreadable = _previous(baseline, update)
+    recorded = previous.sweep if previous else None
+    decode = o.make_kernel(kernel if kernel is not None else gating.sweep_kernel(recorded or {}))
+    values = {name: values_given.get(spec.key) or gating.sweep_values(recorded, name)
+              for name, spec in operations.OPERATION_TABLE.items()}
+    parts = _plan(scenario, op, paths, decode, recorded, values, values_given, update)
+    if chosen_shard is not None:
+        units = sum(len(p.values) for p in parts)
+        parts = gating.shard_parts(parts, chosen_shard)
+        if not any(p.values for p in parts):
+            print(shards.empty_note(chosen_shard, units, "it compares nothing and passes"),
+                  file=sys.stderr)
+    compared = previous is not None and not update and not allow_env_change
+    if not update:
+        gating.check_covered(previous, parts)
+    if compared:  # this machine against the baseline's
+        _check_here(previous, decode, predict, baseline)
+    if unreadable is not None:
+        print(f"mlamem: replacing an unreadable baseline ({unreadable.worded('--baseline')})",
+              file=sys.stderr)
+    current = _run(parts, values, decode, predict)
+    if compared:
+        gating.check_comparable(gating.environment_differences(previous, current), baseline)
+    note_predicted(current)
+    _finish(previous, current, overrides, baseline, update, chosen_shard)
+
+
+def _values_given(op, tokens: str | None, requests: str | None) -> dict[str, list[int]]:
+    """The values asked for, by swept quantity (`tokens`, `requests`)."""
+    if op is not None:  # --tokens or --requests, whichever the operation sweeps
+        swept = o.parse_sweep(op.value, tokens, requests)
+        return {} if swept is None else {operations.operation(op.value).key: swept}
+    return {key: o.parse_tokens(text, flag, symbol) for key, flag, text, symbol in (
+        ("tokens", "--tokens", tokens, "T"), ("requests", "--requests", requests, "b"))
+        if text is not None}
+
+
+def _previous(baseline: Path, update: bool):
+    """(the baseline, None), or with --update (None, its error) where it cannot be read; a new
+    baseline's folder is created, as in `--baseline ci/mlamem.json --update`."""
+    if update:
+        pick_format(baseline, None, ["json"], "--baseline", what="--baseline")
+        check_output_path(baseline, "--baseline", parents=True)
+    if update and not baseline.exists():
+        return None, None
+    try:
+        return gating.load(baseline), None
+    except UserError as exc:
+        if not update:
+            raise
+        return None, exc  # said once every input is checked
+
+
+def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | None,
+          values: dict, values_given: dict, update: bool):
+    """The sweep's parts. Defaults: the baseline's own sweep; for a new baseline, every
+    shipped scenario, each operation's default values and every path the kernel has."""
+    from mlamem.paths import PATH_NAMES
+
+    if op is not None:
+        ops = [op.value]
+    elif update:  # every operation the kernel runs; each scenario keeps those it declares
+        ops = list(kernel.operations)
+    else:
+        ops = gating.sweep_ops(recorded)
+    names = recorded["scenarios"] if recorded else scenarios.shipped_names()
+    if scenario == "all":
+        names = scenarios.shipped_names()
+    elif scenario is not None:
+        names = [n.strip() for n in scenario.split(",")]
+    asked = o.split_paths(paths) if paths is not None else None
+    return gating.plan_sweep(
+        [(name, scenarios.load(name)) for name in names], ops, values,
+        asked or list(recorded["paths"] if recorded else PATH_NAMES), kernel,
+        op_given=op is not None, named=scenario not in (None, "all"),
+        keys_given=list(values_given), paths_given=asked is not None, fix=DROP_CASE)
+
+
+def _check_here(previous, kernel, predict: bool, baseline: Path) -> None:
+    """Refuse, before the sweep runs, a machine the baseline's figures cannot be compared on."""
+    reason = "--predict was given" if predict else kernel.unavailable_reason()
+    here = dataclasses.replace(
+        previous, measured=reason is None, sweep={**previous.sweep, "kernel": kernel.name},
+        environment=dataclasses.asdict(environment.capture()))
+    gating.check_comparable(gating.environment_differences(previous, here), baseline)
+
+
+def _run(parts, values: dict, kernel, predict: bool):
+    """Profile every part, with progress: the current figures."""
+    total = sum(len(p.values) * len(p.paths) for p in parts)
+    with progress("gate", total) as advance:
+        return gating.run_sweep(
+            parts, gating.sweep_record(parts, values, kernel.name), command=command_line(),
+            kernel=kernel, predict=predict,
+            on_case=lambda name, op, case: advance(
+                f"{name} {op}: {operations.operation(op).symbol}={case.tokens} {case.path} "
+                f"{case.failure or 'ok'}"))
+
+
+def _finish(previous, current, overrides: dict, baseline: Path, update: bool,
+            chosen_shard) -> None:
+    """Compare, write the baseline with --update, print the diff; exit 1 where memory grew."""
+    tolerances = {**gating.default_tolerances(), **overrides}
+    result = None if previous is None else gating.compare(previous, current, tolerances)
+    if update:
+        write_atomic(baseline, current.to_json(), "--baseline", parents=True)
+    text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
+                                updated=update,
+                                shard=None if chosen_shard is None else str(chosen_shard))
+    sys.stdout.write(text)
+    append_step_summary(text)
+    if result is not None and not update and not result.passed:
+        raise typer.Exit(1)

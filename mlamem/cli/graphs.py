@@ -1,0 +1,71 @@
+"""`mlamem graphs`: CUDA-graph pool memory of the sparse decode over a capture list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from mlamem import operations, render
+from mlamem import scenario as scenarios
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import (
+    check_report_dir,
+    command_line,
+    emit,
+    note_predicted,
+    progress,
+    write_report,
+)
+from mlamem.files import check_output_path, pick_format
+from mlamem.kernels import DEFAULT_KERNEL
+
+PURPOSE = "graphs captures the sparse decode"
+
+
+@app.command()
+def graphs(
+    scenario: o.ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    kernel: o.KernelOption = DEFAULT_KERNEL,
+    paths: o.PathsOption = None,
+    capture_sizes: o.CaptureSizesOption = None,
+    output_format: Annotated[o.Format | None, o.format_option(
+        "mlamem.graphs/1", "table, markdown, json", ".txt, .md, .json, .csv", " or csv")] = None,
+    output: o.OutputOption = None,
+    report_dir: Annotated[Path | None, o.report_option("its plot")] = None,
+    predict: o.PredictOption = False,
+) -> None:
+    """CUDA-graph pool memory of the sparse decode call over an engine's capture list.
+
+    Captures the call at every capture size, largest first, into one shared private pool, as
+    vLLM captures its FULL decode graphs, keeping only weak references to each capture's
+    outputs. Per capture and path: the peak inside the capture, the pool's growth (allocator
+    reserved; measured: also the device-wide growth vLLM reads with mem_get_info) and whether
+    the replay equals the eager call bit for bit. Beside it, vLLM's estimate (first capture +
+    max(second, 1 MiB) x (N - 1)) with its error. Without a GPU the figures are PREDICTED by
+    the allocator model, private pools included.
+    """
+    from mlamem.sweep import Request, plan
+
+    decode = o.make_kernel(kernel)
+    sizes = o.parse_sizes(capture_sizes)
+    output_format = o.Format(pick_format(output, output_format and output_format.value,
+                                         list(render.GRAPHS_FORMATS), what="graphs"))
+    if output is not None:
+        check_output_path(output)
+    check_report_dir(report_dir)
+    [part] = plan(Request([(scenario, scenarios.load(scenario))], [operations.SPARSE_DECODE],
+                          decode, paths=o.split_paths(paths), capture_sizes=sizes or [],
+                          capture_option="--capture-sizes", purpose=PURPOSE))
+    from mlamem.graphs import run_graphs, sizes_to_capture
+
+    count = len(sizes_to_capture(part.scenario, sizes))
+    with progress(f"graphs {part.scenario.name}", count * len(part.paths)) as advance:
+        result = run_graphs(
+            part.scenario, part.paths, command=command_line(), kernel=decode, sizes=sizes,
+            predict=predict, on_capture=lambda path, capture: advance(
+                f"{path}: T={capture.tokens} {capture.failure or 'captured'}"))
+    note_predicted(result)
+    write_report(result, report_dir)
+    terminal = render.graphs_table(result) if output_format is o.Format.table else None
+    emit(render.GRAPHS_FORMATS[output_format.value](result), output, terminal_table=terminal)

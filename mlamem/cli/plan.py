@@ -1,0 +1,87 @@
+"""`mlamem plan`: KV-cache capacity for one rank, with the context-MLA reserve."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mlamem import render
+from mlamem import scenario as scenarios
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import command_line, emit
+from mlamem.errors import UserError
+from mlamem.files import check_output_path, pick_format
+from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.units import parse_bytes
+
+
+@app.command()
+def plan(
+    scenario: o.ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    gpu_memory: Annotated[str | None, typer.Option(
+        help="GPU memory, e.g. 141GB or 80GiB (default: the scenario's GPU).")] = None,
+    utilization: Annotated[float | None, typer.Option(
+        help="vLLM-style budget: utilization x total - weights (default: the scenario's).")
+    ] = None,
+    free_fraction: Annotated[float | None, typer.Option(
+        help="TRT-LLM-style budget: free_gpu_memory_fraction x (total - weights).")] = None,
+    max_num_tokens: Annotated[int | None, typer.Option(
+        help="Tokens per step (default: the scenario's max_num_batched_tokens).")] = None,
+    max_batch_size: Annotated[int | None, typer.Option(help="Requests per step.")] = None,
+    max_seq_len: Annotated[int | None, typer.Option(
+        help="Longest sequence (vLLM max_model_len).")] = None,
+    block_reuse: Annotated[bool | None, typer.Option(
+        "--block-reuse/--no-block-reuse", help="Prefix (KV block) reuse.")] = None,
+    chunked_prefill: Annotated[bool | None, typer.Option(
+        "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill.")] = None,
+    kernel: Annotated[o.KernelName, typer.Option(
+        callback=o.check_kernel_name, metavar=o.KERNEL_METAVAR,
+        help="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
+             "e.g. flashmla-vllm, vLLM's own build, which stages out.")] = DEFAULT_KERNEL,
+    sweep: Annotated[str | None, typer.Option(
+        help="One variable over several values, as a table: e.g. "
+             "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
+             "gpu-memory, utilization, free-fraction).")] = None,
+    output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.plan/1")] = None,
+    output: o.PlainOutputOption = None,
+) -> None:
+    """KV-cache capacity for one rank, with the fp8 context-MLA workspace reserve.
+
+    Prints k (KV bytes per token), w (fp8 context-MLA staging per attended token), the BF16
+    reuse-path gather the reserve leaves uncharged, L_cap, the reserve and admission cap, and
+    the KV pool with and without it (TensorRT-LLM PR #16399), with the gate's decision. For
+    sparse scenarios it adds the vLLM side: the mixed-batch per-call need at max_num_tokens and
+    the bf16 prefill workspace, against the headroom the engine leaves. Pure arithmetic: no GPU.
+    """
+    from mlamem import plan as plans
+
+    output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
+                                              list(render.PLAN_FORMATS), what="plan"))
+    given = {"gpu-memory": gpu_memory, "utilization": utilization, "free-fraction": free_fraction,
+             "max-num-tokens": max_num_tokens, "max-batch-size": max_batch_size,
+             "max-seq-len": max_seq_len}
+    swept = (sweep or "").partition("=")[0].strip()
+    if given.get(swept) is not None:
+        raise UserError(f"--sweep varies {swept}, and --{swept} {given[swept]} sets it too; "
+                        "drop one of them")
+    if utilization is not None and free_fraction is not None:
+        raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
+                        "not both")
+    if output is not None:
+        check_output_path(output)
+    chosen = scenarios.load(scenario)
+    try:
+        memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
+    except ValueError as exc:
+        raise UserError(f"--gpu-memory: {exc}") from None
+    overrides = dict(gpu_memory_bytes=memory_bytes, utilization=utilization,
+                     free_fraction=free_fraction, max_num_tokens=max_num_tokens,
+                     max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+                     block_reuse=block_reuse, chunked_prefill=chunked_prefill)
+    if chosen.model.index_topk:  # sparse: the vLLM side runs the allocator model
+        o.load_torch()
+    result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel)
+    terminal = render.plan_table(result) if output_format is o.ReproFormat.table else None
+    emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)

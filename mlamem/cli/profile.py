@@ -1,0 +1,164 @@
+"""`mlamem profile`: per-call peak memory of one kernel call, per swept value and path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlamem import operations, render, shards
+from mlamem import scenario as scenarios
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import (
+    check_report_dir,
+    command_line,
+    emit,
+    note_predicted,
+    progress,
+    write_report,
+)
+from mlamem.errors import UserError
+from mlamem.files import check_distinct, check_output_path, pick_format
+from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.profile import DEFAULT_TOKENS
+
+
+@app.command()
+def profile(
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values: query tokens per step, the s_q of one decode call "
+             "(sparse-prefill: s_q prefill tokens). Default: "
+             f"{','.join(map(str, DEFAULT_TOKENS))}.", show_default=False)] = None,
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
+                                 f"your own TOML file. Default: {scenarios.DEFAULT_SCENARIO} "
+                                 "(--op dense-decode: kimi-k2-dense-tp4-dp).",
+        show_default=False)] = None,
+    paths: o.PathsOption = None,
+    kernel: o.KernelOption = DEFAULT_KERNEL,
+    op: o.OpOption = o.OpName["sparse-decode"],
+    requests: o.RequestsOption = None,
+    context_len: o.ContextOption = None,
+    kv_len: o.KvLenOption = None,
+    bench: Annotated[bool, typer.Option(
+        help="Also time each measured call: triton's do_bench median, in ms, beside the memory.")
+    ] = False,
+    output_format: Annotated[o.Format | None, typer.Option(
+        "--format", help="table (terminal), markdown (the PR table), json (schema "
+                         "mlamem.profile/1) or csv. Default: what --output's extension names "
+                         "(.txt, .md, .json, .csv), else table.", show_default=False)] = None,
+    output: o.OutputOption = None,
+    require_gpu: Annotated[bool, typer.Option(
+        help="Fail instead of printing predicted figures when nothing can be measured.")
+    ] = False,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        min=1, help="Override the scenario's max_num_batched_tokens (sizes the workspace).")
+    ] = None,
+    predict: o.PredictOption = False,
+    breakdown: Annotated[bool, typer.Option(
+        help="Show where the bytes go: every buffer allocated inside each call (padded_q, out, "
+             "lse, o_accum, ...), who allocated it, and whether it lives at the peak.")
+    ] = False,
+    snapshot_file: Annotated[Path | None, typer.Option(
+        "--snapshot", help="Also write a PyTorch memory snapshot of the measured calls (a "
+                           "pickle that opens in https://pytorch.org/memory_viz).")] = None,
+    report_dir: Annotated[Path | None, o.report_option("its plots (PNG)")] = None,
+    shard: o.ShardOption = None,
+) -> None:
+    """Per-call peak memory of an MLA kernel call: allocating path vs workspace path.
+
+    The sparse fp8 decode by default; --op dense-decode or sparse-prefill for the others. On a
+    GPU where the kernel runs (FlashMLA: Hopper/Blackwell), each (T, path) is measured: torch
+    allocator peaks (allocated, reserved), NVML device memory, wall time (--bench: do_bench
+    median), and whether every path gives bit-identical out and lse. Without one, the same
+    wrapper code runs on the meta device against a model of the caching allocator, and every
+    figure is labelled PREDICTED.
+    """
+    op = op.value
+    values = o.parse_sweep(op, tokens, requests)
+    kv_tokens = o.kv_length(op, context_len, kv_len)
+    chosen_shard = o.parse_shard_option(shard)
+    if chosen_shard is not None and report_dir is not None:
+        raise UserError("--report renders a whole sweep, --shard a part of it: drop --report, "
+                        "then `mlamem report` the shards' JSON files together")
+    if predict and require_gpu:
+        raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
+                        "other refuses to); give one")
+    decode = o.make_kernel(kernel)
+    output_format = _check_outputs(output_format, output, snapshot_file, report_dir, breakdown)
+    part = _plan(op, scenario, values, paths, decode, kv_tokens, max_num_batched_tokens)
+    reason = None if predict else decode.unavailable_reason()
+    if require_gpu and reason is not None:
+        raise UserError(f"--require-gpu: cannot measure ({reason})")
+    result, calls = _run(part, decode, chosen_shard, kv_tokens=kv_tokens, bench=bench,
+                         require_gpu=require_gpu, predict=predict, snapshot=snapshot_file)
+    note_predicted(result)
+    if snapshot_file is not None:
+        from mlamem import snapshot
+
+        snapshot.write(snapshot_file, calls)
+        print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
+              file=sys.stderr)
+    write_report(result, report_dir)
+    formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
+    terminal = None
+    if output_format is o.Format.table:
+        terminal = render.breakdown_table(result) if breakdown else render.table(result)
+    emit(formats[output_format.value](result), output, terminal_table=terminal)
+
+
+def _check_outputs(output_format: o.Format | None, output: Path | None,
+                   snapshot_file: Path | None, report_dir: Path | None,
+                   breakdown: bool) -> o.Format:
+    """The format and every output path, tried before any work."""
+    formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
+    chosen = o.Format(pick_format(output, output_format and output_format.value, list(formats),
+                                  what="profile --breakdown" if breakdown else "profile"))
+    if snapshot_file is not None:
+        pick_format(snapshot_file, None, ["pickle"], "--snapshot", what="--snapshot")
+    check_distinct({"--output": output, "--snapshot": snapshot_file})
+    for path, option in ((output, "--output"), (snapshot_file, "--snapshot")):
+        if path is not None:
+            check_output_path(path, option)
+    check_report_dir(report_dir)
+    return chosen
+
+
+def _plan(op: str, scenario: str | None, values: list[int] | None, paths: str | None, kernel,
+          kv_tokens: int | None, max_num_batched_tokens: int | None):
+    """The one (scenario, operation) part profile runs, checked."""
+    from mlamem.sweep import Request, plan
+
+    name = scenario or operations.operation(op).default_scenario
+    [part] = plan(Request(
+        [(name, scenarios.load(name))], [op], kernel,
+        values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
+        paths=o.split_paths(paths), kv_tokens=kv_tokens,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens"))
+    return part
+
+
+def _run(part, kernel, chosen_shard, *, kv_tokens, bench, require_gpu, predict, snapshot):
+    """Profile the part (the shard's values of it), with progress; (result, measured calls)."""
+    from mlamem.profile import run_profile
+
+    calls = []
+    symbol = operations.operation(part.op).symbol
+    name = part.scenario.name
+    run_tokens = part.values if chosen_shard is None else chosen_shard.pick(part.values)
+    if chosen_shard is not None and not run_tokens:
+        print(shards.empty_note(chosen_shard, len(part.values)), file=sys.stderr)
+    with progress(f"profiling {name}", len(run_tokens) * len(part.paths)) as advance:
+        result = run_profile(
+            part.scenario, part.values, part.paths, command=command_line(), kernel=kernel,
+            require_gpu=require_gpu, predict=predict, record_stacks=snapshot is not None,
+            on_case=lambda case: advance(f"{name}: {symbol}={case.tokens} {case.path} "
+                                         f"{case.failure or 'ok'}"),
+            on_calls=calls.extend if snapshot is not None else None, op=part.op,
+            kv_tokens=kv_tokens, bench=bench, shard=chosen_shard)
+    return result, calls
+

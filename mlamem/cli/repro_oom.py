@@ -1,0 +1,164 @@
+"""`mlamem repro-oom`: one engine rank's runtime OOM, per path, and what removes it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from mlamem import operations, render
+from mlamem import scenario as scenarios
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import command_line, emit, note_predicted, progress
+from mlamem.engines import engine_names
+from mlamem.errors import UserError
+from mlamem.files import check_output_path, pick_format
+from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.units import parse_bytes
+
+PURPOSE = "repro-oom replays the engine's sparse decode step"
+
+
+@app.command("repro-oom")
+def repro_oom(
+    scenario: o.ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    gpu_memory: Annotated[str | None, typer.Option(
+        help="Target GPU memory to emulate, e.g. 80GiB or 81559MiB (default: the scenario's "
+             "GPU). Must not exceed the local GPU.")] = None,
+    utilization: Annotated[float | None, typer.Option(
+        help="The engine's --gpu-memory-utilization, in (0, 1] (default: the scenario's).")
+    ] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="Tokens per step (default: the scenario's): sizes the workspace, the profile pass "
+             "and the full step.")] = None,
+    paths: o.PathsOption = None,
+    kernel: o.KernelOption = DEFAULT_KERNEL,
+    output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.repro-oom/1")] = None,
+    output: o.PlainOutputOption = None,
+    predict: Annotated[bool, typer.Option(
+        help="Predict on the allocator model even where a GPU could measure.")] = False,
+    engine: Annotated[str | None, typer.Option(
+        help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
+             "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
+    cuda_graphs: Annotated[o.Switch, typer.Option(
+        "--cuda-graphs", help="on: vLLM's CUDA-graph phases too: the graph estimate before KV "
+                              "sizing (its two largest FULL decode graphs, extrapolated), then "
+                              "every capture after the KV cache, then the step.")
+    ] = o.Switch.off,
+    capture_sizes: Annotated[str | None, typer.Option(
+        help="With --cuda-graphs on: comma-separated capture sizes. Default: the scenario's "
+             "FULL decode graphs (`mlamem graphs --help`).", show_default=False)] = None,
+    expect_oom: Annotated[list[str] | None, typer.Option(
+        "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
+                             "variant none, fp8, full) runs out of memory (repeatable).")] = None,
+    expect_fit: Annotated[list[str] | None, typer.Option(
+        "--expect-fit", help="Exit 1 unless this case (path or variant) fits (repeatable).")
+    ] = None,
+) -> None:
+    """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
+
+    Emulates the engine in its order on the local GPU. vLLM (--engine vllm): cap memory at the
+    target GPU's, count non-torch memory, reserve the workspace (workspace path), place the
+    weights, run a profile pass that skips attention, size the KV cache as
+    `utilization x total - (init + profile peak + non-torch)`, then run one full step. Each
+    case runs in its own process. Prints each path's verdict (fits with its headroom, or the
+    allocation that failed and the free bytes), and the largest max_num_batched_tokens that
+    fits. Without a GPU the verdicts are PREDICTED.
+
+    TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
+    default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
+    reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
+    Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
+    """
+    from mlamem.repro import check_target, run_repro
+
+    decode = o.make_kernel(kernel)
+    output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
+                                              list(render.REPRO_FORMATS), what="repro-oom"))
+    both = sorted(set(expect_oom or []) & set(expect_fit or []))
+    if both:
+        raise UserError(f"--expect-oom and --expect-fit both name {both[0]}; a case cannot both "
+                        "run out of memory and fit: give it to one")
+    if output is not None:
+        check_output_path(output)
+    sizes = o.parse_sizes(capture_sizes)
+    if sizes is not None and cuda_graphs is not o.Switch.on:
+        raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
+    chosen, part = _plan(scenario, decode, paths, max_num_batched_tokens)
+    emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
+    budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
+                     cuda_graphs is o.Switch.on)
+    check_target(budget, decode, predict)
+    with progress(f"repro-oom {part.scenario.name}", None) as advance:
+        result = run_repro(chosen, budget, part.paths, command=command_line(),
+                           kernel=decode, predict=predict, engine=emulated.name,
+                           on_progress=advance)
+    note_predicted(result, "verdicts")
+    terminal = render.repro_table(result) if output_format is o.ReproFormat.table else None
+    emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
+    _check_expected(result, emulated, expect_oom, expect_fit)
+
+
+def _plan(scenario: str, kernel, paths: str | None, max_num_batched_tokens: int | None):
+    """The sparse decode step the engine replays, checked: kernel, scenario, paths, shape and
+    max_num_batched_tokens: (the scenario, the part, whose scenario has that
+    max_num_batched_tokens)."""
+    from mlamem.sweep import Request, plan
+
+    chosen = scenarios.load(scenario)
+    [part] = plan(Request(
+        [(scenario, chosen)], [operations.SPARSE_DECODE], kernel,
+        paths=o.split_paths(paths), max_num_batched_tokens=max_num_batched_tokens,
+        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens",
+        purpose=PURPOSE))
+    return chosen, part
+
+
+def _engine(part, engine: str | None, expect_oom, expect_fit, graphs_on: bool):
+    """The engine emulated, checking the cases --expect-oom and --expect-fit name."""
+    from mlamem.repro import scenario_engine
+
+    emulated = scenario_engine(part.scenario, engine)
+    cases = emulated.case_keys(part.paths)
+    for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
+        for name in wanted or []:
+            if name not in cases:
+                raise UserError(f"{option} {name}: not among the {emulated.view.cases_named} "
+                                f"{','.join(cases)}")
+    if graphs_on and not emulated.captures_graphs:
+        raise UserError(f"--cuda-graphs on: the {emulated.name} emulation has no CUDA-graph "
+                        "phases; use --engine vllm")
+    return emulated
+
+
+def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None, sizes,
+            graphs_on: bool):
+    """The engine's budget: GPU memory, utilization, max_num_batched_tokens, CUDA graphs."""
+    try:
+        memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
+    except ValueError as exc:
+        raise UserError(f"--gpu-memory: {exc}") from None
+    budget = emulated.make_budget(
+        gpu_memory_bytes=memory_bytes,
+        utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
+        max_num_batched_tokens=chosen.serving.max_num_batched_tokens,
+        cuda_graphs=graphs_on, capture_sizes=None if sizes is None else tuple(sizes))
+    if graphs_on:
+        from mlamem.graphs import sizes_to_capture
+
+        sizes_to_capture(chosen, sizes)
+    return budget
+
+
+def _check_expected(result, emulated, expect_oom, expect_fit) -> None:
+    """Exit 1 where a verdict is not the one --expect-oom or --expect-fit asked for."""
+    verdicts = {c[emulated.case_type.key_field]: c["verdict"] for c in result.cases}
+    unmet = [f"{p} was expected to OOM but {verdicts[p]}" for p in expect_oom or []
+             if verdicts[p] != "oom"]
+    unmet += [f"{p} was expected to fit but {verdicts[p]}" for p in expect_fit or []
+              if verdicts[p] != "fits"]
+    if unmet:
+        print(f"mlamem: {'; '.join(unmet)}", file=sys.stderr)
+        raise typer.Exit(1)

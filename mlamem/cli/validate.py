@@ -1,0 +1,179 @@
+"""`mlamem validate`: measure and predict every case, and compare every byte."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlamem import environment, operations, render, shards
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import command_line, emit, progress
+from mlamem.errors import UserError
+from mlamem.files import check_output_path, pick_format
+from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
+
+
+@app.command()
+def validate(
+    scenario: Annotated[str, typer.Option(
+        "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
+                                 "every shipped scenario.")] = "all",
+    tokens: Annotated[str | None, typer.Option(
+        help="Comma-separated T values (sparse-prefill: s_q). Default: "
+             f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones "
+             "its max_num_batched_tokens allows.")] = None,
+    paths: o.PathsOption = None,
+    kernel: o.KernelOption = DEFAULT_KERNEL,
+    op: Annotated[o.OpName | None, typer.Option(
+        "--op", help="Validate this operation only. Default: every operation the kernel runs "
+                     "that each scenario drives.", show_default=False)] = None,
+    requests: o.RequestsOption = None,
+    context_len: o.ContextOption = None,
+    kv_len: o.KvLenOption = None,
+    graphs: Annotated[bool, typer.Option(
+        "--graphs", help="Validate CUDA-graph captures instead (as `mlamem graphs` makes them): "
+                         "per capture the peak inside and the pool's growth, every buffer, and "
+                         "the pool after the whole list, for the sparse decode.")] = False,
+    capture_sizes: Annotated[str | None, typer.Option(
+        help="With --graphs: comma-separated capture sizes. Default: each scenario's own list "
+             "(`mlamem graphs --help`).", show_default=False)] = None,
+    output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.validate/1")] = None,
+    output: o.PlainOutputOption = None,
+    shard: o.ShardOption = None,
+) -> None:
+    """Prove the no-GPU prediction: measure and predict every case, compare every byte.
+
+    For each (scenario, operation, T, path) the call runs on the GPU and on the allocator
+    model; every buffer and the totals are compared, allocated and reserved. With --graphs,
+    each capture of the CUDA-graph capture list instead. Exits 1 if any figure differs,
+    printing the difference in bytes. Needs a GPU where the kernel runs.
+    """
+    from mlamem.validate import check_sweep
+
+    chosen_shard = o.parse_shard_option(shard)
+    decode = o.make_kernel(kernel)
+    if graphs or capture_sizes is not None:
+        _validate_graphs(decode, scenario, paths, capture_sizes, graphs,
+                         given={"--tokens": tokens, "--op": op, "--requests": requests,
+                                "--context-len": context_len, "--kv-len": kv_len,
+                                "--shard": shard},
+                         output=output, output_format=output_format)
+        return
+    ops = [op.value] if op is not None else list(decode.operations)
+    values, kv_tokens = _values(op, ops, tokens, requests, context_len, kv_len)
+    output_format = _output_format(output, output_format)
+    parts = _plan(scenario, ops, decode, values, paths, kv_tokens)
+    for part in parts:
+        check_sweep([(part.scenario, part.op, part.values)], part.paths, decode)
+    if chosen_shard is not None:
+        from mlamem.gate import shard_parts
+
+        units = sum(len(p.values) for p in parts)
+        parts = shard_parts(parts, chosen_shard)
+        if not any(p.values for p in parts):
+            print(shards.empty_note(chosen_shard, units), file=sys.stderr)
+    comparisons = _run(parts, decode, kv_tokens)
+    _emit_validation(comparisons, command_line(), output, output_format,
+                     shard=None if chosen_shard is None else str(chosen_shard))
+
+
+def _values(op, ops: list[str], tokens: str | None, requests: str | None,
+            context_len: int | None, kv_len: int | None) -> tuple[dict | None, int | None]:
+    """The values asked for, per operation (None: each operation's defaults), and the KV
+    length; --requests, --context-len and --kv-len need --op."""
+    if op is not None:
+        swept = o.parse_sweep(op.value, tokens, requests)
+        kv_tokens = o.kv_length(op.value, context_len, kv_len)
+    else:
+        for flag, value in (("--requests", requests), ("--context-len", context_len),
+                            ("--kv-len", kv_len)):
+            if value is not None:
+                raise UserError(f"{flag} needs --op (it applies to one operation)")
+        swept = None if tokens is None else o.parse_tokens(tokens)
+        kv_tokens = None
+    return None if swept is None else {name: swept for name in ops}, kv_tokens
+
+
+def _output_format(output: Path | None, output_format: o.ReproFormat | None) -> o.ReproFormat:
+    chosen = o.ReproFormat(pick_format(output, output_format and output_format.value,
+                                       list(render.VALIDATION_FORMATS), what="validate"))
+    if output is not None:
+        check_output_path(output)
+    return chosen
+
+
+def _plan(scenario: str, ops: list[str], kernel, values: dict | None, paths: str | None,
+          kv_tokens: int | None):
+    """The (scenario, operation) parts: the values asked for, run whole, else each
+    operation's defaults that each scenario can run."""
+    from mlamem.sweep import Request, plan
+
+    defaults = {name: list(VALIDATE_TOKENS if name == operations.SPARSE_DECODE
+                           else operations.operation(name).default_sweep) for name in ops}
+    return plan(Request(
+        o.load_scenarios(scenario), ops, kernel, values=values or defaults,
+        given=ops if values else (), paths=o.split_paths(paths), kv_tokens=kv_tokens,
+        named=scenario != "all"))
+
+
+def _run(parts, kernel, kv_tokens: int | None) -> list:
+    """Validate every part, with progress."""
+    from mlamem.validate import run_validation
+
+    comparisons = []
+    with progress("validating", sum(len(p.values) * len(p.paths) for p in parts)) as advance:
+        for part in parts:
+            symbol = operations.operation(part.op).symbol
+            comparisons += run_validation(
+                [(part.scenario, part.op, part.values)], part.paths, kernel=kernel,
+                kv_tokens=kv_tokens, on_case=lambda name, t, p, op=part.op, symbol=symbol:
+                advance(f"{name} {op}: {symbol}={t} {p}"))
+    return comparisons
+
+
+def _emit_validation(comparisons, command: str, output: Path | None,
+                     output_format: o.ReproFormat, shard: str | None = None) -> None:
+    """Write validate's result; exit 1 if any figure differs."""
+    if output_format is o.ReproFormat.json:  # a saved result records where and when it was made
+        text = render.validation_json(comparisons, command, created=environment.now_utc(),
+                                      environment=environment.capture(), shard=shard)
+    else:
+        text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
+    emit(text, output)
+    if not all(c.agrees for c in comparisons):
+        raise typer.Exit(1)
+
+
+def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: str | None,
+                     graphs: bool, *, given: dict, output: Path | None,
+                     output_format: o.ReproFormat | None) -> None:
+    """`validate --graphs`: see `validate`."""
+    if not graphs:
+        raise UserError("--capture-sizes applies to --graphs; add --graphs")
+    for flag, value in given.items():
+        if value is not None:
+            raise UserError(f"{flag} does not apply to --graphs (captures sweep "
+                            "--capture-sizes); drop it")
+    from mlamem.graphs import full_decode_sizes
+    from mlamem.sweep import Request, plan
+    from mlamem.validate import check_sweep, run_graph_validation
+
+    sizes = o.parse_sizes(capture_sizes)
+    output_format = _output_format(output, output_format)
+    chosen = o.load_scenarios(scenario)
+    if scenario == "all":
+        chosen = [(name, s) for name, s in chosen if operations.SPARSE_DECODE in
+                  operations.scenario_operations(s) and (sizes or full_decode_sizes(s.serving))]
+    parts = plan(Request(chosen, [operations.SPARSE_DECODE], decode, paths=o.split_paths(paths),
+                         capture_sizes=sizes or [], capture_option="--capture-sizes"))
+    check_sweep([], parts[0].paths, decode)
+    with progress("validating graphs", len(parts) * len(parts[0].paths)) as advance:
+        comparisons = run_graph_validation(
+            [p.scenario for p in parts], parts[0].paths, decode, sizes,
+            on_path=lambda name, path: advance(f"{name}: {path} captured"))
+    _emit_validation(comparisons, command_line(), output, output_format)
