@@ -30,7 +30,7 @@ from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
-from mlamem.repro import ReproResult, result_engine
+from mlamem.repro import ReproResult
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
@@ -53,12 +53,16 @@ class ValidationResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> ValidationResult:
-        env = data.get("environment")
+        """A saved mlamem.validate/1 file, checked by its model; ValueError if malformed."""
+        from mlamem import results
+
+        data = results.read(data, VALIDATE_SCHEMA)
+        env = data["environment"]
         comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
                        for c in data["comparisons"]]
         return cls(command=data["command"], comparisons=comparisons,
                    environment=None if env is None else Environment.from_dict(env),
-                   created=data.get("created"))
+                   created=data["created"])
 
 
 Result = ProfileResult | ReproResult | ValidationResult | CompareResult | GraphsResult
@@ -81,45 +85,29 @@ class Report:
     figures: dict[str, bytes] = field(default_factory=dict)
 
 
-# What the renderers read, checked before anything is rendered: (key, types) per level.
-_TOP = {"command": str, "measured": bool, "scenario": dict, "kernel": dict, "environment": dict}
-_SHAPES = {
-    "profile": (_TOP, "rows", {"tokens": int, "path": str, "buffers": list}),
-    "repro-oom": ({**_TOP, "budget": dict}, "cases", {"verdict": str, "phase": str}),  # + case key
-    "validate": ({"command": str}, "comparisons", {"scenario": str, "tokens": int, "path": str,
-                                                    "item": str, "metric": str}),
-    "compare": ({"command": str, "op": str, "scenario": str, "kernels": list,
-                 "environment": dict}, "rows", {"tokens": int, "path": str, "errors": dict}),
-    "graphs": ({**_TOP, "capture_sizes": list}, "paths",
-               {"path": str, "captures": list, "estimates": list}),
-}
 _READERS: dict[str, Callable[[dict], Result]] = {
     "profile": ProfileResult.from_dict, "repro-oom": ReproResult.from_dict,
     "validate": ValidationResult.from_dict, "compare": CompareResult.from_dict,
     "graphs": GraphsResult.from_dict}
+_ITEMS = {"profile": "rows", "repro-oom": "cases", "validate": "comparisons", "compare": "rows",
+          "graphs": "paths"}  # what a report needs at least one of
 
 
-def _check_shape(data: dict, kind: str) -> str | None:
-    """What is missing or of the wrong type, or None."""
-    top, items, item_keys = _SHAPES[kind]
-    if kind == "repro-oom":  # each engine names its cases by its own key
-        try:
-            engine = load_engine(result_engine(data))
-        except (KeyError, ValueError):
-            return (f"'engine' {data.get('engine')!r} (or 'mode' {data.get('mode')!r}) is not "
-                    f"one of {', '.join(engine_names())}")
-        item_keys = {engine.case_type.key_field: str, **item_keys}
-    for key, kind_type in {**top, items: list}.items():
-        if not isinstance(data.get(key), kind_type):
-            return f"{key!r} missing or not a {kind_type.__name__}"
-    if not data[items]:
+def _check_content(result: Result, kind: str) -> str | None:
+    """What a file that matches its model still lacks for a report, or None: an item at all,
+    and a repro's engine, whose cases each name by the engine's own key."""
+    items = _ITEMS[kind]
+    if not getattr(result, items):
         return f"{items!r} is empty"
-    for i, item in enumerate(data[items]):
-        if not isinstance(item, dict):
-            return f"{items}[{i}] is not an object"
-        for key, kind_type in item_keys.items():
-            if not isinstance(item.get(key), kind_type):
-                return f"{items}[{i}].{key} missing or not a {kind_type.__name__}"
+    if kind != "repro-oom":
+        return None
+    try:
+        key = load_engine(result.engine).case_type.key_field
+    except (KeyError, ValueError):
+        return f"engine: {result.engine!r} is not one of {', '.join(engine_names())}"
+    for i, case in enumerate(result.cases):
+        if not isinstance(case.get(key), str):
+            return f"cases[{i}].{key}: expected a string"
     return None
 
 
@@ -145,11 +133,14 @@ def load_document(data: dict, path: str, shown_as: str | None = None) -> Saved:
     if kind is None:
         raise UserError(f"{path}: schema {schema!r} is not a result mlamem report reads; "
                         f"expected one of: {', '.join(KINDS)}")
-    problem = _check_shape(data, kind)
     saved = None
+    try:
+        saved = Saved(shown_as or str(path), kind, _READERS[kind](data))
+        problem = _check_content(saved.result, kind)
+    except ValueError as exc:  # the model's one line: FIELD: what is wrong
+        problem = str(exc)
     if problem is None:
         try:
-            saved = Saved(shown_as or str(path), kind, _READERS[kind](data))
             _sections(saved, None)  # everything the renderers read is there
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             problem = f"{type(exc).__name__}: {exc}"

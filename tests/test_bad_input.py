@@ -518,8 +518,8 @@ def test_gate_baseline_fields(inputs, baseline):
     del data["environment"]
     missing = inputs.folder / "missing.json"
     missing.write_text(json.dumps(data))
-    for path, fix in ((wrong, "cases[0].peak_allocated_bytes has the wrong type"),
-                      (missing, "baseline.environment is missing")):
+    for path, fix in ((wrong, "(cases[0].peak_allocated_bytes: expected an integer"),
+                      (missing, "(environment: missing)")):
         line = check_bad_input(["gate", "--predict", "--baseline", path], fix, watch=inputs.folder)
         assert str(path) in line and "--update" in line
 
@@ -536,10 +536,10 @@ def test_gate_baseline_fields(inputs, baseline):
     pytest.param([written("norows.json", _json_with(PROFILE, rows=[]))], "'rows' is empty",
                  id="input-no-rows"),
     pytest.param([written("badrow.json", _json_with(PROFILE, rows=[{"tokens": "x"}]))],
-                 "rows[0].tokens", id="input-bad-row"),
+                 "(rows[0].tokens: expected an integer", id="input-bad-row"),
     pytest.param([written("nokernel.json", lambda: json.dumps(
         {k: v for k, v in json.loads(REPRO.read_text()).items() if k != "kernel"}))],
-        "'kernel'", id="input-no-kernel"),
+        "(kernel: missing)", id="input-no-kernel"),
     pytest.param([written("noenv.json", _json_with(PROFILE, environment={"gpu": "x"}))],
                  "not a valid", id="input-bad-environment"),
     pytest.param([written("nobudget.json", _json_with(REPRO, budget={}))],
