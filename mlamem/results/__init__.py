@@ -19,6 +19,7 @@ MODELS = {
     "mlamem.compare/1": "CompareFile",
     "mlamem.baseline/1": "BaselineFile",
     "mlamem.plan/1": "PlanFile",
+    "mlamem.bench/2": "BenchFile",
 }
 
 

@@ -191,6 +191,33 @@ class ReproCase(Open):
     buffers: list[Buffer] = Field([], description="the step's allocations")
 
 
+class NonTorchModule(Model):
+    """A module loaded lazily on a first launch, and its device memory."""
+
+    name: str
+    bytes: Bytes
+    loaded_by: list[str] = Field(description="aten op names (`aten.new_zeros`) or `<kernel>.decode`")
+
+
+class NonTorch(Model):
+    """The host setup the non-torch memory model was measured on (mlamem/non_torch.toml)."""
+
+    gpu: str = Field(description="the host GPU, e.g. `NVIDIA H200`")
+    gpu_memory_bytes: Bytes = Field(description="its total memory: the limit the emulation keeps to")
+    torch: str
+    cuda: str
+    kernel: str = Field(description="the kernel library the process had loaded")
+    kernel_version: str | None
+    process_bytes: Bytes = Field(description="device memory the process holds before its CUDA context")
+    context_bytes: Bytes = Field(description="the CUDA context, CUDA libraries and the kernel library")
+    command: str = Field(description="the command that measured these figures")
+    measured_on: str
+    modules: list[NonTorchModule]
+    unallocatable_bytes: Bytes = Field(
+        description="near a full device, what cudaMalloc cannot hand out beyond NVML's reading")
+    assumed: str | None = Field(description="why this record stands in for the host (null: it matches)")
+
+
 def _legacy_repro(data: dict) -> dict:
     """Repro files from before `engine` name their case shape in `mode` (`decode`,
     `context-reuse`), the oldest nothing (decode); nor do they have `created` or `non_torch`."""
@@ -218,7 +245,7 @@ class ReproFile(ResultFile):
     environment: Environment
     cases: list[ReproCase]
     notes: list[str] = Field(description="lines on the budget, the non-torch model and other caveats")
-    non_torch: dict | None = Field(description="the host setup non-torch memory was taken from")
+    non_torch: NonTorch | None = Field(description="the host setup non-torch memory was taken from")
     created: str | None = Field(description="when it was made: UTC, ISO 8601")
 
 
@@ -269,6 +296,15 @@ class GraphPath(Model):
     failure: str | None = Field(description="the first capture that failed, in one line")
 
 
+class Serving(Model):
+    """vLLM's CUDA-graph settings the capture list came from."""
+
+    max_num_seqs: int
+    max_cudagraph_capture_size: int | None
+    cudagraph_mode: str
+    num_speculative_tokens: int
+
+
 def _legacy_graphs(data: dict) -> dict:
     """Graphs files from before `created` and `notes`."""
     return _with_environment(_filled(data, {"notes": [], "created": None}))
@@ -288,7 +324,7 @@ class GraphsFile(ResultFile):
     op: str
     capture_sizes: list[int] = Field(description="largest first, as captured")
     capture_sizes_source: str
-    serving: dict = Field(description="max_num_seqs, max_cudagraph_capture_size, cudagraph_mode, ...")
+    serving: Serving
     environment: Environment
     paths: list[GraphPath]
     notes: list[str]
@@ -447,6 +483,28 @@ class PlanRequest(Open):
     gpu_memory_bytes: Bytes
 
 
+class VllmPlan(Model):
+    """Sparse scenarios: what vLLM's side of the plan needs, per call and for the prefill."""
+
+    kernel: str
+    max_num_batched_tokens: int
+    headroom_bytes: Bytes = Field(description="what the utilization leaves outside the KV budget")
+    per_call_need_bytes: dict[str, Bytes] = Field(description="path -> one decode call's peak need")
+    per_call_fits: dict[str, bool] = Field(description="path -> whether it fits the headroom")
+    prefill_workspace_bytes: Bytes
+    prefill_workspace_fits: bool
+
+
+class PlanScenario(Model):
+    name: str
+    model: str
+    heads_per_rank: int
+    num_layers: int
+    kv_cache_dtype: str
+    kv_bytes_per_token_per_layer: Bytes
+    weights_note: str
+
+
 class OnePlan(Model):
     """One rank's plan."""
 
@@ -462,7 +520,7 @@ class OnePlan(Model):
     pool_tokens_without_reserve: int
     fp8_reserve: Reserve
     full_reserve: Reserve
-    vllm: dict | None
+    vllm: VllmPlan | None
 
 
 class PlanSweep(Model):
@@ -475,10 +533,65 @@ class PlanFile(ResultFile):
 
     schema_: Literal["mlamem.plan/1"] = Field(alias="schema")
     command: str
-    scenario: Open
+    scenario: PlanScenario
     sweep: PlanSweep | None
     plans: list[OnePlan]
 
 
+# mlamem.bench/2 (benchmarks/triton_vs_flashmla.py --json)
+
+
+class BenchEnvironment(Model):
+    gpu: str = Field(description="the GPU")
+    sm_count: int = Field(description="its SMs")
+    torch: str
+    triton: str | None
+    flash_mla: str | None
+
+
+class BenchRow(Model):
+    """One call timed (part 1: 64 heads from each KV pool; part 2, `rank_rows`: a rank's heads)."""
+
+    scenario: str | None = Field(None, description="part 2: the scenario whose per-rank heads these are")
+    kernel: str = Field(description="`FlashMLA`, or mlamem's kernel with its design and launch config")
+    tokens: int = Field(description="s_q")
+    heads: int = Field(description="query heads of the call")
+    pool: str = Field(description="the KV pool the indices point into: `l2` (4 x topk tokens) or `hbm`")
+    pool_tokens: int
+    ms: float = Field(description="median time per call (`triton.testing.do_bench`)")
+    tflops: float = Field(description="2 * s_q * heads * topk * (576 + 512) / time, in TFLOP/s")
+    gathered_tb_per_s: float = Field(description="gathered KV bytes per second, in TB/s")
+    allocated_bytes: Bytes = Field(description="the allocator's peak during one call, above the start")
+    rel_l2_vs_flashmla: float | None = Field(None, description="out's relative L2 error against FlashMLA's")
+    ratio_vs_flashmla: float | None = Field(None, description="part 1: TFLOP/s over FlashMLA's")
+    speedup_vs_flashmla_padded: float | None = Field(
+        None, description="part 2: FlashMLA's padded call's time (pad included) over this call's")
+
+
+class LseRow(Model):
+    """The largest absolute lse difference between each pair of one shape (`--lse`)."""
+
+    tokens: int
+    heads: int
+    topk: int
+    flashmla_vs_reference: float
+    triton_vs_reference: float
+    triton_vs_flashmla: float
+
+
+class BenchFile(ResultFile):
+    """`python3 benchmarks/triton_vs_flashmla.py --json FILE` (GPU only); version 1 files
+    (reports/triton-h200) are the older shape: part 1 from the small pool only."""
+
+    VERSION: ClassVar[int] = 2
+
+    schema_: Literal["mlamem.bench/2"] = Field(alias="schema")
+    topk: int = Field(description="the sparse top-k of every call")
+    environment: BenchEnvironment
+    rows: list[BenchRow]
+    rank_rows: list[BenchRow]
+    lse: list[LseRow]
+
+
 FILES: tuple[type[ResultFile], ...] = (ProfileFile, ReproFile, GraphsFile, ValidateFile,
-                                       CompareFile, BaselineFile, PlanFile)
+                                       CompareFile, BaselineFile, PlanFile, BenchFile)
