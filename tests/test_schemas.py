@@ -195,6 +195,18 @@ def test_every_schema_the_code_writes_has_a_model(documents):
     assert {p.name for p in SCHEMAS.glob("*.schema.json")} == {file_name(s) for s in named}
 
 
+def test_the_csv_columns_page_lists_what_csv_writes(tmp_path):
+    """docs/schemas/csv.md names every column a profile and a graphs CSV have, in order."""
+    page = (SCHEMAS / "csv.md").read_text()
+    for command in ("profile", "graphs"):
+        target = tmp_path / f"{command}.csv"
+        extra = ["--tokens", "1024"] if command == "profile" else ["--capture-sizes", "512,8"]
+        assert main([command, "--predict", *extra, "--output", str(target)]) == 0
+        header = target.read_text().splitlines()[0].split(",")
+        section = page.split(f"of {command}\n", 1)[1].split("\n## ", 1)[0]
+        assert re.findall(r"^\| `([a-z_]+)` \|", section, re.M) == header
+
+
 def test_the_committed_schemas_are_the_models():
     """docs/schemas/ is what `python -m mlamem.results --write-schemas` writes, byte for byte."""
     assert stale(SCHEMAS) == [], "run `python -m mlamem.results --write-schemas`"
@@ -202,7 +214,7 @@ def test_the_committed_schemas_are_the_models():
 
 def test_a_stale_schema_is_caught(tmp_path):
     """A committed file edited by hand, or one for no model, is named."""
-    for path in SCHEMAS.glob("*.schema.json"):
+    for path in SCHEMAS.iterdir():
         (tmp_path / path.name).write_text(path.read_text())
     (tmp_path / "profile-1.schema.json").write_text("{}\n")
     (tmp_path / "gone-1.schema.json").write_text("{}\n")

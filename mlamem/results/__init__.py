@@ -23,6 +23,16 @@ MODELS = {
 }
 
 
+# The CSV files: per schema, (what one line is, the model whose fields are the columns, the
+# columns; None: all of its fields, in order).
+CSV = {
+    "mlamem.profile/1": ("(swept value, path)", "ProfileRow", None),
+    "mlamem.graphs/1": ("capture of one path", "Capture", (
+        "path", "tokens", "peak_allocated_bytes", "peak_reserved_bytes", "pool_growth_bytes",
+        "held_bytes", "device_growth_bytes", "replay_equal", "failure")),
+}
+
+
 def model_for(schema: str) -> Any:
     """The model class of `schema` (a KeyError if mlamem has none)."""
     from mlamem.results import models
