@@ -64,20 +64,32 @@ class Scenario(Open):
 
 
 class Kernel(Open):
-    """The kernel adapter that ran (`mlamem kernels`); further keys: its capabilities."""
+    """The kernel adapter that ran (`mlamem kernels`), and what it declares it can take; a
+    compare result's kernels carry name, label, version and head_counts only."""
 
     name: str = Field(description="the `--kernel` name (`mlamem kernels` lists them)")
     label: str = Field(description="its name for people, e.g. `FlashMLA`")
-    version: str | None = Field(
-        None, description=(
-            "its build's version (`flashmla-vllm`: the vllm version and the library's sha256), null "
-            "when unknown"))
-    sm_count: int | None = Field(
-        None, description=(
-            "the SMs its split plan was made for: the local GPU's when measured, the scenario's GPU's "
-            "when predicted"))
+    version: str | None = Field(None, description=(
+        "its build's version (`flashmla-vllm`: the vllm version and the library's sha256), null when "
+        "unknown"))
+    sm_count: int | None = Field(None, description=(
+        "the SMs its split plan was made for: the local GPU's when measured, the scenario's GPU's when "
+        "predicted"))
+    takes_out: bool | None = Field(None, description="accepts a caller's output tensor (`out=`)")
+    takes_lse: bool | None = Field(None, description="accepts a caller's lse tensor")
+    takes_accum_workspace: bool | None = Field(
+        None, description="accepts caller-provided split-KV accumulators")
     head_counts: list[int] | None = Field(
         None, description="the query head counts it runs; q is padded up to one of them")
+    source: str | None = Field(
+        None, description="where these facts come from, e.g. the op schema read at run time")
+    kv_formats: list[str] | None = Field(
+        None, description="the caches it reads for the operation: `fp8_ds_mla`, `bf16` or `fp8`")
+    heads_source: str | None = Field(
+        None, description="where `head_counts` come from (probed on which GPU, or assumed)")
+    assumed: bool | None = Field(None, description=(
+        "true when the kernel's library is not loaded here and its recorded schema stands in "
+        "(predictions only)"))
 
 
 class Buffer(Model):
