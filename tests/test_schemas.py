@@ -290,3 +290,25 @@ def test_every_committed_result_passes_its_model(path):
     """Every result file in reports/ and tests/fixtures, old and new, reads through its model."""
     data = json.loads(path.read_text())
     results.read(data, data["schema"])
+
+
+MODELS_LOADED = "print(sorted(m for m in sys.modules if m == 'mlamem.results.models'))"
+
+
+@pytest.mark.parametrize("code", [
+    "import sys; from mlamem.cli import main; main(['--help'])",
+    "import sys; from mlamem.cli import main; main(['scenarios'])",
+    "import sys; import mlamem.pytest_plugin"])
+def test_the_models_load_only_where_a_file_is_read(code):
+    """`--help`, `scenarios` and the pytest plugin load no result model; reading a file does."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-P", "-c", f"{code}\n{MODELS_LOADED}"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "[]", done.stderr
+    read = (f"import sys, json; from mlamem.profile import ProfileResult; ProfileResult.from_dict("
+            f"json.load(open({str(FIXTURES / 'profile-glm5-h200.json')!r})))\n{MODELS_LOADED}")
+    done = subprocess.run([sys.executable, "-P", "-c", read], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.splitlines()[-1] == "['mlamem.results.models']", done.stderr
