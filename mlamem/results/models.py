@@ -12,10 +12,10 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from mlamem.results import LEGACY_KERNEL_FIELDS
 from mlamem.results.base import Migrate, Model, Open, ResultFile
 
 SPARSE_DECODE = "sparse-decode"  # the operation of every file from before operations
-LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}  # environment, before `kernels`
 ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # repro, before `engine`
 
 Bytes = int  # a byte count
@@ -741,21 +741,12 @@ class BenchRow(Model):
 class LseRow(Model):
     """The largest absolute lse difference between each pair of one shape (`--lse`)."""
 
-    tokens: int = Field(description="the shape of one lse comparison (`--lse`; empty without it)")
-    heads: int = Field(description="the shape of one lse comparison (`--lse`; empty without it)")
-    topk: int = Field(description="the shape of one lse comparison (`--lse`; empty without it)")
-    flashmla_vs_reference: float = Field(
-        description=(
-            "the largest absolute lse difference between each pair: FlashMLA, Triton and the fp32 "
-            "reference"))
-    triton_vs_reference: float = Field(
-        description=(
-            "the largest absolute lse difference between each pair: FlashMLA, Triton and the fp32 "
-            "reference"))
-    triton_vs_flashmla: float = Field(
-        description=(
-            "the largest absolute lse difference between each pair: FlashMLA, Triton and the fp32 "
-            "reference"))
+    tokens: int = Field(description="s_q of the compared call")
+    heads: int = Field(description="its query heads")
+    topk: int = Field(description="its sparse top-k")
+    flashmla_vs_reference: float = Field(description="FlashMLA's lse against the fp32 computation")
+    triton_vs_reference: float = Field(description="mlamem's kernel's lse against the fp32 computation")
+    triton_vs_flashmla: float = Field(description="mlamem's kernel's lse against FlashMLA's")
 
 
 class BenchFile(ResultFile):
