@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from mlamem import nvml
-from mlamem.results import LEGACY_KERNEL_FIELDS  # files from before `kernels`
+from mlamem.results.legacy import LEGACY_KERNEL_FIELDS  # files from before `kernels`
 from mlamem.version import __version__
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# Files written before an environment's `kernels`: their per-kernel version fields, each read
-# as kernels.<name> (the migrate step of version 1, and mlamem.environment).
-LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}
+from mlamem.results.legacy import LEGACY_KERNEL_FIELDS
+
+__all__ = ["CSV", "LEGACY_KERNEL_FIELDS", "MODELS", "model_for", "read"]
 
 # Schema name -> the model's class name in mlamem.results.models.
 MODELS = {

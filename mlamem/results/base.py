@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -80,8 +81,8 @@ def field_name(loc: tuple[Any, ...]) -> str:
 def check(model: type[ResultFile], data: dict) -> dict:
     """`data` migrated and validated by `model`; ValueError(one line) if it does not match."""
     migrated = model.migrate(data)
-    try:
-        model.model_validate(migrated)
+    try:  # as its JSON: a result built in memory (tuples for lists) reads as its file would
+        model.model_validate(json.loads(json.dumps(migrated)))
     except ValidationError as exc:
         raise ValueError(error_line(exc)) from None
     return migrated

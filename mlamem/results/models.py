@@ -12,8 +12,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from mlamem.results import LEGACY_KERNEL_FIELDS
 from mlamem.results.base import Migrate, Model, Open, ResultFile
+from mlamem.results.legacy import LEGACY_KERNEL_FIELDS
 
 SPARSE_DECODE = "sparse-decode"  # the operation of every file from before operations
 ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # repro, before `engine`
