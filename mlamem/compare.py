@@ -72,13 +72,16 @@ class CompareResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> CompareResult:
-        """Read back a saved mlamem.compare/1 file; KeyError/TypeError if malformed."""
+        """Read back a saved mlamem.compare/1 file, checked by its model (`mlamem.results`);
+        ValueError (one line naming the field) if malformed."""
+        from mlamem import results
+
+        data = results.read(data, SCHEMA)
         rows = [CompareRow(**{**row, "errors": {
             name: None if error is None else ReferenceDifference(**error)
             for name, error in row["errors"].items()}}) for row in data["rows"]]
         return cls(**{**data, "rows": rows,
-                      "environment": environment.Environment.from_dict(data["environment"]),
-                      "notes": list(data.get("notes", []))})
+                      "environment": environment.Environment.from_dict(data["environment"])})
 
     @property
     def measured(self) -> bool:

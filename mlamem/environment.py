@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from mlamem import nvml
+from mlamem.results.legacy import LEGACY_KERNEL_FIELDS  # files from before `kernels`
 from mlamem.version import __version__
-
-# Files written before `kernels` recorded one kernel version per field; each maps to a kernel.
-LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}
 
 
 @dataclass(frozen=True)

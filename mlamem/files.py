@@ -34,20 +34,21 @@ def remove_temporaries() -> None:
 
 def pick_format(path: Path | None, given: str | None, accepted: Sequence[str],
                   option: str = "--output", what: str = "this command") -> str:
-    """The format to write: --format if given, else the one `path`'s extension names, else the
-    first of `accepted` (the default). A UserError if they disagree or `accepted` lacks it.
+    """The format to write: `given` if any, else the one `path`'s extension names, else the
+    first of `accepted` (the default). A UserError (field `format`) if they disagree or
+    `accepted` lacks it.
 
     '.txt' is table, '.md' markdown, '.json' json, '.csv' csv; any other name takes --format.
     """
     implied = FORMAT_BY_SUFFIX.get(path.suffix.lower()) if path is not None else None
     if implied is not None and given is not None and given != implied:
-        raise UserError(f"{option} {path} is {implied} by its extension but --format is {given}; "
-                        f"drop --format or name the file {path.stem}{_suffix_for(given)}")
+        raise UserError(f"{given}, but {option} {path} is {implied} by its extension; drop the "
+                        f"format or name the file {path.stem}{_suffix_for(given)}", field="format")
     chosen = given or implied or accepted[0]
     if chosen not in accepted:
         names = ", ".join(f"{f} ({_suffix_for(f)})" for f in accepted)
         if path is None or implied is None:
-            raise UserError(f"--format {chosen}: {what} writes {names}; pick one of those")
+            raise UserError(f"{chosen}: {what} writes {names}; pick one of those", field="format")
         raise UserError(f"{option} {path}: {what} writes {names}, and {path.suffix} names "
                         f"{chosen}; name the file {path.stem}{_suffix_for(accepted[0])} or the like")
     return chosen
@@ -157,8 +158,8 @@ def read_json(path: Path) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise UserError(f"{path}: no such result file; pass JSON files saved with "
-                        "--format json --output") from None
+        raise UserError(f"{path}: no such result file; pass the result files a command saved "
+                        "in its json format") from None
     except IsADirectoryError:
         raise UserError(f"{path} is a folder; pass a result file (JSON)") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -167,7 +168,7 @@ def read_json(path: Path) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); save results "
-                        "with --format json --output") from None
+                        "in the json format") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: not an mlamem result (a JSON {type(data).__name__}, "
                         "not an object)")

@@ -260,59 +260,32 @@ def load(path: Path) -> Baseline:
                         field="baseline")
     try:
         return _parse(data)
-    except (KeyError, TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise UserError(f"{path} is not a valid {SCHEMA} file ({exc}); {fix}",
                         field="baseline") from None
 
 
-def _get(data: dict, key: str, kind: type | tuple[type, ...], where: str):
-    if not isinstance(data, dict) or key not in data:
-        raise ValueError(f"{where}.{key} is missing")
-    value = data[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise TypeError(f"{where}.{key} has the wrong type")
-    return value
-
-
 def _parse(data: dict) -> Baseline:
-    cases = []
-    for i, case in enumerate(_get(data, "cases", list, "baseline")):
-        where = f"cases[{i}]"
-        numbers = {name: _get(case, name, (int, type(None)), where) for name in (
-            "peak_allocated_bytes", "peak_reserved_bytes", "bytes_allocated_in_call")}
-        buffers = _get(case, "buffers", dict, where)
-        for name in buffers:
-            _get(buffers, name, int, f"{where}.buffers")
-        op = case.get("op", SPARSE_DECODE) if isinstance(case, dict) else SPARSE_DECODE
-        if op not in OPERATIONS:
-            raise ValueError(f"{where}.op {op!r} is not one of {', '.join(OPERATIONS)}")
-        optional = {name: _get(case, name, (int, type(None)), where)
-                    for name in ("requests", "kv_tokens") if name in case}
-        cases.append(CaseFigures(
-            scenario=_get(case, "scenario", str, where), op=op,
-            tokens=_get(case, "tokens", int, where), path=_get(case, "path", str, where),
-            buffers=buffers, failure=_get(case, "failure", (str, type(None)), where),
-            **optional, **numbers))
-    sweep = _get(data, "sweep", dict, "baseline")
-    for key, kind in (("scenarios", str), ("tokens", int), ("paths", str)):
-        if not all(isinstance(v, kind) for v in _get(sweep, key, list, "sweep")):
-            raise TypeError(f"sweep.{key} has the wrong type")
-    for key, kind in (("ops", str), ("requests", int)):
-        if key in sweep and not all(isinstance(v, kind) for v in _get(sweep, key, list, "sweep")):
-            raise TypeError(f"sweep.{key} has the wrong type")
+    """A baseline file's object, checked by its model (`mlamem.results`: every field's type,
+    older files' defaults), then what only a registry knows: the operations and the kernel."""
+    from mlamem import results
+
+    data = results.read(data, SCHEMA)
+    for i, case in enumerate(data["cases"]):
+        if case["op"] not in OPERATIONS:
+            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of {', '.join(OPERATIONS)}")
+    sweep = data["sweep"]
     unknown = [o for o in sweep_ops(sweep) if o not in OPERATIONS]
     if unknown:
-        raise ValueError(f"sweep.ops {unknown[0]!r} is not one of {', '.join(OPERATIONS)}")
+        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of {', '.join(OPERATIONS)}")
     if DENSE_DECODE in sweep_ops(sweep) and "requests" not in sweep:
-        raise ValueError("sweep.requests is missing (the sweep covers dense-decode)")
+        raise ValueError("sweep.requests: missing (the sweep covers dense-decode)")
     if sweep_kernel(sweep) not in REGISTRY:
-        raise ValueError(f"sweep.kernel {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
-    return Baseline(command=_get(data, "command", str, "baseline"),
-                    measured=_get(data, "measured", bool, "baseline"),
-                    not_measured_reason=_get(data, "not_measured_reason", (str, type(None)),
-                                             "baseline"),
-                    environment=_get(data, "environment", dict, "baseline"), sweep=sweep,
-                    cases=cases)
+        raise ValueError(f"sweep.kernel: {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
+    return Baseline(command=data["command"], measured=data["measured"],
+                    not_measured_reason=data["not_measured_reason"],
+                    environment=data["environment"], sweep=sweep,
+                    cases=[CaseFigures(**case) for case in data["cases"]])
 
 
 def check_covered(baseline: Baseline, parts: Sequence[SweepPart]) -> None:

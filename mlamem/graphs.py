@@ -99,13 +99,16 @@ class GraphsResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> GraphsResult:
-        """Read back a saved mlamem.graphs/1 file; KeyError/TypeError if malformed."""
+        """Read back a saved mlamem.graphs/1 file, checked by its model (`mlamem.results`);
+        ValueError (one line naming the field) if malformed."""
+        from mlamem import results
+
+        data = results.read(data, SCHEMA)
         paths = [GraphPath(**{**p, "captures": [Capture(**c) for c in p["captures"]],
                               "estimates": [Estimate(**e) for e in p["estimates"]]})
                  for p in data["paths"]]
         return cls(**{**data, "paths": paths,
-                      "environment": environment.Environment.from_dict(data["environment"]),
-                      "notes": list(data.get("notes", []))})
+                      "environment": environment.Environment.from_dict(data["environment"])})
 
 
 # Measuring

@@ -74,14 +74,13 @@ class ProfileResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> ProfileResult:
-        """Read back `to_dict()`, a saved mlamem.profile/1 file; KeyError/TypeError if malformed."""
-        return cls(
-            command=data["command"], measured=data["measured"],
-            not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
-            kernel=data["kernel"], environment=environment.Environment.from_dict(data["environment"]),
-            rows=[ProfileRow(**row) for row in data["rows"]], notes=list(data.get("notes", [])),
-            created=data.get("created"), op=data.get("op", SPARSE_DECODE),
-            shard=data.get("shard"))
+        """Read back `to_dict()`, a saved mlamem.profile/1 file, checked by its model
+        (`mlamem.results`); ValueError (one line naming the field) if malformed."""
+        from mlamem import results
+
+        data = results.read(data, SCHEMA)
+        return cls(**{**data, "environment": environment.Environment.from_dict(data["environment"]),
+                      "rows": [ProfileRow(**row) for row in data["rows"]]})
 
 
 RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"

@@ -1,8 +1,9 @@
 """`mlamem report`: saved results (profile, repro-oom, graphs, validate, compare) as one PR-ready
 Markdown document.
 
-`load` reads a result file and checks it against its schema; `build` assembles the document from
-the existing Markdown renderers (`mlamem.render`) and the figures (`mlamem.plots`); `write` puts
+`load` reads a result file and checks it by its model (`mlamem.results`); each kind of result has
+a `Section` whose hooks name, title, summarise and render it, and `build` iterates them over the
+existing Markdown renderers (`mlamem.render`) and the figures (`mlamem.plots`); `write` puts
 the PNGs next to the Markdown, each file whole or not at all. Plain data in, text and PNG bytes
 out: the same inputs give the same bytes (the date shown is the one each result recorded).
 """
@@ -30,15 +31,10 @@ from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
-from mlamem.repro import ReproResult, result_engine
+from mlamem.repro import ReproResult
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
-
-KINDS = {PROFILE_SCHEMA: "profile", REPRO_SCHEMA: "repro-oom", VALIDATE_SCHEMA: "validate",
-         COMPARE_SCHEMA: "compare", GRAPHS_SCHEMA: "graphs"}
-ORDER = ("profile", "repro-oom", "graphs", "validate", "compare")  # sections in this order,
-#                                                                    inputs in given order within
 
 
 @dataclass(frozen=True)
@@ -53,24 +49,201 @@ class ValidationResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> ValidationResult:
-        env = data.get("environment")
+        """A saved mlamem.validate/1 file, checked by its model; ValueError if malformed."""
+        from mlamem import results
+
+        data = results.read(data, VALIDATE_SCHEMA)
+        env = data["environment"]
         comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
                        for c in data["comparisons"]]
         return cls(command=data["command"], comparisons=comparisons,
                    environment=None if env is None else Environment.from_dict(env),
-                   created=data.get("created"))
+                   created=data["created"])
 
 
 Result = ProfileResult | ReproResult | ValidationResult | CompareResult | GraphsResult
 
 
+class Section:
+    """How the report shows one kind of result: its hooks read a file, name it, title it,
+    summarise it and render its part of the document. One subclass per result model, in the
+    order the document shows them; nothing here dispatches on a kind string."""
+
+    kind: str  # how the report names it ("profile", "repro-oom", ...)
+    schema: str  # the JSON schema it reads
+    result_type: type
+    items: str  # the result's list a report needs at least one entry of
+
+    @staticmethod
+    def read(data: dict) -> Result:
+        raise NotImplementedError
+
+    def check(self, result: Result) -> str | None:
+        """What a file that matches its model still lacks for a report, or None."""
+        return None if getattr(result, self.items) else f"{self.items!r} is empty"
+
+    def scenario(self, r) -> str:
+        return r.scenario["name"]
+
+    def title(self, r) -> str:
+        return self.scenario(r)
+
+    def figures(self, r) -> str:
+        """The environment table's figures cell."""
+        return "measured" if r.measured else "**PREDICTED**"
+
+    def body(self, r, figure: Callable[..., list[str]], tag: str) -> list[str]:
+        """The section's Markdown; `figure(suffix, alt, draw)` adds a plot."""
+        raise NotImplementedError
+
+    def summary(self, r, tag: str) -> list[str]:
+        raise NotImplementedError
+
+
+class ProfileSection(Section):
+    kind, schema, result_type, items = "profile", PROFILE_SCHEMA, ProfileResult, "rows"
+    read = staticmethod(ProfileResult.from_dict)
+
+    def title(self, r: ProfileResult) -> str:
+        op = "" if r.op == SPARSE_DECODE else f" {r.op}"
+        return f"{self.scenario(r)}, {r.kernel['label']}{op}"
+
+    def body(self, r: ProfileResult, figure, tag: str) -> list[str]:
+        return [render.markdown(r),
+                *figure("peak", f"Per-call peak vs T{tag}", lambda plots: plots.peak_vs_tokens(r)),
+                *figure("buffers", f"Buffers at each call's peak{tag}",
+                        lambda plots: plots.buffers_by_tokens(r)),
+                render.breakdown_markdown(r)]
+
+    def summary(self, r: ProfileResult, tag: str) -> list[str]:
+        by_tokens: dict[int, dict] = {}
+        for row in r.rows:
+            by_tokens.setdefault(row.tokens, {})[row.path] = row
+        out = []
+        paths = [p for p in ("alloc", "workspace", "workspace-full")
+                 if any(p in rows for rows in by_tokens.values())]
+        for tokens, rows in by_tokens.items():
+            if all(p in rows and rows[p].failure is None for p in paths):
+                out.append(f"{tokens}: " + " → ".join(
+                    f"{gib(rows[p].peak_allocated_bytes):.3f}" for p in paths) + " GiB")
+        if not out or len(paths) < 2:
+            return []
+        symbol = operation(r.op).symbol
+        op = "" if r.op == SPARSE_DECODE else f" {r.op}"
+        return [f"- profile{op} {r.scenario['name']}, {r.kernel['label']}{tag}: per-call "
+                f"peak, {' → '.join(paths)} path, at {symbol} = " + "; ".join(out)]
+
+
+class ReproSection(Section):
+    kind, schema, result_type, items = "repro-oom", REPRO_SCHEMA, ReproResult, "cases"
+    read = staticmethod(ReproResult.from_dict)
+
+    def check(self, result: ReproResult) -> str | None:
+        """Also the engine, whose cases each name by the engine's own key."""
+        if not result.cases:
+            return f"{self.items!r} is empty"
+        try:
+            key = load_engine(result.engine).case_type.key_field
+        except (KeyError, ValueError):
+            return f"engine: {result.engine!r} is not one of {', '.join(engine_names())}"
+        for i, case in enumerate(result.cases):
+            if not isinstance(case.get(key), str):
+                return f"cases[{i}].{key}: expected a string"
+        return None
+
+    def body(self, r: ReproResult, figure, tag: str) -> list[str]:
+        lines = [render.repro_markdown(r)]
+        if load_engine(r.engine).view.budget_plot:  # vLLM's figures, one bar per path
+            lines += figure("budget", f"Memory budget per path{tag}",
+                            lambda plots: plots.repro_budget(r))
+        return lines
+
+    def summary(self, r: ReproResult, tag: str) -> list[str]:
+        verdicts = "; ".join(f"{render.case_label(c, r.engine)}: {render.verdict_text(c)}"
+                             for c in r.cases)
+        return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
+
+
+class GraphsSection(Section):
+    kind, schema, result_type, items = "graphs", GRAPHS_SCHEMA, GraphsResult, "paths"
+    read = staticmethod(GraphsResult.from_dict)
+
+    def title(self, r: GraphsResult) -> str:
+        return f"{self.scenario(r)}, {r.kernel['label']}"
+
+    def body(self, r: GraphsResult, figure, tag: str) -> list[str]:
+        return [render.graphs_markdown(r),
+                *figure("pool", f"CUDA-graph pool per capture size{tag}",
+                        lambda plots: plots.graph_pool_vs_size(r))]
+
+    def summary(self, r: GraphsResult, tag: str) -> list[str]:
+        return [f"- graphs {r.scenario['name']}, {r.kernel['label']}{tag}: {_graphs_verdict(r)}"]
+
+
+class ValidateSection(Section):
+    kind, schema, result_type, items = "validate", VALIDATE_SCHEMA, ValidationResult, "comparisons"
+    read = staticmethod(ValidationResult.from_dict)
+
+    def scenario(self, r: ValidationResult) -> str:
+        return ", ".join(dict.fromkeys(c.scenario for c in r.comparisons))
+
+    def figures(self, r: ValidationResult) -> str:
+        return "measured and predicted, compared"
+
+    def body(self, r: ValidationResult, figure, tag: str) -> list[str]:
+        return [render.validation_markdown(r.comparisons, r.command)]
+
+    def summary(self, r: ValidationResult, tag: str) -> list[str]:
+        cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
+        differ = [c for c in r.comparisons if not c.agrees]
+        verdict = ("every figure equal, to the byte" if not differ
+                   else f"{len(differ)} figure(s) DIFFER")
+        plural = "s" if len(cases) != 1 else ""
+        return [f"- validate: {len(cases)} case{plural} (scenario, T, path), "
+                f"{len(r.comparisons)} figures predicted and measured: {verdict}"]
+
+
+class CompareSection(Section):
+    kind, schema, result_type, items = "compare", COMPARE_SCHEMA, CompareResult, "rows"
+    read = staticmethod(CompareResult.from_dict)
+
+    def scenario(self, r: CompareResult) -> str:
+        return r.scenario
+
+    def title(self, r: CompareResult) -> str:
+        return f"{r.scenario}, {' vs '.join(k['name'] for k in r.kernels)}, {r.op}"
+
+    def body(self, r: CompareResult, figure, tag: str) -> list[str]:
+        return [render.compare_markdown(r)]
+
+    def summary(self, r: CompareResult, tag: str) -> list[str]:
+        return [f"- compare {r.op} {' vs '.join(k['name'] for k in r.kernels)}, {r.scenario}: "
+                f"{_compare_verdict(r)}"]
+
+
+SECTIONS = (ProfileSection(), ReproSection(), GraphsSection(), ValidateSection(),
+            CompareSection())  # the document's order; inputs in given order within each
+
+
+def section_for(result: Result) -> Section:
+    """The section that shows `result`, by its type."""
+    return next(s for s in SECTIONS if isinstance(result, s.result_type))
+
+
 @dataclass(frozen=True)
 class Saved:
-    """One result file: how the report names it, its kind, and what it holds."""
+    """One result file: how the report names it, and what it holds."""
 
     source: str  # the path as the report shows it
-    kind: str  # "profile", "repro-oom", "graphs", "validate" or "compare"
     result: Result
+
+    @property
+    def section(self) -> Section:
+        return section_for(self.result)
+
+    @property
+    def kind(self) -> str:
+        return self.section.kind
 
 
 @dataclass(frozen=True)
@@ -79,48 +252,6 @@ class Report:
 
     markdown: str
     figures: dict[str, bytes] = field(default_factory=dict)
-
-
-# What the renderers read, checked before anything is rendered: (key, types) per level.
-_TOP = {"command": str, "measured": bool, "scenario": dict, "kernel": dict, "environment": dict}
-_SHAPES = {
-    "profile": (_TOP, "rows", {"tokens": int, "path": str, "buffers": list}),
-    "repro-oom": ({**_TOP, "budget": dict}, "cases", {"verdict": str, "phase": str}),  # + case key
-    "validate": ({"command": str}, "comparisons", {"scenario": str, "tokens": int, "path": str,
-                                                    "item": str, "metric": str}),
-    "compare": ({"command": str, "op": str, "scenario": str, "kernels": list,
-                 "environment": dict}, "rows", {"tokens": int, "path": str, "errors": dict}),
-    "graphs": ({**_TOP, "capture_sizes": list}, "paths",
-               {"path": str, "captures": list, "estimates": list}),
-}
-_READERS: dict[str, Callable[[dict], Result]] = {
-    "profile": ProfileResult.from_dict, "repro-oom": ReproResult.from_dict,
-    "validate": ValidationResult.from_dict, "compare": CompareResult.from_dict,
-    "graphs": GraphsResult.from_dict}
-
-
-def _check_shape(data: dict, kind: str) -> str | None:
-    """What is missing or of the wrong type, or None."""
-    top, items, item_keys = _SHAPES[kind]
-    if kind == "repro-oom":  # each engine names its cases by its own key
-        try:
-            engine = load_engine(result_engine(data))
-        except (KeyError, ValueError):
-            return (f"'engine' {data.get('engine')!r} (or 'mode' {data.get('mode')!r}) is not "
-                    f"one of {', '.join(engine_names())}")
-        item_keys = {engine.case_type.key_field: str, **item_keys}
-    for key, kind_type in {**top, items: list}.items():
-        if not isinstance(data.get(key), kind_type):
-            return f"{key!r} missing or not a {kind_type.__name__}"
-    if not data[items]:
-        return f"{items!r} is empty"
-    for i, item in enumerate(data[items]):
-        if not isinstance(item, dict):
-            return f"{items}[{i}] is not an object"
-        for key, kind_type in item_keys.items():
-            if not isinstance(item.get(key), kind_type):
-                return f"{items}[{i}].{key} missing or not a {kind_type.__name__}"
-    return None
 
 
 def load(path: Path, shown_as: str | None = None) -> Saved:
@@ -138,18 +269,21 @@ def load_all(paths: Sequence[Path], output: Path | None) -> list[Saved]:
 
 
 def load_document(data: dict, path: str, shown_as: str | None = None) -> Saved:
-    """A result read from `path` (a file, or shards' files joined), checked against its
-    schema; a UserError names `path` and what is wrong."""
+    """A result read from `path` (a file, or shards' files joined), checked by its model and
+    by what its section needs; a UserError names `path` and what is wrong."""
     schema = data.get("schema")
-    kind = KINDS.get(schema) if isinstance(schema, str) else None
-    if kind is None:
+    section = next((s for s in SECTIONS if s.schema == schema), None)
+    if section is None:
         raise UserError(f"{path}: schema {schema!r} is not a result mlamem report reads; "
-                        f"expected one of: {', '.join(KINDS)}")
-    problem = _check_shape(data, kind)
+                        f"expected one of: {', '.join(s.schema for s in SECTIONS)}")
     saved = None
+    try:
+        saved = Saved(shown_as or str(path), section.read(data))
+        problem = section.check(saved.result)
+    except ValueError as exc:  # the model's one line: FIELD: what is wrong
+        problem = str(exc)
     if problem is None:
         try:
-            saved = Saved(shown_as or str(path), kind, _READERS[kind](data))
             _sections(saved, None)  # everything the renderers read is there
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             problem = f"{type(exc).__name__}: {exc}"
@@ -170,34 +304,12 @@ def shown_path(path: Path, output: Path | None) -> str:
 # The document
 
 
-def _scenario(saved: Saved) -> str:
-    if saved.kind == "validate":
-        return ", ".join(dict.fromkeys(c.scenario for c in saved.result.comparisons))
-    if saved.kind == "compare":
-        return saved.result.scenario
-    return saved.result.scenario["name"]
-
-
-def _title(saved: Saved) -> str:
-    """A section's title: the scenario, and for a profile or graphs its kernel, and a
-    profile's operation if it is not the sparse decode."""
-    if saved.kind == "compare":
-        r = saved.result
-        return f"{_scenario(saved)}, {' vs '.join(k['name'] for k in r.kernels)}, {r.op}"
-    if saved.kind == "graphs":
-        return f"{_scenario(saved)}, {saved.result.kernel['label']}"
-    if saved.kind != "profile":
-        return _scenario(saved)
-    r = saved.result
-    op = "" if r.op == SPARSE_DECODE else f" {r.op}"
-    return f"{_scenario(saved)}, {r.kernel['label']}{op}"
-
-
 def _figure_names(saved: Sequence[Saved], prefix: str) -> list[str]:
     """A distinct stem per result: PREFIX-KIND-SCENARIO[-predicted][-N]."""
     names, taken = [], set()
     for s in saved:
-        stem = f"{prefix}-{s.kind}-{_scenario(s)}" + ("" if s.result.measured else "-predicted")
+        stem = (f"{prefix}-{s.kind}-{s.section.scenario(s.result)}"
+                + ("" if s.result.measured else "-predicted"))
         name, n = stem, 2
         while name in taken:
             name, n = f"{stem}-{n}", n + 1
@@ -223,30 +335,14 @@ def _figure(figures: dict[str, bytes] | None, name: str, alt: str,
 
 def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") -> list[str]:
     """One result's part of the document; its figures go into `figures` (None: no plots)."""
-    r = saved.result
+    r, section = saved.result, saved.section
     tag = render.predicted_tag(r.measured)
-    lines = [f"## {saved.kind}: {_title(saved)}{tag}", "", f"From `{saved.source}`.", ""]
-    if saved.kind == "profile":
-        lines += [render.markdown(r)]
-        lines += _figure(figures, f"{stem}-peak.png", f"Per-call peak vs T{tag}",
-                         lambda plots: plots.peak_vs_tokens(r), saved.source)
-        lines += _figure(figures, f"{stem}-buffers.png", f"Buffers at each call's peak{tag}",
-                         lambda plots: plots.buffers_by_tokens(r), saved.source)
-        lines += [render.breakdown_markdown(r)]
-    elif saved.kind == "repro-oom":
-        lines += [render.repro_markdown(r)]
-        if load_engine(r.engine).view.budget_plot:  # vLLM's figures, one bar per path
-            lines += _figure(figures, f"{stem}-budget.png", f"Memory budget per path{tag}",
-                             lambda plots: plots.repro_budget(r), saved.source)
-    elif saved.kind == "graphs":
-        lines += [render.graphs_markdown(r)]
-        lines += _figure(figures, f"{stem}-pool.png", f"CUDA-graph pool per capture size{tag}",
-                         lambda plots: plots.graph_pool_vs_size(r), saved.source)
-    elif saved.kind == "compare":
-        lines += [render.compare_markdown(r)]
-    else:
-        lines += [render.validation_markdown(r.comparisons, r.command)]
-    return lines
+
+    def figure(suffix: str, alt: str, draw: Callable[[ModuleType], bytes]) -> list[str]:
+        return _figure(figures, f"{stem}-{suffix}.png", alt, draw, saved.source)
+
+    return [f"## {section.kind}: {section.title(r)}{tag}", "", f"From `{saved.source}`.", "",
+            *section.body(r, figure, tag)]
 
 
 def _environment_table(saved: Sequence[Saved]) -> list[str]:
@@ -254,8 +350,7 @@ def _environment_table(saved: Sequence[Saved]) -> list[str]:
              "(UTC) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in saved:
         env, r = s.result.environment, s.result
-        figures = ("measured and predicted, compared" if s.kind == "validate"
-                   else "measured" if r.measured else "**PREDICTED**")
+        figures = s.section.figures(r)
         if env is None:
             cells = ["not recorded"] + ["-"] * 5
         else:
@@ -273,44 +368,6 @@ def _kernels_cell(env: Environment) -> str:
     """The kernels with a version, `name version` each, e.g. `flashmla 1.0.0, triton 3.6.0`."""
     return ", ".join(f"{name} {version}" for name, version in env.kernels.items()
                      if version is not None) or "-"
-
-
-def _summary(s: Saved) -> list[str]:
-    """Headline lines for the summary at the top."""
-    r, tag = s.result, render.predicted_tag(s.result.measured)
-    if s.kind == "profile":
-        by_tokens: dict[int, dict] = {}
-        for row in r.rows:
-            by_tokens.setdefault(row.tokens, {})[row.path] = row
-        out = []
-        paths = [p for p in ("alloc", "workspace", "workspace-full")
-                 if any(p in rows for rows in by_tokens.values())]
-        for tokens, rows in by_tokens.items():
-            if all(p in rows and rows[p].failure is None for p in paths):
-                out.append(f"{tokens}: " + " → ".join(
-                    f"{gib(rows[p].peak_allocated_bytes):.3f}" for p in paths) + " GiB")
-        if out and len(paths) > 1:
-            symbol = operation(r.op).symbol
-            op = "" if r.op == SPARSE_DECODE else f" {r.op}"
-            return [f"- profile{op} {r.scenario['name']}, {r.kernel['label']}{tag}: per-call "
-                    f"peak, {' → '.join(paths)} path, at {symbol} = " + "; ".join(out)]
-        return []
-    if s.kind == "repro-oom":
-        verdicts = "; ".join(f"{render.case_label(c, r.engine)}: {render.verdict_text(c)}"
-                             for c in r.cases)
-        return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
-    if s.kind == "graphs":
-        return [f"- graphs {r.scenario['name']}, {r.kernel['label']}{tag}: {_graphs_verdict(r)}"]
-    if s.kind == "compare":
-        return [f"- compare {r.op} {' vs '.join(k['name'] for k in r.kernels)}, {r.scenario}: "
-                f"{_compare_verdict(r)}"]
-    cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
-    differ = [c for c in r.comparisons if not c.agrees]
-    verdict = ("every figure equal, to the byte" if not differ
-               else f"{len(differ)} figure(s) DIFFER")
-    plural = "s" if len(cases) != 1 else ""
-    return [f"- validate: {len(cases)} case{plural} (scenario, T, path), {len(r.comparisons)} figures "
-            f"predicted and measured: {verdict}"]
 
 
 def _graphs_verdict(r: GraphsResult) -> str:
@@ -337,7 +394,7 @@ def _compare_verdict(r: CompareResult) -> str:
 
 def build(saved: Sequence[Saved], figure_prefix: str | None) -> Report:
     """The whole document; figures named FIGURE_PREFIX-..., or none if the prefix is None."""
-    ordered = sorted(saved, key=lambda s: ORDER.index(s.kind))
+    ordered = sorted(saved, key=lambda s: SECTIONS.index(s.section))
     figures: dict[str, bytes] | None = None if figure_prefix is None else {}
     stems = _figure_names(ordered, figure_prefix or "")
     lines = ["# mlamem report", ""]
@@ -346,7 +403,7 @@ def build(saved: Sequence[Saved], figure_prefix: str | None) -> Report:
                   "every such table and plot says so.", ""]
     lines += ["## Summary", ""]
     for s in ordered:
-        lines += _summary(s)
+        lines += s.section.summary(s.result, render.predicted_tag(s.result.measured))
     lines += ["", "## Environment", "", *_environment_table(ordered), ""]
     for s, stem in zip(ordered, stems, strict=True):
         lines += _sections(s, figures, stem)
@@ -385,6 +442,6 @@ def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> l
     name = result.scenario["name"] + ("" if result.measured else ".predicted") + ".json"
     write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "--report")
     output = folder / REPORT_NAME
-    report = build([Saved(name, KINDS[result.schema], result)], figure_prefix=output.stem)
+    report = build([Saved(name, result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from mlamem import environment
-from mlamem.engines import ENGINE_OF_MODE, load_engine, request_engine
+from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import Budget, Engine, Verdict
 from mlamem.errors import UserError
 from mlamem.kernels import DEFAULT_KERNEL, SparseDecodeKernel, load_kernel
@@ -69,21 +69,14 @@ class ReproResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> ReproResult:
-        """Read back `to_dict()`, a saved mlamem.repro-oom/1 file; KeyError/TypeError if malformed."""
-        return cls(
-            command=data["command"], measured=data["measured"],
-            not_measured_reason=data["not_measured_reason"], scenario=data["scenario"],
-            kernel=data["kernel"], budget=data["budget"],
-            environment=environment.Environment.from_dict(data["environment"]),
-            cases=[dict(case) for case in data["cases"]], notes=list(data.get("notes", [])),
-            created=data.get("created"), engine=result_engine(data),
-            non_torch=data.get("non_torch"))
+        """Read back `to_dict()`, a saved mlamem.repro-oom/1 file, checked by its model
+        (`mlamem.results`; older files' `mode` becomes `engine` there); ValueError (one line
+        naming the field) if malformed."""
+        from mlamem import results
 
-
-def result_engine(data: dict) -> str:
-    """The engine of a saved result; older files name their case shape in `mode` instead
-    ("decode" or "context-reuse"), the oldest nothing (decode)."""
-    return data.get("engine") or ENGINE_OF_MODE[data.get("mode", "decode")]
+        data = results.read(data, SCHEMA)
+        return cls(**{**data, "environment": environment.Environment.from_dict(data["environment"]),
+                      "cases": [dict(case) for case in data["cases"]]})
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,

@@ -163,12 +163,12 @@ def _check_shard(name: str, document: dict) -> Shard:
     if document.get("shard") is None:
         raise UserError(f"{name} is not a shard (its `shard` is null); merge takes the files "
                         "that a sweep's shard I/N wrote, all N of one sweep")
-    items = document.get(ITEMS[schema])
-    if not isinstance(document.get("command"), str) or not isinstance(items, list) or not all(
-            isinstance(i, dict) and isinstance(i.get("scenario"), str)
-            and isinstance(i.get("tokens"), int) for i in items):
-        raise UserError(f"{name}: not a valid {schema} shard ('command' or "
-                        f"'{ITEMS[schema]}' missing or malformed)")
+    from mlamem import results
+
+    try:
+        results.read(document, schema)  # checked by its model; the merge joins the file as read
+    except ValueError as exc:
+        raise UserError(f"{name}: not a valid {schema} shard ({exc})") from None
     try:
         return parse_shard(str(document["shard"]))
     except UserError:

@@ -18,6 +18,7 @@ from mlamem.cli import app, main
 from mlamem.profile import ProfileResult
 from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
 from mlamem.repro import ReproResult
+from mlamem.results.models import ProfileRow as ProfileRowModel
 from mlamem.validate import Comparison
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
@@ -116,16 +117,19 @@ def test_count_and_difference_cells():
         "0", "+512 B", "-3.000 MiB", "n/a"]
 
 
-def test_csv_cells_are_json():
-    """Every CSV cell reads back with json.loads: null, true, strings and lists, no reprs."""
-    text = render.to_csv(_profile("profile-glm5-h200.predicted.json"))
-    assert "None" not in text and "True" not in text and "'" not in text
+def test_csv_cells_are_plain_values():
+    """Every CSV cell is a plain value: empty for null, true/false, text unquoted, lists joined
+    by ';', buffers as name=requested_bytes; no JSON, no reprs."""
+    result = _profile("profile-glm5-h200.predicted.json")
+    text = render.to_csv(result)
+    assert "None" not in text and "True" not in text and "'" not in text and '""' not in text
     rows = list(csv.DictReader(io.StringIO(text)))
-    cells = [{k: json.loads(v) for k, v in row.items()} for row in rows]
-    assert cells[0]["path"] == "alloc" and cells[1]["staged"] == ["padded_q"]
-    assert cells[0]["wall_time_ms"] is None and cells[0]["measured"] is False
-    assert cells[0]["buffers"][0]["name"] == "padded_q"
-    assert cells[0]["tokens"] == 1024
+    assert rows[0]["path"] == "alloc" and rows[1]["staged"] == "padded_q"
+    assert rows[0]["wall_time_ms"] == "" and rows[0]["measured"] == "false"
+    assert rows[0]["buffers"] == ";".join(f"{b['name']}={b['requested_bytes']}"
+                                          for b in result.rows[0].buffers)
+    assert rows[0]["buffers"].startswith("padded_q=") and rows[0]["tokens"] == "1024"
+    assert list(rows[0]) == [name for name in ProfileRowModel.model_fields]
 
 
 @pytest.mark.parametrize("name", ["profile, predicted", "profile --breakdown, predicted",

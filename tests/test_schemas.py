@@ -1,8 +1,11 @@
-"""Every JSON schema mlamem writes is documented field by field in docs/schemas.md.
+"""Every JSON schema mlamem writes has a pydantic model (mlamem/results) and a generated JSON
+Schema file in docs/schemas/, committed and equal to what the models generate.
 
 For each schema the test writes a real document (predicted, on the CPU; validate from the
-committed H200 comparisons, bench from its committed H200 output) and compares its fields, nested
-objects as dotted names, with docs/schemas.md's table for that schema, in both directions.
+committed H200 comparisons, bench from its committed H200 output), checks it with its model, and
+compares its fields, nested objects as dotted names, with the committed schema file's, both ways:
+nothing written that the schema lacks (except under an object whose other keys are open, such as
+a scenario or an engine's case), nothing the schema requires that is never written.
 """
 
 from __future__ import annotations
@@ -13,46 +16,54 @@ from pathlib import Path
 
 import pytest
 
+from mlamem import results
 from mlamem.cli import main
+from mlamem.results.__main__ import file_name, stale
 
 ROOT = Path(__file__).parent.parent
-SCHEMAS = ROOT / "docs" / "schemas.md"
+SCHEMAS = ROOT / "docs" / "schemas"
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
-SHARED = "### JSON objects shared by the schemas"
 MAP = ".<>"  # the keys of an object whose keys are data (`cases[].buffers.<buffer>`)
+OPEN = ".*"  # an object whose unlisted keys pass (`scenario.*`)
 
 
-def documented_tables() -> dict[str, list[set[str]]]:
-    """Schema name -> the fields of each of its docs/schemas.md tables, `object.*` rows expanded from
-    the shared objects' tables and `<key>` placeholders written as MAP."""
-    sections: dict[str, list[set[str]]] = {}
-    current, table = None, None
-    for line in SCHEMAS.read_text().splitlines():
-        if line.startswith(("## ", "### ")):
-            found = re.fullmatch(r"### JSON schema `(mlamem\.[a-z-]+/\d+)`", line)
-            current = found.group(1) if found else SHARED if line == SHARED else None
-            table = None
-            continue
-        if current is None or not line.startswith("|"):
-            table = None
-            continue
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[0] == "field" or set(cells[0]) <= {"-"}:
-            continue
-        if table is None:
-            table = set()
-            sections.setdefault(current, []).append(table)
-        table.update(re.sub(r"\.<[a-z_]+>$", MAP, name) for name in re.findall(r"`([^`]+)`",
-                                                                                  cells[0]))
-    shared = set().union(*sections.pop(SHARED))
-    for tables in sections.values():
-        for fields in tables:
-            for star in [f for f in fields if f.endswith(".*")]:
-                fields.remove(star)
-                expansion = {f for f in shared if f.startswith(star[:-1])}
-                assert expansion, f"docs/schemas.md: `{star}` names no shared object"
-                fields |= expansion
-    return sections
+def schema_fields(schema: str) -> tuple[set[str], set[str]]:
+    """(every field the committed schema file names, the required ones), as dotted names:
+    `rows[].tokens`, `cases[].buffers.<>` (MAP) for a map's keys, `scenario.*` (OPEN) for an
+    object that lets other keys pass."""
+    document = json.loads((SCHEMAS / file_name(schema)).read_text())
+    named: set[str] = set()
+    required: set[str] = set()
+
+    def resolve(node: dict) -> dict:
+        if "$ref" in node:
+            return resolve(document["$defs"][node["$ref"].rpartition("/")[2]])
+        choices = [c for c in node.get("anyOf", []) if c.get("type") != "null"]
+        return resolve(choices[0]) if len(choices) == 1 else node
+
+    def walk(node: dict, prefix: str, needed: bool) -> None:
+        node = resolve(node)
+        if node.get("type") == "array" and isinstance(node.get("items"), dict):
+            items = resolve(node["items"])
+            if "properties" in items:
+                return walk(items, prefix + "[]", needed)
+        properties = node.get("properties")
+        if not properties:
+            named.add(prefix)
+            if needed:
+                required.add(prefix)
+            extra = node.get("additionalProperties")
+            if isinstance(extra, dict) and node.get("type") == "object":
+                named.add(prefix + MAP)
+            return
+        if node.get("additionalProperties") is True:
+            named.add(prefix + OPEN)
+        for name, child in properties.items():
+            walk(child, f"{prefix}.{name}" if prefix else name,
+                 needed and name in node.get("required", []))
+
+    walk(document, "", True)
+    return named, required
 
 
 def written_fields(document, maps: set[str], prefix: str = "") -> set[str]:
@@ -68,16 +79,22 @@ def written_fields(document, maps: set[str], prefix: str = "") -> set[str]:
     return {prefix}
 
 
-def differences(documents: list[dict], documented: set[str]) -> tuple[list[str], list[str]]:
-    """(fields written but not documented, fields documented but never written)."""
-    maps = {f[:-len(MAP)] for f in documented if f.endswith(MAP)}
+def differences(documents: list[dict], named: set[str],
+                required: set[str]) -> tuple[list[str], list[str]]:
+    """(fields written that the schema lacks, fields the schema requires that are never written)."""
+    maps = {f[:-len(MAP)] for f in named if f.endswith(MAP)}
+    opened = {f[:-len(OPEN)] for f in named if f.endswith(OPEN)}
     written = set().union(*(written_fields(d, maps) for d in documents))
 
-    def under(name: str, names: set[str]) -> bool:  # an object or list holding documented ones
+    def under(name: str, names: set[str]) -> bool:  # an object or list holding named ones
         return any(n.startswith((name + ".", name + "[]")) for n in names)
 
-    return (sorted(w for w in written if w not in documented and not under(w, documented)),
-            sorted(d for d in documented if d not in written and not under(d, written)))
+    def in_open(name: str) -> bool:
+        return any(name.startswith((o + ".", o + "[]")) for o in opened)
+
+    return (sorted(w for w in written if w not in named and not under(w, named)
+                   and not in_open(w)),
+            sorted(r for r in required if r not in written and not under(r, written)))
 
 
 def _json(tmp_path: Path, name: str, *args: str) -> dict:
@@ -100,7 +117,7 @@ def _validate_document() -> dict:
 
 @pytest.fixture(scope="module")
 def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
-    """Schema -> for each docs/schemas.md table (mode), the documents written in that shape."""
+    """Schema -> the documents written in it, grouped by shape (repro-oom: per engine)."""
     tmp = tmp_path_factory.mktemp("schemas")
     return {
         "mlamem.profile/1": [[_json(tmp, "profile.json", "profile", "--tokens", "1024",
@@ -169,37 +186,129 @@ def _baseline(tmp: Path) -> dict:
     return json.loads(target.read_text())
 
 
-def test_every_schema_the_code_writes_has_a_docs_section(documents):
-    """A schema named anywhere in mlamem/ or benchmarks/ has its docs/schemas.md table and a document
-    in this test."""
+def test_every_schema_the_code_writes_has_a_model(documents):
+    """A schema named anywhere in mlamem/ or benchmarks/ has its model, its committed schema
+    file and a document in this test."""
     named = {m for folder in ("mlamem", "benchmarks") for path in (ROOT / folder).rglob("*.py")
              for m in re.findall(r"\"(mlamem\.[a-z-]+/\d+)\"", path.read_text())}
-    assert named == set(documented_tables()) == set(documents)
+    assert named == set(results.MODELS) == set(documents)
+    assert {p.name for p in SCHEMAS.glob("*.schema.json")} == {file_name(s) for s in named}
 
 
-@pytest.mark.parametrize("schema", ["mlamem.profile/1", "mlamem.repro-oom/1",
-                                    "mlamem.validate/1", "mlamem.baseline/1", "mlamem.plan/1",
-                                    "mlamem.bench/2", "mlamem.compare/1",
-                                    "mlamem.graphs/1"])
-def test_the_docs_document_every_field(schema, documents):
-    """docs/schemas.md's table for `schema` lists every field a written document has, and nothing
-    else; repro-oom's context-reuse cases are checked against their own table."""
-    tables = documented_tables()[schema]
-    shapes = documents[schema]
-    assert len(tables) == len(shapes), f"{schema}: {len(tables)} tables in docs/schemas.md"
-    for i, (fields, written) in enumerate(zip(tables, shapes, strict=True)):
-        if i:  # a later table replaces the first one's cases[], keeps the rest
-            fields = fields | {f for f in tables[0] if not f.startswith("cases[]")}
-        missing, stale = differences(written, fields)
-        assert not missing, (f"{schema}: written but not in docs/schemas.md's table under "
-                             f"'### JSON schema `{schema}`': {missing}")
-        assert not stale, f"{schema}: in docs/schemas.md's table but never written: {stale}"
+def test_the_csv_columns_page_lists_what_csv_writes(tmp_path):
+    """docs/schemas/csv.md names every column a profile and a graphs CSV have, in order."""
+    page = (SCHEMAS / "csv.md").read_text()
+    for command in ("profile", "graphs"):
+        target = tmp_path / f"{command}.csv"
+        extra = ["--tokens", "1024"] if command == "profile" else ["--capture-sizes", "512,8"]
+        assert main([command, "--predict", *extra, "--output", str(target)]) == 0
+        header = target.read_text().splitlines()[0].split(",")
+        section = page.split(f"of {command}\n", 1)[1].split("\n## ", 1)[0]
+        assert re.findall(r"^\| `([a-z_]+)` \|", section, re.M) == header
+
+
+def test_the_committed_schemas_are_the_models():
+    """docs/schemas/ is what `python -m mlamem.results --write-schemas` writes, byte for byte."""
+    assert stale(SCHEMAS) == [], "run `python -m mlamem.results --write-schemas`"
+
+
+def test_a_stale_schema_is_caught(tmp_path):
+    """A committed file edited by hand, or one for no model, is named."""
+    for path in SCHEMAS.iterdir():
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "profile-1.schema.json").write_text("{}\n")
+    (tmp_path / "gone-1.schema.json").write_text("{}\n")
+    assert stale(tmp_path) == ["gone-1.schema.json", "profile-1.schema.json"]
+
+
+@pytest.mark.parametrize("schema", list(results.MODELS))
+def test_the_schema_names_every_field(schema, documents):
+    """Each document written in `schema` passes its model, and the committed schema file names
+    every field it has and nothing it requires is missing."""
+    named, required = schema_fields(schema)
+    written = [doc for shape in documents[schema] for doc in shape]
+    for document in written:
+        results.read(document, schema)
+    missing, never = differences(written, named, required)
+    assert not missing, f"{schema}: written but not in docs/schemas/{file_name(schema)}: {missing}"
+    assert not never, f"{schema}: required by the schema but never written: {never}"
 
 
 def test_a_new_field_is_caught():
-    """The comparison finds an undocumented field, a stale one, and knows a map's keys."""
-    documented = {"a", "b.c", "rows[].d", "m" + MAP}
-    document = {"a": 1, "b": {"c": None, "new": 2}, "rows": [{"d": 1}], "m": {"x.y": 1}}
-    assert differences([document], documented) == (["b.new"], [])
-    assert differences([{"a": 1, "b": None, "rows": [], "m": {}}], documented) == (
+    """The comparison finds a field the schema lacks, a required one never written, and knows
+    a map's keys and an open object's."""
+    named = {"a", "b.c", "rows[].d", "m" + MAP, "s" + OPEN, "s.name"}
+    document = {"a": 1, "b": {"c": None, "new": 2}, "rows": [{"d": 1}], "m": {"x.y": 1},
+                "s": {"name": "x", "other": 1}}
+    assert differences([document], named, named - {"m" + MAP, "s" + OPEN}) == (["b.new"], [])
+    assert differences([{"a": 1, "b": None, "rows": [], "m": {}}], named, {"b.c", "rows[].d"}) == (
         [], ["b.c", "rows[].d"])
+
+
+def test_a_broken_file_is_one_line_naming_the_field():
+    """A wrong type, a missing field and an unknown one: `FIELD: what is wrong`, one line."""
+    saved = json.loads((FIXTURES / "profile-glm5-h200.json").read_text())
+    saved["rows"][3]["tokens"] = "1024"
+    with pytest.raises(ValueError, match=r"^rows\[3\]\.tokens: expected an integer$"):
+        results.read(saved, "mlamem.profile/1")
+    del saved["rows"][3]["tokens"]
+    with pytest.raises(ValueError, match=r"^rows\[3\]\.tokens: missing$"):
+        results.read(saved, "mlamem.profile/1")
+    saved["rows"][3]["tokens"], saved["colour"] = 1024, "red"
+    with pytest.raises(ValueError, match=r"^colour: not a field of this schema$"):
+        results.read(saved, "mlamem.profile/1")
+
+
+def test_an_older_file_is_migrated_once():
+    """A profile file from before `op`, `created` and `shard`, with the environment's legacy
+    `flash_mla`: the migrate step fills in sparse decode and nulls and moves the version into
+    `kernels`; the file's own figures pass through unchanged."""
+    saved = json.loads((FIXTURES / "profile-glm5-h200.json").read_text())
+    assert "op" not in saved and "flash_mla" in saved["environment"]
+    data = results.read(saved, "mlamem.profile/1")
+    assert data["op"] == "sparse-decode" and data["created"] is None and data["shard"] is None
+    assert data["environment"]["kernels"] == {"flashmla": saved["environment"]["flash_mla"]}
+    assert all(r["op"] == "sparse-decode" for r in data["rows"])
+    assert [r["peak_allocated_bytes"] for r in data["rows"]] == [
+        r["peak_allocated_bytes"] for r in saved["rows"]]
+
+
+def _committed_results() -> list[Path]:
+    found = []
+    for path in sorted([*ROOT.glob("reports/**/*.json"), *ROOT.glob("tests/fixtures/**/*.json")]):
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(data, dict) and data.get("schema") in results.MODELS:
+            found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("path", _committed_results(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_committed_result_passes_its_model(path):
+    """Every result file in reports/ and tests/fixtures, old and new, reads through its model."""
+    data = json.loads(path.read_text())
+    results.read(data, data["schema"])
+
+
+MODELS_LOADED = "print(sorted(m for m in sys.modules if m == 'mlamem.results.models'))"
+
+
+@pytest.mark.parametrize("code", [
+    "import sys; from mlamem.cli import main; main(['--help'])",
+    "import sys; from mlamem.cli import main; main(['scenarios'])",
+    "import sys; import mlamem.pytest_plugin"])
+def test_the_models_load_only_where_a_file_is_read(code):
+    """`--help`, `scenarios` and the pytest plugin load no result model; reading a file does."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-P", "-c", f"{code}\n{MODELS_LOADED}"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[-1] == "[]", done.stderr
+    read = (f"import sys, json; from mlamem.profile import ProfileResult; ProfileResult.from_dict("
+            f"json.load(open({str(FIXTURES / 'profile-glm5-h200.json')!r})))\n{MODELS_LOADED}")
+    done = subprocess.run([sys.executable, "-P", "-c", read], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.splitlines()[-1] == "['mlamem.results.models']", done.stderr

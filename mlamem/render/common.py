@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 
 from rich import box
 from rich.console import Console, Group
@@ -53,9 +52,21 @@ def signed_bytes(difference: int | None) -> str:
     return ("+" if difference > 0 else "") + format_bytes(difference)
 
 
-def json_cell(value) -> str:
-    """One CSV cell as JSON: null, true, "text", [1, 2], {"a": 1}."""
-    return json.dumps(value)
+def csv_cell(value) -> str:
+    """One CSV cell as a plain value: empty for null, `true`/`false`, text as it is, a number,
+    a list joined by `;` (`padded_q;out`), a buffer as `name=requested_bytes`, an object's
+    items as `key=value` joined by `;`."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ";".join(csv_cell(item) for item in value)
+    if isinstance(value, dict):
+        if "name" in value and "requested_bytes" in value:
+            return f"{value['name']}={value['requested_bytes']}"
+        return ";".join(f"{key}={csv_cell(item)}" for key, item in value.items())
+    return str(value)
 
 
 def compact_table(title: str) -> Table:

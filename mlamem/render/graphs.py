@@ -12,18 +12,17 @@ from mlamem.graphs import Capture, Estimate, GraphPath, GraphsResult
 from mlamem.render.common import (
     compact_table,
     console_text,
+    csv_cell,
     equal_text,
-    json_cell,
     predicted_tag,
     signed_bytes,
     with_notes,
 )
+from mlamem.results import CSV
 from mlamem.units import format_bytes
 
 TABLE_WIDTH = 100  # three paths side by side need more than common.WIDTH
-CSV_COLUMNS = ("path", "tokens", "peak_allocated_bytes", "peak_reserved_bytes",
-               "pool_growth_bytes", "held_bytes", "device_growth_bytes", "replay_equal",
-               "failure")
+CSV_COLUMNS = CSV["mlamem.graphs/1"][2]  # documented in docs/schemas/csv.md
 
 
 def _label(result: GraphsResult) -> str:
@@ -245,12 +244,12 @@ def graphs_json(result: GraphsResult) -> str:
 
 
 def graphs_csv(result: GraphsResult) -> str:
-    """One line per (path, capture), in capture order; every cell is JSON (null, true,
-    "alloc", 209715200), as in profile's CSV, so it reads back exactly."""
+    """One line per (path, capture), in capture order (docs/schemas/csv.md); every
+    cell a plain value, as in profile's CSV: empty for null, `true`, `alloc`, 209715200."""
     import pandas as pd  # only CSV needs it
 
-    cells = [{"path": json_cell(path.path),
-              **{name: json_cell(getattr(capture, name)) for name in CSV_COLUMNS[1:]}}
+    cells = [{"path": csv_cell(path.path),
+              **{name: csv_cell(getattr(capture, name)) for name in CSV_COLUMNS[1:]}}
              for path in result.paths for capture in path.captures]
     return pd.DataFrame(cells, columns=list(CSV_COLUMNS)).to_csv(index=False)
 

@@ -12,9 +12,9 @@ from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.render.common import (
     compact_table,
     console_text,
+    csv_cell,
     equal_text,
     gib_text,
-    json_cell,
     predicted_tag,
     with_notes,
 )
@@ -228,11 +228,12 @@ def to_json(result: ProfileResult) -> str:
 
 
 def to_csv(result: ProfileResult) -> str:
-    """One line per (T, path), the columns of `rows` in mlamem.profile/1; every cell is JSON
-    (null, true, "alloc", ["padded_q"], a list of buffer objects), so it reads back exactly."""
+    """One line per (T, path), the columns of `rows` in mlamem.profile/1 (docs/schemas/csv.md),
+    each cell a plain value (`render.common.csv_cell`): empty for null, `true`, `alloc`,
+    `padded_q;out`, buffers as `padded_q=75497472;out=67108864`."""
     import pandas as pd  # only CSV needs it
 
-    cells = [{name: json_cell(value) for name, value in dataclasses.asdict(row).items()}
+    cells = [{name: csv_cell(value) for name, value in dataclasses.asdict(row).items()}
              for row in result.rows]
     return pd.DataFrame(cells).to_csv(index=False)
 

@@ -1,0 +1,88 @@
+"""The base of every result model, the migrate steps and the one-line validation error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+Migrate = Callable[[dict], dict]
+
+# pydantic's error type -> the words a one-line error uses.
+_EXPECTED = {
+    "int_type": "expected an integer", "int_from_float": "expected an integer",
+    "float_type": "expected a number", "string_type": "expected a string",
+    "bool_type": "expected true or false", "list_type": "expected a list",
+    "dict_type": "expected an object", "model_type": "expected an object",
+    "model_attributes_type": "expected an object", "none_required": "expected null",
+    "missing": "missing", "extra_forbidden": "not a field of this schema",
+    "too_short": "is empty", "literal_error": "not one of the allowed values",
+}
+
+
+class Model(BaseModel):
+    """A JSON object of a result file: types checked strictly (no "1" for 1, no true for 1),
+    unknown keys refused."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Open(BaseModel):
+    """An object whose listed keys are checked and whose other keys pass as they are (a
+    scenario, kernel or engine case: their fields differ by kind)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+
+class ResultFile(Model):
+    """A whole result file. `VERSION` is the schema's version; `MIGRATIONS[v]` turns a file of
+    version v (or, for v = VERSION, one written before a field was recorded) into the next
+    shape, one step per version, so the reading code never meets an older file."""
+
+    VERSION: ClassVar[int] = 1
+    MIGRATIONS: ClassVar[dict[int, Migrate]] = {}
+
+    @classmethod
+    def migrate(cls, data: dict) -> dict:
+        schema = data.get("schema", "")
+        version = int(schema.rpartition("/")[2]) if schema.rpartition("/")[2].isdigit() else cls.VERSION
+        for step in range(version, cls.VERSION + 1):
+            if step in cls.MIGRATIONS:
+                data = cls.MIGRATIONS[step](data)
+        return data
+
+
+def error_line(error: ValidationError) -> str:
+    """The first problem as `FIELD: what is wrong` (`cases[3].tokens: expected an integer`),
+    a wrong value before a missing one, and how many more there are."""
+    errors = error.errors(include_url=False)
+    first = min(errors, key=lambda e: e["type"] == "missing")  # a wrong value says most
+    where = field_name(first["loc"])
+    words = _EXPECTED.get(first["type"], first["msg"].removeprefix("Value error, "))
+    if first["type"] == "literal_error":
+        words = f"{first['input']!r} is {first['msg'].removeprefix('Input should be ')}"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {words}{more}" if where else f"{words}{more}"
+
+
+def field_name(loc: tuple[Any, ...]) -> str:
+    """('cases', 3, 'tokens') -> 'cases[3].tokens'."""
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif not str(part).startswith(("function-", "typed-dict")):
+            name += f".{part}" if name else str(part)
+    return name
+
+
+def check(model: type[ResultFile], data: dict) -> dict:
+    """`data` migrated and validated by `model`; ValueError(one line) if it does not match."""
+    migrated = model.migrate(data)
+    try:  # as its JSON: a result built in memory (tuples for lists) reads as its file would
+        model.model_validate(json.loads(json.dumps(migrated)))
+    except ValidationError as exc:
+        raise ValueError(error_line(exc)) from None
+    return migrated

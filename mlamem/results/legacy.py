@@ -1,0 +1,6 @@
+"""What older result files wrote differently, shared by the migrate steps and mlamem.environment
+(a module of its own, importing nothing, so neither loads pydantic or the other to read it)."""
+
+# Files written before an environment's `kernels`: their per-kernel version fields, each read
+# as kernels.<name>.
+LEGACY_KERNEL_FIELDS = {"flash_mla": "flashmla", "triton": "triton"}
