@@ -19,6 +19,7 @@ Plug-ins installed in the environment are left out: their packages answer for th
 from __future__ import annotations
 
 import ast
+from dataclasses import replace as dataclasses_replace
 import inspect
 import io
 import re
@@ -30,7 +31,8 @@ import torch
 
 from mlamem import operations
 from mlamem import scenario as scenarios
-from mlamem.kernels import SHIPPED, Capabilities, SparseDecodeKernel, load_kernel
+from mlamem.kernels import SHIPPED, Capabilities, load_kernel
+from mlamem.kernels.base import KernelContract
 from mlamem.kernels.base import KV_FORMATS, OPERATIONS, SPARSE_DECODE
 from mlamem.kernels.flashmla import FlashMLABuild, schema_op
 from mlamem.paths import available_paths
@@ -43,7 +45,7 @@ CASES = [(name, op) for name, entry in SHIPPED.items() for op in entry.operation
 CASE_IDS = [f"{name}-{op}" for name, op in CASES]
 
 
-def adapter(name: str) -> SparseDecodeKernel:
+def adapter(name: str) -> KernelContract:
     return load_kernel(name)()
 
 
@@ -59,7 +61,7 @@ def test_the_registry_entry_is_the_adapters_own(name):
     name are the adapter class's."""
     entry, cls = SHIPPED[name], load_kernel(name)
     assert cls.__name__ == entry.cls and cls.__module__ == entry.module
-    assert issubclass(cls, SparseDecodeKernel)
+    assert issubclass(cls, KernelContract) and cls.contract == 2
     assert cls.name == name
     assert entry.operations == tuple(cls.operations)
     assert entry.operations == tuple(op for op in OPERATIONS if op in entry.operations)
@@ -121,10 +123,9 @@ def schema_mismatches(schema: str, capabilities: Capabilities) -> list[str]:
     return problems
 
 
-def signature_gaps(kernel: SparseDecodeKernel, op: str, capabilities: Capabilities) -> list[str]:
-    """Each declared takes_* whose parameter the op's entry point lacks: `decode` for the
-    sparse decode (the base `run` forwards to it), `run` for the others."""
-    method = kernel.decode if op == SPARSE_DECODE else kernel.run
+def signature_gaps(kernel: KernelContract, op: str, capabilities: Capabilities) -> list[str]:
+    """Each declared takes_* whose parameter `run` lacks."""
+    method = kernel.run
     parameters = inspect.signature(method).parameters
     return [f"{flag} declared, but {type(kernel).__name__}.{method.__name__} has no "
             f"{parameter}= parameter" for flag, parameter in PARAMETERS.items()
@@ -157,7 +158,7 @@ def test_the_checks_catch_a_capability_the_call_lacks():
     assert schema_mismatches(with_out[0], Capabilities(False, False, False, (64,), "test")) == [
         "takes_out=False but the schema has ['out_']"]
 
-    class Claims(SparseDecodeKernel):
+    class Claims(KernelContract):
         name, label = "claims", "Claims"
 
         def unavailable_reason(self):
@@ -166,15 +167,38 @@ def test_the_checks_catch_a_capability_the_call_lacks():
         def capabilities(self, op=SPARSE_DECODE, kv_format=None):
             return Capabilities(True, True, False, (64,), "test")
 
-        def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+        def run(self, problem, q, inputs, *, out=None):
             raise NotImplementedError
 
-        def allocations(self, q_shape, d_v, sm_count):
+        def allocations(self, problem, sm_count):
             return []
 
     kernel = Claims()
     assert signature_gaps(kernel, SPARSE_DECODE, kernel.capabilities()) == [
-        "takes_lse declared, but Claims.decode has no lse= parameter"]
+        "takes_lse declared, but Claims.run has no lse= parameter"]
+
+
+# One interface: run, allocations(problem, sm_count), capabilities, version, unavailable_reason
+
+OLD_ENTRY_POINTS = ("decode", "op_allocations", "accum_workspace_numel")  # contract 1's
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_every_kernel_is_called_through_the_one_interface(name):
+    """No adapter keeps contract 1's entry points, and none answers for an operation it does
+    not run: its capabilities, run and allocations refuse it."""
+    cls = load_kernel(name)
+    assert not [m for m in OLD_ENTRY_POINTS if hasattr(cls, m)], name
+    kernel = cls()
+    for op in (o for o in OPERATIONS if o not in cls.operations):
+        with pytest.raises((ValueError, NotImplementedError)):
+            kernel.capabilities(op)
+        problem = operations.problem_for(scenarios.load("glm5-fp8-tp8"), SPARSE_DECODE, 8, 64)
+        problem = dataclasses_replace(problem, op=op, kv_format=formats(op)[0])
+        with pytest.raises((ValueError, NotImplementedError)):
+            kernel.allocations(problem, 132)
+        with pytest.raises((ValueError, NotImplementedError)):
+            kernel.run(problem, None, None)
 
 
 # Every operation predicts on the CPU

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem import scenario
 from mlamem.kernels import FlashMLA, TritonDecode, TritonNativeDecode
 from mlamem.kernels.own.triton_decode import (
@@ -104,7 +105,7 @@ def test_allocations_are_flashmlas_or_none(s_q):
     sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE)  # compile outside the trace
     _, sizes = _allocations_in(lambda: sparse_mla_decode_triton(q, kv, indices,
                                                                 sm_scale=SM_SCALE))
-    spec = FlashMLA().allocations(tuple(q.shape), 512, local_sm_count())
+    spec = flashmla_allocations(tuple(q.shape), 512, local_sm_count())
     assert sizes == [s.nbytes for s in spec]  # the trace records requested bytes
     out = torch.empty((1, s_q, 64, 512), dtype=torch.bfloat16, device="cuda")
     lse = torch.empty((1, 64, s_q), device="cuda")
