@@ -51,9 +51,9 @@ from mlamem.kernels.base import (
     DENSE_DECODE,
     BufferSpec,
     Capabilities,
+    KernelContract,
     OpInputs,
     Problem,
-    KernelContract,
 )
 
 DISTRIBUTION = "flashinfer-python"

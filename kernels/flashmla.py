@@ -42,8 +42,8 @@ from mlamem.kernels.base import (
     SPARSE_PREFILL,
     BufferSpec,
     Capabilities,
-    OpInputs,
     KernelContract,
+    OpInputs,
     Problem,
 )
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN

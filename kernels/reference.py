@@ -18,9 +18,9 @@ from mlamem.kernels.base import (
     SPARSE_DECODE,
     SPARSE_PREFILL,
     Capabilities,
+    KernelContract,
     OpInputs,
     Problem,
-    KernelContract,
 )
 from mlamem.kernels.fp8_ds_mla import dequantize
 

@@ -16,7 +16,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from mlamem.operations import (  # noqa: F401  (the contract speaks in these; adapters import them here)
     DENSE_DECODE,
@@ -222,7 +222,7 @@ def adapted(cls) -> type[KernelContract]:
     mismatch = contract_mismatch(cls)
     if mismatch is not None:
         raise ValueError(f"{cls!r} {mismatch}")
-    if getattr(cls, "contract") == CONTRACT_VERSION:
+    if cls.contract == CONTRACT_VERSION:
         return cls
     return type(cls.__name__, (LegacyKernel,), {
         "legacy": cls, "name": cls.name, "label": cls.label, "runs_on_meta": cls.runs_on_meta,

@@ -3,10 +3,9 @@
 import pickle
 from pathlib import Path
 
-from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem import scenario
 from mlamem.attribution import UNATTRIBUTED, ExpectedBuffer, attribute
-from mlamem.kernels import FlashMLA
+from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.profile import run_profile
 
 GiB = 1024**3

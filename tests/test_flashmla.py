@@ -2,7 +2,6 @@
 checks the real kernel against it."""
 
 from mlamem.kernels.flashmla import flashmla_allocations
-from mlamem.kernels import FlashMLA
 
 GiB = 1024**3
 

@@ -19,11 +19,11 @@ Plug-ins installed in the environment are left out: their packages answer for th
 from __future__ import annotations
 
 import ast
-from dataclasses import replace as dataclasses_replace
 import inspect
 import io
 import re
 import tokenize
+from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 
 import pytest
@@ -32,8 +32,7 @@ import torch
 from mlamem import operations
 from mlamem import scenario as scenarios
 from mlamem.kernels import SHIPPED, Capabilities, load_kernel
-from mlamem.kernels.base import KernelContract
-from mlamem.kernels.base import KV_FORMATS, OPERATIONS, SPARSE_DECODE
+from mlamem.kernels.base import KV_FORMATS, OPERATIONS, SPARSE_DECODE, KernelContract
 from mlamem.kernels.flashmla import FlashMLABuild, schema_op
 from mlamem.paths import available_paths
 from mlamem.profile import run_profile

@@ -8,8 +8,7 @@ import pytest
 
 from mlamem import kernel_list
 from mlamem.kernels import REGISTRY, Capabilities, KernelEntry, kernel_names
-from mlamem.kernels.base import KernelContract
-from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.kernels.base import SPARSE_DECODE, KernelContract
 
 
 class ToyKernel(KernelContract):

@@ -21,7 +21,6 @@ FLAG = re.compile(r"(?<![\w-])--([a-z]|$)")  # `--x`, or `--` before a formatted
 PENDING = {
     "mlamem/files.py": 5,
     "mlamem/gate.py": 6,
-    "mlamem/operations.py": 4,
     "mlamem/plan.py": 3,
     "mlamem/repro.py": 2,
     "mlamem/shards.py": 2,

@@ -290,5 +290,5 @@ def test_a_plug_in_of_another_contract_is_one_line(toy, monkeypatch, capsys):
     monkeypatch.setattr(toy_mlamem.adapter.ToyKernel, "contract", 3)
     assert main(PROFILE_TOY) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "mlamem: kernel 'toy': plug-in toy-mlamem 0.1.0: toy_mlamem.adapter:ToyKernel implements "
+        "mlamem: error: kernel 'toy': plug-in toy-mlamem 0.1.0: toy_mlamem.adapter:ToyKernel implements "
         "kernel contract 3; this mlamem implements 2 (and adapts 1); fix or uninstall toy-mlamem"]

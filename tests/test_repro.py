@@ -14,8 +14,7 @@ from mlamem.engines.base import Budget
 from mlamem.engines.vllm import VLLM, activation_specs, kv_block_bytes, kv_cache_bytes
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, TritonDecode
-from mlamem.kernels.base import simulate_run
-from mlamem.kernels.base import BufferSpec
+from mlamem.kernels.base import BufferSpec, simulate_run
 from mlamem.memory import SimulatedMemory, is_out_of_memory
 from mlamem.repro import (
     check_local_gpu,

@@ -12,9 +12,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import mlamem.kernels.own
+from mlamem.kernels import KERNELS, FlashMLA, TritonDecode
 from mlamem.kernels.base import Problem
 from mlamem.kernels.flashmla import flashmla_allocations
-from mlamem.kernels import KERNELS, FlashMLA, TritonDecode
 from mlamem.kernels.own import triton_decode
 from mlamem.kernels.own.triton_decode import (
     accum_workspace_numel,

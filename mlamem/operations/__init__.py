@@ -17,8 +17,8 @@ from mlamem.errors import UserError
 from mlamem.operations import dense_decode, sparse_decode, sparse_prefill
 from mlamem.operations.base import (
     OPERATION_TABLE,
-    OpInputs,
     Operation,
+    OpInputs,
     Problem,
     Scenario,
     decode_token_limit,

@@ -103,7 +103,7 @@ class DenseDecode(Operation):
                    f"its paged cache would need {b * blocks} blocks, beyond int32 block ids")
             raise UserError(f"b={b} requests of {context} context tokens cannot run: {why}; the "
                             f"largest b {scenario.name} can take at that context is {largest}: "
-                            f"lower the requests or the context_len", field=f"{self.key}[{i}]")
+                            f"lower b, or the context length", field=f"{self.key}[{i}]")
 
     def check_workspace(self, scenario: Scenario, padded_heads: int) -> None:
         """[serving].max_batch_size requests whose q and out cannot exist."""

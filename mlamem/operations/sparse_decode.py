@@ -73,3 +73,14 @@ class SparseDecode(Operation):
 
 
 OPERATION = SparseDecode()
+
+
+def run_kernel(kernel, q, kv_cache, indices, *, sm_scale: float, d_v: int, **buffers):
+    """`kernel.run` on a sparse decode's own tensors (q (1, T, h_q, d_qk), an fp8_ds_mla
+    cache (blocks, block, 1, 656), indices (1, T, topk)), its problem read off their shapes;
+    `buffers`: out=, lse=, accum_workspace= as the kernel takes them. Returns (out, lse)."""
+    _, rows, heads, d_qk = q.shape
+    problem = Problem(op=OPERATION.name, rows=rows, heads=heads, sm_scale=sm_scale,
+                      kv_tokens=kv_cache.shape[0] * kv_cache.shape[1], topk=indices.shape[-1],
+                      block_size=kv_cache.shape[1], d_qk=d_qk, d_v=d_v)
+    return kernel.run(problem, q, OpInputs(kv=kv_cache, indices=indices), **buffers)
