@@ -43,7 +43,7 @@ class KernelEntry(NamedTuple):
     """Where an adapter lives and what it is, in one line."""
 
     module: str  # importable module path of the adapter
-    cls: str  # the SparseDecodeKernel subclass in it
+    cls: str  # the KernelContract subclass in it (or a contract-1 SparseDecodeKernel)
     help: str  # one line for `--kernel` help and listings
     operations: tuple[str, ...] = ("sparse-decode",)  # what it runs (see OPERATIONS)
     # Set by plug-in discovery, not by the plug-in:
