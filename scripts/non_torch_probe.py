@@ -91,7 +91,7 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
         reserved = torch.cuda.memory_reserved()
         with nvml.PeakSampler(memory.nvml_handle) as sampler:
             out, lse = run_kernel(kernel, q, inputs.kv_cache, inputs.indices,
-                                     sm_scale=glm.softmax_scale, d_v=glm.d_v)
+                                  sm_scale=glm.softmax_scale, d_v=glm.d_v)
             torch.cuda.synchronize()
         log.append([f"decode call {call}", memory.non_torch_bytes(),
                     {"peak_reserved_delta": torch.cuda.max_memory_reserved() - reserved,
@@ -148,7 +148,7 @@ def _step_ops(scenario_name: str) -> dict:
     import flash_mla
 
     out, lse = after("flash_mla decode", lambda: run_kernel(kernel, qp.unsqueeze(0), kv, idx,
-                                                              sm_scale=0.1, d_v=512))
+                                                            sm_scale=0.1, d_v=512))
     attn = torch.empty((t, heads, 512), dtype=torch.bfloat16, device=cuda)
     after("aten.copy_ (attn_output <- out heads)", lambda: attn.copy_(out[0, :, :heads]))
     after("aten.copy_ (contiguous)", lambda: attn.clone())

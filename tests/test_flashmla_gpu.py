@@ -30,7 +30,7 @@ def test_flashmla_agrees_with_reference(seed):
     kwargs = {"sm_scale": glm.softmax_scale, "d_v": 512}
     out, lse = run_kernel(FlashMLA(), q.unsqueeze(0), inputs.kv_cache, inputs.indices, **kwargs)
     ref_out, ref_lse = run_kernel(Reference(), q.unsqueeze(0), inputs.kv_cache, inputs.indices,
-                                          **kwargs)
+                                  **kwargs)
     error = (out.float() - ref_out.float()).norm() / ref_out.float().norm()
     assert error <= 1e-2
     torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)

@@ -352,3 +352,55 @@ def test_no_code_outside_kernels_names_a_kernel():
     assert unexplained == [], ("name kernels through mlamem.kernels (DEFAULT_KERNEL, "
                                "load_kernel, REGISTRY), or add the line to ALLOWED with its "
                                "reason:\n" + "\n".join(unexplained))
+
+
+def test_a_contract_1_adapter_runs_through_the_shim_on_the_cpu():
+    """A class written against contract 1 (decode, allocations(q_shape)) is run, sized and asked
+    through contract 2 by `adapted`, and answers as the shipped reference does."""
+    from mlamem.kernel_api import SparseDecodeKernel, adapted
+    from mlamem.kernels.flashmla import flashmla_allocations
+    from mlamem.kernels.reference import sparse_mla_decode_reference
+    from mlamem.operations.sparse_decode import run_kernel
+
+    class OldReference(SparseDecodeKernel):
+        name, label = "old-reference", "Old reference"
+
+        def unavailable_reason(self):
+            return None
+
+        def capabilities(self, op=SPARSE_DECODE):
+            return Capabilities(False, False, False, (64,), "test")
+
+        def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+            return sparse_mla_decode_reference(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v)
+
+        def allocations(self, q_shape, d_v, sm_count):
+            return flashmla_allocations(q_shape, d_v, sm_count)
+
+    cls = adapted(OldReference)
+    assert issubclass(cls, KernelContract) and cls.contract == 2 and cls.name == "old-reference"
+    glm = scenarios.load("glm5-fp8-tp8")
+    problem = operations.problem_for(glm, SPARSE_DECODE, 4, 64)
+    q, inputs = cls().make_inputs(problem, 64, torch.device("cpu"), seed=1)
+    q = q.unsqueeze(0)
+    got = cls().run(problem, q, inputs)
+    want = run_kernel(load_kernel("reference")(), q, inputs.kv, inputs.indices,
+                      sm_scale=problem.sm_scale, d_v=problem.d_v)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert cls().allocations(problem, 132) == flashmla_allocations((1, 4, 64, 576), 512, 132)
+    assert cls().capabilities(SPARSE_DECODE).source == "test"
+    with pytest.raises(ValueError, match="runs only sparse-decode"):
+        cls().capabilities("dense-decode")
+
+
+def test_a_class_of_another_contract_is_refused_in_one_line():
+    from mlamem.kernel_api import adapted
+
+    class Future(KernelContract):
+        contract = 3
+
+    with pytest.raises(ValueError, match="implements kernel contract 3; this mlamem implements 2 "
+                                         r"\(and adapts 1\)"):
+        adapted(Future)
+    with pytest.raises(ValueError, match="is not a KernelContract subclass"):
+        adapted(int)

@@ -193,7 +193,7 @@ def test_native_heads_match_flashmlas_padded_call(s_q, h_q, seed, record_propert
     torch.testing.assert_close(lse, ref_lse[:, :h_q], rtol=0, atol=2e-2,
                                msg=lambda detail: f"{detail} (seed {seed})")
     padded_out, padded_lse = run_kernel(TritonDecode(), padded_q, kv, indices, sm_scale=SM_SCALE,
-                                                   d_v=512)
+                                        d_v=512)
     record_property("bit_identical_to_padded_triton",
                     torch.equal(out, padded_out[:, :, :h_q])
                     and torch.equal(lse, padded_lse[:, :h_q]))
