@@ -140,11 +140,12 @@ def flashmla_padded(q, kv, indices):
     """What an engine runs below 64 heads: q zero-padded to 64 heads, then FlashMLA's call;
     returns the rank's heads of out and lse."""
     from mlamem.kernels import FlashMLA
+    from mlamem.operations.sparse_decode import run_kernel
 
     heads = q.shape[2]
     padded = q.new_zeros((*q.shape[:2], HEADS, q.shape[3]))
     padded[:, :, :heads] = q
-    out, lse = FlashMLA().decode(padded, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    out, lse = run_kernel(FlashMLA(), padded, kv, indices, sm_scale=SM_SCALE, d_v=512)
     return out[:, :, :heads], lse[:, :heads]
 
 

@@ -28,7 +28,8 @@ from mlamem.kernel_registry import (
 # Names importable from this package, resolved on first access (PEP 562).
 _LAZY = {
     "BufferSpec": "mlamem.kernel_api", "Capabilities": "mlamem.kernel_api",
-    "SparseDecodeKernel": "mlamem.kernels.base", "simulate_decode": "mlamem.kernel_api",
+    "KernelContract": "mlamem.kernel_api", "SparseDecodeKernel": "mlamem.kernel_api",
+    "simulate_run": "mlamem.kernel_api",
     **{entry.cls: entry.module for entry in SHIPPED.values()},
 }
 
@@ -46,6 +47,6 @@ def __getattr__(name: str):
 
 __all__ = ["ALL_OPERATIONS", "COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL",
            "REGISTRY", "SHIPPED", "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA",
-           "FlashMLAVLLM", "KernelEntry", "Reference", "Registry", "SparseDecodeKernel",
+           "FlashMLAVLLM", "KernelEntry", "Reference", "KernelContract", "Registry", "SparseDecodeKernel",
            "TritonDecode", "TritonNativeDecode",
-           "kernel_help", "kernel_names", "kernel_operations", "load_kernel", "simulate_decode"]
+           "kernel_help", "kernel_names", "kernel_operations", "load_kernel", "simulate_run"]

@@ -51,9 +51,9 @@ from mlamem.kernels.base import (
     DENSE_DECODE,
     BufferSpec,
     Capabilities,
+    KernelContract,
     OpInputs,
     Problem,
-    SparseDecodeKernel,
 )
 
 DISTRIBUTION = "flashinfer-python"
@@ -96,7 +96,7 @@ def _installed() -> bool:
         return False
 
 
-class FlashInferMLA(SparseDecodeKernel):
+class FlashInferMLA(KernelContract):
     """FlashInfer's MLA decode (fa3): takes out and lse; its accumulators are its workspace's."""
 
     name = "flashinfer"
@@ -144,10 +144,8 @@ class FlashInferMLA(SparseDecodeKernel):
     def make_inputs(self, problem: Problem, heads: int, device, seed: int = 0):
         """mlamem's synthetic inputs, then what the engine does before the call: the float
         workspace (init) and the plan (the step's metadata)."""
-        from mlamem.inputs import make_op_inputs
-
         self._check(problem)
-        q, made = make_op_inputs(problem, heads, device, seed)
+        q, made = super().make_inputs(problem, heads, device, seed)
         inputs = FlashInferInputs(**{f.name: getattr(made, f.name) for f in fields(made)})
         requests, blocks = inputs.block_table.shape
         float_workspace = torch.empty((FLOAT_WORKSPACE_BYTES,), dtype=torch.uint8, device=device)
@@ -191,18 +189,10 @@ class FlashInferMLA(SparseDecodeKernel):
         return (result_out.unsqueeze(1) if out is None else out,
                 result_lse.unsqueeze(-1) if lse is None else lse)
 
-    def op_allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
+    def allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
         """out, then lse, as `run` allocates them when not given (module docstring); the
         split-KV partials are in the float workspace, the scheduler's in the int workspace."""
         self._check(problem)
         b, h = problem.rows, problem.heads
         return [BufferSpec("out", (b, 1, h, problem.d_v), torch.bfloat16, "returned"),
                 BufferSpec("lse", (b, h, 1), torch.float32, "returned")]
-
-    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
-        """Not run: this adapter's only operation is the dense decode (`run`)."""
-        raise NotImplementedError(f"{self.label} runs dense-decode only, not sparse-decode")
-
-    def allocations(self, q_shape, d_v, sm_count) -> list[BufferSpec]:
-        """No sparse decode, so nothing to allocate for one (`op_allocations` is the spec)."""
-        return []

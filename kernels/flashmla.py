@@ -42,9 +42,9 @@ from mlamem.kernels.base import (
     SPARSE_PREFILL,
     BufferSpec,
     Capabilities,
+    KernelContract,
     OpInputs,
     Problem,
-    SparseDecodeKernel,
 )
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
 
@@ -87,7 +87,7 @@ def capabilities_from_schema(schema: str, heads: tuple[int, ...], kv_formats: tu
                         assumed=assumed)
 
 
-class FlashMLABuild(SparseDecodeKernel):
+class FlashMLABuild(KernelContract):
     """One FlashMLA build: its op namespaces, schemas and head counts; the calls are shared."""
 
     operations = OPERATIONS
@@ -136,8 +136,8 @@ class FlashMLABuild(SparseDecodeKernel):
         if out is not None and not self.capabilities(problem.op, problem.kv_format).takes_out:
             raise TypeError(f"this {self.label} {problem.op} takes no out")
         if problem.op == SPARSE_DECODE:
-            return self.decode(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
-                               d_v=problem.d_v, out=out)
+            return self._sparse_decode(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
+                                       d_v=problem.d_v, out=out)
         if problem.op == DENSE_DECODE and problem.kv_format == "fp8":
             ns = self.namespace("fwd_kvcache_mla_fp8")
             meta, splits = ns.get_mla_decoding_metadata_dense_fp8(
@@ -162,11 +162,11 @@ class FlashMLABuild(SparseDecodeKernel):
         return self.namespace("sparse_prefill_fwd").sparse_prefill_fwd(
             q, inputs.kv, inputs.indices, problem.sm_scale, problem.d_v, None, None, False, True)
 
-    def op_allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
+    def allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
         return flashmla_op_allocations(problem, sm_count)
 
-    def allocations(self, q_shape, d_v, sm_count):
-        return flashmla_allocations(q_shape, d_v, sm_count)
+    def _sparse_decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
+        raise NotImplementedError
 
 
 @functools.cache
@@ -215,7 +215,7 @@ class FlashMLA(FlashMLABuild):
     def namespace(self, op_name: str):
         return torch.ops.flash_mla_legacy if _use_legacy(self.device) else torch.ops.flash_mla
 
-    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
+    def _sparse_decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
         module, _ = _import_flash_mla()
         if out is not None:
             raise TypeError("this FlashMLA build takes no out= argument")

@@ -138,7 +138,7 @@ class FlashMLAVLLM(FlashMLABuild):
         return torch.ops._flashmla_C.sparse_prefill_fwd(
             q, inputs.kv, inputs.indices, problem.sm_scale, problem.d_v, None, None, out)
 
-    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
+    def _sparse_decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
         result = torch.ops._flashmla_C.sparse_decode_fwd(
             q, kv_cache, indices, None, None, None, None, None, None, None, d_v, sm_scale,
             out_=out)

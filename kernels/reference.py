@@ -18,9 +18,9 @@ from mlamem.kernels.base import (
     SPARSE_DECODE,
     SPARSE_PREFILL,
     Capabilities,
+    KernelContract,
     OpInputs,
     Problem,
-    SparseDecodeKernel,
 )
 from mlamem.kernels.fp8_ds_mla import dequantize
 
@@ -150,7 +150,7 @@ def sparse_mla_prefill_reference(q, kv, indices, *, sm_scale: float, d_v: int):
     return out, max_logits, lse
 
 
-class Reference(SparseDecodeKernel):
+class Reference(KernelContract):
     """The plain-torch reference as a kernel adapter, for every operation."""
 
     name = "reference"
@@ -172,11 +172,6 @@ class Reference(SparseDecodeKernel):
                             head_counts=heads, source="plain torch, mirrors FlashMLA's heads",
                             kv_formats=(kv_format,) if kv_format else KV_FORMATS[op])
 
-    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
-        if out is not None:
-            raise TypeError("the reference takes no out= argument")
-        return sparse_mla_decode_reference(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v)
-
     def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, **staged):
         if out is not None or staged:
             raise TypeError("the reference takes no out= argument")
@@ -188,12 +183,10 @@ class Reference(SparseDecodeKernel):
             out, _, lse = sparse_mla_prefill_reference(q, inputs.kv, inputs.indices,
                                                        sm_scale=problem.sm_scale, d_v=problem.d_v)
             return out, lse
-        return super().run(problem, q, inputs)
+        return sparse_mla_decode_reference(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
+                                           d_v=problem.d_v)
 
-    def allocations(self, q_shape, d_v, sm_count):
+    def allocations(self, problem: Problem, sm_count: int) -> list:
         """No spec: the reference runs on the meta device itself, and its many temporaries
         show up in a breakdown as unattributed."""
-        return []
-
-    def op_allocations(self, problem: Problem, sm_count: int) -> list:
         return []

@@ -98,7 +98,7 @@ class CallGraphs:
         staged = plan(self.path, scenario.heads_per_rank, capabilities, kernel.label).staged
         expected = expected_buffers(
             wrapper_allocations(self.path, tokens, scenario.heads_per_rank, padded, scenario.d_qk),
-            kernel.op_allocations(problem, self.sm_count), staged)
+            kernel.allocations(problem, self.sm_count), staged)
         return functools.partial(PATHS[self.path], self.q_all[:tokens], call, self.workspace), expected
 
 

@@ -1,18 +1,13 @@
-"""The kernel contract (spec): what every MLA kernel adapter declares and does, per operation.
+"""The kernel contract (spec): the one interface every MLA kernel adapter implements.
 
-Operations (`OPERATIONS`), each with its kernel-side layout (the wrapper's rows layout is
-(rows, heads, d): `to_kernel_layout` / `from_kernel_layout` convert):
-- "sparse-decode": q (1, T, h_q, 576) bf16 over an fp8_ds_mla cache (num_blocks, block, 1, 656)
-  with indices (1, T, topk) int32 (-1 invalid); out (1, T, h_q, d_v) bf16, lse (1, h_q, T) fp32.
-  Its historical entry point is `decode(q, kv_cache, indices, sm_scale=, d_v=, out=None)`.
-- "dense-decode": one query per request, q (b, 1, h_q, 576) (bf16, or fp8 e4m3 over an fp8
-  cache), a paged cache (num_blocks, block, 1, 576) bf16 or fp8 with a block table (b, blocks)
-  and context lengths (b,); out (b, 1, h_q, d_v) bf16, lse (b, h_q, 1) fp32.
-- "sparse-prefill": q (s_q, h_q, 576) bf16 over a gathered bf16 kv (s_kv, 1, 576) with indices
-  (s_q, 1, topk); out (s_q, h_q, d_v) bf16, lse (s_q, h_q) fp32 (max_logits too, not compared).
-lse is always the natural log. Kernels whose capabilities say so take `out=` (and, for the
-sparse decode, `lse=` and `accum_workspace=`, a flat float32 tensor of at least
-`accum_workspace_numel(...)` elements; a kernel given one allocates none of its temporaries).
+A kernel runs some of the registered operations (`mlamem.operations`, each with its problem,
+kernel layout and inputs): `run(problem, q, inputs, *, out, lse, accum_workspace)`,
+`allocations(problem, sm_count)`, `capabilities(op, kv_format)`, `version()`,
+`unavailable_reason()` (see `KernelContract`). lse is always the natural log. Kernels whose
+capabilities say so take `out=` (and `lse=` and `accum_workspace=`, a flat float32 tensor of at
+least `accum_numel(problem, sm_count)` elements; a kernel given one allocates none of its
+temporaries). Plug-ins of contract 1 (`SparseDecodeKernel`: decode/allocations(q_shape)) run
+through `LegacyKernel`; the registry checks `contract` (`adapted`).
 """
 
 from __future__ import annotations
@@ -21,25 +16,34 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from mlamem.operations import (  # noqa: F401  (the contract speaks in these; adapters import them here)
+    DENSE_DECODE,
+    KV_FORMATS,
+    OPERATIONS,
+    SPARSE_DECODE,
+    SPARSE_PREFILL,
+    OpInputs,
+    Problem,
+    from_kernel_layout,
+    to_kernel_layout,
+    to_kernel_layout_shape,
+)
 
 if TYPE_CHECKING:  # importing the declarations needs no torch (the CLI's checks use them)
     import torch
 
 
-SPARSE_DECODE, DENSE_DECODE, SPARSE_PREFILL = "sparse-decode", "dense-decode", "sparse-prefill"
-OPERATIONS = (SPARSE_DECODE, DENSE_DECODE, SPARSE_PREFILL)
-# The cache each operation reads, by the scenario's kv_cache_dtype name.
-KV_FORMATS = {SPARSE_DECODE: ("fp8_ds_mla",), DENSE_DECODE: ("bf16", "fp8"),
-              SPARSE_PREFILL: ("bf16",)}
-ALL_OPERATIONS = OPERATIONS  # the registry's name for them
+ALL_OPERATIONS = OPERATIONS  # the registry's name for the shipped operations
+CONTRACT_VERSION = 2  # run/allocations(problem); 1: decode/allocations(q_shape) (see LegacyKernel)
 
 
 class KernelEntry(NamedTuple):
     """Where an adapter lives and what it is, in one line."""
 
     module: str  # importable module path of the adapter
-    cls: str  # the SparseDecodeKernel subclass in it
+    cls: str  # the KernelContract subclass in it (or a contract-1 SparseDecodeKernel)
     help: str  # one line for `--kernel` help and listings
     operations: tuple[str, ...] = ("sparse-decode",)  # what it runs (see OPERATIONS)
     # Set by plug-in discovery, not by the plug-in:
@@ -83,76 +87,19 @@ class BufferSpec:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-@dataclass(frozen=True)
-class Problem:
-    """The shape of one kernel call, in the operation's terms."""
-
-    op: str  # one of OPERATIONS
-    rows: int  # query rows: T (sparse decode), requests b (dense decode), s_q (prefill)
-    heads: int  # query heads the kernel runs (after padding)
-    sm_scale: float
-    kv_tokens: int  # sparse decode: KV pool tokens; dense decode: each request's context; prefill: s_kv
-    kv_format: str = "fp8_ds_mla"  # one of KV_FORMATS[op]
-    topk: int | None = None  # KV tokens each query attends (sparse operations)
-    block_size: int = 64  # KV-cache page size in tokens
-    d_qk: int = 576
-    d_v: int = 512
-
-    @property
-    def q_shape(self) -> tuple[int, ...]:
-        """q in the kernel's layout."""
-        return to_kernel_layout_shape(self.op, (self.rows, self.heads, self.d_qk))
-
-    @property
-    def q_dtype(self) -> str:
-        """The torch dtype name q must have: fp8 e4m3 for the dense decode over an fp8 cache."""
-        return "float8_e4m3fn" if (self.op, self.kv_format) == (DENSE_DECODE, "fp8") else "bfloat16"
-
-
-@dataclass
-class OpInputs:
-    """What a call reads besides q (tensors; None where the operation has no such input)."""
-
-    kv: Any  # the cache (sparse decode, dense decode) or the gathered kv (prefill)
-    indices: Any = None  # sparse operations
-    block_table: Any = None  # dense decode: (b, blocks) int32
-    seqlens: Any = None  # dense decode: (b,) int32
-    descale_q: Any = None  # dense decode over fp8: (1,) float32
-    descale_k: Any = None
-
-
-def to_kernel_layout_shape(op: str, rows_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """(rows, heads, d) -> the operation's kernel layout."""
-    if op == SPARSE_DECODE:
-        return (1, *rows_shape)
-    if op == DENSE_DECODE:
-        return (rows_shape[0], 1, *rows_shape[1:])
-    return tuple(rows_shape)
-
-
-def to_kernel_layout(op: str, x):
-    """A (rows, heads, d) tensor as the kernel's q or out (a view)."""
-    return x.view(to_kernel_layout_shape(op, tuple(x.shape)))
-
-
-def from_kernel_layout(op: str, out, lse):
-    """The kernel's out and lse as (rows, heads, d_v) and (heads, rows) views."""
-    if op == SPARSE_DECODE:
-        return out[0], lse[0]
-    if op == DENSE_DECODE:
-        return out[:, 0], lse[:, :, 0].T
-    return out, lse.T
-
-
 class KernelContract(ABC):
-    """Adapter for one MLA kernel implementation (its operations: `operations`).
+    """Adapter for one MLA kernel implementation: the one interface every caller uses.
 
-    Adapters subclass `mlamem.kernels.base.SparseDecodeKernel`, this contract with its default
-    `make_inputs(problem, heads, device, seed)`, which draws them with mlamem's runtime."""
+    `run(problem, q, inputs, *, out, lse, accum_workspace)` runs one call of any operation it
+    runs; `allocations(problem, sm_count)` says what that call allocates inside itself;
+    `capabilities(op, kv_format)` what the caller may pass in, and at which head counts;
+    `version()` and `unavailable_reason()` what is installed here. An adapter implements these
+    for the operations it runs (`operations`), and nothing for the others."""
 
+    contract = CONTRACT_VERSION  # the interface this class implements (the registry checks it)
     name: str  # the --kernel name
     label: str  # how reports name it, e.g. "FlashMLA"
-    runs_on_meta = False  # True if decode itself runs on the meta device (no spec needed)
+    runs_on_meta = False  # True if run itself runs on the meta device (no spec needed)
     operations: tuple[str, ...] = (SPARSE_DECODE,)  # what it runs, in OPERATIONS order
 
     @abstractmethod
@@ -164,36 +111,122 @@ class KernelContract(ABC):
         return None
 
     @abstractmethod
-    def capabilities(self, op: str = SPARSE_DECODE) -> Capabilities:
-        """What the caller may pass in for `op`; read from the kernel itself where possible."""
+    def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
+        """What the caller may pass in for `op` over `kv_format` (None: any it reads); read from
+        the kernel itself where possible. An operation it does not run is a ValueError."""
 
-    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, **staged):
-        """Run one call of problem.op (q and out in its kernel layout); returns (out, lse)."""
-        if problem.op != SPARSE_DECODE:
-            raise NotImplementedError(f"{self.label} does not run {problem.op}")
-        return self.decode(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
-                           d_v=problem.d_v, out=out, **staged)
+    @abstractmethod
+    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, lse=None,
+            accum_workspace=None):
+        """Run one call of problem.op (q, out and lse in its kernel layout); returns (out, lse).
+        lse= and accum_workspace= come only where the capabilities say the kernel takes them."""
 
-    def op_allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
+    @abstractmethod
+    def allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
         """The buffers one call of `problem` allocates inside itself, in allocation order."""
-        if problem.op != SPARSE_DECODE:
-            raise NotImplementedError(f"{self.label} does not run {problem.op}")
-        return self.allocations(problem.q_shape, problem.d_v, sm_count)
+
+    def accum_numel(self, problem: Problem, sm_count: int) -> int:
+        """For a kernel that takes accum_workspace=: float32 elements of a workspace covering
+        every call of up to problem.rows rows (reserved once, as an engine would); else 0."""
+        return 0
+
+    def make_inputs(self, problem: Problem, heads: int, device, seed: int = 0):
+        """Valid synthetic inputs for `problem`: the operation's own (`Operation.make_inputs`);
+        an adapter whose inputs need preparing (FlashInfer's planned wrapper) adds to them."""
+        from mlamem.operations import operation
+
+        return operation(problem.op).make_inputs(problem, heads, device, seed)
+
+
+class SparseDecodeKernel(ABC):
+    """Kernel contract 1, as plug-ins written before contract 2 implement it: the sparse decode
+    only, through `decode(q, kv_cache, indices, *, sm_scale, d_v, out=None)` and
+    `allocations(q_shape, d_v, sm_count)` (and, taking accumulators, `accum_workspace_numel(b,
+    max_tokens, h_q, topk, d_v, sm_count)`). The registry runs such a class through
+    `LegacyKernel`; new adapters implement `KernelContract`."""
+
+    contract = 1
+    runs_on_meta = False
+    operations: tuple[str, ...] = (SPARSE_DECODE,)
 
     @abstractmethod
-    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None):
-        """Run the decode; returns (out, lse)."""
+    def unavailable_reason(self) -> str | None: ...
+
+    def version(self) -> str | None:
+        return None
 
     @abstractmethod
-    def allocations(self, q_shape: tuple[int, ...], d_v: int,
-                    sm_count: int) -> list[BufferSpec]:
-        """The buffers one call allocates inside itself, in allocation order."""
+    def capabilities(self, op: str = SPARSE_DECODE) -> Capabilities: ...
+
+    @abstractmethod
+    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None): ...
+
+    @abstractmethod
+    def allocations(self, q_shape: tuple[int, ...], d_v: int, sm_count: int) -> list[BufferSpec]: ...
 
     def accum_workspace_numel(self, b: int, max_tokens: int, h_q: int, topk: int, d_v: int,
                               sm_count: int) -> int:
-        """float32 elements of an accum_workspace covering every call of up to max_tokens
-        queries; 0 for a kernel that takes none."""
         return 0
+
+
+class LegacyKernel(KernelContract):
+    """A contract-1 adapter (`legacy`, a SparseDecodeKernel class) seen through contract 2."""
+
+    legacy: type[SparseDecodeKernel]
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.kernel = self.legacy(*args, **kwargs)
+
+    def unavailable_reason(self) -> str | None:
+        return self.kernel.unavailable_reason()
+
+    def version(self) -> str | None:
+        return self.kernel.version()
+
+    def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
+        self._check(op)
+        return self.kernel.capabilities(op)
+
+    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, **staged):
+        self._check(problem.op)
+        return self.kernel.decode(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
+                                  d_v=problem.d_v, out=out, **staged)
+
+    def allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
+        self._check(problem.op)
+        return self.kernel.allocations(problem.q_shape, problem.d_v, sm_count)
+
+    def accum_numel(self, problem: Problem, sm_count: int) -> int:
+        return self.kernel.accum_workspace_numel(1, problem.rows, problem.heads, problem.topk,
+                                                 problem.d_v, sm_count)
+
+    def _check(self, op: str) -> None:
+        if op != SPARSE_DECODE:
+            raise ValueError(f"{self.label} (kernel contract 1) runs only {SPARSE_DECODE}, not {op}")
+
+
+def contract_mismatch(cls) -> str | None:
+    """Why `cls` cannot be used as a kernel adapter (one line), or None."""
+    version = getattr(cls, "contract", None)
+    if not isinstance(cls, type) or not issubclass(cls, (KernelContract, SparseDecodeKernel)):
+        return "is not a KernelContract subclass"
+    if version not in (1, CONTRACT_VERSION):
+        return (f"implements kernel contract {version!r}; this mlamem implements "
+                f"{CONTRACT_VERSION} (and adapts 1)")
+    return None
+
+
+def adapted(cls) -> type[KernelContract]:
+    """`cls` as a contract-2 adapter: itself, or a contract-1 class through LegacyKernel.
+    A ValueError (one line) for a class of another contract."""
+    mismatch = contract_mismatch(cls)
+    if mismatch is not None:
+        raise ValueError(f"{cls!r} {mismatch}")
+    if cls.contract == CONTRACT_VERSION:
+        return cls
+    return type(cls.__name__, (LegacyKernel,), {
+        "legacy": cls, "name": cls.name, "label": cls.label, "runs_on_meta": cls.runs_on_meta,
+        "operations": (SPARSE_DECODE,), "__module__": cls.__module__, "__doc__": cls.__doc__})
 
 
 ACCUM_WORKSPACE = "accum_workspace"  # staged name: the caller's split-KV accumulator workspace
@@ -229,21 +262,12 @@ def allocate_missing(specs: list[BufferSpec], device: torch.device, *,
     return returned, temporaries
 
 
-def simulate_decode(kernel: KernelContract, sm_count: int, q: torch.Tensor, kv_cache,
-                    indices, *, sm_scale: float, d_v: int, out: torch.Tensor | None = None,
-                    lse: torch.Tensor | None = None,
-                    accum_workspace: torch.Tensor | None = None):
-    """Allocate what `kernel` allocates inside one sparse decode call, on q's device (meta),
-    in its order. Stands in for the kernel where it cannot run; returns (out, lse) like the
-    kernel. Buffers passed in are not allocated (see `allocated_in_call`)."""
-    return _simulate(kernel.allocations(tuple(q.shape), d_v, sm_count), q.device, out=out,
-                     lse=lse, accum_workspace=accum_workspace)
-
-
 def simulate_run(kernel: KernelContract, sm_count: int, problem: Problem, q, inputs,
                  *, out=None, **staged):
-    """`kernel.run` as its allocation spec: what one call of any operation allocates."""
-    return _simulate(kernel.op_allocations(problem, sm_count), q.device, out=out, **staged)
+    """`kernel.run` as its allocation spec, on q's device (meta), in its order: what one call
+    allocates, buffers passed in excepted (see `allocated_in_call`); returns (out, lse) like
+    the kernel, where the kernel cannot run."""
+    return _simulate(kernel.allocations(problem, sm_count), q.device, out=out, **staged)
 
 
 def _simulate(specs: list[BufferSpec], device, **given):

@@ -62,7 +62,8 @@ def package_of(entry_point: EntryPoint) -> str:
 
 def _checked(entry_point: EntryPoint, package: str) -> KernelEntry:
     """The plug-in's entry, its package recorded; a broken one with its problem instead."""
-    from mlamem.kernel_api import ALL_OPERATIONS, KernelEntry
+    from mlamem.kernel_api import KernelEntry
+    from mlamem.operations import operation_names
 
     fix = f"fix or uninstall {package.split()[0]}"
     broken = KernelEntry(module=entry_point.module, cls=entry_point.attr or "",
@@ -77,21 +78,22 @@ def _checked(entry_point: EntryPoint, package: str) -> KernelEntry:
                 else f"a {type(entry).__name__}")
         return broken._replace(problem=f"plug-in {package}: {entry_point.value} is {what}, not a "
                                        f"mlamem.kernels.KernelEntry; {fix}")
-    unknown = [op for op in entry.operations if op not in ALL_OPERATIONS]
+    unknown = [op for op in entry.operations if op not in operation_names()]
     if unknown or not entry.operations:
         return broken._replace(problem=f"plug-in {package}: {entry_point.value} declares operations "
                                        f"{list(entry.operations)}, expected some of "
-                                       f"{', '.join(ALL_OPERATIONS)}; {fix}")
+                                       f"{', '.join(operation_names())}; {fix}")
     return entry._replace(package=package, problem=None)
 
 
 def load_plugin_adapter(name: str, entry: KernelEntry) -> type[KernelContract]:
     """The adapter class of plug-in kernel `name`, imported now; a PluginError where the
-    plug-in is broken, its adapter does not import, is no SparseDecodeKernel, or is named
-    other than its entry point."""
+    plug-in is broken, its adapter does not import, is no kernel adapter, implements a kernel
+    contract other than 2 or 1 (`kernel_api.contract_mismatch`), or is named other than its
+    entry point. A contract-1 class comes back adapted (`kernel_api.LegacyKernel`)."""
     import importlib
 
-    from mlamem.kernel_api import KernelContract
+    from mlamem.kernel_api import adapted, contract_mismatch
 
     if entry.problem is not None:
         raise PluginError(name, entry.problem)
@@ -101,13 +103,13 @@ def load_plugin_adapter(name: str, entry: KernelEntry) -> type[KernelContract]:
     except Exception as exc:  # the plug-in's adapter module fails here
         raise PluginError(name, f"plug-in {entry.package}: {where} does not load "
                                 f"({one_line(exc)}); {fix}") from None
-    if not (isinstance(cls, type) and issubclass(cls, KernelContract)):
-        raise PluginError(name, f"plug-in {entry.package}: {where} is not a "
-                                f"SparseDecodeKernel subclass; {fix}")
+    mismatch = contract_mismatch(cls)
+    if mismatch is not None:
+        raise PluginError(name, f"plug-in {entry.package}: {where} {mismatch}; {fix}")
     if cls.name != name:
         raise PluginError(name, f"plug-in {entry.package}: {where}.name is {cls.name!r}, not "
                                 f"its entry point's name {name!r}; {fix}")
-    return cls
+    return adapted(cls)
 
 
 def _group_entry_points() -> tuple[list[EntryPoint], list[str]]:

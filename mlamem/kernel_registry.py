@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
-from mlamem.kernel_api import ALL_OPERATIONS, KernelEntry
+from mlamem.kernel_api import ALL_OPERATIONS, KernelEntry, adapted
 
 if TYPE_CHECKING:
     from mlamem.kernel_api import KernelContract
@@ -113,15 +113,16 @@ def kernel_operations(name: str) -> tuple[str, ...]:
 
 
 def load_kernel(name: str) -> type[KernelContract]:
-    """The adapter class registered as `name`, imported now. A plug-in that is broken, or
-    whose adapter does not import or is not its entry's, is a PluginError (a UserError) naming
-    its package."""
+    """The adapter class registered as `name`, imported now, as a contract-2 class (a
+    contract-1 one adapted, `kernel_api.adapted`). A plug-in that is broken, or whose adapter
+    does not import, is not its entry's or implements another contract, is a PluginError (a
+    UserError) naming its package."""
     try:
         entry = REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown kernel {name!r}; expected one of {', '.join(REGISTRY)}") from None
     if entry.package is None:
-        return getattr(importlib.import_module(entry.module), entry.cls)
+        return adapted(getattr(importlib.import_module(entry.module), entry.cls))
     from mlamem.kernel_plugins import load_plugin_adapter
 
     return load_plugin_adapter(name, entry)

@@ -27,8 +27,7 @@ import torch
 
 from mlamem.allocator import round_size
 from mlamem.attribution import Breakdown, BufferUse, ExpectedBuffer, attribute, expected_buffers
-from mlamem.kernel_api import SPARSE_DECODE, simulate_decode, simulate_run
-from mlamem.kernel_api import KernelContract as SparseDecodeKernel
+from mlamem.kernel_api import SPARSE_DECODE, KernelContract, simulate_run
 from mlamem.memory import (
     CallWatch,
     CudaMemory,
@@ -106,37 +105,25 @@ def local_sm_count() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def launch_name(kernel: SparseDecodeKernel, op: str) -> str:
+def launch_name(kernel: KernelContract, op: str) -> str:
     """The launch that loads a kernel's modules (mlamem/non_torch.toml's names)."""
     return f"{kernel.name}.decode" if op == SPARSE_DECODE else f"{kernel.name}.{op}"
 
 
-def decoder(kernel: SparseDecodeKernel, memory, sm_count: int):
-    """The kernel's decode on a GPU; on the meta device, its allocation spec stands in."""
-    if memory.measured or kernel.runs_on_meta:
-        return kernel.decode
-
-    def decode(*args, **kwargs):
-        memory.launch(launch_name(kernel, SPARSE_DECODE))  # first launch loads its modules
-        return simulate_decode(kernel, sm_count, *args, **kwargs)
-
-    return decode
-
-
-def runner(kernel: SparseDecodeKernel, memory, sm_count: int, problem, inputs):
+def runner(kernel: KernelContract, memory, sm_count: int, problem, inputs):
     """`kernel.run` for one problem on a GPU; on the meta device, its allocation spec."""
     if memory.measured or kernel.runs_on_meta:
         return functools.partial(kernel.run, problem, inputs=inputs)
 
     def run(q, **kwargs):
-        memory.launch(launch_name(kernel, problem.op))
+        memory.launch(launch_name(kernel, problem.op))  # first launch loads its modules
         return simulate_run(kernel, sm_count, problem, q, inputs, **kwargs)
 
     return run
 
 
 def measure_call(memory: CudaMemory | SimulatedMemory, scenario: Scenario,
-                 kernel: SparseDecodeKernel, tokens: int, path: str, *, sm_count: int,
+                 kernel: KernelContract, tokens: int, path: str, *, sm_count: int,
                  max_tokens: int, seed: int = 0, op: str = SPARSE_DECODE,
                  kv_tokens: int | None = None, bench: bool = False) -> CallMeasurement:
     """Measure one call of `path` for `op` at `tokens` rows (T, requests or s_q) with
@@ -170,7 +157,7 @@ class CallPlan:
     expected: list[ExpectedBuffer]  # the buffers the call allocates, to name them
 
 
-def plan_call(scenario: Scenario, kernel: SparseDecodeKernel, op: str, tokens: int, path: str,
+def plan_call(scenario: Scenario, kernel: KernelContract, op: str, tokens: int, path: str,
               *, sm_count: int, kv_tokens: int | None = None) -> CallPlan:
     """The call of `path` for `op` at `tokens` rows (T, requests or s_q)."""
     capabilities = kernel.capabilities(op, kv_format(scenario, op))
@@ -181,11 +168,11 @@ def plan_call(scenario: Scenario, kernel: SparseDecodeKernel, op: str, tokens: i
     expected = expected_buffers(
         wrapper_allocations(path, tokens, scenario.heads_per_rank, padded_heads, scenario.d_qk,
                             problem.q_dtype),
-        kernel.op_allocations(problem, sm_count), staged)
+        kernel.allocations(problem, sm_count), staged)
     return CallPlan(path, problem, padded_heads, capabilities.takes_out, staged, expected)
 
 
-def prepare_call(scenario: Scenario, kernel: SparseDecodeKernel, memory, call: CallPlan, *,
+def prepare_call(scenario: Scenario, kernel: KernelContract, memory, call: CallPlan, *,
                  sm_count: int, max_tokens: int, seed: int = 0):
     """The planned call ready to run on `memory`'s device, returning out and lse: its inputs
     and its workspace (`max_tokens` rows) allocated; on the meta device the kernel's
@@ -195,7 +182,7 @@ def prepare_call(scenario: Scenario, kernel: SparseDecodeKernel, memory, call: C
     workspace = reserve_workspace(call.path, kernel, max_tokens=max_tokens,
                                   padded_heads=call.padded_heads, d_qk=scenario.d_qk,
                                   d_v=scenario.d_v, topk=problem.topk, sm_count=sm_count,
-                                  device=memory.device, q_dtype=problem.q_dtype)
+                                  device=memory.device, q_dtype=problem.q_dtype, op=problem.op)
     run = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=problem.op,
                      padded_heads=call.padded_heads, takes_out=call.takes_out,
                      q_dtype=problem.q_dtype)

@@ -24,10 +24,11 @@ from mlamem.kernel_api import (
     SPARSE_DECODE,
     BufferSpec,
     Capabilities,
+    KernelContract,
+    Problem,
     from_kernel_layout,
     to_kernel_layout,
 )
-from mlamem.kernel_api import KernelContract as SparseDecodeKernel
 
 if TYPE_CHECKING:  # checking paths needs no torch; allocating does, and imports it there
     import torch
@@ -76,15 +77,19 @@ class Workspace:
         return self.lse[:heads * tokens].view(1, heads, tokens)
 
 
-def reserve_workspace(path: str, kernel: SparseDecodeKernel, *, max_tokens: int,
+def reserve_workspace(path: str, kernel: KernelContract, *, max_tokens: int,
                       padded_heads: int, d_qk: int, d_v: int, topk: int | None, sm_count: int,
-                      device: torch.device, q_dtype: str = "bfloat16") -> Workspace | None:
+                      device: torch.device, q_dtype: str = "bfloat16",
+                      op: str = SPARSE_DECODE) -> Workspace | None:
     """What the backend reserves at init for `path` (None for alloc), sized for max_tokens
     rows (tokens, or requests for the dense decode)."""
     if path not in STAGING_PATHS:
         return None
-    accum = (kernel.accum_workspace_numel(1, max_tokens, padded_heads, topk, d_v, sm_count)
-             if path == "workspace-full" else None)
+    accum = None
+    if path == "workspace-full":  # the kernel sizes it for every call of up to max_tokens rows
+        rows = Problem(op=op, rows=max_tokens, heads=padded_heads, sm_scale=1.0, kv_tokens=0,
+                       topk=topk, d_qk=d_qk, d_v=d_v)
+        accum = kernel.accum_numel(rows, sm_count)
     return Workspace.reserve(max_tokens, padded_heads, d_qk, d_v, device,
                              accum_workspace_numel=accum, q_dtype=q_dtype)
 
@@ -106,15 +111,6 @@ class KernelCall:
         kernel_out = None if out is None else to_kernel_layout(self.op, out)
         result = self.run(to_kernel_layout(self.op, q_padded), out=kernel_out, **staged)
         return from_kernel_layout(self.op, *result)
-
-
-def decode_call(*, decode: Callable, kv_cache, indices, sm_scale: float, d_v: int,
-                padded_heads: int, takes_out: bool) -> KernelCall:
-    """The sparse decode's call: `decode` is kernel.decode or its allocation-spec stand-in."""
-    def run(q, out=None, **staged):
-        return decode(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v, out=out, **staged)
-
-    return KernelCall(run=run, op=SPARSE_DECODE, padded_heads=padded_heads, takes_out=takes_out)
 
 
 def alloc_path(q: torch.Tensor, call: KernelCall, workspace: Workspace | None = None):

@@ -14,18 +14,21 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from mlamem import operations as _operations
 from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, section_type
 from mlamem.errors import UserError
+from mlamem.operations import decode_token_limit
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
 DEFAULT_SCENARIO = "glm5-fp8-tp8"
 
-# The kernel operations a scenario can drive (its top-level `operations` list).
-OPERATION_NAMES = ("sparse-decode", "dense-decode", "sparse-prefill")
-DEFAULT_OPERATIONS = ("sparse-decode",)  # what a file without `operations` drives
-SPARSE_OPERATIONS = ("sparse-decode", "sparse-prefill")  # these attend a top-k of the KV
-SPARSE_DECODE_KV_DTYPE = "fp8_ds_mla"  # the cache FlashMLA's sparse decode reads
-DENSE_DECODE_KV_DTYPES = ("bf16", "fp8")  # plain caches of d_qk = 576 values per token
+# The kernel operations a scenario can drive (its top-level `operations` list) and the caches
+# they read: the operation registry's (mlamem.operations).
+OPERATION_NAMES = _operations.OPERATIONS
+DEFAULT_OPERATIONS = (_operations.SPARSE_DECODE,)  # what a file without `operations` drives
+SPARSE_OPERATIONS = tuple(n for n, o in _operations.OPERATION_TABLE.items() if o.sparse)  # top-k
+SPARSE_DECODE_KV_DTYPE = _operations.KV_FORMATS[_operations.SPARSE_DECODE][0]
+DENSE_DECODE_KV_DTYPES = _operations.KV_FORMATS[_operations.DENSE_DECODE]
 
 # KV-cache bytes per token per layer, by the engine's kv-cache dtype name.
 KV_CACHE_BYTES_PER_TOKEN = {
@@ -230,7 +233,7 @@ class Scenario:
 
 def _check_operations(operations: tuple[str, ...]) -> None:
     """The top-level `operations`: a non-empty list of distinct OPERATION_NAMES."""
-    _check_names("operations", "operation", operations, list(OPERATION_NAMES),
+    _check_names("operations", "operation", operations, list(_operations.operation_names()),
                  list(DEFAULT_OPERATIONS))
 
 
@@ -338,12 +341,6 @@ def check_decode(scenario: Scenario, head_counts: tuple[int, ...], kernel_label:
                         f"per rank ([model].num_attention_heads {m.num_attention_heads} over "
                         f"{ranks_text}); {kernel_label} runs at most {most}: {fix}")
     return min(h for h in head_counts if h >= heads)
-
-
-def decode_token_limit(scenario: Scenario, padded_heads: int) -> int:
-    """The most tokens one decode call, or a workspace, can take: its bf16 q and out at
-    `padded_heads` heads within MAX_BYTES (256 TiB), and the count within int32."""
-    return min(MAX_TOKENS, MAX_BYTES // (padded_heads * (scenario.d_qk + scenario.d_v) * 2))
 
 
 def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,

@@ -62,6 +62,7 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
     from mlamem.inputs import make_inputs
     from mlamem.kernels import KERNELS
     from mlamem.memory import CudaMemory
+    from mlamem.operations.sparse_decode import run_kernel
 
     used_before_cuda = nvml.used_by_uuid()
     glm = scenario.load("glm5-fp8-tp8")
@@ -89,8 +90,8 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
         torch.cuda.reset_peak_memory_stats()
         reserved = torch.cuda.memory_reserved()
         with nvml.PeakSampler(memory.nvml_handle) as sampler:
-            out, lse = kernel.decode(q, inputs.kv_cache, inputs.indices,
-                                     sm_scale=glm.softmax_scale, d_v=glm.d_v)
+            out, lse = run_kernel(kernel, q, inputs.kv_cache, inputs.indices,
+                                  sm_scale=glm.softmax_scale, d_v=glm.d_v)
             torch.cuda.synchronize()
         log.append([f"decode call {call}", memory.non_torch_bytes(),
                     {"peak_reserved_delta": torch.cuda.max_memory_reserved() - reserved,
@@ -110,6 +111,7 @@ def _step_ops(scenario_name: str) -> dict:
 
     from mlamem import nvml, scenario
     from mlamem.kernels import FlashMLA
+    from mlamem.operations.sparse_decode import run_kernel
 
     used_before_cuda = nvml.used_by_uuid()
     chosen = scenario.load(scenario_name)
@@ -145,8 +147,8 @@ def _step_ops(scenario_name: str) -> dict:
         qp = q
     import flash_mla
 
-    out, lse = after("flash_mla decode", lambda: kernel.decode(qp.unsqueeze(0), kv, idx,
-                                                              sm_scale=0.1, d_v=512))
+    out, lse = after("flash_mla decode", lambda: run_kernel(kernel, qp.unsqueeze(0), kv, idx,
+                                                            sm_scale=0.1, d_v=512))
     attn = torch.empty((t, heads, 512), dtype=torch.bfloat16, device=cuda)
     after("aten.copy_ (attn_output <- out heads)", lambda: attn.copy_(out[0, :, :heads]))
     after("aten.copy_ (contiguous)", lambda: attn.clone())

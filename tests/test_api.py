@@ -42,7 +42,7 @@ def decode_expect(kernel, chosen, tokens: int, path: str, sm_count: int) -> dict
     staged = plan(path, heads, capabilities, kernel.label, problem.q_dtype).staged
     expected = expected_buffers(
         wrapper_allocations(path, tokens, heads, padded_heads, chosen.d_qk, problem.q_dtype),
-        kernel.op_allocations(problem, sm_count), staged)
+        kernel.allocations(problem, sm_count), staged)
     return {e.name: e for e in expected}
 
 

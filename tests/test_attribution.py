@@ -5,7 +5,7 @@ from pathlib import Path
 
 from mlamem import scenario
 from mlamem.attribution import UNATTRIBUTED, ExpectedBuffer, attribute
-from mlamem.kernels import FlashMLA
+from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.profile import run_profile
 
 GiB = 1024**3
@@ -16,7 +16,7 @@ def test_recorded_h200_trace_is_attributed():
     """A snapshot recorded on the H200 (alloc then workspace call, T=1024) names every buffer."""
     data = pickle.loads(FIXTURE.read_bytes())
     events = data["device_traces"][0]
-    kernel = FlashMLA().allocations((1, 1024, 64, 576), 512, 132)
+    kernel = flashmla_allocations((1, 1024, 64, 576), 512, 132)
     expected = ([ExpectedBuffer("padded_q", 1024 * 64 * 576 * 2, "wrapper")]
                 + [ExpectedBuffer(s.name, s.nbytes, "kernel") for s in kernel]
                 + [ExpectedBuffer(s.name, s.nbytes, "kernel") for s in kernel])

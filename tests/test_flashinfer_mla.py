@@ -68,7 +68,7 @@ def test_declaring_imports_no_flashinfer():
     """Listing, capabilities and the allocation spec answer without importing flashinfer."""
     code = ("import sys; from mlamem.kernels import load_kernel; from mlamem.kernels.base import "
             "Problem; k = load_kernel('flashinfer')(); k.capabilities('dense-decode'); "
-            "k.version(); k.op_allocations(Problem('dense-decode', 4, 64, 0.1, 128, 'bf16'), 132); "
+            "k.version(); k.allocations(Problem('dense-decode', 4, 64, 0.1, 128, 'bf16'), 132); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flashinfer'))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -137,11 +137,9 @@ def test_on_meta_the_inputs_hold_what_the_engine_reserves_and_plans():
 
 def test_the_other_entry_points_say_what_they_do_not_run():
     kernel = FlashInferMLA()
-    assert kernel.allocations((1, 8, 64, 576), 512, 132) == []
-    with pytest.raises(NotImplementedError, match="dense-decode only"):
-        kernel.decode(None, None, None, sm_scale=0.1, d_v=512)
+    assert not hasattr(kernel, "decode")  # no sparse decode to stub
     with pytest.raises(NotImplementedError):
-        kernel.op_allocations(Problem("sparse-prefill", 8, 64, 0.1, 128, "bf16", topk=64), 132)
+        kernel.allocations(Problem("sparse-prefill", 8, 64, 0.1, 128, "bf16", topk=64), 132)
     with pytest.raises(TypeError, match="takes no accum_workspace"):
         kernel.run(tiny_problem(), None, FlashInferInputs(kv=None), accum_workspace=object())
     with pytest.raises(ValueError, match="planned wrapper"):

@@ -12,6 +12,7 @@ from mlamem.inputs import make_inputs
 from mlamem.kernels import FlashMLA, Reference
 from mlamem.measure import measure_call
 from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.operations.sparse_decode import run_kernel
 from mlamem.profile import run_profile
 from mlamem.testing import needs_flashmla
 
@@ -27,9 +28,9 @@ def test_flashmla_agrees_with_reference(seed):
     q = torch.zeros((64, 64, 576), dtype=torch.bfloat16, device="cuda")
     q[:, :8] = inputs.q  # GLM-5's 8 real heads, padded to 64 like the alloc path
     kwargs = {"sm_scale": glm.softmax_scale, "d_v": 512}
-    out, lse = FlashMLA().decode(q.unsqueeze(0), inputs.kv_cache, inputs.indices, **kwargs)
-    ref_out, ref_lse = Reference().decode(q.unsqueeze(0), inputs.kv_cache, inputs.indices,
-                                          **kwargs)
+    out, lse = run_kernel(FlashMLA(), q.unsqueeze(0), inputs.kv_cache, inputs.indices, **kwargs)
+    ref_out, ref_lse = run_kernel(Reference(), q.unsqueeze(0), inputs.kv_cache, inputs.indices,
+                                  **kwargs)
     error = (out.float() - ref_out.float()).norm() / ref_out.float().norm()
     assert error <= 1e-2
     torch.testing.assert_close(lse, ref_lse, rtol=1e-3, atol=1e-3)

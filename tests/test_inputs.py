@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from mlamem import inputs, scenario
+from mlamem import fp8_ds_mla, inputs, scenario
 from mlamem.memory import SimulatedMemory
 
 META = torch.device("meta")
@@ -49,7 +49,7 @@ def test_meta_inputs_draw_no_values(monkeypatch):
     def refuse(latent):
         raise AssertionError("quantize was called for a meta build")
 
-    monkeypatch.setattr(inputs, "quantize", refuse)
+    monkeypatch.setattr(fp8_ds_mla, "quantize", refuse)  # what the sparse decode draws with
     with SimulatedMemory():
         built = _build("glm5-fp8-tp8", 1024, META)
     assert built.kv_cache.device == META

@@ -23,6 +23,7 @@ import inspect
 import io
 import re
 import tokenize
+from dataclasses import replace as dataclasses_replace
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,8 @@ import torch
 
 from mlamem import operations
 from mlamem import scenario as scenarios
-from mlamem.kernels import SHIPPED, Capabilities, SparseDecodeKernel, load_kernel
-from mlamem.kernels.base import KV_FORMATS, OPERATIONS, SPARSE_DECODE
+from mlamem.kernels import SHIPPED, Capabilities, load_kernel
+from mlamem.kernels.base import KV_FORMATS, OPERATIONS, SPARSE_DECODE, KernelContract
 from mlamem.kernels.flashmla import FlashMLABuild, schema_op
 from mlamem.paths import available_paths
 from mlamem.profile import run_profile
@@ -43,7 +44,7 @@ CASES = [(name, op) for name, entry in SHIPPED.items() for op in entry.operation
 CASE_IDS = [f"{name}-{op}" for name, op in CASES]
 
 
-def adapter(name: str) -> SparseDecodeKernel:
+def adapter(name: str) -> KernelContract:
     return load_kernel(name)()
 
 
@@ -59,7 +60,7 @@ def test_the_registry_entry_is_the_adapters_own(name):
     name are the adapter class's."""
     entry, cls = SHIPPED[name], load_kernel(name)
     assert cls.__name__ == entry.cls and cls.__module__ == entry.module
-    assert issubclass(cls, SparseDecodeKernel)
+    assert issubclass(cls, KernelContract) and cls.contract == 2
     assert cls.name == name
     assert entry.operations == tuple(cls.operations)
     assert entry.operations == tuple(op for op in OPERATIONS if op in entry.operations)
@@ -121,10 +122,9 @@ def schema_mismatches(schema: str, capabilities: Capabilities) -> list[str]:
     return problems
 
 
-def signature_gaps(kernel: SparseDecodeKernel, op: str, capabilities: Capabilities) -> list[str]:
-    """Each declared takes_* whose parameter the op's entry point lacks: `decode` for the
-    sparse decode (the base `run` forwards to it), `run` for the others."""
-    method = kernel.decode if op == SPARSE_DECODE else kernel.run
+def signature_gaps(kernel: KernelContract, op: str, capabilities: Capabilities) -> list[str]:
+    """Each declared takes_* whose parameter `run` lacks."""
+    method = kernel.run
     parameters = inspect.signature(method).parameters
     return [f"{flag} declared, but {type(kernel).__name__}.{method.__name__} has no "
             f"{parameter}= parameter" for flag, parameter in PARAMETERS.items()
@@ -157,7 +157,7 @@ def test_the_checks_catch_a_capability_the_call_lacks():
     assert schema_mismatches(with_out[0], Capabilities(False, False, False, (64,), "test")) == [
         "takes_out=False but the schema has ['out_']"]
 
-    class Claims(SparseDecodeKernel):
+    class Claims(KernelContract):
         name, label = "claims", "Claims"
 
         def unavailable_reason(self):
@@ -166,15 +166,38 @@ def test_the_checks_catch_a_capability_the_call_lacks():
         def capabilities(self, op=SPARSE_DECODE, kv_format=None):
             return Capabilities(True, True, False, (64,), "test")
 
-        def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+        def run(self, problem, q, inputs, *, out=None):
             raise NotImplementedError
 
-        def allocations(self, q_shape, d_v, sm_count):
+        def allocations(self, problem, sm_count):
             return []
 
     kernel = Claims()
     assert signature_gaps(kernel, SPARSE_DECODE, kernel.capabilities()) == [
-        "takes_lse declared, but Claims.decode has no lse= parameter"]
+        "takes_lse declared, but Claims.run has no lse= parameter"]
+
+
+# One interface: run, allocations(problem, sm_count), capabilities, version, unavailable_reason
+
+OLD_ENTRY_POINTS = ("decode", "op_allocations", "accum_workspace_numel")  # contract 1's
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_every_kernel_is_called_through_the_one_interface(name):
+    """No adapter keeps contract 1's entry points, and none answers for an operation it does
+    not run: its capabilities, run and allocations refuse it."""
+    cls = load_kernel(name)
+    assert not [m for m in OLD_ENTRY_POINTS if hasattr(cls, m)], name
+    kernel = cls()
+    for op in (o for o in OPERATIONS if o not in cls.operations):
+        with pytest.raises((ValueError, NotImplementedError)):
+            kernel.capabilities(op)
+        problem = operations.problem_for(scenarios.load("glm5-fp8-tp8"), SPARSE_DECODE, 8, 64)
+        problem = dataclasses_replace(problem, op=op, kv_format=formats(op)[0])
+        with pytest.raises((ValueError, NotImplementedError)):
+            kernel.allocations(problem, 132)
+        with pytest.raises((ValueError, NotImplementedError)):
+            kernel.run(problem, None, None)
 
 
 # Every operation predicts on the CPU
@@ -329,3 +352,55 @@ def test_no_code_outside_kernels_names_a_kernel():
     assert unexplained == [], ("name kernels through mlamem.kernels (DEFAULT_KERNEL, "
                                "load_kernel, REGISTRY), or add the line to ALLOWED with its "
                                "reason:\n" + "\n".join(unexplained))
+
+
+def test_a_contract_1_adapter_runs_through_the_shim_on_the_cpu():
+    """A class written against contract 1 (decode, allocations(q_shape)) is run, sized and asked
+    through contract 2 by `adapted`, and answers as the shipped reference does."""
+    from mlamem.kernel_api import SparseDecodeKernel, adapted
+    from mlamem.kernels.flashmla import flashmla_allocations
+    from mlamem.kernels.reference import sparse_mla_decode_reference
+    from mlamem.operations.sparse_decode import run_kernel
+
+    class OldReference(SparseDecodeKernel):
+        name, label = "old-reference", "Old reference"
+
+        def unavailable_reason(self):
+            return None
+
+        def capabilities(self, op=SPARSE_DECODE):
+            return Capabilities(False, False, False, (64,), "test")
+
+        def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+            return sparse_mla_decode_reference(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v)
+
+        def allocations(self, q_shape, d_v, sm_count):
+            return flashmla_allocations(q_shape, d_v, sm_count)
+
+    cls = adapted(OldReference)
+    assert issubclass(cls, KernelContract) and cls.contract == 2 and cls.name == "old-reference"
+    glm = scenarios.load("glm5-fp8-tp8")
+    problem = operations.problem_for(glm, SPARSE_DECODE, 4, 64)
+    q, inputs = cls().make_inputs(problem, 64, torch.device("cpu"), seed=1)
+    q = q.unsqueeze(0)
+    got = cls().run(problem, q, inputs)
+    want = run_kernel(load_kernel("reference")(), q, inputs.kv, inputs.indices,
+                      sm_scale=problem.sm_scale, d_v=problem.d_v)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert cls().allocations(problem, 132) == flashmla_allocations((1, 4, 64, 576), 512, 132)
+    assert cls().capabilities(SPARSE_DECODE).source == "test"
+    with pytest.raises(ValueError, match="runs only sparse-decode"):
+        cls().capabilities("dense-decode")
+
+
+def test_a_class_of_another_contract_is_refused_in_one_line():
+    from mlamem.kernel_api import adapted
+
+    class Future(KernelContract):
+        contract = 3
+
+    with pytest.raises(ValueError, match="implements kernel contract 3; this mlamem implements 2 "
+                                         r"\(and adapts 1\)"):
+        adapted(Future)
+    with pytest.raises(ValueError, match="is not a KernelContract subclass"):
+        adapted(int)

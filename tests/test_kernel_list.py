@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from mlamem import kernel_list
-from mlamem.kernels import REGISTRY, Capabilities, KernelEntry, SparseDecodeKernel, kernel_names
-from mlamem.kernels.base import SPARSE_DECODE
+from mlamem.kernels import REGISTRY, Capabilities, KernelEntry, kernel_names
+from mlamem.kernels.base import SPARSE_DECODE, KernelContract
 
 
-class ToyKernel(SparseDecodeKernel):
+class ToyKernel(KernelContract):
     """A plug-in kernel registered from this test: sparse decode taking out and lse, no prefill
     answer yet."""
 
@@ -30,10 +30,10 @@ class ToyKernel(SparseDecodeKernel):
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=False,
                             head_counts=(16, 32, 64, 128), source="test")
 
-    def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+    def run(self, problem, q, inputs, *, out=None, lse=None):
         raise NotImplementedError
 
-    def allocations(self, q_shape, d_v, sm_count):
+    def allocations(self, problem, sm_count):
         return []
 
 

@@ -3,15 +3,16 @@ buffers it is passed, and the simulated call on the meta device."""
 
 import torch
 
-from mlamem.kernels import FlashMLA, TritonDecode
-from mlamem.kernels.base import ACCUM_WORKSPACE, allocated_in_call, simulate_decode
+from mlamem.kernels import TritonDecode
+from mlamem.kernels.base import ACCUM_WORKSPACE, OpInputs, Problem, allocated_in_call, simulate_run
+from mlamem.kernels.flashmla import flashmla_allocations
 
 META = torch.device("meta")
 
 
 def test_allocated_in_call_drops_what_is_passed():
     """A passed out or lse is not allocated; a passed accumulator workspace removes every temporary."""
-    specs = FlashMLA().allocations((1, 8, 64, 576), 512, 132)
+    specs = flashmla_allocations((1, 8, 64, 576), 512, 132)
     names = [s.name for s in allocated_in_call(specs, ["out"])]
     assert names == ["lse", "scheduler_metadata", "num_splits", "lse_accum", "o_accum"]
     assert [s.name for s in allocated_in_call(specs, ["lse", ACCUM_WORKSPACE])] == ["out"]
@@ -19,10 +20,11 @@ def test_allocated_in_call_drops_what_is_passed():
 
 
 def test_simulation_returns_the_passed_buffers():
-    """simulate_decode hands back the caller's out and lse instead of allocating them."""
+    """simulate_run hands back the caller's out and lse instead of allocating them."""
     q = torch.empty((1, 4, 64, 576), dtype=torch.bfloat16, device=META)
     out = torch.empty((1, 4, 64, 512), dtype=torch.bfloat16, device=META)
     lse = torch.empty((1, 64, 4), device=META)
-    got = simulate_decode(TritonDecode(), 132, q, None, None, sm_scale=0.1, d_v=512, out=out,
-                          lse=lse, accum_workspace=torch.empty(8, device=META))
+    problem = Problem("sparse-decode", rows=4, heads=64, sm_scale=0.1, kv_tokens=8192, topk=2048)
+    got = simulate_run(TritonDecode(), 132, problem, q, OpInputs(kv=None), out=out, lse=lse,
+                       accum_workspace=torch.empty(8, device=META))
     assert got[0] is out and got[1] is lse

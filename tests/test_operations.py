@@ -189,15 +189,18 @@ def test_kv_lengths_stop_at_max_model_len_and_dense_requests_at_their_cache():
     kimi, glm5 = scenarios.load("kimi-k2-dense-tp4-dp"), scenarios.load("glm5-fp8-tp8")
     longest = kimi.serving.max_model_len
     operations.check_kv_tokens(kimi, "dense-decode", [16], longest)
-    with pytest.raises(UserError, match="lower --context-len"):
+    with pytest.raises(UserError, match="exceeds .*max_model_len.*; lower it") as error:
         operations.check_kv_tokens(kimi, "dense-decode", [16], longest + 1)
+    assert error.value.field == "context_len"  # the CLI words it --context-len
     operations.check_kv_tokens(glm5, "sparse-prefill", [1024], glm5.serving.max_model_len)
-    with pytest.raises(UserError, match="lower --kv-len"):
+    with pytest.raises(UserError, match="; lower it") as error:
         operations.check_kv_tokens(glm5, "sparse-prefill", [1024], glm5.serving.max_model_len + 1)
+    assert error.value.field == "kv_len"
     largest = (2**31 - 1) // (8192 // 64)
     operations.check_kv_tokens(kimi, "dense-decode", [largest], 8192)
-    with pytest.raises(UserError, match=f"b={largest + 1} .* beyond int32 block ids"):
-        operations.check_kv_tokens(kimi, "dense-decode", [largest + 1], 8192)
+    with pytest.raises(UserError, match=f"b={largest + 1} .* beyond int32 block ids") as error:
+        operations.check_kv_tokens(kimi, "dense-decode", [16, largest + 1], 8192)
+    assert error.value.field == "requests[1]"
 
 
 def test_check_supported_names_the_kernel_or_the_scenario():

@@ -1,6 +1,8 @@
 """The wrapper paths compute the same thing: alloc, workspace (reused reserved buffers) and
 workspace-full (everything staged), and only kernels that can take the buffers get a path."""
 
+import functools
+
 import pytest
 import torch
 
@@ -8,13 +10,15 @@ from mlamem import scenario
 from mlamem.errors import UserError
 from mlamem.inputs import make_inputs
 from mlamem.kernels import FlashMLA, Reference, TritonDecode
+from mlamem.kernels.base import OpInputs
+from mlamem.operations import SPARSE_DECODE, problem_for
 from mlamem.paths import (
     PATHS,
+    KernelCall,
     Workspace,
     alloc_path,
     available_paths,
     check_paths,
-    decode_call,
     plan,
     reserve_workspace,
     workspace_path,
@@ -40,13 +44,20 @@ def one_cpu_thread():
     torch.set_num_threads(threads)
 
 
+def sparse_decode_call(kernel, glm, inputs, tokens: int, *, takes_out: bool) -> KernelCall:
+    """The sparse decode's call of `kernel` at `tokens` over an engine's inputs, as measure
+    runs it."""
+    problem = problem_for(glm, SPARSE_DECODE, tokens, 64)
+    run = functools.partial(kernel.run, problem,
+                            inputs=OpInputs(kv=inputs.kv_cache, indices=inputs.indices))
+    return KernelCall(run=run, op=SPARSE_DECODE, padded_heads=64, takes_out=takes_out)
+
+
 def test_workspace_path_is_bit_identical_even_with_a_poisoned_workspace(one_cpu_thread):
     """Padding heads are zeroed and real heads copied, so stale workspace bytes never leak."""
     glm = scenario.load("glm5-fp8-tp8")
     inputs = make_inputs(glm, 16, torch.device("cpu"), seed=3, invalid_fraction=0.2)
-    call = decode_call(decode=Reference().decode, kv_cache=inputs.kv_cache,
-                      indices=inputs.indices, sm_scale=glm.softmax_scale, d_v=glm.d_v,
-                      padded_heads=64, takes_out=False)
+    call = sparse_decode_call(Reference(), glm, inputs, 16, takes_out=False)
     workspace = Workspace.reserve(32, 64, glm.d_qk, glm.d_v, torch.device("cpu"))
     workspace.padded_q.fill_(float("nan"))
     out_a, lse_a = alloc_path(inputs.q, call)
@@ -95,9 +106,8 @@ class ReferenceIntoBuffers(Reference):
     def capabilities(self):
         return TritonDecode().capabilities()
 
-    def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None, lse=None,
-               accum_workspace=None):
-        result = super().decode(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v)
+    def run(self, problem, q, inputs, *, out=None, lse=None, accum_workspace=None):
+        result = super().run(problem, q, inputs)
         for given, computed in zip((out, lse), result, strict=True):
             if given is not None:
                 given.copy_(computed)
@@ -108,9 +118,7 @@ def test_workspace_full_path_writes_into_the_workspace_bit_identically(glm):
     """Every path gives the same bits; workspace-full's out and lse are views of the workspace."""
     cpu = torch.device("cpu")
     inputs = make_inputs(glm, 16, cpu, seed=5, invalid_fraction=0.2)
-    call = decode_call(decode=ReferenceIntoBuffers().decode, kv_cache=inputs.kv_cache,
-                      indices=inputs.indices, sm_scale=glm.softmax_scale, d_v=glm.d_v,
-                      padded_heads=64, takes_out=True)
+    call = sparse_decode_call(ReferenceIntoBuffers(), glm, inputs, 16, takes_out=True)
     workspace = reserve_workspace("workspace-full", TritonDecode(), max_tokens=32,
                                   padded_heads=64, d_qk=576, d_v=512, topk=glm.decode_topk,
                                   sm_count=132, device=cpu)

@@ -264,3 +264,31 @@ def test_a_package_whose_entry_points_do_not_parse_is_one_line(toy_site, garbled
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("package garbled 0.1: its entry points do not parse (") and last.endswith(
         "); fix or uninstall garbled")
+
+
+def test_a_contract_1_plug_in_runs_through_the_shim(toy):
+    """The toy is written against contract 1 (decode, allocations(q_shape)): the registry hands
+    back a contract-2 class whose allocations(problem) are the toy's own."""
+    from mlamem.kernel_api import CONTRACT_VERSION, LegacyKernel, Problem
+
+    cls = load_kernel("toy")
+    assert issubclass(cls, LegacyKernel) and cls.contract == CONTRACT_VERSION
+    assert cls.legacy.contract == 1
+    problem = Problem("sparse-decode", rows=1024, heads=64, sm_scale=0.1, kv_tokens=8192,
+                      topk=2048)
+    kernel = cls()
+    assert kernel.allocations(problem, 132) == kernel.kernel.allocations((1, 1024, 64, 576),
+                                                                         512, 132)
+    assert kernel.accum_numel(problem, 132) == 1024 * 64 * 3
+    with pytest.raises(ValueError, match="contract 1.* runs only sparse-decode"):
+        kernel.allocations(Problem("dense-decode", 4, 64, 0.1, 128, "bf16"), 132)
+
+
+def test_a_plug_in_of_another_contract_is_one_line(toy, monkeypatch, capsys):
+    import toy_mlamem.adapter
+
+    monkeypatch.setattr(toy_mlamem.adapter.ToyKernel, "contract", 3)
+    assert main(PROFILE_TOY) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "mlamem: error: kernel 'toy': plug-in toy-mlamem 0.1.0: toy_mlamem.adapter:ToyKernel implements "
+        "kernel contract 3; this mlamem implements 2 (and adapts 1); fix or uninstall toy-mlamem"]

@@ -6,6 +6,7 @@ import torch
 
 from mlamem.kernels import Reference
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN, dequantize, quantize
+from mlamem.operations.sparse_decode import run_kernel
 
 
 def naive_decode(q, kv, indices, sm_scale):
@@ -33,7 +34,7 @@ def test_reference_matches_the_definition(seed):
     indices = torch.randint(0, 128, (1, 5, 32), dtype=torch.int32, generator=gen)
     indices[0, :, ::3] = -1
     indices[0, 4] = -1  # a query with no valid key
-    out, lse = Reference().decode(q, kv, indices, sm_scale=1 / math.sqrt(192), d_v=512)
+    out, lse = run_kernel(Reference(), q, kv, indices, sm_scale=1 / math.sqrt(192), d_v=512)
     ref_out, ref_lse = naive_decode(q[0].float(), dequantize(kv).reshape(128, 576), indices[0],
                                     1 / math.sqrt(192))
     torch.testing.assert_close(out[0].double(), ref_out, rtol=1e-2, atol=1e-2,

@@ -13,8 +13,8 @@ from mlamem.cli import main
 from mlamem.engines.base import Budget
 from mlamem.engines.vllm import VLLM, activation_specs, kv_block_bytes, kv_cache_bytes
 from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, TritonDecode, simulate_decode
-from mlamem.kernels.base import BufferSpec
+from mlamem.kernels import FlashMLA, TritonDecode
+from mlamem.kernels.base import BufferSpec, simulate_run
 from mlamem.memory import SimulatedMemory, is_out_of_memory
 from mlamem.repro import (
     check_local_gpu,
@@ -141,11 +141,10 @@ class _RaisingKernel(FlashMLA):
         super().__init__()
         self.error = error
 
-    def decode(self, q, kv_cache, indices, *, sm_scale, d_v, out=None):
+    def run(self, problem, q, inputs, *, out=None, **staged):
         if self.error == "oom":
             try:
-                return simulate_decode(self, 132, q, kv_cache, indices, sm_scale=sm_scale,
-                                       d_v=d_v, out=out)
+                return simulate_run(self, 132, problem, q, inputs, out=out, **staged)
             except AllocatorOutOfMemory:  # what crosses the stable ABI is a RuntimeError
                 raise RuntimeError('torch_call_dispatcher("aten::new_empty", ...) failed') from None
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

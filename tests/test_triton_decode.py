@@ -13,6 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mlamem.kernels.own
 from mlamem.kernels import KERNELS, FlashMLA, TritonDecode
+from mlamem.kernels.base import Problem
+from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.kernels.own import triton_decode
 from mlamem.kernels.own.triton_decode import (
     accum_workspace_numel,
@@ -106,7 +108,7 @@ def test_allocating_mode_allocates_what_flashmla_does(launches, s_q):
     q, kv, indices = meta_inputs(s_q)
     with RecordAllocations() as record:
         out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, sm_count=132)
-    spec = FlashMLA().allocations(tuple(q.shape), 512, 132)
+    spec = flashmla_allocations(tuple(q.shape), 512, 132)
     assert record.allocations == [(s.shape, s.dtype) for s in spec]
     assert out.shape == (1, s_q, 64, 512) and lse.shape == (1, 64, s_q)
     (args, kwargs), = launches
@@ -140,7 +142,7 @@ def test_out_alone_leaves_the_rest_to_flashmla_shapes(launches):
     out = torch.empty((1, 8192, 64, 512), dtype=torch.bfloat16, device=META)
     with RecordAllocations() as record:
         sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, out=out, sm_count=132)
-    spec = FlashMLA().allocations(tuple(q.shape), 512, 132)[1:]
+    spec = flashmla_allocations(tuple(q.shape), 512, 132)[1:]
     assert record.allocations == [(s.shape, s.dtype) for s in spec]
 
 
@@ -169,8 +171,9 @@ def test_adapter_declares_what_it_takes():
     assert caps.takes_out and caps.takes_lse and caps.takes_accum_workspace
     assert caps.padded_heads(8) == FlashMLA().capabilities().padded_heads(8) == 64
     for s_q in (1, 1024, 32768):
-        shape = (1, s_q, 64, 576)
-        assert kernel.allocations(shape, 512, 132) == FlashMLA().allocations(shape, 512, 132)
+        problem = Problem("sparse-decode", rows=s_q, heads=64, sm_scale=0.1, kv_tokens=8192,
+                          topk=2048)
+        assert kernel.allocations(problem, 132) == flashmla_allocations((1, s_q, 64, 576), 512, 132)
 
 
 def test_missing_triton_is_named(monkeypatch):
@@ -226,7 +229,8 @@ def test_native_allocating_mode_allocates_its_own_spec(launches, s_q, h_q, buffe
         out, lse = sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, sm_count=132,
                                             native=True)
     assert record.allocations == buffers
-    assert [(s.shape, s.dtype) for s in kernel.allocations(tuple(q.shape), 512, 132)] == buffers
+    problem = Problem("sparse-decode", rows=s_q, heads=h_q, sm_scale=0.1, kv_tokens=8192, topk=2048)
+    assert [(s.shape, s.dtype) for s in kernel.allocations(problem, 132)] == buffers
     assert out.shape == (1, s_q, h_q, 512) and lse.shape == (1, h_q, s_q)
     (args, kwargs), = launches
     plan = split_plan(1, s_q, h_q, 2048, 132)
@@ -242,7 +246,8 @@ def test_native_caller_buffers_mean_no_allocation(launches, s_q):
     q, kv, indices = meta_inputs(s_q, h_q=8)
     out = torch.empty((1, s_q, 8, 512), dtype=torch.bfloat16, device=META)
     lse = torch.empty((1, 8, s_q), device=META)
-    numel = KERNELS["triton-native"]().accum_workspace_numel(1, 32768, 8, 2048, 512, 132)
+    numel = KERNELS["triton-native"]().accum_numel(
+        Problem("sparse-decode", rows=32768, heads=8, sm_scale=0.1, kv_tokens=8192, topk=2048), 132)
     workspace = torch.empty(numel, device=META)
     with RecordAllocations() as record:
         sparse_mla_decode_triton(q, kv, indices, sm_scale=0.1, out=out, lse=lse,

@@ -11,6 +11,7 @@ import torch
 
 from mlamem import scenario
 from mlamem.kernels import FlashMLA, TritonDecode, TritonNativeDecode
+from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.kernels.own.triton_decode import (
     accum_workspace_numel,
     max_accum_workspace_numel,
@@ -19,6 +20,8 @@ from mlamem.kernels.own.triton_decode import (
 )
 from mlamem.kernels.reference import sparse_mla_decode_reference
 from mlamem.measure import local_sm_count
+from mlamem.operations import Problem
+from mlamem.operations.sparse_decode import run_kernel
 from mlamem.profile import run_profile
 from mlamem.testing import needs_flashmla, random_decode_inputs, relative_l2
 
@@ -43,8 +46,8 @@ def test_matches_flashmla(s_q, h_q, topk, seed):
     lse was up to 6.3e-3 from the fp32 reference's on the H200 (this kernel's 3.8e-3), so a
     1e-3 bound failed on FlashMLA's error, not this kernel's (reports/triton-h200)."""
     q, kv, indices = random_inputs(s_q, h_q, topk, seed)
-    out, lse = TritonDecode().decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
-    ref_out, ref_lse = FlashMLA().decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    out, lse = run_kernel(TritonDecode(), q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    ref_out, ref_lse = run_kernel(FlashMLA(), q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     assert relative_l2(out, ref_out) <= 1e-2, f"seed {seed}"
     torch.testing.assert_close(lse, ref_lse, rtol=0, atol=2e-2,
                                msg=lambda detail: f"{detail} (seed {seed})")
@@ -104,7 +107,7 @@ def test_allocations_are_flashmlas_or_none(s_q):
     sparse_mla_decode_triton(q, kv, indices, sm_scale=SM_SCALE)  # compile outside the trace
     _, sizes = _allocations_in(lambda: sparse_mla_decode_triton(q, kv, indices,
                                                                 sm_scale=SM_SCALE))
-    spec = FlashMLA().allocations(tuple(q.shape), 512, local_sm_count())
+    spec = flashmla_allocations(tuple(q.shape), 512, local_sm_count())
     assert sizes == [s.nbytes for s in spec]  # the trace records requested bytes
     out = torch.empty((1, s_q, 64, 512), dtype=torch.bfloat16, device="cuda")
     lse = torch.empty((1, 64, s_q), device="cuda")
@@ -181,16 +184,16 @@ def test_native_heads_match_flashmlas_padded_call(s_q, h_q, seed, record_propert
     padded Triton call bit for bit is recorded, not asserted: below 64 rows the compiler may
     pick other MMA instructions."""
     q, kv, indices = random_inputs(s_q, h_q, 2048, seed)
-    out, lse = TritonNativeDecode().decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    out, lse = run_kernel(TritonNativeDecode(), q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     padded_q = q.new_zeros((1, s_q, 64, 576))
     padded_q[:, :, :h_q] = q
-    ref_out, ref_lse = FlashMLA().decode(padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    ref_out, ref_lse = run_kernel(FlashMLA(), padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     assert out.shape == (1, s_q, h_q, 512)
     assert relative_l2(out, ref_out[:, :, :h_q]) <= 1e-2, f"seed {seed}"
     torch.testing.assert_close(lse, ref_lse[:, :h_q], rtol=0, atol=2e-2,
                                msg=lambda detail: f"{detail} (seed {seed})")
-    padded_out, padded_lse = TritonDecode().decode(padded_q, kv, indices, sm_scale=SM_SCALE,
-                                                   d_v=512)
+    padded_out, padded_lse = run_kernel(TritonDecode(), padded_q, kv, indices, sm_scale=SM_SCALE,
+                                        d_v=512)
     record_property("bit_identical_to_padded_triton",
                     torch.equal(out, padded_out[:, :, :h_q])
                     and torch.equal(lse, padded_lse[:, :h_q]))
@@ -202,15 +205,17 @@ def test_native_allocations_are_its_spec_or_none(s_q):
     accumulators only for a call that can split); with every buffer passed, nothing."""
     q, kv, indices = random_inputs(s_q, 8, 2048, seed=0)
     kernel = TritonNativeDecode()
-    kernel.decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)  # compile outside the trace
-    _, sizes = _allocations_in(lambda: kernel.decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512))
-    assert sizes == [s.nbytes for s in kernel.allocations(tuple(q.shape), 512, local_sm_count())]
+    run_kernel(kernel, q, kv, indices, sm_scale=SM_SCALE, d_v=512)  # compile outside the trace
+    _, sizes = _allocations_in(lambda: run_kernel(kernel, q, kv, indices, sm_scale=SM_SCALE, d_v=512))
+    problem = Problem("sparse-decode", rows=s_q, heads=8, sm_scale=SM_SCALE,
+                      kv_tokens=kv.shape[0] * kv.shape[1], topk=2048, block_size=kv.shape[1])
+    assert sizes == [s.nbytes for s in kernel.allocations(problem, local_sm_count())]
     out = torch.empty((1, s_q, 8, 512), dtype=torch.bfloat16, device="cuda")
     lse = torch.empty((1, 8, s_q), device="cuda")
-    workspace = torch.empty(kernel.accum_workspace_numel(1, s_q, 8, 2048, 512, local_sm_count()),
-                            device="cuda")
-    _, sizes = _allocations_in(lambda: kernel.decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512,
-                                                     out=out, lse=lse, accum_workspace=workspace))
+    workspace = torch.empty(kernel.accum_numel(problem, local_sm_count()), device="cuda")
+    _, sizes = _allocations_in(lambda: run_kernel(kernel, q, kv, indices, sm_scale=SM_SCALE,
+                                                  d_v=512, out=out, lse=lse,
+                                                  accum_workspace=workspace))
     assert sizes == []
 
 
@@ -299,7 +304,7 @@ def test_the_default_design_matches_flashmla(h_q, seed, record_property):
     q, kv, indices, out, lse = _default_call(h_q, seed)
     padded_q = q.new_zeros((1, 300, max(h_q, 64), 576))
     padded_q[:, :, :h_q] = q
-    ref_out, ref_lse = FlashMLA().decode(padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    ref_out, ref_lse = run_kernel(FlashMLA(), padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     error = relative_l2(out[:, :-1], ref_out[:, :-1, :h_q])
     record_property("rel_l2_vs_flashmla", error)
     assert error <= 1e-2, f"seed {seed}"
@@ -335,7 +340,7 @@ def test_every_design_matches_flashmla(design, h_q, seed):
                                         native=True)
     padded_q = q.new_zeros((1, 300, max(h_q, 64), 576))
     padded_q[:, :, :h_q] = q
-    ref_out, ref_lse = FlashMLA().decode(padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    ref_out, ref_lse = run_kernel(FlashMLA(), padded_q, kv, indices, sm_scale=SM_SCALE, d_v=512)
     assert relative_l2(out[:, :-1], ref_out[:, :-1, :h_q]) <= 1e-2, f"seed {seed}"
     torch.testing.assert_close(lse[..., :-1], ref_lse[:, :h_q, :-1], rtol=0, atol=2e-2,
                                msg=lambda detail: f"{detail} (seed {seed})")

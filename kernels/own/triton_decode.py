@@ -48,7 +48,9 @@ from mlamem.kernels.base import (
     SPARSE_DECODE,
     BufferSpec,
     Capabilities,
-    SparseDecodeKernel,
+    KernelContract,
+    OpInputs,
+    Problem,
     allocate_missing,
 )
 from mlamem.kernels.flashmla import flashmla_allocations, num_sm_parts
@@ -248,7 +250,7 @@ def sparse_mla_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor, indices: t
     return out, lse
 
 
-class TritonDecode(SparseDecodeKernel):
+class TritonDecode(KernelContract):
     """mlamem's Triton sparse fp8 decode: takes out, lse and an accumulator workspace."""
 
     name = "triton"
@@ -308,24 +310,31 @@ class TritonDecode(SparseDecodeKernel):
         return f"{version} ({text}" + (f": {reason}" if reason else "") + ")"
 
     def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
-        if op != SPARSE_DECODE:
-            raise ValueError(f"{self.label} does not run {op}")
+        self._check(op)
         return Capabilities(takes_out=True, takes_lse=True, takes_accum_workspace=True,
                             head_counts=self.head_counts,
                             source="mlamem's Gluon and Triton kernels (kernels/own/triton_decode.py)")
 
-    def decode(self, q, kv_cache, indices, *, sm_scale: float, d_v: int, out=None, lse=None,
-               accum_workspace=None):
-        return sparse_mla_decode_triton(q, kv_cache, indices, sm_scale=sm_scale, d_v=d_v,
-                                        out=out, lse=lse, accum_workspace=accum_workspace,
-                                        native=self.native)
+    def run(self, problem: Problem, q, inputs: OpInputs, *, out=None, lse=None,
+            accum_workspace=None):
+        self._check(problem.op)
+        return sparse_mla_decode_triton(q, inputs.kv, inputs.indices, sm_scale=problem.sm_scale,
+                                        d_v=problem.d_v, out=out, lse=lse,
+                                        accum_workspace=accum_workspace, native=self.native)
 
-    def allocations(self, q_shape, d_v, sm_count):
+    def allocations(self, problem: Problem, sm_count: int) -> list[BufferSpec]:
         """FlashMLA's, by construction: the call allocates what FlashMLA's would, in order."""
-        return flashmla_allocations(q_shape, d_v, sm_count)
+        self._check(problem.op)
+        return (native_allocations if self.native else flashmla_allocations)(
+            problem.q_shape, problem.d_v, sm_count)
 
-    def accum_workspace_numel(self, b, max_tokens, h_q, topk, d_v, sm_count):
-        return max_accum_workspace_numel(b, h_q, d_v, topk, sm_count, max_tokens)
+    def accum_numel(self, problem: Problem, sm_count: int) -> int:
+        return max_accum_workspace_numel(1, problem.heads, problem.d_v, problem.topk, sm_count,
+                                         problem.rows)
+
+    def _check(self, op: str) -> None:
+        if op != SPARSE_DECODE:
+            raise ValueError(f"{self.label} does not run {op}")
 
 
 class TritonNativeDecode(TritonDecode):
@@ -336,6 +345,3 @@ class TritonNativeDecode(TritonDecode):
     label = "Triton (native heads)"
     native = True
     head_counts = NATIVE_HEAD_COUNTS
-
-    def allocations(self, q_shape, d_v, sm_count):
-        return native_allocations(q_shape, d_v, sm_count)

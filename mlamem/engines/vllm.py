@@ -45,8 +45,9 @@ from mlamem.graph_capture import CallGraphs, capture_all
 from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernel_api import OpInputs
 from mlamem.kernels import BufferSpec
-from mlamem.measure import decoder
-from mlamem.paths import PATHS, decode_call, plan, reserve_workspace, wrapper_allocations
+from mlamem.measure import runner
+from mlamem.operations import SPARSE_DECODE, problem_for
+from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 from mlamem.units import format_bytes, gib
 
@@ -175,9 +176,8 @@ class VLLM(Engine):
         tokens = self.budget.max_num_batched_tokens
         capabilities = kernel.capabilities()
         self.padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-        out_spec = next((s for s in kernel.allocations((1, tokens, self.padded_heads,
-                                                        scenario.d_qk),
-                                                       scenario.d_v, self.sm_count)
+        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
+        out_spec = next((s for s in kernel.allocations(problem, self.sm_count)
                          if s.name == "out"), None)
         if out_spec is not None and not capabilities.takes_out:
             case.out_staging_gain_bytes = round_size(out_spec.nbytes)
@@ -274,17 +274,17 @@ class VLLM(Engine):
         tokens = self.budget.max_num_batched_tokens
         capabilities = kernel.capabilities()
         staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
-        call = decode_call(decode=decoder(kernel, memory, self.sm_count),
-                           kv_cache=self.inputs.kv_cache, indices=self.inputs.indices,
-                           sm_scale=scenario.softmax_scale, d_v=scenario.d_v,
-                           padded_heads=self.padded_heads, takes_out=capabilities.takes_out)
+        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
+        inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
+        call = KernelCall(run=runner(kernel, memory, self.sm_count, problem, inputs),
+                          op=SPARSE_DECODE, padded_heads=self.padded_heads,
+                          takes_out=capabilities.takes_out)
         step_specs = activation_specs(scenario, tokens)
         expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs]
                     + expected_buffers(
                         wrapper_allocations(path, tokens, scenario.heads_per_rank,
                                             self.padded_heads, scenario.d_qk),
-                        kernel.allocations((1, tokens, self.padded_heads, scenario.d_qk),
-                                           scenario.d_v, self.sm_count), staged))
+                        kernel.allocations(problem, self.sm_count), staged))
         workspace, seed = self.workspace, self.seed
 
         def body() -> None:
