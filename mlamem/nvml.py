@@ -5,14 +5,21 @@ from __future__ import annotations
 import functools
 import threading
 
-try:
-    import pynvml
-except ImportError:  # nvidia-ml-py is a dependency, but stay usable without it
-    pynvml = None
+
+@functools.cache
+def _pynvml():
+    """pynvml, imported at the first query (not at start-up); None where it is not installed
+    (nvidia-ml-py is a dependency, but stay usable without it)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
 
 
 @functools.cache
 def _initialised() -> bool:
+    pynvml = _pynvml()
     if pynvml is None:
         return False
     try:
@@ -26,6 +33,7 @@ def nvml_query(func_name: str, *args, default=None):
     """Call pynvml.<func_name>(*args); on any NVML failure, return `default`."""
     if not _initialised():
         return default
+    pynvml = _pynvml()
     try:
         return getattr(pynvml, func_name)(*args)
     except pynvml.NVMLError:

@@ -1,7 +1,9 @@
 """Scenarios: a model, its parallelism, a serving configuration and a target GPU, as data.
 
-Scenarios are TOML files (the shipped ones live in `scenarios/`) loaded into frozen, validated
-dataclasses. Derived sizes are properties; inputs are never overwritten.
+Scenarios are TOML files (the shipped ones live in `scenarios/`) loaded into frozen pydantic
+dataclasses: a file's tables are validated strictly (no bool for an int, no string for a number,
+every number finite, no unknown key), then each section checks its own rules. Derived sizes are
+properties; inputs are never overwritten.
 """
 
 from __future__ import annotations
@@ -9,18 +11,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-import typing
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import pydantic
+from pydantic.dataclasses import dataclass
 
 from mlamem import operations as _operations
 from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, section_type
 from mlamem.errors import UserError
 from mlamem.operations import decode_token_limit
+from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names  # noqa: F401  (read from here too)
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
-
-DEFAULT_SCENARIO = "glm5-fp8-tp8"
 
 # The kernel operations a scenario can drive (its top-level `operations` list) and the caches
 # they read: the operation registry's (mlamem.operations).
@@ -37,8 +39,17 @@ KV_CACHE_BYTES_PER_TOKEN = {
     "bf16": 1152,  # 576 bf16 values
 }
 
+# A section as a file gives it: the types exactly (an int may stand for a float), numbers finite.
+SECTION_CONFIG = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
 
-@dataclass(frozen=True)
+
+def section_model(cls: type) -> type:
+    """A scenario section (`[model]`, an engine's `[vllm]`, ...): a frozen pydantic dataclass
+    validated as SECTION_CONFIG says; its own rules raise FieldError from `__post_init__`."""
+    return dataclass(cls, frozen=True, config=SECTION_CONFIG)
+
+
+@section_model
 class Model:
     """Attention dimensions of one model (whole model, before any parallel split)."""
 
@@ -62,7 +73,7 @@ class Model:
             check_positive(self, "model", "index_topk")
 
 
-@dataclass(frozen=True)
+@section_model
 class Parallelism:
     """How one rank sees the model."""
 
@@ -91,7 +102,7 @@ class Parallelism:
         return self.tensor_parallel // self.attention_data_parallel
 
 
-@dataclass(frozen=True)
+@section_model
 class Serving:
     """The serving configuration every engine reads; an engine's own settings are its table
     (`Scenario.section`)."""
@@ -126,7 +137,7 @@ class Serving:
                                f"got {self.kv_cache_dtype!r}")
 
 
-@dataclass(frozen=True)
+@section_model
 class TargetGPU:
     """The GPU the scenario is sized for (not necessarily the one measuring it)."""
 
@@ -146,7 +157,7 @@ class TargetGPU:
         return self.memory_mib * 1024**2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=pydantic.ConfigDict(arbitrary_types_allowed=True))
 class Scenario:
     """One tensor-parallel rank of a model served by an engine on a target GPU."""
 
@@ -163,9 +174,7 @@ class Scenario:
     sections: dict[str, object] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "operations", tuple(self.operations))  # a list reads as a tuple
-        _check_operations(self.operations)
-        object.__setattr__(self, "engines", tuple(self.engines))
+        _check_operations(self.operations)  # pydantic has made a list a tuple
         _check_engines(self.engines)
         if self.model.num_attention_heads % self.parallel.attention_tensor_parallel:
             raise FieldError("parallel", "tensor_parallel",
@@ -374,8 +383,9 @@ def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
 _SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}
 
 
-class FieldError(ValueError):
-    """A bad field of a section, `[section].field problem`; `from_dict` names the source."""
+class FieldError(Exception):
+    """A bad field of a section, `[section].field problem`; `from_dict` names the source. Not a
+    ValueError, so that pydantic passes it on from a section's `__post_init__` as it is."""
 
     def __init__(self, section: str, field: str, problem: str):
         super().__init__(f"[{section}].{field} {problem}")
@@ -389,38 +399,30 @@ def check_positive(obj: object, section: str, name: str, maximum: int = MAX_TOKE
         raise FieldError(section, name, f"must be at most {maximum}, got {getattr(obj, name)}")
 
 
+# pydantic's error types, in the words a field's problem is told in
+_TYPE_WORDS = {"int_type": "int", "float_type": "float", "string_type": "str", "bool_type": "bool",
+               "finite_number": "a finite number"}
+
+
 def _build(cls: type, table: object, section: str):
-    """Build a section dataclass from a TOML table, checking names and types."""
+    """Build a section from a TOML table (`cls` a section_model, or a plain dataclass that is
+    made one): unknown keys, missing ones and wrong types are FieldErrors naming the key."""
     if not isinstance(table, dict):
         raise FieldError(section, "", "must be a table")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    model = cls if pydantic.dataclasses.is_pydantic_dataclass(cls) else section_model(cls)
+    fields = [f.name for f in dataclasses.fields(model)]
     for key in table:
         if key not in fields:
-            raise FieldError(section, key, f"is not a known field; expected one of {list(fields)}")
-    values = {}
-    for name, field in fields.items():
-        if name not in table:
-            if field.default is dataclasses.MISSING:
-                raise FieldError(section, name, "is missing")
-            continue
-        value, hint = table[name], hints[name]
-        wanted = tuple(t for t in typing.get_args(hint) if t is not type(None)) or (hint,)
-        ok = any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
-                 for t in wanted)
-        if float in wanted and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise FieldError(section, name, f"must be {' or '.join(t.__name__ for t in wanted)}, "
-                                              f"got {value!r}")
-        values[name] = value
-    return cls(**values)
-
-
-def shipped_names() -> list[str]:
-    """Names of the scenarios that ship with mlamem."""
-    root = resources.files("mlamem.scenarios")
-    return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
+            raise FieldError(section, key, f"is not a known field; expected one of {fields}")
+    try:
+        return model(**table)
+    except pydantic.ValidationError as exc:
+        error = exc.errors()[0]
+        name = str(error["loc"][0]) if error["loc"] else ""
+        if error["type"] == "missing":
+            raise FieldError(section, name, "is missing") from None
+        words = _TYPE_WORDS.get(error["type"], error["msg"].lower())
+        raise FieldError(section, name, f"must be {words}, got {error['input']!r}") from None
 
 
 def load(name_or_path: str) -> Scenario:
@@ -457,6 +459,22 @@ def to_dict(scenario: Scenario) -> dict:
     for engine, table in scenario.sections.items():
         data[engine] = {k: v for k, v in dataclasses.asdict(table).items() if v is not None}
     return data
+
+
+def file_schema() -> dict:
+    """The JSON Schema of a scenario file (its TOML as data): the top-level keys, the four
+    sections and every engine's own table, each from its model."""
+    tables = {name: section_type(name) for name, entry in REGISTRY.items() if entry.section}
+    properties = {
+        "name": {"type": "string"}, "description": {"type": "string"},
+        "operations": {"type": "array", "items": {"enum": list(OPERATION_NAMES)}, "minItems": 1,
+                       "uniqueItems": True, "default": list(DEFAULT_OPERATIONS)},
+        "engines": {"type": "array", "items": {"enum": engine_names()}, "minItems": 1,
+                    "uniqueItems": True, "default": list(DEFAULT_ENGINES)}}
+    for name, cls in {**_SECTIONS, **tables}.items():
+        properties[name] = {**pydantic.TypeAdapter(cls).json_schema(), "additionalProperties": False}
+    return {"title": "mlamem scenario", "type": "object", "properties": properties,
+            "required": ["name", "description", *_SECTIONS], "additionalProperties": False}
 
 
 # Version 1 of the layout kept vLLM's CUDA-graph settings in [serving]; they are its own table now.

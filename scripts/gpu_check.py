@@ -32,6 +32,7 @@ T = "--tokens 1024,8192,16384,32768"
 DECODE = ("deepseek-v32-fp8-tp8", "glm5-fp8-tp8", "kimi-k2-fp8-tp4-dp")
 DENSE = ("kimi-k2-dense-tp4-dp", "kimi-k2-dense-fp8-tp4-dp")
 BUILDS = ("flashmla", "flashmla-vllm")
+OPS = ("sparse-decode", "dense-decode", "sparse-prefill")
 TP1 = "reports/kernels-h200/glm5-64-heads.toml"  # GLM-5 at tensor_parallel 1: 64 heads per rank
 PYTEST = "python3 -m pytest -q -rs -p no:cacheprovider --durations=10 --junitxml={out}/junit.xml"
 BENCH = "python3 benchmarks/triton_vs_flashmla.py"
@@ -116,6 +117,12 @@ SUITES = {
                       f"{BENCH} --rank-tokens 8192,32768 --json {{out}}/bench.json",
                       *ncu("gluon-bf16-scale-8", "--kernel triton-native --design gluon-bf16-scale"),
                       *ncu("gluon-8", "--kernel triton-native --design gluon")],
+    # issue 23's house: validate for every kernel and operation the registry pairs (reference: the
+    # CPU one; flashinfer where its wheels travel), and mlamem's own part of a call's time
+    "house": [*(f"mlamem validate --kernel {k} --op {op} @validate-{k}-{op}"
+                for k, ops in (("flashmla", OPS), ("flashmla-vllm", OPS), ("triton", OPS[:1]),
+                               ("triton-native", OPS[:1])) for op in ops),
+              "python3 benchmarks/overhead.py"],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }

@@ -13,8 +13,11 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import mlamem
 
+pytest.importorskip("grimp", reason="grimp comes with the test extra: pip install -e '.[test]'")
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 # The import cycles: each strongly connected set of modules (Tarjan's), as one sorted list.

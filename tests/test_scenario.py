@@ -105,6 +105,14 @@ def test_user_toml_path_loads(tmp_path):
     ("tensor_parallel = 8", "tensor_parallel = 7", "[parallel].tensor_parallel must divide"),
     ("[serving]", "[serving", "not valid TOML"),
     ("index_topk = 2048", "", "[serving].synthetic_topk is required"),
+    # the model validates types strictly and numbers as finite
+    ("gpu_memory_utilization = 0.85", "gpu_memory_utilization = nan",
+     "[gpu].gpu_memory_utilization must be a finite number, got nan"),
+    ("gpu_memory_utilization = 0.85", "gpu_memory_utilization = inf",
+     "[gpu].gpu_memory_utilization must be a finite number, got inf"),
+    ("num_layers = 78", "num_layers = true", "[model].num_layers must be int, got True"),
+    ("num_layers = 78", "num_layers = 78.0", "[model].num_layers must be int, got 78.0"),
+    ("[gpu]", "[vllm]\nmax_num_seqs = \"many\"\n\n[gpu]", "[vllm].max_num_seqs must be int, got 'many'"),
 ])
 def test_bad_toml_names_the_file_and_field(tmp_path, old, new, expected):
     """Each malformed scenario is a UserError that names the file and the field."""
@@ -214,7 +222,7 @@ def test_scenario_accepts_operations_as_a_list():
     """Built directly, a list of operations reads as a tuple, and bad ones are refused too."""
     s = scenario.load("glm5-fp8-tp8")
     assert dataclasses.replace(s, operations=["sparse-decode"]).operations == ("sparse-decode",)
-    with pytest.raises(ValueError, match=r"\[top\]\.operations has unknown 'prefill'"):
+    with pytest.raises(scenario.FieldError, match=r"\[top\]\.operations has unknown 'prefill'"):
         dataclasses.replace(s, operations=("prefill",))
 
 
@@ -244,3 +252,23 @@ def test_vllm_settings_in_serving_migrate_to_their_own_table():
                         + "\n[vllm]\nmax_num_seqs = 256\n", "both.toml")
     with pytest.raises(UserError, match=r"\[vllm\].max_num_seqs must be > 0"):
         scenario.parse(text + "\n[vllm]\nmax_num_seqs = 0\n", "zero.toml")
+
+
+def test_the_file_schema_names_every_key_the_shipped_files_use():
+    """docs/schemas/scenario.schema.json comes from the models: each shipped file's keys are in
+    it, its sections' required keys are the models' required fields, and no other key is."""
+    import tomllib
+
+    schema = scenario.file_schema()
+    assert schema["additionalProperties"] is False
+    for name in scenario.shipped_names():
+        data = tomllib.loads((resources.files("mlamem.scenarios") / f"{name}.toml").read_text())
+        assert set(data) <= set(schema["properties"]), name
+        for section, table in data.items():
+            if isinstance(table, dict):
+                properties = schema["properties"][section]
+                assert set(table) <= set(properties["properties"]), (name, section)
+                assert set(properties.get("required", [])) <= set(table), (name, section)
+    required = schema["properties"]["serving"]["required"]
+    assert required == [f.name for f in dataclasses.fields(scenario.Serving)
+                        if f.default is dataclasses.MISSING]

@@ -1,5 +1,6 @@
 """mlamem.testing: light to import, and its helpers give what they promise."""
 
+import os
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ def test_seeds_are_fixed_by_name():
     names differ, seeds differ."""
     code = "from mlamem.testing import seed_for; print(seed_for('tests/test_x.py::test_a'))"
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60,
-                          check=True, env={"PYTHONHASHSEED": "12345", "PATH": ""})
+                          check=True, env={**os.environ, "PYTHONHASHSEED": "12345"})
     assert int(done.stdout) == seed_for("tests/test_x.py::test_a")
     assert seed_for("tests/test_x.py::test_a") != seed_for("tests/test_x.py::test_b")
     assert seed_for("a") == 3904355907  # zlib.crc32(b"a")

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from mlamem import operations, render
-from mlamem import scenario as scenarios
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, progress
@@ -92,7 +91,7 @@ def _plan(op: str, scenario: str | None, values: list[int] | None, paths: str, p
     from mlamem.sweep import Request, plan
 
     name = scenario or operations.operation(op).default_scenario
-    chosen = scenarios.load(name)
+    chosen = o.load_scenario(name)
     flag = operations.operation(op).flag
     parts = [plan(Request(
         [(name, chosen)], [op], kernel,

@@ -11,7 +11,6 @@ import typer
 
 from mlamem import environment, operations, render, shards
 from mlamem import gate as gating
-from mlamem import scenario as scenarios
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
@@ -19,6 +18,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format, write_atomic
 from mlamem.kernels import REGISTRY
 from mlamem.profile import DEFAULT_TOKENS, DROP_CASE
+from mlamem.scenario_names import shipped_names
 
 
 @app.command()
@@ -155,14 +155,14 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
         ops = list(kernel.operations)
     else:
         ops = gating.sweep_ops(recorded)
-    names = recorded["scenarios"] if recorded else scenarios.shipped_names()
+    names = recorded["scenarios"] if recorded else shipped_names()
     if scenario == "all":
-        names = scenarios.shipped_names()
+        names = shipped_names()
     elif scenario is not None:
         names = [n.strip() for n in scenario.split(",")]
     asked = o.split_paths(paths) if paths is not None else None
     return gating.plan_sweep(
-        [(name, scenarios.load(name)) for name in names], ops, values,
+        [(name, o.load_scenario(name)) for name in names], ops, values,
         asked or list(recorded["paths"] if recorded else PATH_NAMES), kernel,
         op_given=op is not None, named=scenario not in (None, "all"),
         keys_given=list(values_given), paths_given=asked is not None, fix=DROP_CASE)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 from mlamem import operations, render
-from mlamem import scenario as scenarios
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -19,13 +18,14 @@ from mlamem.cli.output import (
 )
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.scenario_names import DEFAULT_SCENARIO
 
 PURPOSE = "graphs captures the sparse decode"
 
 
 @app.command()
 def graphs(
-    scenario: o.ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    scenario: o.ScenarioOption = DEFAULT_SCENARIO,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     paths: o.PathsOption = None,
     capture_sizes: o.CaptureSizesOption = None,
@@ -54,7 +54,7 @@ def graphs(
     if output is not None:
         check_output_path(output)
     check_report_dir(report_dir)
-    [part] = plan(Request([(scenario, scenarios.load(scenario))], [operations.SPARSE_DECODE],
+    [part] = plan(Request([(scenario, o.load_scenario(scenario))], [operations.SPARSE_DECODE],
                           decode, paths=o.split_paths(paths), capture_sizes=sizes or [],
                           capture_option="--capture-sizes", purpose=PURPOSE))
     from mlamem.graphs import run_graphs, sizes_to_capture

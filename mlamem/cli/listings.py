@@ -6,16 +6,16 @@ import sys
 
 import typer
 
-from mlamem import scenario as scenarios
 from mlamem.cli.app import app
-from mlamem.cli.options import load_torch
+from mlamem.cli.options import load_scenario, load_torch
+from mlamem.scenario_names import shipped_names
 
 
 @app.command("scenarios")
 def list_scenarios() -> None:
     """List the shipped scenarios, one line each."""
-    for name in scenarios.shipped_names():
-        typer.echo(f"{name:24} {scenarios.load(name).one_line()}")
+    for name in shipped_names():
+        typer.echo(f"{name:24} {load_scenario(name).one_line()}")
 
 
 @app.command("kernels")

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlamem import operations, shards
-from mlamem import scenario as scenarios
 from mlamem.cli.app import stderr
 from mlamem.errors import UserError
 from mlamem.kernels import REGISTRY, load_kernel
+from mlamem.scenario_names import shipped_names
 
 if TYPE_CHECKING:
     from mlamem.kernels import SparseDecodeKernel
@@ -96,11 +96,19 @@ def parse_shard_option(text: str | None) -> shards.Shard | None:
     return None if text is None else shards.parse_shard(text)
 
 
+def load_scenario(name: str) -> Scenario:
+    """A shipped scenario by name, or a TOML file by path: the scenario model (pydantic) is
+    imported here, when a file is read, not at start-up."""
+    from mlamem import scenario
+
+    return scenario.load(name)
+
+
 def load_scenarios(text: str) -> list[tuple[str, Scenario]]:
     """Comma-separated names or TOML paths, or 'all' for every shipped scenario: (as given,
     loaded) pairs."""
-    names = scenarios.shipped_names() if text == "all" else [n.strip() for n in text.split(",")]
-    return [(name, scenarios.load(name)) for name in names]
+    names = shipped_names() if text == "all" else [n.strip() for n in text.split(",")]
+    return [(name, load_scenario(name)) for name in names]
 
 
 def check_kernel_name(name: str | None) -> str | None:

@@ -7,19 +7,19 @@ from typing import Annotated
 import typer
 
 from mlamem import render
-from mlamem import scenario as scenarios
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.scenario_names import DEFAULT_SCENARIO
 from mlamem.units import parse_bytes
 
 
 @app.command()
 def plan(
-    scenario: o.ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    scenario: o.ScenarioOption = DEFAULT_SCENARIO,
     gpu_memory: Annotated[str | None, typer.Option(
         help="GPU memory, e.g. 141GB or 80GiB (default: the scenario's GPU).")] = None,
     utilization: Annotated[float | None, typer.Option(
@@ -71,7 +71,7 @@ def plan(
                         "not both")
     if output is not None:
         check_output_path(output)
-    chosen = scenarios.load(scenario)
+    chosen = o.load_scenario(scenario)
     try:
         memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from mlamem import operations, render, shards
-from mlamem import scenario as scenarios
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -24,6 +23,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_distinct, check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.profile import DEFAULT_TOKENS
+from mlamem.scenario_names import DEFAULT_SCENARIO
 
 
 @app.command()
@@ -34,7 +34,7 @@ def profile(
              f"{','.join(map(str, DEFAULT_TOKENS))}.", show_default=False)] = None,
     scenario: Annotated[str | None, typer.Option(
         "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
-                                 f"your own TOML file. Default: {scenarios.DEFAULT_SCENARIO} "
+                                 f"your own TOML file. Default: {DEFAULT_SCENARIO} "
                                  "(--op dense-decode: kimi-k2-dense-tp4-dp).",
         show_default=False)] = None,
     paths: o.PathsOption = None,
@@ -134,7 +134,7 @@ def _plan(op: str, scenario: str | None, values: list[int] | None, paths: str | 
 
     name = scenario or operations.operation(op).default_scenario
     [part] = plan(Request(
-        [(name, scenarios.load(name))], [op], kernel,
+        [(name, o.load_scenario(name))], [op], kernel,
         values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         max_num_batched_tokens=max_num_batched_tokens,

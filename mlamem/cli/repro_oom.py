@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from mlamem import operations, render
-from mlamem import scenario as scenarios
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
@@ -16,6 +15,7 @@ from mlamem.engines import engine_names
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.scenario_names import DEFAULT_SCENARIO
 from mlamem.units import parse_bytes
 
 PURPOSE = "repro-oom replays the engine's sparse decode step"
@@ -23,7 +23,7 @@ PURPOSE = "repro-oom replays the engine's sparse decode step"
 
 @app.command("repro-oom")
 def repro_oom(
-    scenario: o.ScenarioOption = scenarios.DEFAULT_SCENARIO,
+    scenario: o.ScenarioOption = DEFAULT_SCENARIO,
     gpu_memory: Annotated[str | None, typer.Option(
         help="Target GPU memory to emulate, e.g. 80GiB or 81559MiB (default: the scenario's "
              "GPU). Must not exceed the local GPU.")] = None,
@@ -107,7 +107,7 @@ def _plan(scenario: str, kernel, paths: str | None, max_num_batched_tokens: int 
     max_num_batched_tokens)."""
     from mlamem.sweep import Request, plan
 
-    chosen = scenarios.load(scenario)
+    chosen = o.load_scenario(scenario)
     [part] = plan(Request(
         [(scenario, chosen)], [operations.SPARSE_DECODE], kernel,
         paths=o.split_paths(paths), max_num_batched_tokens=max_num_batched_tokens,

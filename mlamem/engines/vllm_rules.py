@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlamem.errors import UserError
-from mlamem.scenario import FieldError, Scenario, check_positive
+from mlamem.scenario import FieldError, Scenario, check_positive, section_model
 
 MIN_PER_GRAPH_BYTES = 1 << 20  # vLLM's _MIN_PER_GRAPH_BYTES: "driver overhead" per graph
 
@@ -24,7 +24,7 @@ FULL_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # decode graphs
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
-@dataclass(frozen=True)
+@section_model
 class VLLMSection:
     """The scenario's `[vllm]` table: vLLM's CUDA-graph settings, at vLLM 0.33.0's defaults."""
 

@@ -1,6 +1,7 @@
 """`python -m mlamem.results --write-schemas`: the JSON Schema of every result model into
-docs/schemas/ (NAME.schema.json, e.g. profile-1.schema.json), and the CSV files' columns
-(csv.md); `--check` exits 1 naming each committed file that differs from the models."""
+docs/schemas/ (NAME.schema.json, e.g. profile-1.schema.json), the scenario file's
+(scenario.schema.json), and the CSV files' columns (csv.md); `--check` exits 1 naming each
+committed file that differs from the models."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from mlamem.results import CSV, MODELS, model_for
+from mlamem.scenario import file_schema
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
@@ -28,11 +30,14 @@ def generated() -> dict[str, str]:
         document = {"$schema": "https://json-schema.org/draft/2020-12/schema",
                     "$id": file_name(schema), **document}
         texts[file_name(schema)] = json.dumps(document, indent=2) + "\n"
+    texts[SCENARIO_PAGE] = json.dumps({"$schema": "https://json-schema.org/draft/2020-12/schema",
+                                       "$id": SCENARIO_PAGE, **file_schema()}, indent=2) + "\n"
     texts[CSV_PAGE] = csv_columns()
     return texts
 
 
 CSV_PAGE = "csv.md"
+SCENARIO_PAGE = "scenario.schema.json"
 
 
 def csv_columns() -> str:
