@@ -23,7 +23,7 @@ from mlamem.compare import CompareResult
 from mlamem.engines import engine_names, load_engine
 from mlamem.environment import Environment
 from mlamem.errors import UserError
-from mlamem.files import check_output_path, read_json, write_atomic
+from mlamem.files import check_output_path, read_json, safe_name, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
 from mlamem.graphs import GraphsResult
 from mlamem.kernel_api import SPARSE_DECODE
@@ -439,7 +439,7 @@ def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> l
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
-    name = result.scenario["name"] + ("" if result.measured else ".predicted") + ".json"
+    name = safe_name(result.scenario["name"]) + ("" if result.measured else ".predicted") + ".json"
     write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "--report")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)
