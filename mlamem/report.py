@@ -341,8 +341,8 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
     def figure(suffix: str, alt: str, draw: Callable[[ModuleType], bytes]) -> list[str]:
         return _figure(figures, f"{stem}-{suffix}.png", alt, draw, saved.source)
 
-    return [f"## {section.kind}: {section.title(r)}{tag}", "", f"From `{saved.source}`.", "",
-            *section.body(r, figure, tag)]
+    return [f"## {section.kind}: {section.title(r)}{tag}", "",
+            f"From {render.markdown_code(saved.source)}.", "", *section.body(r, figure, tag)]
 
 
 def _environment_table(saved: Sequence[Saved]) -> list[str]:
@@ -357,10 +357,10 @@ def _environment_table(saved: Sequence[Saved]) -> list[str]:
             gpu = (f"{env.gpu} (SM {env.compute_capability})" if env.gpu else "none")
             cells = [gpu, env.driver or "-", env.cuda or "-", env.torch, _kernels_cell(env),
                      env.mlamem]
-        lines.append(f"| `{s.source}` | {s.kind} | {figures} | " + " | ".join(cells)
+        lines.append(f"| {render.markdown_code(s.source)} | {s.kind} | {figures} | " + " | ".join(cells)
                      + f" | {r.created or 'not recorded'} |")
     lines += ["", "Commands that produced them:", ""]
-    lines += [f"- `{s.source}`: `{s.result.command}`" for s in saved]
+    lines += [f"- {render.markdown_code(s.source)}: {render.markdown_code(s.result.command)}" for s in saved]
     return lines
 
 
