@@ -87,10 +87,9 @@ def check_output_path(path: Path, option: str = "--output", *, parents: bool = F
         raise UserError(f"{option}: folder {folder} does not exist; create it or pick another path")
     if path.is_dir():
         raise UserError(f"{option}: {path} is a folder; give a file path")
-    if _is_special(path):  # /dev/stdout, a named pipe: written in place
-        if not os.access(path, os.W_OK):
-            raise UserError(f"{option}: cannot write {path}; pick a writable path")
-        return folder
+    if _is_special(path) or Path("/dev") in path.absolute().parents:  # /dev/stdout, a pipe
+        raise UserError(f"{option}: {path} is not a regular file (a device or a pipe); "
+                        "give a file path")
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mlamem-check.", suffix=".tmp")
     except OSError as exc:
@@ -115,13 +114,8 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
                  parents: bool = False) -> None:
     """Write `data` to `path` via a temporary file in the same folder and a rename, so `path`
     holds the old content or the new, never a part, even under Ctrl-C. With `parents`, missing
-    folders are created first. A device or pipe (/dev/stdout) is written in place."""
+    folders are created first. A device or pipe (/dev/stdout) is refused."""
     mode = "wb" if isinstance(data, bytes) else "w"
-    if _is_special(path):
-        with open(path, mode) as handle:
-            handle.write(data)
-        _written.append(path)
-        return
     if parents:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

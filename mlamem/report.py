@@ -308,7 +308,7 @@ def _figure_names(saved: Sequence[Saved], prefix: str) -> list[str]:
     """A distinct stem per result: PREFIX-KIND-SCENARIO[-predicted][-N]."""
     names, taken = [], set()
     for s in saved:
-        stem = (f"{prefix}-{s.kind}-{s.section.scenario(s.result)}"
+        stem = (f"{prefix}-{s.kind}-{safe_name(s.section.scenario(s.result))}"
                 + ("" if s.result.measured else "-predicted"))
         name, n = stem, 2
         while name in taken:
