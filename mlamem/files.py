@@ -77,6 +77,8 @@ def check_output_path(path: Path, option: str = "--output", *, parents: bool = F
     The folder must exist (with `parents`, its nearest existing ancestor) and take a new file:
     a file is created and removed there, which also holds for root and read-only mounts.
     """
+    if str(path) == "-":  # would make a file named '-'; an output that can be stdout is printed
+        raise UserError(f"{option}: - (stdout) is not taken here; give a file path")
     folder = path.parent if str(path.parent) else Path(".")
     probe = folder
     while parents and not probe.exists() and probe != probe.parent:

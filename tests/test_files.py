@@ -110,9 +110,13 @@ def test_baseline_file(tmp_path, make, fix):
     check_bad_input(["gate", "--predict", "--baseline", make(tmp_path)], fix, watch=tmp_path)
 
 
-@pytest.mark.parametrize("output", ["/dev/stdout", "/dev/null", "/dev/zero"])
-def test_special_output_refused(tmp_path, output):
-    check_bad_input(["report", str(PROFILE), "--output", output], "not a regular file", watch=tmp_path)
+@pytest.mark.parametrize(("output", "fix"), [("/dev/stdout", "not a regular file"),
+                                           ("/dev/null", "not a regular file"),
+                                           ("/dev/zero", "not a regular file"),
+                                           ("-", "- (stdout) is not taken here")])
+@pytest.mark.parametrize("command", ["report", "merge"])
+def test_special_output_refused(tmp_path, command, output, fix):
+    check_bad_input([command, str(PROFILE), "--output", output], fix, watch=tmp_path)
 
 
 @pytest.mark.parametrize(("name", "safe"), [("../../etc/x", "_.._etc_x"), ("a/b", "a_b"), ("", "unnamed"),
