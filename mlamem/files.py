@@ -1,5 +1,6 @@
 """Output files: checked before any work, written whole or not at all, their format agreed;
-and result files read back (`read_json`)."""
+input files read through one reader (`read_text`, `read_json`), and names from files made safe
+as file names (`safe_name`)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ def check_output_path(path: Path, option: str = "--output", *, parents: bool = F
     The folder must exist (with `parents`, its nearest existing ancestor) and take a new file:
     a file is created and removed there, which also holds for root and read-only mounts.
     """
+    if str(path) == "-":  # would make a file named '-'; an output that can be stdout is printed
+        raise UserError(f"{option}: - (stdout) is not taken here; give a file path")
     folder = path.parent if str(path.parent) else Path(".")
     probe = folder
     while parents and not probe.exists() and probe != probe.parent:
@@ -86,10 +89,9 @@ def check_output_path(path: Path, option: str = "--output", *, parents: bool = F
         raise UserError(f"{option}: folder {folder} does not exist; create it or pick another path")
     if path.is_dir():
         raise UserError(f"{option}: {path} is a folder; give a file path")
-    if _is_special(path):  # /dev/stdout, a named pipe: written in place
-        if not os.access(path, os.W_OK):
-            raise UserError(f"{option}: cannot write {path}; pick a writable path")
-        return folder
+    if _is_special(path) or Path("/dev") in path.absolute().parents:  # /dev/stdout, a pipe
+        raise UserError(f"{option}: {path} is not a regular file (a device or a pipe); "
+                        "give a file path")
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mlamem-check.", suffix=".tmp")
     except OSError as exc:
@@ -114,13 +116,8 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
                  parents: bool = False) -> None:
     """Write `data` to `path` via a temporary file in the same folder and a rename, so `path`
     holds the old content or the new, never a part, even under Ctrl-C. With `parents`, missing
-    folders are created first. A device or pipe (/dev/stdout) is written in place."""
+    folders are created first. A device or pipe (/dev/stdout) is refused."""
     mode = "wb" if isinstance(data, bytes) else "w"
-    if _is_special(path):
-        with open(path, mode) as handle:
-            handle.write(data)
-        _written.append(path)
-        return
     if parents:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -153,22 +150,64 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
     _written.append(path)
 
 
-def read_json(path: Path) -> dict:
-    """The file's JSON object; a missing, unreadable or corrupt file is a UserError."""
+MAX_INPUT_BYTES = 64 * 1024 * 1024  # no scenario, baseline or result comes near this
+
+
+def read_text(path: Path, what: str, field: str | None = None) -> str:
+    """The one reader of an input file: a regular file within MAX_INPUT_BYTES, decoded as
+    UTF-8. Anything else is a UserError naming the file (and `field`, the option it came from)."""
     try:
-        text = path.read_text()
+        info = path.stat()
     except FileNotFoundError:
-        raise UserError(f"{path}: no such result file; pass the result files a command saved "
-                        "in its json format") from None
-    except IsADirectoryError:
-        raise UserError(f"{path} is a folder; pass a result file (JSON)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+        raise UserError(f"{path}: no such {what}", field=field) from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})", field=field) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{path} is a folder; pass a {what}", field=field)
+    if not stat.S_ISREG(info.st_mode):
+        raise UserError(f"{path} is not a regular file (a device or a pipe); pass a {what}",
+                        field=field)
+    if info.st_size > MAX_INPUT_BYTES:
+        raise UserError(f"{path} is {info.st_size} bytes, more than a {what} can be "
+                        f"({MAX_INPUT_BYTES}); pass the right file", field=field)
     try:
-        data = json.loads(text)
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read it ({exc.strerror})", field=field) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start}); pass a {what}",
+                        field=field) from None
+
+
+def _not_finite(constant: str):
+    raise ValueError(f"{constant} is not a number mlamem accepts")
+
+
+def loads_json(text: str):
+    """JSON as mlamem reads it: NaN and Infinity refused (ValueError, as a decode error is)."""
+    return json.loads(text, parse_constant=_not_finite)
+
+
+def safe_name(name: str) -> str:
+    """The one way a name taken from a file (a scenario's `name`) becomes a file name: letters,
+    digits, '.', '-' and '_' kept, anything else '_'; never empty, never starting with '.'."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
+    return cleaned.lstrip(".") or "unnamed"
+
+
+def read_json(path: Path) -> dict:
+    """The file's JSON object; a missing, unreadable, non-finite or corrupt file is a UserError."""
+    text = read_text(path, "result file (JSON, as a command saves it)")
+    try:
+        data = loads_json(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); save results "
                         "in the json format") from None
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc}); save results in the json format") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: not an mlamem result (a JSON {type(data).__name__}, "
                         "not an object)")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from mlamem import operations
 from mlamem.errors import UserError
+from mlamem.files import loads_json, read_text
 from mlamem.kernel_api import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
 from mlamem.sweep import SweepPart
@@ -246,13 +247,14 @@ def sweep_kernel(sweep: dict) -> str:
 def load(path: Path) -> Baseline:
     """Read and check a baseline file; UserError (exit 2) if missing, corrupt or wrong schema."""
     fix = f"make one with `mlamem gate --baseline {path} --update`"
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path} not found; {fix}", field="baseline")
+    text = read_text(path, "baseline (JSON)", field="baseline")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {path} ({exc}); {fix}", field="baseline") from None
+        data = loads_json(text)
     except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}); {fix}", field="baseline") from None
+    except (ValueError, RecursionError) as exc:
         raise UserError(f"{path} is not valid JSON ({exc}); {fix}", field="baseline") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
@@ -282,6 +284,18 @@ def _parse(data: dict) -> Baseline:
         raise ValueError("sweep.requests: missing (the sweep covers dense-decode)")
     if sweep_kernel(sweep) not in REGISTRY:
         raise ValueError(f"sweep.kernel: {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
+    seen: set[tuple] = set()
+    for i, case in enumerate(data["cases"]):
+        key = (case["scenario"], case["op"], case["tokens"], case["path"])
+        if key in seen:
+            raise ValueError(f"cases[{i}]: a second copy of {'/'.join(map(str, key))}")
+        seen.add(key)
+        for name in ("peak_allocated_bytes", "peak_reserved_bytes", "bytes_allocated_in_call"):
+            if case[name] is not None and case[name] < 0:
+                raise ValueError(f"cases[{i}].{name}: {case[name]} is negative")
+        negative = [b for b, n in case["buffers"].items() if n < 0]
+        if negative:
+            raise ValueError(f"cases[{i}].buffers.{negative[0]}: {case['buffers'][negative[0]]} is negative")
     return Baseline(command=data["command"], measured=data["measured"],
                     not_measured_reason=data["not_measured_reason"],
                     environment=data["environment"], sweep=sweep,

@@ -23,7 +23,7 @@ from mlamem.compare import CompareResult
 from mlamem.engines import engine_names, load_engine
 from mlamem.environment import Environment
 from mlamem.errors import UserError
-from mlamem.files import check_output_path, read_json, write_atomic
+from mlamem.files import check_output_path, read_json, safe_name, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
 from mlamem.graphs import GraphsResult
 from mlamem.kernel_api import SPARSE_DECODE
@@ -308,7 +308,7 @@ def _figure_names(saved: Sequence[Saved], prefix: str) -> list[str]:
     """A distinct stem per result: PREFIX-KIND-SCENARIO[-predicted][-N]."""
     names, taken = [], set()
     for s in saved:
-        stem = (f"{prefix}-{s.kind}-{s.section.scenario(s.result)}"
+        stem = (f"{prefix}-{s.kind}-{safe_name(s.section.scenario(s.result))}"
                 + ("" if s.result.measured else "-predicted"))
         name, n = stem, 2
         while name in taken:
@@ -341,8 +341,8 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
     def figure(suffix: str, alt: str, draw: Callable[[ModuleType], bytes]) -> list[str]:
         return _figure(figures, f"{stem}-{suffix}.png", alt, draw, saved.source)
 
-    return [f"## {section.kind}: {section.title(r)}{tag}", "", f"From `{saved.source}`.", "",
-            *section.body(r, figure, tag)]
+    return [f"## {section.kind}: {section.title(r)}{tag}", "",
+            f"From {render.markdown_code(saved.source)}.", "", *section.body(r, figure, tag)]
 
 
 def _environment_table(saved: Sequence[Saved]) -> list[str]:
@@ -357,10 +357,10 @@ def _environment_table(saved: Sequence[Saved]) -> list[str]:
             gpu = (f"{env.gpu} (SM {env.compute_capability})" if env.gpu else "none")
             cells = [gpu, env.driver or "-", env.cuda or "-", env.torch, _kernels_cell(env),
                      env.mlamem]
-        lines.append(f"| `{s.source}` | {s.kind} | {figures} | " + " | ".join(cells)
+        lines.append(f"| {render.markdown_code(s.source)} | {s.kind} | {figures} | " + " | ".join(cells)
                      + f" | {r.created or 'not recorded'} |")
     lines += ["", "Commands that produced them:", ""]
-    lines += [f"- `{s.source}`: `{s.result.command}`" for s in saved]
+    lines += [f"- {render.markdown_code(s.source)}: {render.markdown_code(s.result.command)}" for s in saved]
     return lines
 
 
@@ -439,7 +439,7 @@ def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> l
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
-    name = result.scenario["name"] + ("" if result.measured else ".predicted") + ".json"
+    name = safe_name(result.scenario["name"]) + ("" if result.measured else ".predicted") + ".json"
     write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "--report")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)

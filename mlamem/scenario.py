@@ -20,6 +20,7 @@ from pydantic.dataclasses import dataclass
 from mlamem import operations as _operations
 from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, section_type
 from mlamem.errors import UserError
+from mlamem.files import read_text
 from mlamem.operations import decode_token_limit
 from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names  # noqa: F401  (read from here too)
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
@@ -429,10 +430,10 @@ def load(name_or_path: str) -> Scenario:
     """Load a shipped scenario by name, or a user's TOML file by path."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path.exists():
             raise UserError(f"scenario file {name_or_path} not found; pass an existing .toml path "
                             f"or one of: {', '.join(shipped_names())}")
-        return parse(path.read_text(), str(path))
+        return parse(read_text(path, "scenario file (TOML)"), str(path))
     if name_or_path not in shipped_names():
         raise UserError(f"unknown scenario {name_or_path!r}; expected one of: "
                         f"{', '.join(shipped_names())} (or a path to a .toml file)")
@@ -443,10 +444,17 @@ def load(name_or_path: str) -> Scenario:
 def parse(text: str, source: str) -> Scenario:
     """Parse scenario TOML text; errors name the source and the field."""
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = tomllib.loads(text, parse_float=_finite_float)
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise UserError(f"{source}: not valid TOML ({exc}); fix the file") from None
     return from_dict(data, source)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
 
 
 def to_dict(scenario: Scenario) -> dict:

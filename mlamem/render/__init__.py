@@ -8,7 +8,7 @@ import the profiler, and with it torch.
 import importlib
 
 _EXPORTS = {
-    "common": ["csv_cell", "predicted_tag"],
+    "common": ["csv_cell", "markdown_code", "predicted_tag"],
     "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table"],
     "gate": ["gate_markdown"],
     "graphs": ["GRAPHS_FORMATS", "error_percent_text", "estimate_of", "estimate_sources",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich import box
 from rich.console import Console, Group
@@ -18,6 +19,16 @@ WIDTH = 80  # every terminal table fits this many columns
 def predicted_tag(measured: bool) -> str:
     """' (PREDICTED)' after the heading of every table of predicted figures; '' when measured."""
     return "" if measured else " (PREDICTED)"
+
+
+def markdown_code(text: object) -> str:
+    """The one escape for text from an input file that reaches Markdown: an inline code span that
+    no newline, pipe or backtick in `text` can leave (a table cell stays one cell)."""
+    flat = " ".join(str(text).splitlines()).replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
 
 
 def gib_text(value: int | None) -> str:

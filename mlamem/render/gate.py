@@ -5,6 +5,7 @@ from __future__ import annotations
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.kernel_api import OPERATIONS
 from mlamem.operations import operation
+from mlamem.render.common import markdown_code
 from mlamem.units import format_bytes
 
 _METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",
@@ -56,11 +57,11 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
         title = "passed"
     lines = [f"### mlamem gate: {title}", ""]
     if updated:
-        lines.append(f"Wrote `{baseline}`, figures {kind}." + (
+        lines.append(f"Wrote {markdown_code(baseline)}, figures {kind}." + (
             " Changes from the previous baseline:" if result and result.changes else ""))
     else:
         part = f", shard {shard} of the sweep" if shard else ""
-        lines.append(f"This run ({kind}{part}) against `{baseline}`.")
+        lines.append(f"This run ({kind}{part}) against {markdown_code(baseline)}.")
     if result is None:
         return "\n".join(lines) + "\n"
     tolerances = ", ".join(f"{m} {_tolerance_text(t)}" for m, t in result.tolerances.items())

@@ -14,6 +14,7 @@ from mlamem.render.common import (
     console_text,
     csv_cell,
     equal_text,
+    markdown_code,
     predicted_tag,
     signed_bytes,
     with_notes,
@@ -235,7 +236,7 @@ def graphs_markdown(result: GraphsResult) -> str:
     lines += [f"- {_rule_text(p, e)}" for p in result.paths for e in p.estimates]
     lines += [f"- {line}" for line in _failures(result)] + [""]
     lines += [f"#### Per capture, largest first{tag}", "", *_captures_markdown(result), ""]
-    lines += [f"- {note}" for note in result.notes] + [f"- Command: `{result.command}`"]
+    lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
     return "\n".join(lines) + "\n"
 
 

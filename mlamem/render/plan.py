@@ -6,7 +6,7 @@ import json
 
 from rich.console import Group
 
-from mlamem.render.common import compact_table, console_text, count_text, with_notes
+from mlamem.render.common import compact_table, console_text, count_text, markdown_code, with_notes
 from mlamem.units import format_bytes, gib
 
 
@@ -155,7 +155,7 @@ def plan_markdown(result: dict) -> str:
             lines.append("| " + " | ".join([_sweep_value(result, value), *_sweep_cells(plan)])
                          + " |")
         lines += [""] + [f"- {note}." for note in _sweep_notes(result)]
-    lines += ["", f"- Command: `{result['command']}`"]
+    lines += ["", f"- Command: {markdown_code(result['command'])}"]
     return "\n".join(lines) + "\n"
 
 

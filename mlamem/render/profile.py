@@ -15,6 +15,7 @@ from mlamem.render.common import (
     csv_cell,
     equal_text,
     gib_text,
+    markdown_code,
     predicted_tag,
     with_notes,
 )
@@ -139,7 +140,7 @@ def markdown(result: ProfileResult) -> str:
             lines.append(f"| {tokens} | " + " | ".join(_md_cell(row[p]) for p in paths)
                          + f" | {equal_text(row[paths[0]].outputs_equal)} |{times(row)}")
     lines += [""] + [f"- {note}" for note in result.notes]
-    lines.append(f"- Command: `{result.command}`")
+    lines.append(f"- Command: {markdown_code(result.command)}")
     return "\n".join(lines) + "\n"
 
 
@@ -219,7 +220,7 @@ def breakdown_markdown(result: ProfileResult) -> str:
         if row.missing_buffers:
             lines.append(f"Expected but not allocated: {', '.join(row.missing_buffers)}.")
         lines.append("")
-    lines += [f"- {note}" for note in result.notes] + [f"- Command: `{result.command}`"]
+    lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
     return "\n".join(lines) + "\n"
 
 

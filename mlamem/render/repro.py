@@ -12,6 +12,7 @@ from mlamem.engines.base import View
 from mlamem.render.common import (
     compact_table,
     console_text,
+    markdown_code,
     predicted_tag,
     with_notes,
 )
@@ -121,7 +122,7 @@ def repro_markdown(result: ReproResult) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [""] + [f"- {c[key]}: largest safe max_num_batched_tokens by "
                      f"{c.get('max_safe_method')}" for c in result.cases if "max_safe_method" in c]
-    lines += [f"- {note}" for note in result.notes] + [f"- Command: `{result.command}`"]
+    lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from mlamem.environment import Environment
-from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
+from mlamem.render.common import compact_table, console_text, markdown_code, signed_bytes, with_notes
 from mlamem.units import format_bytes
 from mlamem.validate import Comparison
 
@@ -81,7 +81,7 @@ def validation_markdown(comparisons: list[Comparison], command: str) -> str:
                      f"{a.measured} | {_diff(a)} | {res.predicted} | {res.measured} | "
                      f"{_diff(res)} | {r['buffers']} | {r['worst_buffer_difference']} | "
                      f"{'equal' if r['agrees'] else 'DIFFERS'} |")
-    lines += ["", f"Command: `{command}`"]
+    lines += ["", f"Command: {markdown_code(command)}"]
     return "\n".join(lines) + "\n"
 
 

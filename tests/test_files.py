@@ -1,0 +1,157 @@
+"""Hostile files and paths (issue 26, principles 1-4), one parametrised test per principle, each
+case through `mlamem.testing.check_bad_input`: exit 2, one line naming the file or field, no
+traceback, nothing written in or outside the folder named.
+
+1. every file read is a regular file within a size bound, UTF-8 TOML or finite JSON;
+2. every path written is a regular file, and names from files become file names safely;
+3. text from an input file stays inside its Markdown code span;
+4. a baseline is validated before it gates.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlamem import render
+from mlamem.files import safe_name
+from mlamem.testing import check_bad_input, scenario_file
+
+ROOT = Path(__file__).parent
+PROFILE = ROOT / "fixtures" / "results" / "profile-glm5-h200.json"
+BASELINE = ROOT.parent / "reports" / "baselines" / "predicted.json"
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
+
+
+def _write(folder: Path, name: str, data: bytes | str) -> str:
+    path = folder / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(path)
+
+
+def _profile_text(edit) -> str:
+    data = json.loads(PROFILE.read_text())
+    edit(data)
+    return json.dumps(data)
+
+
+SCENARIO_CASES = [
+    pytest.param(lambda f: _write(f, "s.toml", PNG), "not UTF-8 text", id="png"),
+    pytest.param(lambda f: _write(f, "s.toml", bytes(range(256))), "not UTF-8 text", id="random-bytes"),
+    pytest.param(lambda f: str(scenario_file(f, edits={"gpu_memory_utilization = 0.85":
+                                                       "gpu_memory_utilization = nan"})),
+                 "nan is not a finite number", id="nan"),
+    pytest.param(lambda f: str(scenario_file(f, edits={"gpu_memory_utilization = 0.85":
+                                                       "gpu_memory_utilization = inf"})),
+                 "inf is not a finite number", id="inf"),
+    pytest.param(lambda f: str(f), "is a folder", id="folder"),
+    pytest.param(lambda f: "/dev/zero", "not a regular file", id="device"),
+]
+
+RESULT_CASES = [
+    pytest.param(lambda f: _write(f, "r.json", PNG), "not UTF-8 text", id="png"),
+    pytest.param(lambda f: "/dev/zero", "not a regular file", id="device"),
+    pytest.param(lambda f: _write(f, "r.json", '{"schema": NaN}'), "NaN is not a number", id="nan"),
+    pytest.param(lambda f: _write(f, "r.json", "[" * 100000), "not valid JSON", id="deep"),
+    pytest.param(lambda f: str(f), "is a folder", id="folder"),
+]
+
+
+def _baseline(edit):
+    def make(folder: Path) -> str:
+        data = json.loads(BASELINE.read_text())
+        edit(data)
+        return _write(folder, "b.json", json.dumps(data))
+    return make
+
+
+def _negative(data):
+    data["cases"][0]["peak_allocated_bytes"] = -41182924900
+
+
+def _duplicate(data):
+    data["cases"].append({**data["cases"][0], "peak_reserved_bytes": 1})
+
+
+def _buffer_negative(data):
+    data["cases"][0]["buffers"]["out"] = -1
+
+
+BASELINE_CASES = [
+    pytest.param(_baseline(_negative), "cases[0].peak_allocated_bytes: -41182924900 is negative",
+                 id="negative"),
+    pytest.param(_baseline(_buffer_negative), "cases[0].buffers.out: -1 is negative", id="negative-buffer"),
+    pytest.param(_baseline(_duplicate), "a second copy of", id="duplicate-case"),
+    pytest.param(_baseline(lambda d: d.update(environment={})), "environment.gpu: missing",
+                 id="empty-environment"),
+    pytest.param(_baseline(lambda d: d.pop("environment")), "environment: missing", id="no-environment"),
+    pytest.param(lambda f: _write(f, "b.json", '{"schema": "mlamem.baseline/1", "x": Infinity}'),
+                 "Infinity is not a number", id="infinity"),
+    pytest.param(lambda f: _write(f, "b.json", PNG), "not UTF-8 text", id="png"),
+    pytest.param(lambda f: str(f), "is a folder", id="folder"),
+]
+
+
+@pytest.mark.parametrize(("make", "fix"), SCENARIO_CASES)
+def test_scenario_file(tmp_path, make, fix):
+    check_bad_input(["profile", "--predict", "--tokens", "1024", "--scenario", make(tmp_path)], fix,
+                    watch=tmp_path)
+
+
+@pytest.mark.parametrize(("make", "fix"), RESULT_CASES)
+@pytest.mark.parametrize("command", ["report", "merge"])
+def test_result_file(tmp_path, command, make, fix):
+    args = [command, make(tmp_path)] + (["--output", str(tmp_path / "r.md")] if command == "report" else [])
+    check_bad_input(args, fix, watch=tmp_path)
+
+
+@pytest.mark.parametrize(("make", "fix"), BASELINE_CASES)
+def test_baseline_file(tmp_path, make, fix):
+    check_bad_input(["gate", "--predict", "--baseline", make(tmp_path)], fix, watch=tmp_path)
+
+
+@pytest.mark.parametrize(("output", "fix"), [("/dev/stdout", "not a regular file"),
+                                           ("/dev/null", "not a regular file"),
+                                           ("/dev/zero", "not a regular file"),
+                                           ("-", "- (stdout) is not taken here")])
+@pytest.mark.parametrize("command", ["report", "merge"])
+def test_special_output_refused(tmp_path, command, output, fix):
+    check_bad_input([command, str(PROFILE), "--output", output], fix, watch=tmp_path)
+
+
+@pytest.mark.parametrize(("name", "safe"), [("../../etc/x", "_.._etc_x"), ("a/b", "a_b"), ("", "unnamed"),
+                                           ("..", "unnamed"), ("glm5-fp8-tp8", "glm5-fp8-tp8"),
+                                           ("ü\n#", "___")])
+def test_safe_name(name, safe):
+    assert safe_name(name) == safe
+    assert "/" not in safe_name(name) and not safe_name(name).startswith(".")
+
+
+def test_report_folder_keeps_a_hostile_name_inside(tmp_path):
+    """A scenario whose name holds ../ writes its result inside --report, not beside it."""
+    from mlamem.cli import main
+
+    path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': 'name = "../../escaped"'})
+    folder = tmp_path / "report"
+    assert main(["profile", "--predict", "--tokens", "1024", "--scenario", str(path),
+                 "--report", str(folder)]) == 0
+    outside = {p for p in tmp_path.rglob("*") if p.is_file()} - set(folder.rglob("*"))
+    assert outside == {path}
+    assert (folder / "_.._escaped.predicted.json").is_file()
+
+
+@pytest.mark.parametrize("text", ["a\n# injected", "x`y", "a | b", "``", "`lead"])
+def test_markdown_code_stays_one_span(text):
+    span = render.markdown_code(text)
+    assert "\n" not in span
+    fence = span[: len(span) - len(span.lstrip("`"))]
+    assert span.endswith(fence) and fence not in span[len(fence):-len(fence)]
+    assert "|" not in span.replace("\\|", "")
+
+
+def test_report_command_with_newline_injects_no_heading(tmp_path):
+    path = _write(tmp_path, "p.json", _profile_text(lambda d: d.update(command="mlamem x\n# pwned")))
+    from mlamem.cli import main
+
+    assert main(["report", path, "--output", str(tmp_path / "r.md")]) == 0
+    assert not any(line.startswith("# pwned") for line in (tmp_path / "r.md").read_text().splitlines())
