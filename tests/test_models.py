@@ -9,6 +9,7 @@ import pytest
 from mlamem.errors import UserError
 from mlamem.models import count_weights, load_config, shipped_config
 from mlamem.models.hf_config import parse_config
+from mlamem.models.weights import placement
 
 # deepseek-ai/DeepSeek-V3 on the Hugging Face Hub (https://huggingface.co/api/models/deepseek-ai/DeepSeek-V3,
 # "safetensors"): {"BF16": 3918786560, "F8_E4M3": 680571043840, "F32": 41555600}, total 684531386000;
@@ -84,3 +85,20 @@ def test_an_unreadable_model_path_names_the_field(tmp_path):
     with pytest.raises(UserError) as error:
         load_config(tmp_path)
     assert error.value.field == "model"
+
+
+def test_one_rank_holds_all_and_eight_ranks_share_all_but_the_replicated_tensors():
+    weights = count_weights(shipped_config("deepseek-v3.2"))
+    assert weights.bytes_per_rank(tp=1, expert_ranks=1) == weights.bytes()
+    replicated = sum(weights._bytes(t) for t in weights.tensors if placement(t) == "replicated" and not t.mtp)
+    assert 8 * weights.bytes_per_rank(tp=8, expert_ranks=8) == weights.bytes() + 7 * replicated
+    # attention data-parallel (tp 1 per group, experts over 8 ranks) keeps attention whole on each rank
+    assert weights.bytes_per_rank(tp=1, expert_ranks=8) > weights.bytes_per_rank(tp=8, expert_ranks=8)
+
+
+def test_placement_follows_vllms_layers():
+    names = {t.name: placement(t) for t in count_weights(shipped_config("deepseek-v3.2")).tensors}
+    assert names["layers.0.mlp.gate_proj"] == names["layers.3.q_b_proj"] == names["lm_head"] == "tp"
+    replicated = ("layers.3.mlp.gate", "layers.3.indexer.wq_b", "layers.3.q_a_proj", "norm")
+    assert {names[name] for name in replicated} == {"replicated"}
+    assert names["layers.3.mlp.experts.down_proj"] == "experts"

@@ -22,6 +22,21 @@ class Tensor:
         return self.rows * self.cols
 
 
+# How vLLM 0.33.0 places each tensor (vllm/model_executor/models/deepseek_v2.py): these are ReplicatedLinear,
+# norms or the router, whole on every rank; the routed experts split across the expert group; the rest
+# (vocab, q_b/kv_b/o projections, dense and shared MLPs) shard by tensor parallelism.
+_REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "indexer.", "mlp.gate", "mlp.e_score_correction_bias",
+               "eh_proj")
+
+
+def placement(tensor: Tensor) -> str:
+    if ".mlp.experts." in tensor.name:
+        return "experts"
+    last = tensor.name.split(".", 2)[-1] if tensor.name.startswith("layers.") else tensor.name
+    replicated = tensor.cols == 1 or last in _REPLICATED or last.startswith("indexer.")
+    return "replicated" if replicated else "tp"
+
+
 @dataclass(frozen=True)
 class WeightCount:
     tensors: tuple[Tensor, ...]
@@ -32,6 +47,13 @@ class WeightCount:
 
     def bytes(self, *, mtp: bool = False) -> int:
         return sum(self._bytes(t) for t in self.tensors if t.mtp == mtp)
+
+    def bytes_per_rank(self, *, tp: int, expert_ranks: int, mtp: bool = False) -> int:
+        """One rank's share: `tp` ranks shard attention's and the MLPs' projections (each data-parallel
+        attention group holds its own copy), `expert_ranks` (tp x dp under expert or data parallelism)
+        split the routed experts."""
+        split = {"replicated": 1, "tp": tp, "experts": expert_ranks}
+        return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors if t.mtp == mtp)
 
     def scales(self, *, mtp: bool = False) -> int:
         """The fp32 weight_scale_inv entries, one per fp8 block (Hugging Face counts them as parameters)."""
