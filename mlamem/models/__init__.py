@@ -1,0 +1,8 @@
+"""Models from their Hugging Face config.json: the fields mlamem reads, and the weights they make."""
+
+from mlamem.models.hf_config import SHIPPED, ModelConfig, load_config, shipped_config
+from mlamem.models.weights import Tensor, WeightCount, count_weights
+
+__all__ = [
+    "SHIPPED", "ModelConfig", "Tensor", "WeightCount", "count_weights", "load_config", "shipped_config",
+]

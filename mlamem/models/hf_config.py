@@ -1,0 +1,103 @@
+"""A Hugging Face config.json read by its field names, for the model types of the shipped families."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from mlamem.errors import UserError
+
+# model_type -> whether its layers carry the DSA indexer
+MODEL_TYPES = {"deepseek_v32": True, "glm_moe_dsa": True, "kimi_k2": False, "deepseek_v3": False}
+SHIPPED = {"deepseek-v3.2": "deepseek-v3.2.json"}
+
+_INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+         "v_head_dim", "n_routed_experts", "n_shared_experts", "first_k_dense_replace")
+_INDEXER = ("index_topk", "index_n_heads", "index_head_dim")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    moe_layer_freq: int = 1
+    num_nextn_predict_layers: int = 0
+    tie_word_embeddings: bool = False
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    fp8_block: tuple[int, int] | None = None  # block fp8 with fp32 weight_scale_inv, else bf16
+
+    @property
+    def has_indexer(self) -> bool:
+        return self.index_n_heads > 0
+
+
+def _int(raw: dict, name: str) -> int:
+    value = raw.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise UserError(f"needs a non-negative integer, got {value!r}", field=f"config.{name}")
+    return value
+
+
+def parse_config(raw: dict) -> ModelConfig:
+    """The fields mlamem reads; an unknown model_type or a missing field is one error naming it."""
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise UserError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}",
+                        field="config.model_type")
+    fields = {name: _int(raw, name) for name in _INTS}
+    if MODEL_TYPES[model_type]:
+        fields |= {name: _int(raw, name) for name in _INDEXER}
+    for name in ("moe_layer_freq", "num_nextn_predict_layers"):
+        if name in raw:
+            fields[name] = _int(raw, name)
+    return ModelConfig(model_type=model_type, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                       fp8_block=_fp8_block(raw.get("quantization_config")), **fields)
+
+
+def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
+    if quant is None:
+        return None
+    if quant.get("quant_method") != "fp8":
+        raise UserError(f"quant_method {quant.get('quant_method')!r} is not modelled; mlamem reads block fp8",
+                        field="config.quantization_config.quant_method")
+    block = quant.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise UserError(f"needs two positive integers, got {block!r}",
+                        field="config.quantization_config.weight_block_size")
+    return block[0], block[1]
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """config.json, or a folder holding one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise UserError(f"cannot read {path}: {error}", field="model") from None
+    return parse_config(raw)
+
+
+def shipped_config(name: str) -> ModelConfig:
+    if name not in SHIPPED:
+        raise UserError(f"unknown shipped model {name!r}; known: {', '.join(SHIPPED)}", field="model")
+    return parse_config(json.loads(resources.files("mlamem.models").joinpath(SHIPPED[name]).read_text()))
