@@ -442,19 +442,13 @@ def load(name_or_path: str) -> Scenario:
 
 
 def parse(text: str, source: str) -> Scenario:
-    """Parse scenario TOML text; errors name the source and the field."""
+    """Parse scenario TOML text; errors name the source and the field (a nan or inf the model's
+    sections refuse, naming the field)."""
     try:
-        data = tomllib.loads(text, parse_float=_finite_float)
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{source}: not valid TOML ({exc}); fix the file") from None
     return from_dict(data, source)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite number")
-    return value
 
 
 def to_dict(scenario: Scenario) -> dict:

@@ -40,7 +40,7 @@ SCENARIO_CASES = [
     pytest.param(lambda f: _write(f, "s.toml", bytes(range(256))), "not UTF-8 text", id="random-bytes"),
     pytest.param(lambda f: str(scenario_file(f, edits={"gpu_memory_utilization = 0.85":
                                                        "gpu_memory_utilization = nan"})),
-                 "nan is not a finite number", id="nan"),
+                 "[gpu].gpu_memory_utilization must be a finite number, got nan", id="nan"),
     pytest.param(lambda f: str(scenario_file(f, edits={"gpu_memory_utilization = 0.85":
                                                        "gpu_memory_utilization = inf"})),
                  "inf is not a finite number", id="inf"),
