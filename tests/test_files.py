@@ -43,7 +43,7 @@ SCENARIO_CASES = [
                  "[gpu].gpu_memory_utilization must be a finite number, got nan", id="nan"),
     pytest.param(lambda f: str(scenario_file(f, edits={"gpu_memory_utilization = 0.85":
                                                        "gpu_memory_utilization = inf"})),
-                 "inf is not a finite number", id="inf"),
+                 "[gpu].gpu_memory_utilization must be a finite number, got inf", id="inf"),
     pytest.param(lambda f: str(f), "is a folder", id="folder"),
     pytest.param(lambda f: "/dev/zero", "not a regular file", id="device"),
 ]
