@@ -190,13 +190,14 @@ def test_validate_shards_merge_to_the_unsharded_validation():
 
 
 @needs_flashmla
-def test_validate_shards_on_the_gpu_merge_to_the_unsharded_validation(tmp_path):
+def test_validate_shards_on_the_gpu_merge_to_the_unsharded_validation(tmp_path, capsys):
     """On the GPU: `validate --shard I/2` over two scenarios merges to the unsharded run."""
     args = ["validate", "-s", "glm5-fp8-tp8,deepseek-v32-fp8-tp8", "--tokens", "1024,8192",
             "--format", "json", "--output"]
-    assert main([*args, str(tmp_path / "whole.json")]) == 0
-    for i in (1, 2):
-        assert main([*args, str(tmp_path / f"s{i}.json"), "--shard", f"{i}/2"]) == 0
+    for name, shard in (("whole", []), ("s1", ["--shard", "1/2"]), ("s2", ["--shard", "2/2"])):
+        code = main([*args, str(tmp_path / f"{name}.json"), *shard])
+        output = tmp_path / f"{name}.json"
+        assert code == 0, (capsys.readouterr(), output.exists() and output.read_text())
     documents = [(name, json.loads((tmp_path / name).read_text()))
                  for name in ("s1.json", "s2.json")]
     whole = json.loads((tmp_path / "whole.json").read_text())
