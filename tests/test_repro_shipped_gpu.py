@@ -15,6 +15,7 @@ import torch
 
 from mlamem import scenario as scenarios
 from mlamem.repro import prediction_differences
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
              "figures; run this file alone (scripts/gpu_check.py does)")
