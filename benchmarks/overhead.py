@@ -147,7 +147,7 @@ def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", default="8192,32768")
-    parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--repeats", type=int, default=101)
     parser.add_argument("--json", type=Path, help="write the rows here as JSON")
     args = parser.parse_args()
     glm, kernel, memory = scenario.load("glm5-fp8-tp8"), FlashMLA(), CudaMemory()
