@@ -28,6 +28,7 @@ class EngineEntry(NamedTuple):
 REGISTRY: dict[str, EngineEntry] = {
     "vllm": EngineEntry("mlamem.engines.vllm", section="mlamem.engines.vllm_rules:VLLMSection"),
     "trtllm-context-reuse": EngineEntry("mlamem.engines.trtllm_context_reuse"),
+    "sglang": EngineEntry("mlamem.engines.sglang", section="mlamem.engines.sglang_rules:SGLangSection"),
 }
 DEFAULT_ENGINES = ("vllm",)  # what a scenario without `engines` serves
 

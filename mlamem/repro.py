@@ -208,6 +208,11 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
             case.update(_largest_safe(case, key, budget, chosen.searched_knob, host,
                                       measured=measured, predicted=predicted, request=request,
                                       worker=worker, progress=progress))
+        if chosen.searched_fraction is not None:
+            progress(f"{key}: searching the largest safe {chosen.searched_fraction} on the model")
+            case.update(_largest_safe_fraction(
+                case, budget, chosen.searched_fraction,
+                lambda at, key=key, host=host: predicted(key, at, host)["verdict"]))
         cases.append(case)
     notes = chosen.notes(cases)
     if not scenario.parallel.weights_gib_per_rank:
@@ -235,6 +240,23 @@ def _largest_safe(case: dict, key: str, budget: Budget, knob: str, host: NonTorc
         {getattr(budget, knob): case["verdict"]}, on_model,
         lambda t: progress(f"{key}: confirming on the GPU at {knob} {t}"))
     return {"max_safe_tokens": found, "max_safe_method": method}
+
+
+def _largest_safe_fraction(case: dict, budget: Budget, knob: str,
+                           verdict_at: Callable[[Budget], str]) -> dict:
+    """max_safe_<knob>: the largest value of the budget's fraction `knob`, in thousandths as
+    engines take it, at which the case fits on the model (0 where none does). A larger
+    fraction gives the KV pool more, so the step runs out of memory above the answer; a
+    smaller one may leave no pool at all."""
+    def at(thousandths: int) -> Budget:
+        return dataclasses.replace(budget, **{knob: thousandths / 1000})
+
+    start = case.get(knob) or getattr(budget, knob) or 0.5
+    found, _ = largest_fitting(lambda t: verdict_at(at(t)) != Verdict.OOM, round(start * 1000),
+                               cap=999)
+    if found and verdict_at(at(found)) != Verdict.FITS:
+        found = 0
+    return {f"max_safe_{knob}": found / 1000}
 
 
 def scenario_engine(scenario: Scenario, engine: str | None = None) -> type[Engine]:

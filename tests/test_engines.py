@@ -27,13 +27,13 @@ GiB = 1024**3
 def test_registry_names_and_loads_each_engine():
     """Every registered name loads an Engine subclass of that name, whose case names itself
     by a field the case has."""
-    assert engine_names() == ["vllm", "trtllm-context-reuse"]
+    assert engine_names() == ["vllm", "trtllm-context-reuse", "sglang"]
     for name in REGISTRY:
         engine = load_engine(name)
         assert issubclass(engine, Engine) and engine.name == name
         assert engine.case_type.key_field in {f for f in engine.case_type.__dataclass_fields__}
-    with pytest.raises(ValueError, match="unknown engine 'sglang'; expected one of vllm, "):
-        load_engine("sglang")
+    with pytest.raises(ValueError, match="unknown engine 'sgl'; expected one of vllm, "):
+        load_engine("sgl")
 
 
 def test_registry_imports_no_engine_module():
@@ -111,9 +111,12 @@ def test_a_failure_before_the_step_names_what_the_engine_allocated():
 
 
 def test_scenario_engines_default_and_declared():
-    """A file without `engines` serves vLLM; kimi-k2-context-reuse declares context reuse
-    first, so repro-oom's default stays the context-reuse reproduction."""
-    assert scenarios.load("glm5-fp8-tp8").engines == ("vllm",)
+    """A file without `engines` serves vLLM; glm5-fp8-tp8 declares vLLM first, then SGLang;
+    kimi-k2-context-reuse declares context reuse first, so repro-oom's default stays the
+    context-reuse reproduction."""
+    assert scenarios.load("kimi-k2-fp8-tp4-dp").engines == ("vllm",)
+    glm = scenarios.load("glm5-fp8-tp8")
+    assert glm.engines == ("vllm", "sglang") and scenario_engine(glm).name == "vllm"
     kimi = scenarios.load("kimi-k2-context-reuse")
     assert kimi.engines == ("trtllm-context-reuse", "vllm")
     assert scenario_engine(kimi).name == "trtllm-context-reuse"
@@ -122,14 +125,14 @@ def test_scenario_engines_default_and_declared():
 
 
 @pytest.mark.parametrize(("engines", "problem"), [
-    ('["sglang"]', "has unknown 'sglang'; expected names from ['vllm', 'trtllm-context-reuse']"),
+    ('["sgl"]', "has unknown 'sgl'; expected names from ['vllm', 'trtllm-context-reuse', 'sglang']"),
     ("[]", "is empty"),
     ('["vllm", "vllm"]', "lists 'vllm' more than once"),
     ('"vllm"', "must be a list of names"),
 ])
 def test_scenario_engines_are_checked(tmp_path, engines, problem):
     """`engines` lists registered names, each once; anything else is one line naming the field."""
-    path = scenario_file(tmp_path, edits={'\n[model]': f"\nengines = {engines}\n\n[model]"})
+    path = scenario_file(tmp_path, edits={'engines = ["vllm", "sglang"]': f"engines = {engines}"})
     with pytest.raises(UserError, match="top].engines") as caught:
         scenarios.load(str(path))
     assert problem in str(caught.value) and "\n" not in str(caught.value)
@@ -140,14 +143,15 @@ def test_undeclared_engine_is_one_line_exit_2():
     line = check_bad_input(["repro-oom", "--predict", "--engine", "trtllm-context-reuse"],
                            "glm5-fp8-tp8 declares vllm")
     assert line.startswith("mlamem: error: --engine: ") and "not trtllm-context-reuse" in line
-    check_bad_input(["repro-oom", "--predict", "--engine", "sglang"], "declares vllm")
+    check_bad_input(["repro-oom", "-s", "kimi-k2-fp8-tp4-dp", "--predict", "--engine", "sglang"],
+                    "declares vllm")
 
 
 def test_context_reuse_refuses_a_scenario_without_block_reuse(tmp_path):
     """The context-reuse engine, declared on a scenario without block reuse, refuses it in one
     line naming the serving fields it needs."""
-    path = scenario_file(tmp_path, edits={"\n[model]": '\nengines = ["trtllm-context-reuse"]'
-                                                      "\n\n[model]"})
+    path = scenario_file(tmp_path, edits={'engines = ["vllm", "sglang"]':
+                                          'engines = ["trtllm-context-reuse"]'})
     line = check_bad_input(["repro-oom", "-s", str(path), "--predict"], "block_reuse = true")
     assert "has block_reuse = false, chunked_prefill = " in line
 

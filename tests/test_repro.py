@@ -11,7 +11,8 @@ from mlamem import scenario as scenarios
 from mlamem.allocator import AllocatorOutOfMemory
 from mlamem.cli import main
 from mlamem.engines.base import Budget
-from mlamem.engines.vllm import VLLM, activation_specs, kv_block_bytes, kv_cache_bytes
+from mlamem.engines.decode_rank import activation_specs, kv_block_bytes
+from mlamem.engines.vllm import VLLM, kv_cache_bytes
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, TritonDecode
 from mlamem.kernels.base import BufferSpec, simulate_run

@@ -22,7 +22,7 @@ def toy(monkeypatch, tmp_path):
     monkeypatch.setitem(REGISTRY, "toy", EngineEntry("toy_engine", section="toy_engine:ToySection"))
     text = (SCENARIOS / "glm5-fp8-tp8.toml").read_text()
     scenario = tmp_path / "glm5-toy.toml"
-    scenario.write_text('engines = ["toy"]\n' + text
+    scenario.write_text(text.replace('engines = ["vllm", "sglang"]', 'engines = ["toy"]')
                         + f"\n[toy]\nsmall_step_mib = {SMALL}\nlarge_step_mib = {LARGE}\n")
     return scenario
 

@@ -31,8 +31,13 @@ def repro_oom(
         help="The engine's --gpu-memory-utilization, in (0, 1] (default: the scenario's).")
     ] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per step (default: the scenario's): sizes the workspace, the profile pass "
-             "and the full step.")] = None,
+        help="Tokens per step (default: the scenario's; SGLang: its --chunked-prefill-size, by "
+             "default the [sglang] table's or SGLang's for the GPU): sizes the workspace, the "
+             "profile pass and the full step.")] = None,
+    mem_fraction_static: Annotated[float | None, typer.Option(
+        help="--engine sglang: SGLang's --mem-fraction-static, in (0, 1) (default: the [sglang] "
+             "table's, else SGLang's reserve rule for the target GPU).", show_default=False)
+    ] = None,
     paths: o.PathsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.repro-oom/1")] = None,
@@ -67,6 +72,11 @@ def repro_oom(
     allocation that failed and the free bytes), and the largest max_num_batched_tokens that
     fits. Without a GPU the verdicts are PREDICTED.
 
+    SGLang (--engine sglang, on GLM-5 and DeepSeek-V3.2): no profile pass; the KV pool from
+    --mem-fraction-static (default: SGLang's reserve rule for the GPU), then one chunked prefill
+    step of --max-num-batched-tokens (SGLang's --chunked-prefill-size) through flashmla_kv; with
+    the largest safe chunk and fraction.
+
     TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
     default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
     reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
@@ -89,7 +99,7 @@ def repro_oom(
     chosen, part = _plan(scenario, decode, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
-                     cuda_graphs is o.Switch.on)
+                     cuda_graphs is o.Switch.on, max_num_batched_tokens, mem_fraction_static)
     check_target(budget, decode, predict)
     with progress(f"repro-oom {part.scenario.name}", None) as advance:
         result = run_repro(chosen, budget, part.paths, command=command_line(),
@@ -134,16 +144,21 @@ def _engine(part, engine: str | None, expect_oom, expect_fit, graphs_on: bool):
 
 
 def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None, sizes,
-            graphs_on: bool):
-    """The engine's budget: GPU memory, utilization, max_num_batched_tokens, CUDA graphs."""
+            graphs_on: bool, tokens: int | None, mem_fraction_static: float | None):
+    """The engine's budget: GPU memory, utilization, max_num_batched_tokens (given, else the
+    engine's default), the engine's options."""
     try:
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
         raise UserError(f"--gpu-memory: {exc}") from None
+    if utilization is not None and not emulated.reads_utilization:
+        raise UserError(f"--utilization: the {emulated.name} engine's fraction is "
+                        "--mem-fraction-static; pass that instead")
     budget = emulated.make_budget(
         gpu_memory_bytes=memory_bytes,
         utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
-        max_num_batched_tokens=chosen.serving.max_num_batched_tokens,
+        max_num_batched_tokens=tokens or emulated.default_step_tokens(chosen, memory_bytes),
+        mem_fraction_static=mem_fraction_static,
         cuda_graphs=graphs_on, capture_sizes=None if sizes is None else tuple(sizes))
     if graphs_on:
         from mlamem.graphs import sizes_to_capture

@@ -176,6 +176,7 @@ class View:
     # the cap, and what the full step needed on top (None: no figure); None: no budget plot
     budget_segments: Callable[[dict], list[tuple[str, int, str]]] | None = None
     step_need: Callable[[dict], int | None] | None = None
+    step_tokens: str = "max_num_batched_tokens"  # the budget's step tokens, in the engine's words
 
     @property
     def budget_plot(self) -> bool:
@@ -217,6 +218,9 @@ class Engine(ABC):
     captures_graphs: ClassVar[bool] = False  # has CUDA-graph phases (its budget's cuda_graphs)
     searched_knob: ClassVar[str | None] = None  # the budget knob (a token count) whose largest
     #                                             safe value repro-oom searches per case
+    searched_fraction: ClassVar[str | None] = None  # a budget fraction whose largest safe value
+    #                                                 repro-oom searches per case, on the model
+    reads_utilization: ClassVar[bool] = True  # the budget's utilization is its knob (SGLang: no)
     view: ClassVar[View]
     kv_cache_name: ClassVar[str] = "kv_cache"  # names the KV cache, should allocating it fail
 
@@ -245,6 +249,11 @@ class Engine(ABC):
     def notes(cls, cases: list[dict]) -> list[str]:
         """Lines the result adds about these cases (none by default)."""
         return []
+
+    @classmethod
+    def default_step_tokens(cls, scenario: Scenario, gpu_memory_bytes: int) -> int:
+        """The step's tokens (the budget's max_num_batched_tokens) when none is given."""
+        return scenario.serving.max_num_batched_tokens
 
     @classmethod
     def make_budget(cls, **knobs) -> Budget:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlamem.errors import UserError
+from mlamem.scenario import FieldError, check_positive, section_model
 
 GiB_MIB = 1024  # SGLang writes its reserve terms in MiB, GiB as 1024
 FLOOR_MIB = 10 * GiB_MIB  # the reserve's floor on a GPU of over 60 GiB
@@ -41,6 +42,24 @@ CAPACITY_ROWS = ((20 * GiB_MIB, 2048, 8, 8),  # T4, 4080
                  (90 * GiB_MIB, 8192, 256, 512),  # H100, A100 80GB
                  (160 * GiB_MIB, 8192, 256, 512),  # H20, H200
                  (None, 16384, 512, 512))  # B200, MI300
+
+
+@section_model
+class SGLangSection:
+    """The scenario's `[sglang]` table: SGLang's memory flags, None where SGLang derives them."""
+
+    mem_fraction_static: float | None = None  # --mem-fraction-static; None: the reserve rule
+    chunked_prefill_size: int | None = None  # --chunked-prefill-size; None: the GPU's default
+    max_running_requests: int | None = None  # --max-running-requests; caps the default max_bs
+    index_head_dim: int = 128  # the DSA indexer's key width (config.json index_head_dim)
+
+    def __post_init__(self) -> None:
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise FieldError("sglang", "mem_fraction_static", "must be in (0, 1)")
+        for name in ("chunked_prefill_size", "max_running_requests"):
+            if getattr(self, name) is not None:
+                check_positive(self, "sglang", name)
+        check_positive(self, "sglang", "index_head_dim")
 
 
 def capacity_defaults(gpu_memory_mib: float, tp_size: int) -> tuple[int, int]:

@@ -25,31 +25,39 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.allocator import round_size
-from mlamem.attribution import ExpectedBuffer, expected_buffers
 from mlamem.engines.base import (
     Budget,
-    Case,
     Column,
-    Engine,
     NoKVRoom,
     PhaseFailed,
-    Step,
     Verdict,
     View,
     allocate_specs,
     non_torch_now,
 )
+from mlamem.engines.decode_rank import (
+    DecodeCase,
+    DecodeRank,
+    activation_specs,
+    budget_segments,
+    failed_alloc_cell,
+    gain_cell,
+    gib_cell,
+    kv_block_bytes,
+    kv_cell,
+    safe_cell,
+    step_need_bytes,
+)
 from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
 from mlamem.graph_capture import CallGraphs, capture_all
-from mlamem.inputs import fill_query, make_inputs
+from mlamem.inputs import fill_query
 from mlamem.kernel_api import OpInputs
-from mlamem.kernels import BufferSpec
-from mlamem.measure import runner
-from mlamem.operations import SPARSE_DECODE, problem_for
-from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
-from mlamem.scenario import Scenario
-from mlamem.units import format_bytes, gib
+from mlamem.units import format_bytes
+
+
+def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:
+    """The engine's KV cache: what utilization x total leaves after the rest, in whole blocks."""
+    return max((budget.requested_bytes - non_kv_bytes) // block_bytes, 0) * block_bytes
 
 
 @dataclass(frozen=True)
@@ -73,46 +81,10 @@ class VLLMBudget(Budget):
         return data
 
 
-def kv_block_bytes(scenario: Scenario) -> int:
-    """Bytes of one KV-cache block across all layers of a rank."""
-    return (scenario.serving.block_size * scenario.kv_cache_bytes_per_token_per_layer
-            * scenario.model.num_layers)
-
-
-def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:
-    """The engine's KV cache: what utilization x total leaves after the rest, in whole blocks."""
-    return max((budget.requested_bytes - non_kv_bytes) // block_bytes, 0) * block_bytes
-
-
-def activation_specs(scenario: Scenario, tokens: int) -> list[BufferSpec]:
-    """The step's tensors alive around attention: the profile pass allocates these and no more.
-
-    The residual stream in and out (when the scenario gives hidden_size), the attention input
-    q and the layer's attention output, which the engine allocates outside the kernel.
-    """
-    heads = scenario.heads_per_rank
-    specs = [BufferSpec("q", (tokens, heads, scenario.d_qk), torch.bfloat16, "temporary"),
-             BufferSpec("attn_output", (tokens, heads, scenario.d_v), torch.bfloat16, "temporary")]
-    if scenario.model.hidden_size:
-        hidden = (tokens, scenario.model.hidden_size)
-        specs[:0] = [BufferSpec("hidden_states", hidden, torch.bfloat16, "temporary"),
-                     BufferSpec("residual", hidden, torch.bfloat16, "temporary")]
-    return specs
-
-
 @dataclass(kw_only=True)
-class VLLMCase(Case):
+class VLLMCase(DecodeCase):
     """One decode path through vLLM's rank: the shared figures and vLLM's own."""
 
-    key_field = "path"
-
-    path: str
-    max_num_batched_tokens: int
-    workspace_bytes: int = 0  # reserved at init (workspace paths)
-    init_bytes: int | None = None  # everything allocated at init (weights, workspace, inputs)
-    kv_cache_bytes: int | None = None
-    kv_cache_tokens: int | None = None
-    out_staging_gain_bytes: int | None = None  # more headroom if out were staged (no out=)
     # CUDA graphs (repro-oom --cuda-graphs on; absent from results without them)
     graph_estimate_bytes: int | None = None  # what vLLM set aside before KV sizing
     graph_estimate_source: str | None = None  # "device" (mem_get_info) or "allocator"
@@ -130,7 +102,7 @@ class VLLMCase(Case):
         return data
 
 
-class VLLM(Engine):
+class VLLM(DecodeRank):
     """vLLM serving the scenario's sparse decode; see the module docstring."""
 
     name = "vllm"
@@ -139,10 +111,6 @@ class VLLM(Engine):
     searched_knob = "max_num_batched_tokens"
     captures_graphs = True
     budget: VLLMBudget
-
-    @classmethod
-    def case_keys(cls, paths: list[str]) -> list[str]:
-        return list(paths)
 
     @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> VLLMCase:
@@ -170,30 +138,6 @@ class VLLM(Engine):
                             f"{source})" if taken else ""))
             lines.append(line)
         return lines
-
-    def init(self) -> None:
-        scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
-        tokens = self.budget.max_num_batched_tokens
-        capabilities = kernel.capabilities()
-        self.padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
-        out_spec = next((s for s in kernel.allocations(problem, self.sm_count)
-                         if s.name == "out"), None)
-        if out_spec is not None and not capabilities.takes_out:
-            case.out_staging_gain_bytes = round_size(out_spec.nbytes)
-        start = memory.stats().allocated
-        self.allocating = "workspace"
-        self.workspace = reserve_workspace(case.path, kernel, max_tokens=tokens,
-                                           padded_heads=self.padded_heads, d_qk=scenario.d_qk,
-                                           d_v=scenario.d_v, topk=scenario.decode_topk,
-                                           sm_count=self.sm_count, device=memory.device)
-        case.workspace_bytes = memory.stats().allocated - start
-        self.allocating = "weights"
-        self.resident.append(torch.empty(case.weights_bytes, dtype=torch.uint8,
-                                         device=memory.device))
-        self.allocating = "indices and KV pool"
-        self.inputs = make_inputs(scenario, tokens, memory.device, self.seed, with_query=False)
-        case.init_bytes = memory.stats().allocated - start
 
     def profile(self) -> None:
         self.allocating = "activations"
@@ -269,90 +213,9 @@ class VLLM(Engine):
                            f"B exceed utilization x total = {budget.requested_bytes} B")
         return case.kv_cache_bytes
 
-    def step(self) -> Step:
-        scenario, kernel, memory, path = self.scenario, self.kernel, self.memory, self.case.path
-        tokens = self.budget.max_num_batched_tokens
-        capabilities = kernel.capabilities()
-        staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
-        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
-        inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
-        call = KernelCall(run=runner(kernel, memory, self.sm_count, problem, inputs),
-                          op=SPARSE_DECODE, padded_heads=self.padded_heads,
-                          takes_out=capabilities.takes_out)
-        step_specs = activation_specs(scenario, tokens)
-        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs]
-                    + expected_buffers(
-                        wrapper_allocations(path, tokens, scenario.heads_per_rank,
-                                            self.padded_heads, scenario.d_qk),
-                        kernel.allocations(problem, self.sm_count), staged))
-        workspace, seed = self.workspace, self.seed
-
-        def body() -> None:
-            tensors = allocate_specs(step_specs, memory.device)
-            fill_query(tensors["q"], seed)
-            out, _ = PATHS[path](tensors["q"], call, workspace)
-            tensors["attn_output"].copy_(out)
-
-        return Step(body, expected)
-
 
 def _signed(value: int) -> str:
     return ("+" if value >= 0 else "-") + format_bytes(abs(value))
-
-
-def _gib(value: int | None) -> str:
-    return "n/a" if value is None else f"{gib(value):.3f}"
-
-
-def _failed_alloc(case: dict) -> str:
-    if case.get("oom_requested_bytes") is None:
-        return ""
-    return f"{case.get('oom_buffer') or '?'} {_gib(case['oom_requested_bytes'])}"
-
-
-def _kv(case: dict) -> str:
-    if case.get("kv_cache_bytes") is None:
-        return "n/a"
-    return f"{gib(case['kv_cache_bytes']):.3f} GiB ({case['kv_cache_tokens']} tokens)"
-
-
-def _safe(case: dict) -> str:
-    tokens = case.get("max_safe_tokens")
-    return "n/a" if tokens is None else ("none" if tokens == 0 else str(tokens))
-
-
-def _gain(case: dict) -> str:
-    gain = case.get("out_staging_gain_bytes")
-    return "-" if gain is None else f"+{gib(gain):.3f}"
-
-
-def _budget_segments(case: dict) -> list[tuple[str, int, str]]:
-    """(label, bytes, color key) from 0 up to the cap: what the engine placed before the step."""
-    init = case.get("init_bytes")
-    if init is None:
-        return []
-    weights, workspace = case.get("weights_bytes") or 0, case.get("workspace_bytes") or 0
-    kv = case.get("kv_cache_bytes") or 0
-    segments = [("weights", weights, "weights")]
-    if workspace:
-        segments.append(("workspace", workspace, "workspace"))
-    segments.append(("rest of init", init - weights - workspace, "init_rest"))
-    segments.append(("KV cache", kv, "kv_cache"))
-    if case.get("torch_limit_bytes") is not None:
-        segments.append(("free under the cap", case["torch_limit_bytes"] - init - kv, "free"))
-    return segments
-
-
-def step_need_bytes(case: dict) -> int | None:
-    """What the full step needed on top of init and the KV cache (OOM: at least this much)."""
-    base = (case.get("init_bytes") or 0) + (case.get("kv_cache_bytes") or 0)
-    if case["verdict"] == "fits" and case.get("step_peak_bytes") is not None:
-        return case["step_peak_bytes"] - base
-    if case["verdict"] == "oom" and case.get("free_bytes_at_oom") is not None and \
-            case.get("oom_requested_bytes") is not None and case["phase"] == "step":
-        reserved = case["torch_limit_bytes"] - case["free_bytes_at_oom"]
-        return reserved - base + case["oom_requested_bytes"]
-    return None
 
 
 def _budget_rule(budget: dict, cases: list[dict]) -> str:
@@ -367,28 +230,28 @@ VLLM.view = View(
     cases_named="--paths",
     table_title="{scenario}{predicted}; GiB",
     table_columns=(
-        Column("failed\nalloc", _failed_alloc, name=True),
-        Column("free at\nOOM", lambda c: _gib(c.get("free_bytes_at_oom"))
+        Column("failed\nalloc", failed_alloc_cell, name=True),
+        Column("free at\nOOM", lambda c: gib_cell(c.get("free_bytes_at_oom"))
                if c["verdict"] == Verdict.OOM else ""),
-        Column("KV\ncache", lambda c: _gib(c.get("kv_cache_bytes"))),
-        Column("head-\nroom", lambda c: _gib(c.get("headroom_bytes"))
+        Column("KV\ncache", lambda c: gib_cell(c.get("kv_cache_bytes"))),
+        Column("head-\nroom", lambda c: gib_cell(c.get("headroom_bytes"))
                if c["verdict"] == Verdict.FITS else ""),
-        Column("+if out\nstaged", _gain),
-        Column("max\nsafe T", _safe)),
+        Column("+if out\nstaged", gain_cell),
+        Column("max\nsafe T", safe_cell)),
     markdown_columns=(
-        Column("KV cache", _kv),
-        Column("headroom", lambda c: f"{_gib(c.get('headroom_bytes'))} GiB"
+        Column("KV cache", kv_cell),
+        Column("headroom", lambda c: f"{gib_cell(c.get('headroom_bytes'))} GiB"
                if c["verdict"] == Verdict.FITS else "-"),
-        Column("+ if out staged", lambda c: _gain(c) + (
+        Column("+ if out staged", lambda c: gain_cell(c) + (
             " GiB" if c.get("out_staging_gain_bytes") is not None else "")),
-        Column("largest safe max_num_batched_tokens", _safe)),
+        Column("largest safe max_num_batched_tokens", safe_cell)),
     row_name=lambda c: c["path"],
     case_label=lambda c: f"{c['path']} path",
     verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)
                                 or c["verdict"] == Verdict.OOM
                                 and c.get("oom_requested_bytes") is None),
     budget_rule=_budget_rule,
-    budget_segments=_budget_segments,
+    budget_segments=budget_segments,
     step_need=step_need_bytes)
 
 ENGINE = VLLM

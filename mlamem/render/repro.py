@@ -34,9 +34,11 @@ def _budget_lines(result: ReproResult) -> list[str]:
     first = result.cases[0] if result.cases else {}
     gpu = (f"--gpu-memory; the scenario's GPU is {s['target_gpu']}"
            if "scenario_gpu_memory_bytes" in b else f"{s['target_gpu']} memory")
-    lines = [f"target: {format_bytes(b['gpu_memory_bytes'])} ({gpu}) at "
-             f"utilization {b['utilization']} = {format_bytes(b['requested_bytes'])} for the "
-             f"engine; max_num_batched_tokens {b['max_num_batched_tokens']}",
+    engine = load_engine(result.engine)
+    share = (f" at utilization {b['utilization']} = {format_bytes(b['requested_bytes'])} for the "
+             "engine" if engine.reads_utilization else "")
+    lines = [f"target: {format_bytes(b['gpu_memory_bytes'])} ({gpu}){share}; "
+             f"{engine.view.step_tokens} {b['max_num_batched_tokens']}",
              f"weights {format_bytes(first.get('weights_bytes', 0))} per rank"
              + (f" ({s['weights_note']})" if s.get("weights_note") else "")]
     if first.get("non_torch_bytes") is not None:
@@ -92,8 +94,8 @@ def repro_table(result: ReproResult) -> Group:
     caption = [_repro_label(result), *_budget_lines(result)]
     caption += [f"{view.row_name(c)}: {verdict_text(c)}" for c in result.cases
                 if view.verdict_in_notes(c)]
-    caption += [f"largest safe T ({c[key]}): {c.get('max_safe_method')}" for c in result.cases
-                if "max_safe_method" in c]
+    caption += [f"largest safe {view.step_tokens} ({c[key]}): {c.get('max_safe_method')}"
+                for c in result.cases if "max_safe_method" in c]
     caption += result.notes
     out = compact_table("mlamem repro-oom: " + view.table_title.format(
         scenario=result.scenario["name"], predicted=predicted_tag(result.measured)))
@@ -120,7 +122,7 @@ def repro_markdown(result: ReproResult) -> str:
     for c in result.cases:
         cells = [view.row_name(c), verdict_text(c), *(col.cell(c) for col in view.markdown_columns)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [""] + [f"- {c[key]}: largest safe max_num_batched_tokens by "
+    lines += [""] + [f"- {c[key]}: largest safe {view.step_tokens} by "
                      f"{c.get('max_safe_method')}" for c in result.cases if "max_safe_method" in c]
     lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
     return "\n".join(lines) + "\n"

@@ -309,7 +309,7 @@ class ReproFile(ResultFile):
     not_measured_reason: str | None = Field(description="why nothing was measured (null when measured)")
     engine: str = Field(
         description=(
-            "the engine emulated (`mlamem/engines/`): `vllm` (one case per path) or "
+            "the engine emulated (`mlamem/engines/`): `vllm` or `sglang` (one case per path) or "
             "`trtllm-context-reuse` (one per reserve variant). Older files have `mode` instead, read as "
             "`decode` = `vllm`, `context-reuse` = `trtllm-context-reuse`, absent = `vllm`"))
     scenario: Scenario

@@ -1,0 +1,179 @@
+"""The rank both token-budget engines run for the sparse decode step (vLLM's and SGLang's):
+one case per decode path, the same init and the same step, each engine sizing its KV cache its
+own way.
+
+- init: the attention backend's workspace (workspace paths only), the weights, the indexer's
+  top-k buffer and the KV pool the step reads;
+- step: one full step at the budget's max_num_batched_tokens through the path under test: the
+  residual stream, q and the attention output around the kernel call (`activation_specs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mlamem.allocator import round_size
+from mlamem.attribution import ExpectedBuffer, expected_buffers
+from mlamem.engines.base import Case, Engine, Step, allocate_specs
+from mlamem.inputs import fill_query, make_inputs
+from mlamem.kernel_api import OpInputs
+from mlamem.kernels import BufferSpec
+from mlamem.measure import runner
+from mlamem.operations import SPARSE_DECODE, problem_for
+from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
+from mlamem.scenario import Scenario
+from mlamem.units import gib
+
+
+def kv_block_bytes(scenario: Scenario) -> int:
+    """Bytes of one KV-cache block across all layers of a rank."""
+    return (scenario.serving.block_size * scenario.kv_cache_bytes_per_token_per_layer
+            * scenario.model.num_layers)
+
+
+def activation_specs(scenario: Scenario, tokens: int) -> list[BufferSpec]:
+    """The step's tensors alive around attention: the profile pass allocates these and no more.
+
+    The residual stream in and out (when the scenario gives hidden_size), the attention input
+    q and the layer's attention output, which the engine allocates outside the kernel.
+    """
+    heads = scenario.heads_per_rank
+    specs = [BufferSpec("q", (tokens, heads, scenario.d_qk), torch.bfloat16, "temporary"),
+             BufferSpec("attn_output", (tokens, heads, scenario.d_v), torch.bfloat16, "temporary")]
+    if scenario.model.hidden_size:
+        hidden = (tokens, scenario.model.hidden_size)
+        specs[:0] = [BufferSpec("hidden_states", hidden, torch.bfloat16, "temporary"),
+                     BufferSpec("residual", hidden, torch.bfloat16, "temporary")]
+    return specs
+
+
+@dataclass(kw_only=True)
+class DecodeCase(Case):
+    """One decode path through a token-budget engine's rank."""
+
+    key_field = "path"
+
+    path: str
+    max_num_batched_tokens: int
+    workspace_bytes: int = 0  # reserved at init (workspace paths)
+    init_bytes: int | None = None  # everything allocated at init (weights, workspace, inputs)
+    kv_cache_bytes: int | None = None
+    kv_cache_tokens: int | None = None
+    out_staging_gain_bytes: int | None = None  # more headroom if out were staged (no out=)
+
+
+class DecodeRank(Engine):
+    """The init and the step of a token-budget engine's rank; see the module docstring."""
+
+    case_type = DecodeCase
+
+    @classmethod
+    def case_keys(cls, paths: list[str]) -> list[str]:
+        return list(paths)
+
+    def init(self) -> None:
+        scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
+        tokens = self.budget.max_num_batched_tokens
+        capabilities = kernel.capabilities()
+        self.padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
+        out_spec = next((s for s in kernel.allocations(problem, self.sm_count)
+                         if s.name == "out"), None)
+        if out_spec is not None and not capabilities.takes_out:
+            case.out_staging_gain_bytes = round_size(out_spec.nbytes)
+        start = memory.stats().allocated
+        self.allocating = "workspace"
+        self.workspace = reserve_workspace(case.path, kernel, max_tokens=tokens,
+                                           padded_heads=self.padded_heads, d_qk=scenario.d_qk,
+                                           d_v=scenario.d_v, topk=scenario.decode_topk,
+                                           sm_count=self.sm_count, device=memory.device)
+        case.workspace_bytes = memory.stats().allocated - start
+        self.allocating = "weights"
+        self.resident.append(torch.empty(case.weights_bytes, dtype=torch.uint8,
+                                         device=memory.device))
+        self.allocating = "indices and KV pool"
+        self.inputs = make_inputs(scenario, tokens, memory.device, self.seed, with_query=False)
+        case.init_bytes = memory.stats().allocated - start
+
+    def step(self) -> Step:
+        scenario, kernel, memory, path = self.scenario, self.kernel, self.memory, self.case.path
+        tokens = self.budget.max_num_batched_tokens
+        capabilities = kernel.capabilities()
+        staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
+        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
+        inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
+        call = KernelCall(run=runner(kernel, memory, self.sm_count, problem, inputs),
+                          op=SPARSE_DECODE, padded_heads=self.padded_heads,
+                          takes_out=capabilities.takes_out)
+        step_specs = activation_specs(scenario, tokens)
+        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs]
+                    + expected_buffers(
+                        wrapper_allocations(path, tokens, scenario.heads_per_rank,
+                                            self.padded_heads, scenario.d_qk),
+                        kernel.allocations(problem, self.sm_count), staged))
+        workspace, seed = self.workspace, self.seed
+
+        def body() -> None:
+            tensors = allocate_specs(step_specs, memory.device)
+            fill_query(tensors["q"], seed)
+            out, _ = PATHS[path](tensors["q"], call, workspace)
+            tensors["attn_output"].copy_(out)
+
+        return Step(body, expected)
+
+
+def gib_cell(value: int | None) -> str:
+    return "n/a" if value is None else f"{gib(value):.3f}"
+
+
+def failed_alloc_cell(case: dict) -> str:
+    if case.get("oom_requested_bytes") is None:
+        return ""
+    return f"{case.get('oom_buffer') or '?'} {gib_cell(case['oom_requested_bytes'])}"
+
+
+def kv_cell(case: dict) -> str:
+    if case.get("kv_cache_bytes") is None:
+        return "n/a"
+    return f"{gib(case['kv_cache_bytes']):.3f} GiB ({case['kv_cache_tokens']} tokens)"
+
+
+def safe_cell(case: dict) -> str:
+    tokens = case.get("max_safe_tokens")
+    return "n/a" if tokens is None else ("none" if tokens == 0 else str(tokens))
+
+
+def gain_cell(case: dict) -> str:
+    gain = case.get("out_staging_gain_bytes")
+    return "-" if gain is None else f"+{gib(gain):.3f}"
+
+
+def budget_segments(case: dict) -> list[tuple[str, int, str]]:
+    """(label, bytes, color key) from 0 up to the cap: what the engine placed before the step."""
+    init = case.get("init_bytes")
+    if init is None:
+        return []
+    weights, workspace = case.get("weights_bytes") or 0, case.get("workspace_bytes") or 0
+    kv = case.get("kv_cache_bytes") or 0
+    segments = [("weights", weights, "weights")]
+    if workspace:
+        segments.append(("workspace", workspace, "workspace"))
+    segments.append(("rest of init", init - weights - workspace, "init_rest"))
+    segments.append(("KV cache", kv, "kv_cache"))
+    if case.get("torch_limit_bytes") is not None:
+        segments.append(("free under the cap", case["torch_limit_bytes"] - init - kv, "free"))
+    return segments
+
+
+def step_need_bytes(case: dict) -> int | None:
+    """What the full step needed on top of init and the KV cache (OOM: at least this much)."""
+    base = (case.get("init_bytes") or 0) + (case.get("kv_cache_bytes") or 0)
+    if case["verdict"] == "fits" and case.get("step_peak_bytes") is not None:
+        return case["step_peak_bytes"] - base
+    if case["verdict"] == "oom" and case.get("free_bytes_at_oom") is not None and \
+            case.get("oom_requested_bytes") is not None and case["phase"] == "step":
+        reserved = case["torch_limit_bytes"] - case["free_bytes_at_oom"]
+        return reserved - base + case["oom_requested_bytes"]
+    return None

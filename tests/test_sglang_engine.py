@@ -1,0 +1,143 @@
+"""SGLang's rank (mlamem/engines/sglang.py) on the allocator model: the pool its rule sizes, the
+largest safe chunked_prefill_size as a boundary, its knobs, and its refusals."""
+
+import json
+
+import pytest
+
+from mlamem import scenario as scenarios
+from mlamem.cli.main import main
+from mlamem.engines.sglang import SGLang, SGLangBudget
+from mlamem.errors import UserError
+from mlamem.kernels import FlashMLA
+from mlamem.memory import SimulatedMemory
+from mlamem.repro import host_setup, run_repro
+from mlamem.testing import check_bad_input, scenario_file
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def budget(scenario, tokens: int, fraction: float | None = None) -> SGLangBudget:
+    return SGLangBudget(gpu_memory_bytes=scenario.gpu.memory_bytes,
+                        utilization=scenario.gpu.gpu_memory_utilization,
+                        max_num_batched_tokens=tokens, mem_fraction_static=fraction)
+
+
+def emulate(scenario, tokens: int, path: str = "alloc", fraction: float | None = None):
+    return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), scenario, FlashMLA(),
+                          budget(scenario, tokens, fraction), path, sm_count=132)
+
+
+def test_glm5_pool_is_sglangs_rule_at_its_h100_defaults():
+    """GLM-5 TP8 on an H100 at SGLang's defaults: chunked_prefill_size 8192 and the reserve
+    rule's 0.799; the pool is free after init less 0.201 x free before the model (SGLang's GB
+    floats), in whole 64-token pages of 788 B x 78 layers, and the step fits."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    assert SGLang.default_step_tokens(glm, glm.gpu.memory_bytes) == 8192
+    case = emulate(glm, 8192)
+    assert (case.mem_fraction_static, case.fraction_source) == (0.799, "reserve rule: 16384 MiB")
+    assert case.kv_cell_bytes == 61464
+    # before the model: the first cap, nothing reserved; after init: the cap less init's
+    # segments (the weights, the top-k buffer, the KV the step reads), rounded up by the allocator
+    assert case.free_before_model_bytes >= case.torch_limit_bytes
+    after = case.torch_limit_bytes - case.init_bytes
+    assert after - 16 * MiB < case.free_after_init_bytes <= after
+    pool = int((case.free_after_init_bytes / GiB - case.free_before_model_bytes / GiB * 0.201) * GiB)
+    assert case.kv_cache_tokens == pool // 61464 // 64 * 64
+    assert case.kv_cache_bytes == case.kv_cache_tokens * 61464
+    assert case.verdict == "fits" and case.headroom_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["glm5-fp8-tp8", "deepseek-v32-fp8-tp8"])
+@pytest.mark.parametrize("path", ["alloc", "workspace"])
+def test_the_largest_safe_chunk_is_the_boundary(name, path):
+    """The reported largest safe chunked_prefill_size fits and one token more runs out of
+    memory, on the model; the workspace path holds a larger chunk than the alloc path."""
+    chosen = scenarios.load(name)
+    result = run_repro(chosen, budget(chosen, 8192), [path], command="test", predict=True,
+                       engine="sglang")
+    limit = result.cases[0]["max_safe_tokens"]
+    assert 8192 < limit < chosen.serving.max_num_batched_tokens + 16384
+    assert [emulate(chosen, t, path).verdict for t in (limit, limit + 1)] == ["fits", "oom"]
+
+
+def test_a_given_fraction_sizes_the_pool():
+    """--mem-fraction-static 0.7 leaves 0.3 x free before the model outside the pool: a smaller
+    pool than the rule's 0.799, and the step's headroom grows by what the pool gave up (to the
+    allocator's rounding of the step's segments)."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    rule, given = emulate(glm, 8192), emulate(glm, 8192, fraction=0.7)
+    assert (given.mem_fraction_static, given.fraction_source) == (0.7, "given")
+    assert given.kv_cache_bytes < rule.kv_cache_bytes
+    gained = given.headroom_bytes - rule.headroom_bytes
+    assert abs(gained - (rule.kv_cache_bytes - given.kv_cache_bytes)) < 4 * MiB
+
+
+def test_too_small_a_fraction_does_not_start():
+    """A fraction below what the weights take leaves no pool: SGLang refuses to start."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    case = emulate(glm, 8192, fraction=0.3)
+    assert case.verdict == "no-kv-room" and "raise mem_fraction_static" in case.failure
+
+
+def test_repro_oom_engine_sglang_in_every_form(tmp_path, capsys):
+    """`repro-oom --engine sglang --predict` as a table, Markdown and JSON: the engine, the
+    chunk, the fraction and its source, the largest safe chunked_prefill_size."""
+    output = tmp_path / "sglang.json"
+    assert main(["repro-oom", "--engine", "sglang", "--predict", "--format", "json",
+                 "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    assert result["engine"] == "sglang" and result["budget"]["max_num_batched_tokens"] == 8192
+    assert [c["mem_fraction_static"] for c in result["cases"]] == [0.799, 0.799]
+    assert main(["repro-oom", "--engine", "sglang", "--predict", "--format", "markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert "largest safe chunked_prefill_size" in markdown and "0.799 (reserve rule" in markdown
+    assert main(["repro-oom", "--engine", "sglang", "--predict"]) == 0
+    table = capsys.readouterr().out
+    assert "SGLang (PREDICTED)" in table and "chunked_prefill_size 8192" in table
+    assert "at utilization" not in table  # SGLang's fraction is not vLLM's utilization
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["--engine", "sglang", "--utilization", "0.9"], "--mem-fraction-static; pass that"),
+    (["--mem-fraction-static", "0.8"], "the vllm engine has no such option"),
+    (["--engine", "sglang", "--mem-fraction-static", "1.2"], "outside (0, 1)"),
+    (["--engine", "sglang", "--cuda-graphs", "on"], "no CUDA-graph phases"),
+    (["-s", "kimi-k2-fp8-tp4-dp", "--engine", "sglang"], "declares vllm"),
+])
+def test_sglang_knobs_are_checked(args, fix):
+    check_bad_input(["repro-oom", "--predict", *args], fix)
+
+
+def test_a_model_without_the_indexer_is_refused():
+    """Kimi-K2 has no DSA indexer: SGLang does not run flashmla_kv for it, and one line says so."""
+    kimi = scenarios.load("kimi-k2-fp8-tp4-dp")
+    with pytest.raises(UserError, match=r"only for a DSA model \(\[model\].index_topk\)"):
+        SGLang.check(kimi)
+
+
+def test_the_sglang_table_is_checked_by_its_section(tmp_path):
+    """The scenario's [sglang] table is validated by its own section, field by field."""
+    path = scenario_file(tmp_path, edits={"\n[gpu]": "\n[sglang]\nmem_fraction_static = 1.5\n\n[gpu]"})
+    check_bad_input(["repro-oom", "-s", str(path), "--engine", "sglang", "--predict"],
+                    "[sglang].mem_fraction_static")
+    path = scenario_file(tmp_path, edits={"\n[gpu]": "\n[sglang]\nchunked_prefill_size = 4096\n"
+                                                     "mem_fraction_static = 0.75\n\n[gpu]"})
+    case = emulate(scenarios.load(str(path)), 4096)
+    assert (case.mem_fraction_static, case.fraction_source) == (0.75, "given")
+    assert SGLang.default_step_tokens(scenarios.load(str(path)), 80 * GiB) == 4096
+
+
+def test_the_largest_safe_fraction_is_the_boundary():
+    """At chunked_prefill_size 32768 a fraction of 0.9 runs out of memory; the reported largest
+    safe mem_fraction_static fits and 0.001 more does not, on the model."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    result = run_repro(glm, budget(glm, 32768, 0.9), ["alloc"], command="test", predict=True,
+                       engine="sglang")
+    [case] = result.cases
+    assert case["verdict"] == "oom" and case["oom_buffer"] == "o_accum"
+    fraction = case["max_safe_mem_fraction_static"]
+    assert 0.5 < fraction < 0.9
+    verdicts = [emulate(glm, 32768, fraction=round(f, 3)).verdict for f in (fraction, fraction + 0.001)]
+    assert verdicts == ["fits", "oom"]
