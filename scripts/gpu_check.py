@@ -69,7 +69,7 @@ SUITES = {
                       "mlamem plan --sweep max-seq-len=131072,786432"],
     # the figures of mlamem/non_torch.toml, then every shipped scenario's repro-oom: measured = predicted
     "non-torch": [*(f"python3 scripts/non_torch_probe.py step-ops {s}" for s in DECODE[1:]),
-                  f"{PYTEST} {SHIPPED_REPRO} -k 'not vllm' --basetemp={{out}}/cases"],
+                  f"{PYTEST} {SHIPPED_REPRO} -k 'not flashmla-vllm' --basetemp={{out}}/cases"],
     "gate": [f"{PYTEST} tests/test_gate.py tests/test_gate_gpu.py",
              *(f"mlamem profile -s {s} --require-gpu @{run}-{s}" for run in range(1, 6) for s in DECODE),
              "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # run-to-run noise
@@ -96,7 +96,7 @@ SUITES = {
     "flashinfer": [f"{PYTEST} tests/test_flashinfer_mla.py", "mlamem validate --kernel flashinfer --op "
                    "dense-decode", f"mlamem compare --kernels flashmla,flashinfer --op dense-decode -s "
                    f"{DENSE[0]} @compare-flashinfer"],
-    "kernels-oom": [f"{PYTEST} {SHIPPED_REPRO} -k vllm --basetemp={{out}}/cases",
+    "kernels-oom": [f"{PYTEST} {SHIPPED_REPRO} -k flashmla-vllm --basetemp={{out}}/cases",
                     "mlamem gate --kernel flashmla-vllm -s glm5-fp8-tp8 --baseline {out}/vllm.json --update",
                     "mlamem gate --baseline {out}/vllm.json"],
     "graphs": [f"{PYTEST} tests/test_graphs_gpu.py tests/test_graphs.py tests/test_allocator.py",

@@ -21,11 +21,16 @@ from mlamem.repro import prediction_differences
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
              "figures; run this file alone (scripts/gpu_check.py does)")
 
-# every shipped scenario repro-oom replays (its sparse decode step), with FlashMLA; GLM-5 also
-# with vLLM's build
-REPRO_CASES = [*((name, "flashmla") for name in scenarios.shipped_names()
-                 if "sparse-decode" in scenarios.load(name).operations),
-               ("glm5-fp8-tp8", "flashmla-vllm")]
+# every shipped scenario repro-oom replays (its sparse decode step), with FlashMLA, under each
+# engine it declares that replays the step; GLM-5 also with vLLM's build
+# (kimi-k2-context-reuse: its first engine, context reuse); ids read NAME-KERNEL-by-ENGINE
+REPRO_CASES = [pytest.param(name, kernel, engine, id=f"{name}-{kernel}-by-{engine}")
+               for name, kernel, engine in [
+                   *((name, "flashmla", engine) for name in scenarios.shipped_names()
+                     if "sparse-decode" in scenarios.load(name).operations
+                     for engine in scenarios.load(name).engines
+                     if engine == scenarios.load(name).engines[0] or engine == "sglang"),
+                   ("glm5-fp8-tp8", "flashmla-vllm", "vllm")]]
 # the verdicts a scenario's cases must get (--expect-oom / --expect-fit)
 EXPECTED = {"glm5-fp8-tp8": ["--expect-oom", "alloc", "--expect-fit", "workspace"],
             "kimi-k2-context-reuse": ["--expect-oom", "none", "--expect-oom", "fp8",
@@ -52,16 +57,17 @@ def _repro_json(args: list[str], output) -> dict:
     return json.loads(output.read_text())
 
 
-@pytest.mark.parametrize(("name", "kernel"), REPRO_CASES)
-def test_every_shipped_scenario_measured_equals_predicted(name, kernel, tmp_path):
+@pytest.mark.parametrize(("name", "kernel", "engine"), REPRO_CASES)
+def test_every_shipped_scenario_measured_equals_predicted(name, kernel, engine, tmp_path):
     """`mlamem repro-oom` at the scenario's defaults, measured (exit 0 with the verdicts of
     EXPECTED) and predicted: equal in every field a prediction gives, case by case."""
     if torch.cuda.is_initialized():
         pytest.skip(NEIGHBOUR)
     if reason := _unavailable_reason(kernel):
         pytest.skip(f"{kernel}: {reason}")
-    args = ["-s", name, "--kernel", kernel]
-    measured = _repro_json([*args, *EXPECTED.get(name, [])], tmp_path / f"{name}.json")
+    args = ["-s", name, "--kernel", kernel, "--engine", engine]
+    expected = EXPECTED.get(name, []) if engine == scenarios.load(name).engines[0] else []
+    measured = _repro_json([*args, *expected], tmp_path / f"{name}.json")
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
     assert measured["measured"] and not predicted["measured"]
     assert prediction_differences(measured, predicted) == []
