@@ -86,7 +86,7 @@ def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
                t("kv_a_layernorm", c.kv_lora_rank),
                t("kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
                t("o_proj", h, heads * c.v_head_dim)]
-    if c.has_indexer:
+    if c.layer_has_indexer(i):
         tensors += [t("indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank),
                     t("indexer.wk", c.index_head_dim, h), t("indexer.k_norm", 2 * c.index_head_dim),
                     t("indexer.weights_proj", c.index_n_heads, h, quantized=False)]
@@ -119,8 +119,8 @@ def count_weights(config: ModelConfig) -> WeightCount:
     for k in range(config.num_nextn_predict_layers):
         i = config.num_hidden_layers + k
         tensors += _layer(config, i, mtp=True)
-        # each MTP layer stores its own embedding and head, besides its projections and norms
+        # an MTP layer stores its projection and norms; DeepSeek's (not GLM's) its own embedding and head too
+        own = (("embed_tokens", v, h), ("shared_head.head", v, h)) if config.mtp_embeddings else ()
         tensors += [Tensor(f"layers.{i}.{name}", rows, cols, False, True) for name, rows, cols in (
-            ("embed_tokens", v, h), ("shared_head.head", v, h), ("eh_proj", h, 2 * h),
-            ("enorm", h, 1), ("hnorm", h, 1), ("shared_head.norm", h, 1))]
+            *own, ("eh_proj", h, 2 * h), ("enorm", h, 1), ("hnorm", h, 1), ("shared_head.norm", h, 1))]
     return WeightCount(tuple(tensors), config.fp8_block)
