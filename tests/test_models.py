@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 
 from mlamem.errors import UserError
-from mlamem.models import count_weights, load_config, shipped_config
+from mlamem.models import count_weights, load_config, shipped_config, weights_fit, weights_per_rank
 from mlamem.models.hf_config import parse_config
 from mlamem.models.weights import placement
 
@@ -213,3 +213,42 @@ def test_an_indexer_pattern_that_is_not_one_kind_per_layer_names_the_field(patte
     with pytest.raises(UserError) as error:
         parse_config(raw | {"indexer_types": pattern})
     assert error.value.field == "config.indexer_types"
+
+
+H100, H200 = 81559 * 2**20, 143155 * 2**20  # what CUDA reports of each (scenarios/*.toml's memory_mib)
+
+
+def test_weights_per_rank_places_a_scenarios_layout():
+    glm, kimi = shipped_config("glm-5"), shipped_config("kimi-k2")
+    assert weights_per_rank(glm, tp=8) == count_weights(glm).bytes_per_rank(tp=8, expert_ranks=8)
+    # attention-DP 4 of TP4: four groups of one rank, the experts over all four
+    assert weights_per_rank(kimi, tp=4, dp=4) == count_weights(kimi).bytes_per_rank(tp=1, expert_ranks=4)
+    mtp = count_weights(glm).bytes_per_rank(tp=8, expert_ranks=8, mtp=True)
+    assert weights_per_rank(glm, tp=8, mtp=True) == weights_per_rank(glm, tp=8) + mtp
+    assert mtp > 0
+
+
+def test_weights_that_exceed_the_gpu_say_so_in_one_line():
+    glm, kimi = shipped_config("glm-5"), shipped_config("kimi-k2")
+    assert weights_fit("GLM-5", glm, tp=8, gpu="H100 SXM 80GB", gpu_bytes=H100) == (
+        "GLM-5's weights are 88.7 GiB per rank at TP8, more than the H100 SXM 80GB's 79.6 GiB")
+    assert weights_fit("Kimi-K2", kimi, tp=4, dp=4, gpu="H200 SXM 141GB", gpu_bytes=H200) == (
+        "Kimi-K2's weights are 249.6 GiB per rank at TP4 with attention-DP 4, more than the H200 SXM 141GB's "
+        "139.8 GiB")
+    assert weights_fit("GLM-5", glm, tp=8, gpu="H200 SXM 141GB", gpu_bytes=H200) is None
+
+
+def test_weights_fit_exactly_at_the_gpus_bytes_and_not_a_byte_above():
+    glm = shipped_config("glm-5")
+    per_rank = weights_per_rank(glm, tp=8, mtp=True)
+    assert weights_fit("GLM-5", glm, tp=8, gpu="GPU", gpu_bytes=per_rank, mtp=True) is None
+    line = weights_fit("GLM-5", glm, tp=8, gpu="GPU", gpu_bytes=per_rank - 1, mtp=True)
+    assert line is not None and "at TP8 with its MTP layers" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(("tp", "dp", "field"), [(0, 1, "tensor_parallel"), (8, 3, "attention_data_parallel"),
+                                                 (8, 0, "attention_data_parallel")])
+def test_a_layout_the_ranks_cannot_hold_names_its_field(tp, dp, field):
+    with pytest.raises(UserError) as error:
+        weights_per_rank(shipped_config("glm-5"), tp=tp, dp=dp)
+    assert error.value.field == field
