@@ -134,11 +134,45 @@ def test_glm_mtp_layer_matches_the_checkpoints_bytes_without_its_own_embedding()
     assert not any(t.mtp and ("embed_tokens" in t.name or "shared_head.head" in t.name) for t in bf16.tensors)
 
 
+# GLM-5.2's indexer_types (IndexShare: a full indexer every 4th layer after 3 full ones), as third-party
+# copies of its config quote it; GLM-5.3's checkpoint has the same tensors
+GLM52_INDEXERS = ["full"] * 3 + (["shared"] * 3 + ["full"]) * 18 + ["shared"] * 3
+
+
+def glm52():
+    raw = json.loads(resources.files("mlamem.models").joinpath("glm-5.json").read_text())
+    return parse_config(raw | {"indexer_types": GLM52_INDEXERS})
+
+
+def checkpoint_tensors(config) -> tuple[int, int]:
+    """The checkpoint's safetensors entries without the scales, and the block-fp8 ones among them (each has
+    one weight_scale_inv entry): the count groups a layer's routed experts into one Tensor, and the
+    indexer's LayerNorm weight and bias into one."""
+    weights = count_weights(config)
+    entries = fp8 = 0
+    for t in weights.tensors:
+        n = 2 if t.name.endswith(".indexer.k_norm") else 1
+        n *= config.n_routed_experts if ".mlp.experts." in t.name else 1
+        entries += n
+        fp8 += n if t.quantized and weights.fp8_block else 0
+    return entries, fp8
+
+
+def test_glm52s_tensors_and_their_fp8_match_the_checkpoints_census():
+    # NVIDIA-NeMo/Megatron-Bridge pull request #6117 (https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/6117):
+    # an audit of GLM-5.3's 423 shard headers finds 59,585 base tensors, identical in names and shapes to
+    # GLM-5.2's, 59,044 of them block-scaled FP8. The count matches both: the shared layers hold no indexer,
+    # the MTP layer no embedding or head, and the norms, router, indexer weights_proj and eh_proj stay bf16.
+    assert checkpoint_tensors(glm52()) == (59_585, 59_044)
+
+
 def test_kimi_k2_matches_the_checkpoints_total_size_within_1_percent():
     # https://huggingface.co/moonshotai/Kimi-K2-Instruct/resolve/main/model.safetensors.index.json
     # "total_size": 1029173256720, as a third-party source ledger that fetched it records (139,644 tensors);
-    # the count is 6,832 bytes (61 x 112) short of it
+    # the count is 61 tensors and 6,832 bytes (61 x 112) short of it: a small tensor a layer it does not model
     weights = count_weights(shipped_config("kimi-k2"))
+    entries, fp8 = checkpoint_tensors(shipped_config("kimi-k2"))
+    assert entries + fp8 == 139_644 - 61
     assert abs(weights.bytes() - 1_029_173_256_720) < 0.01 * 1_029_173_256_720
     assert abs(weights.bytes() - 1_029_173_256_720) < 10_000
     # the Hub's "1.03T params" counts the fp32 scales as parameters; the README's "1T" rounds further
@@ -198,9 +232,7 @@ def test_kimi_k2_fp8_bytes_per_rank_at_tp4_with_attention_dp4():
 
 
 def test_glms_indexer_pattern_drops_the_shared_layers_indexers():
-    raw = json.loads(resources.files("mlamem.models").joinpath("glm-5.json").read_text())
-    pattern = ["full"] * 3 + (["shared"] * 3 + ["full"]) * 18 + ["shared"] * 3
-    config, every = parse_config(raw | {"indexer_types": pattern}), shipped_config("glm-5")
+    pattern, config, every = GLM52_INDEXERS, glm52(), shipped_config("glm-5")
     indexers = {t.name.split(".")[1] for t in count_weights(config).tensors if ".indexer." in t.name}
     assert indexers == {str(i) for i, kind in enumerate(pattern) if kind == "full"} | {"78"}  # MTP holds one
     one = sum(t.params for t in count_weights(every).tensors if t.name.startswith("layers.0.indexer."))
