@@ -247,7 +247,7 @@ def test_an_indexer_pattern_that_is_not_one_kind_per_layer_names_the_field(patte
     assert error.value.field == "config.indexer_types"
 
 
-H100, H200 = 81559 * 2**20, 143155 * 2**20  # what CUDA reports of each (scenarios/*.toml's memory_mib)
+H100, H200 = 81559 * 2**20, 143155 * 2**20  # the scenarios' memory_mib of each
 
 
 def test_weights_per_rank_places_a_scenarios_layout():
