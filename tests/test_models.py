@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 
 from mlamem.errors import UserError
-from mlamem.models import count_weights, load_config, shipped_config
+from mlamem.models import count_weights, load_config, shipped_config, weights_fit, weights_per_rank
 from mlamem.models.hf_config import parse_config
 from mlamem.models.weights import placement
 
@@ -102,3 +102,185 @@ def test_placement_follows_vllms_layers():
     replicated = ("layers.3.mlp.gate", "layers.3.indexer.wq_b", "layers.3.q_a_proj", "norm")
     assert {names[name] for name in replicated} == {"replicated"}
     assert names["layers.3.mlp.experts.down_proj"] == "experts"
+
+
+# GLM-5 and Kimi-K2, the shipped configs of the other two families
+
+def fp8(rows: int, cols: int) -> int:
+    """A block-fp8 tensor's bytes: one byte a weight, four a 128 x 128 block's fp32 scale."""
+    return rows * cols + 4 * -(-rows // 128) * -(-cols // 128)
+
+
+def test_the_shipped_configs_read_by_their_model_types():
+    glm, kimi = shipped_config("glm-5"), shipped_config("kimi-k2")
+    assert (glm.model_type, glm.has_indexer, glm.mtp_embeddings) == ("glm_moe_dsa", True, False)
+    assert (kimi.model_type, kimi.has_indexer, kimi.num_nextn_predict_layers) == ("kimi_k2", False, 0)
+    assert glm.fp8_block == kimi.fp8_block == (128, 128)
+
+
+def test_glm5_main_model_rounds_to_the_published_744b():
+    # https://huggingface.co/zai-org/GLM-5 (README): "744B parameters (40B active)"; GLM-5's technical
+    # report counts 744B total besides its 1 MTP layer
+    weights = count_weights(shipped_config("glm-5"))
+    assert round(weights.params() / 1e9) == 744
+
+
+def test_glm_mtp_layer_matches_the_checkpoints_bytes_without_its_own_embedding():
+    """GLM's MTP layer shares the main model's embedding and head: zai-org/GLM-5.2's layer 78 (GLM-5's
+    dimensions) holds 791 tensors, 19,905,841,664 bytes in bf16, with no embed_tokens nor shared_head.head
+    (a third-party extractor pinned to the Hub checkpoint, revision b4734de4, its EXPECTED_PAYLOAD_BYTES)."""
+    bf16 = count_weights(replace(shipped_config("glm-5"), fp8_block=None))
+    assert bf16.bytes(mtp=True) == 19_905_841_664
+    assert not any(t.mtp and ("embed_tokens" in t.name or "shared_head.head" in t.name) for t in bf16.tensors)
+
+
+# GLM-5.2's indexer_types (IndexShare: a full indexer every 4th layer after 3 full ones), as third-party
+# copies of its config quote it; GLM-5.3's checkpoint has the same tensors
+GLM52_INDEXERS = ["full"] * 3 + (["shared"] * 3 + ["full"]) * 18 + ["shared"] * 3
+
+
+def glm52():
+    raw = json.loads(resources.files("mlamem.models").joinpath("glm-5.json").read_text())
+    return parse_config(raw | {"indexer_types": GLM52_INDEXERS})
+
+
+def checkpoint_tensors(config) -> tuple[int, int]:
+    """The checkpoint's safetensors entries without the scales, and the block-fp8 ones among them (each has
+    one weight_scale_inv entry): the count groups a layer's routed experts into one Tensor, and the
+    indexer's LayerNorm weight and bias into one."""
+    weights = count_weights(config)
+    entries = fp8 = 0
+    for t in weights.tensors:
+        n = 2 if t.name.endswith(".indexer.k_norm") else 1
+        n *= config.n_routed_experts if ".mlp.experts." in t.name else 1
+        entries += n
+        fp8 += n if t.quantized and weights.fp8_block else 0
+    return entries, fp8
+
+
+def test_glm52s_tensors_and_their_fp8_match_the_checkpoints_census():
+    # NVIDIA-NeMo/Megatron-Bridge pull request #6117 (https://github.com/NVIDIA-NeMo/Megatron-Bridge/pull/6117):
+    # an audit of GLM-5.3's 423 shard headers finds 59,585 base tensors, identical in names and shapes to
+    # GLM-5.2's, 59,044 of them block-scaled FP8. The count matches both: the shared layers hold no indexer,
+    # the MTP layer no embedding or head, and the norms, router, indexer weights_proj and eh_proj stay bf16.
+    assert checkpoint_tensors(glm52()) == (59_585, 59_044)
+
+
+def test_kimi_k2_matches_the_checkpoints_total_size_within_1_percent():
+    # https://huggingface.co/moonshotai/Kimi-K2-Instruct/resolve/main/model.safetensors.index.json
+    # "total_size": 1029173256720, as a third-party source ledger that fetched it records (139,644 tensors);
+    # the count is 61 tensors and 6,832 bytes (61 x 112) short of it: a small tensor a layer it does not model
+    weights = count_weights(shipped_config("kimi-k2"))
+    entries, fp8 = checkpoint_tensors(shipped_config("kimi-k2"))
+    assert entries + fp8 == 139_644 - 61
+    assert abs(weights.bytes() - 1_029_173_256_720) < 0.01 * 1_029_173_256_720
+    assert abs(weights.bytes() - 1_029_173_256_720) < 10_000
+    # the Hub's "1.03T params" counts the fp32 scales as parameters; the README's "1T" rounds further
+    assert round((weights.params() + weights.scales()) / 1e12, 2) == 1.03
+
+
+def test_glm5_fp8_bytes_per_rank_at_tp8():
+    """GLM-5 FP8 at TP8 (vLLM: attention, dense and shared MLPs and vocabulary over 8 ranks, routed experts
+    over the 8 ranks of expert parallelism), by hand, bytes per rank, MTP apart:
+
+    - embedding and head, bf16, split 8: 2 x 2 x 154880 x 6144 / 8 = 475,791,360
+    - final norm, replicated: 2 x 6144 = 12,288
+    - each of the 78 layers, replicated: 2 norms 2 x 2 x 6144, q_a fp8(2048, 6144), q_a norm 2 x 2048,
+      kv_a fp8(576, 6144), kv_a norm 2 x 512, indexer wq_b fp8(4096, 2048), wk fp8(128, 6144), k_norm
+      (LayerNorm weight and bias) 2 x 256, weights_proj bf16 2 x 32 x 6144; split 8: q_b fp8(64 x 256, 2048),
+      kv_b fp8(64 x 448, 512), o fp8(6144, 64 x 256)
+    - the 3 dense layers, split 8: gate and up fp8(12288, 6144), down fp8(6144, 12288)
+    - the 75 MoE layers: router bf16 2 x 256 x 6144 and fp32 bias 4 x 256, replicated; split 8: experts gate
+      and up fp8(256 x 2048, 6144), down fp8(256 x 6144, 2048), the shared expert's gate and up
+      fp8(2048, 6144), down fp8(6144, 2048)
+    = 95,228,613,120 B = 88.69 GiB, more than an 80 GB H100 holds
+    """
+    per_layer = (2 * 2 * 6144 + fp8(2048, 6144) + 2 * 2048 + fp8(576, 6144) + 2 * 512 + fp8(4096, 2048)
+                 + fp8(128, 6144) + 2 * 256 + 2 * 32 * 6144
+                 + (fp8(64 * 256, 2048) + fp8(64 * 448, 512) + fp8(6144, 64 * 256)) // 8)
+    dense = (2 * fp8(12288, 6144) + fp8(6144, 12288)) // 8
+    moe = (2 * 256 * 6144 + 4 * 256
+           + (2 * fp8(256 * 2048, 6144) + fp8(256 * 6144, 2048) + 2 * fp8(2048, 6144) + fp8(6144, 2048)) // 8)
+    hand = 2 * 2 * 154880 * 6144 // 8 + 2 * 6144 + 78 * per_layer + 3 * dense + 75 * moe
+    weights = count_weights(shipped_config("glm-5"))
+    assert weights.bytes_per_rank(tp=8, expert_ranks=8) == hand == 95_228_613_120
+
+
+def test_kimi_k2_fp8_bytes_per_rank_at_tp4_with_attention_dp4():
+    """Kimi-K2 FP8 on 4 ranks with attention data-parallel 4, as scenarios/kimi-k2-*.toml run it: each rank is
+    one attention group of TP 1 holding attention, the dense MLP, the shared experts and the vocabulary whole;
+    the routed experts split over the 4 ranks. By hand, bytes per rank (no MTP layers):
+
+    - embedding and head, bf16: 2 x 2 x 163840 x 7168 = 4,697,620,480; final norm 2 x 7168
+    - each of the 61 layers: 2 norms 2 x 2 x 7168, q_a fp8(1536, 7168), q_a norm 2 x 1536, q_b
+      fp8(64 x 192, 1536), kv_a fp8(576, 7168), kv_a norm 2 x 512, kv_b fp8(64 x 256, 512),
+      o fp8(7168, 64 x 128)
+    - the 1 dense layer: gate and up fp8(18432, 7168), down fp8(7168, 18432)
+    - the 60 MoE layers: router bf16 2 x 384 x 7168, fp32 bias 4 x 384, shared expert gate and up
+      fp8(2048, 7168), down fp8(7168, 2048); split 4: experts gate and up fp8(384 x 2048, 7168), down
+      fp8(384 x 7168, 2048)
+    = 267,972,937,568 B = 249.6 GiB, more than an H200 holds
+    """
+    per_layer = (2 * 2 * 7168 + fp8(1536, 7168) + 2 * 1536 + fp8(64 * 192, 1536) + fp8(576, 7168) + 2 * 512
+                 + fp8(64 * 256, 512) + fp8(7168, 64 * 128))
+    dense = 2 * fp8(18432, 7168) + fp8(7168, 18432)
+    moe = (2 * 384 * 7168 + 4 * 384 + 2 * fp8(2048, 7168) + fp8(7168, 2048)
+           + (2 * fp8(384 * 2048, 7168) + fp8(384 * 7168, 2048)) // 4)
+    hand = 2 * 2 * 163840 * 7168 + 2 * 7168 + 61 * per_layer + dense + 60 * moe
+    weights = count_weights(shipped_config("kimi-k2"))
+    assert weights.bytes_per_rank(tp=1, expert_ranks=4) == hand == 267_972_937_568
+
+
+def test_glms_indexer_pattern_drops_the_shared_layers_indexers():
+    pattern, config, every = GLM52_INDEXERS, glm52(), shipped_config("glm-5")
+    indexers = {t.name.split(".")[1] for t in count_weights(config).tensors if ".indexer." in t.name}
+    assert indexers == {str(i) for i, kind in enumerate(pattern) if kind == "full"} | {"78"}  # MTP holds one
+    one = sum(t.params for t in count_weights(every).tensors if t.name.startswith("layers.0.indexer."))
+    assert count_weights(every).params() - count_weights(config).params() == pattern.count("shared") * one
+
+
+@pytest.mark.parametrize("pattern", [["full"] * 77, ["full"] * 77 + ["dense"], "full"])
+def test_an_indexer_pattern_that_is_not_one_kind_per_layer_names_the_field(pattern):
+    raw = json.loads(resources.files("mlamem.models").joinpath("glm-5.json").read_text())
+    with pytest.raises(UserError) as error:
+        parse_config(raw | {"indexer_types": pattern})
+    assert error.value.field == "config.indexer_types"
+
+
+H100, H200 = 81559 * 2**20, 143155 * 2**20  # the scenarios' memory_mib of each
+
+
+def test_weights_per_rank_places_a_scenarios_layout():
+    glm, kimi = shipped_config("glm-5"), shipped_config("kimi-k2")
+    assert weights_per_rank(glm, tp=8) == count_weights(glm).bytes_per_rank(tp=8, expert_ranks=8)
+    # attention-DP 4 of TP4: four groups of one rank, the experts over all four
+    assert weights_per_rank(kimi, tp=4, dp=4) == count_weights(kimi).bytes_per_rank(tp=1, expert_ranks=4)
+    mtp = count_weights(glm).bytes_per_rank(tp=8, expert_ranks=8, mtp=True)
+    assert weights_per_rank(glm, tp=8, mtp=True) == weights_per_rank(glm, tp=8) + mtp
+    assert mtp > 0
+
+
+def test_weights_that_exceed_the_gpu_say_so_in_one_line():
+    glm, kimi = shipped_config("glm-5"), shipped_config("kimi-k2")
+    assert weights_fit("GLM-5", glm, tp=8, gpu="H100 SXM 80GB", gpu_bytes=H100) == (
+        "GLM-5's weights are 88.7 GiB per rank at TP8, more than the H100 SXM 80GB's 79.6 GiB")
+    assert weights_fit("Kimi-K2", kimi, tp=4, dp=4, gpu="H200 SXM 141GB", gpu_bytes=H200) == (
+        "Kimi-K2's weights are 249.6 GiB per rank at TP4 with attention-DP 4, more than the H200 SXM 141GB's "
+        "139.8 GiB")
+    assert weights_fit("GLM-5", glm, tp=8, gpu="H200 SXM 141GB", gpu_bytes=H200) is None
+
+
+def test_weights_fit_exactly_at_the_gpus_bytes_and_not_a_byte_above():
+    glm = shipped_config("glm-5")
+    per_rank = weights_per_rank(glm, tp=8, mtp=True)
+    assert weights_fit("GLM-5", glm, tp=8, gpu="GPU", gpu_bytes=per_rank, mtp=True) is None
+    line = weights_fit("GLM-5", glm, tp=8, gpu="GPU", gpu_bytes=per_rank - 1, mtp=True)
+    assert line is not None and "at TP8 with its MTP layers" in line and "\n" not in line
+
+
+@pytest.mark.parametrize(("tp", "dp", "field"), [(0, 1, "tensor_parallel"), (8, 3, "attention_data_parallel"),
+                                                 (8, 0, "attention_data_parallel")])
+def test_a_layout_the_ranks_cannot_hold_names_its_field(tp, dp, field):
+    with pytest.raises(UserError) as error:
+        weights_per_rank(shipped_config("glm-5"), tp=tp, dp=dp)
+    assert error.value.field == field

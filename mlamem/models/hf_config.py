@@ -9,9 +9,19 @@ from pathlib import Path
 
 from mlamem.errors import UserError
 
-# model_type -> whether its layers carry the DSA indexer
-MODEL_TYPES = {"deepseek_v32": True, "glm_moe_dsa": True, "kimi_k2": False, "deepseek_v3": False}
-SHIPPED = {"deepseek-v3.2": "deepseek-v3.2.json"}
+
+@dataclass(frozen=True)
+class ModelType:
+    indexer: bool  # its layers carry the DSA indexer
+    mtp_embeddings: bool  # each MTP layer stores its own embedding and head (GLM's share the main model's)
+
+
+# Kimi-K2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM) under its own model_type.
+MODEL_TYPES = {"deepseek_v32": ModelType(indexer=True, mtp_embeddings=True),
+               "glm_moe_dsa": ModelType(indexer=True, mtp_embeddings=False),
+               "kimi_k2": ModelType(indexer=False, mtp_embeddings=True),
+               "deepseek_v3": ModelType(indexer=False, mtp_embeddings=True)}
+SHIPPED = {"deepseek-v3.2": "deepseek-v3.2.json", "glm-5": "glm-5.json", "kimi-k2": "kimi-k2.json"}
 
 _INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
@@ -43,10 +53,23 @@ class ModelConfig:
     index_n_heads: int = 0
     index_head_dim: int = 0
     fp8_block: tuple[int, int] | None = None  # block fp8 with fp32 weight_scale_inv, else bf16
+    # GLM's indexer_types: per decoder layer, whether it holds its own indexer ("full") or reuses the one
+    # before it ("shared", no indexer tensors); None: every layer holds one
+    indexer_layers: tuple[bool, ...] | None = None
 
     @property
     def has_indexer(self) -> bool:
         return self.index_n_heads > 0
+
+    @property
+    def mtp_embeddings(self) -> bool:
+        return MODEL_TYPES[self.model_type].mtp_embeddings
+
+    def layer_has_indexer(self, i: int) -> bool:
+        """Layer i's own indexer; MTP layers (past the pattern) hold one whenever the model has an indexer."""
+        if not self.has_indexer:
+            return False
+        return self.indexer_layers is None or i >= len(self.indexer_layers) or self.indexer_layers[i]
 
 
 def _int(raw: dict, name: str) -> int:
@@ -63,13 +86,23 @@ def parse_config(raw: dict) -> ModelConfig:
         raise UserError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}",
                         field="config.model_type")
     fields = {name: _int(raw, name) for name in _INTS}
-    if MODEL_TYPES[model_type]:
+    if MODEL_TYPES[model_type].indexer:
         fields |= {name: _int(raw, name) for name in _INDEXER}
+        fields["indexer_layers"] = _indexer_layers(raw.get("indexer_types"), fields["num_hidden_layers"])
     for name in ("moe_layer_freq", "num_nextn_predict_layers"):
         if name in raw:
             fields[name] = _int(raw, name)
     return ModelConfig(model_type=model_type, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                        fp8_block=_fp8_block(raw.get("quantization_config")), **fields)
+
+
+def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:
+    if types is None:
+        return None
+    if not (isinstance(types, list) and len(types) == layers and set(types) <= {"full", "shared"}):
+        raise UserError(f"needs one of 'full' or 'shared' per decoder layer ({layers}), got {types!r}",
+                        field="config.indexer_types")
+    return tuple(kind == "full" for kind in types)
 
 
 def _fp8_block(quant: dict | None) -> tuple[int, int] | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
+from mlamem.errors import UserError
 from mlamem.models.hf_config import ModelConfig
+from mlamem.units import gib
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
                t("kv_a_layernorm", c.kv_lora_rank),
                t("kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
                t("o_proj", h, heads * c.v_head_dim)]
-    if c.has_indexer:
+    if c.layer_has_indexer(i):
         tensors += [t("indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank),
                     t("indexer.wk", c.index_head_dim, h), t("indexer.k_norm", 2 * c.index_head_dim),
                     t("indexer.weights_proj", c.index_n_heads, h, quantized=False)]
@@ -119,8 +121,34 @@ def count_weights(config: ModelConfig) -> WeightCount:
     for k in range(config.num_nextn_predict_layers):
         i = config.num_hidden_layers + k
         tensors += _layer(config, i, mtp=True)
-        # each MTP layer stores its own embedding and head, besides its projections and norms
+        # an MTP layer stores its projection and norms; DeepSeek's (not GLM's) its own embedding and head too
+        own = (("embed_tokens", v, h), ("shared_head.head", v, h)) if config.mtp_embeddings else ()
         tensors += [Tensor(f"layers.{i}.{name}", rows, cols, False, True) for name, rows, cols in (
-            ("embed_tokens", v, h), ("shared_head.head", v, h), ("eh_proj", h, 2 * h),
-            ("enorm", h, 1), ("hnorm", h, 1), ("shared_head.norm", h, 1))]
+            *own, ("eh_proj", h, 2 * h), ("enorm", h, 1), ("hnorm", h, 1), ("shared_head.norm", h, 1))]
     return WeightCount(tuple(tensors), config.fp8_block)
+
+
+def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False) -> int:
+    """One rank's bytes under a scenario's layout: `tp` ranks in all, attention data-parallel over `dp` groups
+    of tp // dp ranks (vLLM's DP ranks, each with its own TP), the routed experts split over all `tp` ranks
+    (vLLM flattens TP across DP for the MoE: FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp); the MTP
+    layers' share added when speculative decoding loads them."""
+    if tp < 1:
+        raise UserError(f"needs a positive rank count, got {tp}", field="tensor_parallel")
+    if dp < 1 or tp % dp:
+        raise UserError(f"needs a divisor of tensor_parallel {tp}, got {dp}", field="attention_data_parallel")
+    weights = count_weights(config)
+    layout = {"tp": tp // dp, "expert_ranks": tp}
+    return weights.bytes_per_rank(**layout) + (weights.bytes_per_rank(**layout, mtp=True) if mtp else 0)
+
+
+def weights_fit(model: str, config: ModelConfig, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
+                mtp: bool = False) -> str | None:
+    """None when one rank's weights fit in `gpu_bytes`; else the one line that says they do not."""
+    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp)
+    if per_rank <= gpu_bytes:
+        return None
+    layout = f"TP{tp}" + (f" with attention-DP {dp}" if dp > 1 else "")
+    layout += " with its MTP layers" if mtp else ""
+    return (f"{model}'s weights are {gib(per_rank):.1f} GiB per rank at {layout}, more than the {gpu}'s "
+            f"{gib(gpu_bytes):.1f} GiB")
