@@ -8,12 +8,14 @@ caches an installed package has (PYTHONDONTWRITEBYTECODE is dropped for the chil
 - a bare typer app with two commands, `--help` and running one: the floors for a typer CLI
   (parsing a command's options, typer 0.29 imports pydantic, which `--help` does not);
 - `mlamem --help` and `mlamem scenarios`, which import none of torch, pandas or matplotlib;
+- three refusals (a missing scenario, a missing scenario file, a utilization out of range),
+  which exit 2 before torch is imported;
 - `mlamem profile --predict` for every decode scenario x 4 T x both paths, all in one process
   (the CLI called in-process, so imports count once), as wall and as wall minus the torch import;
 - `python -c "import pytest"` and `python -c "import mlamem.pytest_plugin"`: what the pytest
   plugin adds to every pytest session where mlamem is installed.
 Targets (on a 2-core CPU): `--help` within 0.15 s of the bare app's `--help`, and `scenarios`
-within 0.15 s of the bare app running a command;
+and each refusal within 0.15 s of the bare app running a command;
 the predicted sweep at most the torch import + 1 s; the plugin's import within
 0.05 s of pytest's, importing none of torch, pandas, matplotlib or rich. Exits 1 if a target is
 missed.
@@ -76,15 +78,20 @@ with contextlib.redirect_stdout(io.StringIO()):
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
+REFUSALS = (["repro-oom", "-s", "nosuch"], ["profile", "-s", "missing.toml"],
+            ["repro-oom", "--utilization", "2"])  # each must exit 2
+
+
 def run_once(argv: list[str]) -> tuple[float, float]:
-    """(wall, CPU) seconds of `argv` in a fresh process; the command must exit 0."""
+    """(wall, CPU) seconds of `argv` in a fresh process; the command must exit 0 (a refusal
+    of REFUSALS: 2)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           env=CHILD_ENV)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
+    if done.returncode != (2 if any(argv[-len(r):] == r for r in REFUSALS) else 0):
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}:\n{done.stderr}")
     return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
@@ -125,6 +132,7 @@ def main() -> int:
             ("bare typer app, a command (floor)", [python, str(bare_app), "one"]),
             ("mlamem --help", [*mlamem, "--help"]),
             ("mlamem scenarios", [*mlamem, "scenarios"]),
+            *((f"refused: mlamem {' '.join(r)}", [*mlamem, *r]) for r in REFUSALS),
             (f"profile --predict: {len(DECODE_SCENARIOS)} scenarios x 4 T x 2 paths, "
              "one process", [python, "-c", SWEEP]),
             ('python -c "import pytest" (plugin floor)', [python, "-c", "import pytest"]),
@@ -132,12 +140,15 @@ def main() -> int:
              [python, "-c", "import mlamem.pytest_plugin"]),
         ]
         figures = {label: median_s(argv, n) for label, argv in rows}
-        heavy = {label: heavy_imports(argv) for label, argv in rows[3:5]}
-        plugin_heavy = heavy_imports(rows[7][1], PLUGIN_HEAVY)
+        faces = rows[3:5 + len(REFUSALS)]  # --help, scenarios, the refusals
+        sweep, pytest_row, plugin = rows[5 + len(REFUSALS):]
+        heavy = {label: heavy_imports(argv) for label, argv in faces}
+        plugin_heavy = heavy_imports(plugin[1], PLUGIN_HEAVY)
     walls = {label: wall for label, (wall, _) in figures.items()}
-    torch_s, sweep_s = walls[rows[0][0]], walls[rows[5][0]]
-    floors = {rows[3][0]: walls[rows[1][0]], rows[4][0]: walls[rows[2][0]]}  # --help, a command
-    pytest_s, plugin_s = walls[rows[6][0]], walls[rows[7][0]]
+    torch_s, sweep_s = walls[rows[0][0]], walls[sweep[0]]
+    floors = {label: walls[rows[2][0]] for label, _ in faces}  # a command's floor
+    floors[rows[3][0]] = walls[rows[1][0]]  # --help's
+    pytest_s, plugin_s = walls[pytest_row[0]], walls[plugin[0]]
 
     print(f"# mlamem start-up: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"median of {n} fresh processes each")
@@ -150,12 +161,12 @@ def main() -> int:
         over = f"{wall - floors[label]:+.3f}" if label in heavy else ""
         imports = (", ".join(heavy[label]) or "none of torch, pandas, matplotlib"
                    if label in heavy else "")
-        if label == rows[7][0]:
+        if label == plugin[0]:
             over = f"{plugin_s - pytest_s:+.3f} (over pytest)"
             imports = ", ".join(plugin_heavy) or "none of torch, pandas, matplotlib, rich"
         print(f"| {label} | {wall:.3f} | {cpu:.3f} | {over} | {imports} |")
     print(f"| the sweep less `import torch` | {sweep_s - torch_s:.3f} | "
-          f"{figures[rows[5][0]][1] - figures[rows[0][0]][1]:.3f} | | |")
+          f"{figures[sweep[0]][1] - figures[rows[0][0]][1]:.3f} | | |")
     print()
 
     checks = [(f"{label}: within {HELP_SLACK_S} s of the bare typer app's floor",

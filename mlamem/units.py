@@ -2,6 +2,8 @@
 
 import re
 
+from mlamem.errors import UserError
+
 KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
@@ -60,3 +62,11 @@ def parse_bytes(text: str) -> int:
     if value * _UNITS[unit] > MAX_BYTES:  # also 1e400 (inf) and the like
         raise ValueError(f"{text!r} is more than {format_huge(MAX_BYTES)}, beyond any device; {hint}")
     return round(value * _UNITS[unit])
+
+
+def check_fraction(value: float, field: str, *, one_allowed: bool = True) -> None:
+    """A fraction of memory, in (0, 1] (`one_allowed`) or (0, 1): else a UserError naming
+    `field`. Light, so a face can refuse a bad value before torch loads."""
+    if not (0 < value <= 1 if one_allowed else 0 < value < 1):
+        interval = "(0, 1]" if one_allowed else "(0, 1)"
+        raise UserError(f"{value} is outside {interval}; pass a fraction such as 0.85", field=field)

@@ -47,14 +47,15 @@ def graphs(
     """
     from mlamem.sweep import Request, plan
 
-    decode = o.make_kernel(kernel)
     sizes = o.parse_sizes(capture_sizes)
     output_format = o.Format(pick_format(output, output_format and output_format.value,
-                                         list(render.GRAPHS_FORMATS), what="graphs"))
+                                         list(o.Format), what="graphs"))
     if output is not None:
         check_output_path(output)
     check_report_dir(report_dir)
-    [part] = plan(Request([(scenario, o.load_scenario(scenario))], [operations.SPARSE_DECODE],
+    loaded = o.load_scenario(scenario)  # a bad file is refused before torch loads
+    decode = o.make_kernel(kernel)
+    [part] = plan(Request([(scenario, loaded)], [operations.SPARSE_DECODE],
                           decode, paths=o.split_paths(paths), capture_sizes=sizes or [],
                           capture_option="--capture-sizes", purpose=PURPOSE))
     from mlamem.graphs import run_graphs, sizes_to_capture

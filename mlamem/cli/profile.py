@@ -87,9 +87,11 @@ def profile(
     if predict and require_gpu:
         raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
                         "other refuses to); give one")
-    decode = o.make_kernel(kernel)
     output_format = _check_outputs(output_format, output, snapshot_file, report_dir, breakdown)
-    part = _plan(op, scenario, values, paths, decode, kv_tokens, max_num_batched_tokens)
+    name = scenario or operations.operation(op).default_scenario
+    chosen = o.load_scenario(name)  # a bad file is refused before torch loads
+    decode = o.make_kernel(kernel)
+    part = _plan(op, (name, chosen), values, paths, decode, kv_tokens, max_num_batched_tokens)
     reason = None if predict else decode.unavailable_reason()
     if require_gpu and reason is not None:
         raise UserError(f"--require-gpu: cannot measure ({reason})")
@@ -127,14 +129,14 @@ def _check_outputs(output_format: o.Format | None, output: Path | None,
     return chosen
 
 
-def _plan(op: str, scenario: str | None, values: list[int] | None, paths: str | None, kernel,
+def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str | None, kernel,
           kv_tokens: int | None, max_num_batched_tokens: int | None):
-    """The one (scenario, operation) part profile runs, checked."""
+    """The one (scenario, operation) part profile runs, checked; `scenario` is (as given,
+    loaded)."""
     from mlamem.sweep import Request, plan
 
-    name = scenario or operations.operation(op).default_scenario
     [part] = plan(Request(
-        [(name, o.load_scenario(name))], [op], kernel,
+        [scenario], [op], kernel,
         values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         max_num_batched_tokens=max_num_batched_tokens,

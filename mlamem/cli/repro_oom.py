@@ -16,7 +16,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.scenario_names import DEFAULT_SCENARIO
-from mlamem.units import parse_bytes
+from mlamem.units import check_fraction, parse_bytes
 
 PURPOSE = "repro-oom replays the engine's sparse decode step"
 
@@ -82,11 +82,8 @@ def repro_oom(
     reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
-    from mlamem.repro import check_target, run_repro
-
-    decode = o.make_kernel(kernel)
     output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
-                                              list(render.REPRO_FORMATS), what="repro-oom"))
+                                              list(o.ReproFormat), what="repro-oom"))
     both = sorted(set(expect_oom or []) & set(expect_fit or []))
     if both:
         raise UserError(f"--expect-oom and --expect-fit both name {both[0]}; a case cannot both "
@@ -96,7 +93,15 @@ def repro_oom(
     sizes = o.parse_sizes(capture_sizes)
     if sizes is not None and cuda_graphs is not o.Switch.on:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
-    chosen, part = _plan(scenario, decode, paths, max_num_batched_tokens)
+    loaded = o.load_scenario(scenario)  # bad files and values are refused before torch loads
+    for value, field, one in ((utilization, "utilization", True),
+                              (mem_fraction_static, "mem_fraction_static", False)):
+        if value is not None:
+            check_fraction(value, field, one_allowed=one)
+    from mlamem.repro import check_target, run_repro
+
+    decode = o.make_kernel(kernel)
+    chosen, part = _plan((scenario, loaded), decode, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
                      cuda_graphs is o.Switch.on, max_num_batched_tokens, mem_fraction_static)
@@ -111,15 +116,15 @@ def repro_oom(
     _check_expected(result, emulated, expect_oom, expect_fit)
 
 
-def _plan(scenario: str, kernel, paths: str | None, max_num_batched_tokens: int | None):
-    """The sparse decode step the engine replays, checked: kernel, scenario, paths, shape and
-    max_num_batched_tokens: (the scenario, the part, whose scenario has that
+def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: int | None):
+    """The sparse decode step the engine replays, checked: kernel, scenario (as given, loaded),
+    paths, shape and max_num_batched_tokens: (the scenario, the part, whose scenario has that
     max_num_batched_tokens)."""
     from mlamem.sweep import Request, plan
 
-    chosen = o.load_scenario(scenario)
+    chosen = scenario[1]
     [part] = plan(Request(
-        [(scenario, chosen)], [operations.SPARSE_DECODE], kernel,
+        [scenario], [operations.SPARSE_DECODE], kernel,
         paths=o.split_paths(paths), max_num_batched_tokens=max_num_batched_tokens,
         max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens",
         purpose=PURPOSE))

@@ -38,6 +38,7 @@ from mlamem.kernels import BufferSpec, SparseDecodeKernel
 from mlamem.measure import CallRecord, Failure, classify_failure, measure_one, without_record
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.scenario import Scenario
+from mlamem.units import check_fraction
 
 
 class Verdict(StrEnum):
@@ -72,9 +73,7 @@ class Budget:
     max_num_batched_tokens: int  # tokens per step; sizes the workspace and the profile pass
 
     def __post_init__(self) -> None:
-        if not 0 < self.utilization <= 1:
-            raise UserError(f"{self.utilization} is outside (0, 1]; pass a fraction such as 0.85",
-                            field="utilization")
+        check_fraction(self.utilization, "utilization")
         if self.gpu_memory_bytes <= 0:
             raise UserError("must be positive; pass a size such as 80GiB", field="gpu_memory_bytes")
         if self.max_num_batched_tokens <= 0:

@@ -39,6 +39,7 @@ from mlamem.engines.decode_rank import (
 from mlamem.engines.sglang_rules import SGLangSection, dsa_fp8_cell_bytes, kv_pool_bytes, resolve
 from mlamem.errors import UserError
 from mlamem.scenario import Scenario
+from mlamem.units import check_fraction
 
 MiB = 1 << 20
 FP8_CACHE = "fp8_ds_mla"  # SGLang's --kv-cache-dtype fp8_e4m3 for a DSA model: the same layout
@@ -70,9 +71,8 @@ class SGLangBudget(Budget):
     mem_fraction_static: float | None = None  # None: the scenario's, else SGLang's reserve rule
 
     def __post_init__(self) -> None:
-        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
-            raise UserError(f"{self.mem_fraction_static} is outside (0, 1); pass e.g. 0.8",
-                            field="mem_fraction_static")
+        if self.mem_fraction_static is not None:
+            check_fraction(self.mem_fraction_static, "mem_fraction_static", one_allowed=False)
         super().__post_init__()
 
 

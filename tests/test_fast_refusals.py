@@ -1,0 +1,39 @@
+"""A bad value, a bad name or a bad file is refused before torch is imported: the refusal costs
+the CLI's start-up, not the seconds of `import torch` (benchmarks/cli_start.py times them)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# each: a command line mlamem must refuse (exit 2) without importing torch
+REFUSED = [
+    ["repro-oom", "-s", "nosuch"],
+    ["repro-oom", "--utilization", "2"],
+    ["repro-oom", "--engine", "sglang", "--mem-fraction-static", "1"],
+    ["repro-oom", "--format", "yaml"],
+    ["profile", "-s", "/nonexistent/scenario.toml"],
+    ["profile", "--tokens", "0"],
+    ["graphs", "-s", "nosuch"],
+    ["graphs", "--format", "yaml"],
+    ["plan", "-s", "nosuch"],
+    ["gate", "--baseline", "/nonexistent/baseline.json"],
+]
+
+CHILD = """
+import contextlib, io, json, sys
+from mlamem.cli.main import main
+with contextlib.redirect_stderr(io.StringIO()) as err:
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "stderr": err.getvalue()}))
+"""
+
+
+@pytest.mark.parametrize("args", REFUSED, ids=" ".join)
+def test_a_refusal_imports_no_torch(args, tmp_path):
+    done = subprocess.run([sys.executable, "-P", "-c", CHILD, *args], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 2 and result["stderr"].startswith("mlamem: error:"), result
+    assert not result["torch"], f"mlamem {' '.join(args)} imported torch before refusing"
