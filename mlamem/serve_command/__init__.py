@@ -49,6 +49,7 @@ class Parsed:
     notes: list[str]
     cuda_graphs: bool
     prog: str
+    flags: dict  # a scenario field -> the engine's flag that set it, for validation's errors
 
 
 class EngineParser(argparse.ArgumentParser):
@@ -153,8 +154,8 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
 def from_command(command: str, *, gpu_name: str, model: str | None = None,
                  weights_bytes: int | None = None) -> Built:
     """The scenario a serve command, its model's config and a GPU make."""
-    parsed = parse_command(command)
     target = gpus.gpu(gpu_name)
+    parsed = parse_command(command)
     config, name = model_config(parsed.model, model)
     gib, note = weights(config, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
@@ -171,6 +172,12 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
                     "gpu_memory_utilization": parsed.memory_fraction,
                     "sm_count": target.sm_count},
             **parsed.sections}
-    built = scenario.from_dict(data, f"{parsed.prog} command")
+    try:
+        built = scenario.from_dict(data, f"{parsed.prog} command")
+    except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
+        field = re.search(r"\]\.(\w+)", error.message)
+        flag = parsed.flags.get(field.group(1)) if field else None
+        raise UserError(f"{parsed.prog} {flag}: {error.message}" if flag else error.message,
+                        field="serve") from None
     notes = [*parsed.notes, f"weights: {note}", f"gpu: {target.memory_note()}"]
     return Built(built, tuple(notes), parsed.cuda_graphs)

@@ -32,6 +32,10 @@ OPTIONS = {
 }
 MODELLED = {"--max_batch_size", "--max_num_tokens", "--max_seq_len", "--tensor_parallel_size",
             "--free_gpu_memory_fraction", "--enable_chunked_prefill", "--moe_expert_parallel_size"}
+# the scenario's fields as TensorRT-LLM's options set them
+FIELD_FLAGS = {"tensor_parallel": "--tp_size", "max_num_batched_tokens": "--max_num_tokens",
+               "max_model_len": "--max_seq_len", "max_batch_size": "--max_batch_size",
+               "gpu_memory_utilization": "--kv_cache_free_gpu_memory_fraction"}
 MAX_BATCH_SIZE, MAX_NUM_TOKENS = 2048, 8192  # BuildConfig's defaults
 TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block
 
@@ -83,4 +87,4 @@ def parse(words: list[str]):
                   engines=["trtllm-context-reuse", "vllm"], operations=["sparse-decode"],
                   sections={}, notes=notes + ([f"--ep_size {ep}: the routed experts are placed "
                                                f"over {tp} ranks"] if ep != tp else []),
-                  cuda_graphs=False, prog=PROG)
+                  cuda_graphs=False, prog=PROG, flags=FIELD_FLAGS)

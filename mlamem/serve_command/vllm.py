@@ -44,6 +44,16 @@ MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
             "--compilation-config": _json("--compilation-config"), "--enforce-eager": None,
             "--speculative-config": _json("--speculative-config"), "--attention-backend": str,
             "--model": str}
+# the scenario's fields as vLLM's flags set them
+FIELD_FLAGS = {"tensor_parallel": "--tensor-parallel-size",
+               "attention_data_parallel": "--data-parallel-size",
+               "max_num_batched_tokens": "--max-num-batched-tokens",
+               "max_model_len": "--max-model-len", "block_size": "--block-size",
+               "gpu_memory_utilization": "--gpu-memory-utilization",
+               "max_num_seqs": "--max-num-seqs",
+               "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
+               "num_speculative_tokens": "--speculative-config",
+               "cudagraph_mode": "--compilation-config"}
 # vLLM's kv-cache dtypes that mlamem's sparse decode reads, as mlamem names the cache
 KV_DTYPES = {"fp8_ds_mla": "fp8_ds_mla", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
 _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action": "store_true"},
@@ -107,7 +117,7 @@ def parse(words: list[str]):
     return Parsed(model=model, tensor_parallel=tp * dp, attention_data_parallel=dp, tp=tp,
                   serving=serving, memory_fraction=given.get("gpu_memory_utilization", 0.9),
                   engines=["vllm"], operations=["sparse-decode", "sparse-prefill"],
-                  sections=sections, notes=notes, cuda_graphs=graphs, prog=PROG)
+                  sections=sections, notes=notes, cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS)
 
 
 def _kv_dtype(value: str | None) -> str:
