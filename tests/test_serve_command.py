@@ -1,6 +1,7 @@
 """mlamem/serve_command: a scenario from a pasted serve command, field by field; gpus.py's table."""
 
 import json
+from importlib import resources
 
 import pytest
 
@@ -189,3 +190,36 @@ def test_every_gpu_names_its_sources():
     for g in gpus.GPUS.values():
         assert g.smi_source and g.sm_source and (g.cuda_mib is None or g.cuda_source)
         assert g.cuda_mib is None or g.cuda_mib < g.smi_mib
+
+
+def _predicted(args, capsys) -> list[dict]:
+    assert main(["repro-oom", "--predict", "--format", "json", *args]) == 0
+    document = json.loads(capsys.readouterr().out)
+    keys = ("path", "verdict", "oom_buffer", "oom_requested_bytes", "free_bytes_at_oom",
+            "headroom_bytes", "kv_cache_bytes", "max_safe_tokens")
+    return [{key: case[key] for key in keys} for case in document["cases"]]
+
+
+def test_repro_oom_predicts_for_the_seed_what_the_shipped_scenario_predicts(glm5, tmp_path,
+                                                                            capsys):
+    """The seed's scenario, graphs on, against glm5-fp8-tp8 with the command's two changes."""
+    ours, theirs = tmp_path / "seed.toml", tmp_path / "shipped-256.toml"
+    assert main(["scenarios", "--serve", SEED.format(folder=glm5), "--gpu", "H100 SXM 80GB",
+                 "--weights-per-rank", "40GiB"]) == 0
+    ours.write_text(capsys.readouterr().out)
+    shipped = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    theirs.write_text(shipped + "\n[vllm]\nmax_num_seqs = 256\n")
+    predicted = _predicted(["-s", str(ours), "--cuda-graphs", "on"], capsys)
+    assert predicted == _predicted(["-s", str(theirs), "--cuda-graphs", "on"], capsys)
+    assert [(case["verdict"], case["oom_buffer"]) for case in predicted] == [
+        ("oom", "o_accum"), ("fits", None)]
+
+
+def test_repro_oom_limits_of_the_eager_seed(glm5, tmp_path, capsys):
+    """The issue's figures: with --enforce-eager (graphs off) the largest safe T per path."""
+    path = tmp_path / "eager.toml"
+    assert main(["scenarios", "--serve", SEED.format(folder=glm5) + " --enforce-eager", "--gpu",
+                 "H100 SXM 80GB", "--weights-per-rank", "40GiB"]) == 0
+    path.write_text(capsys.readouterr().out)
+    limits = [case["max_safe_tokens"] for case in _predicted(["-s", str(path)], capsys)]
+    assert limits == [31856, 39008]
