@@ -10,7 +10,6 @@ that mlamem does not model is named in the notes, never dropped.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from mlamem import gpus, scenario
 from mlamem.errors import UserError
 from mlamem.models import hf_config
 from mlamem.models.weights import count_weights
+from mlamem.serve_command import trtllm, vllm
+from mlamem.serve_command.parsed import Parsed
 
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
 HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2"}
@@ -31,32 +32,6 @@ class Built:
     scenario: scenario.Scenario
     notes: tuple[str, ...]  # unmodelled flags, CUDA graphs, where figures come from
     cuda_graphs: bool  # the engine captures CUDA graphs (repro-oom --cuda-graphs on)
-
-
-@dataclass
-class Parsed:
-    """What an engine's command says, in the scenario's layout."""
-
-    model: str  # the command's model argument
-    tensor_parallel: int  # ranks of the group (TP x attention-DP)
-    attention_data_parallel: int
-    tp: int  # the engine's tensor-parallel size, for the weights' placement
-    serving: dict
-    memory_fraction: float
-    engines: list[str]
-    operations: list[str]
-    sections: dict
-    notes: list[str]
-    cuda_graphs: bool
-    prog: str
-    flags: dict  # a scenario field -> the engine's flag that set it, for validation's errors
-
-
-class EngineParser(argparse.ArgumentParser):
-    """argparse whose errors are one UserError line naming the engine's command."""
-
-    def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}", field="serve")
 
 
 def split_command(command: str) -> list[str]:
@@ -71,8 +46,6 @@ def split_command(command: str) -> list[str]:
 
 
 def parse_command(command: str) -> Parsed:
-    from mlamem.serve_command import trtllm, vllm
-
     words = split_command(command)
     program = Path(words[0]).name if words else ""
     if program == "vllm" and words[1:2] == ["serve"]:
@@ -132,9 +105,7 @@ def weights(config: hf_config.ModelConfig, parsed: Parsed, override_bytes: int |
 def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
     """What the command leaves to the engine and the engine decides by the GPU or the model."""
     if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
-        from mlamem.serve_command.vllm import batch_defaults
-
-        tokens, seqs = batch_defaults(target.memory_mib, target.name)
+        tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
         parsed.serving["max_num_batched_tokens"] = tokens
         parsed.notes.append(f"max_num_batched_tokens {tokens}: vLLM 0.33.0's default on the "
                             f"{target.name}")

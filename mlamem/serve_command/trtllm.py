@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from mlamem.errors import UserError
+from mlamem.serve_command.parsed import EngineParser, Parsed
 
 PROG = "trtllm-serve"
 # every option of `serve`: name (and aliases) -> its type; None: a flag without a value
@@ -41,8 +42,6 @@ TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block
 
 
 def parser() -> argparse.ArgumentParser:
-    from mlamem.serve_command import EngineParser
-
     p = EngineParser(prog=PROG, add_help=False, allow_abbrev=False)
     p.add_argument("model")
     for names, kind in OPTIONS.items():
@@ -52,8 +51,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(words: list[str]):
-    from mlamem.serve_command import Parsed
-
     given = vars(parser().parse_args(words))
     model = given.pop("model")
     if "config" in given:

@@ -16,6 +16,7 @@ import json
 from importlib import resources
 
 from mlamem.errors import UserError
+from mlamem.serve_command.parsed import EngineParser, Parsed
 
 PROG = "vllm serve"
 FLAGS = json.loads(resources.files("mlamem.serve_command").joinpath("vllm-0.33.0-flags.json")
@@ -61,8 +62,6 @@ _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action":
 
 
 def parser() -> argparse.ArgumentParser:
-    from mlamem.serve_command import EngineParser
-
     p = EngineParser(prog=PROG, add_help=False, allow_abbrev=True)
     p.add_argument("model_tag", nargs="?")
     for flag, entry in FLAGS.items():
@@ -83,8 +82,6 @@ def _dashes(word: str) -> str:
 
 
 def parse(words: list[str]):
-    from mlamem.serve_command import Parsed
-
     if any(w == "--config" or w.startswith("--config=") for w in words):
         raise UserError("--config: a YAML config file is not read here; put its flags on the "
                         "command", field="serve")
