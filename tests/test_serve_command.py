@@ -106,6 +106,15 @@ def test_vllm_graph_settings_from_json_and_speculation():
     assert built.cuda_graphs
 
 
+def test_vllm_counts_as_vllm_writes_them():
+    built = from_command(f"vllm serve {DS} -tp 8 --max-model-len 128K --kv-cache-dtype fp8 "
+                         "--max-num-batched-tokens 16.384k --kv-cache-memory-bytes 20G",
+                         gpu_name="H200 SXM 141GB")
+    assert built.scenario.serving.max_model_len == 131072
+    assert built.scenario.serving.max_num_batched_tokens == 16384
+    assert "not modelled: --kv-cache-memory-bytes" in built.notes
+
+
 def test_vllm_capture_sizes_keep_their_largest():
     built = from_command(f"vllm serve {DS} -tp 8 --max-model-len 8192 --kv-cache-dtype fp8 "
                          "--cudagraph-capture-sizes 1 2 4 96 --max-num-seqs 512",
@@ -146,6 +155,8 @@ def test_trtllm_takes_no_abbreviation():
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 "
      "--gpu-memory-utilization 1.5", "vllm serve --gpu-memory-utilization: "),
     (f"vllm serve {DS} --kv-cache-dtype fp8", "--max-model-len"),
+    (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len auto", "not a count"),
+    (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len 1.5K", "not a count"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 --max-num-seqs 0",
      "vllm serve --max-num-seqs: "),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights take 627.7 GiB"),

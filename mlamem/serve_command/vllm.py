@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from importlib import resources
 
 from mlamem.errors import UserError
@@ -36,10 +37,28 @@ def _json(flag: str):
     return read
 
 
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_int(text: str) -> int:
+    """A count as vLLM writes it (utils/argparse_utils.py, human_readable_int): 25.6k is 25600,
+    1K is 1024 (no decimals with the binary suffixes)."""
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    try:
+        if match is None:
+            return int(text)
+        number, suffix = match.groups()
+        return int(float(number) * _SUFFIXES[suffix]) if suffix.islower() else int(number) * _SUFFIXES[suffix]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 32k or 2K") from None
+
+
 # the flags mlamem models: their types; dest is the flag without dashes, with underscores
 MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
-            "--enable-expert-parallel": None, "--max-num-batched-tokens": int,
-            "--max-num-seqs": int, "--max-model-len": int, "--gpu-memory-utilization": float,
+            "--enable-expert-parallel": None, "--max-num-batched-tokens": human_int,
+            "--max-num-seqs": int, "--max-model-len": human_int, "--gpu-memory-utilization": float,
             "--kv-cache-dtype": str, "--block-size": int, "--cudagraph-capture-sizes": int,
             "--max-cudagraph-capture-size": int,
             "--compilation-config": _json("--compilation-config"), "--enforce-eager": None,
