@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlamem import scenario as _scenario
 from mlamem.errors import UserError
 
 # Public logs were found with the search tools' find_string over public repositories; the quoted
@@ -80,3 +81,15 @@ def gpu(name: str) -> GPU:
         raise UserError(f"unknown GPU {name!r}; known: {', '.join(repr(n) for n in GPUS)}",
                         field="gpu")
     return GPUS[name]
+
+
+def retarget(scenario: _scenario.Scenario, name: str | None) -> _scenario.Scenario:
+    """`scenario` sized for the GPU named `name` (its memory and SM count; the engine's
+    utilization kept), validated as a file is; None keeps the scenario's own GPU."""
+    if name is None:
+        return scenario
+    target = gpu(name)
+    data = _scenario.to_dict(scenario)
+    data["gpu"] = {**data["gpu"], "name": target.name, "memory_mib": target.memory_mib,
+                   "sm_count": target.sm_count}
+    return _scenario.from_dict(data, scenario.source or scenario.name)
