@@ -25,6 +25,7 @@ from mlamem.serve_command.parsed import Parsed
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
 HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2"}
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)[\w-]*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,19 @@ def split_command(command: str) -> list[str]:
     while words and (_ENV.match(words[0]) or words[0] == "env"):
         words = words[1:]
     return words
+
+
+def redacted(words: list[str]) -> str:
+    """The command as one line for the scenario's description, with the values of flags that
+    hold secrets (--hf-token, --api-key, ...) left out."""
+    shown, hide = [], False
+    for word in words:
+        flag, eq, _ = word.partition("=")
+        if hide or (eq and _SECRET.match(flag)):
+            word = f"{flag}=..." if eq and not hide else "..."
+        hide = not eq and bool(_SECRET.match(word))
+        shown.append(word)
+    return shlex.join(shown)
 
 
 def parse_command(command: str) -> Parsed:
@@ -132,7 +146,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     data = {"name": f"{slug}-tp{parsed.tensor_parallel}",
-            "description": f"From `{shlex.join(split_command(command))}` on {target.name}",
+            "description": f"From `{redacted(split_command(command))}` on {target.name}",
             "operations": parsed.operations, "engines": parsed.engines,
             "model": model_table(config, name),
             "parallel": {"tensor_parallel": parsed.tensor_parallel,
