@@ -12,9 +12,12 @@ H200, as the shipped H200 scenarios have it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mlamem import scenario as _scenario
 from mlamem.errors import UserError
+
+if TYPE_CHECKING:
+    from mlamem.scenario import Scenario
 
 # Public logs were found with the search tools' find_string over public repositories; the quoted
 # text is the log line itself.
@@ -83,9 +86,11 @@ def gpu(name: str) -> GPU:
     return GPUS[name]
 
 
-def retarget(scenario: _scenario.Scenario, name: str | None) -> _scenario.Scenario:
+def retarget(scenario: Scenario, name: str | None) -> Scenario:
     """`scenario` sized for the GPU named `name` (its memory and SM count; the engine's
     utilization kept), validated as a file is; None keeps the scenario's own GPU."""
+    from mlamem import scenario as _scenario  # pydantic: loaded where a scenario is
+
     if name is None:
         return scenario
     target = gpu(name)

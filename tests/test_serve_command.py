@@ -190,6 +190,8 @@ def test_scenarios_lists_as_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == scenario.shipped_names()
     check_bad_input(["scenarios", "--gpu", "B200"], "--gpu applies to --serve")
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS}", "--format", "json"],
+                    "--serve prints TOML")
 
 
 def test_the_description_leaves_secrets_out():

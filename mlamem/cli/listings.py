@@ -50,6 +50,8 @@ def list_scenarios(
             raise UserError(f"{given[0]} applies to --serve; add it")
         _list_shipped(output_format)
         return
+    if output_format is not ListFormat.table:
+        raise UserError("--format applies to the listing; --serve prints TOML")
     from mlamem.scenario import to_toml
     from mlamem.serve_command import from_command
 
