@@ -4,6 +4,8 @@ import json
 from importlib import resources
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mlamem import gpus, scenario
 from mlamem.cli import main
@@ -239,3 +241,28 @@ def test_repro_oom_limits_of_the_eager_seed(glm5, tmp_path, capsys):
     path.write_text(capsys.readouterr().out)
     limits = [case["max_safe_tokens"] for case in _predicted(["-s", str(path)], capsys)]
     assert limits == [31856, 39008]
+
+
+_WORDS = ["-tp", "8", "-dp", "2", "--enable-expert-parallel", "--max-model-len", "4k", "-cc",
+          '{"cudagraph_mode": 5}', '{"cudagraph_capture_sizes": 5}', "--speculative-config",
+          '{"num_speculative_tokens": "x"}', "[1]", "--kv-cache-dtype", "fp8", "auto", "--block-size",
+          "-1", "--max-num-seqs", "0", "--gpu-memory-utilization", "nan", "--enforce-eager",
+          "--cudagraph-capture-sizes", "0", "--no-enforce-eager", "--port", "=", "''", "--",
+          "--max-num-batched-tokens", "1e9", "--kv-cache-memory-bytes", "1G", "--model"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=st.lists(st.sampled_from(_WORDS), max_size=12),
+       engine=st.sampled_from([f"vllm serve {DS}", f"trtllm-serve {DS} --max_seq_len 100"]))
+def test_any_command_is_a_scenario_or_one_line(words, engine):
+    """Commands made of the modelled flags and odd values: a scenario, or a UserError."""
+    built, message = None, ""
+    try:
+        built = from_command(" ".join([engine, *words]), gpu_name="H200 SXM 141GB",
+                             weights_bytes=10 * GiB)
+    except UserError as error:
+        message = str(error)
+    assert "\n" not in message
+    if built is not None:
+        again = scenario.parse(scenario.to_toml(built.scenario), "again")
+        assert scenario.to_dict(again) == scenario.to_dict(built.scenario)

@@ -158,6 +158,10 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
     if mode is not None:
         table["cudagraph_mode"] = str(mode).upper()
     sizes = given.get("cudagraph_capture_sizes") or compilation.get("cudagraph_capture_sizes")
+    if sizes is not None and not (isinstance(sizes, list) and sizes and all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)):
+        raise UserError(f"{PROG} --cudagraph-capture-sizes: expected positive integers, got "
+                        f"{sizes!r}", field="serve")
     largest = given.get("max_cudagraph_capture_size",
                         compilation.get("max_cudagraph_capture_size"))
     if sizes:
