@@ -89,6 +89,7 @@ def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
     tp8 = from_command(f"vllm serve {DS} -tp 8 --max-model-len 65536 --kv-cache-dtype fp8",
                        gpu_name="H200 SXM 141GB").scenario
     assert s.parallel.weights_gib_per_rank > tp8.parallel.weights_gib_per_rank > 0
+    assert tp8.gpu.gpu_memory_utilization == 0.92  # vLLM 0.33.0's default
 
 
 def test_vllm_graph_settings_from_json_and_speculation():

@@ -23,6 +23,7 @@ PROG = "vllm serve"
 FLAGS = json.loads(resources.files("mlamem.serve_command").joinpath("vllm-0.33.0-flags.json")
                    .read_text())["flags"]
 GiB = 1024**3
+GPU_MEMORY_UTILIZATION = 0.92  # config/cache.py CacheConfig.gpu_memory_utilization's default
 
 
 def _json(flag: str):
@@ -122,6 +123,8 @@ def parse(words: list[str]):
                "max_model_len": given["max_model_len"],
                "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype")),
                "block_size": given.get("block_size", 64)}
+    if "gpu_memory_utilization" not in given:
+        notes.append(f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION}: vLLM 0.33.0's default")
     if "block_size" not in given:
         notes.append("block_size 64: vLLM takes the attention backend's; FlashMLA's is 64")
     backend = given.get("attention_backend")
@@ -131,7 +134,7 @@ def parse(words: list[str]):
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
     return Parsed(model=model, tensor_parallel=tp * dp, attention_data_parallel=dp, tp=tp,
-                  serving=serving, memory_fraction=given.get("gpu_memory_utilization", 0.9),
+                  serving=serving, memory_fraction=given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
                   engines=["vllm"], operations=["sparse-decode", "sparse-prefill"],
                   sections=sections, notes=notes, cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS)
 
