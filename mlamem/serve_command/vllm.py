@@ -51,7 +51,9 @@ def human_int(text: str) -> int:
         if match is None:
             return int(text)
         number, suffix = match.groups()
-        return int(float(number) * _SUFFIXES[suffix]) if suffix.islower() else int(number) * _SUFFIXES[suffix]
+        if suffix.islower():  # decimal
+            return int(float(number) * _SUFFIXES[suffix])
+        return int(number) * _SUFFIXES[suffix]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 32k or 2K") from None
 
@@ -133,10 +135,11 @@ def parse(words: list[str]):
                      "(FLASHMLA_SPARSE) for this model")
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
+    fraction = given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
     return Parsed(model=model, tensor_parallel=tp * dp, attention_data_parallel=dp, tp=tp,
-                  serving=serving, memory_fraction=given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
-                  engines=["vllm"], operations=["sparse-decode", "sparse-prefill"],
-                  sections=sections, notes=notes, cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS)
+                  serving=serving, memory_fraction=fraction, engines=["vllm"],
+                  operations=["sparse-decode", "sparse-prefill"], sections=sections, notes=notes,
+                  cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS)
 
 
 def _kv_dtype(value: str | None) -> str:
