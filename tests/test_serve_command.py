@@ -84,6 +84,7 @@ def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
     assert s.gpu.gpu_memory_utilization == 0.8
     assert (s.gpu.name, s.gpu.memory_mib, s.gpu.sm_count) == ("H200 SXM 141GB", 143155, 132)
     assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert any(n.startswith("--enable-expert-parallel: ") for n in built.notes)
     assert s.model.name == "DeepSeek-V3.2 FP8" and s.model.num_attention_heads == 128
     # routed experts over 8 ranks, attention whole on each: more than TP8's share
     tp8 = from_command(f"vllm serve {DS} -tp 8 --max-model-len 65536 --kv-cache-dtype fp8",

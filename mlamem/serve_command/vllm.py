@@ -129,6 +129,9 @@ def parse(words: list[str]):
         notes.append(f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION}: vLLM 0.33.0's default")
     if "block_size" not in given:
         notes.append("block_size 64: vLLM takes the attention backend's; FlashMLA's is 64")
+    if given.get("enable_expert_parallel"):
+        notes.append(f"--enable-expert-parallel: the routed experts' bytes split over the "
+                     f"{tp * dp} ranks as without it (whole experts instead of slices)")
     backend = given.get("attention_backend")
     if backend not in (None, "FLASHMLA_SPARSE"):
         notes.append(f"--attention-backend {backend}: mlamem runs FlashMLA's sparse kernels "
