@@ -9,6 +9,7 @@ properties; inputs are never overwritten.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 from importlib import resources
@@ -461,6 +462,30 @@ def to_dict(scenario: Scenario) -> dict:
     for engine, table in scenario.sections.items():
         data[engine] = {k: v for k, v in dataclasses.asdict(table).items() if v is not None}
     return data
+
+
+def _toml_value(value: object) -> str:
+    """A TOML value: JSON's string escapes are TOML's basic-string escapes."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value).replace("\x7f", "\\u007f")  # TOML refuses a raw DEL
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def to_toml(scenario: Scenario) -> str:
+    """The scenario as a scenario file (`parse` reads it back to an equal scenario)."""
+    data = to_dict(scenario)
+    lines = [f"{key} = {_toml_value(value)}" for key, value in data.items()
+             if not isinstance(value, dict)]
+    for table, fields in data.items():
+        if isinstance(fields, dict):
+            lines += ["", f"[{table}]", *(f"{k} = {_toml_value(v)}" for k, v in fields.items())]
+    return "\n".join(lines) + "\n"
 
 
 def file_schema() -> dict:

@@ -603,10 +603,16 @@ def test_merge(inputs, args, fix):
 
 @pytest.mark.parametrize(("args", "fix"), [
     pytest.param(["extra"], "unexpected extra argument", id="extra-argument"),
-    pytest.param(["--format", "json"], "No such option", id="unknown-option"),
+    pytest.param(["--serve-typo"], "No such option", id="unknown-option"),
+    pytest.param(["--format", "csv"], "'csv' is not one of", id="bad-format"),
+    pytest.param(["--weights-per-rank", "40GiB"], "--weights-per-rank applies to --serve",
+                 id="serve-option-alone"),
+    pytest.param(["--serve", "vllm serve x", "--weights-per-rank", "40"], "has no unit",
+                 id="size-without-unit"),
 ])
 def test_scenarios(inputs, args, fix):
-    """scenarios takes nothing: anything given is one line, exit 2."""
+    """scenarios takes no argument, and --serve's options only with it: anything else is one
+    line, exit 2."""
     _run(inputs, "scenarios", args, fix)
 
 

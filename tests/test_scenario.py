@@ -272,3 +272,11 @@ def test_the_file_schema_names_every_key_the_shipped_files_use():
     required = schema["properties"]["serving"]["required"]
     assert required == [f.name for f in dataclasses.fields(scenario.Serving)
                         if f.default is dataclasses.MISSING]
+
+
+@pytest.mark.parametrize("name", scenario.shipped_names())
+def test_to_toml_reads_back_to_an_equal_scenario(name):
+    shipped = scenario.load(name)
+    again = scenario.parse(scenario.to_toml(shipped), "again")
+    assert scenario.to_dict(again) == scenario.to_dict(shipped)
+    assert again.sections == shipped.sections

@@ -2,18 +2,80 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from enum import StrEnum
+from typing import Annotated
 
 import typer
 
 from mlamem.cli.app import app
 from mlamem.cli.options import load_scenario, load_torch
+from mlamem.errors import UserError
+from mlamem.gpus import GPUS
 from mlamem.scenario_names import shipped_names
+from mlamem.units import parse_bytes
+
+DEFAULT_GPU = "H200 SXM 141GB"  # --serve's GPU when --gpu is not given: this project's GPU
+
+
+class ListFormat(StrEnum):
+    table = "table"
+    json = "json"
 
 
 @app.command("scenarios")
-def list_scenarios() -> None:
-    """List the shipped scenarios, one line each."""
+def list_scenarios(
+    serve: Annotated[str | None, typer.Option(
+        "--serve", help="The command that started the server, quoted: `vllm serve MODEL ...` "
+        "(vLLM 0.33.0's flags) or `trtllm-serve MODEL ...`. Prints the scenario it makes as "
+        "TOML; notes (unmodelled flags, CUDA graphs) go to stderr.")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="With --serve: the model's Hugging Face config.json, or its folder. "
+        "Default: the command's model, a local folder or a shipped model's hub name.")] = None,
+    gpu: Annotated[str, typer.Option(
+        "--gpu", help=f"With --serve: the GPU by name, one of {', '.join(GPUS)}.")] = DEFAULT_GPU,
+    weights_per_rank: Annotated[str | None, typer.Option(
+        "--weights-per-rank", help="With --serve: one rank's weights (e.g. 40GiB), a labelled "
+        "override of the count from the model's config.")] = None,
+    output_format: Annotated[ListFormat, typer.Option(
+        "--format", help="The listing's format, without --serve.")] = ListFormat.table,
+) -> None:
+    """List the shipped scenarios, one line each; with --serve, print the scenario a serve
+    command makes."""
+    if serve is None:
+        given = [flag for flag, value in (("--model", model), ("--weights-per-rank",
+                 weights_per_rank), ("--gpu", None if gpu == DEFAULT_GPU else gpu)) if value]
+        if given:
+            raise UserError(f"{given[0]} applies to --serve; add it")
+        _list_shipped(output_format)
+        return
+    if output_format is not ListFormat.table:
+        raise UserError("--format applies to the listing; --serve prints TOML")
+    from mlamem.scenario import to_toml
+    from mlamem.serve_command import from_command
+
+    built = from_command(serve, gpu_name=gpu, model=model,
+                         weights_bytes=_size(weights_per_rank, "weights_per_rank"))
+    for note in built.notes:
+        typer.echo(f"note: {note}", err=True)
+    sys.stdout.write(to_toml(built.scenario))
+
+
+def _size(text: str | None, field: str) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise UserError(str(error), field=field) from None
+
+
+def _list_shipped(output_format: ListFormat) -> None:
+    if output_format is ListFormat.json:
+        rows = [{"name": name, "summary": load_scenario(name).one_line()} for name in shipped_names()]
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
     for name in shipped_names():
         typer.echo(f"{name:24} {load_scenario(name).one_line()}")
 

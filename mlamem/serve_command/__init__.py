@@ -1,0 +1,168 @@
+"""A scenario from the command that started the server: `vllm serve MODEL ...` (vLLM 0.33.0's flags)
+or `trtllm-serve MODEL ...` (TensorRT-LLM's tensorrt_llm/commands/serve.py), with the model's
+config.json and a GPU by name.
+
+`from_command` splits the command as a shell does, drops `NAME=VALUE` prefixes, parses the flags
+with the engine's own names (serve_command/vllm.py, serve_command/trtllm.py), and builds the
+scenario through `scenario.from_dict`, so the scenario model validates it. What the command sets
+that mlamem does not model is named in the notes, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlamem import gpus, scenario
+from mlamem.errors import UserError
+from mlamem.models import hf_config
+from mlamem.models.weights import count_weights
+from mlamem.serve_command import trtllm, vllm
+from mlamem.serve_command.parsed import Parsed
+
+# Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
+HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2"}
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)[\w-]*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Built:
+    scenario: scenario.Scenario
+    notes: tuple[str, ...]  # unmodelled flags, CUDA graphs, where figures come from
+    cuda_graphs: bool  # the engine captures CUDA graphs (repro-oom --cuda-graphs on)
+
+
+def split_command(command: str) -> list[str]:
+    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped."""
+    try:
+        words = shlex.split(command)
+    except ValueError as error:
+        raise UserError(f"cannot split the command: {error}", field="serve") from None
+    while words and (_ENV.match(words[0]) or words[0] == "env"):
+        words = words[1:]
+    return words
+
+
+def redacted(words: list[str]) -> str:
+    """The command as one line for the scenario's description, with the values of flags that
+    hold secrets (--hf-token, --api-key, ...) left out."""
+    shown, hide = [], False
+    for word in words:
+        flag, eq, _ = word.partition("=")
+        if hide or (eq and _SECRET.match(flag)):
+            word = f"{flag}=..." if eq and not hide else "..."
+        hide = not eq and bool(_SECRET.match(word))
+        shown.append(word)
+    return shlex.join(shown)
+
+
+def parse_command(command: str) -> Parsed:
+    words = split_command(command)
+    program = Path(words[0]).name if words else ""
+    if program == "vllm" and words[1:2] == ["serve"]:
+        return vllm.parse(words[2:])
+    if program == "trtllm-serve":
+        return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
+    raise UserError(f"expected `vllm serve MODEL ...` or `trtllm-serve MODEL ...`, got "
+                    f"{' '.join(words[:2])!r}", field="serve")
+
+
+def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelConfig, str]:
+    """The model's config and its display name: `override` (a config.json or its folder), the
+    command's model as a local folder, or a shipped model's hub name."""
+    if override is not None:
+        return hf_config.load_config(override), Path(override).resolve().name
+    if (Path(argument) / "config.json").is_file():
+        return hf_config.load_config(argument), Path(argument).resolve().name
+    shipped = HUB_NAMES.get(argument, argument.rstrip("/").split("/")[-1].lower())
+    if shipped in hf_config.SHIPPED:
+        return hf_config.shipped_config(shipped), argument.rstrip("/").split("/")[-1]
+    raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
+                    f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
+
+
+def model_table(config: hf_config.ModelConfig, name: str) -> dict:
+    return {"name": name + (" FP8" if config.fp8_block else ""),
+            "num_attention_heads": config.num_attention_heads,
+            "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
+            "qk_rope_head_dim": config.qk_rope_head_dim,
+            "qk_nope_head_dim": config.qk_nope_head_dim, "v_head_dim": config.v_head_dim,
+            **({"index_topk": config.index_topk} if config.has_indexer else {}),
+            "hidden_size": config.hidden_size}
+
+
+def weights(config: hf_config.ModelConfig, parsed: Parsed, override_bytes: int | None,
+            target: gpus.GPU) -> tuple[float, str]:
+    """One rank's weights in GiB and their note: the override, else counted from the config."""
+    if override_bytes is not None:
+        return override_bytes / 1024**3, ("override: given as --weights-per-rank, not counted "
+                                          "from the model's config")
+    mtp = parsed.sections.get("vllm", {}).get("num_speculative_tokens", 0) > 0
+    count = count_weights(config)
+    per_rank = count.bytes_per_rank(tp=parsed.tp, expert_ranks=parsed.tensor_parallel)
+    if mtp:
+        per_rank += count.bytes_per_rank(tp=parsed.tp, expert_ranks=parsed.tensor_parallel,
+                                         mtp=True)
+    gib = per_rank / 1024**3
+    if per_rank > target.memory_mib * 1024**2:
+        raise UserError(f"the weights take {gib:.1f} GiB per rank (counted from the model's config "
+                        f"over {parsed.tensor_parallel} ranks), more than the {target.name}'s "
+                        f"{target.memory_mib / 1024:.1f} GiB: serve on more ranks, or give the "
+                        "weights per rank", field="weights_per_rank")
+    return round(gib, 3), (f"counted from the model's config: {gib:.3f} GiB per rank"
+                           + (", MTP layers included (speculative decoding)" if mtp else ""))
+
+
+def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
+    """What the command leaves to the engine and the engine decides by the GPU or the model."""
+    if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
+        tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
+        parsed.serving["max_num_batched_tokens"] = tokens
+        parsed.notes.append(f"max_num_batched_tokens {tokens}: vLLM 0.33.0's default on the "
+                            f"{target.name}")
+        if "max_num_seqs" not in parsed.sections.get("vllm", {}) and seqs != 1024:
+            parsed.sections.setdefault("vllm", {})["max_num_seqs"] = seqs
+    if config.has_indexer:
+        return
+    if "trtllm-context-reuse" not in parsed.engines:
+        raise UserError("the model has no DSA indexer (dense MLA): a scenario for vLLM's dense "
+                        "decode is not built from a serve command yet; write its TOML",
+                        field="model")
+    parsed.serving["synthetic_topk"] = 2048
+    parsed.notes.append("synthetic_topk 2048: drives vLLM's sparse decode beside TensorRT-LLM on "
+                        "this dense model, as kimi-k2-context-reuse does")
+
+
+def from_command(command: str, *, gpu_name: str, model: str | None = None,
+                 weights_bytes: int | None = None) -> Built:
+    """The scenario a serve command, its model's config and a GPU make."""
+    target = gpus.gpu(gpu_name)
+    parsed = parse_command(command)
+    config, name = model_config(parsed.model, model)
+    gib, note = weights(config, parsed, weights_bytes, target)
+    _fill_defaults(parsed, config, target)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    data = {"name": f"{slug}-tp{parsed.tensor_parallel}",
+            "description": f"From `{redacted(split_command(command))}` on {target.name}",
+            "operations": parsed.operations, "engines": parsed.engines,
+            "model": model_table(config, name),
+            "parallel": {"tensor_parallel": parsed.tensor_parallel,
+                         "attention_data_parallel": parsed.attention_data_parallel,
+                         "weights_gib_per_rank": gib, "weights_note": note},
+            "serving": parsed.serving,
+            "gpu": {"name": target.name, "memory_mib": target.memory_mib,
+                    "gpu_memory_utilization": parsed.memory_fraction,
+                    "sm_count": target.sm_count},
+            **parsed.sections}
+    try:
+        built = scenario.from_dict(data, f"{parsed.prog} command")
+    except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
+        field = re.search(r"\]\.(\w+)", error.message)
+        flag = parsed.flags.get(field.group(1)) if field else None
+        raise UserError(f"{parsed.prog} {flag}: {error.message}" if flag else error.message,
+                        field="serve") from None
+    notes = [*parsed.notes, f"weights: {note}", f"gpu: {target.memory_note()}"]
+    return Built(built, tuple(notes), parsed.cuda_graphs)

@@ -1,0 +1,35 @@
+"""What a serve command says, in the scenario's layout, and the parser both engines' flags go
+through."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from mlamem.errors import UserError
+
+
+@dataclass
+class Parsed:
+    """What an engine's command says, in the scenario's layout."""
+
+    model: str  # the command's model argument
+    tensor_parallel: int  # ranks of the group (TP x attention-DP)
+    attention_data_parallel: int
+    tp: int  # the engine's tensor-parallel size, for the weights' placement
+    serving: dict
+    memory_fraction: float
+    engines: list[str]
+    operations: list[str]
+    sections: dict
+    notes: list[str]
+    cuda_graphs: bool
+    prog: str
+    flags: dict  # a scenario field -> the engine's flag that set it, for validation's errors
+
+
+class EngineParser(argparse.ArgumentParser):
+    """argparse whose errors are one UserError line naming the engine's command."""
+
+    def error(self, message: str):
+        raise UserError(f"{self.prog}: {message}", field="serve")

@@ -1,0 +1,207 @@
+"""`vllm serve MODEL ...` as vLLM 0.33.0's parser reads it.
+
+Every flag of vLLM 0.33.0's `vllm serve` is in vllm-0.33.0-flags.json (written from the wheel by
+scripts/vllm_serve_flags.py), so argparse takes `--x=y`, `--x_y` for `--x-y` (FlexibleArgumentParser,
+vllm/utils/argparse_utils.py) and the abbreviations vLLM's parser takes. The flags mlamem models
+have their types here; any other that the command sets is named in the notes.
+Defaults follow vLLM 0.33.0: engine/arg_utils.py EngineArgs.get_batch_defaults (max_num_seqs and
+max_num_batched_tokens by the GPU's memory), config/vllm.py VllmConfig.__post_init__
+(--enforce-eager sets cudagraph_mode NONE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from importlib import resources
+
+from mlamem.errors import UserError
+from mlamem.serve_command.parsed import EngineParser, Parsed
+
+PROG = "vllm serve"
+FLAGS = json.loads(resources.files("mlamem.serve_command").joinpath("vllm-0.33.0-flags.json")
+                   .read_text())["flags"]
+GiB = 1024**3
+GPU_MEMORY_UTILIZATION = 0.92  # config/cache.py CacheConfig.gpu_memory_utilization's default
+
+
+def _json(flag: str):
+    def read(text: str) -> dict:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(f"{flag} takes JSON, got {text!r}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
+        return value
+    return read
+
+
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_int(text: str) -> int:
+    """A count as vLLM writes it (utils/argparse_utils.py, human_readable_int): 25.6k is 25600,
+    1K is 1024 (no decimals with the binary suffixes)."""
+    text = text.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    try:
+        if match is None:
+            return int(text)
+        number, suffix = match.groups()
+        if suffix.islower():  # decimal
+            return int(float(number) * _SUFFIXES[suffix])
+        return int(number) * _SUFFIXES[suffix]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 32k or 2K") from None
+
+
+# the flags mlamem models: their types; dest is the flag without dashes, with underscores
+MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
+            "--enable-expert-parallel": None, "--max-num-batched-tokens": human_int,
+            "--max-num-seqs": int, "--max-model-len": human_int, "--gpu-memory-utilization": float,
+            "--kv-cache-dtype": str, "--block-size": int, "--cudagraph-capture-sizes": int,
+            "--max-cudagraph-capture-size": int,
+            "--compilation-config": _json("--compilation-config"), "--enforce-eager": None,
+            "--speculative-config": _json("--speculative-config"), "--attention-backend": str,
+            "--model": str}
+# the scenario's fields as vLLM's flags set them
+FIELD_FLAGS = {"tensor_parallel": "--tensor-parallel-size",
+               "attention_data_parallel": "--data-parallel-size",
+               "max_num_batched_tokens": "--max-num-batched-tokens",
+               "max_model_len": "--max-model-len", "block_size": "--block-size",
+               "gpu_memory_utilization": "--gpu-memory-utilization",
+               "max_num_seqs": "--max-num-seqs",
+               "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
+               "num_speculative_tokens": "--speculative-config",
+               "cudagraph_mode": "--compilation-config"}
+# vLLM's kv-cache dtypes that mlamem's sparse decode reads, as mlamem names the cache
+KV_DTYPES = {"fp8_ds_mla": "fp8_ds_mla", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
+_KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action": "store_true"},
+          "optional": {"nargs": "?"}, "list": {"nargs": "+"}, "value": {}}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = EngineParser(prog=PROG, add_help=False, allow_abbrev=True)
+    p.add_argument("model_tag", nargs="?")
+    for flag, entry in FLAGS.items():
+        kind = dict(_KINDS[entry["kind"]])
+        if flag in MODELLED and MODELLED[flag] is not None:
+            kind["type"] = MODELLED[flag]
+        dest = flag.lstrip("-").replace("-", "_")
+        p.add_argument(flag, *entry["aliases"], dest=dest, default=argparse.SUPPRESS, **kind)
+    return p
+
+
+def _dashes(word: str) -> str:
+    """FlexibleArgumentParser's rewrite: underscores in a flag's name become dashes."""
+    if not word.startswith("--"):
+        return word
+    key, eq, value = word.partition("=")
+    return key.replace("_", "-") + eq + value
+
+
+def parse(words: list[str]):
+    if any(w == "--config" or w.startswith("--config=") for w in words):
+        raise UserError("--config: a YAML config file is not read here; put its flags on the "
+                        "command", field="serve")
+    given = vars(parser().parse_args([_dashes(w) for w in words]))
+    model = given.pop("model_tag", None) or given.pop("model", None)
+    if model is None:
+        raise UserError(f"{PROG}: the command names no model", field="serve")
+    unmodelled = sorted(f"--{d.replace('_', '-')}" for d in given
+                        if f"--{d.replace('_', '-')}" not in MODELLED)
+    tp, dp = given.get("tensor_parallel_size", 1), given.get("data_parallel_size", 1)
+    for flag, value in (("--tensor-parallel-size", tp), ("--data-parallel-size", dp)):
+        if value < 1:
+            raise UserError(f"{PROG} {flag} {value}: must be at least 1", field="serve")
+    if "max_model_len" not in given:
+        raise UserError(f"{PROG}: the command sets no --max-model-len, and vLLM's default (the "
+                        "model's max_position_embeddings) is not read here: add it", field="serve")
+    sections, graphs, notes = _vllm_section(given)
+    serving = {"max_num_batched_tokens": given.get("max_num_batched_tokens"),
+               "max_model_len": given["max_model_len"],
+               "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype")),
+               "block_size": given.get("block_size", 64)}
+    if "gpu_memory_utilization" not in given:
+        notes.append(f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION}: vLLM 0.33.0's default")
+    if "block_size" not in given:
+        notes.append("block_size 64: vLLM takes the attention backend's; FlashMLA's is 64")
+    if given.get("enable_expert_parallel"):
+        notes.append(f"--enable-expert-parallel: the routed experts' bytes split over the "
+                     f"{tp * dp} ranks as without it (whole experts instead of slices)")
+    backend = given.get("attention_backend")
+    if backend not in (None, "FLASHMLA_SPARSE"):
+        notes.append(f"--attention-backend {backend}: mlamem runs FlashMLA's sparse kernels "
+                     "(FLASHMLA_SPARSE) for this model")
+    if unmodelled:
+        notes.insert(0, "not modelled: " + ", ".join(unmodelled))
+    fraction = given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
+    return Parsed(model=model, tensor_parallel=tp * dp, attention_data_parallel=dp, tp=tp,
+                  serving=serving, memory_fraction=fraction, engines=["vllm"],
+                  operations=["sparse-decode", "sparse-prefill"], sections=sections, notes=notes,
+                  cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS)
+
+
+def _kv_dtype(value: str | None) -> str:
+    if value is None:
+        raise UserError(f"{PROG}: the command sets no --kv-cache-dtype (vLLM's 'auto' keeps the "
+                        "model's bf16); mlamem models the fp8_ds_mla cache of vLLM's sparse MLA: "
+                        "add --kv-cache-dtype fp8_ds_mla", field="serve")
+    if value not in KV_DTYPES:
+        raise UserError(f"{PROG} --kv-cache-dtype {value}: mlamem models the fp8_ds_mla cache of "
+                        f"vLLM's sparse MLA; use one of {', '.join(KV_DTYPES)}", field="serve")
+    return KV_DTYPES[value]
+
+
+def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
+    """The [vllm] table, whether CUDA graphs are captured, and notes."""
+    notes: list[str] = []
+    table: dict = {}
+    if "max_num_seqs" in given:
+        table["max_num_seqs"] = given["max_num_seqs"]
+    compilation = given.get("compilation_config", {})
+    mode = compilation.get("cudagraph_mode")
+    if mode is not None:
+        table["cudagraph_mode"] = str(mode).upper()
+    sizes = given.get("cudagraph_capture_sizes") or compilation.get("cudagraph_capture_sizes")
+    if sizes is not None and not (isinstance(sizes, list) and sizes and all(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)):
+        raise UserError(f"{PROG} --cudagraph-capture-sizes: expected positive integers, got "
+                        f"{sizes!r}", field="serve")
+    largest = given.get("max_cudagraph_capture_size",
+                        compilation.get("max_cudagraph_capture_size"))
+    if sizes:
+        largest = max(sizes) if largest is None else largest
+        notes.append(f"--cudagraph-capture-sizes: the scenario keeps their largest ({max(sizes)}) "
+                     "as max_cudagraph_capture_size; pass the list to repro-oom --capture-sizes")
+    if largest is not None:
+        table["max_cudagraph_capture_size"] = largest
+    speculative = given.get("speculative_config", {})
+    if "num_speculative_tokens" in speculative:
+        table["num_speculative_tokens"] = speculative["num_speculative_tokens"]
+    extra = sorted(set(compilation) - {"cudagraph_mode", "cudagraph_capture_sizes",
+                                       "max_cudagraph_capture_size"})
+    extra += [f"speculative_config.{k}" for k in sorted(set(speculative) - {"num_speculative_tokens"})]
+    if extra:
+        notes.append("not modelled in the JSON configs: " + ", ".join(extra))
+    if given.get("enforce_eager"):
+        table["cudagraph_mode"] = "NONE"  # VllmConfig.__post_init__
+    graphs = table.get("cudagraph_mode", "FULL_AND_PIECEWISE") != "NONE"
+    notes.append("CUDA graphs: " + ("on (the command has no --enforce-eager): run repro-oom with "
+                                    "--cuda-graphs on" if graphs else "off (--enforce-eager or "
+                                    "cudagraph_mode NONE)"))
+    return ({"vllm": table} if table else {}), graphs, notes
+
+
+def batch_defaults(memory_mib: int, gpu_name: str) -> tuple[int, int]:
+    """`vllm serve`'s max_num_batched_tokens and max_num_seqs without the flags, by the GPU's
+    memory (EngineArgs.get_batch_defaults, OPENAI_API_SERVER)."""
+    memory = memory_mib * 1024**2
+    if memory >= 160 * GiB:
+        return 16384, 1024
+    if memory >= 70 * GiB and "a100" not in gpu_name.lower():
+        return 8192, 1024
+    return 2048, 256

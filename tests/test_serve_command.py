@@ -1,0 +1,270 @@
+"""mlamem/serve_command: a scenario from a pasted serve command, field by field; gpus.py's table."""
+
+import json
+from importlib import resources
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlamem import gpus, scenario
+from mlamem.cli import main
+from mlamem.errors import UserError
+from mlamem.serve_command import from_command, split_command
+from mlamem.testing import check_bad_input
+
+GiB = 1024**3
+SEED = ("vllm serve {folder} --tensor-parallel-size 8 --max-num-seqs 256 --attention-backend "
+        "FLASHMLA_SPARSE --kv-cache-dtype fp8_ds_mla --max-num-batched-tokens 32768 "
+        "--gpu-memory-utilization 0.85 --max-model-len 131072")
+DS = "deepseek-ai/DeepSeek-V3.2"
+
+
+@pytest.fixture
+def glm5(tmp_path):
+    """A GLM-5 config.json: the attention of the shipped glm5-fp8-tp8's [model], the rest of
+    DeepSeek-V3.2's shape (GLM-5's MoE and indexer widths), block fp8."""
+    m = scenario.load("glm5-fp8-tp8").model
+    config = {"model_type": "glm_moe_dsa", "vocab_size": 154880, "hidden_size": m.hidden_size,
+              "intermediate_size": 12288, "moe_intermediate_size": 2048,
+              "num_hidden_layers": m.num_layers, "num_attention_heads": m.num_attention_heads,
+              "q_lora_rank": 2048, "kv_lora_rank": m.kv_lora_rank,
+              "qk_rope_head_dim": m.qk_rope_head_dim, "qk_nope_head_dim": m.qk_nope_head_dim,
+              "v_head_dim": m.v_head_dim, "n_routed_experts": 256, "n_shared_experts": 1,
+              "first_k_dense_replace": 3, "num_nextn_predict_layers": 1,
+              "index_topk": m.index_topk, "index_n_heads": 32, "index_head_dim": 128,
+              "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    folder = tmp_path / "GLM-5"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_the_seed_command_differs_from_glm5_only_in_what_the_command_sets(glm5):
+    built = from_command(SEED.format(folder=glm5), gpu_name="H100 SXM 80GB",
+                         weights_bytes=40 * GiB)
+    ours, shipped = scenario.to_dict(built.scenario), scenario.to_dict(scenario.load("glm5-fp8-tp8"))
+    for data in (ours, shipped):  # words, not figures
+        del data["name"], data["description"], data["model"]["name"]
+        del data["parallel"]["weights_note"]
+    assert ours.pop("vllm") == {"max_num_seqs": 256, "cudagraph_mode": "FULL_AND_PIECEWISE",
+                                "num_speculative_tokens": 0}
+    assert ours == shipped
+    assert scenario.load("glm5-fp8-tp8").section("vllm").max_num_seqs == 1024  # vLLM's default
+    assert built.cuda_graphs and any(n.startswith("CUDA graphs: on") for n in built.notes)
+    assert "weights: override" in " ".join(built.notes)
+
+
+def test_the_seed_command_without_an_override_says_the_weights_do_not_fit(glm5):
+    with pytest.raises(UserError, match=r"weights take 8\d\.\d GiB per rank .* more than the "
+                                        r"H100 SXM 80GB's 79\.6 GiB") as error:
+        from_command(SEED.format(folder=glm5), gpu_name="H100 SXM 80GB")
+    assert error.value.field == "weights_per_rank"
+
+
+def test_enforce_eager_turns_graphs_off(glm5):
+    built = from_command(SEED.format(folder=glm5) + " --enforce-eager", gpu_name="H100 SXM 80GB",
+                         weights_bytes=40 * GiB)
+    assert not built.cuda_graphs
+    assert built.scenario.section("vllm").cudagraph_mode == "NONE"
+
+
+def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
+    built = from_command(f"VLLM_USE_DEEP_GEMM=1 vllm serve {DS} -dp=8 --enable-expert-parallel "
+                         "--max-model-len=65536 --kv_cache_dtype fp8 --max-num-se 64 "
+                         "--gpu-mem 0.8 --block-size 64 --port 8000 --trust-remote-code",
+                         gpu_name="H200 SXM 141GB")
+    s = built.scenario
+    assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (8, 8)
+    assert s.heads_per_rank == 128
+    assert (s.serving.max_model_len, s.serving.kv_cache_dtype, s.serving.block_size) == (
+        65536, "fp8_ds_mla", 64)
+    assert s.serving.max_num_batched_tokens == 8192  # vLLM's default on a 140 GiB GPU
+    assert s.section("vllm").max_num_seqs == 64
+    assert s.gpu.gpu_memory_utilization == 0.8
+    assert (s.gpu.name, s.gpu.memory_mib, s.gpu.sm_count) == ("H200 SXM 141GB", 143155, 132)
+    assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert any(n.startswith("--enable-expert-parallel: ") for n in built.notes)
+    assert s.model.name == "DeepSeek-V3.2 FP8" and s.model.num_attention_heads == 128
+    # routed experts over 8 ranks, attention whole on each: more than TP8's share
+    tp8 = from_command(f"vllm serve {DS} -tp 8 --max-model-len 65536 --kv-cache-dtype fp8",
+                       gpu_name="H200 SXM 141GB").scenario
+    assert s.parallel.weights_gib_per_rank > tp8.parallel.weights_gib_per_rank > 0
+    assert tp8.gpu.gpu_memory_utilization == 0.92  # vLLM 0.33.0's default
+
+
+def test_vllm_graph_settings_from_json_and_speculation():
+    built = from_command(
+        f"vllm serve {DS} -tp 8 --max-model-len 32768 --kv-cache-dtype fp8_ds_mla "
+        "--max-num-batched-tokens 16384 --max-num-seqs 32 "
+        """-cc '{"cudagraph_mode": "full_decode_only", "max_cudagraph_capture_size": 128}' """
+        """--speculative-config '{"method": "mtp", "num_speculative_tokens": 2}'""",
+        gpu_name="B200", weights_bytes=50 * GiB)
+    s, vllm = built.scenario, built.scenario.section("vllm")
+    assert (vllm.cudagraph_mode, vllm.max_cudagraph_capture_size, vllm.num_speculative_tokens,
+            vllm.max_num_seqs) == ("FULL_DECODE_ONLY", 128, 2, 32)
+    assert s.serving.max_num_batched_tokens == 16384 and s.serving.max_model_len == 32768
+    assert (s.gpu.memory_mib, s.gpu.sm_count) == (183359, 148)  # nvidia-smi's, cited
+    assert s.parallel.weights_gib_per_rank == 50.0
+    assert "not modelled in the JSON configs: speculative_config.method" in built.notes
+    assert built.cuda_graphs
+
+
+def test_vllm_counts_as_vllm_writes_them():
+    built = from_command(f"vllm serve {DS} -tp 8 --max-model-len 128K --kv-cache-dtype fp8 "
+                         "--max-num-batched-tokens 16.384k --kv-cache-memory-bytes 20G",
+                         gpu_name="H200 SXM 141GB")
+    assert built.scenario.serving.max_model_len == 131072
+    assert built.scenario.serving.max_num_batched_tokens == 16384
+    assert "not modelled: --kv-cache-memory-bytes" in built.notes
+
+
+def test_vllm_capture_sizes_keep_their_largest():
+    built = from_command(f"vllm serve {DS} -tp 8 --max-model-len 8192 --kv-cache-dtype fp8 "
+                         "--cudagraph-capture-sizes 1 2 4 96 --max-num-seqs 512",
+                         gpu_name="H200 SXM 141GB")
+    assert built.scenario.section("vllm").max_cudagraph_capture_size == 96
+    assert any("--capture-sizes" in note for note in built.notes)
+
+
+def test_trtllm_command_field_by_field():
+    built = from_command(f"trtllm-serve {DS} --tp_size 8 --max_num_tokens 4096 "
+                         "--max_batch_size 32 --kv_cache_free_gpu_memory_fraction 0.75 "
+                         "--max_seq_len=16384 --port 8001 --backend pytorch",
+                         gpu_name="H200 SXM 141GB")
+    s = built.scenario
+    assert s.engines == ("trtllm-context-reuse", "vllm") and s.operations == ("sparse-decode",)
+    assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (8, 1)
+    assert (s.serving.max_num_batched_tokens, s.serving.max_batch_size,
+            s.serving.max_model_len) == (4096, 32, 16384)
+    assert (s.serving.kv_cache_dtype, s.serving.block_size) == ("fp8", 32)
+    assert s.serving.block_reuse and not s.serving.chunked_prefill  # TRT-LLM's defaults
+    assert s.gpu.gpu_memory_utilization == 0.75
+    assert s.model.index_topk == 2048 and s.serving.synthetic_topk is None
+    assert "not modelled: --backend, --port" in built.notes
+    assert not built.cuda_graphs
+
+
+def test_trtllm_takes_no_abbreviation():
+    with pytest.raises(UserError, match="unrecognized arguments: --max_seq 100"):
+        from_command(f"trtllm-serve {DS} --max_seq 100", gpu_name="H200 SXM 141GB")
+
+
+@pytest.mark.parametrize(("command", "fix"), [
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -tp eight", "invalid int value"),
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 --no-such-flag 1",
+     "unrecognized arguments: --no-such-flag"),
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype auto", "fp8_ds_mla"),
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -cc '{{mode'", "takes JSON"),
+    (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 "
+     "--gpu-memory-utilization 1.5", "vllm serve --gpu-memory-utilization: "),
+    (f"vllm serve {DS} --kv-cache-dtype fp8", "--max-model-len"),
+    (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len auto", "not a count"),
+    (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len 1.5K", "not a count"),
+    (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 --max-num-seqs 0",
+     "vllm serve --max-num-seqs: "),
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights take 627.7 GiB"),
+    ("vllm serve someone/unknown --max-model-len 4096 --kv-cache-dtype fp8", "config.json"),
+    (f"trtllm-serve {DS} --max_seq_len 100 --tp_size 6", "trtllm-serve --tp_size: "),
+    ("sglang serve x", "expected `vllm serve"),
+])
+def test_a_value_it_cannot_take_is_one_line(command, fix):
+    check_bad_input(["scenarios", "--serve", command], fix)
+
+
+def test_unknown_gpu_lists_the_known_ones():
+    line = check_bad_input(["scenarios", "--serve", f"vllm serve {DS}", "--gpu", "H300"])
+    assert all(name in line for name in gpus.GPUS) and "--gpu" in line
+
+
+def test_scenarios_serve_prints_toml_that_loads_back_equal(glm5, capsys):
+    args = ["scenarios", "--serve", SEED.format(folder=glm5), "--gpu", "H100 SXM 80GB",
+            "--weights-per-rank", "40GiB"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    built = from_command(SEED.format(folder=glm5), gpu_name="H100 SXM 80GB",
+                         weights_bytes=40 * GiB)
+    again = scenario.parse(out, "printed")
+    assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
+    assert "note: CUDA graphs: on" in err
+
+
+def test_scenarios_lists_as_json(capsys):
+    assert main(["scenarios", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == scenario.shipped_names()
+    check_bad_input(["scenarios", "--gpu", "B200"], "--gpu applies to --serve")
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS}", "--format", "json"],
+                    "--serve prints TOML")
+
+
+def test_the_description_leaves_secrets_out():
+    built = from_command(f"HF_TOKEN=hf_a vllm serve {DS} -tp 8 --max-model-len 4096 "
+                         "--kv-cache-dtype fp8 --hf-token hf_b --api-key=sk_c --port 1",
+                         gpu_name="H200 SXM 141GB")
+    description = built.scenario.description
+    assert "hf_a" not in description and "hf_b" not in description and "sk_c" not in description
+    assert "--hf-token ... --api-key=... --port 1" in description
+
+
+def test_split_command_drops_environment_prefixes():
+    assert split_command("env A=1 B='x y' vllm serve m --port 1") == [
+        "vllm", "serve", "m", "--port", "1"]
+
+
+def _predicted(args, capsys) -> list[dict]:
+    assert main(["repro-oom", "--predict", "--format", "json", *args]) == 0
+    document = json.loads(capsys.readouterr().out)
+    keys = ("path", "verdict", "oom_buffer", "oom_requested_bytes", "free_bytes_at_oom",
+            "headroom_bytes", "kv_cache_bytes", "max_safe_tokens")
+    return [{key: case[key] for key in keys} for case in document["cases"]]
+
+
+def test_repro_oom_predicts_for_the_seed_what_the_shipped_scenario_predicts(glm5, tmp_path,
+                                                                            capsys):
+    """The seed's scenario, graphs on, against glm5-fp8-tp8 with the command's two changes."""
+    ours, theirs = tmp_path / "seed.toml", tmp_path / "shipped-256.toml"
+    assert main(["scenarios", "--serve", SEED.format(folder=glm5), "--gpu", "H100 SXM 80GB",
+                 "--weights-per-rank", "40GiB"]) == 0
+    ours.write_text(capsys.readouterr().out)
+    shipped = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    theirs.write_text(shipped + "\n[vllm]\nmax_num_seqs = 256\n")
+    predicted = _predicted(["-s", str(ours), "--cuda-graphs", "on"], capsys)
+    assert predicted == _predicted(["-s", str(theirs), "--cuda-graphs", "on"], capsys)
+    assert [(case["verdict"], case["oom_buffer"]) for case in predicted] == [
+        ("oom", "o_accum"), ("fits", None)]
+
+
+def test_repro_oom_limits_of_the_eager_seed(glm5, tmp_path, capsys):
+    """The issue's figures: with --enforce-eager (graphs off) the largest safe T per path."""
+    path = tmp_path / "eager.toml"
+    assert main(["scenarios", "--serve", SEED.format(folder=glm5) + " --enforce-eager", "--gpu",
+                 "H100 SXM 80GB", "--weights-per-rank", "40GiB"]) == 0
+    path.write_text(capsys.readouterr().out)
+    limits = [case["max_safe_tokens"] for case in _predicted(["-s", str(path)], capsys)]
+    assert limits == [31856, 39008]
+
+
+_WORDS = ["-tp", "8", "-dp", "2", "--enable-expert-parallel", "--max-model-len", "4k", "-cc",
+          '{"cudagraph_mode": 5}', '{"cudagraph_capture_sizes": 5}', "--speculative-config",
+          '{"num_speculative_tokens": "x"}', "[1]", "--kv-cache-dtype", "fp8", "auto", "--block-size",
+          "-1", "--max-num-seqs", "0", "--gpu-memory-utilization", "nan", "--enforce-eager",
+          "--cudagraph-capture-sizes", "0", "--no-enforce-eager", "--port", "=", "''", "--",
+          "--max-num-batched-tokens", "1e9", "--kv-cache-memory-bytes", "1G", "--model"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=st.lists(st.sampled_from(_WORDS), max_size=12),
+       engine=st.sampled_from([f"vllm serve {DS}", f"trtllm-serve {DS} --max_seq_len 100"]))
+def test_any_command_is_a_scenario_or_one_line(words, engine):
+    """Commands made of the modelled flags and odd values: a scenario, or a UserError."""
+    built, message = None, ""
+    try:
+        built = from_command(" ".join([engine, *words]), gpu_name="H200 SXM 141GB",
+                             weights_bytes=10 * GiB)
+    except UserError as error:
+        message = str(error)
+    assert "\n" not in message
+    if built is not None:
+        again = scenario.parse(scenario.to_toml(built.scenario), "again")
+        assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
