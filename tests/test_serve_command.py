@@ -47,6 +47,7 @@ def test_the_seed_command_differs_from_glm5_only_in_what_the_command_sets(glm5):
     for data in (ours, shipped):  # words, not figures
         del data["name"], data["description"], data["model"]["name"]
         del data["parallel"]["weights_note"]
+    assert ours.pop("engines") == ["vllm"] and shipped.pop("engines") == ["vllm", "sglang"]
     assert ours.pop("vllm") == {"max_num_seqs": 256, "cudagraph_mode": "FULL_AND_PIECEWISE",
                                 "num_speculative_tokens": 0}
     assert ours == shipped
