@@ -201,11 +201,13 @@ def test_scenarios_lists_as_json(capsys):
 
 def test_the_description_leaves_secrets_out():
     built = from_command(f"HF_TOKEN=hf_a vllm serve {DS} -tp 8 --max-model-len 4096 "
-                         "--kv-cache-dtype fp8 --hf-token hf_b --api-key=sk_c --port 1",
+                         "--kv-cache-dtype fp8 --hf-token hf_b --api-key=sk_c --port 1 "
+                         "--max-num-batched-tokens 8192",
                          gpu_name="H200 SXM 141GB")
     description = built.scenario.description
     assert "hf_a" not in description and "hf_b" not in description and "sk_c" not in description
     assert "--hf-token ... --api-key=... --port 1" in description
+    assert "--max-num-batched-tokens 8192" in description  # a token count is no secret
 
 
 def test_split_command_drops_environment_prefixes():

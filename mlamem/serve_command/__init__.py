@@ -25,7 +25,7 @@ from mlamem.serve_command.parsed import Parsed
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
 HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2"}
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)[\w-]*$", re.IGNORECASE)
+_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)$", re.IGNORECASE)  # --hf-token, --api-key
 
 
 @dataclass(frozen=True)
