@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 from rich.console import Console
 
@@ -12,5 +14,23 @@ app = typer.Typer(
          "`mlamem profile --tokens 32768`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: option names are never cut at 80 columns
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
 )
 stderr = Console(stderr=True)
+stderr.soft_wrap = not stderr.is_terminal  # piped, a line stays one line (grep finds it whole)
+
+
+def _show_version(asked: bool) -> None:
+    if asked:
+        from mlamem.version import version_text
+
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_show_version,
+        help="Show mlamem's version, torch's and the kernel libraries' found (read from their "
+             "metadata, importing none), and exit.")] = False) -> None:
+    """The app's own options, before the command."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,14 +21,23 @@ def command_line() -> str:
 
 
 def emit(text: str, output: Path | None, terminal_table=None) -> None:
-    """Write `text` to `output`, else the rich table on a terminal or `text` to stdout."""
+    """Write `text` to `output`, else the rich table (fitted to COLUMNS) or `text` to stdout."""
     if output is not None:
         write_atomic(output, text)
         stderr.print(f"mlamem: wrote {output}", highlight=False)
     elif terminal_table is not None:
-        Console().print(terminal_table)
+        from mlamem.render.common import fitted
+
+        width = terminal_width()
+        Console(width=width).print(fitted(terminal_table, width))
     else:
         sys.stdout.write(text)
+
+
+def terminal_width(default: int = 80) -> int:
+    """The columns stdout's tables get: COLUMNS where it is a positive number, else the
+    terminal's width, else `default` (COLUMNS=0 or garbage is as if unset)."""
+    return shutil.get_terminal_size((default, 24)).columns
 
 
 def note_predicted(result, what: str = "figures") -> None:
