@@ -13,6 +13,7 @@ from mlamem.cli.output import command_line, emit, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
+from mlamem.lists import parse_list
 
 
 @app.command()
@@ -74,8 +75,11 @@ def compare(
 
 def _kernel_names(kernels: str) -> list[str]:
     """--kernels: two different registered kernels."""
-    names = [n.strip() for n in kernels.split(",") if n.strip()]
-    if len(names) != 2 or names[0] == names[1]:
+    try:
+        names = parse_list(kernels, "kernels", each="kernel")
+    except UserError:  # empty, or a kernel twice: the one fix below says what to give
+        names = []
+    if len(names) != 2:
         raise UserError(f"--kernels: give two different kernels, e.g. {','.join(COMPARED_KERNELS)}; "
                         f"got {kernels!r}")
     for name in names:
