@@ -41,10 +41,16 @@ def terminal_width(default: int = 80) -> int:
 
 
 def note_predicted(result, what: str = "figures") -> None:
-    """Say on stderr when a result's figures were predicted, not measured."""
-    if not result.measured:
-        print(f"mlamem: not measured ({result.not_measured_reason}); {what} are PREDICTED by "
-              "the allocator model", file=sys.stderr)
+    """Say on stderr when a result's figures were predicted, not measured, and that the model
+    does not follow PYTORCH_CUDA_ALLOC_CONF where it is set."""
+    if result.measured:
+        return
+    print(f"mlamem: not measured ({result.not_measured_reason}); {what} are PREDICTED by "
+          "the allocator model", file=sys.stderr)
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if conf:
+        print(f"mlamem: note: PYTORCH_CUDA_ALLOC_CONF={conf} is not followed: the allocator "
+              "model predicts the default caching allocator", file=sys.stderr)
 
 
 def check_report_dir(report_dir: Path | None) -> None:
