@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -16,7 +18,21 @@ app = typer.Typer(
     rich_markup_mode=None,  # click's plain help: option names are never cut at 80 columns
     context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
 )
-stderr = Console(stderr=True)
+
+
+def _stderr_width() -> int | None:
+    """None (rich's own choice: COLUMNS, the terminal, 80) unless COLUMNS is 0, which rich would
+    take as a width of 0 and print nothing: then the terminal's (rich ignores non-digits)."""
+    columns = os.environ.get("COLUMNS", "")
+    if not (columns.isdigit() and int(columns) == 0):
+        return None
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
+    except (OSError, ValueError):
+        return 80
+
+
+stderr = Console(stderr=True, width=_stderr_width())
 stderr.soft_wrap = not stderr.is_terminal  # piped, a line stays one line (grep finds it whole)
 
 

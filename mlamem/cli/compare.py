@@ -70,7 +70,8 @@ def compare(
     if result.failure is not None:  # memory.is_out_of_memory said so; the sweep stopped there
         raise UserError(f"compare ran out of GPU memory ({result.failure.text}); "
                         f"drop the largest {symbol} or add --no-reference")
-    emit(render.COMPARE_FORMATS[output_format.value](result), output)
+    terminal = render.compare_view(result) if output_format is o.ReproFormat.table else None
+    emit(render.COMPARE_FORMATS[output_format.value](result), output, terminal_table=terminal)
 
 
 def _kernel_names(kernels: str) -> list[str]:
