@@ -131,10 +131,12 @@ def test_importing_the_listing_imports_no_adapter_nor_torch():
     assert out.stdout.strip() == "[]"
 
 
-def test_the_kernels_command_prints_the_listing(capsys):
-    """`mlamem kernels`: the rendered listing, exit 0, also where no kernel runs (a CPU)."""
+def test_the_kernels_command_prints_the_listing(capsys, monkeypatch):
+    """`mlamem kernels`: the rendered listing, exit 0, also where no kernel runs (a CPU); piped
+    without COLUMNS, at its own width."""
     from mlamem.cli import main
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["kernels"]) == 0
     out, err = capsys.readouterr()
     assert out == kernel_list.render_kernels(kernel_list.list_kernels()) and err == ""

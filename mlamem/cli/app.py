@@ -20,16 +20,23 @@ app = typer.Typer(
 )
 
 
-def _stderr_width() -> int | None:
-    """None (rich's own choice: COLUMNS, the terminal, 80) unless COLUMNS is 0, which rich would
-    take as a width of 0 and print nothing: then the terminal's (rich ignores non-digits)."""
-    columns = os.environ.get("COLUMNS", "")
-    if not (columns.isdigit() and int(columns) == 0):
-        return None
+def columns(stream, default: int) -> int:
+    """The width for text written to `stream`: COLUMNS where it is a positive number, else the
+    terminal's width if `stream` is one, else `default` (COLUMNS=0 or a word is as if unset)."""
+    given = os.environ.get("COLUMNS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
-    except (OSError, ValueError):
-        return 80
+        return os.get_terminal_size(stream.fileno()).columns or default
+    except (OSError, ValueError, AttributeError):  # not a terminal, or no file descriptor
+        return default
+
+
+def _stderr_width() -> int | None:
+    """None, rich's own choice (COLUMNS, else the terminal, else 80), except at COLUMNS=0, which
+    rich would take as a width of 0, printing nothing."""
+    given = os.environ.get("COLUMNS", "")
+    return columns(sys.stderr, 80) if given.isdigit() and int(given) == 0 else None
 
 
 stderr = Console(stderr=True, width=_stderr_width())

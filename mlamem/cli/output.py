@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from mlamem.cli.app import stderr
+from mlamem.cli.app import columns, stderr
 from mlamem.files import write_atomic
 
 
@@ -35,9 +34,9 @@ def emit(text: str, output: Path | None, terminal_table=None) -> None:
 
 
 def terminal_width(default: int = 80) -> int:
-    """The columns stdout's tables get: COLUMNS where it is a positive number, else the
-    terminal's width, else `default` (COLUMNS=0 or garbage is as if unset)."""
-    return shutil.get_terminal_size((default, 24)).columns
+    """The columns stdout's tables get (`app.columns`: COLUMNS, else the terminal's, else
+    `default`)."""
+    return columns(sys.stdout, default)
 
 
 def note_predicted(result, what: str = "figures") -> None:
