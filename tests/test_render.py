@@ -115,13 +115,13 @@ def test_a_table_too_wide_becomes_one_record_per_line():
     from mlamem.render.common import fits, fitted, records
 
     table = Table(title="peaks")
-    for header in ("T", "peak\nalloc", "saved"):
+    for header in ("", "T", "peak\nalloc", "saved"):
         table.add_column(header, no_wrap=True)
-    table.add_row("1024", "0.384", "")
-    table.add_row("8192", "3.068", "0.070")
+    table.add_row("a", "1024", "0.384", "")
+    table.add_row("b", "8192", "3.068", "0.070")
     assert fits(table, 80) and not fits(table, 12)
-    assert str(records(table)) == ("peaks\nT: 1024; peak alloc: 0.384\n"
-                                   "T: 8192; peak alloc: 3.068; saved: 0.070")
+    assert str(records(table)) == ("peaks\na; T: 1024; peak alloc: 0.384\n"
+                                   "b; T: 8192; peak alloc: 3.068; saved: 0.070")
     assert fitted(table, 80) is table
     assert "0.384" in console_text(table, width=12) and "3.068" in console_text(table, width=12)
 

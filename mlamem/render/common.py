@@ -115,14 +115,16 @@ def fits(table: Table, width: int) -> bool:
 
 
 def records(table: Table) -> Text:
-    """`table` as one record per line, 'header: value; ...' (empty cells left out), under its
-    title: what a width too narrow for the table shows instead."""
+    """`table` as one record per line, 'header: value; ...' (empty cells left out; a column
+    without a header gives its value alone), under its title: what a width too narrow for the
+    table shows instead."""
     headers = [" ".join(_words(column.header)) for column in table.columns]
     rows = zip(*([" ".join(_words(cell)) for cell in column.cells] for column in table.columns),
                strict=True)
     lines = [str(table.title)] if table.title else []
-    lines += ["; ".join(f"{header}: {value}" for header, value in zip(headers, row, strict=True)
-                        if value) for row in rows]
+    lines += ["; ".join(f"{header}: {value}" if header else value
+                        for header, value in zip(headers, row, strict=True) if value)
+              for row in rows]
     return Text("\n".join(lines), overflow="fold")
 
 
