@@ -660,6 +660,27 @@ def test_scenarios(inputs, args, fix):
     _run(inputs, "scenarios", args, fix)
 
 
+@pytest.mark.parametrize(("args", "fix"), [
+    *FORMAT_CASES,
+    pytest.param(["--format", "csv"], "'csv' is not one of 'table', 'json'", id="format-csv"),
+    pytest.param(["--format", "json", "--format", "table"], "--format is given twice",
+                 id="given-twice"),
+    pytest.param(["extra"], "unexpected extra argument", id="extra-argument"),
+])
+def test_kernels(inputs, args, fix):
+    """kernels: a format it does not write, or anything else, is one line, exit 2."""
+    _run(inputs, "kernels", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--version", "--versoin"], "No such option: --versoin", id="option-typo"),
+    pytest.param(["-x"], "No such option: -x", id="unknown-short-option"),
+])
+def test_app_options(inputs, args, fix):
+    """The app's own options: a typo is one line naming --help."""
+    check_bad_input(inputs.resolve(args), fix, watch=inputs.folder)
+
+
 def test_unknown_command(inputs):
     """A command that does not exist: one line naming --help."""
     _run(inputs, "profiel", [], "mlamem --help")
