@@ -217,6 +217,8 @@ def test_predicted_run_says_what_it_did_not_follow(capsys, monkeypatch):
     assert ("mlamem: note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is not followed: "
             "the allocator model predicts the default caching allocator") in err
     assert "mlamem: note: --bench timed nothing: predicted calls do not run" in err
+    assert main(["plan", "--format", "json"]) == 0  # its sparse vLLM side runs the model
+    assert capsys.readouterr().err.startswith("mlamem: note: PYTORCH_CUDA_ALLOC_CONF=")
 
 
 @pytest.mark.parametrize("columns", ["0", "30"])

@@ -46,6 +46,11 @@ def note_predicted(result, what: str = "figures") -> None:
         return
     print(f"mlamem: not measured ({result.not_measured_reason}); {what} are PREDICTED by "
           "the allocator model", file=sys.stderr)
+    note_allocator_conf()
+
+
+def note_allocator_conf() -> None:
+    """Where PYTORCH_CUDA_ALLOC_CONF is set, say that the allocator model does not follow it."""
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if conf:
         print(f"mlamem: note: PYTORCH_CUDA_ALLOC_CONF={conf} is not followed: the allocator "
