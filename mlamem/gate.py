@@ -24,6 +24,7 @@ from mlamem.errors import UserError
 from mlamem.files import loads_json, read_text
 from mlamem.kernel_api import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
+from mlamem.lists import parse_list
 from mlamem.sweep import SweepPart
 from mlamem.units import parse_bytes
 
@@ -87,18 +88,23 @@ def parse_tolerance(text: str) -> Tolerance:
 
 
 def parse_tolerances(text: str) -> dict[str, Tolerance]:
-    """'0.5%' applies to every metric; 'peak_reserved=2MiB,buffer=0' to the metrics named."""
-    chosen: dict[str, Tolerance] = {}
-    for item in text.split(","):
+    """'0.5%' applies to every metric; 'peak_reserved=2MiB,buffer=0' to the metrics named, and
+    '1MiB,buffer=0' to buffer 0 and to the others 1MiB, in either order. A metric named twice,
+    or two tolerances for every metric, are refused."""
+    def one(item: str) -> tuple[str | None, Tolerance]:
         metric, sep, value = item.partition("=")
         if not sep:
-            chosen.update(dict.fromkeys(METRICS, parse_tolerance(item)))
-            continue
+            return None, parse_tolerance(item)
         if metric.strip() not in METRICS:
             raise UserError(f"unknown metric {metric.strip()!r}; expected one of: "
                             f"{', '.join(METRICS)}", field="tolerance")
-        chosen[metric.strip()] = parse_tolerance(value)
-    return chosen
+        return metric.strip(), parse_tolerance(value)
+
+    chosen = parse_list(text, "tolerance", one, key=lambda pair: pair[0],
+                        label=lambda pair: pair[0] or "a tolerance for every metric",
+                        each="metric")
+    every = {metric: tolerance for bare, tolerance in chosen if bare is None for metric in METRICS}
+    return {**every, **{metric: tolerance for metric, tolerance in chosen if metric is not None}}
 
 
 @dataclass(frozen=True)

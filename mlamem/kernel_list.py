@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 WIDTH = 100  # columns of `render_kernels` output
 ASSUMED_NOTE = ("* capabilities assumed: the kernel's schema cannot be read here, so its "
@@ -158,9 +158,26 @@ def render_kernels(listings: list[KernelListing], width: int = WIDTH,
                                            *(f"(?): {e}" for e in errors)) if part)
         lines += [line.replace(_NBSP, " ") for line in textwrap.wrap(
             text, width=width, initial_indent=k.name.ljust(indent),
-            subsequent_indent=" " * indent, break_on_hyphens=False)]
+            subsequent_indent=" " * indent, break_on_hyphens=False,
+            break_long_words=False)]  # a word wider than the line overflows it, never cut
     if any(o.assumed for k in listings for o in k.operations):
-        lines += ["", *textwrap.wrap(ASSUMED_NOTE, width=width)]
+        lines += ["", *textwrap.wrap(ASSUMED_NOTE, width=width, break_long_words=False)]
     if warnings:
         lines += ["", *warnings]
     return "\n".join(lines) + "\n"
+
+
+KERNELS_SCHEMA = "mlamem.kernels/1"
+
+
+def kernels_json(listings: list[KernelListing], warnings: Sequence[str] | None = None) -> str:
+    """What `render_kernels` shows, as JSON: {"schema", "kernels": [KernelListing's fields, its
+    operations as objects], "warnings"} (docs/commands.md#mlamem-kernels)."""
+    import json
+
+    if warnings is None:
+        from mlamem.kernels import REGISTRY
+
+        warnings = REGISTRY.warnings()
+    return json.dumps({"schema": KERNELS_SCHEMA, "kernels": [asdict(k) for k in listings],
+                       "warnings": list(warnings)}, indent=2) + "\n"

@@ -31,6 +31,7 @@ from mlamem.context_reserve import (  # noqa: F401 (re-exported: the reserve sit
     staging_bytes_per_token,
 )
 from mlamem.errors import UserError
+from mlamem.lists import parse_list
 from mlamem.scenario import Scenario
 from mlamem.units import MAX_TOKENS
 
@@ -208,18 +209,23 @@ def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command:
 
 
 def parse_sweep(text: str) -> tuple[str, list]:
-    """'max-seq-len=32768,131072' -> ('max_seq_len', [32768, 131072])."""
+    """'max-seq-len=32768,131072' -> ('max_seq_len', [32768, 131072]); each value once."""
     from mlamem.units import parse_bytes
 
     name, sep, values = text.partition("=")
-    if not sep or name.strip() not in SWEEPABLE:
+    name = name.strip()
+    if not sep or name not in SWEEPABLE:
         raise UserError(f"{text!r}: write NAME=V1,V2,... with NAME one of: "
                         f"{', '.join(SWEEPABLE)}", field="sweep")
-    field = SWEEPABLE[name.strip()]
+    field = SWEEPABLE[name]
     parse = {"gpu_memory_bytes": parse_bytes, "utilization": float,
              "free_fraction": float}.get(field, int)
-    try:
-        return field, [parse(v.strip()) for v in values.split(",")]
-    except ValueError:
-        raise UserError(f"{text!r}: {values!r} are not all valid values for {name.strip()}",
-                        field="sweep") from None
+
+    def one(item: str):
+        try:
+            return parse(item)
+        except ValueError:
+            raise UserError(f"{text!r}: {values!r} are not all valid values for {name}",
+                            field="sweep") from None
+
+    return field, parse_list(values, "sweep", one, label=lambda value: f"{name}={value}")

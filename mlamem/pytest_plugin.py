@@ -10,7 +10,8 @@
 
 The measurement window is the test function's body: fixtures run in setup, before it, so inputs
 and workspaces built in fixtures are not counted. Without CUDA, a marked test (without
-device="meta") is skipped, with the reason.
+device="meta") is skipped, with the reason. A bad argument, an unknown keyword, a device other
+than CUDA or meta, and a mark misspelt (limit_gpu_memroy) fail the test in one line.
 
 The plugin loads in every pytest session where mlamem is installed, so importing it imports
 neither torch nor rich nor any kernel: they load when a marked test or the fixture runs.
@@ -18,6 +19,7 @@ neither torch nor rich nor any kernel: they load when a marked test or the fixtu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -65,11 +67,13 @@ def limits_of(item: pytest.Item) -> Limits | None:
     for name, mark in marks.items():
         if mark is None:
             continue
-        if len(mark.args) != 1 or set(mark.kwargs) - {"expect", "device"}:
-            pytest.fail(f"{item.nodeid}: write @pytest.mark.{MARKERS[name].split(':')[0]}",
-                        pytrace=False)
+        unknown = sorted(set(mark.kwargs) - {"expect", "device"})
+        if len(mark.args) != 1 or unknown:
+            what = f"unknown keyword {', '.join(map(repr, unknown))}; " if unknown else ""
+            pytest.fail(f"{item.nodeid}: {name}: {what}write "
+                        f"@pytest.mark.{MARKERS[name].split(':')[0]}", pytrace=False)
         expect.update(mark.kwargs.get("expect") or {})
-        devices.add(mark.kwargs.get("device"))
+        devices.add(_device(item, name, mark.kwargs.get("device")))
         if name == LIMIT:
             limit = _limit_bytes(item, mark.args[0])
         else:
@@ -82,6 +86,15 @@ def limits_of(item: pytest.Item) -> Limits | None:
                     " give one", pytrace=False)
     device = devices.pop()
     return Limits(limit, count, expect, None if device is None else str(device))
+
+
+def _device(item: pytest.Item, name: str, device: Any) -> Any:
+    """The mark's device: None (CUDA), a CUDA device or meta; anything else (a typo such as
+    "mta") fails the test instead of skipping it as a CUDA test."""
+    if device is None or re.fullmatch(r"(cuda|meta)(:[0-9]+)?", str(device)):
+        return device
+    pytest.fail(f"{item.nodeid}: {name}(device={device!r}): give device=\"meta\" to predict, or "
+                "leave it out (or a CUDA device) to measure", pytrace=False)
 
 
 def _limit_bytes(item: pytest.Item, limit: Any) -> int:
@@ -119,9 +132,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SUMMARY] = []
 
 
+def _check_mark_names(item: pytest.Item) -> None:
+    """A mark named almost as one of ours (limit_gpu_memroy) fails the test: pytest would only
+    warn, and run it unlimited."""
+    import difflib
+
+    for mark in item.iter_markers():
+        close = difflib.get_close_matches(mark.name, list(MARKERS), n=1, cutoff=0.8)
+        if close and mark.name not in MARKERS:
+            pytest.fail(f"{item.nodeid}: unknown mark {mark.name!r}: did you mean "
+                        f"@pytest.mark.{close[0]}?", pytrace=False)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Skip a marked test without CUDA before its fixtures run; check the marks' arguments."""
+    _check_mark_names(item)
     limits = limits_of(item)
     if limits is None:
         return

@@ -160,6 +160,25 @@ SHARD_CASES = [  # --shard I/N: the same in profile, validate and gate
 ]
 
 
+LIST_CASES = [  # a comma list: empty, an empty item, an item twice (mlamem.lists, every list alike)
+    pytest.param(["--paths", ""], "--paths: '' lists nothing; list at least one path",
+                 id="paths-empty"),
+    pytest.param(["--paths", "alloc,,workspace"], "has an empty item", id="paths-empty-item"),
+    pytest.param(["--paths", "workspace, workspace"], "workspace is listed twice",
+                 id="paths-twice-spaced"),
+]
+TOKENS_LIST_CASES = [
+    pytest.param(["--tokens", ""], "--tokens: '' lists nothing; list at least one T",
+                 id="tokens-empty"),
+    pytest.param(["--tokens", "1024,"], "--tokens: '1024,' has an empty item", id="tokens-trailing-comma"),
+    pytest.param(["--tokens", "1024,01024"], "T=1024 is listed twice", id="tokens-twice-as-written"),
+]
+FORMAT_CASES = [  # typer's validation words its refusal without pydantic's "Value error," prefix
+    pytest.param(["--format", "JSON"], "Invalid value for '--format': 'JSON' is not one of",
+                 id="format-uppercase"),
+]
+
+
 def _with_scenario(cases):
     return [pytest.param(["--scenario", *c.values[0]], c.values[1], id=c.id) for c in cases]
 
@@ -273,6 +292,9 @@ OP_CASES = [  # --op and the flags of its sweep and KV length: the same in profi
     *SHARD_CASES,
     pytest.param(["--shard", "1/2", "--report", "{out}/r"], "drop --report",
                  id="shard-with-report"),
+    *LIST_CASES, *TOKENS_LIST_CASES, *FORMAT_CASES,
+    pytest.param(["-s", "{out}"], "is a folder; pass a scenario file (TOML)",
+                 id="scenario-is-a-folder"),
 ])
 def test_profile(inputs, args, fix):
     """profile: every bad input is one line, exit 2, before any work."""
@@ -299,7 +321,7 @@ def test_profile(inputs, args, fix):
                  "kernel triton does not run sparse-prefill", id="op-not-in-kernel"),
     pytest.param(["--paths", "workspace-full", "--op", "dense-decode"],
                  "no registered kernel takes all three", id="op-path-kernel-cannot"),
-    *SHARD_CASES,
+    *SHARD_CASES, *LIST_CASES, *TOKENS_LIST_CASES, *FORMAT_CASES,
 ])
 def test_validate(inputs, args, fix):
     """validate: bad input is refused before the GPU check, one line, exit 2."""
@@ -335,7 +357,8 @@ def test_validate(inputs, args, fix):
     pytest.param([], "cannot run here", marks=no_gpu, id="no-gpu"),
     pytest.param(["--op", "dense-decode"], "cannot run here", marks=no_gpu, id="no-gpu-dense"),
     *_with_scenario(TOML_CASES[:4]),
-    *OP_CASES,
+    *OP_CASES, *LIST_CASES, *TOKENS_LIST_CASES, *FORMAT_CASES,
+    pytest.param(["--kernels", "flashmla,"], "give two different kernels", id="kernels-empty-item"),
 ])
 def test_compare(inputs, args, fix):
     """compare: bad input is refused before the GPU check (which is one line too), exit 2."""
@@ -368,6 +391,7 @@ def test_compare(inputs, args, fix):
     pytest.param(["-s", "kimi-k2-dense-tp4-dp"], "pick a sparse-decode scenario",
                  id="scenario-without-sparse-decode"),
     *_with_scenario(TOML_CASES[:6]),
+    *LIST_CASES, *FORMAT_CASES,
 ])
 def test_repro_oom(inputs, args, fix):
     """repro-oom: every bad input is one line, exit 2, before any case runs."""
@@ -395,6 +419,9 @@ def test_repro_oom(inputs, args, fix):
     pytest.param(["--format", "pdf"], "'pdf' is not one of", id="format-unknown"),
     pytest.param(["--output", "{unwritable}/g.json"], "cannot write in", id="output-unwritable"),
     pytest.param(["--report", "{file}"], "give a folder", id="report-is-a-file"),
+    pytest.param(["--capture-sizes", "8,,1"], "--capture-sizes: '8,,1' has an empty item",
+                 id="sizes-empty-item"),
+    *LIST_CASES, *FORMAT_CASES,
 ])
 def test_graphs(inputs, args, fix):
     """graphs: every bad input is one line, exit 2, before any capture."""
@@ -455,6 +482,17 @@ def test_validate_graphs(inputs, args, fix):
     pytest.param(["--kernel", "cuda-magic"], "mlamem kernels", id="kernel-unknown"),
     pytest.param(["--kernel", "FlashMLA"], "lists them): did you mean 'flashmla'", id="kernel-capitalised"),
     *_with_scenario(TOML_CASES[:5]),  # the sparse vLLM side runs FlashMLA's allocation model
+    pytest.param(["--sweep", "max-seq-len=131072,131072"],
+                 "--sweep: max-seq-len=131072 is listed twice; list each value once",
+                 id="sweep-value-twice"),
+    pytest.param(["--sweep", "utilization=0.9,0.90"], "utilization=0.9 is listed twice",
+                 id="sweep-value-twice-as-written"),
+    pytest.param(["--sweep", "max-seq-len="], "lists nothing", id="sweep-no-values"),
+    pytest.param(["--sweep", "max-seq-len=32768,,65536"], "has an empty item",
+                 id="sweep-empty-item"),
+    *FORMAT_CASES,
+    pytest.param(["-s", "{out}"], "is a folder; pass a scenario file (TOML)",
+                 id="scenario-is-a-folder"),
 ])
 def test_plan(inputs, args, fix):
     """plan: bad sizes, counts, fractions and contradicting flags: one line, exit 2."""
@@ -500,6 +538,18 @@ def test_plan(inputs, args, fix):
     *_with_scenario(TOML_CASES[:4]),
     *SHARD_CASES,
     pytest.param(["--update", "--shard", "1/2"], "drop --shard to update", id="shard-with-update"),
+    pytest.param(["--tolerance", "1MiB,1MiB"], "a tolerance for every metric is listed twice",
+                 id="tolerance-twice"),
+    pytest.param(["--tolerance", "buffer=0,peak_reserved=1MiB,buffer=1MiB"],
+                 "--tolerance: buffer is listed twice; list each metric once",
+                 id="tolerance-metric-twice"),
+    pytest.param(["--tolerance", "0,"], "has an empty item", id="tolerance-empty-item"),
+    pytest.param(["--scenario", "glm5-fp8-tp8,glm5-fp8-tp8"],
+                 "--scenario: glm5-fp8-tp8 is listed twice; list each scenario once",
+                 id="scenario-twice"),
+    pytest.param(["--baseline", "{out}"], "is a folder; pass a baseline (JSON)",
+                 id="baseline-is-a-folder"),
+    *LIST_CASES, *TOKENS_LIST_CASES,
 ])
 def test_gate(inputs, args, fix):
     """gate: bad input, a bad baseline or a contradicting flag: one line, exit 2, no work."""
@@ -614,6 +664,27 @@ def test_scenarios(inputs, args, fix):
     """scenarios takes no argument, and --serve's options only with it: anything else is one
     line, exit 2."""
     _run(inputs, "scenarios", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    *FORMAT_CASES,
+    pytest.param(["--format", "csv"], "'csv' is not one of 'table', 'json'", id="format-csv"),
+    pytest.param(["--format", "json", "--format", "table"], "--format is given twice",
+                 id="given-twice"),
+    pytest.param(["extra"], "unexpected extra argument", id="extra-argument"),
+])
+def test_kernels(inputs, args, fix):
+    """kernels: a format it does not write, or anything else, is one line, exit 2."""
+    _run(inputs, "kernels", args, fix)
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    pytest.param(["--version", "--versoin"], "No such option: --versoin", id="option-typo"),
+    pytest.param(["-x"], "No such option: -x", id="unknown-short-option"),
+])
+def test_app_options(inputs, args, fix):
+    """The app's own options: a typo is one line naming --help."""
+    check_bad_input(inputs.resolve(args), fix, watch=inputs.folder)
 
 
 def test_unknown_command(inputs):

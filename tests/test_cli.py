@@ -2,13 +2,16 @@
 
 import io
 import json
+import os
+import re
 import subprocess
 import sys
+from collections import Counter
 
 import pandas as pd
 import pytest
 
-from mlamem.cli import main
+from mlamem.cli import app, main
 from mlamem.kernels import REGISTRY
 from mlamem.testing import no_gpu
 
@@ -126,3 +129,105 @@ def test_piped_progress_is_one_line_per_case(capsys):
     assert [line.split("] ")[0] for line in progress] == [
         f"mlamem: profiling glm5-fp8-tp8 [{i}/4" for i in range(1, 5)]
     assert progress[0].endswith("glm5-fp8-tp8: T=1024 alloc ok")
+
+
+def test_version_names_mlamem_torch_and_the_kernel_libraries_importing_none():
+    """`mlamem --version`: mlamem's version, then torch's and each kernel library's (or 'not
+    installed'), read from their metadata: not even torch is imported."""
+    import importlib.metadata
+
+    from mlamem.version import __version__
+
+    code = ("import sys; from mlamem.cli import main; code = main(['--version']); "
+            "print(code, sorted(m for m in ('torch', 'flash_mla', 'vllm', 'flashinfer') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    *lines, imported = done.stdout.splitlines()
+    assert imported == "0 []", done.stderr
+    assert lines[:2] == [f"mlamem {__version__}", f"torch {importlib.metadata.version('torch')}"]
+    assert [line.split()[0] for line in lines[2:]] == ["sgl-flash-mla", "vllm", "flashinfer"]
+    for line in lines[2:]:
+        name, _, version = line.partition(" ")
+        distribution = {"flashinfer": "flashinfer-python"}.get(name, name)
+        try:
+            assert version == importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            assert version == "not installed"
+
+
+HELP_COMMANDS = [[], *([c.name or c.callback.__name__.replace("_", "-")]
+                       for c in app.registered_commands)]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: c[0] if c else "mlamem")
+def test_h_is_help_everywhere(command, capsys):
+    """-h prints what --help prints, for the app and every command."""
+    assert main([*command, "--help"]) == 0
+    expected = capsys.readouterr().out
+    assert main([*command, "-h"]) == 0
+    assert capsys.readouterr().out == expected and "Usage: mlamem" in expected
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+@pytest.mark.parametrize("columns", ["0", "20", "45", "abc", "200"])
+def test_columns_never_cut_a_digit(columns, capsys, monkeypatch):
+    """COLUMNS is honoured (0 or a word: as if unset, 80): every figure of the 80-column table
+    is printed whole, within the width (a table too wide is one record per line)."""
+    args = ["profile", "--predict", "--tokens", "1024,8192"]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(args) == 0
+    reference = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.strip() and "0.384" in out and "3.068" in out
+    assert not Counter(NUMBER.findall(reference)) - Counter(NUMBER.findall(out)), out
+    width = int(columns) if columns.isdigit() and int(columns) else 80
+    assert max(map(len, out.splitlines())) <= width, out
+    if width < 60:  # the table needs more: one record per line, each naming its columns
+        assert "T: 8192; path: alloc; peak alloc: 3.068" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("command", [["plan"], ["kernels"], ["profile", "--breakdown",
+                                                            "--tokens", "1024"]])
+def test_every_table_follows_columns(command, capsys, monkeypatch):
+    """plan, kernels and the breakdown follow COLUMNS too, keeping every figure whole."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main([*command, *(["--predict"] if command[0] == "profile" else [])]) == 0
+    wide = capsys.readouterr().out
+    monkeypatch.setenv("COLUMNS", "30")
+    assert main([*command, *(["--predict"] if command[0] == "profile" else [])]) == 0
+    narrow = capsys.readouterr().out
+    assert narrow != wide
+    assert not Counter(NUMBER.findall(wide)) - Counter(NUMBER.findall(narrow)), narrow
+
+
+def test_predicted_run_says_what_it_did_not_follow(capsys, monkeypatch):
+    """A predicted run with PYTORCH_CUDA_ALLOC_CONF set, and --bench, each say on stderr what
+    they did not do; without them, no such note."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert main(["profile", "--predict", "--tokens", "1024", "--format", "json"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert main(["profile", "--predict", "--tokens", "1024", "--bench", "--format", "json"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert ("mlamem: note: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True is not followed: "
+            "the allocator model predicts the default caching allocator") in err
+    assert "mlamem: note: --bench timed nothing: predicted calls do not run" in err
+    assert main(["plan", "--format", "json"]) == 0  # its sparse vLLM side runs the model
+    assert capsys.readouterr().err.startswith("mlamem: note: PYTORCH_CUDA_ALLOC_CONF=")
+
+
+@pytest.mark.parametrize("columns", ["0", "30"])
+def test_piped_stderr_lines_are_not_wrapped(tmp_path, columns):
+    """Piped, a stderr line stays one line whatever COLUMNS says (grep finds it whole)."""
+    target = tmp_path / ("a-long-folder-name-" * 6) / "rows.json"
+    target.parent.mkdir()
+    done = subprocess.run([sys.executable, "-m", "mlamem", "profile", "--predict", "--tokens",
+                           "1024", "--output", str(target)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={**os.environ, "COLUMNS": columns})
+    assert done.returncode == 0, done.stderr
+    assert f"mlamem: wrote {target}" in done.stderr.splitlines()

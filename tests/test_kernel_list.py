@@ -131,10 +131,12 @@ def test_importing_the_listing_imports_no_adapter_nor_torch():
     assert out.stdout.strip() == "[]"
 
 
-def test_the_kernels_command_prints_the_listing(capsys):
-    """`mlamem kernels`: the rendered listing, exit 0, also where no kernel runs (a CPU)."""
+def test_the_kernels_command_prints_the_listing(capsys, monkeypatch):
+    """`mlamem kernels`: the rendered listing, exit 0, also where no kernel runs (a CPU); piped
+    without COLUMNS, at its own width."""
     from mlamem.cli import main
 
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["kernels"]) == 0
     out, err = capsys.readouterr()
     assert out == kernel_list.render_kernels(kernel_list.list_kernels()) and err == ""
@@ -159,3 +161,34 @@ def test_kernels_help_starts_without_torch_or_an_adapter():
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.splitlines()[-1] == "0 []"
+
+
+def test_the_kernels_command_writes_json(capsys):
+    """`mlamem kernels --format json`: schema mlamem.kernels/1, one object per registered kernel
+    in registry order, with the listing's fields (docs/commands.md#mlamem-kernels)."""
+    import json
+
+    from mlamem.cli import main
+
+    assert main(["kernels", "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"schema", "kernels", "warnings"}
+    assert data["schema"] == "mlamem.kernels/1" and data["warnings"] == list(REGISTRY.warnings())
+    assert [k["name"] for k in data["kernels"]] == kernel_names()
+    for kernel, listing in zip(data["kernels"], kernel_list.list_kernels(), strict=True):
+        assert set(kernel) == {"name", "label", "help", "operations", "version", "available",
+                               "reason"}
+        assert kernel["available"] is listing.available and kernel["reason"] == listing.reason
+        assert [o["op"] for o in kernel["operations"]] == list(REGISTRY[kernel["name"]].operations)
+        for op in kernel["operations"]:
+            assert set(op) == {"op", "takes", "head_counts", "assumed", "error"}
+            assert all(isinstance(h, int) for h in op["head_counts"])
+
+
+def test_a_narrow_listing_cuts_no_word():
+    """Narrower than an entry's words, the listing wraps between them and never inside one."""
+    listings = kernel_list.list_kernels()
+    wide = kernel_list.render_kernels(listings, width=400)
+    narrow = kernel_list.render_kernels(listings, width=20)
+    assert sorted(narrow.split()) == sorted(wide.split())
+    assert len(narrow.splitlines()) > len(wide.splitlines())

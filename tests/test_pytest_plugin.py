@@ -156,6 +156,13 @@ def test_the_fixture_measures_one_call(pytester):
     ('limit_gpu_memory("0B", device="meta")', "give a size above 0"),
     ('max_gpu_allocations(-1, device="meta")', "give a count >= 0"),
     ('max_gpu_allocations(device="meta")', "write @pytest.mark.max_gpu_allocations(count, *,"),
+    ('limit_gpu_memory("2GiB", devise="meta")', "unknown keyword 'devise'; write"),
+    ('max_gpu_allocations(0, expct={"x": 1}, device="meta")', "unknown keyword 'expct'"),
+    ('limit_gpu_memory("2GiB", device="mta")', "(device='mta'): give device=\"meta\""),
+    ('max_gpu_allocations(0, device="gpu")', "(device='gpu'): give device=\"meta\""),
+    ('limit_gpu_memroy("2GiB", device="meta")',
+     "unknown mark 'limit_gpu_memroy': did you mean @pytest.mark.limit_gpu_memory?"),
+    ('max_gpu_allocation(0)', "did you mean @pytest.mark.max_gpu_allocations?"),
 ])
 def test_bad_mark_arguments_are_one_line_errors(pytester, mark, fix):
     """A bad mark argument errors the test in setup, naming the fix, with no traceback."""

@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,40 @@ def test_terminal_table_fits_80_columns(name):
     assert "…" not in text, text
     shown = "\n".join(line for line in text.splitlines() if not line.startswith("Command:"))
     assert not re.search(r"\d{10}", shown), shown
+
+
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+NARROW_VIEWS = {**TABLES, "validate": lambda: render.validation_view(_comparisons(), "mlamem validate")}
+
+
+@pytest.mark.parametrize("width", [20, 40, 60, 80])
+@pytest.mark.parametrize("name", list(NARROW_VIEWS))
+def test_a_narrow_width_never_cuts_a_digit(name, width):
+    """At any width every figure the wide table shows is shown whole (a table too wide becomes
+    one record per line), and no line is wider than the width."""
+    wide, narrow = (console_text(NARROW_VIEWS[name](), width=w) for w in (400, width))
+    assert not Counter(NUMBER.findall(wide)) - Counter(NUMBER.findall(narrow)), narrow
+    assert max(len(line) for line in narrow.splitlines()) <= width, narrow
+    assert "…" not in narrow
+
+
+def test_a_table_too_wide_becomes_one_record_per_line():
+    """fits() is whether every cell is drawn whole; records() is one 'header: value' line per row,
+    empty cells left out, under the title."""
+    from rich.table import Table
+
+    from mlamem.render.common import fits, fitted, records
+
+    table = Table(title="peaks")
+    for header in ("", "T", "peak\nalloc", "saved"):
+        table.add_column(header, no_wrap=True)
+    table.add_row("a", "1024", "0.384", "")
+    table.add_row("b", "8192", "3.068", "0.070")
+    assert fits(table, 80) and not fits(table, 12)
+    assert str(records(table)) == ("peaks\na; T: 1024; peak alloc: 0.384\n"
+                                   "b; T: 8192; peak alloc: 3.068; saved: 0.070")
+    assert fitted(table, 80) is table
+    assert "0.384" in console_text(table, width=12) and "3.068" in console_text(table, width=12)
 
 
 def test_validate_table_fits_80_columns_with_differences():

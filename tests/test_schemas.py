@@ -10,6 +10,8 @@ a scenario or an engine's case), nothing the schema requires that is never writt
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -103,6 +105,14 @@ def _json(tmp_path: Path, name: str, *args: str) -> dict:
     return json.loads(target.read_text())
 
 
+def _stdout_json(*args: str) -> dict:
+    """What a command without --output prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(list(args)) == 0
+    return json.loads(out.getvalue())
+
+
 def _validate_document() -> dict:
     from mlamem import environment, render
     from mlamem.validate import Comparison
@@ -136,6 +146,7 @@ def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
         "mlamem.compare/1": [[_compare_document()]],
         "mlamem.graphs/1": [[_json(tmp, "graphs.json", "graphs", "--capture-sizes", "512,8",
                                    "--format", "json", "--predict")]],
+        "mlamem.kernels/1": [[_stdout_json("kernels", "--format", "json")]],
     }
 
 

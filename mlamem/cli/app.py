@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Annotated
+
 import typer
 from rich.console import Console
 
@@ -12,5 +16,44 @@ app = typer.Typer(
          "`mlamem profile --tokens 32768`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
     rich_markup_mode=None,  # click's plain help: option names are never cut at 80 columns
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
 )
-stderr = Console(stderr=True)
+
+
+def columns(stream, default: int) -> int:
+    """The width for text written to `stream`: COLUMNS where it is a positive number, else the
+    terminal's width if `stream` is one, else `default` (COLUMNS=0 or a word is as if unset)."""
+    given = os.environ.get("COLUMNS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or default
+    except (OSError, ValueError, AttributeError):  # not a terminal, or no file descriptor
+        return default
+
+
+def _stderr_width() -> int | None:
+    """None, rich's own choice (COLUMNS, else the terminal, else 80), except at COLUMNS=0, which
+    rich would take as a width of 0, printing nothing."""
+    given = os.environ.get("COLUMNS", "")
+    return columns(sys.stderr, 80) if given.isdigit() and int(given) == 0 else None
+
+
+stderr = Console(stderr=True, width=_stderr_width())
+stderr.soft_wrap = not stderr.is_terminal  # piped, a line stays one line (grep finds it whole)
+
+
+def _show_version(asked: bool) -> None:
+    if asked:
+        from mlamem.version import version_text
+
+        typer.echo(version_text())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_show_version,
+        help="Show mlamem's version, torch's and the kernel libraries' found (read from their "
+             "metadata, importing none), and exit.")] = False) -> None:
+    """The app's own options, before the command."""

@@ -13,6 +13,7 @@ from mlamem.cli.output import command_line, emit, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
+from mlamem.lists import parse_list
 
 
 @app.command()
@@ -69,13 +70,17 @@ def compare(
     if result.failure is not None:  # memory.is_out_of_memory said so; the sweep stopped there
         raise UserError(f"compare ran out of GPU memory ({result.failure.text}); "
                         f"drop the largest {symbol} or add --no-reference")
-    emit(render.COMPARE_FORMATS[output_format.value](result), output)
+    terminal = render.compare_view(result) if output_format is o.ReproFormat.table else None
+    emit(render.COMPARE_FORMATS[output_format.value](result), output, terminal_table=terminal)
 
 
 def _kernel_names(kernels: str) -> list[str]:
     """--kernels: two different registered kernels."""
-    names = [n.strip() for n in kernels.split(",") if n.strip()]
-    if len(names) != 2 or names[0] == names[1]:
+    try:
+        names = parse_list(kernels, "kernels", each="kernel")
+    except UserError:  # empty, or a kernel twice: the one fix below says what to give
+        names = []
+    if len(names) != 2:
         raise UserError(f"--kernels: give two different kernels, e.g. {','.join(COMPARED_KERNELS)}; "
                         f"got {kernels!r}")
     for name in names:

@@ -159,7 +159,7 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
     if scenario == "all":
         names = shipped_names()
     elif scenario is not None:
-        names = [n.strip() for n in scenario.split(",")]
+        names = o.scenario_names(scenario)
     asked = o.split_paths(paths) if paths is not None else None
     return gating.plan_sweep(
         [(name, o.load_scenario(name)) for name in names], ops, values,

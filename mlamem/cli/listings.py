@@ -11,6 +11,7 @@ import typer
 
 from mlamem.cli.app import app
 from mlamem.cli.options import load_scenario, load_torch
+from mlamem.cli.output import terminal_width
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
 from mlamem.scenario_names import shipped_names
@@ -80,13 +81,26 @@ def _list_shipped(output_format: ListFormat) -> None:
         typer.echo(f"{name:24} {load_scenario(name).one_line()}")
 
 
+class KernelsFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
 @app.command("kernels")
-def list_registered_kernels() -> None:
+def list_registered_kernels(
+    output_format: Annotated[KernelsFormat, typer.Option(
+        "--format", help="table (one entry per kernel, wrapped at COLUMNS) or json (schema "
+                         "mlamem.kernels/1: docs/commands.md#mlamem-kernels).")
+    ] = KernelsFormat.table,
+) -> None:
     """List the registered kernels, one entry each: per operation what the caller may pass in
     (out, lse, accum) and the query head counts it runs, the installed version, and whether it
     runs here or why not (with the install hint). A * marks capabilities assumed because the
     kernel's library cannot be loaded here."""
     load_torch()  # the adapters import torch
-    from mlamem.kernel_list import list_kernels, render_kernels
+    from mlamem.kernel_list import WIDTH, kernels_json, list_kernels, render_kernels
 
-    sys.stdout.write(render_kernels(list_kernels()))
+    if output_format is KernelsFormat.json:
+        sys.stdout.write(kernels_json(list_kernels()))
+    else:
+        sys.stdout.write(render_kernels(list_kernels(), width=terminal_width(WIDTH)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
@@ -18,6 +19,10 @@ except ImportError:
 # A library error's field in the CLI's words, where the flag is not the field's name in kebab case.
 _FLAGS = {"gpu_memory_bytes": "--gpu-memory", "report_dir": "--report",
           "capture_sizes": "--capture-sizes", "free_fraction": "--free-fraction"}
+
+
+# typer validates a choice through pydantic, whose message starts its reason with this
+_VALUE_ERROR = re.compile(r"\bValue error, ")
 
 
 def flag_for(field: str | None) -> str:
@@ -59,7 +64,7 @@ def _run(args: list[str]) -> int:
             print(exc.ctx.get_help())
             return 0
         command = exc.ctx.command_path if exc.ctx else "mlamem"
-        message = exc.format_message().rstrip(".")
+        message = _VALUE_ERROR.sub("", exc.format_message()).rstrip(".")
         print(f"mlamem: error: {message}; see `{command} --help`", file=sys.stderr)
         return 2
     except click_errors.ClickException as exc:
@@ -77,7 +82,7 @@ def _check_repeats(group, args: list[str]) -> None:
     silently); options declared repeatable (multiple=True, e.g. --expect-oom) may repeat.
     `group` is the app's click group."""
     command = group.commands.get(args[0]) if args else None
-    if command is None or "--help" in args:
+    if command is None or {"-h", "--help"} & set(args):
         return
     options = {name: param for param in command.params if param.param_type_name == "option"
                for name in (*param.opts, *param.secondary_opts)}

@@ -19,6 +19,7 @@ from mlamem import operations, shards
 from mlamem.cli.app import stderr
 from mlamem.errors import UserError
 from mlamem.kernels import REGISTRY, load_kernel
+from mlamem.lists import parse_list
 from mlamem.scenario_names import shipped_names
 
 if TYPE_CHECKING:
@@ -45,20 +46,18 @@ class ReproFormat(StrEnum):
 
 
 def parse_tokens(text: str, option: str = "--tokens", symbol: str = "T") -> list[int]:
-    """'1024,8192' -> [1024, 8192]; every T a positive integer."""
+    """'1024,8192' -> [1024, 8192]; every T a positive integer, listed once."""
     example = {"--requests": "16,64,256", "--capture-sizes": "512,256,8,1"}.get(
         option, "1024,8192,32768")  # shipped scenarios take these
-    values = []
-    for item in text.split(","):
-        item = item.strip()
+    field = option.removeprefix("--").replace("-", "_")
+
+    def one(item: str) -> int:
         if not item.isdigit() or int(item) <= 0:
-            raise UserError(f"{option}: {item!r} is not a positive integer; "
-                            f"write e.g. {option} {example}")
-        if int(item) in values:
-            raise UserError(f"{option}: {symbol}={int(item)} is listed twice; list each "
-                            f"{symbol} once")
-        values.append(int(item))
-    return values
+            raise UserError(f"{item!r} is not a positive integer; write e.g. {option} {example}",
+                            field=field)
+        return int(item)
+
+    return parse_list(text, field, one, label=lambda value: f"{symbol}={value}", each=symbol)
 
 
 def parse_sizes(text: str | None) -> list[int] | None:
@@ -78,8 +77,9 @@ def parse_sweep(op: str, tokens: str | None, requests: str | None) -> list[int] 
 
 
 def split_paths(text: str | None) -> list[str] | None:
-    """'alloc,workspace' -> ['alloc', 'workspace']; None or empty: every path the kernel has."""
-    return [p.strip() for p in (text or "").split(",") if p.strip()] or None
+    """'alloc,workspace' -> ['alloc', 'workspace']; None (not given): every path the kernel has.
+    Given, the list must name a path (`--paths ""` is refused, not read as the default)."""
+    return None if text is None else parse_list(text, "paths", each="path")
 
 
 def kv_length(op: str, context_len: int | None, kv_len: int | None) -> int | None:
@@ -107,8 +107,13 @@ def load_scenario(name: str) -> Scenario:
 def load_scenarios(text: str) -> list[tuple[str, Scenario]]:
     """Comma-separated names or TOML paths, or 'all' for every shipped scenario: (as given,
     loaded) pairs."""
-    names = shipped_names() if text == "all" else [n.strip() for n in text.split(",")]
+    names = shipped_names() if text == "all" else scenario_names(text)
     return [(name, load_scenario(name)) for name in names]
+
+
+def scenario_names(text: str) -> list[str]:
+    """--scenario's comma-separated names or paths, each once."""
+    return parse_list(text, "scenario", each="scenario")
 
 
 def check_kernel_name(name: str | None) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from mlamem.cli.app import stderr
+from mlamem.cli.app import columns, stderr
 from mlamem.files import write_atomic
 
 
@@ -20,21 +20,41 @@ def command_line() -> str:
 
 
 def emit(text: str, output: Path | None, terminal_table=None) -> None:
-    """Write `text` to `output`, else the rich table on a terminal or `text` to stdout."""
+    """Write `text` to `output`, else the rich table (fitted to COLUMNS) or `text` to stdout."""
     if output is not None:
         write_atomic(output, text)
         stderr.print(f"mlamem: wrote {output}", highlight=False)
     elif terminal_table is not None:
-        Console().print(terminal_table)
+        from mlamem.render.common import fitted
+
+        width = terminal_width()
+        Console(width=width).print(fitted(terminal_table, width))
     else:
         sys.stdout.write(text)
 
 
+def terminal_width(default: int = 80) -> int:
+    """The columns stdout's tables get (`app.columns`: COLUMNS, else the terminal's, else
+    `default`)."""
+    return columns(sys.stdout, default)
+
+
 def note_predicted(result, what: str = "figures") -> None:
-    """Say on stderr when a result's figures were predicted, not measured."""
-    if not result.measured:
-        print(f"mlamem: not measured ({result.not_measured_reason}); {what} are PREDICTED by "
-              "the allocator model", file=sys.stderr)
+    """Say on stderr when a result's figures were predicted, not measured, and that the model
+    does not follow PYTORCH_CUDA_ALLOC_CONF where it is set."""
+    if result.measured:
+        return
+    print(f"mlamem: not measured ({result.not_measured_reason}); {what} are PREDICTED by "
+          "the allocator model", file=sys.stderr)
+    note_allocator_conf()
+
+
+def note_allocator_conf() -> None:
+    """Where PYTORCH_CUDA_ALLOC_CONF is set, say that the allocator model does not follow it."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if conf:
+        print(f"mlamem: note: PYTORCH_CUDA_ALLOC_CONF={conf} is not followed: the allocator "
+              "model predicts the default caching allocator", file=sys.stderr)
 
 
 def check_report_dir(report_dir: Path | None) -> None:

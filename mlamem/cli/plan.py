@@ -9,7 +9,7 @@ import typer
 from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
-from mlamem.cli.output import command_line, emit
+from mlamem.cli.output import command_line, emit, note_allocator_conf
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
@@ -83,5 +83,7 @@ def plan(
     if chosen.model.index_topk:  # sparse: the vLLM side runs the allocator model
         o.load_torch()
     result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel)
+    if chosen.model.index_topk:
+        note_allocator_conf()  # the vLLM side's per-call need comes from the allocator model
     terminal = render.plan_table(result) if output_format is o.ReproFormat.table else None
     emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)

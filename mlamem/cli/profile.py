@@ -98,6 +98,8 @@ def profile(
     result, calls = _run(part, decode, chosen_shard, kv_tokens=kv_tokens, bench=bench,
                          require_gpu=require_gpu, predict=predict, snapshot=snapshot_file)
     note_predicted(result)
+    if bench and not result.measured:
+        print("mlamem: note: --bench timed nothing: predicted calls do not run", file=sys.stderr)
     if snapshot_file is not None:
         from mlamem import snapshot
 

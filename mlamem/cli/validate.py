@@ -144,7 +144,9 @@ def _emit_validation(comparisons, command: str, output: Path | None,
                                       environment=environment.capture(), shard=shard)
     else:
         text = render.VALIDATION_FORMATS[output_format.value](comparisons, command)
-    emit(text, output)
+    terminal = (render.validation_view(comparisons, command)
+                if output_format is o.ReproFormat.table else None)
+    emit(text, output, terminal_table=terminal)
     if not all(c.agrees for c in comparisons):
         raise typer.Exit(1)
 

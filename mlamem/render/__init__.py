@@ -9,7 +9,8 @@ import importlib
 
 _EXPORTS = {
     "common": ["csv_cell", "markdown_code", "predicted_tag"],
-    "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table"],
+    "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table",
+                "compare_view"],
     "gate": ["gate_markdown"],
     "graphs": ["GRAPHS_FORMATS", "error_percent_text", "estimate_of", "estimate_sources",
                "graphs_csv", "graphs_json", "graphs_markdown", "graphs_table"],
@@ -18,7 +19,7 @@ _EXPORTS = {
                 "markdown", "table", "to_csv", "to_json"],
     "repro": ["REPRO_FORMATS", "case_label", "repro_markdown", "repro_table", "verdict_text"],
     "validate": ["VALIDATION_FORMATS", "validation_json", "validation_markdown",
-                 "validation_rows", "validation_table"],
+                 "validation_rows", "validation_table", "validation_view"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

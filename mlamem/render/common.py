@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import re
+from collections import Counter
 
 from rich import box
 from rich.console import Console, Group
@@ -92,7 +94,50 @@ def with_notes(table: Table, notes: list[str]) -> Group:
     return Group(table, Constrain(text, width=WIDTH))
 
 
-def console_text(renderable, width: int = WIDTH) -> str:
+def _drawn(renderable, width: int) -> str:
     console = Console(file=io.StringIO(), width=width, record=True)
     console.print(renderable)
     return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())
+
+
+def _words(cell) -> list[str]:
+    return str(cell).split()
+
+
+def fits(table: Table, width: int) -> bool:
+    """Whether rich draws `table` in `width` columns with every word of every cell (headers
+    too) whole. Narrower than that, rich cuts or folds cells: 0.384 would show as 0."""
+    bare = copy.copy(table)
+    bare.title = bare.caption = None  # a title wraps between words; only the cells can be cut
+    needed = Counter(word for column in table.columns
+                     for cell in (column.header, *column.cells) for word in _words(cell))
+    return not needed - Counter(_drawn(bare, width).split())
+
+
+def records(table: Table) -> Text:
+    """`table` as one record per line, 'header: value; ...' (empty cells left out; a column
+    without a header gives its value alone), under its title: what a width too narrow for the
+    table shows instead."""
+    headers = [" ".join(_words(column.header)) for column in table.columns]
+    rows = zip(*([" ".join(_words(cell)) for cell in column.cells] for column in table.columns),
+               strict=True)
+    lines = [str(table.title)] if table.title else []
+    lines += ["; ".join(f"{header}: {value}" if header else value
+                        for header, value in zip(headers, row, strict=True) if value)
+              for row in rows]
+    return Text("\n".join(lines), overflow="fold")
+
+
+def fitted(renderable, width: int):
+    """`renderable` for `width` columns: each table that does not fit them whole becomes its
+    records; a digit is never cut."""
+    if isinstance(renderable, Table):
+        return renderable if fits(renderable, width) else records(renderable)
+    if isinstance(renderable, Group):
+        return Group(*(fitted(part, width) for part in renderable.renderables))
+    return renderable
+
+
+def console_text(renderable, width: int = WIDTH) -> str:
+    """The renderable as plain text in `width` columns, its tables fitted."""
+    return _drawn(fitted(renderable, width), width)

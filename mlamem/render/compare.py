@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from rich.console import Group
+
 from mlamem.compare import CompareResult, CompareRow
 from mlamem.operations import operation
 from mlamem.render.common import compact_table, console_text, with_notes
@@ -41,7 +43,8 @@ def _notes(result: CompareResult) -> list[str]:
             versions, *result.notes, f"Command: {result.command}"]
 
 
-def compare_table(result: CompareResult) -> str:
+def compare_view(result: CompareResult) -> Group:
+    """The table and its notes, for a console of any width (`compare_table` draws it in 80)."""
     symbol = operation(result.op).symbol
     names = [k["name"] for k in result.kernels]
     out = compact_table(_title(result))
@@ -49,7 +52,11 @@ def compare_table(result: CompareResult) -> str:
         out.add_column(column, justify="right" if column == symbol else "left")
     for row in result.rows:
         out.add_row(str(row.tokens), row.path, _equal(row), *(_error(row, n) for n in names))
-    return console_text(with_notes(out, _notes(result)))
+    return with_notes(out, _notes(result))
+
+
+def compare_table(result: CompareResult) -> str:
+    return console_text(compare_view(result))
 
 
 def compare_markdown(result: CompareResult) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from rich.console import Group
+
 from mlamem.environment import Environment
 from mlamem.render.common import compact_table, console_text, markdown_code, signed_bytes, with_notes
 from mlamem.units import format_bytes
@@ -34,8 +36,8 @@ def _diff(c: Comparison) -> str:
     return "n/a" if c.difference is None else f"{c.difference:+d}"
 
 
-def validation_table(comparisons: list[Comparison], command: str) -> str:
-    """One row per (scenario, T, path) within 80 columns: measured peaks with units, and
+def validation_view(comparisons: list[Comparison], command: str) -> Group:
+    """One row per (scenario, T, path), within 80 columns: measured peaks with units, and
     measured - predicted; every figure that differs is then listed in bytes."""
     table_ = compact_table("mlamem validate: predicted vs measured")
     for name in ("scenario, T, path", "peak\nalloc", "Δ", "peak\nresv", "Δ", "buffers",
@@ -63,7 +65,11 @@ def validation_table(comparisons: list[Comparison], command: str) -> str:
                f"{c.predicted} B, measured {c.measured} B ({_diff(c)} B)"
                for c in comparisons if not c.agrees],
              f"Command: {command}"]
-    return console_text(with_notes(table_, notes))
+    return with_notes(table_, notes)
+
+
+def validation_table(comparisons: list[Comparison], command: str) -> str:
+    return console_text(validation_view(comparisons, command))
 
 
 def _bytes(value: int | None) -> str:

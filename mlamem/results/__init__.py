@@ -24,6 +24,7 @@ MODELS = {
     "mlamem.baseline/1": "BaselineFile",
     "mlamem.plan/1": "PlanFile",
     "mlamem.bench/2": "BenchFile",
+    "mlamem.kernels/1": "KernelsFile",
 }
 
 
