@@ -60,7 +60,7 @@ class SnapshotUnpickler(pickle.Unpickler):
         raise RefusedClass(f"it names {module}.{name}, which a snapshot never does")
 
 
-def read(path: Path, field: str | None = "snapshot") -> dict:
+def read(path: Path, field: str | None = None) -> dict:
     """A snapshot file as plain data, checked (`check`): a UserError in one line for a file
     that is too large, not a pickle, a pickle that names a class, or not a snapshot."""
     data = read_bytes(path, WHAT, field, limit=MAX_SNAPSHOT_BYTES)

@@ -24,6 +24,8 @@ MODELS = {
     "mlamem.baseline/1": "BaselineFile",
     "mlamem.plan/1": "PlanFile",
     "mlamem.bench/2": "BenchFile",
+    "mlamem.explain/1": "ExplainFile",
+    "mlamem.diff/1": "DiffFile",
 }
 
 
