@@ -1,0 +1,96 @@
+"""`mlamem diff A B`: two results of one kind, or two snapshots, per case and per buffer."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlamem import results
+from mlamem.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SNAPSHOT = FIXTURES / "glm5-t1024-h200.snapshot.pickle"
+
+
+@pytest.fixture(scope="module")
+def paths_profiles(tmp_path_factory) -> tuple[Path, Path]:
+    """Predicted profiles of the alloc path and of the workspace path at T=1024 and 8192."""
+    folder = tmp_path_factory.mktemp("diff")
+    for path in ("alloc", "workspace"):
+        assert main(["profile", "--predict", "--tokens", "1024,8192", "--paths", path,
+                     "--format", "json", "--output", str(folder / f"{path}.json")]) == 0
+    return folder / "alloc.json", folder / "workspace.json"
+
+
+def _diff(capsys, *args) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = main(["diff", *map(str, args), "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    results.read(doc, "mlamem.diff/1")
+    return code, doc
+
+
+def test_alloc_against_workspace_names_the_buffers_that_moved(paths_profiles, capsys):
+    """Each T's alloc row pairs with its workspace row; padded_q moved, by its bytes in the
+    alloc profile, and every peak change is the profiles' difference."""
+    a, b = paths_profiles
+    code, doc = _diff(capsys, a, b)
+    rows_a = json.loads(a.read_text())["rows"]
+    rows_b = json.loads(b.read_text())["rows"]
+    assert code == 0 and doc["kind"] == "profile" and doc["environment"] == []
+    assert len(doc["units"]) == 2
+    for unit, ra, rb in zip(doc["units"], rows_a, rows_b, strict=True):
+        assert unit["peak_change_bytes"] == rb["peak_allocated_bytes"] - ra["peak_allocated_bytes"]
+        moved = {x["name"]: x for x in unit["buffers"] if x["change_bytes"]}
+        padded_q = next(x["requested_bytes"] for x in ra["buffers"] if x["name"] == "padded_q")
+        assert moved == {"padded_q": {"name": "padded_q", "a_bytes": padded_q, "b_bytes": None,
+                                      "change_bytes": -padded_q}}
+        assert -unit["peak_change_bytes"] == padded_q
+
+
+def test_fail_on_growth_exits_1_when_a_peak_grows_more(paths_profiles, capsys):
+    """Workspace -> alloc grows each peak by padded_q: 0B fails, a larger allowance passes;
+    alloc -> workspace shrinks and passes."""
+    a, b = paths_profiles
+    code, doc = _diff(capsys, b, a, "--fail-on-growth", "0B")
+    assert code == 1 and doc["failed"] and doc["peak_growth_bytes"] > 0
+    allowance = f"{doc['peak_growth_bytes']}B"
+    assert _diff(capsys, b, a, "--fail-on-growth", allowance)[0] == 0
+    assert _diff(capsys, a, b, "--fail-on-growth", "0B")[0] == 0
+
+
+def test_the_markdown_is_ready_for_a_pull_request(paths_profiles, capsys):
+    a, b = paths_profiles
+    assert main(["diff", str(b), str(a), "--format", "markdown", "--fail-on-growth", "0B"]) == 1
+    text = capsys.readouterr().out
+    assert text.startswith("### mlamem diff (profile): FAILED")
+    assert "T=1024 workspace → glm5-fp8-tp8 sparse-decode T=1024 alloc" in text
+    assert "| `glm5-fp8-tp8 sparse-decode T=1024 workspace` | `padded_q` | - | 72.000 MiB |" in text
+
+
+def test_environments_that_differ_are_named_as_the_gate_names_them(capsys):
+    """A predicted H200 profile against the measured one: `measured` differs, blocking for the
+    gate; the diff names it and compares anyway."""
+    results_dir = FIXTURES / "results"
+    code, doc = _diff(capsys, results_dir / "profile-glm5-h200.predicted.json",
+                      results_dir / "profile-glm5-h200.json")
+    assert code == 0
+    assert {"name": "measured", "a": "predicted", "b": "measured", "blocking": True} in \
+        doc["environment"]
+
+
+def test_two_snapshots_compare_by_frame(tmp_path, capsys):
+    """The H200 snapshot against a predicted one at T=1024: the peak by the frames live at it."""
+    predicted = tmp_path / "p.pickle"
+    assert main(["profile", "--predict", "--tokens", "1024", "--snapshot", str(predicted)]) == 0
+    code, doc = _diff(capsys, SNAPSHOT, predicted)
+    [unit] = doc["units"]
+    assert code == 0 and doc["kind"] == "snapshot"
+    assert unit["a_peak_bytes"] == 411829248  # the fixture's alloc-path call
+    assert sum(x["a_bytes"] or 0 for x in unit["buffers"]) == unit["a_peak_bytes"]
+
+
+def test_a_profile_against_a_snapshot_is_one_line(paths_profiles, capsys):
+    a, _ = paths_profiles
+    assert main(["diff", str(a), str(SNAPSHOT)]) == 2
+    assert "compare two of one kind" in capsys.readouterr().err
