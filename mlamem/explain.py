@@ -134,7 +134,7 @@ def segment_peak(segments: list[dict]) -> Peak:
         addr = segment["address"]
         for block in segment["blocks"]:
             if block["state"].startswith("active"):
-                live.append(Allocation(-1, addr, block.get("requested_size", block["size"]),
+                live.append(Allocation(-1, addr, block.get("requested_size") or block["size"],
                                        frame_label(block.get("frames", []))))
             addr += block["size"]
     return Peak(sum(a.block_bytes for a in live), "segments", None, live)

@@ -113,6 +113,7 @@ def _snapshot_model():
 
     class Block(Part):
         size: int
+        requested_size: int | None = None
         state: str
         frames: list[Frame] = []
 
