@@ -352,11 +352,11 @@ def _call(match: CallMatch, at_peak: set[int], scenario: Scenario, source: str) 
     }
 
 
-def _saving(scenario: Scenario, source: str, kernel_name: str, tokens: int, match: CallMatch,
-            at_peak: set[int]) -> dict:
-    """What the workspace path saves on this call: the predicted profile of the alloc and
-    workspace paths at its T (`run_profile`, as `mlamem profile --predict` runs it), the
-    buffers it removes, and those of them live at the snapshot's peak."""
+@functools.lru_cache(maxsize=256)  # an engine's snapshot repeats a T call after call
+def _profiled(scenario: Scenario, source: str, kernel_name: str, tokens: int
+              ) -> tuple[str, int, dict]:
+    """The predicted profile of the alloc and workspace paths at `tokens`: the command that
+    reproduces it, the heads per rank, and its rows by path."""
     from mlamem.kernels import load_kernel
     from mlamem.profile import run_profile
     from mlamem.sweep import Request, plan
@@ -372,13 +372,21 @@ def _saving(scenario: Scenario, source: str, kernel_name: str, tokens: int, matc
                + (f" --max-num-batched-tokens {wider}" if wider else ""))
     result = run_profile(part.scenario, part.values, part.paths, command=command,
                          kernel=kernel, predict=True)
-    rows = {row.path: row for row in result.rows}
+    return command, part.scenario.heads_per_rank, {row.path: row for row in result.rows}
+
+
+def _saving(scenario: Scenario, source: str, kernel_name: str, tokens: int, match: CallMatch,
+            at_peak: set[int]) -> dict:
+    """What the workspace path saves on this call: the predicted profile of the alloc and
+    workspace paths at its T (`run_profile`, as `mlamem profile --predict` runs it), the
+    buffers it removes, and those of them live at the snapshot's peak."""
+    command, heads_per_rank, rows = _profiled(scenario, source, kernel_name, tokens)
     removed = sorted({b["name"] for b in rows["alloc"].buffers if b["removed_by_workspace"]})
     at_peak_removed = sum(a.block_bytes for name, a in zip(match.names, match.allocations,
                                                            strict=True)
                           if name in removed and a.index in at_peak)
     return {
-        "tokens": tokens, "heads_per_rank": part.scenario.heads_per_rank, "kernel": kernel_name,
+        "tokens": tokens, "heads_per_rank": heads_per_rank, "kernel": kernel_name,
         "alloc_peak_bytes": rows["alloc"].peak_allocated_bytes,
         "workspace_peak_bytes": rows["workspace"].peak_allocated_bytes,
         "saving_bytes": rows["alloc"].peak_allocated_bytes

@@ -99,3 +99,16 @@ def test_without_a_trace_the_peak_is_what_the_segments_hold(tmp_path, capsys):
                if b["state"].startswith("active"))
     assert doc["peak_source"] == "segments" and doc["peak_bytes"] == held
     assert doc["calls"] == []
+
+
+def test_a_t_above_the_workspace_and_one_below_the_sm_count_are_found(tmp_path, capsys):
+    """T=50000 (above max_num_batched_tokens, found by bisection) and T=100 (below the 132 SMs,
+    where the split count depends on T): each found, the first reproduced with a workspace
+    wide enough for it."""
+    shot = tmp_path / "s.pickle"
+    assert main(["profile", "--predict", "--tokens", "50000,100", "--paths", "alloc",
+                 "--snapshot", str(shot)]) == 0
+    doc = _explain(capsys, shot, "-s", "glm5-fp8-tp8")
+    assert [c["implied"] for c in doc["calls"]] == [[{"tokens": 50000, "heads": 64}],
+                                                    [{"tokens": 100, "heads": 64}]]
+    assert doc["calls"][0]["saving"]["command"].endswith("--max-num-batched-tokens 50000")
