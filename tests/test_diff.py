@@ -64,8 +64,9 @@ def test_the_markdown_is_ready_for_a_pull_request(paths_profiles, capsys):
     assert main(["diff", str(b), str(a), "--format", "markdown", "--fail-on-growth", "0B"]) == 1
     text = capsys.readouterr().out
     assert text.startswith("### mlamem diff (profile): FAILED")
-    assert "T=1024 workspace → glm5-fp8-tp8 sparse-decode T=1024 alloc" in text
-    assert "| `glm5-fp8-tp8 sparse-decode T=1024 workspace` | `padded_q` | - | 72.000 MiB |" in text
+    assert "| `glm5-fp8-tp8 sparse-decode T=1024 workspace → alloc` |" in text
+    assert ("| `glm5-fp8-tp8 sparse-decode T=1024 workspace → alloc` | `padded_q` | - | "
+            "72.000 MiB | +72.000 MiB (+75497472 B) |") in text
 
 
 def test_environments_that_differ_are_named_as_the_gate_names_them(capsys):

@@ -130,6 +130,20 @@ def _environment_lines(doc: dict) -> list[str]:
             for d in doc["environment"]]
 
 
+def _case(unit: dict) -> str:
+    """The case's label; paired across labels, their shared words once: `... T=1024 alloc →
+    workspace`."""
+    a, b = unit["a_label"], unit["b_label"]
+    if a == b or None in (a, b):
+        return unit["unit"]
+    words_a, words_b = a.split(" "), b.split(" ")
+    shared = 0
+    while shared < min(len(words_a), len(words_b)) - 1 and words_a[shared] == words_b[shared]:
+        shared += 1
+    return " ".join([*words_a[:shared], " ".join(words_a[shared:]), "→",
+                     " ".join(words_b[shared:])])
+
+
 def diff_markdown(doc: dict) -> str:
     lines = [f"### mlamem diff ({doc['kind']}): {_verdict(doc)}", "",
              f"A: {markdown_code(doc['a'])}, B: {markdown_code(doc['b'])}", ""]
@@ -139,8 +153,7 @@ def diff_markdown(doc: dict) -> str:
         lines.append("")
     lines += ["| case | A peak | B peak | change |", "|---|---:|---:|---:|"]
     for u in doc["units"]:
-        case = u["unit"] if u["a_label"] == u["b_label"] or None in (u["a_label"], u["b_label"]) \
-            else f"{u['a_label']} → {u['b_label']}"
+        case = _case(u)
         lines.append(f"| {markdown_code(case)} | {_bytes(u['a_peak_bytes'])} | "
                      f"{_bytes(u['b_peak_bytes'])} | {signed_bytes(u['peak_change_bytes'])} |")
     moved = [(u, b) for u in doc["units"] for b in u["buffers"] if b["change_bytes"]]
@@ -148,7 +161,7 @@ def diff_markdown(doc: dict) -> str:
     lines += ["", f"{what.capitalize()}s that moved:", ""]
     if moved:
         lines += [f"| case | {what} | A | B | change |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {markdown_code(u['unit'])} | {markdown_code(b['name'])} | "
+        lines += [f"| {markdown_code(_case(u))} | {markdown_code(b['name'])} | "
                   f"{_bytes(b['a_bytes'])} | {_bytes(b['b_bytes'])} | "
                   f"{signed_bytes(b['change_bytes'])} ({b['change_bytes']:+d} B) |"
                   for u, b in moved]
@@ -162,7 +175,7 @@ def diff_text(doc: dict) -> str:
     for name in ("case / buffer", "A", "B", "change"):
         table.add_column(name, justify="left" if name == "case / buffer" else "right")
     for u in doc["units"]:
-        table.add_row(u["unit"], _bytes(u["a_peak_bytes"]), _bytes(u["b_peak_bytes"]),
+        table.add_row(_case(u), _bytes(u["a_peak_bytes"]), _bytes(u["b_peak_bytes"]),
                       signed_bytes(u["peak_change_bytes"]))
         for b in u["buffers"]:
             if b["change_bytes"]:
