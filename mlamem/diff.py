@@ -1,5 +1,6 @@
 """`mlamem diff A B`: two results of one kind (profile, repro-oom, graphs) or two snapshots, case
-by case: the peak in A and in B and, per named buffer (between snapshots: per frame), the bytes.
+by case: the peak in A and in B and, per named buffer, the bytes (between snapshots: the blocks
+live at the peak, an MLA call's by buffer name, any other by its frame).
 
 Cases pair by their key (a profile's scenario, operation, T and path); a case left over on each
 side with the same key but its path pairs too, so alloc against workspace compares. Results from
@@ -93,15 +94,16 @@ def _graphs_units(data: dict) -> list[Unit]:
 
 
 def _snapshot_side(path: Path) -> Side:
-    """A snapshot's peak and its bytes live at the peak per frame (`mlamem.explain`)."""
-    from mlamem.explain import load, replay, segment_peak
+    """A snapshot's peak and the bytes live at it per name: an MLA call's buffers by their
+    names, other allocations by their frames (`mlamem.explain.live_by_name`, in the default
+    scenario's dimensions)."""
+    from mlamem import scenario
+    from mlamem.explain import live_by_name, load
+    from mlamem.scenario_names import DEFAULT_SCENARIO
 
     data, events, _ = load(path)
-    peak = replay(events) or segment_peak(data["segments"])
-    frames: dict[str, int] = {}
-    for allocation in peak.live:
-        frames[allocation.frame] = frames.get(allocation.frame, 0) + allocation.block_bytes
-    return Side("snapshot", [Unit(("peak",), ("peak",), "peak", peak.bytes, frames)], None)
+    peak, named = live_by_name(data, events, scenario.load(DEFAULT_SCENARIO))
+    return Side("snapshot", [Unit(("peak",), ("peak",), "peak", peak.bytes, named)], None)
 
 
 def pair(a: list[Unit], b: list[Unit]) -> list[tuple[Unit | None, Unit | None]]:

@@ -256,6 +256,20 @@ def _outermost(matches: dict[tuple[int, int], CallMatch]) -> list[CallMatch]:
     return [matches[span] for span in kept]
 
 
+def live_by_name(data: dict, events: list[dict], scenario: Scenario) -> tuple[Peak, dict[str, int]]:
+    """The peak, and the bytes live at it per name: a buffer of an MLA call found (at any head
+    count the kernels run) by its buffer's name, any other allocation by its frame."""
+    peak = replay(events) or segment_peak(data["segments"])
+    calls = find_calls(trace_allocations(events), shapes(scenario, _kernels(None), None))
+    name_of = {a.index: name for call in calls
+               for name, a in zip(call.names, call.allocations, strict=True)}
+    named: dict[str, int] = {}
+    for allocation in peak.live:
+        name = name_of.get(allocation.index, allocation.frame)
+        named[name] = named.get(name, 0) + allocation.block_bytes
+    return peak, named
+
+
 def load(path: Path) -> tuple[dict, list[dict], int]:
     """The snapshot, the device trace with the most events and that device's index."""
     data = snapshot.read(path)

@@ -80,15 +80,24 @@ def test_environments_that_differ_are_named_as_the_gate_names_them(capsys):
         doc["environment"]
 
 
-def test_two_snapshots_compare_by_frame(tmp_path, capsys):
-    """The H200 snapshot against a predicted one at T=1024: the peak by the frames live at it."""
-    predicted = tmp_path / "p.pickle"
-    assert main(["profile", "--predict", "--tokens", "1024", "--snapshot", str(predicted)]) == 0
+def test_two_snapshots_compare_by_buffer_measured_equals_predicted(tmp_path, capsys):
+    """The H200 snapshot against a predicted one at T=1024: at each peak the alloc-path call's
+    buffers, named, with the same bytes, so nothing moved; against T=8192 each grows."""
+    predicted, larger = tmp_path / "p.pickle", tmp_path / "l.pickle"
+    for path, tokens in ((predicted, "1024"), (larger, "8192")):
+        assert main(["profile", "--predict", "--tokens", tokens, "--snapshot", str(path)]) == 0
     code, doc = _diff(capsys, SNAPSHOT, predicted)
     [unit] = doc["units"]
     assert code == 0 and doc["kind"] == "snapshot"
-    assert unit["a_peak_bytes"] == 411829248  # the fixture's alloc-path call
-    assert sum(x["a_bytes"] or 0 for x in unit["buffers"]) == unit["a_peak_bytes"]
+    assert unit["a_peak_bytes"] == unit["b_peak_bytes"] == 411829248  # the alloc-path call
+    assert [b["name"] for b in unit["buffers"]] == [
+        "padded_q", "out", "lse", "scheduler_metadata", "num_splits", "lse_accum", "o_accum"]
+    assert all(b["a_bytes"] == b["b_bytes"] for b in unit["buffers"])
+    code, doc = _diff(capsys, SNAPSHOT, larger, "--fail-on-growth", "1GiB")
+    [unit] = doc["units"]
+    assert code == 1 and all(b["change_bytes"] > 0 for b in unit["buffers"]
+                             if b["name"] not in ("scheduler_metadata", "num_splits"))
+    assert sum(b["b_bytes"] for b in unit["buffers"]) == unit["b_peak_bytes"]
 
 
 def test_a_profile_against_a_snapshot_is_one_line(paths_profiles, capsys):

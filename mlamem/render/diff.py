@@ -55,8 +55,9 @@ def diff_markdown(doc: dict) -> str:
         lines.append(f"| {markdown_code(case)} | {_bytes(u['a_peak_bytes'])} | "
                      f"{_bytes(u['b_peak_bytes'])} | {signed_bytes(u['peak_change_bytes'])} |")
     moved = [(u, b) for u in doc["units"] for b in u["buffers"] if b["change_bytes"]]
-    what = "frame" if doc["kind"] == "snapshot" else "buffer"
-    lines += ["", f"{what.capitalize()}s that moved:", ""]
+    snapshots = doc["kind"] == "snapshot"  # an allocation of no call found goes by its frame
+    what = "buffer or frame" if snapshots else "buffer"
+    lines += ["", "Buffers or frames that moved:" if snapshots else "Buffers that moved:", ""]
     if moved:
         lines += [f"| case | {what} | A | B | change |", "|---|---|---:|---:|---:|"]
         lines += [f"| {markdown_code(_case(u))} | {markdown_code(b['name'])} | "

@@ -865,9 +865,14 @@ class BufferChange(Model):
     """One named buffer (or, for snapshots, frame) in A and in B."""
 
     name: str = Field(
-        description="the buffer's name (`padded_q`, `o_accum`, ...) or, between snapshots, the frame")
-    a_bytes: MaybeBytes = Field(description="its requested bytes in A (null: not in A)")
-    b_bytes: MaybeBytes = Field(description="its requested bytes in B (null: not in B)")
+        description=(
+            "the buffer's name (`padded_q`, `o_accum`, ...); between snapshots, an allocation of no "
+            "MLA call found is named by its frame"))
+    a_bytes: MaybeBytes = Field(
+        description=(
+            "its bytes in A (null: not in A): requested bytes in results; between snapshots, the "
+            "blocks live at the peak (rounded to 512)"))
+    b_bytes: MaybeBytes = Field(description="its bytes in B, the same figure (null: not in B)")
     change_bytes: int = Field(description="B − A, a missing side counting 0")
 
 
