@@ -249,11 +249,14 @@ def find_calls(allocations: list[Allocation], candidates: list[Shape]) -> list[C
 
 
 def _outermost(matches: dict[tuple[int, int], CallMatch]) -> list[CallMatch]:
-    """The matches no longer match holds, in trace order."""
-    spans = sorted(matches)
-    kept = [span for span in spans
-            if not any(o != span and o[0] <= span[0] and span[1] <= o[1] for o in spans)]
-    return [matches[span] for span in kept]
+    """The matches no other holds, in trace order: by start, the longest first, a span is held
+    when an earlier one ends at or after its end."""
+    kept, reach = [], -1
+    for span in sorted(matches, key=lambda s: (s[0], -s[1])):
+        if span[1] > reach:
+            kept.append(matches[span])
+            reach = span[1]
+    return kept
 
 
 def live_by_name(data: dict, events: list[dict], scenario: Scenario) -> tuple[Peak, dict[str, int]]:
@@ -292,7 +295,8 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     spans = segment_spans(data, events)
     at_peak = {a.index for a in peak.live}
     kernels = _kernels(kernel_names)
-    heads = [_padded_heads(scenario, kernels[0][1])] if scenario_given else None
+    padded = {name: _padded_heads(scenario, kernel) for name, kernel in kernels}
+    heads = sorted(set(padded.values())) if scenario_given else None
     calls = find_calls(trace_allocations(events), shapes(scenario, kernels, heads))
     notes = [f"event {i}: out of memory asking for {e['size']} bytes"
              for i, e in enumerate(events) if e["action"] == "oom"]
@@ -306,7 +310,7 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
         "peak_bytes": peak.bytes, "peak_source": peak.source, "peak_event": peak.event,
         "reserved_bytes": sum(s["total_size"] for s in data["segments"]),
         "by_frame": _by_frame(peak.live), "by_segment": _by_segment(peak.live, spans),
-        "calls": [_call(c, at_peak, scenario, scenario_source) for c in calls], "notes": notes,
+        "calls": [_call(c, at_peak, scenario, scenario_source, padded) for c in calls], "notes": notes,
     }
 
 
@@ -344,14 +348,14 @@ def _by_segment(live: list[Allocation], spans: list[tuple[int, int]]) -> list[di
             for span, group in sorted(groups.items(), key=lambda kv: kv[0] or (-1, 0))]
 
 
-def _call(match: CallMatch, at_peak: set[int], scenario: Scenario, source: str) -> dict:
+def _call(match: CallMatch, at_peak: set[int], scenario: Scenario, source: str,
+          padded: dict[str, int]) -> dict:
     """One call found: its buffers, the T and heads it implies, and the saving the profile
-    predicts for the implied shape that is the scenario's (if any is)."""
+    predicts for the implied shape that is the scenario's (`padded`: its heads per kernel)."""
     implied = sorted({(t, heads) for _, t, heads in match.candidates})
     kernels = sorted({k for k, _, _ in match.candidates})
     kernel = next(k for k, _, _ in match.candidates)
-    padded = _padded_heads(scenario, _kernels([kernel])[0][1])
-    fitting = [t for t, h in implied if h == padded]
+    fitting = [t for t, h in implied if h == padded[kernel]]
     live = [a for a in match.allocations if a.index in at_peak]
     return {
         "first_event": match.allocations[0].index, "kernels": kernels, "path": match.path,
