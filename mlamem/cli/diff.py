@@ -33,8 +33,9 @@ def diff(
     output: o.OutputOption = None,
 ) -> int:
     """Compare two results: per case the peak in A and in B and its change, and per named buffer
-    (between snapshots: per frame) the bytes in each. Environments that differ are named as
-    the gate names them. Exits 1 with --fail-on-growth when a peak grew by more."""
+    the bytes in each (between snapshots: an MLA call's buffers by name, others by frame).
+    Environments that differ are named as the gate names them. Exits 1 with --fail-on-growth
+    when a peak grew by more."""
     chosen = pick_format(output, output_format and output_format.value,
                          list(render.DIFF_FORMATS), what="diff")
     limit = None
