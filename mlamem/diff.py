@@ -78,12 +78,14 @@ def _profile_units(data: dict) -> list[Unit]:
 
 
 def _repro_units(data: dict) -> list[Unit]:
+    """One unit per case (a path, or a reserve variant), labelled with its verdict; the peak is
+    the step's (null where it ran out of memory)."""
     units = []
     for i, case in enumerate(data["cases"]):
         name = str(case.get("path") or case.get("variant") or f"case {i}")
         units.append(Unit((data["scenario"]["name"], name), (data["scenario"]["name"],),
-                          f"{data['scenario']['name']} {name}", case.get("step_peak_bytes"),
-                          _named(case["buffers"])))
+                          f"{data['scenario']['name']} {name} {case['verdict']}",
+                          case.get("step_peak_bytes"), _named(case["buffers"])))
     return units
 
 

@@ -104,3 +104,42 @@ def test_a_profile_against_a_snapshot_is_one_line(paths_profiles, capsys):
     a, _ = paths_profiles
     assert main(["diff", str(a), str(SNAPSHOT)]) == 2
     assert "compare two of one kind" in capsys.readouterr().err
+
+
+def test_repro_oom_cases_pair_by_path_with_their_verdicts(tmp_path, capsys):
+    """The H200's repro-oom against a predicted run: each path's step peak in both, the
+    verdicts in the labels, and the environment that differs named (measured, the GPU)."""
+    predicted = tmp_path / "r.json"
+    assert main(["repro-oom", "--predict", "--format", "json", "--output", str(predicted)]) == 0
+    measured = FIXTURES / "results" / "repro-oom-glm5-h200.json"
+    code, doc = _diff(capsys, measured, predicted)
+    cases_a = json.loads(measured.read_text())["cases"]
+    cases_b = json.loads(predicted.read_text())["cases"]
+    assert code == 0 and doc["kind"] == "repro-oom"
+    for unit, a, b in zip(doc["units"], cases_a, cases_b, strict=True):
+        assert unit["a_label"].endswith(f"{a['path']} {a['verdict']}")
+        assert unit["b_label"].endswith(f"{b['path']} {b['verdict']}")
+        assert (unit["a_peak_bytes"], unit["b_peak_bytes"]) == (a["step_peak_bytes"],
+                                                                b["step_peak_bytes"])
+    assert {d["name"] for d in doc["environment"]} >= {"measured", "gpu"}
+
+
+def test_graphs_captures_pair_by_path_and_t(tmp_path, capsys):
+    """Two predicted capture lists: the captures both have pair with equal figures; the one
+    only B has is listed with its buffers, their bytes the capture's own."""
+    files = {}
+    for name, sizes in (("a", "512,8"), ("b", "512,16,8")):
+        files[name] = tmp_path / f"{name}.json"
+        assert main(["graphs", "--predict", "--capture-sizes", sizes, "--format", "json",
+                     "--output", str(files[name])]) == 0
+    code, doc = _diff(capsys, files["a"], files["b"])
+    assert code == 0 and doc["kind"] == "graphs"
+    paired = [u for u in doc["units"] if u["a_label"] and u["b_label"]]
+    assert len(paired) == 4 and all(u["peak_change_bytes"] == 0 for u in paired)
+    added = {u["unit"]: u for u in doc["units"] if u["a_label"] is None}
+    captures = {f"{p['path']} capture T={c['tokens']}": c
+                for p in json.loads(files["b"].read_text())["paths"] for c in p["captures"]}
+    assert set(added) == {"alloc capture T=16", "workspace capture T=16"}
+    for label, unit in added.items():
+        assert {b["name"]: b["b_bytes"] for b in unit["buffers"]} == {
+            b["name"]: b["requested_bytes"] for b in captures[label]["buffers"]}
