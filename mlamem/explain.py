@@ -141,9 +141,10 @@ def segment_peak(segments: list[dict]) -> Peak:
 
 
 def segment_spans(data: dict, events: list[dict]) -> list[tuple[int, int]]:
-    """(address, size) of every segment the snapshot names: the trace's segment_alloc events and
-    the segments held at the end, sorted by address."""
-    spans = {(e["addr"], e["size"]) for e in events if e["action"] == "segment_alloc"}
+    """(address, size) of every segment the snapshot names: the trace's segment_alloc (and, for
+    expandable segments, segment_map) events and the segments held at the end, by address."""
+    spans = {(e["addr"], e["size"]) for e in events
+             if e["action"] in ("segment_alloc", "segment_map")}
     spans |= {(s["address"], s["total_size"]) for s in data["segments"]}
     return sorted(spans)
 
