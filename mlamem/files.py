@@ -153,9 +153,10 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
 MAX_INPUT_BYTES = 64 * 1024 * 1024  # no scenario, baseline or result comes near this
 
 
-def read_text(path: Path, what: str, field: str | None = None) -> str:
-    """The one reader of an input file: a regular file within MAX_INPUT_BYTES, decoded as
-    UTF-8. Anything else is a UserError naming the file (and `field`, the option it came from)."""
+def read_bytes(path: Path, what: str, field: str | None = None,
+               limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The one reader of an input file: a regular file within `limit` bytes. Anything else is a
+    UserError naming the file (and `field`, the option it came from)."""
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -167,14 +168,23 @@ def read_text(path: Path, what: str, field: str | None = None) -> str:
     if not stat.S_ISREG(info.st_mode):
         raise UserError(f"{path} is not a regular file (a device or a pipe); pass a {what}",
                         field=field)
-    if info.st_size > MAX_INPUT_BYTES:
+    if info.st_size > limit:
         raise UserError(f"{path} is {info.st_size} bytes, more than a {what} can be "
-                        f"({MAX_INPUT_BYTES}); pass the right file", field=field)
+                        f"({limit}); pass the right file", field=field)
     try:
         with open(path, "rb") as handle:
-            data = handle.read(MAX_INPUT_BYTES + 1)
+            data = handle.read(limit + 1)
     except OSError as exc:
         raise UserError(f"{path}: cannot read it ({exc.strerror})", field=field) from None
+    if len(data) > limit:  # it grew while being read
+        raise UserError(f"{path} is more than a {what} can be ({limit}); pass the right file",
+                        field=field)
+    return data
+
+
+def read_text(path: Path, what: str, field: str | None = None) -> str:
+    """`read_bytes`'s file decoded as UTF-8; anything else is a UserError naming the file."""
+    data = read_bytes(path, what, field)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

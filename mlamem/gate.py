@@ -335,24 +335,31 @@ class EnvironmentDifference:
 
 
 def environment_differences(baseline: Baseline, current: Baseline) -> list[EnvironmentDifference]:
-    """Fields that differ. Blocking: measured vs predicted, the kernel (--kernel), the version of
-    the sweep's kernel (`kernels.<name>`; other kernels' versions do not touch its figures), and,
-    between measured sweeps, the GPU architecture (compute capability, SM count)."""
-    both_measured = baseline.measured and current.measured
+    """Fields that differ between a baseline and this run (`differences_between`)."""
+    return differences_between(
+        (baseline.measured, sweep_kernel(baseline.sweep), baseline.environment),
+        (current.measured, sweep_kernel(current.sweep), current.environment))
+
+
+def differences_between(before: tuple[bool, str, dict], now: tuple[bool, str, dict]
+                        ) -> list[EnvironmentDifference]:
+    """Fields that differ between two results, each (measured, kernel, environment as a dict).
+    Blocking: measured vs predicted, the kernel (--kernel), the version of the later result's
+    kernel (`kernels.<name>`; other kernels' versions do not touch its figures), and, between
+    measured results, the GPU architecture (compute capability, SM count)."""
+    (was_measured, was_kernel, was_env), (is_measured, kernel, env) = before, now
+    both_measured = was_measured and is_measured
     differences = []
-    if baseline.measured != current.measured:
+    if was_measured != is_measured:
         differences.append(EnvironmentDifference(
-            "measured", _kind(baseline.measured), _kind(current.measured), True))
-    kernel = sweep_kernel(current.sweep)
-    if sweep_kernel(baseline.sweep) != kernel:
-        differences.append(EnvironmentDifference(
-            "kernel", sweep_kernel(baseline.sweep), kernel, True))
-    before, now = baseline.environment, current.environment
-    fields = [(name, blocking, before.get(name), now.get(name)) for name, blocking in (
+            "measured", _kind(was_measured), _kind(is_measured), True))
+    if was_kernel != kernel:
+        differences.append(EnvironmentDifference("kernel", was_kernel, kernel, True))
+    fields = [(name, blocking, was_env.get(name), env.get(name)) for name, blocking in (
         ("compute_capability", both_measured), ("sm_count", both_measured))]
-    fields.append((f"kernels.{kernel}", True, _kernel_version(before, kernel),
-                   _kernel_version(now, kernel)))
-    fields += [(name, False, before.get(name), now.get(name))
+    fields.append((f"kernels.{kernel}", True, _kernel_version(was_env, kernel),
+                   _kernel_version(env, kernel)))
+    fields += [(name, False, was_env.get(name), env.get(name))
                for name in ("gpu", "torch", "mlamem", "allocator_conf")]
     differences += [EnvironmentDifference(name, old, new, blocking)
                     for name, blocking, old, new in fields if old != new]

@@ -1,17 +1,28 @@
 """Memory snapshots in PyTorch's format, openable in https://pytorch.org/memory_viz.
 
 A measured sweep keeps torch's own trace entries (with Python stacks); a predicted one writes the
-allocator model's events and segments in the same layout.
+allocator model's events and segments in the same layout. `read` is the one reader of a snapshot
+from elsewhere (untrusted): through the bounded file reader, unpickled by `SnapshotUnpickler`,
+which builds plain data only, then checked for the fields mlamem reads.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from mlamem.files import write_atomic
+from mlamem.errors import UserError
+from mlamem.files import read_bytes, write_atomic
+
+# torch's _dump_snapshot pickles dicts, lists, tuples, strings, numbers, booleans and None, all
+# of which pickle opcodes build without naming a class; a set or frozenset (pickles of protocol
+# 2 and 3 name these) is the only class a snapshot may name. Everything else is refused.
+ALLOWED_CLASSES = frozenset({("builtins", "set"), ("builtins", "frozenset")})
+MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024  # an engine's snapshot with stacks; unpickled, some GiB
+WHAT = "memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes)"
 
 
 class Traced(Protocol):
@@ -33,3 +44,86 @@ def build(calls: Sequence[Traced]) -> dict:
 def write(path: Path, calls: Sequence[Traced]) -> None:
     """Pickle the snapshot to `path`, whole or not at all."""
     write_atomic(path, pickle.dumps(build(calls)), option="--snapshot")
+
+
+class RefusedClass(pickle.UnpicklingError):
+    """A pickle naming a class a snapshot never names."""
+
+
+class SnapshotUnpickler(pickle.Unpickler):
+    """An unpickler that builds plain data only: a class outside ALLOWED_CLASSES (os.system,
+    a torch tensor, any object with __reduce__) is an UnpicklingError naming it."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in ALLOWED_CLASSES:
+            return super().find_class(module, name)
+        raise RefusedClass(f"it names {module}.{name}, which a snapshot never does")
+
+
+def read(path: Path, field: str | None = None) -> dict:
+    """A snapshot file as plain data, checked (`check`): a UserError in one line for a file
+    that is too large, not a pickle, a pickle that names a class, or not a snapshot."""
+    data = read_bytes(path, WHAT, field, limit=MAX_SNAPSHOT_BYTES)
+    try:
+        snapshot = SnapshotUnpickler(io.BytesIO(data)).load()
+    except RefusedClass as exc:
+        raise UserError(f"{path}: not a memory snapshot ({exc})", field=field) from None
+    except Exception as exc:  # noqa: BLE001 (any error of a corrupt pickle: EOF, bad opcode, ...)
+        words = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise UserError(f"{path}: not a memory snapshot (not a pickle: {words})",
+                        field=field) from None
+    problem = check(snapshot)
+    if problem is not None:
+        raise UserError(f"{path}: not a memory snapshot ({problem})", field=field)
+    return snapshot
+
+
+def check(snapshot: object) -> str | None:
+    """None when `snapshot` has what mlamem reads: `segments` (each with address, total_size and
+    blocks of size and state) and `device_traces` (lists of events with action, addr, size,
+    and frames of filename, line, name where given); else the first field that is wrong."""
+    from pydantic import ValidationError
+
+    from mlamem.results.base import error_line
+
+    try:
+        _snapshot_model().model_validate(snapshot)
+    except ValidationError as exc:
+        return error_line(exc)
+    return None
+
+
+def _snapshot_model():
+    """The pydantic model of what `check` asks of a snapshot (pydantic loaded when reading)."""
+    from pydantic import BaseModel, ConfigDict
+
+    class Part(BaseModel):
+        model_config = ConfigDict(strict=True, extra="allow")
+
+    class Frame(Part):
+        filename: str
+        line: int
+        name: str
+
+    class Event(Part):
+        action: str
+        addr: int
+        size: int
+        frames: list[Frame] = []
+
+    class Block(Part):
+        size: int
+        requested_size: int | None = None
+        state: str
+        frames: list[Frame] = []
+
+    class Segment(Part):
+        address: int
+        total_size: int
+        blocks: list[Block]
+
+    class Snapshot(Part):
+        segments: list[Segment]
+        device_traces: list[list[Event]] = []
+
+    return Snapshot

@@ -17,6 +17,7 @@ Ctrl-C (one line, exit 130, nothing written) runs the real process.
 import dataclasses
 import json
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -651,6 +652,92 @@ def test_merge(inputs, args, fix):
     _run(inputs, "merge", args, fix)
 
 
+SNAPSHOT = Path(__file__).parent / "fixtures" / "glm5-t1024-h200.snapshot.pickle"
+
+
+class _RunsCommand:
+    """Pickled, it names os.system: loading it with plain pickle would run a shell command."""
+
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def written_bytes(name: str, content: Callable[[], bytes]) -> Made:
+    """A file holding the bytes `content` returns."""
+    def make(i: "Inputs") -> Path:
+        path = i.folder / name
+        path.write_bytes(content())
+        return path
+    return Made(make)
+
+
+SNAPSHOT_CASES = [  # a file given as a snapshot that is none: explain and diff alike
+    pytest.param([written_bytes("pwn.pickle", lambda: pickle.dumps(_RunsCommand()))],
+                 "names posix.system, which a snapshot never does", id="snapshot-os-system"),
+    pytest.param([written_bytes("half.pickle", lambda: SNAPSHOT.read_bytes()[:3000])],
+                 "not a pickle", id="snapshot-truncated"),
+    pytest.param([written_bytes("random.pickle", lambda: bytes(range(256)) * 8)],
+                 "not a memory snapshot", id="snapshot-random-bytes"),
+    pytest.param([written("json.pickle", '{"segments": []}')], "not a pickle",
+                 id="snapshot-json"),
+    pytest.param([written_bytes("list.pickle", lambda: pickle.dumps([1, 2]))],
+                 "not a memory snapshot (expected an object)", id="snapshot-a-list"),
+    pytest.param([written_bytes("nosize.pickle", lambda: pickle.dumps(
+        {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1}]]}))],
+        "device_traces[0][0].size: missing", id="snapshot-event-without-size"),
+    pytest.param(["{out}/missing.pickle"], "no such memory snapshot", id="snapshot-missing"),
+    pytest.param(["{out}"], "is a folder", id="snapshot-folder"),
+]
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    *SNAPSHOT_CASES,
+    pytest.param([str(SNAPSHOT), "-s", "no-such"], "no-such", id="scenario-unknown"),
+    pytest.param([str(SNAPSHOT), "-s", "glm5-fp8-tp8", "-s", "glm5-fp8-tp8"],
+                 "is given twice", id="given-twice"),
+    pytest.param([str(SNAPSHOT), "--format", "csv"], "'csv' is not one of", id="format-csv"),
+    pytest.param([str(SNAPSHOT), "--output", "{out}/e.csv"], "explain writes",
+                 id="output-extension"),
+    pytest.param([str(SNAPSHOT), "--output", "/no/such/folder/e.md"], "does not exist",
+                 id="output-no-folder"),
+    pytest.param([str(SNAPSHOT), "--output", "{unwritable}/e.md"], "cannot write in",
+                 id="output-unwritable"),
+    pytest.param([written_bytes("s.md", SNAPSHOT.read_bytes), "--output", "{out}/../s.md"],
+                 "and --output both name", id="output-is-the-input"),
+    pytest.param([], "Missing argument", id="no-input"),
+])
+def test_explain(inputs, args, fix):
+    """explain: a file that is no snapshot (a pickle that would run a command, random bytes,
+    JSON), an unknown scenario or a bad --output: one line, exit 2, nothing written or run."""
+    _run(inputs, "explain", args, fix)
+    assert not (inputs.folder / "pwned").exists() and not Path("pwned").exists()
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    *[pytest.param([str(SNAPSHOT), *case.values[0]], case.values[1], id=case.id)
+      for case in SNAPSHOT_CASES],
+    pytest.param([str(PROFILE), str(SNAPSHOT)], "compare two of one kind", id="kinds-mixed"),
+    pytest.param([str(PROFILE), "{baseline}"], "'mlamem.baseline/1' is not a result diff",
+                 id="baseline"),
+    pytest.param([str(PROFILE), written("half.json", lambda: PROFILE.read_text()[:5000])],
+                 "not valid JSON", id="input-half"),
+    pytest.param([str(PROFILE), written("badrow.json", _json_with(PROFILE, rows=[{"x": 1}]))],
+                 "not a valid mlamem.profile/1 file", id="input-bad-row"),
+    pytest.param([str(PROFILE), str(PROFILE), "--fail-on-growth", "10"],
+                 "--fail-on-growth: '10' has no unit", id="growth-without-unit"),
+    pytest.param([str(PROFILE), str(PROFILE), "--output", "{out}/d.csv"], "diff writes",
+                 id="output-extension"),
+    pytest.param([str(PROFILE), str(PROFILE), "--output", "{unwritable}/d.md"],
+                 "cannot write in", id="output-unwritable"),
+    pytest.param([str(PROFILE)], "Missing argument", id="one-input"),
+])
+def test_diff(inputs, args, fix):
+    """diff: two kinds, a result it does not compare, a corrupt or hostile file, a size without
+    its unit or a bad --output: one line, exit 2, nothing written or run."""
+    _run(inputs, "diff", args, fix)
+    assert not (inputs.folder / "pwned").exists() and not Path("pwned").exists()
+
+
 @pytest.mark.parametrize(("args", "fix"), [
     pytest.param(["extra"], "unexpected extra argument", id="extra-argument"),
     pytest.param(["--serve-typo"], "No such option", id="unknown-option"),
@@ -694,7 +781,8 @@ def test_unknown_command(inputs):
 
 @pytest.mark.parametrize(("command", "formats"), [
     ("profile", render.FORMATS), ("validate", render.VALIDATION_FORMATS),
-    ("repro-oom", render.REPRO_FORMATS), ("plan", render.PLAN_FORMATS)])
+    ("repro-oom", render.REPRO_FORMATS), ("plan", render.PLAN_FORMATS),
+    ("explain", render.EXPLAIN_FORMATS), ("diff", render.DIFF_FORMATS)])
 def test_format_choices_are_what_the_command_writes(capsys, command, formats):
     """--help offers exactly the formats the command accepts (validate once offered csv)."""
     assert main([command, "--help"]) == 0

@@ -5,6 +5,7 @@ process (`mlamem.cli.main`), derandomized, a few examples each, within a deadlin
 import contextlib
 import io
 import json
+import pickle
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -75,3 +76,47 @@ def test_report(data):
 @given(mutated(PROFILE))
 def test_merge(data):
     _run(lambda f: ["merge", _file(f, "r.json", data)])
+
+
+SNAPSHOT = (ROOT / "fixtures" / "glm5-t1024-h200.snapshot.pickle").read_bytes()
+PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+@st.composite
+def mutated_snapshot(draw) -> bytes:
+    """Random bytes; the H200 snapshot's pickle with a slice cut or replaced; or its data with
+    one field of one event or segment set to a random plain value, pickled."""
+    choice = draw(st.sampled_from(["bytes", "slice", "field"]))
+    if choice == "bytes":
+        return draw(st.binary(max_size=200))
+    if choice == "slice":
+        start = draw(st.integers(0, len(SNAPSHOT)))
+        end = draw(st.integers(start, min(len(SNAPSHOT), start + 40)))
+        return SNAPSHOT[:start] + draw(st.binary(max_size=20)) + SNAPSHOT[end:]
+    data = pickle.loads(SNAPSHOT)
+    events = data["device_traces"][0]
+    target = draw(st.sampled_from([data, data["segments"][0], events[draw(
+        st.integers(0, len(events) - 1))]]))
+    target[draw(st.sampled_from([*target, "frames", "blocks"]))] = draw(PLAIN)
+    return pickle.dumps(data)
+
+
+@FUZZ
+@given(mutated_snapshot())
+def test_explain(data):
+    _run(lambda f: ["explain", _file(f, "s.pickle", data), "--format", "json"])
+
+
+@FUZZ
+@given(mutated_snapshot())
+def test_diff_snapshots(data):
+    _run(lambda f: ["diff", _file(f, "a.pickle", SNAPSHOT), _file(f, "b.pickle", data)])
+
+
+@FUZZ
+@given(mutated(PROFILE))
+def test_diff_results(data):
+    _run(lambda f: ["diff", _file(f, "a.json", PROFILE.encode()), _file(f, "b.json", data),
+                    "--fail-on-growth", "0B"])

@@ -25,6 +25,7 @@ from mlamem.results.__main__ import file_name, stale
 ROOT = Path(__file__).parent.parent
 SCHEMAS = ROOT / "docs" / "schemas"
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
+SNAPSHOT = Path(__file__).parent / "fixtures" / "glm5-t1024-h200.snapshot.pickle"
 MAP = ".<>"  # the keys of an object whose keys are data (`cases[].buffers.<buffer>`)
 OPEN = ".*"  # an object whose unlisted keys pass (`scenario.*`)
 
@@ -147,7 +148,26 @@ def documents(tmp_path_factory) -> dict[str, list[list[dict]]]:
         "mlamem.graphs/1": [[_json(tmp, "graphs.json", "graphs", "--capture-sizes", "512,8",
                                    "--format", "json", "--predict")]],
         "mlamem.kernels/1": [[_stdout_json("kernels", "--format", "json")]],
+        "mlamem.explain/1": [[_json(tmp, "explain.json", "explain", str(SNAPSHOT)),
+                              _json(tmp, "explain-s.json", "explain", str(SNAPSHOT), "-s",
+                                    "glm5-fp8-tp8")]],
+        "mlamem.diff/1": [[_diff_document(tmp), _json(tmp, "diff-s.json", "diff", str(SNAPSHOT),
+                                                      str(SNAPSHOT), "--format", "json"),
+                           _json(tmp, "diff-h200.json", "diff",
+                                 str(FIXTURES / "profile-glm5-h200.predicted.json"),
+                                 str(FIXTURES / "profile-glm5-h200.json"), "--format", "json")]],
     }
+
+
+def _diff_document(tmp: Path) -> dict:
+    """A diff of two profiles (alloc against workspace) with --fail-on-growth."""
+    for path in ("alloc", "workspace"):
+        _json(tmp, f"{path}.json", "profile", "--predict", "--tokens", "1024", "--paths", path,
+              "--format", "json")
+    target = tmp / "diff.json"
+    main(["diff", str(tmp / "alloc.json"), str(tmp / "workspace.json"), "--fail-on-growth",
+          "0B", "--output", str(target)])
+    return json.loads(target.read_text())
 
 
 def _bench_document() -> dict:

@@ -2,10 +2,15 @@
 
 import json
 import pickle
+from pathlib import Path
 
+import pytest
+import torch
 import torch.cuda._memory_viz as memory_viz
 
+from mlamem import snapshot
 from mlamem.cli import main
+from mlamem.errors import UserError
 
 
 def test_snapshot_opens_with_torch_memory_viz(tmp_path):
@@ -24,3 +29,64 @@ def test_snapshot_opens_with_torch_memory_viz(tmp_path):
     assert [event["size"] for event in trace if event["action"] == "alloc"] == buffers
     assert len(buffers) == 7 + 6
 
+
+
+# Reading a snapshot from elsewhere: untrusted input.
+
+FIXTURE = Path(__file__).parent / "fixtures" / "glm5-t1024-h200.snapshot.pickle"
+
+
+class _RunsCommand:
+    """A pickle that would run a shell command when loaded by pickle.loads."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned > /tmp/mlamem-pwned",))
+
+
+class _BuildsObject:
+    """A pickle of an ordinary object: names its class."""
+
+
+def test_read_takes_the_h200_snapshot_and_a_predicted_one(tmp_path):
+    """The H200 fixture reads as plain data, and so does a predicted run's snapshot."""
+    measured = snapshot.read(FIXTURE)
+    assert len(measured["device_traces"][0]) == 38
+    target = tmp_path / "p.pickle"
+    assert main(["profile", "--tokens", "1024", "--predict", "--snapshot", str(target)]) == 0
+    assert snapshot.read(target)["device_traces"][0][0]["action"] == "segment_alloc"
+
+
+@pytest.mark.parametrize(("payload", "words"), [
+    (pickle.dumps(_RunsCommand()), "names posix.system"),
+    (pickle.dumps({"segments": [], "x": _BuildsObject()}), "_BuildsObject"),
+    (pickle.dumps({"segments": [], "t": torch.zeros(2)}), "names torch"),
+    (b"\x80\x04garbage", "not a pickle"),
+    (bytes(range(256)) * 4, "not a"),
+    (json.dumps({"segments": []}).encode(), "not a pickle"),
+    (pickle.dumps([1, 2, 3]), "expected an object"),
+    (pickle.dumps({"device_traces": [[]]}), "segments: missing"),
+    (pickle.dumps({"segments": [{"address": "x", "total_size": 1, "blocks": []}]}),
+     "segments[0].address: expected an integer"),
+    (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1}]]}),
+     "device_traces[0][0].size: missing"),
+])
+def test_read_refuses_what_is_not_a_snapshot_in_one_line(tmp_path, payload, words):
+    """A hostile or foreign file is a UserError naming the file and what is wrong, and nothing
+    in it runs."""
+    path = tmp_path / "s.pickle"
+    path.write_bytes(payload)
+    Path("/tmp/mlamem-pwned").unlink(missing_ok=True)
+    with pytest.raises(UserError) as error:
+        snapshot.read(path)
+    assert str(path) in str(error.value) and words in str(error.value)
+    assert "\n" not in str(error.value) and error.value.field is None
+    assert not Path("/tmp/mlamem-pwned").exists()
+
+
+def test_read_refuses_a_file_over_the_bound(tmp_path, monkeypatch):
+    """A snapshot larger than MAX_SNAPSHOT_BYTES is refused before it is read."""
+    monkeypatch.setattr(snapshot, "MAX_SNAPSHOT_BYTES", 1000)
+    with pytest.raises(UserError, match="7255 bytes, more than a memory snapshot"):
+        snapshot.read(FIXTURE)

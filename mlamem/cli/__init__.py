@@ -10,6 +10,8 @@ from mlamem.cli import (  # noqa: F401, I001 (each registers its command, in --h
     report,
     merge,
     gate,
+    explain,
+    diff,
     plan,
     graphs,
     listings,

@@ -11,6 +11,8 @@ _EXPORTS = {
     "common": ["csv_cell", "markdown_code", "predicted_tag"],
     "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table",
                 "compare_view"],
+    "diff": ["DIFF_FORMATS", "diff_markdown"],
+    "explain": ["EXPLAIN_FORMATS", "explain_markdown"],
     "gate": ["gate_markdown"],
     "graphs": ["GRAPHS_FORMATS", "error_percent_text", "estimate_of", "estimate_sources",
                "graphs_csv", "graphs_json", "graphs_markdown", "graphs_table"],

@@ -25,6 +25,8 @@ MODELS = {
     "mlamem.plan/1": "PlanFile",
     "mlamem.bench/2": "BenchFile",
     "mlamem.kernels/1": "KernelsFile",
+    "mlamem.explain/1": "ExplainFile",
+    "mlamem.diff/1": "DiffFile",
 }
 
 

@@ -803,3 +803,154 @@ class BenchFile(ResultFile):
 
 FILES: tuple[type[ResultFile], ...] = (ProfileFile, ReproFile, GraphsFile, ValidateFile,
                                        CompareFile, BaselineFile, PlanFile, BenchFile)
+
+
+# mlamem.explain/1
+
+
+class FrameBytes(Model):
+    """Bytes live at the snapshot's peak from one frame."""
+
+    frame: str = Field(
+        description=(
+            "the innermost Python frame outside torch, mlamem and the kernel libraries, "
+            "`file:line function` (else the innermost outside torch; `no frames` where the trace has none)"))
+    bytes: Bytes = Field(description="the blocks live at the peak allocated there (rounded to 512)")
+    allocations: int = Field(description="how many")
+
+
+class SegmentBytes(Model):
+    """Bytes live at the snapshot's peak in one segment."""
+
+    address: int | None = Field(description="the segment's address (null: in no segment the snapshot names)")
+    segment_bytes: MaybeBytes = Field(description="the segment's size")
+    live_bytes: Bytes = Field(description="the blocks live in it at the peak")
+    allocations: int = Field(description="how many")
+
+
+class ImpliedShape(Model):
+    """A T and padded head count at which the kernel allocates exactly the call's bytes."""
+
+    tokens: int = Field(description="T, the decode call's s_q")
+    heads: int = Field(description="the padded heads q had in the kernel")
+
+
+class CallBuffer(Model):
+    """One allocation of a call found, named from the kernel's and path's spec."""
+
+    name: str = Field(description="the buffer: `padded_q`, `out`, `lse`, ..., `o_accum`")
+    requested_bytes: Bytes = Field(description="the bytes asked for")
+    frame: str = Field(description="its frame, as `by_frame` names frames")
+    live_at_peak: bool = Field(description="live at the snapshot's peak")
+
+
+class Saving(Model):
+    """What the workspace path saves on the call, from the predicted profile at its T."""
+
+    tokens: int = Field(description="the T profiled")
+    heads_per_rank: int = Field(description="the scenario's heads per rank")
+    kernel: str = Field(description="the kernel profiled")
+    alloc_peak_bytes: MaybeBytes = Field(description="the alloc path's predicted per-call peak")
+    workspace_peak_bytes: MaybeBytes = Field(description="the workspace path's predicted per-call peak")
+    saving_bytes: int = Field(description="alloc − workspace")
+    removed_buffers: list[str] = Field(description="the buffers the workspace path does not allocate")
+    saving_at_peak_bytes: Bytes = Field(
+        description="of those, the bytes this call had live at the snapshot's peak (0 on the workspace path)")
+    command: str = Field(description="the `mlamem profile` command that reproduces the call")
+
+
+class FoundCall(Model):
+    """One MLA kernel call found in the trace by its allocations."""
+
+    first_event: int = Field(description="the trace event of its first allocation")
+    kernels: list[str] = Field(description="the kernels whose allocations it matches")
+    path: str = Field(description="`alloc` (its padded q allocated just before) or `workspace`")
+    implied: list[ImpliedShape] = Field(description="every (T, heads) its bytes fit")
+    ambiguous: bool = Field(
+        description="more than one (T, heads) fits: bytes fix only T × heads; `--scenario` fixes the heads")
+    buffers: list[CallBuffer]
+    live_at_peak_bytes: Bytes = Field(description="its blocks live at the snapshot's peak")
+    saving: Saving | None = Field(
+        description="null where no implied head count is the scenario's (give `--scenario`)")
+
+
+class ExplainFile(ResultFile):
+    """`mlamem explain --format json`: a PyTorch memory snapshot explained."""
+
+    schema_: Literal["mlamem.explain/1"] = Field(alias="schema", description="`mlamem.explain/1`")
+    command: str = Field(description="the command line that made it")
+    snapshot: str = Field(description="the snapshot file read")
+    created: str = Field(description="when it was made: UTC, ISO 8601")
+    device: int = Field(description="the device whose trace is explained (the one with most events)")
+    trace_events: int = Field(description="events in that device's trace")
+    scenario: str = Field(description="the scenario giving the calls' dimensions")
+    scenario_given: bool = Field(description="`--scenario` was given: its head count alone is tried")
+    peak_bytes: Bytes = Field(description="the allocated peak (blocks rounded to 512)")
+    peak_source: Literal["trace", "segments"] = Field(
+        description="`trace`: replayed from the events; `segments`: what the segments held at the end")
+    peak_event: int | None = Field(description="the trace event that reached the peak")
+    reserved_bytes: Bytes = Field(description="the segments held when the snapshot was taken")
+    by_frame: list[FrameBytes]
+    by_segment: list[SegmentBytes]
+    calls: list[FoundCall]
+    notes: list[str] = Field(description="out-of-memory events and other caveats")
+
+
+# mlamem.diff/1
+
+
+class BufferChange(Model):
+    """One named buffer (or, for snapshots, frame) in A and in B."""
+
+    name: str = Field(
+        description=(
+            "the buffer's name (`padded_q`, `o_accum`, ...); between snapshots, an allocation of no "
+            "MLA call found is named by its frame"))
+    a_bytes: MaybeBytes = Field(
+        description=(
+            "its bytes in A (null: not in A): requested bytes in results; between snapshots, the "
+            "blocks live at the peak (rounded to 512)"))
+    b_bytes: MaybeBytes = Field(description="its bytes in B, the same figure (null: not in B)")
+    change_bytes: int = Field(description="B − A, a missing side counting 0")
+
+
+class DiffUnit(Model):
+    """One case of A against its case in B: a profile's (scenario, T, path), a repro-oom case,
+    a graphs capture, a snapshot's peak."""
+
+    unit: str = Field(description="the case, as in A (or B where A lacks it)")
+    a_label: str | None = Field(description="A's case (null: not in A)")
+    b_label: str | None = Field(description="B's case (null: not in B)")
+    a_peak_bytes: MaybeBytes = Field(
+        description=(
+            "A's peak: a profile's allocated peak, repro-oom's step peak, a capture's allocated "
+            "peak, a snapshot's"))
+    b_peak_bytes: MaybeBytes = Field(description="B's peak, the same figure")
+    peak_change_bytes: int | None = Field(description="B − A (null where either is null)")
+    buffers: list[BufferChange]
+
+
+class EnvironmentChange(Model):
+    """An environment field that differs, named as the gate names it."""
+
+    name: str = Field(description="e.g. `kernel`, `measured`, `kernels.flashmla`, `torch`")
+    a: str | int | None = Field(description="A's value")
+    b: str | int | None = Field(description="B's value")
+    blocking: bool = Field(description="the gate would refuse to compare across it")
+
+
+class DiffFile(ResultFile):
+    """`mlamem diff --format json`: two results of one kind, or two snapshots, compared."""
+
+    schema_: Literal["mlamem.diff/1"] = Field(alias="schema", description="`mlamem.diff/1`")
+    command: str = Field(description="the command line that made it")
+    created: str = Field(description="when it was made: UTC, ISO 8601")
+    kind: Literal["profile", "repro-oom", "graphs", "snapshot"] = Field(description="what A and B are")
+    a: str = Field(description="file A")
+    b: str = Field(description="file B")
+    environment: list[EnvironmentChange]
+    units: list[DiffUnit]
+    peak_growth_bytes: int | None = Field(
+        description="the largest peak change over the units (null: none paired)")
+    fail_on_growth_bytes: MaybeBytes = Field(description="`--fail-on-growth` (null when not given)")
+    failed: bool = Field(description="a peak grew by more than `fail_on_growth_bytes`")

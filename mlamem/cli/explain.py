@@ -1,0 +1,50 @@
+"""`mlamem explain`: a PyTorch memory snapshot's peak, what was live at it, and the MLA calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlamem import render
+from mlamem.cli import options as o
+from mlamem.cli.app import app
+from mlamem.cli.output import command_line, emit
+from mlamem.files import check_distinct, check_output_path, pick_format
+from mlamem.scenario_names import DEFAULT_SCENARIO
+
+
+@app.command()
+def explain(
+    snapshot_file: Annotated[Path, typer.Argument(
+        metavar="SNAPSHOT", help="A PyTorch memory snapshot: the pickle "
+        "torch.cuda.memory._dump_snapshot writes, or `mlamem profile --snapshot`. Read as "
+        "untrusted: plain data only, within a size bound.", show_default=False)],
+    scenario: Annotated[str | None, typer.Option(
+        "--scenario", "-s", help="The scenario of the calls (a shipped name or a TOML path): "
+        "their dimensions, and their head count, which bytes alone do not fix. Default: "
+        f"{DEFAULT_SCENARIO}'s dimensions at every head count the kernel runs.",
+        show_default=False)] = None,
+    output_format: Annotated[o.ReproFormat | None, typer.Option(
+        "--format", help="table (terminal), markdown (for an issue or PR) or json (schema "
+        "mlamem.explain/1). Default: what --output's extension names, else table.",
+        show_default=False)] = None,
+    output: o.OutputOption = None,
+) -> None:
+    """Explain a memory snapshot: the peak and what was live at it, by frame and by segment;
+    the MLA kernel calls in it (matched by their allocations against the kernels' own
+    allocation specs), the T and heads they imply, what the workspace path would save and the
+    `mlamem profile` command that reproduces each."""
+    chosen = pick_format(output, output_format and output_format.value,
+                         list(render.EXPLAIN_FORMATS), what="explain")
+    if output is not None:
+        check_distinct({"SNAPSHOT": snapshot_file, "--output": output})
+        check_output_path(output)
+    o.load_torch()
+    from mlamem.explain import explain as explained
+
+    source = scenario or DEFAULT_SCENARIO
+    doc = explained(snapshot_file, o.load_scenario(source), source,
+                    scenario_given=scenario is not None, command=command_line())
+    emit(render.EXPLAIN_FORMATS[chosen](doc), output)
