@@ -316,10 +316,11 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
 
 
 def _kernels(names: list[str] | None) -> list[tuple[str, KernelContract]]:
-    """The registered kernels to match (`names`, else the FlashMLA builds), loaded."""
-    from mlamem.kernels import load_kernel
+    """The registered kernels to match (`names`, else the two FlashMLA builds compare holds
+    to each other), loaded."""
+    from mlamem.kernels import COMPARED_KERNELS, load_kernel
 
-    return [(name, load_kernel(name)()) for name in names or ["flashmla", "flashmla-vllm"]]
+    return [(name, load_kernel(name)()) for name in names or COMPARED_KERNELS]
 
 
 def _padded_heads(scenario: Scenario, kernel: KernelContract, op: str = SPARSE_DECODE) -> int:
