@@ -18,6 +18,8 @@ REFUSED = [
     ["graphs", "-s", "nosuch"],
     ["graphs", "--format", "yaml"],
     ["plan", "-s", "nosuch"],
+    ["validate", "-s", "nosuch"],
+    ["compare", "-s", "/nonexistent/scenario.toml"],
     ["gate", "--baseline", "/nonexistent/baseline.json"],
 ]
 

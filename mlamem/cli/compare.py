@@ -56,8 +56,10 @@ def compare(
                                               list(render.COMPARE_FORMATS), what="compare"))
     if output is not None:
         check_output_path(output)
-    pair = [o.make_kernel(name) for name in names]
-    part = _plan(op, scenario, values, paths, pair, kv_tokens)
+    name = scenario or operations.operation(op).default_scenario
+    loaded = o.load_scenario(name)  # a bad file is refused before torch loads
+    pair = [o.make_kernel(kernel_name) for kernel_name in names]
+    part = _plan(op, (name, loaded), values, paths, pair, kv_tokens)
     check_kernels(pair, op)  # needs the GPU: after every input check, before any progress line
     reference_kernel = o.make_kernel(REFERENCE_KERNEL) if reference else None
     symbol = operations.operation(op).symbol
@@ -90,16 +92,15 @@ def _kernel_names(kernels: str) -> list[str]:
     return names
 
 
-def _plan(op: str, scenario: str | None, values: list[int] | None, paths: str, pair,
+def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str, pair,
           kv_tokens: int | None):
-    """The one part both kernels run, checked for each of them."""
+    """The one part both kernels run, checked for each of them; `scenario` is (as given,
+    loaded)."""
     from mlamem.sweep import Request, plan
 
-    name = scenario or operations.operation(op).default_scenario
-    chosen = o.load_scenario(name)
     flag = operations.operation(op).flag
     parts = [plan(Request(
-        [(name, chosen)], [op], kernel,
+        [scenario], [op], kernel,
         values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         fix=f"lower {flag} or drop the workspace paths from --paths"))[0] for kernel in pair]

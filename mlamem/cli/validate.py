@@ -56,6 +56,7 @@ def validate(
     from mlamem.validate import check_sweep
 
     chosen_shard = o.parse_shard_option(shard)
+    loaded = o.load_scenarios(scenario)  # bad files are refused before torch loads
     decode = o.make_kernel(kernel)
     if graphs or capture_sizes is not None:
         _validate_graphs(decode, scenario, paths, capture_sizes, graphs,
@@ -67,7 +68,7 @@ def validate(
     ops = [op.value] if op is not None else list(decode.operations)
     values, kv_tokens = _values(op, ops, tokens, requests, context_len, kv_len)
     output_format = _output_format(output, output_format)
-    parts = _plan(scenario, ops, decode, values, paths, kv_tokens)
+    parts = _plan((loaded, scenario != "all"), ops, decode, values, paths, kv_tokens)
     for part in parts:
         check_sweep([(part.scenario, part.op, part.values)], part.paths, decode)
     if chosen_shard is not None:
@@ -107,18 +108,19 @@ def _output_format(output: Path | None, output_format: o.ReproFormat | None) -> 
     return chosen
 
 
-def _plan(scenario: str, ops: list[str], kernel, values: dict | None, paths: str | None,
+def _plan(scenarios: tuple, ops: list[str], kernel, values: dict | None, paths: str | None,
           kv_tokens: int | None):
     """The (scenario, operation) parts: the values asked for, run whole, else each
-    operation's defaults that each scenario can run."""
+    operation's defaults that each scenario can run. `scenarios`: ((as given, loaded) pairs,
+    whether they were named rather than `all`)."""
     from mlamem.sweep import Request, plan
 
     defaults = {name: list(VALIDATE_TOKENS if name == operations.SPARSE_DECODE
                            else operations.operation(name).default_sweep) for name in ops}
     return plan(Request(
-        o.load_scenarios(scenario), ops, kernel, values=values or defaults,
+        scenarios[0], ops, kernel, values=values or defaults,
         given=ops if values else (), paths=o.split_paths(paths), kv_tokens=kv_tokens,
-        named=scenario != "all"))
+        named=scenarios[1]))
 
 
 def _run(parts, kernel, kv_tokens: int | None) -> list:
