@@ -23,6 +23,9 @@ def validate(
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
                                  "every shipped scenario.")] = "all",
+    model: o.ModelOption = None,
+    gpu: o.GpuOption = None,
+    weights_per_rank: o.WeightsOption = None,
     tokens: Annotated[str | None, typer.Option(
         help="Comma-separated T values (sparse-prefill: s_q). Default: "
              f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones "
@@ -56,9 +59,10 @@ def validate(
     from mlamem.validate import check_sweep
 
     chosen_shard = o.parse_shard_option(shard)
+    changes = o.Changes(model, gpu, weights_per_rank)
     decode = o.make_kernel(kernel)
     if graphs or capture_sizes is not None:
-        _validate_graphs(decode, scenario, paths, capture_sizes, graphs,
+        _validate_graphs(decode, (scenario, changes), paths, capture_sizes, graphs,
                          given={"--tokens": tokens, "--op": op, "--requests": requests,
                                 "--context-len": context_len, "--kv-len": kv_len,
                                 "--shard": shard},
@@ -67,7 +71,7 @@ def validate(
     ops = [op.value] if op is not None else list(decode.operations)
     values, kv_tokens = _values(op, ops, tokens, requests, context_len, kv_len)
     output_format = _output_format(output, output_format)
-    parts = _plan(scenario, ops, decode, values, paths, kv_tokens)
+    parts = _plan((scenario, changes), ops, decode, values, paths, kv_tokens)
     for part in parts:
         check_sweep([(part.scenario, part.op, part.values)], part.paths, decode)
     if chosen_shard is not None:
@@ -107,16 +111,18 @@ def _output_format(output: Path | None, output_format: o.ReproFormat | None) -> 
     return chosen
 
 
-def _plan(scenario: str, ops: list[str], kernel, values: dict | None, paths: str | None,
-          kv_tokens: int | None):
+def _plan(scenarios: tuple[str, o.Changes], ops: list[str], kernel, values: dict | None,
+          paths: str | None, kv_tokens: int | None):
     """The (scenario, operation) parts: the values asked for, run whole, else each
-    operation's defaults that each scenario can run."""
+    operation's defaults that each scenario can run; `scenarios` is (--scenario, the changes
+    to each)."""
+    scenario, changes = scenarios
     from mlamem.sweep import Request, plan
 
     defaults = {name: list(VALIDATE_TOKENS if name == operations.SPARSE_DECODE
                            else operations.operation(name).default_sweep) for name in ops}
     return plan(Request(
-        o.load_scenarios(scenario), ops, kernel, values=values or defaults,
+        o.load_scenarios(scenario, changes), ops, kernel, values=values or defaults,
         given=ops if values else (), paths=o.split_paths(paths), kv_tokens=kv_tokens,
         named=scenario != "all"))
 
@@ -149,10 +155,11 @@ def _emit_validation(comparisons, command: str, output: Path | None,
         raise typer.Exit(1)
 
 
-def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: str | None,
+def _validate_graphs(decode, scenarios: tuple[str, o.Changes], paths: str | None, capture_sizes: str | None,
                      graphs: bool, *, given: dict, output: Path | None,
                      output_format: o.ReproFormat | None) -> None:
-    """`validate --graphs`: see `validate`."""
+    """`validate --graphs`: see `validate`; `scenarios` is (--scenario, the changes to each)."""
+    scenario, changes = scenarios
     if not graphs:
         raise UserError("--capture-sizes applies to --graphs; add --graphs")
     for flag, value in given.items():
@@ -165,7 +172,7 @@ def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: st
 
     sizes = o.parse_sizes(capture_sizes)
     output_format = _output_format(output, output_format)
-    chosen = o.load_scenarios(scenario)
+    chosen = o.load_scenarios(scenario, changes)
     if scenario == "all":
         chosen = [(name, s) for name, s in chosen if operations.SPARSE_DECODE in
                   operations.scenario_operations(s) and (sizes or full_decode_sizes(s.serving))]
