@@ -39,10 +39,10 @@ def model_table(config: ModelConfig, name: str) -> dict:
 
 def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool,
                     source: str = "the model's config") -> tuple[float, str]:
-    """One rank's weights in GiB (3 decimals) at `tp` ranks with attention-DP `dp`, and the note
+    """One rank's weights in GiB (to the byte) at `tp` ranks with attention-DP `dp`, and the note
     saying they are counted from `source`."""
     gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp) / 1024**3
-    return round(gib, 3), (f"counted from {source}: {gib:.3f} GiB per rank"
+    return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
                            + (", MTP layers included (speculative decoding)" if mtp else ""))
 
 

@@ -98,7 +98,8 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
     if line:
         raise UserError(f"{line}: serve on more ranks, or give the weights per rank",
                         field="weights_per_rank")
-    return counted_weights(config, **layout)
+    gib, note = counted_weights(config, **layout)
+    return round(gib, 3), note  # the printed TOML's figure
 
 
 def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
