@@ -4,6 +4,7 @@ the CLI's start-up, not the seconds of `import torch` (benchmarks/cli_start.py t
 import json
 import subprocess
 import sys
+from importlib import resources
 
 import pytest
 
@@ -19,6 +20,11 @@ REFUSED = [
     ["graphs", "--format", "yaml"],
     ["plan", "-s", "nosuch"],
     ["gate", "--baseline", "/nonexistent/baseline.json"],
+    ["repro-oom", "--gpu", "H300"],
+    ["repro-oom", "--model", "/nonexistent/config.json"],
+    ["repro-oom", "--model", str(resources.files("mlamem.models") / "glm-5.json")],  # weights > GPU
+    ["profile", "--weights-per-rank", "40"],
+    ["graphs", "--gpu", "H300"],
 ]
 
 CHILD = """
