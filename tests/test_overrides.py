@@ -129,9 +129,18 @@ def test_weights_that_do_not_fit_the_gpu_are_one_line(command):
                     "GLM-5 FP8's weights are 80.0 GiB per rank at TP8, more than the H100")
 
 
+@pytest.mark.parametrize("command", ["repro-oom", "plan"])
+def test_the_memory_given_is_the_target(command):
+    """--gpu-memory names the target's memory: the weights are held to it."""
+    check_bad_input([*COMMANDS[command], "--gpu-memory", "39GiB"],
+                    "GLM-5 FP8's weights are 40.0 GiB per rank at TP8, more than the emulated "
+                    "GPU's 39.0 GiB")
+
+
 def test_weights_that_fit_run(capsys):
     for args in (["--model", GLM5, "--weights-per-rank", "40GiB"],
-                 ["--model", GLM5, "--gpu", "H200 SXM 141GB"]):
+                 ["--model", GLM5, "--gpu", "H200 SXM 141GB"],
+                 ["--model", GLM5, "--gpu-memory", "120GiB"]):
         assert main([*COMMANDS["plan"], *args]) == 0
     capsys.readouterr()
 

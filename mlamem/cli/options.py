@@ -118,22 +118,29 @@ def parse_size(text: str | None, field: str) -> int | None:
         raise UserError(str(error), field=field) from None
 
 
-def load_scenario(name: str, changes: Changes = Changes(), *, weights_must_fit: bool = False
-                  ) -> Scenario:
+def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
     """A shipped scenario by name, or a TOML file by path, with `changes` applied
-    (models.overrides.apply); `weights_must_fit`: one line where one rank's weights exceed the
-    GPU. The scenario model (pydantic) is imported here, when a file is read, not at start-up."""
+    (models.overrides.apply). The scenario model (pydantic) is imported here, when a file is
+    read, not at start-up."""
     from mlamem import scenario
     from mlamem.models import overrides
 
     weights = parse_size(changes.weights_per_rank, "weights_per_rank")
-    loaded = overrides.apply(scenario.load(name), model=changes.model, gpu=changes.gpu,
-                             weights_bytes=weights)
-    line = overrides.weights_fit_line(loaded) if weights_must_fit else None
+    return overrides.apply(scenario.load(name), model=changes.model, gpu=changes.gpu,
+                           weights_bytes=weights)
+
+
+def check_weights_fit(scenario: Scenario, gpu_memory: str | None) -> None:
+    """repro-oom's and plan's refusal, in one line, of one rank's weights (counted or given)
+    where they exceed the target GPU's memory: --gpu-memory's where given (a zero is left to
+    the budget's own check), else the scenario's [gpu]."""
+    from mlamem.models import overrides
+
+    memory = parse_size(gpu_memory, "gpu_memory_bytes")
+    line = overrides.weights_fit_line(scenario, memory or None)
     if line:
         raise UserError(f"{line}: give a layout with more ranks, a larger GPU or the weights "
                         "per rank", field="weights_per_rank")
-    return loaded
 
 
 def load_scenarios(text: str, changes: Changes = Changes()) -> list[tuple[str, Scenario]]:

@@ -74,8 +74,8 @@ def plan(
                         "not both")
     if output is not None:
         check_output_path(output)
-    chosen = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank),
-                             weights_must_fit=True)
+    chosen = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
+    o.check_weights_fit(chosen, gpu_memory)
     try:
         memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:

@@ -97,8 +97,8 @@ def repro_oom(
     if sizes is not None and cuda_graphs is not o.Switch.on:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
     # bad files and values, and weights that do not fit, are refused before torch loads
-    loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank),
-                             weights_must_fit=True)
+    loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
+    o.check_weights_fit(loaded, gpu_memory)
     for value, field, one in ((utilization, "utilization", True),
                               (mem_fraction_static, "mem_fraction_static", False)):
         if value is not None:

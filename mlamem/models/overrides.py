@@ -76,10 +76,11 @@ def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = Non
     return gpus.retarget(_scenario.from_dict(data, scenario.source or scenario.name), gpu)
 
 
-def weights_fit_line(scenario: Scenario) -> str | None:
-    """None when one rank's weights (the scenario's, counted or given) fit its GPU; else the one
-    line that says they do not."""
+def weights_fit_line(scenario: Scenario, gpu_bytes: int | None = None) -> str | None:
+    """None when one rank's weights (the scenario's, counted or given) fit its GPU, or
+    `gpu_bytes` of an emulated one; else the one line that says they do not."""
     p = scenario.parallel
+    gpu = scenario.gpu.name if gpu_bytes is None else "emulated GPU"
     return fit_line(scenario.model.name, p.weights_bytes, tp=p.tensor_parallel,
-                    dp=p.attention_data_parallel, gpu=scenario.gpu.name,
-                    gpu_bytes=scenario.gpu.memory_bytes)
+                    dp=p.attention_data_parallel, gpu=gpu,
+                    gpu_bytes=scenario.gpu.memory_bytes if gpu_bytes is None else gpu_bytes)
