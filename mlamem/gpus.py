@@ -1,6 +1,7 @@
 """GPUs by name: the memory CUDA reports, what nvidia-smi shows, and the SM count, each figure with
-where it comes from. `mlamem scenarios --serve ... --gpu NAME` reads a scenario's [gpu] from here;
-every other command keeps the scenario's own [gpu].
+where it comes from. `--gpu NAME` reads a scenario's [gpu] from here: on `mlamem scenarios --serve`
+and on every command that runs a scenario (models/overrides.py); without it a command keeps the
+scenario's own [gpu].
 
 nvidia-smi's memory.total is one figure per board; CUDA's total (cudaMemGetInfo, torch's
 total_memory) is a few hundred MiB lower and moves with the driver (three public H100 logs: 81082,

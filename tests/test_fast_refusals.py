@@ -4,6 +4,7 @@ the CLI's start-up, not the seconds of `import torch` (benchmarks/cli_start.py t
 import json
 import subprocess
 import sys
+from importlib import resources
 
 import pytest
 
@@ -21,6 +22,11 @@ REFUSED = [
     ["validate", "-s", "nosuch"],
     ["compare", "-s", "/nonexistent/scenario.toml"],
     ["gate", "--baseline", "/nonexistent/baseline.json"],
+    ["repro-oom", "--gpu", "H300"],
+    ["repro-oom", "--model", "/nonexistent/config.json"],
+    ["repro-oom", "--model", str(resources.files("mlamem.models") / "glm-5.json")],  # weights > GPU
+    ["profile", "--weights-per-rank", "40"],
+    ["graphs", "--gpu", "H300"],
 ]
 
 CHILD = """

@@ -57,8 +57,8 @@ def test_the_seed_command_differs_from_glm5_only_in_what_the_command_sets(glm5):
 
 
 def test_the_seed_command_without_an_override_says_the_weights_do_not_fit(glm5):
-    with pytest.raises(UserError, match=r"weights take 8\d\.\d GiB per rank .* more than the "
-                                        r"H100 SXM 80GB's 79\.6 GiB") as error:
+    with pytest.raises(UserError, match=r"GLM-5's weights are 8\d\.\d GiB per rank at TP8, more "
+                                        r"than the H100 SXM 80GB's 79\.6 GiB: serve on more") as error:
         from_command(SEED.format(folder=glm5), gpu_name="H100 SXM 80GB")
     assert error.value.field == "weights_per_rank"
 
@@ -164,7 +164,7 @@ def test_trtllm_takes_no_abbreviation():
     (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len 1.5K", "not a count"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 --max-num-seqs 0",
      "vllm serve --max-num-seqs: "),
-    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights take 627.7 GiB"),
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights are 627.7 GiB per rank at TP1"),
     ("vllm serve someone/unknown --max-model-len 4096 --kv-cache-dtype fp8", "config.json"),
     (f"trtllm-serve {DS} --max_seq_len 100 --tp_size 6", "trtllm-serve --tp_size: "),
     ("sglang serve x", "expected `vllm serve"),

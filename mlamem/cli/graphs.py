@@ -26,6 +26,9 @@ PURPOSE = "graphs captures the sparse decode"
 @app.command()
 def graphs(
     scenario: o.ScenarioOption = DEFAULT_SCENARIO,
+    model: o.ModelOption = None,
+    gpu: o.GpuOption = None,
+    weights_per_rank: o.WeightsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     paths: o.PathsOption = None,
     capture_sizes: o.CaptureSizesOption = None,
@@ -53,7 +56,8 @@ def graphs(
     if output is not None:
         check_output_path(output)
     check_report_dir(report_dir)
-    loaded = o.load_scenario(scenario)  # a bad file is refused before torch loads
+    # a bad file, config or GPU name is refused before torch loads
+    loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
     decode = o.make_kernel(kernel)
     [part] = plan(Request([(scenario, loaded)], [operations.SPARSE_DECODE],
                           decode, paths=o.split_paths(paths), capture_sizes=sizes or [],

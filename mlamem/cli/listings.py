@@ -10,12 +10,11 @@ from typing import Annotated
 import typer
 
 from mlamem.cli.app import app
-from mlamem.cli.options import load_scenario, load_torch
+from mlamem.cli.options import load_scenario, load_torch, parse_size
 from mlamem.cli.output import terminal_width
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
 from mlamem.scenario_names import shipped_names
-from mlamem.units import parse_bytes
 
 DEFAULT_GPU = "H200 SXM 141GB"  # --serve's GPU when --gpu is not given: this project's GPU
 
@@ -57,19 +56,10 @@ def list_scenarios(
     from mlamem.serve_command import from_command
 
     built = from_command(serve, gpu_name=gpu, model=model,
-                         weights_bytes=_size(weights_per_rank, "weights_per_rank"))
+                         weights_bytes=parse_size(weights_per_rank, "weights_per_rank"))
     for note in built.notes:
         typer.echo(f"note: {note}", err=True)
     sys.stdout.write(to_toml(built.scenario))
-
-
-def _size(text: str | None, field: str) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_bytes(text)
-    except ValueError as error:
-        raise UserError(str(error), field=field) from None
 
 
 def _list_shipped(output_format: ListFormat) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,9 +19,11 @@ import typer
 from mlamem import operations, shards
 from mlamem.cli.app import stderr
 from mlamem.errors import UserError
+from mlamem.gpus import GPUS
 from mlamem.kernels import REGISTRY, load_kernel
 from mlamem.lists import parse_list
 from mlamem.scenario_names import shipped_names
+from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:
     from mlamem.kernels import SparseDecodeKernel
@@ -96,19 +99,55 @@ def parse_shard_option(text: str | None) -> shards.Shard | None:
     return None if text is None else shards.parse_shard(text)
 
 
-def load_scenario(name: str) -> Scenario:
-    """A shipped scenario by name, or a TOML file by path: the scenario model (pydantic) is
-    imported here, when a file is read, not at start-up."""
+@dataclass(frozen=True)
+class Changes:
+    """--model, --gpu and --weights-per-rank as given: what changes in each scenario loaded."""
+
+    model: str | None = None
+    gpu: str | None = None
+    weights_per_rank: str | None = None
+
+
+def parse_size(text: str | None, field: str) -> int | None:
+    """A size such as 40GiB (units.parse_bytes), or None when not given."""
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise UserError(str(error), field=field) from None
+
+
+def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
+    """A shipped scenario by name, or a TOML file by path, with `changes` applied
+    (models.overrides.apply). The scenario model (pydantic) is imported here, when a file is
+    read, not at start-up."""
     from mlamem import scenario
+    from mlamem.models import overrides
 
-    return scenario.load(name)
+    weights = parse_size(changes.weights_per_rank, "weights_per_rank")
+    return overrides.apply(scenario.load(name), model=changes.model, gpu=changes.gpu,
+                           weights_bytes=weights)
 
 
-def load_scenarios(text: str) -> list[tuple[str, Scenario]]:
+def check_weights_fit(scenario: Scenario, gpu_memory: str | None) -> None:
+    """repro-oom's and plan's refusal, in one line, of one rank's weights (counted or given)
+    where they exceed the target GPU's memory: --gpu-memory's where given (a zero is left to
+    the budget's own check), else the scenario's [gpu]."""
+    from mlamem.models import overrides
+
+    memory = parse_size(gpu_memory, "gpu_memory_bytes")
+    line = overrides.weights_fit_line(scenario, memory or None)
+    if line:
+        raise UserError(f"{line}: give a layout with more ranks, a larger GPU or the weights "
+                        "per rank", field="weights_per_rank")
+
+
+def load_scenarios(text: str, changes: Changes = Changes()) -> list[tuple[str, Scenario]]:
     """Comma-separated names or TOML paths, or 'all' for every shipped scenario: (as given,
-    loaded) pairs."""
+    loaded) pairs, with `changes` applied to each."""
     names = shipped_names() if text == "all" else scenario_names(text)
-    return [(name, load_scenario(name)) for name in names]
+    return [(name, load_scenario(name, changes)) for name in names]
 
 
 def scenario_names(text: str) -> list[str]:
@@ -158,6 +197,17 @@ def make_kernel(name: str) -> SparseDecodeKernel:
 ScenarioOption = Annotated[str, typer.Option(
     "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
                              "your own TOML file.")]
+ModelOption = Annotated[str | None, typer.Option(
+    "--model", metavar="PATH", help="The model's Hugging Face config.json, or a folder holding "
+    "one: replaces the scenario's [model] (heads, layers, ranks, index_topk, hidden_size) and "
+    "counts its weights per rank at the scenario's layout.", show_default=False)]
+GpuOption = Annotated[str | None, typer.Option(
+    "--gpu", metavar="NAME", help=f"The target GPU by name, one of {', '.join(GPUS)}: its memory "
+    "and SM count replace the scenario's [gpu] (the utilization is kept). Default: the "
+    "scenario's GPU.", show_default=False)]
+WeightsOption = Annotated[str | None, typer.Option(
+    "--weights-per-rank", metavar="SIZE", help="One rank's weights, e.g. 40GiB: a labelled "
+    "override of the scenario's (or --model's count).", show_default=False)]
 KERNEL_HELP = [f"{name} ({entry.help})" for name, entry in REGISTRY.items()]
 KERNEL_METAVAR = f"<{'|'.join(REGISTRY)}>"  # the kernels registered at start-up
 KernelOption = Annotated[KernelName, typer.Option(

@@ -20,6 +20,9 @@ from mlamem.units import parse_bytes
 @app.command()
 def plan(
     scenario: o.ScenarioOption = DEFAULT_SCENARIO,
+    model: o.ModelOption = None,
+    gpu: o.GpuOption = None,
+    weights_per_rank: o.WeightsOption = None,
     gpu_memory: Annotated[str | None, typer.Option(
         help="GPU memory, e.g. 141GB or 80GiB (default: the scenario's GPU).")] = None,
     utilization: Annotated[float | None, typer.Option(
@@ -71,7 +74,8 @@ def plan(
                         "not both")
     if output is not None:
         check_output_path(output)
-    chosen = o.load_scenario(scenario)
+    chosen = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
+    o.check_weights_fit(chosen, gpu_memory)
     try:
         memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:

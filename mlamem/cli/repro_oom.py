@@ -24,6 +24,9 @@ PURPOSE = "repro-oom replays the engine's sparse decode step"
 @app.command("repro-oom")
 def repro_oom(
     scenario: o.ScenarioOption = DEFAULT_SCENARIO,
+    model: o.ModelOption = None,
+    gpu: o.GpuOption = None,
+    weights_per_rank: o.WeightsOption = None,
     gpu_memory: Annotated[str | None, typer.Option(
         help="Target GPU memory to emulate, e.g. 80GiB or 81559MiB (default: the scenario's "
              "GPU). Must not exceed the local GPU.")] = None,
@@ -93,7 +96,9 @@ def repro_oom(
     sizes = o.parse_sizes(capture_sizes)
     if sizes is not None and cuda_graphs is not o.Switch.on:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
-    loaded = o.load_scenario(scenario)  # bad files and values are refused before torch loads
+    # bad files and values, and weights that do not fit, are refused before torch loads
+    loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
+    o.check_weights_fit(loaded, gpu_memory)
     for value, field, one in ((utilization, "utilization", True),
                               (mem_fraction_static, "mem_fraction_static", False)):
         if value is not None:

@@ -23,6 +23,9 @@ def validate(
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
                                  "every shipped scenario.")] = "all",
+    model: o.ModelOption = None,
+    gpu: o.GpuOption = None,
+    weights_per_rank: o.WeightsOption = None,
     tokens: Annotated[str | None, typer.Option(
         help="Comma-separated T values (sparse-prefill: s_q). Default: "
              f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones "
@@ -56,10 +59,11 @@ def validate(
     from mlamem.validate import check_sweep
 
     chosen_shard = o.parse_shard_option(shard)
-    loaded = o.load_scenarios(scenario)  # bad files are refused before torch loads
+    changes = o.Changes(model, gpu, weights_per_rank)
+    loaded = o.load_scenarios(scenario, changes)  # bad files are refused before torch loads
     decode = o.make_kernel(kernel)
     if graphs or capture_sizes is not None:
-        _validate_graphs(decode, scenario, paths, capture_sizes, graphs,
+        _validate_graphs(decode, (scenario, changes), paths, capture_sizes, graphs,
                          given={"--tokens": tokens, "--op": op, "--requests": requests,
                                 "--context-len": context_len, "--kv-len": kv_len,
                                 "--shard": shard},
@@ -153,10 +157,11 @@ def _emit_validation(comparisons, command: str, output: Path | None,
         raise typer.Exit(1)
 
 
-def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: str | None,
+def _validate_graphs(decode, scenarios: tuple[str, o.Changes], paths: str | None, capture_sizes: str | None,
                      graphs: bool, *, given: dict, output: Path | None,
                      output_format: o.ReproFormat | None) -> None:
-    """`validate --graphs`: see `validate`."""
+    """`validate --graphs`: see `validate`; `scenarios` is (--scenario, the changes to each)."""
+    scenario, changes = scenarios
     if not graphs:
         raise UserError("--capture-sizes applies to --graphs; add --graphs")
     for flag, value in given.items():
@@ -169,7 +174,7 @@ def _validate_graphs(decode, scenario: str, paths: str | None, capture_sizes: st
 
     sizes = o.parse_sizes(capture_sizes)
     output_format = _output_format(output, output_format)
-    chosen = o.load_scenarios(scenario)
+    chosen = o.load_scenarios(scenario, changes)
     if scenario == "all":
         chosen = [(name, s) for name, s in chosen if operations.SPARSE_DECODE in
                   operations.scenario_operations(s) and (sizes or full_decode_sizes(s.serving))]

@@ -146,6 +146,13 @@ def weights_fit(model: str, config: ModelConfig, *, tp: int, dp: int = 1, gpu: s
                 mtp: bool = False) -> str | None:
     """None when one rank's weights fit in `gpu_bytes`; else the one line that says they do not."""
     per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp)
+    return fit_line(model, per_rank, tp=tp, dp=dp, gpu=gpu, gpu_bytes=gpu_bytes, mtp=mtp)
+
+
+def fit_line(model: str, per_rank: int, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
+             mtp: bool = False) -> str | None:
+    """None when `per_rank` bytes (counted or given) fit in `gpu_bytes`; else the one line that says
+    they do not."""
     if per_rank <= gpu_bytes:
         return None
     layout = f"TP{tp}" + (f" with attention-DP {dp}" if dp > 1 else "")

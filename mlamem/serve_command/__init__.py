@@ -18,7 +18,8 @@ from pathlib import Path
 from mlamem import gpus, scenario
 from mlamem.errors import UserError
 from mlamem.models import hf_config
-from mlamem.models.weights import count_weights
+from mlamem.models.overrides import OVERRIDE_NOTE, config_name, counted_weights, model_table
+from mlamem.models.weights import weights_fit
 from mlamem.serve_command import trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
 
@@ -74,9 +75,9 @@ def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelCo
     """The model's config and its display name: `override` (a config.json or its folder), the
     command's model as a local folder, or a shipped model's hub name."""
     if override is not None:
-        return hf_config.load_config(override), Path(override).resolve().name
+        return hf_config.load_config(override), config_name(override)
     if (Path(argument) / "config.json").is_file():
-        return hf_config.load_config(argument), Path(argument).resolve().name
+        return hf_config.load_config(argument), config_name(argument)
     shipped = HUB_NAMES.get(argument, argument.rstrip("/").split("/")[-1].lower())
     if shipped in hf_config.SHIPPED:
         return hf_config.shipped_config(shipped), argument.rstrip("/").split("/")[-1]
@@ -84,36 +85,21 @@ def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelCo
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
 
 
-def model_table(config: hf_config.ModelConfig, name: str) -> dict:
-    return {"name": name + (" FP8" if config.fp8_block else ""),
-            "num_attention_heads": config.num_attention_heads,
-            "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
-            "qk_rope_head_dim": config.qk_rope_head_dim,
-            "qk_nope_head_dim": config.qk_nope_head_dim, "v_head_dim": config.v_head_dim,
-            **({"index_topk": config.index_topk} if config.has_indexer else {}),
-            "hidden_size": config.hidden_size}
-
-
-def weights(config: hf_config.ModelConfig, parsed: Parsed, override_bytes: int | None,
+def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
             target: gpus.GPU) -> tuple[float, str]:
-    """One rank's weights in GiB and their note: the override, else counted from the config."""
+    """One rank's weights in GiB and their note: the override, else counted from the config,
+    refused in one line where they exceed the GPU."""
     if override_bytes is not None:
-        return override_bytes / 1024**3, ("override: given as --weights-per-rank, not counted "
-                                          "from the model's config")
-    mtp = parsed.sections.get("vllm", {}).get("num_speculative_tokens", 0) > 0
-    count = count_weights(config)
-    per_rank = count.bytes_per_rank(tp=parsed.tp, expert_ranks=parsed.tensor_parallel)
-    if mtp:
-        per_rank += count.bytes_per_rank(tp=parsed.tp, expert_ranks=parsed.tensor_parallel,
-                                         mtp=True)
-    gib = per_rank / 1024**3
-    if per_rank > target.memory_mib * 1024**2:
-        raise UserError(f"the weights take {gib:.1f} GiB per rank (counted from the model's config "
-                        f"over {parsed.tensor_parallel} ranks), more than the {target.name}'s "
-                        f"{target.memory_mib / 1024:.1f} GiB: serve on more ranks, or give the "
-                        "weights per rank", field="weights_per_rank")
-    return round(gib, 3), (f"counted from the model's config: {gib:.3f} GiB per rank"
-                           + (", MTP layers included (speculative decoding)" if mtp else ""))
+        return override_bytes / 1024**3, OVERRIDE_NOTE
+    layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
+              "mtp": parsed.sections.get("vllm", {}).get("num_speculative_tokens", 0) > 0}
+    line = weights_fit(name, config, gpu=target.name, gpu_bytes=target.memory_mib * 1024**2,
+                       **layout)
+    if line:
+        raise UserError(f"{line}: serve on more ranks, or give the weights per rank",
+                        field="weights_per_rank")
+    gib, note = counted_weights(config, **layout)
+    return round(gib, 3), note  # the printed TOML's figure
 
 
 def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
@@ -142,7 +128,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     target = gpus.gpu(gpu_name)
     parsed = parse_command(command)
     config, name = model_config(parsed.model, model)
-    gib, note = weights(config, parsed, weights_bytes, target)
+    gib, note = weights(config, name, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     data = {"name": f"{slug}-tp{parsed.tensor_parallel}",

@@ -1,0 +1,153 @@
+"""mlamem/models/overrides.py and the options that drive it: --model, --gpu and --weights-per-rank
+on every command that runs a scenario, and the one line for weights that do not fit."""
+
+import json
+from importlib import resources
+
+import pytest
+
+from mlamem import gpus, scenario
+from mlamem.cli import main
+from mlamem.models import overrides, shipped_config, weights_per_rank
+from mlamem.testing import check_bad_input
+
+GiB = 1024**3
+CONFIGS = resources.files("mlamem.models")
+GLM5 = str(CONFIGS / "glm-5.json")  # the shipped GLM-5 config
+DS = str(CONFIGS / "deepseek-v3.2.json")
+# each command that runs a scenario, with what keeps its run small
+COMMANDS = {"profile": ["profile", "--predict", "--tokens", "8", "--paths", "alloc"],
+            "validate": ["validate", "-s", "glm5-fp8-tp8", "--tokens", "8"],
+            "repro-oom": ["repro-oom", "--predict", "--paths", "alloc"],
+            "plan": ["plan"],
+            "graphs": ["graphs", "--predict", "--capture-sizes", "8", "--paths", "alloc"]}
+BAD = {"--model": ("no-such-folder/config.json", "--model: cannot read no-such-folder/config.json"),
+       "--gpu": ("H300", "--gpu: unknown GPU 'H300'; known: 'H100 SXM 80GB'"),
+       "--weights-per-rank": ("40", "--weights-per-rank: '40' has no unit")}
+
+
+def _json(args: list[str], capsys) -> dict:
+    assert main([*args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("option", list(BAD))
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_command_takes_each_option_and_refuses_its_bad_value_in_one_line(command, option):
+    """The option reaches the scenario the command loads: its bad value is the loader's line."""
+    value, fix = BAD[option]
+    check_bad_input([*COMMANDS[command], option, value], fix)
+
+
+def test_model_replaces_the_model_and_counts_the_weights_at_the_layout():
+    glm = scenario.load("glm5-fp8-tp8")
+    changed = overrides.apply(glm, model=DS)
+    config = shipped_config("deepseek-v3.2")
+    m = changed.model
+    assert (m.name, m.num_attention_heads, m.num_layers, m.hidden_size, m.index_topk) == (
+        "deepseek-v3.2 FP8", 128, 61, 7168, 2048)
+    assert (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim) == (
+        config.kv_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim, config.v_head_dim)
+    assert changed.heads_per_rank == 16
+    assert changed.parallel.weights_bytes == weights_per_rank(config, tp=8)  # to the byte
+    assert changed.parallel.weights_note == f"counted from {DS}: 80.112 GiB per rank"
+    assert (changed.serving, changed.gpu, changed.name) == (glm.serving, glm.gpu, glm.name)
+
+
+def test_the_count_follows_attention_dp_and_the_mtp_layers(tmp_path):
+    kimi = overrides.apply(scenario.load("kimi-k2-fp8-tp4-dp"), model=str(CONFIGS / "kimi-k2.json"))
+    assert kimi.parallel.weights_bytes == weights_per_rank(shipped_config("kimi-k2"), tp=4, dp=4)
+    path = tmp_path / "mtp.toml"  # speculative decoding loads the MTP layers
+    path.write_text((resources.files("mlamem.scenarios") / "deepseek-v32-fp8-tp8.toml").read_text()
+                    + "\n[vllm]\nnum_speculative_tokens = 1\n")
+    mtp = overrides.apply(scenario.load(str(path)), model=DS)
+    assert mtp.parallel.weights_bytes == weights_per_rank(shipped_config("deepseek-v3.2"), tp=8,
+                                                          mtp=True)
+    assert mtp.parallel.weights_note.endswith("MTP layers included (speculative decoding)")
+
+
+def test_model_reads_a_folder_holding_a_config_json(tmp_path):
+    folder = tmp_path / "GLM-5"
+    folder.mkdir()
+    (folder / "config.json").write_text((CONFIGS / "glm-5.json").read_text())
+    changed = overrides.apply(scenario.load("glm5-fp8-tp8"), model=str(folder), gpu="B200")
+    assert changed.model.name == "GLM-5 FP8"
+    assert changed.parallel.weights_bytes == weights_per_rank(shipped_config("glm-5"), tp=8)
+
+
+def test_gpu_retargets_and_weights_per_rank_is_a_labelled_override():
+    glm = scenario.load("glm5-fp8-tp8")
+    b200 = gpus.gpu("B200")
+    changed = overrides.apply(glm, model=GLM5, gpu="B200", weights_bytes=30 * GiB)
+    assert (changed.gpu.name, changed.gpu.memory_mib, changed.gpu.sm_count) == (
+        "B200", b200.memory_mib, b200.sm_count)
+    assert changed.gpu.gpu_memory_utilization == glm.gpu.gpu_memory_utilization
+    assert changed.parallel.weights_bytes == 30 * GiB  # the override wins over the count
+    assert changed.parallel.weights_note.startswith("override: given as --weights-per-rank")
+    assert overrides.apply(glm) == glm
+
+
+def test_plan_reads_each_option(capsys):
+    plain = _json(["plan"], capsys)["plans"][0]
+    counted = _json(["plan", "--model", GLM5, "--gpu", "H200 SXM 141GB"], capsys)
+    given = _json(["plan", "--weights-per-rank", "30GiB"], capsys)["plans"][0]
+    assert plain["weights_bytes"] == 40 * GiB and given["weights_bytes"] == 30 * GiB
+    assert counted["plans"][0]["weights_bytes"] == weights_per_rank(shipped_config("glm-5"), tp=8)
+    assert counted["plans"][0]["request"]["gpu_memory_bytes"] == 143155 * 1024**2
+    assert counted["scenario"]["model"] == "glm-5 FP8"
+    assert given["budget_bytes"] - plain["budget_bytes"] == 10 * GiB  # utilization x total - weights
+
+
+def test_repro_oom_reads_each_option(capsys):
+    base = ["repro-oom", "--predict", "-s", "deepseek-v32-fp8-tp8", "--paths", "alloc"]
+    plain = _json(base, capsys)
+    counted = _json([*base, "--model", DS, "--gpu", "B200"], capsys)
+    given = _json([*base, "--weights-per-rank", "70GiB"], capsys)
+    assert counted["scenario"]["target_gpu"] == "B200"
+    assert counted["budget"]["gpu_memory_bytes"] == gpus.gpu("B200").memory_mib * 1024**2
+    assert counted["scenario"]["weights_note"].startswith(f"counted from {DS}")
+    assert given["scenario"]["weights_note"].startswith("override:")
+    kv = [result["cases"][0]["kv_cache_bytes"] for result in (plain, given)]
+    assert 9.9 * GiB < kv[1] - kv[0] <= 10 * GiB  # 10 GiB fewer weights, in whole KV blocks
+
+
+@pytest.mark.parametrize("command", ["profile", "graphs"])
+def test_profile_and_graphs_run_the_models_heads(command, capsys):
+    result = _json([*COMMANDS[command], "--model", DS], capsys)
+    assert (result["scenario"]["model"], result["scenario"]["heads_per_rank"]) == (
+        "deepseek-v3.2 FP8", 16)
+
+
+@pytest.mark.parametrize("command", ["repro-oom", "plan"])
+def test_weights_that_do_not_fit_the_gpu_are_one_line(command):
+    """The shipped GLM-5 config at TP8 on an H100: 88.7 GiB per rank, refused before any run."""
+    line = check_bad_input([*COMMANDS[command], "--model", GLM5, "--gpu", "H100 SXM 80GB"],
+                           "glm-5 FP8's weights are 88.7 GiB per rank at TP8, more than the "
+                           "H100 SXM 80GB's 79.6 GiB")
+    assert line.startswith("mlamem: error: --weights-per-rank: ")
+    check_bad_input([*COMMANDS[command], "--weights-per-rank", "80GiB"],
+                    "GLM-5 FP8's weights are 80.0 GiB per rank at TP8, more than the H100")
+
+
+@pytest.mark.parametrize("command", ["repro-oom", "plan"])
+def test_the_memory_given_is_the_target(command):
+    """--gpu-memory names the target's memory: the weights are held to it."""
+    check_bad_input([*COMMANDS[command], "--gpu-memory", "39GiB"],
+                    "GLM-5 FP8's weights are 40.0 GiB per rank at TP8, more than the emulated "
+                    "GPU's 39.0 GiB")
+
+
+def test_weights_that_fit_run(capsys):
+    for args in (["--model", GLM5, "--weights-per-rank", "40GiB"],
+                 ["--model", GLM5, "--gpu", "H200 SXM 141GB"],
+                 ["--model", GLM5, "--gpu-memory", "120GiB"]):
+        assert main([*COMMANDS["plan"], *args]) == 0
+    capsys.readouterr()
+
+
+def test_a_config_without_a_field_names_it(tmp_path):
+    raw = json.loads((CONFIGS / "glm-5.json").read_text())
+    del raw["hidden_size"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    check_bad_input(["plan", "--model", str(tmp_path)], "--model: config.hidden_size: needs a "
+                                                       "non-negative integer, got None")
