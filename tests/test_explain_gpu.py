@@ -41,7 +41,7 @@ torch.cuda.memory._dump_snapshot(sys.argv[1])
 
 
 def _in_child(*argv: str) -> str:
-    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-P", *argv], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
