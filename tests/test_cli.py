@@ -205,6 +205,21 @@ def test_every_table_follows_columns(command, capsys, monkeypatch):
     assert not Counter(NUMBER.findall(wide)) - Counter(NUMBER.findall(narrow)), narrow
 
 
+@pytest.mark.parametrize("columns", ["200", "60", "30"])
+def test_scenarios_follow_columns(columns, capsys, monkeypatch):
+    """`mlamem scenarios` wraps each summary at COLUMNS, beside the name or under it, never
+    cutting a word or a figure; without COLUMNS, piped, each scenario is one line (for grep)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["scenarios"]) == 0
+    piped = capsys.readouterr().out.splitlines()
+    assert len(piped) == 6 and all(line.split()[0].endswith(("tp8", "dp", "reuse")) for line in piped)
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(["scenarios"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= int(columns) or columns == "30"
+    assert out.split() == " ".join(piped).split()  # the same words, whole, in order
+
+
 def test_predicted_run_says_what_it_did_not_follow(capsys, monkeypatch):
     """A predicted run with PYTORCH_CUDA_ALLOC_CONF set, and --bench, each say on stderr what
     they did not do; without them, no such note."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from enum import StrEnum
 from typing import Annotated
 
@@ -67,8 +68,20 @@ def _list_shipped(output_format: ListFormat) -> None:
         rows = [{"name": name, "summary": load_scenario(name).one_line()} for name in shipped_names()]
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return
+    width = terminal_width(default=1 << 16)  # piped without COLUMNS: one line each, for grep
     for name in shipped_names():
-        typer.echo(f"{name:24} {load_scenario(name).one_line()}")
+        typer.echo(_entry(name, load_scenario(name).one_line(), width))
+
+
+def _entry(name: str, summary: str, width: int) -> str:
+    """A scenario's line at `width` columns (COLUMNS): the summary wrapped at its commas' words
+    beside the name, or under it where the name leaves too little room; no word cut."""
+    indent = 25 if width - 25 >= 30 else 2
+    lines = textwrap.wrap(summary, max(width - indent, 1), break_long_words=False,
+                          break_on_hyphens=False)
+    if indent == 2:
+        return "\n".join([name, *(" " * indent + line for line in lines)])
+    return "\n".join([f"{name:24} {lines[0]}", *(" " * indent + line for line in lines[1:])])
 
 
 class KernelsFormat(StrEnum):
