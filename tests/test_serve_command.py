@@ -271,3 +271,20 @@ def test_any_command_is_a_scenario_or_one_line(words, engine):
     if built is not None:
         again = scenario.parse(scenario.to_toml(built.scenario), "again")
         assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
+
+
+@pytest.mark.parametrize(("hub_name", "heads", "layers"), [("zai-org/GLM-5-FP8", 64, 78),
+                                                           ("deepseek-ai/DeepSeek-V3.2", 128, 61)])
+def test_a_shipped_models_hub_name_uses_its_config(hub_name, heads, layers):
+    """The README tour's command names the model by its hub name: the shipped config is read
+    (GLM-5: 64 heads, 78 layers). Kimi-K2's hub name reads its config too, and is refused as a
+    dense-MLA model a serve command does not build yet."""
+    built = from_command(f"vllm serve {hub_name} -tp 8 --kv-cache-dtype fp8_ds_mla "
+                         "--max-model-len 131072", gpu_name="H200 SXM 141GB",
+                         weights_bytes=40 * GiB)
+    model = built.scenario.model
+    assert (model.num_attention_heads, model.num_layers) == (heads, layers)
+    if hub_name.startswith("zai-org"):
+        with pytest.raises(UserError, match="no DSA indexer"):
+            from_command("vllm serve moonshotai/Kimi-K2-Instruct -tp 4 --max-model-len 8192 "
+                         "--kv-cache-dtype fp8", gpu_name="H200 SXM 141GB")

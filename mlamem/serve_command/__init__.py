@@ -24,7 +24,9 @@ from mlamem.serve_command import trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
 
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
-HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2"}
+# a model argument that is a hub name of a shipped config (mlamem/models): that config
+HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
+             "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2"}
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)$", re.IGNORECASE)  # --hf-token, --api-key
 
