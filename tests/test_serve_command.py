@@ -287,4 +287,4 @@ def test_a_shipped_models_hub_name_uses_its_config(hub_name, heads, layers):
     if hub_name.startswith("zai-org"):
         with pytest.raises(UserError, match="no DSA indexer"):
             from_command("vllm serve moonshotai/Kimi-K2-Instruct -tp 4 --max-model-len 8192 "
-                         "--kv-cache-dtype fp8", gpu_name="H200 SXM 141GB")
+                         "--kv-cache-dtype fp8", gpu_name="H200 SXM 141GB", weights_bytes=GiB)
