@@ -103,6 +103,7 @@ class Plan:
     fp8_reserve: Reserve  # the PR's reserve: w only
     full_reserve: Reserve  # everything charged: w + BF16 gather
     vllm: dict | None  # sparse scenarios: per-call needs, prefill workspace, headroom, fits
+    engine_knobs: dict | None = None  # sparse scenarios: each engine's fraction for vLLM's pool
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -134,7 +135,9 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
         fp8_reserve=reserve(budget, k, w, l_cap, applies, pool_without),
         full_reserve=reserve(budget, k, w + gather, l_cap, applies, pool_without),
         vllm=_vllm_side(scenario, request, headroom, kernel) if scenario.model.index_topk
-        else None)
+        else None,
+        engine_knobs=engine_knobs(scenario, request, kernel)
+        if scenario.model.index_topk and request.utilization is not None else None)
 
 
 def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:
@@ -161,6 +164,32 @@ def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int,
             "per_call_need_bytes": needs,
             "per_call_fits": {path: need <= headroom for path, need in needs.items()},
             "prefill_workspace_bytes": prefill, "prefill_workspace_fits": prefill <= headroom}
+
+
+def engine_knobs(scenario: Scenario, request: PlanRequest, kernel_name: str | None = None) -> dict:
+    """The same rank under each engine's knob: vLLM's KV pool for the alloc path at the
+    request's utilization (its emulation on the allocator model, as `repro-oom --predict`
+    runs it), then each registered engine's fraction that gives that pool, as its own rule
+    multiplies it (`Engine.knob_for_pool`)."""
+    from mlamem.engines import engine_names, load_engine
+    from mlamem.engines.base import RankMemory
+    from mlamem.engines.vllm import VLLM, VLLMBudget
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
+    from mlamem.memory import SimulatedMemory
+    from mlamem.repro import host_setup
+
+    kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
+    budget = VLLMBudget(gpu_memory_bytes=request.gpu_memory_bytes, utilization=request.utilization,
+                        max_num_batched_tokens=request.max_num_tokens)
+    case = VLLM.emulate(SimulatedMemory(non_torch=host_setup(kernel.name)), scenario, kernel,
+                        budget, "alloc", sm_count=scenario.gpu.sm_count)
+    if not case.kv_cache_bytes:
+        return {"pool_bytes": 0, "knobs": [], "note": case.failure or "vLLM leaves no KV pool"}
+    rank = RankMemory(request.gpu_memory_bytes, case.non_torch_bytes, case.init_bytes,
+                      case.profile_peak_bytes)
+    knobs = [load_engine(name).knob_for_pool(rank, case.kv_cache_bytes) for name in engine_names()]
+    return {"pool_bytes": case.kv_cache_bytes, "rank": dataclasses.asdict(rank),
+            "knobs": [k._asdict() for k in knobs if k is not None]}
 
 
 def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],

@@ -141,3 +141,25 @@ def test_the_largest_safe_fraction_is_the_boundary():
     assert 0.5 < fraction < 0.9
     verdicts = [emulate(glm, 32768, fraction=round(f, 3)).verdict for f in (fraction, fraction + 0.001)]
     assert verdicts == ["fits", "oom"]
+
+
+def test_the_same_pool_under_each_engines_knob():
+    """plan's knob table: vLLM's alloc-path pool at the scenario's 0.85, and each engine's
+    fraction for it. vLLM's is 0.85 less its last part block; SGLang's fraction, run through
+    SGLang's own emulation at the same step tokens, gives that pool to within the allocator's
+    rounding, and one step (0.001) less gives less; TRT-LLM's is the pool over what is free after
+    init and the profile."""
+    from mlamem import plan
+
+    glm = scenarios.load("glm5-fp8-tp8")
+    table = plan.engine_knobs(glm, plan.request_for(glm))
+    pool, rank = table["pool_bytes"], table["rank"]
+    knobs = {k["engine"]: k["value"] for k in table["knobs"]}
+    assert set(knobs) == {"vllm", "sglang", "trtllm-context-reuse"}
+    assert 0.8499 < knobs["vllm"] <= 0.85
+    free = rank["total_bytes"] - rank["non_torch_bytes"] - rank["init_bytes"] - rank["activation_bytes"]
+    assert knobs["trtllm-context-reuse"] == pool / free
+    tokens = glm.serving.max_num_batched_tokens
+    got, less = (emulate(glm, tokens, fraction=round(f, 3)).kv_cache_bytes
+                 for f in (knobs["sglang"], knobs["sglang"] - 0.001))
+    assert abs(got - pool) < 4 * MiB and less < pool - 64 * MiB

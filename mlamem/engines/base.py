@@ -195,6 +195,27 @@ class NoKVRoom(Exception):
     """Raised by `Engine.size_kv_cache`: nothing is left for the KV cache; says why."""
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory as the engines' fractions see it, in bytes: the GPU's total, the
+    non-torch memory (CUDA context, libraries), what init places (the weights and the rest) and
+    the activations a profile pass peaks at (`Engine.knob_for_pool`)."""
+
+    total_bytes: int
+    non_torch_bytes: int
+    init_bytes: int
+    activation_bytes: int
+
+
+class Knob(NamedTuple):
+    """An engine's memory fraction, and what it multiplies."""
+
+    engine: str
+    name: str  # the engine's flag, e.g. gpu_memory_utilization
+    value: float
+    multiplies: str  # in words: "the GPU's total memory", ...
+
+
 class Step(NamedTuple):
     """The full step: what it runs, and the buffers it is expected to allocate (to name them)."""
 
@@ -248,6 +269,12 @@ class Engine(ABC):
     def notes(cls, cases: list[dict]) -> list[str]:
         """Lines the result adds about these cases (none by default)."""
         return []
+
+    @classmethod
+    def knob_for_pool(cls, rank: RankMemory, pool_bytes: int) -> Knob | None:
+        """This engine's memory fraction that gives a KV pool of `pool_bytes` on `rank`, as
+        its own rule multiplies it; None for an engine without one."""
+        return None
 
     @classmethod
     def default_step_tokens(cls, scenario: Scenario, gpu_memory_bytes: int) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlamem.engines.base import Budget, Column, NoKVRoom, Verdict, View
+from mlamem.engines.base import Budget, Column, Knob, NoKVRoom, RankMemory, Verdict, View
 from mlamem.engines.decode_rank import (
     DecodeCase,
     DecodeRank,
@@ -36,7 +36,13 @@ from mlamem.engines.decode_rank import (
     safe_cell,
     step_need_bytes,
 )
-from mlamem.engines.sglang_rules import SGLangSection, dsa_fp8_cell_bytes, kv_pool_bytes, resolve
+from mlamem.engines.sglang_rules import (
+    SGLangSection,
+    dsa_fp8_cell_bytes,
+    fraction_for_pool,
+    kv_pool_bytes,
+    resolve,
+)
 from mlamem.errors import UserError
 from mlamem.scenario import Scenario
 from mlamem.units import check_fraction
@@ -106,6 +112,15 @@ class SGLang(DecodeRank):
                 f"DSA model ([model].index_topk) with an fp8 cache ({FP8_CACHE}); for other models "
                 "and caches it picks another attention backend (FA3 for a bf16 cache on Hopper), "
                 "which mlamem does not drive", field="engine")
+
+    @classmethod
+    def knob_for_pool(cls, rank: RankMemory, pool_bytes: int) -> Knob:
+        """pool = free after init - free before the model x (1 - fraction); the smallest
+        fraction in thousandths that gives at least `pool_bytes`."""
+        before = rank.total_bytes - rank.non_torch_bytes
+        return Knob(cls.name, "mem_fraction_static",
+                    fraction_for_pool(pool_bytes, before - rank.init_bytes, before),
+                    "the memory free before the model loads")
 
     @classmethod
     def default_step_tokens(cls, scenario: Scenario, gpu_memory_bytes: int) -> int:

@@ -26,7 +26,9 @@ from mlamem.engines.base import (
     Case,
     Column,
     Engine,
+    Knob,
     NoKVRoom,
+    RankMemory,
     Step,
     View,
     allocate_specs,
@@ -99,6 +101,14 @@ class TRTLLMContextReuse(Engine):
     @classmethod
     def case_keys(cls, paths: list[str]) -> list[str]:
         return list(VARIANTS)
+
+    @classmethod
+    def knob_for_pool(cls, rank: RankMemory, pool_bytes: int) -> Knob:
+        """budget = free_gpu_memory_fraction x (cap - init - profile peak), cap = total -
+        non-torch; the pool is the budget when no reserve applies."""
+        free = rank.total_bytes - rank.non_torch_bytes - rank.init_bytes - rank.activation_bytes
+        return Knob(cls.name, "free_gpu_memory_fraction", pool_bytes / free,
+                    "the memory free after the weights and the profile's peak")
 
     @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool,

@@ -28,8 +28,10 @@ import torch
 from mlamem.engines.base import (
     Budget,
     Column,
+    Knob,
     NoKVRoom,
     PhaseFailed,
+    RankMemory,
     Verdict,
     View,
     allocate_specs,
@@ -111,6 +113,13 @@ class VLLM(DecodeRank):
     searched_knob = "max_num_batched_tokens"
     captures_graphs = True
     budget: VLLMBudget
+
+    @classmethod
+    def knob_for_pool(cls, rank: RankMemory, pool_bytes: int) -> Knob:
+        """KV = utilization x total - (init + profile peak + non-torch)."""
+        used = pool_bytes + rank.init_bytes + rank.activation_bytes + rank.non_torch_bytes
+        return Knob(cls.name, "gpu_memory_utilization", used / rank.total_bytes,
+                    "the GPU's total memory")
 
     @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> VLLMCase:

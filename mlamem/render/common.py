@@ -109,8 +109,10 @@ def fits(table: Table, width: int) -> bool:
     too) whole. Narrower than that, rich cuts or folds cells: 0.384 would show as 0."""
     bare = copy.copy(table)
     bare.title = bare.caption = None  # a title wraps between words; only the cells can be cut
-    needed = Counter(word for column in table.columns
-                     for cell in (column.header, *column.cells) for word in _words(cell))
+    shown = (lambda column: (column.header, *column.cells)) if table.show_header else (
+        lambda column: column.cells)  # a hidden header is not drawn, so it cannot be cut
+    needed = Counter(word for column in table.columns for cell in shown(column)
+                     for word in _words(cell))
     return not needed - Counter(_drawn(bare, width).split())
 
 
@@ -118,7 +120,8 @@ def records(table: Table) -> Text:
     """`table` as one record per line, 'header: value; ...' (empty cells left out; a column
     without a header gives its value alone), under its title: what a width too narrow for the
     table shows instead."""
-    headers = [" ".join(_words(column.header)) for column in table.columns]
+    headers = [" ".join(_words(column.header)) if table.show_header else ""
+               for column in table.columns]
     rows = zip(*([" ".join(_words(cell)) for cell in column.cells] for column in table.columns),
                strict=True)
     lines = [str(table.title)] if table.title else []

@@ -72,6 +72,12 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
         rows.append(("vLLM bf16 prefill workspace",
                      f"{format_bytes(vllm['prefill_workspace_bytes'])} (5 x max_model_len x 576 "
                      f"x 2 B): {fits} the {headroom} headroom"))
+    knobs = plan.get("engine_knobs")
+    if knobs and knobs["knobs"]:
+        pool = format_bytes(knobs["pool_bytes"])
+        for knob in knobs["knobs"]:
+            rows.append((f"same {pool} KV pool: {knob['engine']}",
+                         f"{knob['name']} {knob['value']:.3f} (of {knob['multiplies']})"))
     return rows
 
 

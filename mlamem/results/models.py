@@ -649,6 +649,37 @@ class PlanScenario(Model):
     weights_note: str = Field(description="why the weights have their value")
 
 
+class EngineKnob(Model):
+    """One engine's memory fraction for the pool."""
+
+    engine: str = Field(description="the engine (`mlamem/engines/`)")
+    name: str = Field(description=(
+        "its flag: `gpu_memory_utilization`, `mem_fraction_static`, `free_gpu_memory_fraction`"))
+    value: float = Field(
+        description="the fraction that gives the pool (SGLang's in thousandths, rounded up)")
+    multiplies: str = Field(description="what the engine's rule multiplies it by, in words")
+
+
+class RankFigures(Model):
+    """The rank as vLLM's emulation left it, bytes."""
+
+    total_bytes: Bytes = Field(description="the GPU's total memory")
+    non_torch_bytes: Bytes = Field(description="non-torch memory at KV sizing (the host setup's model)")
+    init_bytes: Bytes = Field(description="what init placed: weights, workspace, the step's inputs")
+    activation_bytes: Bytes = Field(description="the profile pass's peak over init")
+
+
+class EngineKnobs(Model):
+    """The same rank under each engine's knob: each fraction that gives vLLM's KV pool."""
+
+    pool_bytes: Bytes = Field(description=(
+        "vLLM's KV pool for the alloc path at the request's utilization (allocator model)"))
+    rank: RankFigures | None = Field(
+        None, description="the rank's figures each rule reads (absent with no pool)")
+    knobs: list[EngineKnob] = Field(description="one per engine with a memory fraction")
+    note: str | None = Field(None, description="why there is no pool, when there is none")
+
+
 class OnePlan(Model):
     """One rank's plan."""
 
@@ -671,6 +702,10 @@ class OnePlan(Model):
     fp8_reserve: Reserve
     full_reserve: Reserve
     vllm: VllmPlan | None = Field(description="null unless the scenario is sparse (has an indexer top-k)")
+    engine_knobs: EngineKnobs | None = Field(
+        None, description=(
+            "sparse scenarios with a utilization: the fraction of each engine that gives vLLM's "
+            "KV pool (absent in older files)"))
 
 
 class PlanSweep(Model):
