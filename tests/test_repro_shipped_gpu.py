@@ -71,3 +71,30 @@ def test_every_shipped_scenario_measured_equals_predicted(name, kernel, engine, 
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
     assert measured["measured"] and not predicted["measured"]
     assert prediction_differences(measured, predicted) == []
+
+
+SEED_COMMAND = ("vllm serve zai-org/GLM-5-FP8 --tensor-parallel-size 8 --max-num-seqs 256 "
+                "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8_ds_mla "
+                "--max-num-batched-tokens 32768 --gpu-memory-utilization 0.85 "
+                "--max-model-len 131072 --enforce-eager")
+
+
+def test_the_seed_serve_command_measured_equals_predicted(tmp_path):
+    """The seed's pasted `vllm serve` command (issue 24), with --gpu "H100 SXM 80GB" and the
+    seed's weights as the override, made into a scenario and reproduced on the GPU: the alloc
+    path runs out of memory, the workspace path fits, and every figure a prediction gives is
+    the measured one, the limits included (predicted: 31856 and 39008)."""
+    if torch.cuda.is_initialized():
+        pytest.skip(NEIGHBOUR)
+    if reason := _unavailable_reason("flashmla"):
+        pytest.skip(f"flashmla: {reason}")
+    done = _child("-m", "mlamem", "scenarios", "--serve", SEED_COMMAND, "--gpu", "H100 SXM 80GB",
+                  "--weights-per-rank", "40GiB", timeout=120)
+    assert done.returncode == 0, done.stderr
+    seed = tmp_path / "seed.toml"
+    seed.write_text(done.stdout)
+    measured = _repro_json(["-s", str(seed), "--expect-oom", "alloc", "--expect-fit", "workspace"],
+                           tmp_path / "seed.json")
+    predicted = _repro_json(["-s", str(seed), "--predict"], tmp_path / "seed.predicted.json")
+    assert prediction_differences(measured, predicted) == []
+    assert [c["max_safe_tokens"] for c in predicted["cases"]] == [31856, 39008]
