@@ -164,7 +164,8 @@ def _verdict_note(case: dict) -> str:
 def repro_budget(result: ReproResult) -> bytes:
     """One bar per case, of the segments its engine's view names (vLLM: weights, workspace,
     rest of init, KV cache, free), and the step's need."""
-    view = load_engine(result.engine).view
+    engine = load_engine(result.engine)
+    view = engine.view
     cases = result.cases
     with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
         figure = _figure(11, 2.4 + 1.5 * len(cases))
@@ -221,10 +222,10 @@ def repro_budget(result: ReproResult) -> bytes:
         ax.grid(axis="y", visible=False)
         budget, s = result.budget, result.scenario
         target = f" ({s['target_gpu']})" if s.get("target_gpu") else ""
+        share = f" at utilization {budget['utilization']}" if engine.reads_utilization else ""
         figure.suptitle(f"{s['name']}: memory of one engine rank, per path (GiB)\n"
-                     f"target {format_bytes(budget['gpu_memory_bytes'])}{target} at utilization "
-                     f"{budget['utilization']}, max_num_batched_tokens "
-                     f"{budget['max_num_batched_tokens']}\n"
+                     f"target {format_bytes(budget['gpu_memory_bytes'])}{target}{share}, "
+                     f"{view.step_tokens} {budget['max_num_batched_tokens']}\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
                      f"{result.kernel['label']}")
         figure.legend(loc="outside lower center", ncols=3)
