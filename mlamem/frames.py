@@ -46,7 +46,8 @@ def frame_label(frames: list[dict]) -> str:
 def _in_libraries(filename: str) -> bool:
     path = PurePath(filename)
     adapter = path.name in ADAPTER_FILES and path.parent.name == "kernels"  # mlamem's adapters
-    return adapter or _in(filename, LIBRARIES) or filename.startswith("<frozen")
+    script = path.name == "mlamem" and path.parent.name in ("bin", "Scripts")  # console script
+    return adapter or script or _in(filename, LIBRARIES) or filename.startswith("<frozen")
 
 
 def _in(filename: str, packages: set[str] | frozenset[str]) -> bool:

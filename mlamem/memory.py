@@ -301,7 +301,7 @@ class _MetaAllocations(TorchDispatchMode):
             return
         ref = _StorageRef(storage, self._dead.append)
         ref.key = key
-        frames = (python_frames() if self.record_stacks and self.model.trace is not None
+        frames = (_allocating_stack() if self.record_stacks and self.model.trace is not None
                   else None)  # walked only when a trace keeps it
         self.live[key] = (ref, self.model.malloc(storage.nbytes(), frames))
 
@@ -311,6 +311,14 @@ class _MetaAllocations(TorchDispatchMode):
             ref = self._dead.popleft()
             _, block = self.live.pop(ref.key)
             self.model.free(block)
+
+
+def _allocating_stack() -> list[dict]:
+    """The Python stack of the code whose op allocates, as torch's trace records it: this
+    module's frames (the dispatch hook's own) left out."""
+    frames = python_frames()
+    inner = next((i for i, f in enumerate(frames) if f["filename"] != __file__), len(frames))
+    return frames[inner:]
 
 
 # Random ops draw values, which meta tensors do not have. Their meta kernels only check the
