@@ -201,10 +201,12 @@ class Tracker:
                 f"{count} allocation{'' if count == 1 else 's'}, "
                 f"{format_bytes(self.bytes_allocated_in_call)} inside")
 
-    def table(self) -> str:
-        """The breakdown as text: one row per allocation inside, then whether the buffers live at
-        the peak add up to it, and the expected buffers never allocated."""
-        from mlamem.render.common import compact_table, console_text, with_notes
+    def table(self, width: int | None = None) -> str:
+        """The breakdown as text: one row per allocation inside (a buffer named by `expect`
+        with the frame that made it), then whether the buffers live at the peak add up to it,
+        and the expected buffers never allocated. `width`: the columns to fit, one record per
+        allocation if too few; None: as wide as the rows (80 at least), no frame cut."""
+        from mlamem.render.common import compact_table, console_text, natural_width, with_notes
         from mlamem.units import format_bytes
 
         tag = "" if self.measured else " (PREDICTED)"
@@ -225,7 +227,8 @@ class Tracker:
                          else f"buffers live at the peak sum to {parts} B, the peak is {peak} B")
         if self.missing:
             notes.append(f"expected but not allocated: {', '.join(self.missing)}")
-        return console_text(with_notes(out, notes)).rstrip("\n")
+        width = natural_width(out) if width is None else width
+        return console_text(with_notes(out, notes), width).rstrip("\n")
 
     def save_snapshot(self, path: str | Path) -> None:
         """Write a PyTorch memory snapshot of the measured code (a pickle for

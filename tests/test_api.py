@@ -148,9 +148,11 @@ def test_profile_call_names_every_allocation_of_a_function_by_its_frame():
     named = mlamem.profile_call(scores_then_copy, x, w, device="meta",
                                 expect={"probs": ((4096, 640), torch.float32)})
     assert [(b.name, b.frame) for b in named.buffers][:2] == [(matmul, matmul), ("probs", softmax)]
-    text = named.table()  # too wide for 80 columns: one record per buffer
+    [probs_row] = [line for line in named.table().splitlines() if line.startswith("probs ")]
+    assert probs_row.split() == ["probs", "user", "10.000", "MiB", str(rows * 4), "yes",
+                                 *softmax.split()]  # as wide as its rows: the frame whole
     assert f"buffer: probs; by: user; size: 10.000 MiB; bytes: {rows * 4}; live at peak: yes;\n" \
-           f"frame: {softmax}\n" in text
+           f"frame: {softmax}\n" in named.table(width=80)  # too narrow: one record each
 
 
 def test_a_bad_expectation_names_the_accepted_forms():
