@@ -457,6 +457,12 @@ class Comparison(Model):
             "such buffer)"))
     difference: int | None = Field(description="measured − predicted, in bytes (null when either is null)")
     op: str = Field(description="the kernel operation (`tokens` is then T, requests or s_q)")
+    predicted_frame: str | None = Field(
+        None, description=(
+            "the buffer's frame on the allocator model, `file:line function` (null for a total, "
+            "where that side has no such buffer, and in older files)"))
+    measured_frame: str | None = Field(
+        None, description="the buffer's frame in the GPU's allocator trace, the same way")
 
 
 def _legacy_validate(data: dict) -> dict:
