@@ -9,6 +9,7 @@ innermost frame outside torch, mlamem and the kernel libraries, as `file:line fu
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import PurePath
 
@@ -18,6 +19,7 @@ LIBRARIES = frozenset({"torch", "mlamem", "flash_mla", "flashinfer", "sgl_kernel
                        "typer", "click"})
 # mlamem's kernel adapters, which a checkout installed in place runs from kernels/, not mlamem/
 ADAPTER_FILES = frozenset({"flashmla.py", "flashmla_vllm.py", "flashinfer_mla.py", "reference.py"})
+TORCH = frozenset({"torch"})
 NO_FRAMES = "no frames"
 
 
@@ -39,10 +41,11 @@ def frame_label(frames: list[dict]) -> str:
     if not frames:
         return NO_FRAMES
     outside = [f for f in frames if not _in_libraries(f["filename"])]
-    chosen = (outside or [f for f in frames if not _in(f["filename"], {"torch"})] or frames)[0]
+    chosen = (outside or [f for f in frames if not _in(f["filename"], TORCH)] or frames)[0]
     return f"{_short(chosen['filename'])}:{chosen['line']} {chosen['name']}"
 
 
+@functools.lru_cache(maxsize=4096)  # a stack's files repeat: each is parsed once
 def _in_libraries(filename: str) -> bool:
     path = PurePath(filename)
     adapter = path.name in ADAPTER_FILES and path.parent.name == "kernels"  # mlamem's adapters
@@ -50,7 +53,8 @@ def _in_libraries(filename: str) -> bool:
     return adapter or script or _in(filename, LIBRARIES) or filename.startswith("<frozen")
 
 
-def _in(filename: str, packages: set[str] | frozenset[str]) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _in(filename: str, packages: frozenset[str]) -> bool:
     return any(part in packages for part in PurePath(filename).parts[:-1])
 
 
