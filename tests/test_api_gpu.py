@@ -101,6 +101,23 @@ def test_profile_call_names_each_allocation_by_its_frame_as_predicted():
                for name, frame, _, _ in measured)
 
 
+@needs_flashmla
+def test_profile_frames_measured_and_predicted():
+    """profile --frames at T=1024, on the H200 and predicted: the padded q's frame is the alloc
+    path's line on both; the kernel's buffers are named by its spec on both, their frame the
+    kernel library's entry when measured (mlamem's stand-in when predicted: docs/profile.md)."""
+    argv = [sys.executable, "-P", "-m", "mlamem", "profile", "--scenario", SCENARIO,
+            "--tokens", str(TOKENS), "--paths", "alloc", "--breakdown", "--frames",
+            "--format", "json"]
+    [measured] = json.loads(_run([*argv, "--require-gpu"]))["rows"]
+    [predicted] = json.loads(_run([*argv, "--predict"]))["rows"]
+    assert [b["name"] for b in measured["buffers"]] == [b["name"] for b in predicted["buffers"]]
+    padded_q, *kernel = measured["buffers"]
+    assert padded_q["frame"] == predicted["buffers"][0]["frame"]
+    assert padded_q["frame"].startswith("mlamem/paths.py:")
+    assert all(b["frame"].startswith("flash_mla/") for b in kernel), kernel
+
+
 _CONFTEST = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
