@@ -90,13 +90,15 @@ class CachingAllocatorModel:
         self._addresses = itertools.count(start=1 << 40, step=1 << 40)
         self.trace: list[dict] | None = None  # when a list, events are appended as torch records them
 
-    def _record(self, action: str, address: int, size: int) -> None:
+    def _record(self, action: str, address: int, size: int,
+                frames: list[dict] | None = None) -> None:
         if self.trace is not None:
             self.trace.append({"action": action, "addr": address, "size": size, "stream": 0,
-                               "frames": []})
+                               "frames": frames or []})
 
-    def malloc(self, nbytes: int) -> Block:
-        """Allocate `nbytes`; returns the block (pass it to `free`)."""
+    def malloc(self, nbytes: int, frames: list[dict] | None = None) -> Block:
+        """Allocate `nbytes`; returns the block (pass it to `free`). `frames`: the Python stack
+        that asked for it, kept in the trace's alloc event as torch keeps it."""
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
         block = self._best_fit(size, small) or self._new_segment(size, small)
@@ -111,7 +113,7 @@ class CachingAllocatorModel:
             block.next, block.size = rest, size
             free_blocks.append(rest)
         block.free, block.requested = False, nbytes
-        self._record("alloc", block.address, nbytes)
+        self._record("alloc", block.address, nbytes, frames)
         self.allocated_bytes += block.size
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
         return block

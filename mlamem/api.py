@@ -14,9 +14,11 @@
 Both return a `Tracker`. Bytes are deltas over the state before the measured code: the peaks
 (torch's max_memory_allocated / max_memory_reserved), NVML's device-used peak, and every
 allocation inside, named from `expect` (name -> bytes, (shape, dtype), a BufferSpec or an
-ExpectedBuffer) as `mlamem profile --breakdown` names a kernel's buffers; the rest is
-"unattributed". An out-of-memory inside is recorded (`oom`, `failure`), not raised; any other
-exception propagates.
+ExpectedBuffer) as `mlamem profile --breakdown` names a kernel's buffers; the rest by its
+`frame`, the innermost Python frame outside torch, mlamem and the kernel libraries
+(`file:line function`: the allocator trace's stacks when measured, the interpreter's stack at the
+allocation when predicted; each buffer carries its frame either way). An out-of-memory
+inside is recorded (`oom`, `failure`), not raised; any other exception propagates.
 
 Devices. `device=None` means CUDA. `device="meta"` predicts instead: the code runs on the meta
 device, and every meta allocation feeds mlamem's model of the caching allocator, as `mlamem
@@ -79,13 +81,14 @@ def expected_from(expect: Mapping[str, Expectation] | None) -> list[ExpectedBuff
 
 
 def memory_for(device: str | torch.device | None) -> CudaMemory | SimulatedMemory:
-    """The backend for `device`: a CUDA device measures (with Python stacks in its trace, for
-    save_snapshot), "meta" predicts. None means CUDA; NoCudaError without it."""
+    """The backend for `device`: a CUDA device measures, "meta" predicts, both with Python stacks
+    in the trace (each allocation's frame; save_snapshot's). None means CUDA; NoCudaError
+    without it."""
     if device is None:
         device = "cuda"
     device = torch.device(device)
     if device.type == "meta":
-        return SimulatedMemory()
+        return SimulatedMemory(record_stacks=True)
     if device.type != "cuda":
         raise ValueError(f"device {str(device)!r}: expected cuda (measure) or meta (predict)")
     if not torch.cuda.is_available():
@@ -143,8 +146,9 @@ class Tracker:
 
     @property
     def buffers(self) -> list[BufferUse]:
-        """Each allocation inside, in order: name (from `expect`, else "unattributed"), who
-        allocated it, requested and block bytes, new segment bytes, live at the peak."""
+        """Each allocation inside, in order: name (from `expect`, else its frame), who
+        allocated it, requested and block bytes, new segment bytes, live at the peak, and the
+        frame that asked for it (`file:line function`)."""
         return [] if self.breakdown is None else list(self.breakdown.buffers)
 
     @property
@@ -197,20 +201,25 @@ class Tracker:
                 f"{count} allocation{'' if count == 1 else 's'}, "
                 f"{format_bytes(self.bytes_allocated_in_call)} inside")
 
-    def table(self) -> str:
-        """The breakdown as text: one row per allocation inside, then whether the buffers live at
-        the peak add up to it, and the expected buffers never allocated."""
-        from mlamem.render.common import compact_table, console_text, with_notes
+    def table(self, width: int | None = None) -> str:
+        """The breakdown as text: one row per allocation inside (a buffer named by `expect`
+        with the frame that made it), then whether the buffers live at the peak add up to it,
+        and the expected buffers never allocated. `width`: the columns to fit, one record per
+        allocation if too few; None: as wide as the rows (80 at least), no frame cut."""
+        from mlamem.render.common import compact_table, console_text, natural_width, with_notes
         from mlamem.units import format_bytes
 
         tag = "" if self.measured else " (PREDICTED)"
         out = compact_table(f"mlamem: allocations inside{tag}")
-        for name in ("buffer", "by", "size", "bytes", "live at peak"):
+        named = [b for b in self.buffers if b.frame is not None and b.name != b.frame]
+        columns = ["buffer", "by", "size", "bytes", "live at peak"] + (["frame"] if named else [])
+        for name in columns:
             out.add_column(name, justify="right" if name in ("size", "bytes") else "left",
                            no_wrap=True)
         for b in self.buffers:
+            frame = [] if not named else ["" if b.frame == b.name else b.frame or ""]
             out.add_row(b.name, b.allocated_by, format_bytes(b.requested_bytes),
-                        str(b.requested_bytes), "yes" if b.live_at_peak else "no")
+                        str(b.requested_bytes), "yes" if b.live_at_peak else "no", *frame)
         notes = [self.summary()]
         if self.breakdown is not None and self.peak_allocated_bytes is not None:
             parts, peak = self.breakdown.peak_bytes, self.peak_allocated_bytes
@@ -218,7 +227,8 @@ class Tracker:
                          else f"buffers live at the peak sum to {parts} B, the peak is {peak} B")
         if self.missing:
             notes.append(f"expected but not allocated: {', '.join(self.missing)}")
-        return console_text(with_notes(out, notes)).rstrip("\n")
+        width = natural_width(out) if width is None else width
+        return console_text(with_notes(out, notes), width).rstrip("\n")
 
     def save_snapshot(self, path: str | Path) -> None:
         """Write a PyTorch memory snapshot of the measured code (a pickle for
@@ -270,7 +280,7 @@ def track(expect: Mapping[str, Expectation] | None = None,
     what the block needs from the device with a cold cache. A `with` block cannot be re-run, so
     there is no warm-up: one-time allocations of a first call count (use `profile_call` to leave
     them out). `expect` names buffers: name -> bytes, (shape, dtype), BufferSpec or
-    ExpectedBuffer; other allocations are "unattributed". `device`: None or a CUDA device
+    ExpectedBuffer; other allocations are named by their frame. `device`: None or a CUDA device
     measures (NoCudaError without CUDA); "meta" predicts, for code whose tensors are on the meta
     device. An out-of-memory inside is recorded on the tracker (`oom`, `failure`) and not
     raised; any other exception propagates after the figures are taken.

@@ -2,8 +2,9 @@
 
 The expected buffers come from the path (what the wrapper allocates, e.g. padded_q) and the
 kernel adapter (what the kernel allocates inside: out, lse, scheduler tensors, accumulators).
-Events are matched in order by requested size; anything left over is listed as unattributed,
-never dropped. Works on torch's trace entries and on the allocator model's alike.
+Events are matched in order by requested size; anything left over is named by its frame where
+the trace has Python stacks (`mlamem.frames.frame_label`), else listed as unattributed, never
+dropped. Works on torch's trace entries and on the allocator model's alike.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlamem.allocator import round_size
+from mlamem.frames import frame_label
 from mlamem.kernel_api import BufferSpec, allocated_in_call
 
 UNATTRIBUTED = "unattributed"
@@ -29,12 +31,13 @@ class ExpectedBuffer:
 class BufferUse:
     """One allocation inside the call, named."""
 
-    name: str  # an expected buffer's name, or "unattributed"
+    name: str  # an expected buffer's name, else its frame, else "unattributed"
     allocated_by: str  # "wrapper", "kernel" or "unknown"
     requested_bytes: int
     block_bytes: int  # as the allocator counts it (rounded to 512)
     segment_bytes: int  # new device memory reserved (cudaMalloc) for it; 0 if it fit the cache
     live_at_peak: bool
+    frame: str | None = None  # `file:line function` that asked for it; None: no stacks traced
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ def expected_buffers(wrapper: list[BufferSpec], kernel: list[BufferSpec],
 
 
 def attribute(events: list[dict], expected: list[ExpectedBuffer]) -> Breakdown:
-    """Name each allocation in `events` (torch trace entries) and find what lives at the peak."""
+    """Name each allocation in `events` (torch trace entries) and find what lives at the peak:
+    an expected buffer's name, else the frame that asked for it (where the trace has stacks)."""
     unmatched = list(expected)
     uses: list[dict] = []
     live: dict[int, int] = {}  # address -> index into uses
@@ -76,11 +80,12 @@ def attribute(events: list[dict], expected: list[ExpectedBuffer]) -> Breakdown:
             match = next((e for e in unmatched if e.nbytes == event["size"]), None)
             if match is not None:
                 unmatched.remove(match)
-            uses.append({"name": match.name if match else UNATTRIBUTED,
+            frame = frame_label(event["frames"]) if event.get("frames") else None
+            uses.append({"name": match.name if match else frame or UNATTRIBUTED,
                          "allocated_by": match.allocated_by if match else "unknown",
                          "requested_bytes": event["size"],
                          "block_bytes": round_size(event["size"]),
-                         "segment_bytes": new_segment})
+                         "segment_bytes": new_segment, "frame": frame})
             new_segment = 0
             live[event["addr"]] = len(uses) - 1
             current += uses[-1]["block_bytes"]

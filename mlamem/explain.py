@@ -16,11 +16,12 @@ import bisect
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlamem import snapshot
 from mlamem.allocator import round_size
+from mlamem.frames import frame_label
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.paths import wrapper_allocations
 
@@ -29,11 +30,6 @@ if TYPE_CHECKING:
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.explain/1"
-# A frame in these packages is the machinery, not the caller: the frame named is the innermost
-# outside them (typer and click run mlamem's own CLI).
-LIBRARIES = frozenset({"torch", "mlamem", "flash_mla", "flashinfer", "sgl_kernel", "triton",
-                       "typer", "click"})
-ADAPTER_FILES = frozenset({"flashmla.py", "flashmla_vllm.py", "flashinfer_mla.py", "reference.py"})
 LINEAR_TOKENS = 1024  # T searched one by one; above it, by bisection on the largest buffer
 MAX_TOKENS = 1 << 20  # the largest T searched
 
@@ -45,7 +41,7 @@ class Allocation:
     index: int  # its position among the trace's events (-1: from a segment)
     addr: int
     size: int  # requested bytes
-    frame: str  # `file:line function`, the innermost frame outside the LIBRARIES
+    frame: str  # `file:line function` (mlamem.frames.frame_label)
 
     @property
     def block_bytes(self) -> int:
@@ -60,31 +56,6 @@ class Peak:
     source: str  # "trace" or "segments"
     event: int | None  # the trace event that reached it
     live: list[Allocation]
-
-
-def frame_label(frames: list[dict]) -> str:
-    """The innermost frame outside the LIBRARIES as `file:line function`; else the innermost
-    outside torch; `no frames` where the trace has none."""
-    if not frames:
-        return "no frames"
-    outside = [f for f in frames if not _in_libraries(f["filename"])]
-    chosen = (outside or [f for f in frames if not _in(f["filename"], {"torch"})] or frames)[0]
-    return f"{_short(chosen['filename'])}:{chosen['line']} {chosen['name']}"
-
-
-def _in_libraries(filename: str) -> bool:
-    path = PurePath(filename)
-    adapter = path.name in ADAPTER_FILES and path.parent.name == "kernels"  # mlamem's adapters
-    return adapter or _in(filename, LIBRARIES) or filename.startswith("<frozen")
-
-
-def _in(filename: str, packages: set[str] | frozenset[str]) -> bool:
-    return any(part in packages for part in PurePath(filename).parts[:-1])
-
-
-def _short(filename: str) -> str:
-    """The file's last two path parts: `mlamem/paths.py`, `flash_mla/flash_mla_interface.py`."""
-    return "/".join(PurePath(filename).parts[-2:])
 
 
 def trace_allocations(events: list[dict]) -> list[Allocation]:

@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_leaves
 
 from mlamem import nvml
 from mlamem.allocator import CAPTURE_STREAM_POOL, AllocatorOutOfMemory, CachingAllocatorModel
+from mlamem.frames import python_frames
 from mlamem.non_torch import NonTorchSetup
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB)")
@@ -61,7 +62,7 @@ class CudaMemory:
     def __init__(self, device: torch.device | None = None, record_stacks: bool = False,
                  used_before_cuda: dict[str, int] | None = None):
         self.device = device or torch.device("cuda", torch.cuda.current_device())
-        self.record_stacks = record_stacks  # Python stacks in the trace, for memory_viz
+        self.record_stacks = record_stacks  # Python stacks in the trace: frames, memory_viz
         props = torch.cuda.get_device_properties(self.device)
         self.total_bytes = props.total_memory
         uuid = nvml.uuid_name(str(getattr(props, "uuid", "")) or None)
@@ -256,11 +257,15 @@ class _MetaAllocations(TorchDispatchMode):
 
     A storage's death only queues its block (the weakref callback is `deque.append`, C code that
     Ctrl-C cannot interrupt); `collect` frees the queue before the model is next used. So the
-    model changes only in ordinary code, never half-way inside a finalizer."""
+    model changes only in ordinary code, never half-way inside a finalizer.
 
-    def __init__(self, model: CachingAllocatorModel):
+    With `record_stacks`, an allocation made while the model records its trace carries the
+    Python stack that asked for it, as torch's trace does with context="alloc"."""
+
+    def __init__(self, model: CachingAllocatorModel, record_stacks: bool = False):
         super().__init__()
         self.model = model
+        self.record_stacks = record_stacks
         self.live: dict[int, tuple[_StorageRef, object]] = {}  # id(storage) -> (ref, block)
         self._dead: collections.deque[_StorageRef] = collections.deque()
 
@@ -296,7 +301,9 @@ class _MetaAllocations(TorchDispatchMode):
             return
         ref = _StorageRef(storage, self._dead.append)
         ref.key = key
-        self.live[key] = (ref, self.model.malloc(storage.nbytes()))
+        frames = (_allocating_stack() if self.record_stacks and self.model.trace is not None
+                  else None)  # walked only when a trace keeps it
+        self.live[key] = (ref, self.model.malloc(storage.nbytes(), frames))
 
     def collect(self) -> None:
         """Free the blocks of the storages that died since the last call, in order of death."""
@@ -304,6 +311,14 @@ class _MetaAllocations(TorchDispatchMode):
             ref = self._dead.popleft()
             _, block = self.live.pop(ref.key)
             self.model.free(block)
+
+
+def _allocating_stack() -> list[dict]:
+    """The Python stack of the code whose op allocates, as torch's trace records it: this
+    module's frames (the dispatch hook's own) left out."""
+    frames = python_frames()
+    inner = next((i for i, f in enumerate(frames) if f["filename"] != __file__), len(frames))
+    return frames[inner:]
 
 
 # Random ops draw values, which meta tensors do not have. Their meta kernels only check the
@@ -340,14 +355,17 @@ class SimulatedMemory:
     measured = False
     device = torch.device("meta")
 
-    def __init__(self, limit_bytes: int | None = None, non_torch: NonTorchSetup | None = None):
+    def __init__(self, limit_bytes: int | None = None, non_torch: NonTorchSetup | None = None,
+                 record_stacks: bool = False):
         """`non_torch`: the host setup to emulate on (repro-oom): its non-torch memory, which
-        grows as ops launch for the first time, and its physical memory, which binds with it."""
+        grows as ops launch for the first time, and its physical memory, which binds with it.
+        `record_stacks`: Python stacks in the trace, as CudaMemory's (each allocation's frame)."""
         self._model = CachingAllocatorModel(limit_bytes)
         self._cap = limit_bytes
         self.non_torch = non_torch
+        self.record_stacks = record_stacks
         self.loaded: list = []  # the host's lazily loaded modules, in the order they loaded
-        self._mode = _MetaAllocations(self._model)
+        self._mode = _MetaAllocations(self._model, record_stacks)
         self._mode.on_op = self._on_op if non_torch is not None else None
 
     @property

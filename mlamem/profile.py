@@ -137,8 +137,10 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     KV length; `bench` also times each measured call (do_bench median); `shard` runs only its
     values (`Shard.pick`) and is recorded in the result.
 
-    `on_case` sees each call as it finishes (progress); `on_calls` sees all of them at the end,
-    traces included (snapshots).
+    `record_stacks`: Python stacks in the traces (snapshots), and each buffer's frame in the
+    breakdown (`profile --frames`), the allocations no spec names named by it; off by default,
+    the sweep's cost. `on_case` sees each call as it finishes (progress); `on_calls` sees all
+    of them at the end, traces included (snapshots).
     """
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count, measure_call
@@ -161,7 +163,8 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     for t in tokens if shard is None else shard.pick(tokens):
         cases = []
         for path in paths:
-            memory = CudaMemory(record_stacks=record_stacks) if reason is None else SimulatedMemory()
+            memory = (CudaMemory(record_stacks=record_stacks) if reason is None
+                      else SimulatedMemory(record_stacks=record_stacks))
             case = measure_call(memory, scenario, kernel, t, path, sm_count=sm_count,
                                 max_tokens=workspace_rows(scenario, op), op=op,
                                 kv_tokens=kv_tokens, bench=bench)

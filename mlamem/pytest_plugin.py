@@ -200,10 +200,17 @@ def broken_limits(tracker: Tracker, limits: Limits) -> list[str]:
                         f"({limits.limit_bytes} B)")
     count = tracker.allocations_in_call
     if limits.max_allocations is not None and count is not None and count > limits.max_allocations:
-        made = ", ".join(f"{b.name} {format_bytes(b.requested_bytes)}" for b in tracker.buffers)
+        made = ", ".join(_made(b) for b in tracker.buffers)
         problems.append(f"{count} GPU allocation{'' if count == 1 else 's'} inside the test body"
                         f"{_tag(tracker)}, max_gpu_allocations({limits.max_allocations}): {made}")
     return problems
+
+
+def _made(buffer) -> str:
+    """An allocation in the failure message: its name (an expected buffer's, else its frame),
+    its size, and the frame that made it where the name is not that frame."""
+    where = "" if buffer.frame in (None, buffer.name) else f" at {buffer.frame}"
+    return f"{buffer.name} {format_bytes(buffer.requested_bytes)}{where}"
 
 
 def summary_line(nodeid: str, tracker: Tracker, limits: Limits) -> str:

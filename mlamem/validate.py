@@ -37,6 +37,8 @@ class Comparison:
     predicted: int | None
     measured: int | None
     op: str = SPARSE_DECODE  # the kernel operation (older files: sparse-decode)
+    predicted_frame: str | None = None  # a buffer's frame on the model (None: a total)
+    measured_frame: str | None = None  # and in the GPU's trace
 
     @property
     def difference(self) -> int | None:
@@ -51,10 +53,11 @@ class Comparison:
 
 def compare(scenario: str, measured: CallMeasurement,
             predicted: CallMeasurement) -> list[Comparison]:
-    """Every buffer (in allocation order, by name) and the totals, allocated and reserved."""
-    def row(item, metric, p, m):
+    """Every buffer (in allocation order, by name, with its frame on either side) and the
+    totals, allocated and reserved."""
+    def row(item, metric, p, m, frames=(None, None)):
         return Comparison(scenario, measured.tokens, measured.path, item, metric, p, m,
-                          measured.op)
+                          measured.op, *frames)
 
     rows = [row("total", "allocated", predicted.peak_allocated_bytes, measured.peak_allocated_bytes),
             row("total", "reserved", predicted.peak_reserved_bytes, measured.peak_reserved_bytes)]
@@ -67,8 +70,9 @@ def compare(scenario: str, measured: CallMeasurement,
             name = f"{p.name} (predicted) / {m.name} (measured)"
         else:
             name = (m or p).name
-        rows.append(row(name, "allocated", p and p.block_bytes, m and m.block_bytes))
-        rows.append(row(name, "reserved", p and p.segment_bytes, m and m.segment_bytes))
+        frames = (p and p.frame, m and m.frame)
+        rows.append(row(name, "allocated", p and p.block_bytes, m and m.block_bytes, frames))
+        rows.append(row(name, "reserved", p and p.segment_bytes, m and m.segment_bytes, frames))
     return rows
 
 
@@ -167,8 +171,10 @@ def run_validation(sweep, paths: Sequence[str], kernel: SparseDecodeKernel | Non
             for path in paths:
                 kwargs = {"sm_count": sm_count, "max_tokens": workspace_rows(scenario, op),
                           "op": op, "kv_tokens": kv_tokens}
-                measured = measure_call(CudaMemory(), scenario, kernel, t, path, **kwargs)
-                predicted = measure_call(SimulatedMemory(), scenario, kernel, t, path, **kwargs)
+                measured = measure_call(CudaMemory(record_stacks=True), scenario, kernel, t,
+                                        path, **kwargs)
+                predicted = measure_call(SimulatedMemory(record_stacks=True), scenario, kernel,
+                                         t, path, **kwargs)
                 rows += compare(scenario.name, measured, predicted)
                 if on_case:
                     on_case(scenario.name, t, path)

@@ -3,6 +3,7 @@ tests/test_api_gpu.py measures the same on a GPU."""
 
 import dataclasses
 import functools
+import inspect
 import pickle
 import subprocess
 import sys
@@ -93,20 +94,65 @@ def test_in_place_and_views_of_earlier_tensors_allocate_nothing():
     assert [b.requested_bytes for b in t.buffers] == [4 * MiB]
 
 
-def test_expect_names_buffers_in_every_form_and_leaves_the_rest_unattributed():
+def test_expect_names_buffers_in_every_form_and_the_rest_by_frame():
     """Bytes, (shape, dtype), BufferSpec and ExpectedBuffer name allocations in order; an
-    expected buffer never allocated is missing; an unnamed allocation is unattributed."""
+    expected buffer never allocated is missing; an unnamed allocation is named by its frame."""
     expect = {"a": 4 * MiB, "b": ((256, 1024), torch.float32),
               "c": BufferSpec("ignored", (1024,), torch.float32, "temporary"),
               "d": ExpectedBuffer("ignored", 512, "wrapper"), "never": 12345}
     with mlamem.track(expect=expect, device="meta") as t:
-        kept = [torch.empty(n, dtype=torch.uint8, device="meta")
-                for n in (4 * MiB, 1024 * 1024, 4096, 512, 100)]
+        kept = []
+        for n in (4 * MiB, 1024 * 1024, 4096, 512, 100):
+            kept_line = sys._getframe().f_lineno + 1
+            kept.append(torch.empty(n, dtype=torch.uint8, device="meta"))
     assert len(kept) == 5
+    here = (f"tests/test_api.py:{kept_line} "
+            "test_expect_names_buffers_in_every_form_and_the_rest_by_frame")
     assert [(b.name, b.allocated_by) for b in t.buffers] == [
-        ("a", "user"), ("b", "user"), ("c", "kernel"), ("d", "wrapper"),
-        (UNATTRIBUTED, "unknown")]
+        ("a", "user"), ("b", "user"), ("c", "kernel"), ("d", "wrapper"), (here, "unknown")]
+    assert {b.frame for b in t.buffers} == {here}
     assert t.missing == ["never"]
+
+
+def scores_then_copy(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A user's function with temporaries: a matmul, a softmax in fp32, a copy into a fresh
+    output."""
+    scores = x @ w
+    probs = torch.softmax(scores.float(), dim=-1)
+    out = torch.empty(probs.shape, dtype=x.dtype, device=x.device)
+    out.copy_(probs)
+    return out
+
+
+def lines_of(fn, *texts: str) -> list[int]:
+    """The line numbers of `fn`'s source lines holding each text, in order."""
+    source, first = inspect.getsourcelines(fn)
+    return [next(first + i for i, line in enumerate(source) if text in line) for text in texts]
+
+
+def test_profile_call_names_every_allocation_of_a_function_by_its_frame():
+    """profile_call on the meta device: each allocation of the user's function (the matmul's
+    scores, the fp32 copy and its softmax, the fresh output) is named by the line of the test's
+    function that made it; a buffer named by `expect` keeps its name and carries its frame."""
+    x = torch.empty((4096, 1024), dtype=torch.bfloat16, device="meta")
+    w = torch.empty((1024, 640), dtype=torch.bfloat16, device="meta")
+    t = mlamem.profile_call(scores_then_copy, x, w, device="meta")
+    matmul, softmax, fresh = (f"tests/test_api.py:{line} scores_then_copy" for line in lines_of(
+        scores_then_copy, "x @ w", "torch.softmax", "torch.empty(probs.shape"))
+    rows = 4096 * 640
+    assert [(b.name, b.requested_bytes) for b in t.buffers] == [
+        (matmul, rows * 2), (softmax, rows * 4), (softmax, rows * 4), (fresh, rows * 2)]
+    assert all(b.frame == b.name and b.allocated_by == "unknown" for b in t.buffers)
+    assert UNATTRIBUTED not in t.table() and matmul in t.table()
+
+    named = mlamem.profile_call(scores_then_copy, x, w, device="meta",
+                                expect={"probs": ((4096, 640), torch.float32)})
+    assert [(b.name, b.frame) for b in named.buffers][:2] == [(matmul, matmul), ("probs", softmax)]
+    [probs_row] = [line for line in named.table().splitlines() if line.startswith("probs ")]
+    assert probs_row.split() == ["probs", "user", "10.000", "MiB", str(rows * 4), "yes",
+                                 *softmax.split()]  # as wide as its rows: the frame whole
+    assert f"buffer: probs; by: user; size: 10.000 MiB; bytes: {rows * 4}; live at peak: yes;\n" \
+           f"frame: {softmax}\n" in named.table(width=80)  # too narrow: one record each
 
 
 def test_a_bad_expectation_names_the_accepted_forms():
@@ -129,7 +175,8 @@ def test_profile_call_predicts_what_profile_predicts(kernel, path):
     t = mlamem.profile_call(step, expect=expect, device="meta")
     assert (t.peak_allocated_bytes, t.peak_reserved_bytes, t.nvml_peak_bytes) == (
         profiled.peak_allocated_bytes, profiled.peak_reserved_bytes, profiled.nvml_peak_bytes)
-    assert t.buffers == profiled.breakdown.buffers
+    # the same buffers; the API's also carry their frame, the call's line in this test
+    assert [dataclasses.replace(b, frame=None) for b in t.buffers] == profiled.breakdown.buffers
     assert t.missing == profiled.breakdown.missing == []
     out, lse = t.value
     assert out.shape == (1024, glm.heads_per_rank, glm.d_v)
@@ -205,12 +252,15 @@ def test_to_dict_is_the_profile_rows_schema():
     """to_dict's fields are ProfileRow's, with the same buffer objects (less the alloc-vs-
     workspace comparison)."""
     with mlamem.track(expect={"x": 1024}, device="meta") as t:
+        frame_line = sys._getframe().f_lineno + 1
         torch.empty(1024, dtype=torch.uint8, device="meta")
     row = t.to_dict()
     assert set(row) <= {f.name for f in dataclasses.fields(ProfileRow)}
     assert row["buffers"] == [{"name": "x", "allocated_by": "user", "requested_bytes": 1024,
                                "block_bytes": 1024, "segment_bytes": 2 * MiB,
-                               "live_at_peak": True}]
+                               "live_at_peak": True,
+                               "frame": "tests/test_api.py:"
+                                        f"{frame_line} test_to_dict_is_the_profile_rows_schema"}]
     assert (row["allocations_in_call"], row["breakdown_peak_bytes"], row["oom"]) == (1, 1024, False)
 
 

@@ -64,12 +64,58 @@ def test_profile_call_gives_mlamem_profiles_figures(record_property):
     called = json.loads(_run([sys.executable, "-P", "-c", _PROFILE_CALL]).splitlines()[-1])
     for row in profiled["rows"]:
         mine = called[row["path"]]
-        row["buffers"] = [{k: v for k, v in b.items() if k != "removed_by_workspace"}
+        # profile records no frames by default; profile_call's are this script's line
+        row["buffers"] = [{k: v for k, v in b.items() if k not in ("removed_by_workspace", "frame")}
                           for b in row["buffers"]]
+        mine["buffers"] = [{k: v for k, v in b.items() if k != "frame"} for b in mine["buffers"]]
         assert row["measured"] and mine["measured"]
         assert {k: mine[k] for k in COMPARED} == {k: row[k] for k in COMPARED}, row["path"]
         record_property(f"nvml_peak_bytes {row['path']}",
                         {"profile": row["nvml_peak_bytes"], "profile_call": mine["nvml_peak_bytes"]})
+
+
+def test_profile_call_names_each_allocation_by_its_frame_as_predicted():
+    """The acceptance of issue 27's frames: profile_call on a function of the test's own with
+    temporaries (a matmul, a softmax in fp32, a copy into a fresh output), measured on the GPU
+    and predicted on the meta device: every allocation named by its frame in tests/test_api.py,
+    the same names, bytes and frames on both, frame for frame."""
+    from test_api import scores_then_copy
+
+    import mlamem
+    from mlamem.attribution import UNATTRIBUTED
+
+    shapes = ((4096, 1024), (1024, 640))
+    runs = {}
+    for device in ("cuda", "meta"):
+        x, w = (torch.randn(shape, device=device).to(torch.bfloat16) for shape in shapes)
+        t = mlamem.profile_call(scores_then_copy, x, w, device=device)
+        runs[device] = [(b.name, b.frame, b.requested_bytes, b.live_at_peak) for b in t.buffers]
+        print(t.table())
+        del x, w, t
+        torch.cuda.empty_cache()
+    measured, predicted = runs["cuda"], runs["meta"]
+    assert measured == predicted
+    assert len(measured) == 4
+    assert all(name == frame and name.startswith("tests/test_api.py:")
+               and name.endswith(" scores_then_copy") and name != UNATTRIBUTED
+               for name, frame, _, _ in measured)
+
+
+@needs_flashmla
+def test_profile_frames_measured_and_predicted():
+    """profile --frames at T=1024, on the H200 and predicted: the padded q's frame is the alloc
+    path's line on both; the kernel's buffers are named by its spec on both, their frame the
+    kernel library's entry when measured (mlamem's stand-in when predicted: docs/profile.md)."""
+    argv = [sys.executable, "-P", "-m", "mlamem", "profile", "--scenario", SCENARIO,
+            "--tokens", str(TOKENS), "--paths", "alloc", "--breakdown", "--frames",
+            "--format", "json"]
+    [measured] = json.loads(_run([*argv, "--require-gpu"]))["rows"]
+    [predicted] = json.loads(_run([*argv, "--predict"]))["rows"]
+    assert [b["name"] for b in measured["buffers"]] == [b["name"] for b in predicted["buffers"]]
+    padded_q, *kernel = measured["buffers"]
+    assert padded_q["frame"] == predicted["buffers"][0]["frame"]
+    assert padded_q["frame"].startswith("mlamem/paths.py:")
+    assert all(b["frame"].startswith("flash_mla/") for b in kernel), kernel
 
 
 _CONFTEST = f"""

@@ -262,7 +262,7 @@ ALLOWED = {
     ("mlamem/results/legacy.py", "LEGACY_KERNEL_FIELDS ="):
         "old result files' field names (flash_mla, triton), read into kernels.<name>",
     ("mlamem/kernel_registry.py", ""): "the registry itself: the one table naming every kernel",
-    ("mlamem/explain.py", "LIBRARIES = frozenset"):
+    ("mlamem/frames.py", "LIBRARIES = frozenset"):
         "the Python packages whose frames are machinery, not a caller's: package names",
     ("mlamem/version.py", '("flashinfer", "flashinfer-python")'):
         "the distributions --version reads from metadata: distribution names",

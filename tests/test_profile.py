@@ -116,3 +116,51 @@ def test_native_heads_need_no_padded_q_a_third_way():
     assert alloc[32768].peak_allocated_bytes == 32768 * 8 * 512 * 2 + 8 * 32768 * 4
     assert [r.staged for r in _rows(result, "workspace")] == [["out"], ["out"]]
     assert all(r.peak_allocated_bytes == 0 for r in _rows(result, "workspace-full"))
+
+
+def _line_of(fn, text: str) -> int:
+    """The line of `fn`'s source that holds `text`."""
+    import inspect
+
+    source, first = inspect.getsourcelines(fn)
+    return next(first + i for i, line in enumerate(source) if text in line)
+
+
+def test_frames_name_where_each_buffer_was_allocated(tmp_path, capsys):
+    """profile --breakdown --frames, predicted: each buffer carries the frame that allocated it.
+    From the console, every frame is mlamem's (the innermost outside torch then): the padded q
+    the alloc path's line, the kernel's buffers the line of its allocation spec's stand-in.
+    Called from this test, this test's line is the innermost frame outside mlamem. Without
+    --frames no buffer has one."""
+    import subprocess
+    import sys
+
+    from mlamem import kernel_api, paths
+    from mlamem.cli import main
+
+    args = ["profile", "--predict", "--tokens", "1024", "--breakdown"]
+    saved = tmp_path / "framed.json"
+    subprocess.run([sys.executable, "-m", "mlamem", *args, "--frames", "--output", str(saved)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    framed = json.loads(saved.read_text())
+    padded_q = f"mlamem/paths.py:{_line_of(paths.alloc_path, 'q.new_zeros')} alloc_path"
+    spec = ("mlamem/kernel_api.py:"
+            f"{_line_of(kernel_api.allocate_missing, 'torch.empty(spec.shape')} allocate_missing")
+    alloc, workspace = framed["rows"]
+    assert [(b["name"], b["frame"]) for b in alloc["buffers"]] == [
+        ("padded_q", padded_q), *((b["name"], spec) for b in alloc["buffers"][1:])]
+    assert {b["frame"] for b in workspace["buffers"]} == {spec}
+
+    assert main([*args, "--format", "json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert all(b["frame"] is None for row in plain["rows"] for b in row["buffers"])
+    assert [[b["name"] for b in r["buffers"]] for r in plain["rows"]] == [
+        [b["name"] for b in r["buffers"]] for r in framed["rows"]]  # the specs name them all
+
+    here = sys._getframe().f_lineno + 1
+    assert main([*args, "--frames", "--format", "markdown"]) == 0
+    markdown = capsys.readouterr().out
+    assert "| live at peak | workspace path | frame |" in markdown
+    assert (f"| padded_q | wrapper | {1024 * 64 * 576 * 2} | 72.000 MiB | yes | removed | "
+            f"`tests/test_profile.py:{here} test_frames_name_where_each_buffer_was_allocated` |"
+            in markdown)

@@ -89,20 +89,29 @@ def test_marks_and_fixture_skip_without_cuda(pytester):
 
 def test_limits_are_checked_on_a_predicted_measurement(pytester):
     """On the meta device: 4 MiB allocated in the body fails a 1 MiB limit with the breakdown
-    table and passes 8 MiB; an allocation fails max_gpu_allocations(0), naming it from expect;
-    in place on a fixture's tensor passes it."""
+    table and passes 8 MiB; an allocation fails max_gpu_allocations(0), naming it from expect,
+    the others by the frame in the test file that made them; in place on a fixture's tensor
+    passes it."""
     pytester.makepyfile(PREDICTED_TESTS)
     result = pytester.runpytest()
     result.assert_outcomes(passed=2, failed=2)
+    lines = PREDICTED_TESTS.lstrip("\n").splitlines()  # as makepyfile writes it
+    over, scores, small = (
+        next(i for i, line in enumerate(lines, 1) if line.startswith(text) and i > after)
+        for text, after in (("    torch.empty((1024", 0),
+                            ("    torch.empty((1024", lines.index("def test_allocates():")),
+                            ("    torch.empty(256", 0)))
+    test_file = "test_limits_are_checked_on_a_predicted_measurement.py"
     result.stdout.fnmatch_lines([
         "*_ test_over_the_limit _*",
         "GPU peak allocated 4.000 MiB (4194304 B) (PREDICTED) exceeds limit_gpu_memory "
         "1.000 MiB (1048576 B)",
         "*mlamem: allocations inside (PREDICTED)*",
-        "*unattributed*unknown*4.000 MiB*4194304*yes*",
+        f"*0/{test_file}:{over} test_over_the_limit unknown 4.000 MiB 4194304 yes",
         "*_ test_allocates _*",
         "2 GPU allocations inside the test body (PREDICTED), max_gpu_allocations(0): "
-        "scores 4.000 MiB, unattributed 1.000 KiB",
+        f"scores 4.000 MiB at *0/{test_file}:{scores} test_allocates, "
+        f"*0/{test_file}:{small} test_allocates 1.000 KiB",
     ])
 
 

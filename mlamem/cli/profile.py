@@ -65,6 +65,11 @@ def profile(
         help="Show where the bytes go: every buffer allocated inside each call (padded_q, out, "
              "lse, o_accum, ...), who allocated it, and whether it lives at the peak.")
     ] = False,
+    frames: Annotated[bool, typer.Option(
+        help="Record each allocation's Python frame (file:line function, the innermost outside "
+             "torch, mlamem and the kernel libraries): the breakdown shows it, and names by it "
+             "what no allocation spec names. Costs time per allocation; --snapshot records it "
+             "too.")] = False,
     snapshot_file: Annotated[Path | None, typer.Option(
         "--snapshot", help="Also write a PyTorch memory snapshot of the measured calls (a "
                            "pickle that opens in https://pytorch.org/memory_viz).")] = None,
@@ -100,7 +105,8 @@ def profile(
     if require_gpu and reason is not None:
         raise UserError(f"--require-gpu: cannot measure ({reason})")
     result, calls = _run(part, decode, chosen_shard, kv_tokens=kv_tokens, bench=bench,
-                         require_gpu=require_gpu, predict=predict, snapshot=snapshot_file)
+                         require_gpu=require_gpu, predict=predict, snapshot=snapshot_file,
+                         frames=frames)
     note_predicted(result)
     if bench and not result.measured:
         print("mlamem: note: --bench timed nothing: predicted calls do not run", file=sys.stderr)
@@ -150,7 +156,8 @@ def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str | None,
     return part
 
 
-def _run(part, kernel, chosen_shard, *, kv_tokens, bench, require_gpu, predict, snapshot):
+def _run(part, kernel, chosen_shard, *, kv_tokens, bench, require_gpu, predict, snapshot,
+         frames):
     """Profile the part (the shard's values of it), with progress; (result, measured calls)."""
     from mlamem.profile import run_profile
 
@@ -163,7 +170,8 @@ def _run(part, kernel, chosen_shard, *, kv_tokens, bench, require_gpu, predict, 
     with progress(f"profiling {name}", len(run_tokens) * len(part.paths)) as advance:
         result = run_profile(
             part.scenario, part.values, part.paths, command=command_line(), kernel=kernel,
-            require_gpu=require_gpu, predict=predict, record_stacks=snapshot is not None,
+            require_gpu=require_gpu, predict=predict,
+            record_stacks=frames or snapshot is not None,
             on_case=lambda case: advance(f"{name}: {symbol}={case.tokens} {case.path} "
                                          f"{case.failure or 'ok'}"),
             on_calls=calls.extend if snapshot is not None else None, op=part.op,

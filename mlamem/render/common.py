@@ -141,6 +141,13 @@ def fitted(renderable, width: int):
     return renderable
 
 
+def natural_width(table: Table) -> int:
+    """The columns `table` takes with no cell wrapped, WIDTH at least: for text that no
+    terminal wraps (a test's failure report), where a frame's path would make it records."""
+    console = Console(file=io.StringIO(), width=10_000)
+    return max(WIDTH, console.measure(table).maximum)
+
+
 def console_text(renderable, width: int = WIDTH) -> str:
     """The renderable as plain text in `width` columns, its tables fitted."""
     return _drawn(fitted(renderable, width), width)

@@ -182,20 +182,35 @@ def _removed(buffer: dict) -> str:
     return {True: "removed", False: "kept", None: ""}[buffer["removed_by_workspace"]]
 
 
+def _framed(result: ProfileResult) -> bool:
+    """Whether the breakdown carries frames (`profile --frames`): then they have a column."""
+    return any(b.get("frame") for row in result.rows for b in row.buffers)
+
+
+def _frame(buffer: dict) -> str:
+    """The buffer's frame, where its name is not that frame already."""
+    frame = buffer.get("frame") or ""
+    return "" if frame == buffer["name"] else frame
+
+
 def breakdown_table(result: ProfileResult) -> Group:
-    """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not."""
+    """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not,
+    and with frames the frame that asked for it."""
     summaries = [f"{_symbol(result)}={row.tokens} {row.path}: " + (
         row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row, exact=False)}")
         for row in result.rows]
     out = compact_table(f"mlamem profile --breakdown: {result.scenario['name']}"
                         f"{predicted_tag(result.measured)}")
-    for name in (f"{_symbol(result)}, path", "buffer", "by", "size", "live at\npeak", "workspace\npath"):
+    framed = _framed(result)
+    for name in (f"{_symbol(result)}, path", "buffer", "by", "size", "live at\npeak",
+                 "workspace\npath", *(["frame"] if framed else [])):
         out.add_column(name, justify="right" if name == "size" else "left", no_wrap=True)
     for row in result.rows:
         for i, b in enumerate(row.buffers):
             out.add_row(f"{row.tokens} {row.path}" if i == 0 else "", b["name"],
                         b["allocated_by"], format_bytes(b["requested_bytes"]),
-                        "yes" if b["live_at_peak"] else "no", _removed(b))
+                        "yes" if b["live_at_peak"] else "no", _removed(b),
+                        *([_frame(b)] if framed else []))
         out.add_section()
     return with_notes(out, [_label(result), *summaries, *result.notes])
 
@@ -204,24 +219,34 @@ def breakdown_markdown(result: ProfileResult) -> str:
     """The per-buffer view as Markdown, one table per (T, path)."""
     tag = predicted_tag(result.measured)
     lines = [f"### Where the bytes go: {result.scenario['name']}{tag}", "", f"{_label(result)}.", ""]
+    framed = _framed(result)
     for row in result.rows:
         lines.append(f"#### {_symbol(result)}={row.tokens}, {row.path} path{tag}")
         lines.append("")
         if row.failure:
             lines += [f"Failed: {row.failure}", ""]
             continue
-        lines += ["| buffer | allocated by | bytes | size | live at peak | workspace path |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| buffer | allocated by | bytes | size | live at peak | workspace path |"
+                  + (" frame |" if framed else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if framed else "")]
         for b in row.buffers:
-            lines.append(f"| {b['name']} | {b['allocated_by']} | {b['requested_bytes']} | "
+            frame = f" {markdown_code(_frame(b))} |" if framed and _frame(b) else (
+                " |" if framed else "")
+            lines.append(f"| {_md_name(b)} | {b['allocated_by']} | {b['requested_bytes']} | "
                          f"{format_bytes(b['requested_bytes'])} | "
-                         f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |")
+                         f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |{frame}")
         lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row, exact=True)}."]
         if row.missing_buffers:
             lines.append(f"Expected but not allocated: {', '.join(row.missing_buffers)}.")
         lines.append("")
     lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
     return "\n".join(lines) + "\n"
+
+
+def _md_name(buffer: dict) -> str:
+    """A buffer's name in Markdown: a frame (`file:line function`) as code."""
+    name = buffer["name"]
+    return markdown_code(name) if name == buffer.get("frame") else name
 
 
 def to_json(result: ProfileResult) -> str:

@@ -62,10 +62,16 @@ def validation_view(comparisons: list[Comparison], command: str) -> Group:
              "equal to the byte); buffers: buffers compared, each allocated and reserved; worst "
              "buffer Δ: the largest difference of any buffer",
              *[f"DIFFERS: {c.scenario} T={c.tokens} {c.path} {c.item} {c.metric}: predicted "
-               f"{c.predicted} B, measured {c.measured} B ({_diff(c)} B)"
+               f"{c.predicted} B, measured {c.measured} B ({_diff(c)} B){_at(c)}"
                for c in comparisons if not c.agrees],
              f"Command: {command}"]
     return with_notes(table_, notes)
+
+
+def _at(c: Comparison) -> str:
+    """Where a differing buffer was allocated: its measured frame, else its predicted one."""
+    frame = c.measured_frame or c.predicted_frame
+    return "" if frame is None or frame == c.item else f", at {frame}"
 
 
 def validation_table(comparisons: list[Comparison], command: str) -> str:

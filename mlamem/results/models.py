@@ -98,7 +98,8 @@ class Buffer(Model):
     name: str = Field(
         description=(
             "one allocation inside the call, named from the path's and kernel's allocation spec "
-            "(`padded_q`, `out`, `o_accum`, ...), or `unattributed`"))
+            "(`padded_q`, `out`, `o_accum`, ...); any other by its `frame` where stacks were "
+            "recorded (`profile --frames`, the API), else `unattributed`"))
     allocated_by: str = Field(description="`wrapper`, `kernel` or `unknown`")
     requested_bytes: Bytes = Field(description="the bytes asked for")
     block_bytes: Bytes = Field(description="the bytes the allocator counts (rounded up to 512)")
@@ -108,6 +109,10 @@ class Buffer(Model):
         None, description=(
             "on the alloc path, whether the workspace path removes it (null on other paths, or when no "
             "workspace path ran)"))
+    frame: str | None = Field(
+        None, description=(
+            "the Python frame that asked for it, `file:line function`: the innermost outside torch, "
+            "mlamem and the kernel libraries (null: no stacks recorded)"))
 
 
 def _environment(data: dict) -> dict:
@@ -452,6 +457,12 @@ class Comparison(Model):
             "such buffer)"))
     difference: int | None = Field(description="measured − predicted, in bytes (null when either is null)")
     op: str = Field(description="the kernel operation (`tokens` is then T, requests or s_q)")
+    predicted_frame: str | None = Field(
+        None, description=(
+            "the buffer's frame on the allocator model, `file:line function` (null for a total, "
+            "where that side has no such buffer, and in older files)"))
+    measured_frame: str | None = Field(
+        None, description="the buffer's frame in the GPU's allocator trace, the same way")
 
 
 def _legacy_validate(data: dict) -> dict:

@@ -1,0 +1,62 @@
+"""mlamem.frames: an allocation's frame, the same string from the allocator trace's stacks
+and from the interpreter's stack a predicted allocation takes."""
+
+import sys
+
+import torch
+from torch._C._profiler import gather_traceback, symbolize_tracebacks
+
+from mlamem.frames import NO_FRAMES, frame_label, python_frames
+from mlamem.memory import SimulatedMemory
+
+
+def _both_stacks():
+    """This line's stack as torch's trace gathers it (the capture behind
+    `_record_memory_history(stacks="python")`) and as python_frames walks it."""
+    return gather_traceback(python=True, script=False, cpp=False), python_frames()
+
+
+def test_python_frames_are_the_stack_torchs_trace_records():
+    """Innermost first, {filename, line, name}: the same frames as torch's own capture, so
+    one label names a measured and a predicted allocation alike."""
+    captured, walked = _both_stacks()
+    [symbolized] = symbolize_tracebacks([captured])
+    assert walked == [{k: f[k] for k in ("filename", "line", "name")} for f in symbolized]
+    line = _both_stacks.__code__.co_firstlineno + 3
+    assert frame_label(walked) == f"tests/test_frames.py:{line} _both_stacks"
+
+
+def _frame(filename: str, line: int = 1, name: str = "f") -> dict:
+    return {"filename": filename, "line": line, "name": name}
+
+
+def test_the_label_is_the_innermost_frame_outside_the_libraries():
+    """torch, mlamem (its package, its console script, its kernel adapters in a checkout) and
+    the kernel libraries are skipped; with nothing else, the innermost outside torch."""
+    site = "/venv/lib/python3.11/site-packages"
+    user = _frame("/home/me/model/layer.py", 42, "forward")
+    stack = [_frame(f"{site}/torch/nn/functional.py"), _frame(f"{site}/mlamem/paths.py"),
+             _frame("/src/mlamem-checkout/kernels/flashmla.py"),
+             _frame(f"{site}/flash_mla/flash_mla_interface.py"), user,
+             _frame("/venv/bin/mlamem", 8, "<module>")]
+    assert frame_label(stack) == "model/layer.py:42 forward"
+    assert frame_label(stack[:4]) == "mlamem/paths.py:1 f"
+    assert frame_label([stack[0], stack[-1]]) == "bin/mlamem:8 <module>"  # only if all are ours
+    assert frame_label([]) == NO_FRAMES
+
+
+def test_a_predicted_allocation_takes_its_stack_only_under_a_trace():
+    """SimulatedMemory(record_stacks=True): an allocation inside the watch carries the stack of
+    the code whose op allocated (the dispatch hook's own frames left out); without
+    record_stacks, the trace's frames stay empty, as torch's without context."""
+    for record_stacks in (True, False):
+        memory = SimulatedMemory(record_stacks=record_stacks)
+        with memory, memory.watch() as watch:
+            line = sys._getframe().f_lineno + 1
+            kept = torch.empty(1024, device="meta")
+        [alloc] = [e for e in watch.events if e["action"] == "alloc"]
+        assert kept.numel() == 1024
+        if record_stacks:
+            assert alloc["frames"][0] == _frame(__file__, line, sys._getframe().f_code.co_name)
+        else:
+            assert alloc["frames"] == []
