@@ -33,7 +33,6 @@ Trackers do not nest: the allocator trace is one per process.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import pickle
@@ -177,7 +176,7 @@ class Tracker:
             "wall_time_ms": self.wall_time_ms,
             "allocations_in_call": self.allocations_in_call,
             "bytes_allocated_in_call": self.bytes_allocated_in_call,
-            "buffers": [dataclasses.asdict(b) for b in self.buffers],
+            "buffers": [b.to_dict() for b in self.buffers],
             "breakdown_peak_bytes": None if breakdown is None else breakdown.peak_bytes,
             "missing_buffers": self.missing,
             "oom": self.oom,

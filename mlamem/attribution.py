@@ -9,6 +9,7 @@ dropped. Works on torch's trace entries and on the allocator model's alike.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from mlamem.allocator import round_size
@@ -38,6 +39,14 @@ class BufferUse:
     segment_bytes: int  # new device memory reserved (cudaMalloc) for it; 0 if it fit the cache
     live_at_peak: bool
     frame: str | None = None  # `file:line function` that asked for it; None: no stacks traced
+
+    def to_dict(self) -> dict:
+        """As a result states it: `frame` only where stacks were traced, so a result without
+        them reads as it did before frames existed."""
+        data = dataclasses.asdict(self)
+        if data["frame"] is None:
+            del data["frame"]
+        return data
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class Capture:
             return
         self.peak_allocated_bytes = call.peak_allocated_bytes
         self.peak_reserved_bytes = call.peak_reserved_bytes
-        self.buffers = [dataclasses.asdict(b) for b in call.buffers]
+        self.buffers = [b.to_dict() for b in call.buffers]
 
 
 @dataclass

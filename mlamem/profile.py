@@ -176,7 +176,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         for case in cases:
             breakdown = case.breakdown
             buffers = [] if breakdown is None else [
-                {**dataclasses.asdict(b),
+                {**b.to_dict(),
                  "removed_by_workspace": None if case.path != "alloc" or removed is None
                  else b.name in removed}
                 for b in breakdown.buffers]

@@ -137,7 +137,7 @@ class Case:
         self.verdict, self.phase = Verdict.FITS, Phase.DONE
         self.step_peak_bytes = call.after.peak_reserved
         self.headroom_bytes = self.torch_limit_bytes - call.after.peak_reserved
-        self.buffers = [dataclasses.asdict(b) for b in call.buffers]
+        self.buffers = [b.to_dict() for b in call.buffers]
         if memory.measured and call.device_peak_bytes is not None:
             self.nvml_step_peak_bytes = call.device_peak_bytes - memory.used_by_others
 
