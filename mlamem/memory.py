@@ -48,6 +48,7 @@ class CallWatch:
 
     nvml_start_bytes: int | None = None  # NVML used memory as the call started (measured)
     nvml_peak_bytes: int | None = None  # peak NVML used memory during the call
+    nvml_process_peak_bytes: int | None = None  # this process's peak (None: not visible)
     oom_requested_bytes: int | None = None  # the request that failed, when one did
     events: list[dict] = field(default_factory=list)  # allocator trace entries, torch's layout
     segments: list[dict] = field(default_factory=list)  # allocator segments at the end
@@ -70,6 +71,9 @@ class CudaMemory:
         self.used_by_others = (used_before_cuda or {}).get(uuid, 0)
         self._limited = False
         torch.cuda.synchronize(self.device)  # creates the CUDA context: non-torch memory from here
+        # whether NVML lists this process with its memory, now it has a context: the per-process
+        # figures' label, or why they are absent (nvml.process_visibility)
+        self.process_visibility = nvml.process_visibility(self.nvml_handle)
 
     def __enter__(self) -> CudaMemory:
         return self
@@ -100,6 +104,17 @@ class CudaMemory:
         if used is None:
             return None
         return used - self.used_by_others - self.stats().reserved
+
+    def process_used_bytes(self) -> int | None:
+        """This process's device memory as NVML lists it; None where not visible."""
+        return nvml.process_used_bytes(self.nvml_handle)
+
+    def other_processes_bytes(self) -> int | None:
+        """Device memory the other processes use now: NVML's device-wide used memory minus this
+        process's; None where this process is not visible (`process_visibility`)."""
+        own = self.process_used_bytes()
+        used = nvml.used_bytes(self.nvml_handle)
+        return None if own is None or used is None else used - own
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -154,6 +169,7 @@ class CudaMemory:
             snapshot = torch.cuda.memory._snapshot(self.device)
             torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
             result.nvml_peak_bytes = sampler.peak_bytes
+            result.nvml_process_peak_bytes = sampler.process_peak_bytes
             index = self.device.index or 0
             traces = snapshot["device_traces"]
             result.events = list(traces[index]) if index < len(traces) else []
@@ -398,6 +414,14 @@ class SimulatedMemory:
 
     def synchronize(self) -> None:
         pass
+
+    process_visibility = None  # no NVML: nothing is read
+
+    def process_used_bytes(self) -> None:
+        return None
+
+    def other_processes_bytes(self) -> None:
+        return None
 
     def device_used_bytes(self) -> None:
         """Not modelled: graph instantiation and module loads are outside the allocator."""
