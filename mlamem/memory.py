@@ -109,6 +109,12 @@ class CudaMemory:
         """This process's device memory as NVML lists it; None where not visible."""
         return nvml.process_used_bytes(self.nvml_handle)
 
+    def non_torch_process_bytes(self) -> int | None:
+        """`non_torch_bytes` from this process's own NVML figure: its memory less torch's
+        reserved, which no other process moves; None where this process is not visible."""
+        own = self.process_used_bytes()
+        return None if own is None else own - self.stats(device=False).reserved
+
     def other_processes_bytes(self) -> int | None:
         """Device memory the other processes use now: NVML's device-wide used memory minus this
         process's; None where this process is not visible (`process_visibility`)."""
@@ -418,6 +424,9 @@ class SimulatedMemory:
     process_visibility = None  # no NVML: nothing is read
 
     def process_used_bytes(self) -> None:
+        return None
+
+    def non_torch_process_bytes(self) -> None:
         return None
 
     def other_processes_bytes(self) -> None:

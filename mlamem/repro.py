@@ -350,6 +350,7 @@ NOT_PREDICTED_FIELDS = {
     "nvml_visibility": "NVML's process list",
     "nvml_process_step_peak_bytes": "NVML reading",
     "other_processes_bytes": "NVML reading",
+    "non_torch_process_bytes": "NVML reading",
     "graph_estimate_other_processes_bytes": "NVML reading",
     "failure": "error text (torch's message against the model's)",
     "max_safe_method": "how the limit was found",

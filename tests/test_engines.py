@@ -260,7 +260,8 @@ def test_a_predicted_case_has_no_per_process_fields():
     predicted = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
     assert not set(PER_PROCESS_FIELDS) & set(predicted.to_dict())
     measured = dataclasses.replace(predicted, measured=True).to_dict()
-    assert {"nvml_visibility", "nvml_process_step_peak_bytes", "other_processes_bytes"} <= set(measured)
+    assert {"nvml_visibility", "nvml_process_step_peak_bytes", "other_processes_bytes",
+            "non_torch_process_bytes"} <= set(measured)
     assert "graph_estimate_other_processes_bytes" not in measured  # graphs off: no graph_ field
 
 
@@ -278,6 +279,9 @@ class _SeenMemory:
     def other_processes_bytes(self):
         return self._others
 
+    def non_torch_process_bytes(self):
+        return None if self._others is None else 500 * 2**20
+
 
 @pytest.mark.parametrize(("visibility", "others"), [("this process", 2 * GiB),
                                                     ("not listed: pid namespace", None)])
@@ -288,6 +292,7 @@ def test_kv_sizing_records_the_other_processes_beside_non_torch(visibility, othe
     case.record_non_torch(_SeenMemory(visibility, others))
     assert (case.non_torch_bytes, case.nvml_visibility, case.other_processes_bytes) == (
         600 * 2**20, visibility, others)
+    assert case.non_torch_process_bytes == (others and 500 * 2**20)
     [note] = other_processes_notes([case.to_dict()], "path")
     assert note.startswith("alloc: non-torch is read device-wide (less the other processes' use at")
     assert ("other processes used 2.000 GiB at KV sizing" in note if others

@@ -112,8 +112,10 @@ class Case:
     nvml_visibility: str | None = None  # "this process", or why NVML does not give its own memory
     nvml_process_step_peak_bytes: int | None = None  # this process's own NVML peak in the step
     # at KV sizing, beside non_torch_bytes (read device-wide, as the engine reads it): the other
-    # processes' use then, NVML's device-wide used memory minus this process's
+    # processes' use then, NVML's device-wide used memory minus this process's, and the
+    # non-torch memory from this process's own figure, which no neighbour moves
     other_processes_bytes: int | None = None
+    non_torch_process_bytes: int | None = None
     oom_requested_bytes: int | None = None  # the allocation that failed
     oom_buffer: str | None = None  # its name, e.g. "o_accum"
     oom_allocated_by: str | None = None  # who asked: "wrapper", "kernel", "engine", "init", ...
@@ -156,6 +158,7 @@ class Case:
         if memory.measured:
             self.nvml_visibility = memory.process_visibility
             self.other_processes_bytes = memory.other_processes_bytes()
+            self.non_torch_process_bytes = memory.non_torch_process_bytes()
 
     def to_dict(self) -> dict:
         """The JSON case: its key first, verdict and phase as plain strings."""
@@ -168,7 +171,7 @@ class Case:
 # A measured case's per-process NVML figures: a predicted case has none (nothing is read), and
 # its dict stays as it read before they were recorded
 PER_PROCESS_FIELDS = ("nvml_visibility", "nvml_process_step_peak_bytes", "other_processes_bytes",
-                      "graph_estimate_other_processes_bytes")
+                      "non_torch_process_bytes", "graph_estimate_other_processes_bytes")
 
 
 @dataclass(frozen=True)
