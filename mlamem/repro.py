@@ -327,11 +327,14 @@ def other_processes_notes(cases: list[dict], key_field: str) -> list[str]:
                          f"{case['nvml_visibility']}")
             continue
         graph = case.get("graph_estimate_other_processes_bytes")
+        own = case.get("non_torch_process_bytes")
         lines.append(f"{name}: non-torch is read device-wide (less the other processes' use at "
                      f"start), as the engine reads it; other processes used "
                      f"{format_bytes(case['other_processes_bytes'])} at KV sizing"
                      + ("" if graph is None else
-                        f" and {format_bytes(graph)} at vLLM's device-wide graph estimate"))
+                        f" and {format_bytes(graph)} at vLLM's device-wide graph estimate")
+                     + ("" if own is None else
+                        f"; this process's own non-torch memory: {format_bytes(own)}"))
     return lines
 
 

@@ -295,5 +295,15 @@ def test_kv_sizing_records_the_other_processes_beside_non_torch(visibility, othe
     assert case.non_torch_process_bytes == (others and 500 * 2**20)
     [note] = other_processes_notes([case.to_dict()], "path")
     assert note.startswith("alloc: non-torch is read device-wide (less the other processes' use at")
-    assert ("other processes used 2.000 GiB at KV sizing" in note if others
+    assert (note.endswith("other processes used 2.000 GiB at KV sizing; this process's own "
+                          "non-torch memory: 500.000 MiB") if others
             else note.endswith("their use at KV sizing is unknown: not listed: pid namespace"))
+
+
+def test_the_note_names_the_others_at_vllms_graph_estimate():
+    from mlamem.repro import other_processes_notes
+    case = {"path": "workspace", "nvml_visibility": "this process", "other_processes_bytes": 0,
+            "graph_estimate_other_processes_bytes": 2 * GiB, "non_torch_process_bytes": None}
+    [note] = other_processes_notes([case, {"path": "alloc", "nvml_visibility": None}], "path")
+    assert note.endswith("other processes used 0 B at KV sizing and 2.000 GiB at vLLM's "
+                         "device-wide graph estimate")
