@@ -31,13 +31,16 @@ def _initialised() -> bool:
 
 
 def nvml_query(func_name: str, *args, default=None):
-    """Call pynvml.<func_name>(*args); on any NVML failure, return `default`."""
+    """Call pynvml.<func_name>(*args); on any NVML failure, return `default`. pynvml's
+    unversioned wrappers raise NVMLLibraryMismatchError, no NVMLError, where the driver's
+    library lacks the function they call: a failure too."""
     if not _initialised():
         return default
     pynvml = _pynvml()
+    mismatch = getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError)
     try:
         return getattr(pynvml, func_name)(*args)
-    except pynvml.NVMLError:
+    except (pynvml.NVMLError, mismatch):
         return default
 
 

@@ -85,8 +85,19 @@ def test_an_older_pynvml_offers_only_the_plain_query(install):
     assert fake.calls == ["nvmlDeviceGetComputeRunningProcesses"]
 
 
+class FakeMismatchError(Exception):
+    """pynvml's NVMLLibraryMismatchError, which is no NVMLError."""
+
+
 def test_no_query_answering_is_no_process_list(install):
-    install(fake_pynvml([(os.getpid(), OWN)], failing=nvml.PROCESS_QUERIES))
+    """v3 and v2 missing from the driver's library, and the unversioned wrapper raising
+    pynvml's version mismatch (no NVMLError), as it does then."""
+    fake = install(fake_pynvml([(os.getpid(), OWN)], failing=nvml.PROCESS_QUERIES[:2]))
+    fake.NVMLLibraryMismatchError = FakeMismatchError
+
+    def mismatch(handle):
+        raise FakeMismatchError("Unversioned function called")
+    fake.nvmlDeviceGetComputeRunningProcesses = mismatch
     assert nvml.process_used_bytes("handle") is None
     assert nvml.process_visibility("handle") == nvml.NO_PROCESS_LIST
     assert nvml.process_visibility(None) == nvml.NO_PROCESS_LIST
