@@ -71,9 +71,6 @@ class CudaMemory:
         self.used_by_others = (used_before_cuda or {}).get(uuid, 0)
         self._limited = False
         torch.cuda.synchronize(self.device)  # creates the CUDA context: non-torch memory from here
-        # whether NVML lists this process with its memory, now it has a context: the per-process
-        # figures' label, or why they are absent (nvml.process_visibility)
-        self.process_visibility = nvml.process_visibility(self.nvml_handle)
 
     def __enter__(self) -> CudaMemory:
         return self
@@ -104,6 +101,12 @@ class CudaMemory:
         if used is None:
             return None
         return used - self.used_by_others - self.stats().reserved
+
+    @property
+    def process_visibility(self) -> str:
+        """Whether NVML lists this process with its memory now: the per-process figures'
+        label, or why they are absent (nvml.process_visibility)."""
+        return nvml.process_visibility(self.nvml_handle)
 
     def process_used_bytes(self) -> int | None:
         """This process's device memory as NVML lists it; None where not visible."""
