@@ -122,3 +122,15 @@ def test_sampler_stops_asking_for_an_unlisted_process(install):
     assert sampler.peak_bytes == OWN
     assert sampler.process_peak_bytes is None and sampler.process_start_bytes is None
     assert fake.calls == ["nvmlDeviceGetComputeRunningProcesses_v3"]  # the entry's only
+
+
+def test_other_processes_are_the_device_wide_reading_less_ours(install):
+    """CudaMemory's other_processes_bytes: NVML's device-wide used memory minus this process's
+    entry; None where NVML does not list this process (read through nvml alone: no CUDA)."""
+    from mlamem.memory import CudaMemory
+    memory = object.__new__(CudaMemory)  # its NVML readings only: __init__ needs a GPU
+    memory.nvml_handle = "handle"
+    install(fake_pynvml([(os.getpid(), OWN)], used=lambda: OWN + 2 * GIB))
+    assert (memory.process_visibility, memory.other_processes_bytes()) == (nvml.THIS_PROCESS, 2 * GIB)
+    install(fake_pynvml([(os.getpid() + 1, OWN)], used=lambda: OWN + 2 * GIB))
+    assert (memory.process_visibility, memory.other_processes_bytes()) == (nvml.NOT_LISTED, None)
