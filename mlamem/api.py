@@ -121,6 +121,8 @@ class Tracker:
     peak_allocated_bytes = RecordField(when_failed=True)
     peak_reserved_bytes = RecordField(when_failed=True)
     nvml_peak_bytes = RecordField(when_failed=True)  # predicted: reserved
+    # this process's own NVML peak, absolute, not a delta (measured, where NVML lists it)
+    nvml_process_peak_bytes = RecordField(when_failed=True)
     wall_time_ms = RecordField(when_failed=True)  # the code and a synchronize (measured only)
     breakdown = RecordField(when_failed=True)  # the allocations inside, by buffer
     trace = RecordField(when_failed=True)  # allocator trace entries (torch's layout)
@@ -173,6 +175,7 @@ class Tracker:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "nvml_peak_bytes": self.nvml_peak_bytes,
+            "nvml_process_peak_bytes": self.nvml_process_peak_bytes,
             "wall_time_ms": self.wall_time_ms,
             "allocations_in_call": self.allocations_in_call,
             "bytes_allocated_in_call": self.bytes_allocated_in_call,

@@ -87,6 +87,7 @@ class CallMeasurement:
     peak_allocated_bytes = RecordField()
     peak_reserved_bytes = RecordField()
     nvml_peak_bytes = RecordField()
+    nvml_process_peak_bytes = RecordField()
     wall_time_ms = RecordField()
     breakdown = RecordField()  # the call's allocations by buffer
     trace = RecordField()  # allocator trace entries of the call (torch's layout)
@@ -279,6 +280,8 @@ class CallRecord:
     peak_reserved_bytes: int | None = None  # max_memory_reserved - reserved before
     nvml_peak_bytes: int | None = None  # NVML device-used peak - used before (predicted: reserved)
     device_peak_bytes: int | None = None  # NVML's device-used peak itself, all processes
+    # this process's NVML peak itself (measured, where NVML lists this process; else None)
+    nvml_process_peak_bytes: int | None = None
     wall_time_ms: float | None = None  # the call and one synchronize (measured only)
     breakdown: Breakdown | None = None  # the allocations in the call, by buffer
     trace: list[dict] | None = None  # allocator trace entries of the call (torch's layout)
@@ -363,6 +366,7 @@ class Measuring:
         record.device_peak_bytes = watch.nvml_peak_bytes
         if watch.nvml_peak_bytes is not None and before.device_used is not None:
             record.nvml_peak_bytes = watch.nvml_peak_bytes - before.device_used
+        record.nvml_process_peak_bytes = watch.nvml_process_peak_bytes
         if memory.measured:
             record.wall_time_ms = wall_s * 1e3
         return record

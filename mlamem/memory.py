@@ -49,6 +49,7 @@ class CallWatch:
 
     nvml_start_bytes: int | None = None  # NVML used memory as the call started (measured)
     nvml_peak_bytes: int | None = None  # peak NVML used memory during the call
+    nvml_process_peak_bytes: int | None = None  # this process's peak (None: not visible)
     oom_requested_bytes: int | None = None  # the request that failed, when one did
     events: list[dict] = field(default_factory=list)  # allocator trace entries, torch's layout
     segments: list[dict] = field(default_factory=list)  # allocator segments at the end
@@ -101,6 +102,29 @@ class CudaMemory:
         if used is None:
             return None
         return used - self.used_by_others - self.stats().reserved
+
+    @property
+    def process_visibility(self) -> str:
+        """Whether NVML lists this process with its memory now: the per-process figures'
+        label, or why they are absent (nvml.process_visibility)."""
+        return nvml.process_visibility(self.nvml_handle)
+
+    def process_used_bytes(self) -> int | None:
+        """This process's device memory as NVML lists it; None where not visible."""
+        return nvml.process_used_bytes(self.nvml_handle)
+
+    def non_torch_process_bytes(self) -> int | None:
+        """`non_torch_bytes` from this process's own NVML figure: its memory less torch's
+        reserved, which no other process moves; None where this process is not visible."""
+        own = self.process_used_bytes()
+        return None if own is None else own - self.stats(device=False).reserved
+
+    def other_processes_bytes(self) -> int | None:
+        """Device memory the other processes use now: NVML's device-wide used memory minus this
+        process's; None where this process is not visible (`process_visibility`)."""
+        own = self.process_used_bytes()
+        used = nvml.used_bytes(self.nvml_handle)
+        return None if own is None or used is None else used - own
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -155,6 +179,7 @@ class CudaMemory:
             snapshot = torch.cuda.memory._snapshot(self.device)
             torch.cuda.memory._record_memory_history(enabled=None, device=self.device)
             result.nvml_peak_bytes = sampler.peak_bytes
+            result.nvml_process_peak_bytes = sampler.process_peak_bytes
             index = self.device.index or 0
             traces = snapshot["device_traces"]
             result.events = list(traces[index]) if index < len(traces) else []
@@ -416,6 +441,17 @@ class SimulatedMemory:
 
     def synchronize(self) -> None:
         pass
+
+    process_visibility = None  # no NVML: nothing is read
+
+    def process_used_bytes(self) -> None:
+        return None
+
+    def non_torch_process_bytes(self) -> None:
+        return None
+
+    def other_processes_bytes(self) -> None:
+        return None
 
     def device_used_bytes(self) -> None:
         """Not modelled: graph instantiation and module loads are outside the allocator."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mlamem import environment
+from mlamem import environment, nvml
 from mlamem.errors import UserError
 from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE
 from mlamem.operations import check_cache, kv_format, operation, problem_for, workspace_rows
@@ -50,6 +50,9 @@ class ProfileRow:
     requests: int | None = None  # dense decode: b, the swept quantity (= tokens)
     kv_tokens: int | None = None  # KV tokens per query: dense decode's context, prefill's s_kv
     median_ms: float | None = None  # triton do_bench median of the path's call (measured only)
+    # this process's NVML peak during the call, absolute (measured, where NVML lists this
+    # process; nvml_peak_bytes beside it is the device-wide delta, all processes)
+    nvml_process_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,8 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                                 max_tokens=workspace_rows(scenario, op), op=op,
                                 kv_tokens=kv_tokens, bench=bench)
             cases.append(case)
+            if memory.measured and (line := nvml_note(memory.process_visibility)) not in notes:
+                notes.append(line)
             if on_case:
                 on_case(case)
         equal = _outputs_equal(cases)
@@ -192,7 +197,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 missing_buffers=[] if breakdown is None else breakdown.missing, oom=case.oom,
                 oom_requested_bytes=case.oom_requested_bytes, failure=case.failure,
                 op=op, requests=t if op == DENSE_DECODE else None, kv_tokens=case.kv_tokens,
-                median_ms=case.median_ms,
+                median_ms=case.median_ms, nvml_process_peak_bytes=case.nvml_process_peak_bytes,
             ))
             case.out = case.lse = None  # the comparison is done; keep host memory small
         calls += cases
@@ -206,6 +211,16 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         environment=environment.capture(), rows=rows, notes=notes,
         created=environment.now_utc(), op=op, shard=None if shard is None else str(shard),
     )
+
+
+def nvml_note(visibility: str) -> str:
+    """The note on a measured sweep's two NVML figures: the device-wide delta, and this
+    process's peak or why it is absent (nvml.process_visibility)."""
+    device = "the NVML column is the device-wide used memory's delta (all processes)"
+    if visibility == nvml.THIS_PROCESS:
+        return (f"NVML: {device}; nvml_process_peak_bytes is this process's own peak, "
+                "absolute (NVML's process list)")
+    return f"NVML: {device}; this process's own figure is absent ({visibility})"
 
 
 def _removed_by_workspace(cases: list[CallMeasurement]) -> set[str] | None:

@@ -297,6 +297,7 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
     if reason is None:
         notes.append(f"the limit search models non-torch memory as {setup.describe()}, "
                      "calibrated to each case's measured figure")
+        notes += other_processes_notes(cases, engine.case_type.key_field)
     else:
         notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
                      f"launches) and the physical memory are modelled as {setup.describe()}")
@@ -311,6 +312,32 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
         created=environment.now_utc())
 
 
+def other_processes_notes(cases: list[dict], key_field: str) -> list[str]:
+    """A measured result's line per case on the device-wide readings: the non-torch figure (and
+    vLLM's graph estimate) read the device as the engine does, with the other processes' use at
+    that moment (NVML's device-wide used memory minus this process's), or why it is unknown."""
+    lines = []
+    for case in cases:
+        if case.get("nvml_visibility") is None:
+            continue
+        name = case[key_field]
+        if case.get("other_processes_bytes") is None:
+            lines.append(f"{name}: non-torch is read device-wide (less the other processes' use "
+                         f"at start); their use at KV sizing is unknown: "
+                         f"{case['nvml_visibility']}")
+            continue
+        graph = case.get("graph_estimate_other_processes_bytes")
+        own = case.get("non_torch_process_bytes")
+        lines.append(f"{name}: non-torch is read device-wide (less the other processes' use at "
+                     f"start), as the engine reads it; other processes used "
+                     f"{format_bytes(case['other_processes_bytes'])} at KV sizing"
+                     + ("" if graph is None else
+                        f" and {format_bytes(graph)} at vLLM's device-wide graph estimate")
+                     + ("" if own is None else
+                        f"; this process's own non-torch memory: {format_bytes(own)}"))
+    return lines
+
+
 def _budget_dict(budget: Budget, scenario: Scenario) -> dict:
     """The result's budget; where the target memory is not the scenario GPU's, that GPU's
     memory too (`scenario_gpu_memory_bytes`), so a reader can tell the two apart."""
@@ -323,6 +350,11 @@ def _budget_dict(budget: Budget, scenario: Scenario) -> dict:
 # What a prediction cannot give, by name: `prediction_differences` skips these and says so.
 NOT_PREDICTED_FIELDS = {
     "nvml_step_peak_bytes": "NVML reading",
+    "nvml_visibility": "NVML's process list",
+    "nvml_process_step_peak_bytes": "NVML reading",
+    "other_processes_bytes": "NVML reading",
+    "non_torch_process_bytes": "NVML reading",
+    "graph_estimate_other_processes_bytes": "NVML reading",
     "failure": "error text (torch's message against the model's)",
     "max_safe_method": "how the limit was found",
     "measured": "measured or predicted",

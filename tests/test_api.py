@@ -76,6 +76,7 @@ def test_track_predicts_a_function_on_meta():
     assert padded.shape == PADDED_Q
     assert not t.measured
     assert t.peak_allocated_bytes == t.peak_reserved_bytes == t.nvml_peak_bytes == 72 * MiB
+    assert t.nvml_process_peak_bytes is None  # the model reads no NVML: no per-process figure
     assert (t.allocations_in_call, t.bytes_allocated_in_call) == (1, 72 * MiB)
     [buffer] = t.buffers
     assert (buffer.name, buffer.allocated_by, buffer.live_at_peak) == ("padded_q", "user", True)

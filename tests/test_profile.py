@@ -164,3 +164,21 @@ def test_frames_name_where_each_buffer_was_allocated(tmp_path, capsys):
     assert (f"| padded_q | wrapper | {1024 * 64 * 576 * 2} | 72.000 MiB | yes | removed | "
             f"`tests/test_profile.py:{here} test_frames_name_where_each_buffer_was_allocated` |"
             in markdown)
+
+
+def test_a_prediction_has_no_per_process_figure_nor_nvml_note(glm5_prediction):
+    """Predicted rows model the device-wide delta (reserved) only: this process's NVML peak is
+    measured or absent, and the note on the two NVML figures comes with a measurement."""
+    assert [row.nvml_process_peak_bytes for row in glm5_prediction.rows] == [None] * 8
+    assert not [n for n in glm5_prediction.notes if n.startswith("NVML")]
+
+
+@pytest.mark.parametrize(("visibility", "says"), [
+    ("this process", "nvml_process_peak_bytes is this process's own peak"),
+    ("not listed: pid namespace", "this process's own figure is absent (not listed: pid namespace)"),
+    ("no NVML process list", "this process's own figure is absent (no NVML process list)"),
+])
+def test_the_nvml_note_names_both_figures_or_the_fallback(visibility, says):
+    from mlamem.profile import nvml_note
+    note = nvml_note(visibility)
+    assert "device-wide used memory's delta (all processes)" in note and says in note

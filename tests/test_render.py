@@ -268,3 +268,19 @@ def test_oom_without_a_size_is_explained_under_the_table():
     text = " ".join(console_text(render.repro_table(
         dataclasses.replace(result, cases=[case, *result.cases[1:]]))).split())
     assert "alloc: OOM in init: an unattributed allocation" in text
+
+
+def test_per_process_nvml_peaks_are_a_labelled_note_beside_the_device_wide_column():
+    """A saved H200 run predates the per-process figure: it reads as null and adds no note; a
+    row that has one is listed under the table, labelled this process's, the NVML column kept."""
+    saved = _profile()
+    assert {row.nvml_process_peak_bytes for row in saved.rows} == {None}
+    before = " ".join(console_text(render.table(saved)).split())
+    assert "this process" not in before
+    first = saved.rows[0]
+    rows = [dataclasses.replace(first, nvml_process_peak_bytes=first.peak_reserved_bytes + 2**30),
+            *saved.rows[1:]]
+    text = " ".join(console_text(render.table(dataclasses.replace(saved, rows=rows))).split())
+    assert (f"NVML, this process (peak, absolute, GiB): T={first.tokens} {first.path} "
+            f"{first.peak_reserved_bytes / 2**30 + 1:.3f}") in text
+    assert text.startswith(before)  # the table and its notes as they were, the line after them

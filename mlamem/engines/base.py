@@ -107,6 +107,15 @@ class Case:
     step_peak_bytes: int | None = None  # torch's reserved peak during the step (fits)
     headroom_bytes: int | None = None  # cap - step peak (fits)
     nvml_step_peak_bytes: int | None = None  # measured: this process's device memory at the peak
+    # (device-wide NVML less what others used at start: a neighbour's later use moves it)
+    # Per-process figures (measured; absent from predicted cases, PER_PROCESS_FIELDS):
+    nvml_visibility: str | None = None  # "this process", or why NVML does not give its own memory
+    nvml_process_step_peak_bytes: int | None = None  # this process's own NVML peak in the step
+    # at KV sizing, beside non_torch_bytes (read device-wide, as the engine reads it): the other
+    # processes' use then, NVML's device-wide used memory minus this process's, and the
+    # non-torch memory from this process's own figure, which no neighbour moves
+    other_processes_bytes: int | None = None
+    non_torch_process_bytes: int | None = None
     oom_requested_bytes: int | None = None  # the allocation that failed
     oom_buffer: str | None = None  # its name, e.g. "o_accum"
     oom_allocated_by: str | None = None  # who asked: "wrapper", "kernel", "engine", "init", ...
@@ -140,12 +149,29 @@ class Case:
         self.buffers = [b.to_dict() for b in call.buffers]
         if memory.measured and call.device_peak_bytes is not None:
             self.nvml_step_peak_bytes = call.device_peak_bytes - memory.used_by_others
+        self.nvml_process_step_peak_bytes = call.nvml_process_peak_bytes
+
+    def record_non_torch(self, memory) -> None:
+        """At KV sizing: the non-torch reading the engine charges and, beside it, the other
+        processes' use at that moment and whether this process's own figures are visible."""
+        self.non_torch_bytes = non_torch_now(memory)
+        if memory.measured:
+            self.nvml_visibility = memory.process_visibility
+            self.other_processes_bytes = memory.other_processes_bytes()
+            self.non_torch_process_bytes = memory.non_torch_process_bytes()
 
     def to_dict(self) -> dict:
         """The JSON case: its key first, verdict and phase as plain strings."""
         data = {name: value.value if isinstance(value, Enum) else value
-                for name, value in without_record(self).items()}
+                for name, value in without_record(self).items()
+                if self.measured or name not in PER_PROCESS_FIELDS}  # predicted: as it read
         return {self.key_field: data.pop(self.key_field), **data}
+
+
+# A measured case's per-process NVML figures: a predicted case has none (nothing is read), and
+# its dict stays as it read before they were recorded
+PER_PROCESS_FIELDS = ("nvml_visibility", "nvml_process_step_peak_bytes", "other_processes_bytes",
+                      "non_torch_process_bytes", "graph_estimate_other_processes_bytes")
 
 
 @dataclass(frozen=True)
@@ -328,7 +354,7 @@ class Engine(ABC):
             self.profile()
             case.profile_peak_bytes = memory.stats().peak_allocated - start
             memory.empty_cache()
-            case.non_torch_bytes = non_torch_now(memory)
+            case.record_non_torch(memory)
             case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
                                                       - case.non_torch_bytes)
             case.phase = Phase.GRAPH_ESTIMATE

@@ -90,6 +90,9 @@ class VLLMCase(DecodeCase):
     # CUDA graphs (repro-oom --cuda-graphs on; absent from results without them)
     graph_estimate_bytes: int | None = None  # what vLLM set aside before KV sizing
     graph_estimate_source: str | None = None  # "device" (mem_get_info) or "allocator"
+    # measured: the other processes' use as the estimate read the device-wide figure (after its
+    # captures), NVML's device-wide used memory minus this process's
+    graph_estimate_other_processes_bytes: int | None = None
     graph_kv_tokens_lost: int | None = None  # KV tokens the estimate took
     graph_captures: int | None = None  # graphs captured after the KV cache
     graph_pool_bytes: int | None = None  # the pool they took (allocator reserved growth)
@@ -167,6 +170,8 @@ class VLLM(DecodeRank):
             raise PhaseFailed(failure)
         memory.empty_cache()
         case.graph_estimate_source = "device" if memory.measured else "allocator"
+        if memory.measured:
+            case.graph_estimate_other_processes_bytes = memory.other_processes_bytes()
         samples = [c.device_growth_bytes if memory.measured else c.pool_growth_bytes
                    for c in captures]
         case.graph_estimate_bytes = vllm_estimate(case.graph_estimate_source, samples, 0,

@@ -92,7 +92,16 @@ def table(result: ProfileResult) -> Group:
                 "" if row.allocations_in_call is None else str(row.allocations_in_call),
                 equal_text(row.outputs_equal), ", ".join(row.staged) or "-",
             )
-    return with_notes(out, [_label(result), *failures, *result.notes])
+    return with_notes(out, [_label(result), *failures, *result.notes,
+                            *_process_peaks(result)])
+
+
+def _process_peaks(result: ProfileResult) -> list[str]:
+    """This process's NVML peaks, labelled, beside the device-wide column: one line."""
+    sym = _symbol(result)
+    cells = [f"{sym}={row.tokens} {row.path} {gib_text(row.nvml_process_peak_bytes)}"
+             for row in result.rows if row.nvml_process_peak_bytes is not None]
+    return [f"NVML, this process (peak, absolute, GiB): {', '.join(cells)}"] if cells else []
 
 
 def render_table(result: ProfileResult) -> str:

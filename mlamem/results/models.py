@@ -190,6 +190,11 @@ class ProfileRow(Model):
             "prefill's s_kv (`--kv-len`), the sparse decode's pool"))
     median_ms: float | None = Field(
         description="`triton.testing.do_bench` median of the path's call, in ms (`--bench`; null otherwise)")
+    nvml_process_peak_bytes: MaybeBytes = Field(
+        None, description=(
+            "this process's own NVML peak during the call, absolute, from NVML's process list "
+            "(null when predicted, or where NVML does not list this process: a note says why); "
+            "`nvml_peak_bytes` beside it is device-wide ([two NVML figures](profile.md#two-nvml-figures))"))
 
 
 def _legacy_profile(data: dict) -> dict:
