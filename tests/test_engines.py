@@ -227,7 +227,7 @@ def test_a_case_embeds_its_steps_record_and_saves_the_figures_it_always_saved():
     case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
     assert case.verdict == "fits" and case.call.failure is None
     assert case.step_peak_bytes == case.call.after.peak_reserved
-    assert case.buffers and case.buffers == [dataclasses.asdict(b) for b in case.call.buffers]
+    assert case.buffers and case.buffers == [b.to_dict() for b in case.call.buffers]
     data = case.to_dict()
     assert "call" not in data and list(data)[0] == "path"
     assert json.loads(json.dumps(data))["step_peak_bytes"] == case.step_peak_bytes
