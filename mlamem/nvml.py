@@ -136,8 +136,11 @@ class PeakSampler:
     thread and keeps the maxima.
 
     Use as a context manager around the region of interest; the peaks also include one
-    reading taken on exit, so a short region is never missed entirely. Where NVML does not list
-    this process with its memory on entry, only the device-wide figure is sampled.
+    reading taken on exit, so a short region is never missed entirely. This process's figure is
+    read on entry and on exit only (NVML's process list is a heavier query than the device's
+    used memory, and the ticks run beside the measured call): within a call the caching
+    allocator returns no memory to the device, so its peak is the exit's reading. Where NVML
+    does not list this process with its memory on entry, only the device-wide figure is read.
     """
 
     def __init__(self, handle, interval_s: float = 0.0005):
@@ -151,19 +154,19 @@ class PeakSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> None:
-        """One tick: the device-wide reading, then this process's (one more NVML query)."""
+    def _sample(self, own_too: bool = True) -> None:
+        """One reading: the device-wide figure, then (`own_too`) this process's."""
         used = used_bytes(self.handle)
         if used is not None:
             self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
-        own = process_used_bytes(self.handle) if self._per_process else None
+        own = process_used_bytes(self.handle) if self._per_process and own_too else None
         if own is not None:
             self.process_peak_bytes = (own if self.process_peak_bytes is None
                                        else max(self.process_peak_bytes, own))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):  # wakes at once when stopped
-            self._sample()
+            self._sample(own_too=False)
 
     def __enter__(self) -> PeakSampler:
         if self.handle is not None:
