@@ -167,7 +167,7 @@ def test_trtllm_takes_no_abbreviation():
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights are 627.7 GiB per rank at TP1"),
     ("vllm serve someone/unknown --max-model-len 4096 --kv-cache-dtype fp8", "config.json"),
     (f"trtllm-serve {DS} --max_seq_len 100 --tp_size 6", "trtllm-serve --tp_size: "),
-    ("sglang serve x", "expected `vllm serve"),
+    ("sglang launch x", "expected `vllm serve"),
 ])
 def test_a_value_it_cannot_take_is_one_line(command, fix):
     check_bad_input(["scenarios", "--serve", command], fix)
