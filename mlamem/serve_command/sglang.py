@@ -60,7 +60,9 @@ MODELLED = {"--model-path": str, "--tp-size": int, "--dp-size": int, "--attn-dp-
             "--cuda-graph-max-bs-decode": int, "--cuda-graph-bs-decode": int,
             "--cuda-graph-backend-decode": None, "--cuda-graph-backend-prefill": None,
             "--disable-cuda-graph": None, "--disable-decode-cuda-graph": None,
-            "--disable-prefill-cuda-graph": None}
+            "--disable-prefill-cuda-graph": None, "--dsa-decode-backend": None,
+            "--dsa-prefill-backend": None}
+DSA_BACKEND = "flashmla_kv"  # what SGLang picks for a DSA model's fp8 cache on Hopper
 # the scenario's fields as SGLang's flags set them
 FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--attn-dp-size",
                "max_model_len": "--context-length", "block_size": "--page-size",
@@ -153,6 +155,11 @@ def parse(words: list[str], prog: str) -> Parsed:
         notes.append(f"block_size {PAGE_SIZE}: SGLang's page for flashmla_kv")
     elif page != PAGE_SIZE:
         notes.append(f"--page-size {page}: flashmla_kv reads pages of {PAGE_SIZE} tokens")
+    for flag, key in (("--dsa-decode-backend", "dsa_decode_backend"),
+                      ("--dsa-prefill-backend", "dsa_prefill_backend")):
+        if given.get(key, DSA_BACKEND) != DSA_BACKEND:
+            notes.append(f"{flag} {given[key]}: mlamem runs {DSA_BACKEND}'s FlashMLA sparse "
+                         "decode, SGLang's for a DSA model's fp8 cache on Hopper")
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
     serving = {"max_num_batched_tokens": chunk, "max_model_len": given["context_length"],
@@ -212,6 +219,9 @@ def fill_defaults(parsed: Parsed, target: gpus.GPU) -> None:
     """What SGLang decides by the GPU: the chunked prefill size and, without
     --mem-fraction-static, the fraction its reserve rule gives (with the command's CUDA graphs)."""
     sglang_rules, graphs = rules(), parsed.engine_settings["graphs"]
+    if target.name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
+        parsed.notes.append(f"{target.name}: SGLang decodes a DSA model's fp8 cache with trtllm "
+                            f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
     table = parsed.sections.get("sglang", {})
     resolved = sglang_rules.resolve(
         target.memory_mib, tp_size=parsed.tensor_parallel,
