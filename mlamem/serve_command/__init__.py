@@ -74,9 +74,9 @@ def parse_command(command: str) -> Parsed:
         return sglang.parse(words[3:], sglang.PROGS[0])
     if program == "sglang" and words[1:2] == ["serve"]:
         return sglang.parse(words[2:], sglang.PROGS[1])
-    raise UserError(f"expected `vllm serve MODEL ...`, `trtllm-serve MODEL ...` or `python -m "
-                    f"sglang.launch_server --model-path MODEL ...`, got {' '.join(words[:3])!r}",
-                    field="serve")
+    raise UserError(f"expected `vllm serve MODEL ...`, `trtllm-serve MODEL ...`, `python -m "
+                    f"sglang.launch_server ...` or `sglang serve MODEL ...`, got "
+                    f"{' '.join(words[:3])!r}", field="serve")
 
 
 def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelConfig, str]:
