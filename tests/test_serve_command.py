@@ -359,7 +359,10 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
 @pytest.mark.parametrize(("command", "fix"), [
     (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype bf16",
      "--kv-cache-dtype bf16: a bf16 cache, which SGLang decodes with FA3"),
-    (f"{SG} --model-path {DS} --tp 8 --context-length 4096", "'auto' keeps a bf16 cache"),
+    (f"{SG} --model-path {DS} --tp 8 --context-length 4096",
+     "sets no --kv-cache-dtype: SGLang's 'auto' keeps a bf16 cache"),
+    (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype auto",
+     "--kv-cache-dtype auto: SGLang's 'auto' keeps a bf16 cache"),
     (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype fp8",
      "invalid choice: 'fp8'"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3", "--context-length"),

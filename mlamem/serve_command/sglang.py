@@ -163,7 +163,7 @@ def parse(words: list[str], prog: str) -> Parsed:
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
     serving = {"max_num_batched_tokens": chunk, "max_model_len": given["context_length"],
-               "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype", "auto"), prog),
+               "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
                "block_size": page}
     sections = {"sglang": table} if table else {}
     graphs = _graphs(given)
@@ -185,12 +185,13 @@ def _layout(given: dict, prog: str) -> tuple[int, int, int]:
     return tp, attention_dp, dp
 
 
-def _kv_dtype(value: str, prog: str) -> str:
+def _kv_dtype(value: str | None, prog: str) -> str:
     if value == "fp8_e4m3":
         return "fp8_ds_mla"  # SGLang's fp8 DSA cache: the fp8_ds_mla token layout
-    why = ("SGLang's 'auto' keeps a bf16 cache for a DSA model on Hopper" if value == "auto"
+    why = ("SGLang's 'auto' keeps a bf16 cache for a DSA model on Hopper" if value in (None, "auto")
            else f"a {value} cache")
-    raise UserError(f"{prog} --kv-cache-dtype {value}: {why}, which SGLang decodes with FA3 (or "
+    given = "sets no --kv-cache-dtype" if value is None else f"--kv-cache-dtype {value}"
+    raise UserError(f"{prog} {given}: {why}, which SGLang decodes with FA3 (or "
                     "another backend than flashmla_kv), and mlamem has no adapter for it; "
                     "mlamem models SGLang's fp8 DSA cache: use --kv-cache-dtype fp8_e4m3",
                     field="serve")
