@@ -120,7 +120,8 @@ def namespaces(tree: ast.Module) -> set[str]:
     raise SystemExit("server_args.py: no _INPUT_NAMESPACES")
 
 
-def main(wheel: str) -> None:
+def document(wheel: str) -> dict:
+    """The table's JSON document, read from the wheel."""
     with zipfile.ZipFile(wheel) as zf:
         server_args = ast.parse(zf.read("sglang/srt/server_args.py").decode())
         classes = namespaces(server_args)
@@ -133,8 +134,13 @@ def main(wheel: str) -> None:
                        "(add_cli_args_from_dataclass over srt/arg_groups/fields/, then its own "
                        "add_argument calls)",
             "flags": dict(sorted(table.items()))}
+    return data
+
+
+def main(wheel: str) -> None:
+    data = document(wheel)
     OUT.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{OUT}: {len(table)} flags")
+    print(f"{OUT}: {len(data['flags'])} flags")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """mlamem/serve_command: a scenario from a pasted serve command, field by field; gpus.py's table."""
 
+import importlib.util
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -390,12 +392,26 @@ def test_an_sglang_value_it_cannot_take_is_one_line(command, fix):
 
 
 def test_sglang_dsa_backends_and_blackwell_are_noted():
-    built = from_command(f"sglang serve {DS} --tp 8 --kv-cache-dtype fp8_e4m3 "
+    built = from_command(f"sglang serve {DS} --tensor-parallel-size 8 --kv-cache-dtype fp8_e4m3 "
                          "--context-length 4096 --dsa-decode-backend fa3", gpu_name="B200")
+    assert built.scenario.parallel.tensor_parallel == 8
     notes = " ".join(built.notes)
     assert "--dsa-decode-backend fa3: mlamem runs flashmla_kv's" in notes
     assert "B200: SGLang decodes a DSA model's fp8 cache with trtllm on Blackwell" in notes
     assert not any(n.startswith("not modelled") for n in built.notes)  # both modelled
+
+
+def test_the_sglang_flag_table_is_the_wheels():
+    """The shipped table is what scripts/sglang_serve_flags.py reads from SGLang 0.5.23's wheel
+    (where the wheel is on this machine)."""
+    wheels = sorted(Path("/work/wheels").glob("sglang-0.5.23-*.whl"))
+    if not wheels:
+        pytest.skip("no sglang-0.5.23 wheel under /work/wheels")
+    spec = importlib.util.spec_from_file_location(
+        "sglang_serve_flags", Path(__file__).parents[1] / "scripts" / "sglang_serve_flags.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert json.loads(json.dumps(script.document(str(wheels[0]))))["flags"] == sglang.FLAGS
 
 
 def test_the_sglang_flag_table_is_sglangs():
