@@ -12,6 +12,10 @@ ast (SGLang is not imported):
   else one value, Arg.nargs kept).
 
 prepare_server_args builds a plain argparse.ArgumentParser, so abbreviations are allowed.
+Choices held in names (ATTENTION_BACKEND_CHOICES, ...) are not evaluated: those flags take any
+value here. Checked on 2026-12-04 against the wheel's own parser (ServerArgs.add_cli_args
+imported with its dependencies in a scratch folder): the same 531 options, aliases, kinds and
+nargs, and the same parse of a command with abbreviations, `--x=y`, 32Ki and 25.6k.
 
 Usage: python scripts/sglang_serve_flags.py /work/wheels/sglang-0.5.23-*.whl
 """
