@@ -341,6 +341,12 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     assert s.section("sglang").mem_fraction_static == with_graphs.mem_fraction_static
     assert s.gpu.gpu_memory_utilization == with_graphs.mem_fraction_static
     assert "not modelled: --model-type" in built.notes
+    assert "block_size 64: the page SGLang sets for a DSA model" in built.notes
+    paged = from_command(command + " --page-size 16", gpu_name="H200 SXM 141GB",
+                         weights_bytes=40 * GiB)
+    assert paged.scenario.serving.block_size == 64
+    assert "block_size 64: the page SGLang sets for a DSA model (it overrides --page-size 16)" \
+        in paged.notes
     # graphs as SGLang's defaults take them: the table leaves the fraction to the engine
     plain = from_command(f"{SG} --model {glm5} --attn-dp-size 4 --tp 8 --kv-cache-dtype fp8_e4m3 "
                          "--context-length 4096", gpu_name="H200 SXM 141GB",

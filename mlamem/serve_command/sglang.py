@@ -31,7 +31,10 @@ from mlamem.serve_command.parsed import EngineParser, Parsed
 PROGS = ("python -m sglang.launch_server", "sglang serve")
 FLAGS = json.loads(resources.files("mlamem.serve_command").joinpath("sglang-0.5.23-flags.json")
                    .read_text())["flags"]
-PAGE_SIZE = 64  # flashmla_kv's page, SGLang's for a DSA model's fp8 cache on Hopper
+# the page SGLang sets for a DSA model on CUDA, whatever --page-size says: 64 x the indexer's
+# key pooling, 1 for DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py,
+# _deepseek_family_overrides)
+PAGE_SIZE = 64
 _SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
@@ -65,7 +68,7 @@ MODELLED = {"--model-path": str, "--tp-size": int, "--dp-size": int, "--attn-dp-
 DSA_BACKEND = "flashmla_kv"  # what SGLang picks for a DSA model's fp8 cache on Hopper
 # the scenario's fields as SGLang's flags set them
 FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--attn-dp-size",
-               "max_model_len": "--context-length", "block_size": "--page-size",
+               "max_model_len": "--context-length",
                "max_num_batched_tokens": "--chunked-prefill-size",
                "mem_fraction_static": "--mem-fraction-static",
                "chunked_prefill_size": "--chunked-prefill-size",
@@ -151,10 +154,8 @@ def parse(words: list[str], prog: str) -> Parsed:
         notes.append(f"--dp-size {replicas}: {replicas} replicas of the model, each on {tp} ranks; "
                      "one rank is the same in each")
     page = given.get("page_size", PAGE_SIZE)
-    if "page_size" not in given:
-        notes.append(f"block_size {PAGE_SIZE}: SGLang's page for flashmla_kv")
-    elif page != PAGE_SIZE:
-        notes.append(f"--page-size {page}: flashmla_kv reads pages of {PAGE_SIZE} tokens")
+    notes.append(f"block_size {PAGE_SIZE}: the page SGLang sets for a DSA model"
+                 + (f" (it overrides --page-size {page})" if page != PAGE_SIZE else ""))
     for flag, key in (("--dsa-decode-backend", "dsa_decode_backend"),
                       ("--dsa-prefill-backend", "dsa_prefill_backend")):
         if given.get(key, DSA_BACKEND) != DSA_BACKEND:
@@ -164,7 +165,7 @@ def parse(words: list[str], prog: str) -> Parsed:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
     serving = {"max_num_batched_tokens": chunk, "max_model_len": given["context_length"],
                "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
-               "block_size": page}
+               "block_size": PAGE_SIZE}
     sections = {"sglang": table} if table else {}
     graphs = _graphs(given)
     return Parsed(model=model, tensor_parallel=tp, attention_data_parallel=attention_dp, tp=tp,
