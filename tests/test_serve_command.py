@@ -351,7 +351,8 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     plain = from_command(f"{SG} --model {glm5} --attn-dp-size 4 --tp 8 --kv-cache-dtype fp8_e4m3 "
                          "--context-length 4096", gpu_name="H200 SXM 141GB",
                          weights_bytes=40 * GiB).scenario
-    assert plain.parallel.attention_data_parallel == 4 and "sglang" not in scenario.to_dict(plain)
+    assert plain.parallel.attention_data_parallel == 4
+    assert plain.section("sglang").mem_fraction_static is None
     assert plain.gpu.gpu_memory_utilization == rules.resolve(
         143155, tp_size=8, attn_dp_size=4).mem_fraction_static
     off = from_command(f"python3 -m sglang.launch_server --model-path {glm5} --tp 8 "
@@ -470,3 +471,11 @@ def test_any_sglang_command_is_a_scenario_or_one_line(words, program):
     if built is not None:
         again = scenario.parse(scenario.to_toml(built.scenario), "again")
         assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
+
+
+def test_sglang_reads_the_indexer_width_from_the_config(glm5):
+    config = json.loads((glm5 / "config.json").read_text())
+    (glm5 / "config.json").write_text(json.dumps(config | {"index_head_dim": 256}))
+    built = from_command(f"{SG} --model-path {glm5} --tp 8 --kv-cache-dtype fp8_e4m3 "
+                         "--context-length 4096", gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    assert built.scenario.section("sglang").index_head_dim == 256

@@ -26,6 +26,7 @@ from importlib import resources
 
 from mlamem import engine_registry, gpus
 from mlamem.errors import UserError
+from mlamem.models import hf_config
 from mlamem.serve_command.parsed import EngineParser, Parsed
 
 PROGS = ("python -m sglang.launch_server", "sglang serve")
@@ -217,14 +218,16 @@ def _graphs(given: dict) -> dict:
     return {"decode": decode, "prefill": prefill, "max_bs": max_bs}
 
 
-def fill_defaults(parsed: Parsed, target: gpus.GPU) -> None:
-    """What SGLang decides by the GPU: the chunked prefill size and, without
-    --mem-fraction-static, the fraction its reserve rule gives (with the command's CUDA graphs)."""
+def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
+    """What SGLang decides by the model and the GPU: the indexer's key width, the chunked
+    prefill size and, without --mem-fraction-static, the fraction its reserve rule gives (with
+    the command's CUDA graphs)."""
     sglang_rules, graphs = rules(), parsed.engine_settings["graphs"]
+    parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
     if target.name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
         parsed.notes.append(f"{target.name}: SGLang decodes a DSA model's fp8 cache with trtllm "
                             f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
-    table = parsed.sections.get("sglang", {})
+    table = parsed.sections["sglang"]
     resolved = sglang_rules.resolve(
         target.memory_mib, tp_size=parsed.tensor_parallel,
         attn_dp_size=parsed.attention_data_parallel,
@@ -240,8 +243,7 @@ def fill_defaults(parsed: Parsed, target: gpus.GPU) -> None:
     default_graphs = graphs == {"decode": True, "prefill": True, "max_bs": None}
     if not resolved.fraction_given and not default_graphs:
         # the [sglang] table has no graph settings: keep the fraction they give
-        parsed.sections.setdefault("sglang", {})["mem_fraction_static"] = \
-            resolved.mem_fraction_static
+        table["mem_fraction_static"] = resolved.mem_fraction_static
         parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang's "
                             f"reserve rule ({resolved.reserved_mib:g} MiB) on the {target.name} "
                             "with the command's CUDA graphs")
