@@ -27,6 +27,8 @@ REFUSED = [
     ["repro-oom", "--model", str(resources.files("mlamem.models") / "glm-5.json")],  # weights > GPU
     ["profile", "--weights-per-rank", "40"],
     ["graphs", "--gpu", "H300"],
+    ["scenarios", "--serve", "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 "
+     "--tp 8 --context-length 4096 --kv-cache-dtype bf16"],
 ]
 
 CHILD = """

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # the CLI itself, mlamem/cli/, is left out by path.
 FACES = {"mlamem/entry.py", "mlamem/__main__.py", "mlamem/testing.py"}
 # Parsers of an engine's own command line (`--serve "vllm serve ..."`): their errors name that
-# command's flags (vLLM's, TensorRT-LLM's), which are the input, not mlamem's options.
-ENGINE_COMMAND_PARSERS = {"mlamem/serve_command/vllm.py", "mlamem/serve_command/trtllm.py"}
+# command's flags (vLLM's, TensorRT-LLM's, SGLang's), which are the input, not mlamem's options.
+ENGINE_COMMAND_PARSERS = {"mlamem/serve_command/vllm.py", "mlamem/serve_command/trtllm.py",
+                          "mlamem/serve_command/sglang.py"}
 FLAG = re.compile(r"(?<![\w-])--([a-z]|$)")  # `--x`, or `--` before a formatted name
 
 

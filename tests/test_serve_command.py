@@ -1,7 +1,9 @@
 """mlamem/serve_command: a scenario from a pasted serve command, field by field; gpus.py's table."""
 
+import importlib.util
 import json
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from mlamem import gpus, scenario
 from mlamem.cli import main
 from mlamem.errors import UserError
-from mlamem.serve_command import from_command, split_command
+from mlamem.serve_command import from_command, sglang, split_command
 from mlamem.testing import check_bad_input
 
 GiB = 1024**3
@@ -167,7 +169,7 @@ def test_trtllm_takes_no_abbreviation():
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights are 627.7 GiB per rank at TP1"),
     ("vllm serve someone/unknown --max-model-len 4096 --kv-cache-dtype fp8", "config.json"),
     (f"trtllm-serve {DS} --max_seq_len 100 --tp_size 6", "trtllm-serve --tp_size: "),
-    ("sglang serve x", "expected `vllm serve"),
+    ("sglang launch x", "expected `vllm serve"),
 ])
 def test_a_value_it_cannot_take_is_one_line(command, fix):
     check_bad_input(["scenarios", "--serve", command], fix)
@@ -288,3 +290,192 @@ def test_a_shipped_models_hub_name_uses_its_config(hub_name, heads, layers):
         with pytest.raises(UserError, match="no DSA indexer"):
             from_command("vllm serve moonshotai/Kimi-K2-Instruct -tp 4 --max-model-len 8192 "
                          "--kv-cache-dtype fp8", gpu_name="H200 SXM 141GB", weights_bytes=GiB)
+
+
+SG = "python -m sglang.launch_server"
+
+
+def test_sglang_launch_server_field_by_field():
+    built = from_command(f"SGLANG_ENABLE_JIT_DEEPGEMM=1 {SG} --model-path {DS} --tp-size 8 "
+                         "--kv-cache-dtype fp8_e4m3 --context-length 64k "
+                         "--mem-fraction-static 0.8 --chunked-prefill-size 4096 "
+                         "--max-running-requests 64 --page-size 64 --port 30000 "
+                         "--trust-remote-code", gpu_name="H200 SXM 141GB")
+    s = built.scenario
+    assert s.engines == ("sglang",) and s.operations == ("sparse-decode",)
+    assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (8, 1)
+    assert (s.serving.max_num_batched_tokens, s.serving.max_model_len, s.serving.kv_cache_dtype,
+            s.serving.block_size) == (4096, 64000, "fp8_ds_mla", 64)  # SGLang's k is 1000
+    table = s.section("sglang")
+    assert (table.mem_fraction_static, table.chunked_prefill_size,
+            table.max_running_requests) == (0.8, 4096, 64)
+    assert s.gpu.gpu_memory_utilization == 0.8
+    assert (s.gpu.name, s.gpu.memory_mib) == ("H200 SXM 141GB", 143155)
+    assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert not built.cuda_graphs
+    assert any(n.startswith("CUDA graphs (decode on, prefill on): SGLang's are not emulated")
+               for n in built.notes)
+    # the same server as vLLM serves it counts the same weights
+    vllm = from_command(f"vllm serve {DS} -tp 8 --max-model-len 64000 --kv-cache-dtype fp8",
+                        gpu_name="H200 SXM 141GB").scenario
+    assert s.parallel.weights_gib_per_rank == vllm.parallel.weights_gib_per_rank
+
+
+def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
+    """`sglang serve MODEL`, `--dp N --enable-dp-attention` as attention DP, abbreviations and
+    --x=y; the defaults by the GPU, and the reserve rule's fraction with the command's graphs."""
+    rules = sglang.rules()
+    command = (f"sglang serve {glm5} --tp 8 --dp=8 --enable-dp-attention "
+               "--kv-cache-dtype=fp8_e4m3 --context-len 32Ki --cuda-graph-max-bs-decode 128 "
+               "--model-type llm")
+    built = from_command(command, gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    s = built.scenario
+    assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (8, 8)
+    assert s.heads_per_rank == 64  # attention DP: every head on each rank
+    assert s.serving.max_model_len == 32768
+    chunk, _ = rules.capacity_defaults(143155, 8)
+    assert s.serving.max_num_batched_tokens == chunk and s.section("sglang").chunked_prefill_size is None
+    with_graphs = rules.resolve(143155, tp_size=8, attn_dp_size=8, cuda_graph_max_bs=128)
+    default = rules.resolve(143155, tp_size=8, attn_dp_size=8)
+    assert with_graphs.mem_fraction_static != default.mem_fraction_static
+    assert s.section("sglang").mem_fraction_static == with_graphs.mem_fraction_static
+    assert s.gpu.gpu_memory_utilization == with_graphs.mem_fraction_static
+    assert "not modelled: --model-type" in built.notes
+    assert "block_size 64: the page SGLang sets for a DSA model" in built.notes
+    paged = from_command(command + " --page-size 16", gpu_name="H200 SXM 141GB",
+                         weights_bytes=40 * GiB)
+    assert paged.scenario.serving.block_size == 64
+    assert "block_size 64: the page SGLang sets for a DSA model (it overrides --page-size 16)" \
+        in paged.notes
+    # graphs as SGLang's defaults take them: the table leaves the fraction to the engine
+    plain = from_command(f"{SG} --model {glm5} --attn-dp-size 4 --tp 8 --kv-cache-dtype fp8_e4m3 "
+                         "--context-length 4096", gpu_name="H200 SXM 141GB",
+                         weights_bytes=40 * GiB).scenario
+    assert plain.parallel.attention_data_parallel == 4
+    assert plain.section("sglang").mem_fraction_static is None
+    assert plain.gpu.gpu_memory_utilization == rules.resolve(
+        143155, tp_size=8, attn_dp_size=4).mem_fraction_static
+    off = from_command(f"python3 -m sglang.launch_server --model-path {glm5} --tp 8 "
+                       "--kv-cache-dtype fp8_e4m3 --context-length 4096 --disable-cuda-graph "
+                       "--dp-size 2", gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    assert off.scenario.parallel.attention_data_parallel == 1  # two replicas, not attention DP
+    assert off.scenario.section("sglang").mem_fraction_static == rules.resolve(
+        143155, tp_size=8, decode_graphs=False, prefill_graphs=False).mem_fraction_static
+    assert any(n.startswith("--dp-size 2: 2 replicas") for n in off.notes)
+    assert any(n.startswith("CUDA graphs (decode off, prefill off)") for n in off.notes)
+
+
+@pytest.mark.parametrize(("command", "fix"), [
+    (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype bf16",
+     "--kv-cache-dtype bf16: a bf16 cache, which SGLang decodes with FA3"),
+    (f"{SG} --model-path {DS} --tp 8 --context-length 4096",
+     "sets no --kv-cache-dtype: SGLang's 'auto' keeps a bf16 cache"),
+    (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype auto",
+     "--kv-cache-dtype auto: SGLang's 'auto' keeps a bf16 cache"),
+    (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype fp8",
+     "invalid choice: 'fp8'"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3", "--context-length"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 1.5Ki",
+     "not a count"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
+     "--chunked-prefill-size -1", "chunked prefill off is not modelled"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
+     "--mem-fraction-static 1.2", "--mem-fraction-static 1.2: must be in (0, 1)"),
+    (f"{SG} --model-path {DS} --tp 0 --kv-cache-dtype fp8_e4m3 --context-length 4096",
+     "--tp-size 0: must be at least 1"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
+     "--cuda-graph-max 8", "ambiguous option: --cuda-graph-max"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
+     "--no-such-flag", "unrecognized arguments: --no-such-flag"),
+    (f"{SG} --model-path {DS} --config c.yaml", "--config"),
+    (f"{SG} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096", "names no model"),
+    (f"{SG} --model-path {DS} --tp 6 --kv-cache-dtype fp8_e4m3 --context-length 4096",
+     "python -m sglang.launch_server --tp-size: "),
+    ("sglang serve moonshotai/Kimi-K2-Instruct --tp 8 --kv-cache-dtype fp8_e4m3 "
+     "--context-length 4096", "no DSA indexer"),
+])
+def test_an_sglang_value_it_cannot_take_is_one_line(command, fix):
+    check_bad_input(["scenarios", "--serve", command, "--weights-per-rank", "10GiB"], fix)
+
+
+def test_sglang_dsa_backends_and_blackwell_are_noted():
+    built = from_command(f"sglang serve {DS} --tensor-parallel-size 8 --kv-cache-dtype fp8_e4m3 "
+                         "--context-length 4096 --dsa-decode-backend fa3", gpu_name="B200")
+    assert built.scenario.parallel.tensor_parallel == 8
+    notes = " ".join(built.notes)
+    assert "--dsa-decode-backend fa3: mlamem runs flashmla_kv's" in notes
+    assert "B200: SGLang decodes a DSA model's fp8 cache with trtllm on Blackwell" in notes
+    assert not any(n.startswith("not modelled") for n in built.notes)  # both modelled
+
+
+def test_the_sglang_flag_table_is_the_wheels():
+    """The shipped table is what scripts/sglang_serve_flags.py reads from SGLang 0.5.23's wheel
+    (where the wheel is on this machine)."""
+    wheels = sorted(Path("/work/wheels").glob("sglang-0.5.23-*.whl"))
+    if not wheels:
+        pytest.skip("no sglang-0.5.23 wheel under /work/wheels")
+    spec = importlib.util.spec_from_file_location(
+        "sglang_serve_flags", Path(__file__).parents[1] / "scripts" / "sglang_serve_flags.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert json.loads(json.dumps(script.document(str(wheels[0]))))["flags"] == sglang.FLAGS
+
+
+def test_the_sglang_flag_table_is_sglangs():
+    """Every flag of the table is its own: the modelled ones among them, aliases SGLang gives."""
+    assert set(sglang.MODELLED) <= set(sglang.FLAGS)
+    assert sglang.FLAGS["--tp-size"]["aliases"] == ["--tensor-parallel-size"]
+    assert sglang.FLAGS["--model-path"]["aliases"] == ["--model"]
+    assert sglang.FLAGS["--kv-cache-dtype"]["choices"][:3] == ["auto", "fp8_e5m2", "fp8_e4m3"]
+    assert (sglang.sglang_int("25.6k"), sglang.sglang_int("2Ki"), sglang.sglang_int("7")) == (
+        25600, 2048, 7)
+
+
+def test_scenarios_serve_sglang_runs_in_repro_oom_as_the_shipped_scenario(glm5, tmp_path, capsys):
+    """docs/repro-oom.md's SGLang example as its command: the printed TOML runs in repro-oom
+    --engine sglang and predicts what glm5-fp8-tp8 predicts with the same two flags."""
+    path = tmp_path / "sglang.toml"
+    command = (f"{SG} --model-path {glm5} --tp-size 8 --kv-cache-dtype fp8_e4m3 "
+               "--mem-fraction-static 0.9 --chunked-prefill-size 32768 --context-length 131072")
+    assert main(["scenarios", "--serve", command, "--gpu", "H100 SXM 80GB",
+                 "--weights-per-rank", "40GiB"]) == 0
+    out, err = capsys.readouterr()
+    path.write_text(out)
+    assert "[sglang]" in out and "note: CUDA graphs (decode on, prefill on)" in err
+    ours = _predicted(["-s", str(path), "--engine", "sglang"], capsys)
+    shipped = _predicted(["-s", "glm5-fp8-tp8", "--engine", "sglang", "--mem-fraction-static",
+                          "0.9", "--max-num-batched-tokens", "32768"], capsys)
+    assert ours == shipped
+    assert [case["verdict"] for case in ours] == ["oom", "oom"]
+
+
+_SG_WORDS = ["--tp", "8", "--dp-size", "2", "--attn-dp-size", "4", "--enable-dp-attention",
+             "--context-length", "4k", "1.5Ki", "--kv-cache-dtype", "fp8_e4m3", "bf16",
+             "--page-size", "-1", "--mem-fraction-static", "1", "0.5", "nan",
+             "--chunked-prefill-size", "0", "-1", "--max-running-requests",
+             "--cuda-graph-bs-decode", "--cuda-graph-max-bs-decode", "--disable-cuda-graph",
+             "--cuda-graph-backend-prefill", "disabled", "--port", "=", "''", "--", "--model"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=st.lists(st.sampled_from(_SG_WORDS), max_size=12),
+       program=st.sampled_from([f"{SG} --model-path {DS}", f"sglang serve {DS}"]))
+def test_any_sglang_command_is_a_scenario_or_one_line(words, program):
+    built, message = None, ""
+    try:
+        built = from_command(" ".join([program, "--kv-cache-dtype fp8_e4m3 --context-length 100",
+                                       *words]), gpu_name="H200 SXM 141GB", weights_bytes=10 * GiB)
+    except UserError as error:
+        message = str(error)
+    assert "\n" not in message
+    if built is not None:
+        again = scenario.parse(scenario.to_toml(built.scenario), "again")
+        assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
+
+
+def test_sglang_reads_the_indexer_width_from_the_config(glm5):
+    config = json.loads((glm5 / "config.json").read_text())
+    (glm5 / "config.json").write_text(json.dumps(config | {"index_head_dim": 256}))
+    built = from_command(f"{SG} --model-path {glm5} --tp 8 --kv-cache-dtype fp8_e4m3 "
+                         "--context-length 4096", gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    assert built.scenario.section("sglang").index_head_dim == 256

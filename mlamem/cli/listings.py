@@ -29,8 +29,9 @@ class ListFormat(StrEnum):
 def list_scenarios(
     serve: Annotated[str | None, typer.Option(
         "--serve", help="The command that started the server, quoted: `vllm serve MODEL ...` "
-        "(vLLM 0.33.0's flags) or `trtllm-serve MODEL ...`. Prints the scenario it makes as "
-        "TOML; notes (unmodelled flags, CUDA graphs) go to stderr.")] = None,
+        "(vLLM 0.33.0's flags), `trtllm-serve MODEL ...` or `python -m sglang.launch_server "
+        "--model-path MODEL ...` (SGLang 0.5.23's flags; `sglang serve` too). Prints the "
+        "scenario it makes as TOML; notes (unmodelled flags, CUDA graphs) go to stderr.")] = None,
     model: Annotated[str | None, typer.Option(
         "--model", help="With --serve: the model's Hugging Face config.json, or its folder. "
         "Default: the command's model, a local folder or a shipped model's hub name.")] = None,

@@ -1,9 +1,10 @@
-"""A scenario from the command that started the server: `vllm serve MODEL ...` (vLLM 0.33.0's flags)
-or `trtllm-serve MODEL ...` (TensorRT-LLM's tensorrt_llm/commands/serve.py), with the model's
+"""A scenario from the command that started the server: `vllm serve MODEL ...` (vLLM 0.33.0's flags),
+`trtllm-serve MODEL ...` (TensorRT-LLM's tensorrt_llm/commands/serve.py) or
+`python -m sglang.launch_server ...` / `sglang serve ...` (SGLang 0.5.23's flags), with the model's
 config.json and a GPU by name.
 
 `from_command` splits the command as a shell does, drops `NAME=VALUE` prefixes, parses the flags
-with the engine's own names (serve_command/vllm.py, serve_command/trtllm.py), and builds the
+with the engine's own names (serve_command/vllm.py, trtllm.py, sglang.py), and builds the
 scenario through `scenario.from_dict`, so the scenario model validates it. What the command sets
 that mlamem does not model is named in the notes, never dropped.
 """
@@ -20,7 +21,7 @@ from mlamem.errors import UserError
 from mlamem.models import hf_config
 from mlamem.models.overrides import OVERRIDE_NOTE, config_name, counted_weights, model_table
 from mlamem.models.weights import weights_fit
-from mlamem.serve_command import trtllm, vllm
+from mlamem.serve_command import sglang, trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
 
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
@@ -69,8 +70,13 @@ def parse_command(command: str) -> Parsed:
         return vllm.parse(words[2:])
     if program == "trtllm-serve":
         return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
-    raise UserError(f"expected `vllm serve MODEL ...` or `trtllm-serve MODEL ...`, got "
-                    f"{' '.join(words[:2])!r}", field="serve")
+    if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
+        return sglang.parse(words[3:], sglang.PROGS[0])
+    if program == "sglang" and words[1:2] == ["serve"]:
+        return sglang.parse(words[2:], sglang.PROGS[1])
+    raise UserError(f"expected `vllm serve MODEL ...`, `trtllm-serve MODEL ...`, `python -m "
+                    f"sglang.launch_server ...` or `sglang serve MODEL ...`, got "
+                    f"{' '.join(words[:3])!r}", field="serve")
 
 
 def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelConfig, str]:
@@ -106,6 +112,12 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
 
 def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
     """What the command leaves to the engine and the engine decides by the GPU or the model."""
+    if parsed.engines == ["sglang"]:
+        if not config.has_indexer:
+            raise UserError("the model has no DSA indexer (dense MLA): SGLang runs flashmla_kv, "
+                            "the decode mlamem drives, only for a DSA model", field="model")
+        sglang.fill_defaults(parsed, config, target)
+        return
     if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
         tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
         parsed.serving["max_num_batched_tokens"] = tokens

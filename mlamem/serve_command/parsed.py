@@ -4,7 +4,7 @@ through."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlamem.errors import UserError
 
@@ -26,6 +26,7 @@ class Parsed:
     cuda_graphs: bool
     prog: str
     flags: dict  # a scenario field -> the engine's flag that set it, for validation's errors
+    engine_settings: dict = field(default_factory=dict)  # what only the engine's defaults read
 
 
 class EngineParser(argparse.ArgumentParser):

@@ -1,0 +1,259 @@
+"""`python -m sglang.launch_server ...` (or `sglang serve ...`) as SGLang 0.5.23's parser reads it.
+
+Every flag of SGLang 0.5.23's server is in sglang-0.5.23-flags.json (written from the wheel by
+scripts/sglang_serve_flags.py), with its aliases and choices; prepare_server_args
+(srt/server_args.py) builds a plain argparse parser, so `--x=y` and abbreviations work as there.
+`sglang serve MODEL` takes the model as its first word (cli/serve.py,
+_normalize_positional_model_path) and drops `--model-type` (_extract_model_type_override). The
+flags mlamem models have their types here; any other that the command sets is named in the notes.
+
+The scenario is SGLang's rank (engines/sglang.py): a DSA model's sparse decode over the fp8
+cache (`--kv-cache-dtype fp8_e4m3`), its [sglang] table holding the command's memory flags.
+Defaults follow SGLang 0.5.23: arg_groups/memory_hook.py handle_gpu_memory_settings (the chunked
+prefill size by the GPU's memory, mem_fraction_static by the reserve rule), read from
+engines/sglang_rules.py; arg_groups/parallel_hook.py handle_deprecated_dp_attention
+(`--dp-size N --enable-dp-attention` is `--attn-dp-size N`); arg_groups/cuda_graph_hook.py
+(--disable-cuda-graph turns both phases' graphs off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+from importlib import resources
+
+from mlamem import engine_registry, gpus
+from mlamem.errors import UserError
+from mlamem.models import hf_config
+from mlamem.serve_command.parsed import EngineParser, Parsed
+
+PROGS = ("python -m sglang.launch_server", "sglang serve")
+FLAGS = json.loads(resources.files("mlamem.serve_command").joinpath("sglang-0.5.23-flags.json")
+                   .read_text())["flags"]
+# the page SGLang sets for a DSA model on CUDA, whatever --page-size says: 64 x the indexer's
+# key pooling, 1 for DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py,
+# _deepseek_family_overrides)
+PAGE_SIZE = 64
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def sglang_int(text: str) -> int:
+    """A count as SGLang writes it (utils/common.py, human_readable_int): SI suffixes k, M, G, T
+    (25.6k is 25600), IEC suffixes Ki, Mi, Gi, Ti (1Ki is 1024, no decimals), case-sensitive."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", text.strip())
+    try:
+        if match is None:
+            return int(text.strip())
+        number, suffix = match.groups()
+        if suffix in _IEC:
+            return int(number) * _IEC[suffix]
+        return int(float(number) * _SI[suffix])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 32k or 2Ki") from None
+
+
+# the flags mlamem models: their types (None: a flag without a value, or one whose choices the
+# table holds); dest is the flag without dashes, with underscores
+MODELLED = {"--model-path": str, "--tp-size": int, "--dp-size": int, "--attn-dp-size": int,
+            "--enable-dp-attention": None, "--mem-fraction-static": float,
+            "--chunked-prefill-size": int, "--max-running-requests": int, "--kv-cache-dtype": None,
+            "--context-length": sglang_int, "--page-size": int,
+            "--cuda-graph-max-bs-decode": int, "--cuda-graph-bs-decode": int,
+            "--cuda-graph-backend-decode": None, "--cuda-graph-backend-prefill": None,
+            "--disable-cuda-graph": None, "--disable-decode-cuda-graph": None,
+            "--disable-prefill-cuda-graph": None, "--dsa-decode-backend": None,
+            "--dsa-prefill-backend": None}
+DSA_BACKEND = "flashmla_kv"  # what SGLang picks for a DSA model's fp8 cache on Hopper
+# the scenario's fields as SGLang's flags set them
+FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--attn-dp-size",
+               "max_model_len": "--context-length",
+               "max_num_batched_tokens": "--chunked-prefill-size",
+               "mem_fraction_static": "--mem-fraction-static",
+               "chunked_prefill_size": "--chunked-prefill-size",
+               "max_running_requests": "--max-running-requests"}
+_KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action": "store_true"},
+          "value": {}}
+
+
+def rules():
+    """engines/sglang_rules.py, SGLang's memory rules without torch, reached through the engine
+    registry as the scenario's [sglang] table is (serve_command sits below the engines)."""
+    return importlib.import_module(engine_registry.REGISTRY["sglang"].section.partition(":")[0])
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = EngineParser(prog=prog, add_help=False, allow_abbrev=True)
+    for flag, entry in FLAGS.items():
+        kind = dict(_KINDS[entry["kind"]])
+        for key in ("nargs", "choices"):
+            if entry[key] is not None:
+                kind[key] = entry[key]
+        if MODELLED.get(flag) is not None:
+            kind["type"] = MODELLED[flag]
+        dest = flag.lstrip("-").replace("-", "_")
+        p.add_argument(flag, *entry["aliases"], dest=dest, default=argparse.SUPPRESS, **kind)
+    return p
+
+
+def _cli_words(words: list[str]) -> list[str]:
+    """`sglang serve`'s rewrite: a first word that is no flag is --model-path; --model-type
+    (its backend selector) is dropped, and kept as `--model-type` for the notes."""
+    if words and not words[0].startswith("-"):
+        words = ["--model-path", *words]
+    kept, skip = [], False
+    for index, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word == "--model-type":
+            skip, kept = index + 1 < len(words), [*kept, "--model-type=given"]
+        elif word.startswith("--model-type="):
+            kept.append("--model-type=given")
+        else:
+            kept.append(word)
+    return kept
+
+
+def parse(words: list[str], prog: str) -> Parsed:
+    if any(w == "--config" or w.startswith("--config=") for w in words):
+        raise UserError(f"{prog} --config: a YAML config file is not read here; put its flags on "
+                        "the command", field="serve")
+    model_type = False
+    if prog == "sglang serve":
+        words = _cli_words(words)
+        model_type = "--model-type=given" in words
+        words = [w for w in words if w != "--model-type=given"]
+    given = vars(parser(prog).parse_args(words))
+    model = given.pop("model_path", None)
+    if model is None:
+        raise UserError(f"{prog}: the command names no model (--model-path)", field="serve")
+    unmodelled = sorted({f"--{d.replace('_', '-')}" for d in given
+                         if f"--{d.replace('_', '-')}" not in MODELLED}
+                        | ({"--model-type"} if model_type else set()))
+    tp, attention_dp, replicas = _layout(given, prog)
+    if "context_length" not in given:
+        raise UserError(f"{prog}: the command sets no --context-length, and SGLang's default (the "
+                        "model's config.json) is not read here: add it", field="serve")
+    chunk = given.get("chunked_prefill_size")
+    if chunk is not None and chunk < 0:
+        raise UserError(f"{prog} --chunked-prefill-size {chunk}: chunked prefill off is not "
+                        "modelled (mlamem's step is one chunk); give a chunk size", field="serve")
+    for flag, key in (("--chunked-prefill-size", "chunked_prefill_size"),
+                      ("--max-running-requests", "max_running_requests")):
+        if given.get(key, 1) < 1:
+            raise UserError(f"{prog} {flag} {given[key]}: must be at least 1", field="serve")
+    fraction = given.get("mem_fraction_static")
+    if fraction is not None and not 0 < fraction < 1:
+        raise UserError(f"{prog} --mem-fraction-static {fraction}: must be in (0, 1)",
+                        field="serve")
+    table = {key: given[key] for key in ("mem_fraction_static", "chunked_prefill_size",
+                                         "max_running_requests") if key in given}
+    notes = []
+    if replicas > 1:
+        notes.append(f"--dp-size {replicas}: {replicas} replicas of the model, each on {tp} ranks; "
+                     "one rank is the same in each")
+    page = given.get("page_size", PAGE_SIZE)
+    notes.append(f"block_size {PAGE_SIZE}: the page SGLang sets for a DSA model"
+                 + (f" (it overrides --page-size {page})" if page != PAGE_SIZE else ""))
+    for flag, key in (("--dsa-decode-backend", "dsa_decode_backend"),
+                      ("--dsa-prefill-backend", "dsa_prefill_backend")):
+        if given.get(key, DSA_BACKEND) != DSA_BACKEND:
+            notes.append(f"{flag} {given[key]}: mlamem runs {DSA_BACKEND}'s FlashMLA sparse "
+                         "decode, SGLang's for a DSA model's fp8 cache on Hopper")
+    if unmodelled:
+        notes.insert(0, "not modelled: " + ", ".join(unmodelled))
+    serving = {"max_num_batched_tokens": chunk, "max_model_len": given["context_length"],
+               "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
+               "block_size": PAGE_SIZE}
+    sections = {"sglang": table} if table else {}
+    graphs = _graphs(given)
+    return Parsed(model=model, tensor_parallel=tp, attention_data_parallel=attention_dp, tp=tp,
+                  serving=serving, memory_fraction=given.get("mem_fraction_static", 0.0),
+                  engines=["sglang"], operations=["sparse-decode"], sections=sections,
+                  notes=notes, cuda_graphs=False, prog=prog, flags=FIELD_FLAGS,
+                  engine_settings={"graphs": graphs})
+
+
+def _layout(given: dict, prog: str) -> tuple[int, int, int]:
+    """(tp_size, attention-DP groups, replicas) after handle_deprecated_dp_attention."""
+    tp, dp, attention_dp = (given.get(key, 1) for key in ("tp_size", "dp_size", "attn_dp_size"))
+    for flag, value in (("--tp-size", tp), ("--dp-size", dp), ("--attn-dp-size", attention_dp)):
+        if value < 1:
+            raise UserError(f"{prog} {flag} {value}: must be at least 1", field="serve")
+    if given.get("enable_dp_attention") and attention_dp == 1:
+        attention_dp, dp = dp, 1
+    return tp, attention_dp, dp
+
+
+def _kv_dtype(value: str | None, prog: str) -> str:
+    if value == "fp8_e4m3":
+        return "fp8_ds_mla"  # SGLang's fp8 DSA cache: the fp8_ds_mla token layout
+    why = ("SGLang's 'auto' keeps a bf16 cache for a DSA model on Hopper" if value in (None, "auto")
+           else f"a {value} cache")
+    given = "sets no --kv-cache-dtype" if value is None else f"--kv-cache-dtype {value}"
+    raise UserError(f"{prog} {given}: {why}, which SGLang decodes with FA3 (or "
+                    "another backend than flashmla_kv), and mlamem has no adapter for it; "
+                    "mlamem models SGLang's fp8 DSA cache: use --kv-cache-dtype fp8_e4m3",
+                    field="serve")
+
+
+def _graphs(given: dict) -> dict:
+    """The CUDA-graph settings that size SGLang's reserve, as cuda_graph_hook folds them."""
+    decode = prefill = not given.get("disable_cuda_graph", False)
+    decode = decode and not given.get("disable_decode_cuda_graph", False)
+    prefill = prefill and not given.get("disable_prefill_cuda_graph", False)
+    if "cuda_graph_backend_decode" in given:
+        decode = given["cuda_graph_backend_decode"] != "disabled"
+    if "cuda_graph_backend_prefill" in given:
+        prefill = given["cuda_graph_backend_prefill"] != "disabled"
+    sizes = given.get("cuda_graph_bs_decode")
+    if sizes is not None and min(sizes) < 1:
+        raise UserError(f"--cuda-graph-bs-decode: expected positive batch sizes, got {sizes}",
+                        field="serve")
+    max_bs = max(sizes) if sizes else given.get("cuda_graph_max_bs_decode")
+    if max_bs is not None and max_bs < 1:
+        raise UserError(f"--cuda-graph-max-bs-decode {max_bs}: must be at least 1", field="serve")
+    return {"decode": decode, "prefill": prefill, "max_bs": max_bs}
+
+
+def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
+    """What SGLang decides by the model and the GPU: the indexer's key width, the chunked
+    prefill size and, without --mem-fraction-static, the fraction its reserve rule gives (with
+    the command's CUDA graphs)."""
+    sglang_rules, graphs = rules(), parsed.engine_settings["graphs"]
+    parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
+    if target.name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
+        parsed.notes.append(f"{target.name}: SGLang decodes a DSA model's fp8 cache with trtllm "
+                            f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
+    table = parsed.sections["sglang"]
+    resolved = sglang_rules.resolve(
+        target.memory_mib, tp_size=parsed.tensor_parallel,
+        attn_dp_size=parsed.attention_data_parallel,
+        chunked_prefill_size=table.get("chunked_prefill_size"),
+        cuda_graph_max_bs=graphs["max_bs"],
+        max_running_requests=table.get("max_running_requests"),
+        mem_fraction_static=table.get("mem_fraction_static"),
+        decode_graphs=graphs["decode"], prefill_graphs=graphs["prefill"])
+    if parsed.serving["max_num_batched_tokens"] is None:
+        parsed.serving["max_num_batched_tokens"] = resolved.chunked_prefill_size
+        parsed.notes.append(f"max_num_batched_tokens {resolved.chunked_prefill_size}: SGLang "
+                            f"0.5.23's chunked_prefill_size on the {target.name}")
+    default_graphs = graphs == {"decode": True, "prefill": True, "max_bs": None}
+    if not resolved.fraction_given and not default_graphs:
+        # the [sglang] table has no graph settings: keep the fraction they give
+        table["mem_fraction_static"] = resolved.mem_fraction_static
+        parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang's "
+                            f"reserve rule ({resolved.reserved_mib:g} MiB) on the {target.name} "
+                            "with the command's CUDA graphs")
+    parsed.memory_fraction = resolved.mem_fraction_static
+    parsed.notes.append(f"gpu_memory_utilization {resolved.mem_fraction_static}: SGLang's "
+                        "mem_fraction_static (" + ("given" if resolved.fraction_given else
+                                                   f"its reserve rule, {resolved.reserved_mib:g} "
+                                                   f"MiB, on the {target.name}")
+                        + "); SGLang's rank reads [sglang]")
+    state = ", ".join(f"{phase} {'on' if graphs[phase] else 'off'}" for phase in
+                      ("decode", "prefill"))
+    parsed.notes.append(f"CUDA graphs ({state}): SGLang's are not emulated; they size the "
+                        "reserve only")
