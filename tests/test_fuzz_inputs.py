@@ -120,3 +120,15 @@ def test_diff_snapshots(data):
 def test_diff_results(data):
     _run(lambda f: ["diff", _file(f, "a.json", PROFILE.encode()), _file(f, "b.json", data),
                     "--fail-on-growth", "0B"])
+
+
+CONFIG = (ROOT.parent / "mlamem" / "models" / "glm-5.json").read_text()
+
+
+@FUZZ
+@given(mutated(CONFIG))
+def test_model_config(data):
+    """--model's config.json: random bytes and near-valid JSON (a field cut, a NaN, a list for
+    an object), on a predicted repro-oom, which counts the weights from it."""
+    _run(lambda f: ["repro-oom", "--predict", "--paths", "alloc", "--model",
+                    _file(f, "config.json", data)])

@@ -21,7 +21,8 @@ COMMANDS = {"profile": ["profile", "--predict", "--tokens", "8", "--paths", "all
             "repro-oom": ["repro-oom", "--predict", "--paths", "alloc"],
             "plan": ["plan"],
             "graphs": ["graphs", "--predict", "--capture-sizes", "8", "--paths", "alloc"]}
-BAD = {"--model": ("no-such-folder/config.json", "--model: cannot read no-such-folder/config.json"),
+BAD = {"--model": ("no-such-folder/config.json",
+                   "--model: no-such-folder/config.json: no such model config"),
        "--gpu": ("H300", "--gpu: unknown GPU 'H300'; known: 'H100 SXM 80GB'"),
        "--weights-per-rank": ("40", "--weights-per-rank: '40' has no unit")}
 
@@ -149,5 +150,28 @@ def test_a_config_without_a_field_names_it(tmp_path):
     raw = json.loads((CONFIGS / "glm-5.json").read_text())
     del raw["hidden_size"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    check_bad_input(["plan", "--model", str(tmp_path)], "--model: config.hidden_size: needs a "
-                                                       "non-negative integer, got None")
+    check_bad_input(["plan", "--model", str(tmp_path)], "--model: config.hidden_size: needs an "
+                                                       "integer in 0..2147483647, got None")
+
+
+@pytest.mark.parametrize(("change", "fix"), [
+    ({"quantization_config": 5}, "config.quantization_config: needs a JSON object"),
+    ({"quantization_config": [1]}, "config.quantization_config: needs a JSON object"),
+    ({"model_type": ["glm_moe_dsa"]}, "config.model_type: unknown model_type"),
+    ({"tie_word_embeddings": "yes"}, "config.tie_word_embeddings: needs true or false"),
+    ({"num_hidden_layers": 10**12}, "config.num_hidden_layers: needs an integer in 0..4096"),
+    ({"n_routed_experts": 10**9}, "config.n_routed_experts: needs an integer in 0..65536"),
+    ({"hidden_size": 1 << 40}, "config.hidden_size: needs an integer in 0..2147483647"),
+])
+def test_a_hostile_config_field_is_one_line(tmp_path, change, fix):
+    """A field of the wrong type or an impossible size is one line naming it, before any count
+    (10^12 layers would enumerate 10^12 tensors)."""
+    raw = {**json.loads((CONFIGS / "glm-5.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    check_bad_input(["repro-oom", "--predict", "--model", str(tmp_path)], fix)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"model_type": NaN}', "not json"])
+def test_a_config_that_is_not_one_object_is_one_line(tmp_path, content):
+    (tmp_path / "config.json").write_text(content)
+    check_bad_input(["repro-oom", "--predict", "--model", str(tmp_path)], "--model: ")

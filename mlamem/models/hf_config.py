@@ -72,17 +72,24 @@ class ModelConfig:
         return self.indexer_layers is None or i >= len(self.indexer_layers) or self.indexer_layers[i]
 
 
+# the largest value a config's count may take: the layer and expert counts bound the tensors the
+# count enumerates, the rest fit the int32 an engine keeps them in
+_LARGEST = {"num_hidden_layers": 4096, "n_routed_experts": 65536, "num_nextn_predict_layers": 64}
+_INT32 = (1 << 31) - 1
+
+
 def _int(raw: dict, name: str) -> int:
     value = raw.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise UserError(f"needs a non-negative integer, got {value!r}", field=f"config.{name}")
+    largest = _LARGEST.get(name, _INT32)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= largest:
+        raise UserError(f"needs an integer in 0..{largest}, got {value!r}", field=f"config.{name}")
     return value
 
 
 def parse_config(raw: dict) -> ModelConfig:
     """The fields mlamem reads; an unknown model_type or a missing field is one error naming it."""
     model_type = raw.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise UserError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}",
                         field="config.model_type")
     fields = {name: _int(raw, name) for name in _INTS}
@@ -92,7 +99,10 @@ def parse_config(raw: dict) -> ModelConfig:
     for name in ("moe_layer_freq", "num_nextn_predict_layers"):
         if name in raw:
             fields[name] = _int(raw, name)
-    return ModelConfig(model_type=model_type, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    tied = raw.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise UserError(f"needs true or false, got {tied!r}", field="config.tie_word_embeddings")
+    return ModelConfig(model_type=model_type, tie_word_embeddings=tied,
                        fp8_block=_fp8_block(raw.get("quantization_config")), **fields)
 
 
@@ -108,6 +118,8 @@ def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:
 def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
     if quant is None:
         return None
+    if not isinstance(quant, dict):
+        raise UserError(f"needs a JSON object, got {quant!r}", field="config.quantization_config")
     if quant.get("quant_method") != "fp8":
         raise UserError(f"quant_method {quant.get('quant_method')!r} is not modelled; mlamem reads block fp8",
                         field="config.quantization_config.quant_method")
@@ -120,13 +132,19 @@ def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
 
 def load_config(path: str | Path) -> ModelConfig:
     """config.json, or a folder holding one."""
+    from mlamem.files import loads_json, read_text
+
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    text = read_text(path, "model config (a Hugging Face config.json)", field="model")
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise UserError(f"cannot read {path}: {error}", field="model") from None
+        raw = loads_json(text)
+    except ValueError as error:  # a decode error, or NaN/Infinity
+        raise UserError(f"{path}: not a config.json ({error})", field="model") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a config.json holds one JSON object, not a "
+                        f"{type(raw).__name__}", field="model")
     return parse_config(raw)
 
 
