@@ -153,7 +153,7 @@ class ReproSection(Section):
 
     def body(self, r: ReproResult, figure, tag: str) -> list[str]:
         lines = [render.repro_markdown(r)]
-        if load_engine(r.engine).view.budget_plot:  # vLLM's figures, one bar per path
+        if load_engine(r.engine).view.budget_plot:  # the engine's segments, one bar per case
             lines += figure("budget", f"Memory budget per path{tag}",
                             lambda plots: plots.repro_budget(r))
         return lines
