@@ -7,6 +7,8 @@ have their types here; any other that the command sets is named in the notes.
 Defaults follow vLLM 0.33.0: engine/arg_utils.py EngineArgs.get_batch_defaults (max_num_seqs and
 max_num_batched_tokens by the GPU's memory), config/vllm.py VllmConfig.__post_init__
 (--enforce-eager sets cudagraph_mode NONE).
+A DSA model's scenario drives vLLM's sparse MLA (FLASHMLA_SPARSE, the fp8_ds_mla cache); a dense-MLA
+model's (Kimi-K2) drives FlashMLA's dense decode (FLASHMLA, a bf16 or fp8 cache): `for_model`.
 """
 
 from __future__ import annotations
