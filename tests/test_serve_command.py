@@ -255,12 +255,14 @@ _WORDS = ["-tp", "8", "-dp", "2", "--enable-expert-parallel", "--max-model-len",
           '{"num_speculative_tokens": "x"}', "[1]", "--kv-cache-dtype", "fp8", "auto", "--block-size",
           "-1", "--max-num-seqs", "0", "--gpu-memory-utilization", "nan", "--enforce-eager",
           "--cudagraph-capture-sizes", "0", "--no-enforce-eager", "--port", "=", "''", "--",
-          "--max-num-batched-tokens", "1e9", "--kv-cache-memory-bytes", "1G", "--model"]
+          "--max-num-batched-tokens", "1e9", "--kv-cache-memory-bytes", "1G", "--model",
+          "bfloat16", "fp8_e4m3", "64", "--dtype", "half"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(words=st.lists(st.sampled_from(_WORDS), max_size=12),
-       engine=st.sampled_from([f"vllm serve {DS}", f"trtllm-serve {DS} --max_seq_len 100"]))
+       engine=st.sampled_from([f"vllm serve {DS}", f"trtllm-serve {DS} --max_seq_len 100",
+                               "vllm serve moonshotai/Kimi-K2-Instruct"]))
 def test_any_command_is_a_scenario_or_one_line(words, engine):
     """Commands made of the modelled flags and odd values: a scenario, or a UserError."""
     built, message = None, ""
@@ -355,6 +357,8 @@ def test_a_kimi_k2_cache_dtype_and_vllms_default_batch(kv, cache, size):
      "--block-size 16: FlashMLA's dense decode reads 64-token pages"),
     (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --max-num-seqs 0",
      "vllm serve --max-num-seqs: "),
+    (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --dtype half",
+     "--dtype half: with --kv-cache-dtype auto the cache takes the model's dtype"),
 ])
 def test_a_kimi_k2_value_it_cannot_take_is_one_line(command, fix):
     extra = [] if "-dp 4" in command else ["--weights-per-rank", "40GiB"]

@@ -148,7 +148,7 @@ def parse(words: list[str]):
                   cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS,
                   engine_settings={key: given.get(key) for key in
                                    ("kv_cache_dtype", "attention_backend", "block_size",
-                                    "max_num_seqs")})
+                                    "max_num_seqs", "dtype")})
 
 
 def for_model(parsed: Parsed, dense: bool) -> None:
@@ -172,6 +172,10 @@ def for_model(parsed: Parsed, dense: bool) -> None:
                         "reads 64-token pages (FlashMLABackend.get_supported_kernel_block_sizes); "
                         "vLLM runs another backend at that size: use 64, or leave it out",
                         field="serve")
+    if kv == "auto" and given["dtype"] not in (None, "auto", "bfloat16"):
+        raise UserError(f"{PROG} --dtype {given['dtype']}: with --kv-cache-dtype auto the cache "
+                        "takes the model's dtype, and mlamem models a bf16 or fp8 cache: use "
+                        "--dtype bfloat16, or --kv-cache-dtype bfloat16 or fp8", field="serve")
     cache = DENSE_KV_DTYPES[kv]
     parsed.serving["kv_cache_dtype"] = cache
     parsed.operations = ["dense-decode"]
