@@ -255,12 +255,14 @@ _WORDS = ["-tp", "8", "-dp", "2", "--enable-expert-parallel", "--max-model-len",
           '{"num_speculative_tokens": "x"}', "[1]", "--kv-cache-dtype", "fp8", "auto", "--block-size",
           "-1", "--max-num-seqs", "0", "--gpu-memory-utilization", "nan", "--enforce-eager",
           "--cudagraph-capture-sizes", "0", "--no-enforce-eager", "--port", "=", "''", "--",
-          "--max-num-batched-tokens", "1e9", "--kv-cache-memory-bytes", "1G", "--model"]
+          "--max-num-batched-tokens", "1e9", "--kv-cache-memory-bytes", "1G", "--model",
+          "bfloat16", "fp8_e4m3", "64", "--dtype", "half"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(words=st.lists(st.sampled_from(_WORDS), max_size=12),
-       engine=st.sampled_from([f"vllm serve {DS}", f"trtllm-serve {DS} --max_seq_len 100"]))
+       engine=st.sampled_from([f"vllm serve {DS}", f"trtllm-serve {DS} --max_seq_len 100",
+                               "vllm serve moonshotai/Kimi-K2-Instruct"]))
 def test_any_command_is_a_scenario_or_one_line(words, engine):
     """Commands made of the modelled flags and odd values: a scenario, or a UserError."""
     built, message = None, ""
@@ -279,17 +281,144 @@ def test_any_command_is_a_scenario_or_one_line(words, engine):
                                                            ("deepseek-ai/DeepSeek-V3.2", 128, 61)])
 def test_a_shipped_models_hub_name_uses_its_config(hub_name, heads, layers):
     """The README tour's command names the model by its hub name: the shipped config is read
-    (GLM-5: 64 heads, 78 layers). Kimi-K2's hub name reads its config too, and is refused as a
-    dense-MLA model a serve command does not build yet."""
+    (GLM-5: 64 heads, 78 layers). Kimi-K2's hub name reads its config too, a dense-MLA model
+    whose scenario drives the dense decode."""
     built = from_command(f"vllm serve {hub_name} -tp 8 --kv-cache-dtype fp8_ds_mla "
                          "--max-model-len 131072", gpu_name="H200 SXM 141GB",
                          weights_bytes=40 * GiB)
     model = built.scenario.model
     assert (model.num_attention_heads, model.num_layers) == (heads, layers)
-    if hub_name.startswith("zai-org"):
-        with pytest.raises(UserError, match="no DSA indexer"):
-            from_command("vllm serve moonshotai/Kimi-K2-Instruct -tp 4 --max-model-len 8192 "
-                         "--kv-cache-dtype fp8", gpu_name="H200 SXM 141GB", weights_bytes=GiB)
+    kimi = from_command("vllm serve moonshotai/Kimi-K2-Instruct -tp 4 --max-model-len 8192 "
+                        "--kv-cache-dtype fp8", gpu_name="H200 SXM 141GB", weights_bytes=GiB)
+    assert (kimi.scenario.model.num_layers, kimi.scenario.operations) == (61, ("dense-decode",))
+
+
+KIMI = "moonshotai/Kimi-K2-Instruct"
+# the shipped kimi-k2-dense-fp8-tp4-dp as a vLLM command: 4 ranks of attention-DP with EP
+KIMI_FP8 = (f"vllm serve {KIMI} -dp 4 --enable-expert-parallel --max-num-seqs 256 "
+            "--max-num-batched-tokens 32768 --max-model-len 131072 --kv-cache-dtype fp8 "
+            "--gpu-memory-utilization 0.9 --attention-backend FLASHMLA")
+
+
+def test_a_kimi_k2_command_field_by_field():
+    """A dense-MLA model: vLLM's dense decode, --max-num-seqs requests at --max-model-len, the
+    cache vLLM's auto keeps (bf16), attention-DP over -dp."""
+    built = from_command(f"vllm serve {KIMI} -dp 4 --enable-expert-parallel --max-model-len 128K "
+                         "--max-num-seqs 128 --port 8000", gpu_name="H200 SXM 141GB",
+                         weights_bytes=60 * GiB)
+    s = built.scenario
+    assert (s.operations, s.engines) == (("dense-decode",), ("vllm",))
+    assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (4, 4)
+    assert s.heads_per_rank == 64 and s.parallel.weights_gib_per_rank == 60.0
+    m = s.model
+    assert (m.name, m.num_attention_heads, m.num_layers, m.kv_lora_rank, m.qk_rope_head_dim,
+            m.qk_nope_head_dim, m.v_head_dim, m.index_topk, m.hidden_size) == (
+        "Kimi-K2-Instruct FP8", 64, 61, 512, 64, 128, 128, None, 7168)
+    v = s.serving
+    assert (v.max_num_batched_tokens, v.max_model_len, v.kv_cache_dtype, v.block_size,
+            v.max_batch_size, v.decode_context_len, v.synthetic_topk) == (
+        8192, 131072, "bf16", 64, 128, 131072, None)
+    assert s.kv_cache_bytes_per_token_per_layer == 1152
+    assert s.section("vllm").max_num_seqs == 128
+    assert s.gpu.gpu_memory_utilization == 0.92  # vLLM 0.33.0's default
+    notes = " | ".join(built.notes)
+    assert "not modelled: --port" in notes and "vLLM's auto keeps the model's dtype" in notes
+    assert "picks FLASH_ATTN_MLA (FA3) first for a bf16 cache on Hopper" in notes
+    assert "decode_context_len 131072: --max-model-len" in notes
+
+
+@pytest.mark.parametrize(("kv", "cache", "size"), [("fp8", "fp8", 576), ("fp8_e4m3", "fp8", 576),
+                                                   ("bfloat16", "bf16", 1152)])
+def test_a_kimi_k2_cache_dtype_and_vllms_default_batch(kv, cache, size):
+    """fp8 is fp8_e4m3, 576 B per token per layer; without --max-num-seqs the batch is vLLM's
+    default max_num_seqs on the GPU (1024 on an H200, 256 on an A100)."""
+    for gpu, seqs in (("H200 SXM 141GB", 1024), ("A100 80GB", 256)):
+        built = from_command(f"vllm serve {KIMI} -tp 4 --max-model-len 32768 --kv-cache-dtype "
+                             f"{kv}", gpu_name=gpu, weights_bytes=40 * GiB)
+        s = built.scenario
+        assert (s.serving.kv_cache_dtype, s.kv_cache_bytes_per_token_per_layer) == (cache, size)
+        assert (s.serving.max_batch_size, s.section("vllm").max_num_seqs) == (seqs, seqs)
+        assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (4, 1)
+        assert s.heads_per_rank == 16
+        assert any(n.startswith(f"max_batch_size {seqs}: vLLM 0.33.0's max_num_seqs default")
+                   for n in built.notes)
+        assert ("FLASH_ATTN_MLA" in " ".join(built.notes)) == (cache == "bf16")
+
+
+@pytest.mark.parametrize(("command", "fix"), [
+    (f"vllm serve {KIMI} -dp 4 --enable-expert-parallel --max-model-len 131072",
+     "Kimi-K2-Instruct's weights are 249.6 GiB per rank at TP4 with attention-DP 4, more than "
+     "the H200 SXM 141GB's 139.8 GiB: serve on more ranks, or give the weights per rank"),
+    (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8_ds_mla",
+     "--kv-cache-dtype fp8_ds_mla: mlamem models the plain bf16 or fp8 cache"),
+    (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8_e5m2",
+     "use one of auto, bfloat16, fp8, fp8_e4m3"),
+    (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --block-size 16",
+     "--block-size 16: FlashMLA's dense decode reads 64-token pages"),
+    (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --max-num-seqs 0",
+     "vllm serve --max-num-seqs: "),
+    (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --dtype half",
+     "--dtype half: with --kv-cache-dtype auto the cache takes the model's dtype"),
+])
+def test_a_kimi_k2_value_it_cannot_take_is_one_line(command, fix):
+    extra = [] if "-dp 4" in command else ["--weights-per-rank", "40GiB"]
+    check_bad_input(["scenarios", "--serve", command, *extra], fix)
+
+
+def test_scenarios_serve_kimi_k2_loads_back_equal_and_profiles_the_dense_decode(tmp_path,
+                                                                                capsys):
+    command = f"vllm serve {KIMI} -dp 4 --enable-expert-parallel --max-model-len 131072"
+    assert main(["scenarios", "--serve", command, "--weights-per-rank", "60GiB"]) == 0
+    out, err = capsys.readouterr()
+    path = tmp_path / "kimi.toml"
+    path.write_text(out)
+    built = from_command(command, gpu_name="H200 SXM 141GB", weights_bytes=60 * GiB)
+    assert scenario.to_dict(scenario.load(str(path))) == scenario.to_dict(built.scenario)
+    assert "note: decode_context_len 131072" in err
+    assert main(["profile", "--op", "dense-decode", "-s", str(path), "--predict", "--format",
+                 "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {(r["requests"], r["kv_tokens"]) for r in rows} == {
+        (b, 131072) for b in (16, 64, 128, 256)}
+    assert all(not r["oom"] and r["peak_allocated_bytes"] > 0 for r in rows)
+
+
+def _flat(table: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in table.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+                    else {prefix + key: value})
+    return flat
+
+
+def test_a_command_like_kimi_k2_dense_fp8_tp4_dp_differs_in_what_it_lists(tmp_path, capsys):
+    """Every field that differs from the shipped scenario, listed; the words aside, the
+    command's context (its --max-model-len, not the shipped 8192) and its [vllm] table, where
+    the shipped file keeps vLLM's default max_num_seqs 1024 beside max_batch_size 256."""
+    built = from_command(KIMI_FP8, gpu_name="H200 SXM 141GB", weights_bytes=60 * GiB)
+    ours = _flat(scenario.to_dict(built.scenario))
+    shipped = _flat(scenario.to_dict(scenario.load("kimi-k2-dense-fp8-tp4-dp")))
+    differ = {k: (ours.get(k), shipped.get(k)) for k in ours.keys() | shipped.keys()
+              if ours.get(k) != shipped.get(k)}
+    words = ("name", "description", "model.name", "parallel.weights_note")
+    assert sorted(differ) == sorted([*words, "serving.decode_context_len", "vllm.max_num_seqs",
+                                     "vllm.cudagraph_mode", "vllm.num_speculative_tokens"])
+    assert differ["serving.decode_context_len"] == (131072, 8192)
+    assert differ["vllm.max_num_seqs"] == (256, None)
+    assert (differ["vllm.cudagraph_mode"], differ["vllm.num_speculative_tokens"]) == (
+        ("FULL_AND_PIECEWISE", None), (0, None))  # vLLM's defaults, written out
+    assert scenario.load("kimi-k2-dense-fp8-tp4-dp").section("vllm").max_num_seqs == 1024
+    # at the shipped context the dense decode predicts the same peaks
+    path = tmp_path / "kimi-fp8.toml"
+    path.write_text(scenario.to_toml(built.scenario))
+    peaks = []
+    for source in (str(path), "kimi-k2-dense-fp8-tp4-dp"):
+        assert main(["profile", "--op", "dense-decode", "-s", source, "--predict",
+                     "--context-len", "8192", "--format", "json"]) == 0
+        peaks.append([(r["requests"], r["path"], r["peak_allocated_bytes"],
+                       r["peak_reserved_bytes"]) for r in
+                      json.loads(capsys.readouterr().out)["rows"]])
+    assert peaks[0] == peaks[1] and len(peaks[0]) == 8
 
 
 SG = "python -m sglang.launch_server"

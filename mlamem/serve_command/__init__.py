@@ -118,8 +118,8 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
                             "the decode mlamem drives, only for a DSA model", field="model")
         sglang.fill_defaults(parsed, config, target)
         return
+    tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
     if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
-        tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
         parsed.serving["max_num_batched_tokens"] = tokens
         parsed.notes.append(f"max_num_batched_tokens {tokens}: vLLM 0.33.0's default on the "
                             f"{target.name}")
@@ -127,14 +127,26 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
             parsed.sections.setdefault("vllm", {})["max_num_seqs"] = seqs
     if config.has_indexer:
         return
-    if "trtllm-context-reuse" not in parsed.engines:
-        raise UserError("the model has no DSA indexer (dense MLA): a scenario for vLLM's dense "
-                        "decode is not built from a serve command yet; write its TOML",
-                        field="model")
-    parsed.serving["synthetic_topk"] = 2048
-    parsed.notes.append("synthetic_topk 2048: drives vLLM's sparse decode beside TensorRT-LLM on "
-                        "this dense model, as kimi-k2-context-reuse does")
+    if "trtllm-context-reuse" in parsed.engines:
+        parsed.serving["synthetic_topk"] = 2048
+        parsed.notes.append("synthetic_topk 2048: drives vLLM's sparse decode beside TensorRT-LLM "
+                            "on this dense model, as kimi-k2-context-reuse does")
+        return
+    _dense_decode_batch(parsed, seqs, target)
 
+
+def _dense_decode_batch(parsed: Parsed, default_seqs: int, target: gpus.GPU) -> None:
+    """vLLM's dense decode step: --max-num-seqs requests (vLLM's default by the GPU), each at
+    the longest context vLLM admits."""
+    given = parsed.engine_settings["max_num_seqs"]  # --max-num-seqs
+    parsed.serving["max_batch_size"] = default_seqs if given is None else given
+    if given is None:
+        parsed.notes.append(f"max_batch_size {default_seqs}: vLLM 0.33.0's max_num_seqs default "
+                            f"on the {target.name} (EngineArgs.get_batch_defaults)")
+    parsed.serving["decode_context_len"] = parsed.serving["max_model_len"]
+    parsed.notes.append(f"decode_context_len {parsed.serving['max_model_len']}: --max-model-len, "
+                        "the longest context vLLM admits per request (the synthetic batch's worst "
+                        "case; profile --context-len takes a shorter one)")
 
 def from_command(command: str, *, gpu_name: str, model: str | None = None,
                  weights_bytes: int | None = None) -> Built:
@@ -142,6 +154,8 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     target = gpus.gpu(gpu_name)
     parsed = parse_command(command)
     config, name = model_config(parsed.model, model)
+    if parsed.engines == ["vllm"]:
+        vllm.for_model(parsed, dense=not config.has_indexer)
     gib, note = weights(config, name, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

@@ -7,6 +7,8 @@ have their types here; any other that the command sets is named in the notes.
 Defaults follow vLLM 0.33.0: engine/arg_utils.py EngineArgs.get_batch_defaults (max_num_seqs and
 max_num_batched_tokens by the GPU's memory), config/vllm.py VllmConfig.__post_init__
 (--enforce-eager sets cudagraph_mode NONE).
+A DSA model's scenario drives vLLM's sparse MLA (FLASHMLA_SPARSE, the fp8_ds_mla cache); a dense-MLA
+model's (Kimi-K2) drives FlashMLA's dense decode (FLASHMLA, a bf16 or fp8 cache): `for_model`.
 """
 
 from __future__ import annotations
@@ -73,12 +75,17 @@ FIELD_FLAGS = {"tensor_parallel": "--tensor-parallel-size",
                "max_num_batched_tokens": "--max-num-batched-tokens",
                "max_model_len": "--max-model-len", "block_size": "--block-size",
                "gpu_memory_utilization": "--gpu-memory-utilization",
-               "max_num_seqs": "--max-num-seqs",
+               "max_num_seqs": "--max-num-seqs", "max_batch_size": "--max-num-seqs",
+               "decode_context_len": "--max-model-len",
                "max_cudagraph_capture_size": "--max-cudagraph-capture-size",
                "num_speculative_tokens": "--speculative-config",
                "cudagraph_mode": "--compilation-config"}
 # vLLM's kv-cache dtypes that mlamem's sparse decode reads, as mlamem names the cache
 KV_DTYPES = {"fp8_ds_mla": "fp8_ds_mla", "fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla"}
+# ... and those its dense decode reads (a dense-MLA model): "auto" keeps the model's dtype
+# (utils/torch_utils.py kv_cache_dtype_str_to_dtype), bf16 for these checkpoints; "fp8" is
+# fp8_e4m3 (STR_DTYPE_TO_TORCH_DTYPE), 576 B per token per layer
+DENSE_KV_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8"}
 _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action": "store_true"},
           "optional": {"nargs": "?"}, "list": {"nargs": "+"}, "value": {}}
 
@@ -123,7 +130,7 @@ def parse(words: list[str]):
     sections, graphs, notes = _vllm_section(given)
     serving = {"max_num_batched_tokens": given.get("max_num_batched_tokens"),
                "max_model_len": given["max_model_len"],
-               "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype")),
+               "kv_cache_dtype": None,  # by the model: for_model
                "block_size": given.get("block_size", 64)}
     if "gpu_memory_utilization" not in given:
         notes.append(f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION}: vLLM 0.33.0's default")
@@ -132,17 +139,56 @@ def parse(words: list[str]):
     if given.get("enable_expert_parallel"):
         notes.append(f"--enable-expert-parallel: the routed experts' bytes split over the "
                      f"{tp * dp} ranks as without it (whole experts instead of slices)")
-    backend = given.get("attention_backend")
-    if backend not in (None, "FLASHMLA_SPARSE"):
-        notes.append(f"--attention-backend {backend}: mlamem runs FlashMLA's sparse kernels "
-                     "(FLASHMLA_SPARSE) for this model")
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
     fraction = given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
     return Parsed(model=model, tensor_parallel=tp * dp, attention_data_parallel=dp, tp=tp,
                   serving=serving, memory_fraction=fraction, engines=["vllm"],
                   operations=["sparse-decode", "sparse-prefill"], sections=sections, notes=notes,
-                  cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS)
+                  cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS,
+                  engine_settings={key: given.get(key) for key in
+                                   ("kv_cache_dtype", "attention_backend", "block_size",
+                                    "max_num_seqs", "dtype")})
+
+
+def for_model(parsed: Parsed, dense: bool) -> None:
+    """The cache, the operations and the backend's note, by the model: vLLM's sparse MLA
+    (FLASHMLA_SPARSE, fp8_ds_mla) for a DSA model, its dense MLA decode for a dense one."""
+    given = parsed.engine_settings
+    backend = given["attention_backend"]
+    if not dense:
+        parsed.serving["kv_cache_dtype"] = _kv_dtype(given["kv_cache_dtype"])
+        if backend not in (None, "FLASHMLA_SPARSE"):
+            parsed.notes.append(f"--attention-backend {backend}: mlamem runs FlashMLA's sparse "
+                                "kernels (FLASHMLA_SPARSE) for this model")
+        return
+    kv = given["kv_cache_dtype"] or "auto"
+    if kv not in DENSE_KV_DTYPES:
+        raise UserError(f"{PROG} --kv-cache-dtype {kv}: mlamem models the plain bf16 or fp8 "
+                        "cache of vLLM's dense MLA (FlashMLA's dense decode); use one of "
+                        f"{', '.join(DENSE_KV_DTYPES)}", field="serve")
+    if given["block_size"] not in (None, 64):
+        raise UserError(f"{PROG} --block-size {given['block_size']}: FlashMLA's dense decode "
+                        "reads 64-token pages (FlashMLABackend.get_supported_kernel_block_sizes); "
+                        "vLLM runs another backend at that size: use 64, or leave it out",
+                        field="serve")
+    if kv == "auto" and given["dtype"] not in (None, "auto", "bfloat16"):
+        raise UserError(f"{PROG} --dtype {given['dtype']}: with --kv-cache-dtype auto the cache "
+                        "takes the model's dtype, and mlamem models a bf16 or fp8 cache: use "
+                        "--dtype bfloat16, or --kv-cache-dtype bfloat16 or fp8", field="serve")
+    cache = DENSE_KV_DTYPES[kv]
+    parsed.serving["kv_cache_dtype"] = cache
+    parsed.operations = ["dense-decode"]
+    if given["kv_cache_dtype"] is None or kv == "auto":
+        parsed.notes.append("kv_cache_dtype bf16: vLLM's auto keeps the model's dtype (bf16 for "
+                            "this checkpoint)")
+    if backend is None and cache == "bf16":  # platforms/cuda.py _get_backend_priorities, SM90
+        parsed.notes.append("attention backend: vLLM 0.33.0 picks FLASH_ATTN_MLA (FA3) first for "
+                            "a bf16 cache on Hopper; mlamem drives FlashMLA's dense decode, as "
+                            "--attention-backend FLASHMLA runs it")
+    elif backend not in (None, "FLASHMLA"):
+        parsed.notes.append(f"--attention-backend {backend}: mlamem drives FlashMLA's dense "
+                            "decode (FLASHMLA) for this model")
 
 
 def _kv_dtype(value: str | None) -> str:
