@@ -17,6 +17,7 @@ not depend on.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 SCHEMA = "mlamem.explain/1"
 LINEAR_TOKENS = 1024  # T searched one by one; above it, by bisection on the largest buffer
 MAX_TOKENS = 1 << 20  # the largest T searched
+EITHER_PATH = "alloc or workspace"  # a call both paths allocate alike (no q to pad, no out=)
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class Shape:
 
     op: str
     kernel: str
-    path: str  # "alloc" (with its padded q) or "workspace"
+    path: str  # "alloc" (with its padded q), "workspace" or EITHER_PATH
     heads: int  # padded heads (q's heads as the kernel sees them)
     sizes: Callable[[int], tuple[tuple[str, int], ...]]  # rows -> (buffer, bytes) in order
 
@@ -150,7 +152,7 @@ class CallMatch:
 
     allocations: list[Allocation]
     names: list[str]
-    path: str  # "alloc" or "workspace"
+    path: str  # "alloc", "workspace" or EITHER_PATH
     candidates: list[tuple[str, str, int, int]] = field(default_factory=list)  # (op, kernel, rows, heads)
 
 
@@ -159,12 +161,13 @@ def shapes(scenario: Scenario, kernels: list[tuple[str, KernelContract]],
     """Each kernel that runs `op`, on the workspace path and the alloc path, at each head
     count: `heads` (the scenario's, q at its heads per rank), else every head count it runs
     (q padded from fewer heads, and q at the padded heads). Where both paths allocate the same
-    buffers (a kernel with no out= and no q to pad) the call is the workspace path's."""
+    buffers (a kernel with no out= and no q to pad) the call is either's (EITHER_PATH)."""
     from mlamem.attribution import expected_buffers
     from mlamem.operations import kv_format, problem_for
     from mlamem.paths import plan
 
-    found, seen = [], set()
+    found: list[Shape] = []
+    seen: dict[tuple, int] = {}  # (kernel, heads, buffer names) -> its index in found
     for name, kernel in kernels:
         if op not in kernel.operations:
             continue
@@ -184,10 +187,14 @@ def shapes(scenario: Scenario, kernels: list[tuple[str, KernelContract]],
                                      for e in expected_buffers(wrapper, spec, staged))
 
                     names = tuple(n for n, _ in sizes(1))
-                    if (name, count, names) not in seen:
-                        seen.add((name, count, names))
-                        found.append(Shape(op, name, path, count,
-                                           functools.lru_cache(maxsize=None)(sizes)))
+                    if (name, count, names) in seen:  # both paths allocate these buffers
+                        i = seen[(name, count, names)]
+                        if found[i].path != path:
+                            found[i] = dataclasses.replace(found[i], path=EITHER_PATH)
+                        continue
+                    seen[(name, count, names)] = len(found)
+                    found.append(Shape(op, name, path, count,
+                                       functools.lru_cache(maxsize=None)(sizes)))
     return found
 
 
@@ -246,6 +253,8 @@ def find_calls(allocations: list[Allocation], candidates: list[Shape]) -> list[C
                 if key not in matches:
                     matches[key] = CallMatch(allocations[key[0]:key[1]],
                                              [n for n, _ in expected], shape.path)
+                if matches[key].path != shape.path:  # another kernel's, or heads', other path
+                    matches[key].path = EITHER_PATH
                 if (shape.op, shape.kernel, t, shape.heads) not in matches[key].candidates:
                     matches[key].candidates.append((shape.op, shape.kernel, t, shape.heads))
     return _outermost(matches)

@@ -928,7 +928,9 @@ class FoundCall(Model):
     op: str | None = Field(
         default=None, description="the operation whose allocations it matches (null: sparse-decode)")
     kernels: list[str] = Field(description="the kernels whose allocations it matches")
-    path: str = Field(description="`alloc` (its padded q allocated just before) or `workspace`")
+    path: str = Field(
+        description="`alloc` (its padded q allocated just before), `workspace`, or `alloc or workspace` "
+        "where both paths allocate the same buffers (no q to pad, no out= to stage)")
     implied: list[ImpliedShape] = Field(description="every (T, heads) its bytes fit")
     ambiguous: bool = Field(
         description="more than one (T, heads) fits: bytes fix only T × heads; `--scenario` fixes the heads")
