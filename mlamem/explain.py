@@ -304,6 +304,7 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     `scenario` (as given: `scenario_source`) gives the call's dimensions and, when
     `scenario_given`, its head count."""
     from mlamem import environment
+    from mlamem.operations import operation_names
 
     data, events, device = load(path)
     peak = replay(events) or segment_peak(data["segments"])
@@ -321,6 +322,10 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     calls = find_calls(trace_allocations(events), candidates)
     notes = [f"event {i}: out of memory asking for {e['size']} bytes"
              for i, e in enumerate(events) if e["action"] == "oom"]
+    skipped = [op for op in operation_names() if op not in ops]
+    if skipped:
+        notes.append(f"scenario {scenario.name} does not drive {', '.join(skipped)}: no calls "
+                     "of it were looked for (give a scenario that drives it, or none)")
     if peak.source == "segments":
         notes.append("the snapshot has no trace: the peak is what its segments hold, with no "
                      "calls to find")

@@ -191,3 +191,11 @@ def test_a_sparse_prefill_snapshot_gives_each_call_its_tokens(tmp_path, capsys):
         assert f"--op sparse-prefill --tokens {s_q} " in call["saving"]["command"]
     assert main(["explain", str(shot), "-s", "glm5-fp8-tp8", "--format", "markdown"]) == 0
     assert "| sparse-prefill |" in capsys.readouterr().out
+
+
+def test_a_scenario_looks_for_the_operations_it_drives_only(capsys):
+    """The H200 fixture's sparse decode under a dense-decode scenario: no call found, and a note
+    says which operations were not looked for."""
+    doc = _explain(capsys, FIXTURE, "-s", "kimi-k2-dense-tp4-dp")
+    assert doc["calls"] == []
+    assert any("does not drive sparse-decode, sparse-prefill" in n for n in doc["notes"])
