@@ -4,15 +4,20 @@ and by segment), the MLA kernel calls in it and what the workspace path would sa
 The peak replays the device trace (alloc, free_completed; an address allocated again was freed
 where the trace lost the free); without a trace it is what the segments hold. A call is a run of
 consecutive allocations whose sizes are a kernel's allocation spec (`allocations(problem,
-sm_count)`, the adapter's own) at some T and head count, in its order, the alloc path's padded q
-just before it where the path allocated one. Bytes fix only T x heads for T above the SM count
+sm_count)`, the adapter's own) for one of the registered operations (mlamem.operations) at some
+rows (T, requests b or s_q) and head count, in its order, the alloc path's padded (or fp8) q just
+before it where the path allocated one. Bytes fix only rows x heads for rows above the SM count
 (T=8192 at 64 heads allocates what T=4096 at 128 does): without a scenario every head count the
-kernel runs is tried, and a call matching more than one is ambiguous.
+kernel runs is tried, and a call matching more than one is ambiguous. Each operation is matched
+at the scenario's dimensions where the scenario drives it, else (no scenario given) at its own
+default scenario's; a dense decode's context length is the scenario's, which its allocations do
+not depend on.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +27,6 @@ from typing import TYPE_CHECKING
 from mlamem import snapshot
 from mlamem.allocator import round_size
 from mlamem.frames import frame_label
-from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.paths import wrapper_allocations
 
 if TYPE_CHECKING:
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 SCHEMA = "mlamem.explain/1"
 LINEAR_TOKENS = 1024  # T searched one by one; above it, by bisection on the largest buffer
 MAX_TOKENS = 1 << 20  # the largest T searched
+EITHER_PATH = "alloc or workspace"  # a call both paths allocate alike (no q to pad, no out=)
 
 
 @dataclass(frozen=True)
@@ -130,13 +135,15 @@ def segment_of(spans: list[tuple[int, int]], addr: int) -> tuple[int, int] | Non
 
 @dataclass(frozen=True)
 class Shape:
-    """One candidate: a kernel on a path at a padded head count, what the call allocates at
-    any T (the path's wrapper buffers, then the kernel's spec less what the path stages)."""
+    """One candidate: an operation's kernel on a path at a padded head count, what the call
+    allocates at any rows (the path's wrapper buffers, then the kernel's spec less what the path
+    stages)."""
 
+    op: str
     kernel: str
-    path: str  # "alloc" (with its padded q) or "workspace"
+    path: str  # "alloc" (with its padded q), "workspace" or EITHER_PATH
     heads: int  # padded heads (q's heads as the kernel sees them)
-    sizes: Callable[[int], tuple[tuple[str, int], ...]]  # T -> (buffer, bytes) in order
+    sizes: Callable[[int], tuple[tuple[str, int], ...]]  # rows -> (buffer, bytes) in order
 
 
 @dataclass
@@ -145,37 +152,67 @@ class CallMatch:
 
     allocations: list[Allocation]
     names: list[str]
-    path: str  # "alloc" or "workspace"
-    candidates: list[tuple[str, int, int]] = field(default_factory=list)  # (kernel, T, heads)
+    path: str  # "alloc", "workspace" or EITHER_PATH
+    candidates: list[tuple[str, str, int, int]] = field(default_factory=list)  # (op, kernel, rows, heads)
 
 
 def shapes(scenario: Scenario, kernels: list[tuple[str, KernelContract]],
-           heads: list[int] | None, op: str = SPARSE_DECODE) -> list[Shape]:
-    """Each kernel whose spec has split-KV accumulators (FlashMLA's builds), on the alloc path
-    (q padded from fewer heads) and the workspace path, at each head count: `heads`, else
-    every head count it runs."""
+           heads: list[int] | None, op: str) -> list[Shape]:
+    """Each kernel that runs `op`, on the workspace path and the alloc path, at each head
+    count: `heads` (the scenario's, q at its heads per rank), else every head count it runs
+    (q padded from fewer heads, and q at the padded heads). Where both paths allocate the same
+    buffers (a kernel with no out= and no q to pad) the call is either's (EITHER_PATH)."""
     from mlamem.attribution import expected_buffers
     from mlamem.operations import kv_format, problem_for
     from mlamem.paths import plan
 
-    found = []
+    found: list[Shape] = []
+    seen: dict[tuple, int] = {}  # (kernel, heads, buffer names) -> its index in found
     for name, kernel in kernels:
+        if op not in kernel.operations:
+            continue
         capabilities = kernel.capabilities(op, kv_format(scenario, op))
         for count in heads or list(capabilities.head_counts):
-            for path in ("alloc", "workspace"):
-                def sizes(t: int, kernel=kernel, count=count, path=path,
-                          capabilities=capabilities) -> tuple[tuple[str, int], ...]:
-                    problem = problem_for(scenario, op, t, count)
-                    staged = plan(path, 1, capabilities, kernel.label, problem.q_dtype).staged
-                    wrapper = wrapper_allocations(path, t, 1, count, scenario.d_qk,
-                                                  problem.q_dtype)
-                    spec = kernel.allocations(problem, scenario.gpu.sm_count)
-                    return tuple((e.name, e.nbytes)
-                                 for e in expected_buffers(wrapper, spec, staged))
+            for path in ("workspace", "alloc"):
+                for q_heads in [scenario.heads_per_rank] if heads else sorted({1, count}):
+                    def sizes(t: int, kernel=kernel, count=count, path=path, q_heads=q_heads,
+                              capabilities=capabilities) -> tuple[tuple[str, int], ...]:
+                        problem = problem_for(scenario, op, t, count)
+                        staged = plan(path, q_heads, capabilities, kernel.label,
+                                      problem.q_dtype).staged
+                        wrapper = wrapper_allocations(path, t, q_heads, count, scenario.d_qk,
+                                                      problem.q_dtype)
+                        spec = kernel.allocations(problem, scenario.gpu.sm_count)
+                        return tuple((e.name, e.nbytes)
+                                     for e in expected_buffers(wrapper, spec, staged))
 
-                if any(n == "o_accum" for n, _ in sizes(1)):
-                    found.append(Shape(name, path, count,
+                    names = tuple(n for n, _ in sizes(1))
+                    if (name, count, names) in seen:  # both paths allocate these buffers
+                        i = seen[(name, count, names)]
+                        if found[i].path != path:
+                            found[i] = dataclasses.replace(found[i], path=EITHER_PATH)
+                        continue
+                    seen[(name, count, names)] = len(found)
+                    found.append(Shape(op, name, path, count,
                                        functools.lru_cache(maxsize=None)(sizes)))
+    return found
+
+
+def op_scenarios(scenario: Scenario, source: str, scenario_given: bool
+                 ) -> list[tuple[str, Scenario, str]]:
+    """(operation, scenario, as given) for each operation matched: those `scenario` drives,
+    and, where no scenario was given, every other registered one at its own default scenario."""
+    from mlamem import scenario as scenarios
+    from mlamem.operations import operation, operation_names, scenario_operations
+
+    driven = scenario_operations(scenario)
+    found = []
+    for op in operation_names():
+        if op in driven:
+            found.append((op, scenario, source))
+        elif not scenario_given:
+            default = operation(op).default_scenario
+            found.append((op, scenarios.load(default), default))
     return found
 
 
@@ -216,7 +253,10 @@ def find_calls(allocations: list[Allocation], candidates: list[Shape]) -> list[C
                 if key not in matches:
                     matches[key] = CallMatch(allocations[key[0]:key[1]],
                                              [n for n, _ in expected], shape.path)
-                matches[key].candidates.append((shape.kernel, t, shape.heads))
+                if matches[key].path != shape.path:  # another kernel's, or heads', other path
+                    matches[key].path = EITHER_PATH
+                if (shape.op, shape.kernel, t, shape.heads) not in matches[key].candidates:
+                    matches[key].candidates.append((shape.op, shape.kernel, t, shape.heads))
     return _outermost(matches)
 
 
@@ -235,7 +275,10 @@ def live_by_name(data: dict, events: list[dict], scenario: Scenario) -> tuple[Pe
     """The peak, and the bytes live at it per name: a buffer of an MLA call found (at any head
     count the kernels run) by its buffer's name, any other allocation by its frame."""
     peak = replay(events) or segment_peak(data["segments"])
-    calls = find_calls(trace_allocations(events), shapes(scenario, _kernels(None), None))
+    kernels = _kernels(None)
+    calls = find_calls(trace_allocations(events),
+                       [s for op, at, _ in op_scenarios(scenario, scenario.name, False)
+                        for s in shapes(at, kernels, None, op)])
     name_of = {a.index: name for call in calls
                for name, a in zip(call.names, call.allocations, strict=True)}
     named: dict[str, int] = {}
@@ -261,17 +304,28 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     `scenario` (as given: `scenario_source`) gives the call's dimensions and, when
     `scenario_given`, its head count."""
     from mlamem import environment
+    from mlamem.operations import operation_names
 
     data, events, device = load(path)
     peak = replay(events) or segment_peak(data["segments"])
     spans = segment_spans(data, events)
     at_peak = {a.index for a in peak.live}
     kernels = _kernels(kernel_names)
-    padded = {name: _padded_heads(scenario, kernel) for name, kernel in kernels}
-    heads = sorted(set(padded.values())) if scenario_given else None
-    calls = find_calls(trace_allocations(events), shapes(scenario, kernels, heads))
+    ops = {op: (at, at_source) for op, at, at_source in
+           op_scenarios(scenario, scenario_source, scenario_given)}
+    padded = {(op, name): _padded_heads(at, kernel, op) for op, (at, _) in ops.items()
+              for name, kernel in kernels if op in kernel.operations}
+    candidates = []
+    for op, (at, _) in ops.items():
+        heads = sorted({h for (o, _), h in padded.items() if o == op}) if scenario_given else None
+        candidates += shapes(at, kernels, heads, op)
+    calls = find_calls(trace_allocations(events), candidates)
     notes = [f"event {i}: out of memory asking for {e['size']} bytes"
              for i, e in enumerate(events) if e["action"] == "oom"]
+    skipped = [op for op in operation_names() if op not in ops]
+    if skipped:
+        notes.append(f"scenario {scenario.name} does not drive {', '.join(skipped)}: no calls "
+                     "of it were looked for (give a scenario that drives it, or none)")
     if peak.source == "segments":
         notes.append("the snapshot has no trace: the peak is what its segments hold, with no "
                      "calls to find")
@@ -282,7 +336,7 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
         "peak_bytes": peak.bytes, "peak_source": peak.source, "peak_event": peak.event,
         "reserved_bytes": sum(s["total_size"] for s in data["segments"]),
         "by_frame": _by_frame(peak.live), "by_segment": _by_segment(peak.live, spans),
-        "calls": [_call(c, at_peak, scenario, scenario_source, padded) for c in calls], "notes": notes,
+        "calls": [_call(c, at_peak, ops, padded) for c in calls], "notes": notes,
     }
 
 
@@ -294,7 +348,7 @@ def _kernels(names: list[str] | None) -> list[tuple[str, KernelContract]]:
     return [(name, load_kernel(name)()) for name in names or COMPARED_KERNELS]
 
 
-def _padded_heads(scenario: Scenario, kernel: KernelContract, op: str = SPARSE_DECODE) -> int:
+def _padded_heads(scenario: Scenario, kernel: KernelContract, op: str) -> int:
     from mlamem.operations import kv_format
 
     return kernel.capabilities(op, kv_format(scenario, op)).padded_heads(scenario.heads_per_rank)
@@ -321,63 +375,82 @@ def _by_segment(live: list[Allocation], spans: list[tuple[int, int]]) -> list[di
             for span, group in sorted(groups.items(), key=lambda kv: kv[0] or (-1, 0))]
 
 
-def _call(match: CallMatch, at_peak: set[int], scenario: Scenario, source: str,
-          padded: dict[str, int]) -> dict:
-    """One call found: its buffers, the T and heads it implies, and the saving the profile
-    predicts for the implied shape that is the scenario's (`padded`: its heads per kernel)."""
-    implied = sorted({(t, heads) for _, t, heads in match.candidates})
-    kernels = sorted({k for k, _, _ in match.candidates})
-    kernel = next(k for k, _, _ in match.candidates)
-    fitting = [t for t, h in implied if h == padded[kernel]]
+def _call(match: CallMatch, at_peak: set[int], ops: dict[str, tuple[Scenario, str]],
+          padded: dict[tuple[str, str], int]) -> dict:
+    """One call found: its operation, buffers, the rows and heads it implies, and the saving
+    the profile predicts for the implied shape that is the scenario's (`ops`: each operation's
+    scenario and its source; `padded`: its heads per operation and kernel)."""
+    implied = sorted({(op, t, heads) for op, _, t, heads in match.candidates})
+    kernels = sorted({k for _, k, _, _ in match.candidates})
+    op, kernel = next((o, k) for o, k, _, _ in match.candidates)
+    fitting = [t for o, t, h in implied if o == op and h == padded[(op, kernel)]]
     live = [a for a in match.allocations if a.index in at_peak]
     return {
-        "first_event": match.allocations[0].index, "kernels": kernels, "path": match.path,
-        "implied": [{"tokens": t, "heads": h} for t, h in implied],
+        "first_event": match.allocations[0].index, "op": op, "kernels": kernels,
+        "path": match.path,
+        "implied": [_implied(o, t, h, ops[o][0], len({o for o, _, _ in implied}) > 1)
+                    for o, t, h in implied],
         "ambiguous": len(implied) > 1,
         "buffers": [{"name": name, "requested_bytes": a.size, "frame": a.frame,
                      "live_at_peak": a.index in at_peak}
                     for name, a in zip(match.names, match.allocations, strict=True)],
         "live_at_peak_bytes": sum(a.block_bytes for a in live),
-        "saving": _saving(scenario, source, kernel, fitting[0], match, at_peak)
+        "saving": _saving(op, *ops[op], kernel, fitting[0], match, at_peak)
         if fitting else None,
     }
 
 
+def _implied(op: str, rows: int, heads: int, scenario: Scenario, name_op: bool) -> dict:
+    """One implied shape: its rows as `tokens` (as the profile's rows hold them) and under the
+    operation's own key, a KV length the scenario's (the call's bytes do not depend on it), and
+    its operation where the call fits more than one (`name_op`)."""
+    from mlamem.operations import default_kv_tokens, operation
+
+    shape = {"tokens": rows, "heads": heads, operation(op).key: rows}
+    if operation(op).kv_key is not None:
+        shape[operation(op).kv_key] = default_kv_tokens(scenario, op)
+    return {"op": op, **shape} if name_op else shape
+
+
 @functools.lru_cache(maxsize=256)  # an engine's snapshot repeats a T call after call
-def _profiled(scenario: Scenario, source: str, kernel_name: str, tokens: int
+def _profiled(op: str, scenario: Scenario, source: str, kernel_name: str, tokens: int
               ) -> tuple[str, int, dict]:
-    """The predicted profile of the alloc and workspace paths at `tokens`: the command that
-    reproduces it, the heads per rank, and its rows by path."""
+    """The predicted profile of the alloc and workspace paths of `op` at `tokens` rows: the
+    command that reproduces it, the heads per rank, and its rows by path."""
     from mlamem.kernels import load_kernel
+    from mlamem.operations import SPARSE_DECODE, operation, workspace_rows
     from mlamem.profile import run_profile
     from mlamem.sweep import Request, plan
 
     kernel = load_kernel(kernel_name)()
     limit = scenario.serving.max_num_batched_tokens
-    wider = tokens if tokens > limit else None  # the workspace must hold the call's T
-    [part] = plan(Request([(source, scenario)], [SPARSE_DECODE], kernel,
-                          values={SPARSE_DECODE: [tokens]}, strict=True,
+    # the workspace must hold the call's rows, where max_num_batched_tokens sizes it
+    wider = tokens if tokens > limit and workspace_rows(scenario, op) == limit else None
+    [part] = plan(Request([(source, scenario)], [op], kernel,
+                          values={op: [tokens]}, strict=True,
                           paths=["alloc", "workspace"], max_num_batched_tokens=wider))
-    command = (f"mlamem profile --scenario {source} --tokens {tokens} --paths alloc,workspace "
+    command = (f"mlamem profile --scenario {source}"
+               + ("" if op == SPARSE_DECODE else f" --op {op}")
+               + f" {operation(op).flag} {tokens} --paths alloc,workspace "
                f"--kernel {kernel_name} --breakdown"
                + (f" --max-num-batched-tokens {wider}" if wider else ""))
     result = run_profile(part.scenario, part.values, part.paths, command=command,
-                         kernel=kernel, predict=True)
+                         kernel=kernel, predict=True, op=part.op)
     return command, part.scenario.heads_per_rank, {row.path: row for row in result.rows}
 
 
-def _saving(scenario: Scenario, source: str, kernel_name: str, tokens: int, match: CallMatch,
-            at_peak: set[int]) -> dict:
+def _saving(op: str, scenario: Scenario, source: str, kernel_name: str, tokens: int,
+            match: CallMatch, at_peak: set[int]) -> dict:
     """What the workspace path saves on this call: the predicted profile of the alloc and
     workspace paths at its T (`run_profile`, as `mlamem profile --predict` runs it), the
     buffers it removes, and those of them live at the snapshot's peak."""
-    command, heads_per_rank, rows = _profiled(scenario, source, kernel_name, tokens)
+    command, heads_per_rank, rows = _profiled(op, scenario, source, kernel_name, tokens)
     removed = sorted({b["name"] for b in rows["alloc"].buffers if b["removed_by_workspace"]})
     at_peak_removed = sum(a.block_bytes for name, a in zip(match.names, match.allocations,
                                                            strict=True)
                           if name in removed and a.index in at_peak)
     return {
-        "tokens": tokens, "heads_per_rank": heads_per_rank, "kernel": kernel_name,
+        "op": op, "tokens": tokens, "heads_per_rank": heads_per_rank, "kernel": kernel_name,
         "alloc_peak_bytes": rows["alloc"].peak_allocated_bytes,
         "workspace_peak_bytes": rows["workspace"].peak_allocated_bytes,
         "saving_bytes": rows["alloc"].peak_allocated_bytes

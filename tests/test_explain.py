@@ -18,10 +18,12 @@ def _explain(capsys, *args) -> dict:
     return doc
 
 
-def _profile(tmp_path, tokens: str, capsys) -> tuple[Path, dict]:
-    """A predicted profile of both paths at `tokens`, with its snapshot."""
+def _profile(tmp_path, tokens: str, capsys, *options: str) -> tuple[Path, dict]:
+    """A predicted profile of both paths at `tokens` (or `options`' own flags), with its
+    snapshot."""
     shot, rows = tmp_path / f"t{tokens}.pickle", tmp_path / f"t{tokens}.json"
-    assert main(["profile", "--predict", "--tokens", tokens, "--snapshot", str(shot),
+    values = list(options) or ["--tokens", tokens]
+    assert main(["profile", "--predict", *values, "--snapshot", str(shot),
                  "--format", "json", "--output", str(rows)]) == 0
     capsys.readouterr()
     return shot, json.loads(rows.read_text())
@@ -112,3 +114,88 @@ def test_a_t_above_the_workspace_and_one_below_the_sm_count_are_found(tmp_path, 
     assert [c["implied"] for c in doc["calls"]] == [[{"tokens": 50000, "heads": 64}],
                                                     [{"tokens": 100, "heads": 64}]]
     assert doc["calls"][0]["saving"]["command"].endswith("--max-num-batched-tokens 50000")
+
+
+def _peaks(profile: dict) -> dict[tuple[int, str], int]:
+    return {(r["tokens"], r["path"]): r["peak_allocated_bytes"] for r in profile["rows"]}
+
+
+def test_a_dense_decode_snapshot_gives_each_call_its_requests_and_context(tmp_path, capsys):
+    """A predicted dense decode at b=16 and 64 (4096 context tokens): each of its four calls is
+    found as a dense decode with its b, unambiguous at the scenario's heads, its saving the
+    profile's alloc - workspace peak and its command the dense decode's. The context is the
+    scenario's (a dense decode allocates the same at any context): given the scenario at the
+    context the profile ran, it is that one."""
+    shot, profile = _profile(tmp_path, "b", capsys, "--op", "dense-decode", "-s",
+                             "kimi-k2-dense-tp4-dp", "--requests", "16,64",
+                             "--context-len", "4096")
+    dense = tmp_path / "dense.toml"  # the scenario at the context the profile ran
+    text = (Path(__file__).parents[1] / "scenarios" / "kimi-k2-dense-tp4-dp.toml").read_text()
+    assert "decode_context_len = 8192" in text
+    dense.write_text(text.replace("decode_context_len = 8192", "decode_context_len = 4096"))
+    doc = _explain(capsys, shot, "-s", dense)
+    # sgl-flash-mla's dense decode has no q to pad at 64 heads and no out= to stage: both
+    # paths allocate alike, and the bytes do not tell them apart
+    assert [(c["op"], c["path"]) for c in doc["calls"]] == [
+        ("dense-decode", "alloc or workspace")] * 4
+    assert [c["implied"] for c in doc["calls"]] == [
+        [{"tokens": b, "heads": 64, "requests": b, "context_len": 4096}] for b in (16, 16, 64, 64)]
+    assert not any(c["ambiguous"] for c in doc["calls"])
+    peaks = _peaks(profile)
+    for call, row in zip(doc["calls"], profile["rows"], strict=True):
+        b = call["implied"][0]["requests"]
+        assert row["kv_tokens"] == 4096
+        assert call["saving"]["saving_bytes"] == peaks[(b, "alloc")] - peaks[(b, "workspace")]
+        assert f"--op dense-decode --requests {b} " in call["saving"]["command"]
+        assert [x["requested_bytes"] for x in call["buffers"]] == [
+            x["requested_bytes"] for x in row["buffers"]]
+
+
+def test_without_a_scenario_a_dense_decode_is_matched_at_its_own_default(tmp_path, capsys):
+    """No --scenario: the dense decode, which the default scenario does not drive, is matched
+    at its operation's default scenario (the registry's), and its command names it."""
+    from mlamem.operations import DENSE_DECODE, operation
+
+    shot, _ = _profile(tmp_path, "b", capsys, "--op", "dense-decode", "--requests", "32")
+    doc = _explain(capsys, shot)
+    assert {c["op"] for c in doc["calls"]} == {"dense-decode"}
+    assert {s["requests"] for c in doc["calls"] for s in c["implied"]} >= {32}
+    default = operation(DENSE_DECODE).default_scenario
+    assert all(f"--scenario {default} --op dense-decode" in c["saving"]["command"]
+               for c in doc["calls"] if c["saving"])
+
+
+def test_a_sparse_prefill_snapshot_gives_each_call_its_tokens(tmp_path, capsys):
+    """A predicted sparse prefill at s_q=1024 and 8192: the alloc calls (padded q first) are
+    found with their s_q alone; the workspace calls' bytes also fit vLLM's build at the rank's
+    own 8 heads (no q to pad, no out=: either path), so they are ambiguous, the scenario's
+    padded heads among them; each saving is the profile's alloc - workspace peak and its
+    command the prefill's."""
+    shot, profile = _profile(tmp_path, "p", capsys, "--op", "sparse-prefill", "--tokens",
+                             "1024,8192")
+    doc = _explain(capsys, shot, "-s", "glm5-fp8-tp8")
+    assert [(c["op"], c["path"]) for c in doc["calls"]] == [
+        ("sparse-prefill", "alloc"), ("sparse-prefill", "alloc or workspace")] * 2
+    calls = doc["calls"]
+    assert calls[0]["implied"] == [{"tokens": 1024, "heads": 64, "kv_len": 8192}]
+    assert calls[2]["implied"] == [{"tokens": 8192, "heads": 64, "kv_len": 8192}]
+    assert calls[0]["buffers"][0]["name"] == "padded_q"
+    for call, s_q in zip(calls, (1024, 1024, 8192, 8192), strict=True):
+        assert {"tokens": s_q, "heads": 64, "kv_len": 8192} in call["implied"]
+        assert call["ambiguous"] == (call["path"] != "alloc")
+    peaks = _peaks(profile)
+    for call, s_q in zip(calls, (1024, 1024, 8192, 8192), strict=True):
+        assert call["saving"]["tokens"] == s_q
+        assert call["saving"]["saving_bytes"] == peaks[(s_q, "alloc")] - peaks[(s_q, "workspace")]
+        assert call["saving"]["removed_buffers"] == ["padded_q"]
+        assert f"--op sparse-prefill --tokens {s_q} " in call["saving"]["command"]
+    assert main(["explain", str(shot), "-s", "glm5-fp8-tp8", "--format", "markdown"]) == 0
+    assert "| sparse-prefill |" in capsys.readouterr().out
+
+
+def test_a_scenario_looks_for_the_operations_it_drives_only(capsys):
+    """The H200 fixture's sparse decode under a dense-decode scenario: no call found, and a note
+    says which operations were not looked for."""
+    doc = _explain(capsys, FIXTURE, "-s", "kimi-k2-dense-tp4-dp")
+    assert doc["calls"] == []
+    assert any("does not drive sparse-decode, sparse-prefill" in n for n in doc["notes"])

@@ -23,8 +23,10 @@ def explain(
         "untrusted: plain data only, within a size bound.", show_default=False)],
     scenario: Annotated[str | None, typer.Option(
         "--scenario", "-s", help="The scenario of the calls (a shipped name or a TOML path): "
-        "their dimensions, and their head count, which bytes alone do not fix. Default: "
-        f"{DEFAULT_SCENARIO}'s dimensions at every head count the kernel runs.",
+        "their dimensions, and their head count, which bytes alone do not fix; only the "
+        "operations it drives are looked for. Default: each operation at its own default "
+        f"scenario's dimensions ({DEFAULT_SCENARIO}'s for the sparse ones), at every head count "
+        "the kernel runs.",
         show_default=False)] = None,
     output_format: Annotated[o.ReproFormat | None, typer.Option(
         "--format", help="table (terminal), markdown (for an issue or PR) or json (schema "
@@ -34,8 +36,9 @@ def explain(
 ) -> None:
     """Explain a memory snapshot: the peak and what was live at it, by frame and by segment;
     the MLA kernel calls in it (matched by their allocations against the kernels' own
-    allocation specs), the T and heads they imply, what the workspace path would save and the
-    `mlamem profile` command that reproduces each."""
+    allocation specs, for every operation: sparse decode, dense decode, sparse prefill), the
+    operation and rows (T, requests or s_q) and heads they imply, what the workspace path would
+    save and the `mlamem profile` command that reproduces each."""
     chosen = pick_format(output, output_format and output_format.value,
                          list(render.EXPLAIN_FORMATS), what="explain")
     if output is not None:

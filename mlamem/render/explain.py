@@ -15,8 +15,20 @@ def _bytes(value: int | None) -> str:
     return "-" if value is None else format_bytes(value)
 
 
+def _shape(call: dict, shape: dict) -> str:
+    """One implied shape in the operation's symbols: `T=1024 at 64 heads`, `b=16 (context
+    8192) at 64 heads`, `sparse-prefill s_q=1024 at 64 heads` where the call fits several."""
+    from mlamem.operations import operation
+
+    op = operation(shape.get("op") or call.get("op") or "sparse-decode")
+    text = f"{op.symbol}={shape['tokens']}"
+    if op.kv_key == "context_len" and shape.get("context_len") is not None:
+        text += f" (context {shape['context_len']})"
+    return (f"{op.name} " if shape.get("op") else "") + f"{text} at {shape['heads']} heads"
+
+
 def _implied(call: dict) -> str:
-    shapes = " or ".join(f"T={s['tokens']} at {s['heads']} heads" for s in call["implied"])
+    shapes = " or ".join(_shape(call, s) for s in call["implied"])
     return shapes + (" (ambiguous)" if call["ambiguous"] else "")
 
 
@@ -45,7 +57,7 @@ def _call_notes(doc: dict) -> list[str]:
         if call["saving"] is not None:
             notes.append(f"call {i} reproduces with: {call['saving']['command']}")
     if any(c["ambiguous"] for c in doc["calls"]):
-        notes.append("ambiguous: bytes fix only T x heads; --scenario fixes the heads")
+        notes.append("ambiguous: bytes fix only rows x heads; --scenario fixes the heads")
     return notes + doc["notes"]
 
 
@@ -62,12 +74,13 @@ def explain_markdown(doc: dict) -> str:
     lines += ["", f"MLA calls found ({len(doc['calls'])}, scenario "
               f"{markdown_code(doc['scenario'])}):", ""]
     if doc["calls"]:
-        lines += ["| # | event | kernel | path | implies | buffers | live at peak | "
-                  "workspace path saves |", "|---:|---:|---|---|---|---|---:|---|"]
+        lines += ["| # | event | op | kernel | path | implies | buffers | live at peak | "
+                  "workspace path saves |", "|---:|---:|---|---|---|---|---|---:|---|"]
         for i, call in enumerate(doc["calls"], 1):
             buffers = ", ".join(f"{b['name']} {format_bytes(b['requested_bytes'])}"
                                 for b in call["buffers"])
-            lines.append(f"| {i} | {call['first_event']} | {' or '.join(call['kernels'])} | "
+            lines.append(f"| {i} | {call['first_event']} | {call.get('op') or 'sparse-decode'} | "
+                         f"{' or '.join(call['kernels'])} | "
                          f"{call['path']} | {_implied(call)} | {buffers} | "
                          f"{format_bytes(call['live_at_peak_bytes'])} | {_saving(call)} |")
     lines += [""] + [f"- call {i} reproduces with: {markdown_code(c['saving']['command'])}"
@@ -93,10 +106,11 @@ def explain_table(doc: dict) -> Group:
         segments.add_row(_address(r["address"]), _bytes(r["segment_bytes"]),
                          format_bytes(r["live_bytes"]), str(r["allocations"]))
     calls = compact_table(f"MLA calls found ({doc['scenario']})")
-    for name in ("#", "event", "path", "implies", "at peak", "workspace saves"):
+    for name in ("#", "event", "op", "path", "implies", "at peak", "workspace saves"):
         calls.add_column(name, justify="right" if name in ("#", "event", "at peak") else "left")
     for i, call in enumerate(doc["calls"], 1):
-        calls.add_row(str(i), str(call["first_event"]), call["path"], _implied(call),
+        calls.add_row(str(i), str(call["first_event"]), call.get("op") or "sparse-decode",
+                      call["path"], _implied(call),
                       format_bytes(call["live_at_peak_bytes"]), _saving(call))
     return Group(_peak_line(doc), frames, segments,
                  with_notes(calls, _call_notes(doc)))

@@ -882,9 +882,19 @@ class SegmentBytes(Model):
 class ImpliedShape(Model):
     """A T and padded head count at which the kernel allocates exactly the call's bytes."""
 
-    tokens: int = Field(description="T, the decode call's s_q")
+    op: str | None = Field(
+        default=None,
+        description="its operation, where the call's bytes fit more than one (else the call's `op`)")
+    tokens: int = Field(
+        description="the call's rows: T (sparse decode), requests b (dense decode), s_q (sparse prefill)")
     heads: int = Field(description="the padded heads q had in the kernel")
-
+    requests: int | None = Field(default=None, description="dense decode: b, the requests (= `tokens`)")
+    context_len: int | None = Field(
+        default=None,
+        description="dense decode: each request's context, the scenario's (its bytes do not depend on it)")
+    kv_len: int | None = Field(
+        default=None,
+        description="sparse prefill: s_kv, the scenario's (its allocations do not depend on it)")
 
 class CallBuffer(Model):
     """One allocation of a call found, named from the kernel's and path's spec."""
@@ -898,7 +908,8 @@ class CallBuffer(Model):
 class Saving(Model):
     """What the workspace path saves on the call, from the predicted profile at its T."""
 
-    tokens: int = Field(description="the T profiled")
+    op: str | None = Field(default=None, description="the operation profiled (null: sparse-decode)")
+    tokens: int = Field(description="the rows profiled (T, b or s_q)")
     heads_per_rank: int = Field(description="the scenario's heads per rank")
     kernel: str = Field(description="the kernel profiled")
     alloc_peak_bytes: MaybeBytes = Field(description="the alloc path's predicted per-call peak")
@@ -914,8 +925,12 @@ class FoundCall(Model):
     """One MLA kernel call found in the trace by its allocations."""
 
     first_event: int = Field(description="the trace event of its first allocation")
+    op: str | None = Field(
+        default=None, description="the operation whose allocations it matches (null: sparse-decode)")
     kernels: list[str] = Field(description="the kernels whose allocations it matches")
-    path: str = Field(description="`alloc` (its padded q allocated just before) or `workspace`")
+    path: str = Field(
+        description="`alloc` (its padded q allocated just before), `workspace`, or `alloc or workspace` "
+        "where both paths allocate the same buffers (no q to pad, no out= to stage)")
     implied: list[ImpliedShape] = Field(description="every (T, heads) its bytes fit")
     ambiguous: bool = Field(
         description="more than one (T, heads) fits: bytes fix only T × heads; `--scenario` fixes the heads")
