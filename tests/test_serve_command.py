@@ -161,7 +161,7 @@ def test_trtllm_takes_no_abbreviation():
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -cc '{{mode'", "takes JSON"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 "
      "--gpu-memory-utilization 1.5", "vllm serve --gpu-memory-utilization: "),
-    (f"vllm serve {DS} --kv-cache-dtype fp8", "--max-model-len"),
+    ("vllm serve moonshotai/Kimi-K2-Instruct --kv-cache-dtype fp8", "add --max-model-len"),
     (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len auto", "not a count"),
     (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len 1.5K", "not a count"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 --max-num-seqs 0",
@@ -503,7 +503,6 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
      "--kv-cache-dtype auto: SGLang's 'auto' keeps a bf16 cache"),
     (f"{SG} --model-path {DS} --tp 8 --context-length 4096 --kv-cache-dtype fp8",
      "invalid choice: 'fp8'"),
-    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3", "--context-length"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 1.5Ki",
      "not a count"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
@@ -608,3 +607,78 @@ def test_sglang_reads_the_indexer_width_from_the_config(glm5):
     built = from_command(f"{SG} --model-path {glm5} --tp 8 --kv-cache-dtype fp8_e4m3 "
                          "--context-length 4096", gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
     assert built.scenario.section("sglang").index_head_dim == 256
+
+
+VLLM_CMD = "vllm serve {folder} -tp 8 --kv-cache-dtype fp8_ds_mla"
+SGLANG_CMD = "python -m sglang.launch_server --model-path {folder} --tp 8 --kv-cache-dtype fp8_e4m3"
+
+
+def _with_fields(folder: Path, tmp_path: Path, **fields) -> Path:
+    """The GLM-5 fixture's config.json with `fields` added, in a folder of its own."""
+    config = json.loads((folder / "config.json").read_text()) | fields
+    other = tmp_path / "with-fields"
+    other.mkdir(exist_ok=True)
+    (other / "config.json").write_text(json.dumps(config))
+    return other
+
+
+@pytest.mark.parametrize(("fields", "vllm_len", "sglang_len"), [
+    # vLLM takes the smallest key, SGLang the first of its order
+    ({"max_position_embeddings": 4096, "seq_length": 8192}, 4096, 8192),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4}},
+     16384, 16384),
+    ({"max_position_embeddings": 163840, "rope_scaling": {
+        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}, 163840, 163840),
+    # vLLM scales a dynamic RoPE; SGLang does not once the scaling names its original length
+    ({"max_position_embeddings": 8192, "rope_scaling": {
+        "rope_type": "dynamic", "factor": 2, "original_max_position_embeddings": 4096}},
+     16384, 8192),
+    ({"max_position_embeddings": 8192, "model_max_length": 16384}, 16384, 16384),
+    ({"max_position_embeddings": 131072, "rope_parameters": {"rope_type": "llama3", "factor": 8}},
+     131072, 131072),
+])
+def test_the_default_context_is_each_engines_rule_on_the_config(glm5, tmp_path, fields, vllm_len,
+                                                                 sglang_len):
+    """Without --max-model-len / --context-length the context is the engine's own default, by
+    vLLM 0.33.0's and SGLang 0.5.23's rules (hand-derived here), and a note says where from."""
+    folder = _with_fields(glm5, tmp_path, **fields)
+    for command, expected, engine in ((VLLM_CMD, vllm_len, "vLLM 0.33.0"),
+                                      (SGLANG_CMD, sglang_len, "SGLang 0.5.23")):
+        built = from_command(command.format(folder=folder), gpu_name="H200 SXM 141GB",
+                             weights_bytes=40 * GiB)
+        assert built.scenario.serving.max_model_len == expected, command
+        assert any(n.startswith(f"max_model_len {expected}: {engine}") for n in built.notes)
+
+
+@pytest.mark.parametrize(("hub_name", "length"), [("zai-org/GLM-5-FP8", 202752), (DS, 163840)])
+def test_a_shipped_models_context_comes_from_its_config(hub_name, length):
+    for command in (VLLM_CMD, SGLANG_CMD):
+        built = from_command(command.format(folder=hub_name), gpu_name="H200 SXM 141GB",
+                             weights_bytes=40 * GiB)
+        assert built.scenario.serving.max_model_len == length
+
+
+def test_a_context_above_the_models_is_noted():
+    built = from_command(VLLM_CMD.format(folder=DS) + " --max-model-len 262144",
+                         gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    assert built.scenario.serving.max_model_len == 262144
+    assert any("above the model's 163840" in n and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n
+               for n in built.notes)
+
+
+@pytest.mark.parametrize(("command", "fields", "fix"), [
+    (SGLANG_CMD, {}, "add --context-length"),
+    (VLLM_CMD, {}, "add --max-model-len"),
+    (VLLM_CMD, {"max_position_embeddings": "long"}, "config.max_position_embeddings"),
+    (SGLANG_CMD, {"max_position_embeddings": 0}, "config.max_position_embeddings"),
+    (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": {"factor": -1}},
+     "config.rope_scaling.factor"),
+    (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": [2]}, "config.rope_scaling"),
+    (SGLANG_CMD, {"max_position_embeddings": 4096, "rope_scaling": {
+        "factor": 2, "original_max_position_embeddings": True}},
+     "config.rope_scaling.original_max_position_embeddings"),
+])
+def test_a_context_it_cannot_derive_is_one_line(glm5, tmp_path, command, fields, fix):
+    folder = _with_fields(glm5, tmp_path, **fields)
+    check_bad_input(["scenarios", "--serve", command.format(folder=folder),
+                     "--weights-per-rank", "40GiB"], fix)

@@ -27,6 +27,10 @@ _INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_siz
          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
          "v_head_dim", "n_routed_experts", "n_shared_experts", "first_k_dense_replace")
 _INDEXER = ("index_topk", "index_n_heads", "index_head_dim")
+# every key vLLM 0.33.0 or SGLang 0.5.23 reads a model's context length from
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+               "model_max_length", "max_target_positions", "max_sequence_length", "max_seq_length",
+               "seq_len")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,15 @@ class ModelConfig:
     # GLM's indexer_types: per decoder layer, whether it holds its own indexer ("full") or reuses the one
     # before it ("shared", no indexer tensors); None: every layer holds one
     indexer_layers: tuple[bool, ...] | None = None
+    # the context-length keys the config sets (max_position_embeddings, ...), in LENGTH_KEYS'
+    # order: the engines derive their default context from them
+    length_fields: tuple[tuple[str, int], ...] = ()
+    rope_type: str | None = None  # rope_scaling's (or rope_parameters') rope_type, or type
+    rope_factor: float | None = None  # its factor
+    rope_original_length: int | None = None  # its original_max_position_embeddings
+
+    def length_field(self, name: str) -> int | None:
+        return dict(self.length_fields).get(name)
 
     @property
     def has_indexer(self) -> bool:
@@ -102,8 +115,40 @@ def parse_config(raw: dict) -> ModelConfig:
     tied = raw.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise UserError(f"needs true or false, got {tied!r}", field="config.tie_word_embeddings")
+    fields["length_fields"] = tuple((name, _positive(raw, name)) for name in LENGTH_KEYS
+                                    if raw.get(name) is not None)
     return ModelConfig(model_type=model_type, tie_word_embeddings=tied,
-                       fp8_block=_fp8_block(raw.get("quantization_config")), **fields)
+                       fp8_block=_fp8_block(raw.get("quantization_config")), **fields,
+                       **_rope(raw))
+
+
+def _positive(raw: dict, name: str, table: str = "config") -> int:
+    value = raw[name]
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _INT32:
+        raise UserError(f"needs an integer in 1..{_INT32}, got {value!r}", field=f"{table}.{name}")
+    return value
+
+
+def _rope(raw: dict) -> dict:
+    """rope_scaling (transformers 4) or rope_parameters (5): its type, factor and original
+    length, which scale the context the engines derive."""
+    name = "rope_scaling" if raw.get("rope_scaling") is not None else "rope_parameters"
+    rope = raw.get(name)
+    if rope is None:
+        return {}
+    if not isinstance(rope, dict):
+        raise UserError(f"needs a JSON object or null, got {rope!r}", field=f"config.{name}")
+    kind = rope.get("rope_type", rope.get("type"))
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if kind is not None and not isinstance(kind, str):
+        raise UserError(f"needs a string, got {kind!r}", field=f"config.{name}.rope_type")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float)
+                               or not 0 < factor < 1e6):
+        raise UserError(f"needs a number in (0, 1e6), got {factor!r}", field=f"config.{name}.factor")
+    if original is not None:
+        _positive(rope, "original_max_position_embeddings", f"config.{name}")
+    return {"rope_type": kind, "rope_factor": None if factor is None else float(factor),
+            "rope_original_length": original}
 
 
 def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:

@@ -154,6 +154,10 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     target = gpus.gpu(gpu_name)
     parsed = parse_command(command)
     config, name = model_config(parsed.model, model)
+    fill_max_len = {"vllm": vllm.fill_max_model_len,  # the engine's default from the config
+                    "sglang": sglang.fill_max_model_len}.get(parsed.engines[0])
+    if fill_max_len is not None:
+        fill_max_len(parsed, config)
     if parsed.engines == ["vllm"]:
         vllm.for_model(parsed, dense=not config.has_indexer)
     gib, note = weights(config, name, parsed, weights_bytes, target)

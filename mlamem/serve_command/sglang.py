@@ -133,9 +133,6 @@ def parse(words: list[str], prog: str) -> Parsed:
                          if f"--{d.replace('_', '-')}" not in MODELLED}
                         | ({"--model-type"} if model_type else set()))
     tp, attention_dp, replicas = _layout(given, prog)
-    if "context_length" not in given:
-        raise UserError(f"{prog}: the command sets no --context-length, and SGLang's default (the "
-                        "model's config.json) is not read here: add it", field="serve")
     chunk = given.get("chunked_prefill_size")
     if chunk is not None and chunk < 0:
         raise UserError(f"{prog} --chunked-prefill-size {chunk}: chunked prefill off is not "
@@ -164,7 +161,7 @@ def parse(words: list[str], prog: str) -> Parsed:
                          "decode, SGLang's for a DSA model's fp8 cache on Hopper")
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
-    serving = {"max_num_batched_tokens": chunk, "max_model_len": given["context_length"],
+    serving = {"max_num_batched_tokens": chunk, "max_model_len": given.get("context_length"),
                "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
                "block_size": PAGE_SIZE}
     sections = {"sglang": table} if table else {}
@@ -174,6 +171,47 @@ def parse(words: list[str], prog: str) -> Parsed:
                   engines=["sglang"], operations=["sparse-decode"], sections=sections,
                   notes=notes, cuda_graphs=False, prog=prog, flags=FIELD_FLAGS,
                   engine_settings={"graphs": graphs})
+
+
+# utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the first the config sets wins
+_SGLANG_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def default_context_length(config: hf_config.ModelConfig) -> tuple[int, str] | None:
+    """SGLang 0.5.23's context length without --context-length, and the key it comes from
+    (utils/hf_transformers/common.py get_context_length, as configs/model_config.py
+    _derive_context_length takes it): the first key set, times rope_scaling's factor unless
+    the scaling names its original length or is llama3; None where no key is set (SGLang then
+    takes 2048)."""
+    key = next((k for k in _SGLANG_LENGTH_KEYS if config.length_field(k) is not None), None)
+    if key is None:
+        return None
+    factor = config.rope_factor or 1
+    if config.rope_original_length is not None or config.rope_type == "llama3":
+        factor = 1
+    length = int(factor * config.length_field(key))
+    return length, key if factor == 1 else f"{key} x rope factor {factor:g}"
+
+
+def fill_max_model_len(parsed: Parsed, config: hf_config.ModelConfig) -> None:
+    """--context-length, or SGLang's default from the model's config (one line where there is
+    none); a length above the model's is refused, as SGLang refuses it without
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (a note then)."""
+    derived = default_context_length(config)
+    given = parsed.serving["max_model_len"]
+    if given is None and derived is None:
+        raise UserError(f"{parsed.prog}: the command sets no --context-length and the model's "
+                        "config sets none of max_position_embeddings and the other keys SGLang "
+                        "reads: add --context-length", field="serve")
+    if given is None:
+        parsed.serving["max_model_len"] = derived[0]
+        parsed.notes.append(f"max_model_len {derived[0]}: SGLang 0.5.23's context length, the "
+                            f"model's {derived[1]} (config.json)")
+    elif derived is not None and given > derived[0]:
+        parsed.notes.append(f"--context-length {given} is above the model's {derived[0]} "
+                            f"({derived[1]}): SGLang 0.5.23 refuses it unless "
+                            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
 
 
 def _layout(given: dict, prog: str) -> tuple[int, int, int]:

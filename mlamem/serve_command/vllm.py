@@ -124,12 +124,9 @@ def parse(words: list[str]):
     for flag, value in (("--tensor-parallel-size", tp), ("--data-parallel-size", dp)):
         if value < 1:
             raise UserError(f"{PROG} {flag} {value}: must be at least 1", field="serve")
-    if "max_model_len" not in given:
-        raise UserError(f"{PROG}: the command sets no --max-model-len, and vLLM's default (the "
-                        "model's max_position_embeddings) is not read here: add it", field="serve")
     sections, graphs, notes = _vllm_section(given)
     serving = {"max_num_batched_tokens": given.get("max_num_batched_tokens"),
-               "max_model_len": given["max_model_len"],
+               "max_model_len": given.get("max_model_len"),  # None: default_max_model_len
                "kv_cache_dtype": None,  # by the model: for_model
                "block_size": given.get("block_size", 64)}
     if "gpu_memory_utilization" not in given:
@@ -189,6 +186,51 @@ def for_model(parsed: Parsed, dense: bool) -> None:
     elif backend not in (None, "FLASHMLA"):
         parsed.notes.append(f"--attention-backend {backend}: mlamem drives FlashMLA's dense "
                             "decode (FLASHMLA) for this model")
+
+
+# config/model.py _get_and_verify_max_len: YaRN-like scalings leave max_position_embeddings
+# scaled already, so their factor is not applied again
+_SCALED_ALREADY = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+_VLLM_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                     "model_max_length", "max_target_positions", "max_sequence_length",
+                     "max_seq_length", "seq_len")
+
+
+def default_max_model_len(config) -> tuple[int, str] | None:
+    """vLLM 0.33.0's max_model_len for a generative model without --max-model-len, and the
+    config key it comes from; None where the config sets none of the keys (vLLM then assumes
+    2048 with a warning). ModelArchConfigConvertor.derive_max_model_len_and_key (the smallest
+    key, model_max_length winning), then _get_and_verify_max_len's RoPE factor."""
+    found = [(config.length_field(k), k) for k in _VLLM_LENGTH_KEYS
+             if config.length_field(k) is not None]
+    if not found:
+        return None
+    length, key = min(found, key=lambda pair: pair[0])
+    if config.length_field("model_max_length") is not None:
+        length, key = config.length_field("model_max_length"), "model_max_length"
+    if config.rope_type not in _SCALED_ALREADY and config.rope_factor is not None:
+        return int(length * config.rope_factor), f"{key} x rope factor {config.rope_factor:g}"
+    return length, key
+
+
+def fill_max_model_len(parsed: Parsed, config) -> None:
+    """--max-model-len, or vLLM's default from the model's config (one line where there is
+    none); a length above the model's is one note: vLLM refuses it without
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
+    derived = default_max_model_len(config)
+    given = parsed.serving["max_model_len"]
+    if given is None and derived is None:
+        raise UserError(f"{PROG}: the command sets no --max-model-len and the model's config "
+                        "sets none of max_position_embeddings and the other keys vLLM reads: "
+                        "add --max-model-len", field="serve")
+    if given is None:
+        parsed.serving["max_model_len"] = derived[0]
+        parsed.notes.append(f"max_model_len {derived[0]}: vLLM 0.33.0's default, the model's "
+                            f"{derived[1]} (config.json)")
+    elif derived is not None and given > derived[0]:
+        parsed.notes.append(f"--max-model-len {given} is above the model's {derived[0]} "
+                            f"({derived[1]}): vLLM 0.33.0 refuses it unless "
+                            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
 
 
 def _kv_dtype(value: str | None) -> str:
