@@ -43,6 +43,43 @@ class MemoryStats:
     num_ooms: int
 
 
+@dataclass(frozen=True)
+class NonTorchReading:
+    """Non-torch memory (outside torch's allocator) at one moment, read two ways, in bytes.
+
+    `process_bytes`: this process's own NVML figure less torch's reserved, which no other
+    process moves; None where NVML does not give it (`visibility`: nvml.process_visibility).
+    `device_bytes`: NVML's device-wide used memory, less what the other processes used before
+    this one touched CUDA, less reserved: an engine's reading; another process's use after the
+    start moves it. `other_processes_bytes`: device-wide used less this process's own figure
+    (None where not visible). The device-wide reading holds, beyond this process's own, what
+    NVML counts as used outside any process (`NonTorchSetup.process_bytes`).
+    """
+
+    visibility: str
+    process_bytes: int | None
+    device_bytes: int | None
+    other_processes_bytes: int | None
+
+    @property
+    def charged_bytes(self) -> int | None:
+        """What repro-oom charges: this process's own figure where NVML gives it, else the
+        device-wide one (the fallback, which `visibility` names); None without NVML."""
+        return self.device_bytes if self.process_bytes is None else self.process_bytes
+
+
+def read_non_torch(handle, used_by_others_bytes: int, reserved_bytes: int) -> NonTorchReading:
+    """A device's non-torch memory for this process, from one NVML process-list query and one
+    device-wide reading, given torch's reserved bytes and what the others used at start."""
+    own, visibility = nvml.process_reading(handle)
+    used = nvml.used_bytes(handle)
+    return NonTorchReading(
+        visibility=visibility,
+        process_bytes=None if own is None else own - reserved_bytes,
+        device_bytes=None if used is None else used - used_by_others_bytes - reserved_bytes,
+        other_processes_bytes=None if own is None or used is None else used - own)
+
+
 @dataclass
 class CallWatch:
     """What was seen while one call ran."""
@@ -92,16 +129,20 @@ class CudaMemory:
         self._limited = True
         return int(fraction * self.total_bytes)
 
-    def non_torch_bytes(self) -> int | None:
-        """This process's device memory outside the allocator (CUDA context, libraries).
+    def non_torch_reading(self) -> NonTorchReading:
+        """The non-torch memory now, read both ways at one moment (`read_non_torch`)."""
+        return read_non_torch(self.nvml_handle, self.used_by_others,
+                              self.stats(device=False).reserved)
 
-        Device-used memory minus torch's reserved memory, as an engine counts it, less what
-        other processes used before this one started.
-        """
-        used = nvml.used_bytes(self.nvml_handle)
-        if used is None:
-            return None
-        return used - self.used_by_others - self.stats().reserved
+    def non_torch_bytes(self) -> int | None:
+        """This process's device memory outside the allocator (CUDA context, libraries), as
+        repro-oom charges it (`NonTorchReading.charged_bytes`); None without NVML."""
+        return self.non_torch_reading().charged_bytes
+
+    def non_torch_device_bytes(self) -> int | None:
+        """The device-wide reading alone (`NonTorchReading.device_bytes`): NVML's used memory
+        less the others' use at start, less reserved: what the physical device has lost."""
+        return self.non_torch_reading().device_bytes
 
     @property
     def process_visibility(self) -> str:
@@ -114,17 +155,13 @@ class CudaMemory:
         return nvml.process_used_bytes(self.nvml_handle)
 
     def non_torch_process_bytes(self) -> int | None:
-        """`non_torch_bytes` from this process's own NVML figure: its memory less torch's
-        reserved, which no other process moves; None where this process is not visible."""
-        own = self.process_used_bytes()
-        return None if own is None else own - self.stats(device=False).reserved
+        """`NonTorchReading.process_bytes` now: None where this process is not visible."""
+        return self.non_torch_reading().process_bytes
 
     def other_processes_bytes(self) -> int | None:
-        """Device memory the other processes use now: NVML's device-wide used memory minus this
-        process's; None where this process is not visible (`process_visibility`)."""
-        own = self.process_used_bytes()
-        used = nvml.used_bytes(self.nvml_handle)
-        return None if own is None or used is None else used - own
+        """`NonTorchReading.other_processes_bytes` now: the other processes' use; None where
+        this process is not visible (`process_visibility`)."""
+        return self.non_torch_reading().other_processes_bytes
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -405,10 +442,12 @@ class SimulatedMemory:
         return limit_bytes
 
     def non_torch_bytes(self) -> int | None:
-        """The host setup's non-torch memory so far; None without one."""
+        """The host setup's non-torch memory so far, as a measured case charges it: this
+        process's own (its context and the modules loaded; the setup's process_bytes lies
+        outside it, on the physical device only); None without one."""
         if self.non_torch is None:
             return None
-        return self.non_torch.base_bytes + sum(module.bytes for module in self.loaded)
+        return self.non_torch.context_bytes + sum(module.bytes for module in self.loaded)
 
     def launch(self, name: str) -> None:
         """A kernel launch (an aten op name, or "<kernel>.decode"): its first one loads the
@@ -424,11 +463,12 @@ class SimulatedMemory:
         self.launch(str(func.overloadpacket))
 
     def _apply_limits(self) -> None:
-        """A segment must fit under the cap and in what the physical device has left."""
+        """A segment must fit under the cap and in what the physical device has left: its
+        memory less the device-wide non-torch memory (process_bytes + this process's own)."""
         limits = [self._cap]
         if self.non_torch is not None:
-            limits.append(self.non_torch.gpu_memory_bytes - self.non_torch_bytes()
-                          - self.non_torch.unallocatable_bytes)
+            limits.append(self.non_torch.gpu_memory_bytes - self.non_torch.process_bytes
+                          - self.non_torch_bytes() - self.non_torch.unallocatable_bytes)
         limits = [limit for limit in limits if limit is not None]
         self.model.limit_bytes = min(limits) if limits else None
 

@@ -7,14 +7,25 @@ GPU, so it lives as data (`non_torch.toml`, each figure with the command that me
 keyed by those, and never in a scenario.
 
 It has three parts:
-- `process_bytes`: NVML-used growth before this process creates its CUDA context (seen 0 B on
+- `process_bytes`: what the device-wide reading holds beyond this process's own NVML figure:
+  NVML-used growth the driver counts outside any process (seen before the CUDA context: 0 B on
   one H200 and 3.25 MiB on another, with the same driver and software);
-- `context_bytes`: the CUDA context, the CUDA libraries and the kernel library once imported;
+- `context_bytes`: the CUDA context, the CUDA libraries and the kernel library once imported,
+  in this process's own NVML figure;
 - `modules`: device memory loaded lazily on the first launch of a kernel (CUDA_MODULE_LOADING=
   LAZY, the default), each with the launches that load it: on the H200 a step's first fill
   (`new_zeros`, `zero_`) adds 90 MiB, 62 of which FlashMLA's decode loads too when it comes
   first. The allocator model charges a module at the first launch that loads it, so the
   emulated step loses it from the physical device when the real one does.
+
+A measured repro-oom case charges this process's own figure (NVML's per-process used memory
+less torch's reserved) where NVML lists the process, so another process's use moves nothing;
+where it does not (a container's pid namespace) it charges the device-wide reading (NVML's used
+memory, less what the others used at the start, less reserved). So the model and the measured
+reading agree by construction, the model charges `context_bytes` and the modules loaded (what
+the per-process reading holds), and keeps `process_bytes` on the physical device only: the
+device-wide reading is `process_bytes` more. `calibrated` moves the charged part to a case's
+measured figure; a device-wide one holds `process_bytes` as well, so it becomes 0 there.
 
 `unallocatable_bytes` is the one fitted figure: near a full device, cudaMalloc fails that much
 before NVML's used memory reaches the total (6 MiB on the H200: the smallest figure with which
@@ -68,11 +79,6 @@ class NonTorchSetup:
         """The modules a first launch of `launch` loads (unless an earlier launch did)."""
         return [module for module in self.modules if launch in module.loaded_by]
 
-    @property
-    def base_bytes(self) -> int:
-        """Non-torch memory before any op has been launched."""
-        return self.process_bytes + self.context_bytes
-
     def describe(self) -> str:
         """One line: which setup the figures come from."""
         text = (f"{self.gpu}, torch {self.torch}, CUDA {self.cuda}, {self.kernel} "
@@ -110,7 +116,13 @@ def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = 
     return replace(chosen, assumed=why)
 
 
-def calibrated(setup: NonTorchSetup, modelled_bytes: int, measured_bytes: int) -> NonTorchSetup:
-    """`setup` with its process figure moved so the model gives `measured_bytes` where it gave
-    `modelled_bytes` (the same point of the same case)."""
-    return replace(setup, process_bytes=setup.process_bytes + measured_bytes - modelled_bytes)
+def calibrated(setup: NonTorchSetup, modelled_bytes: int, measured_bytes: int, *,
+               device_wide: bool = False) -> NonTorchSetup:
+    """`setup` with its charged figure (`context_bytes`) moved so the model charges
+    `measured_bytes` where it charged `modelled_bytes` (the same point of the same case).
+
+    `device_wide`: the case charged the device-wide reading (NVML did not give its own figure),
+    which holds what lies outside the process too: `process_bytes` becomes 0, so the physical
+    device the model keeps to has that reading's memory less, no more."""
+    return replace(setup, context_bytes=setup.context_bytes + measured_bytes - modelled_bytes,
+                   process_bytes=0 if device_wide else setup.process_bytes)

@@ -113,17 +113,23 @@ def _own_entry(handle, pid: int | None) -> tuple[object | None, str]:
     return entry, THIS_PROCESS if entry.usedGpuMemory is not None else NOT_REPORTED
 
 
+def process_reading(handle, pid: int | None = None) -> tuple[int | None, str]:
+    """This process's (`pid`, default ours) device memory in bytes as NVML lists it, and its
+    visibility, from one process-list query: (bytes, THIS_PROCESS), or (None, the reason)."""
+    entry, visibility = _own_entry(handle, pid)
+    return (int(entry.usedGpuMemory) if visibility == THIS_PROCESS else None), visibility
+
+
 def process_used_bytes(handle, pid: int | None = None) -> int | None:
     """Device memory this process (`pid`, default ours) uses, in bytes, as NVML lists it;
     None where it is not listed with its memory (`process_visibility` says why)."""
-    entry, visibility = _own_entry(handle, pid)
-    return int(entry.usedGpuMemory) if visibility == THIS_PROCESS else None
+    return process_reading(handle, pid)[0]
 
 
 def process_visibility(handle, pid: int | None = None) -> str:
     """Whether NVML gives this process's own memory: THIS_PROCESS, or the reason it does not
     (NOT_LISTED, NOT_REPORTED, NO_PROCESS_LIST), for outputs to name the fallback."""
-    return _own_entry(handle, pid)[1]
+    return process_reading(handle, pid)[1]
 
 
 def driver_version() -> str | None:

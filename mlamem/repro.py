@@ -28,7 +28,7 @@ import torch
 
 from mlamem import environment
 from mlamem.engines import load_engine, request_engine
-from mlamem.engines.base import Budget, Engine, Verdict
+from mlamem.engines.base import NVML_FIELDS, Budget, Engine, Verdict, charged_per_process
 from mlamem.errors import UserError
 from mlamem.kernels import DEFAULT_KERNEL, SparseDecodeKernel, load_kernel
 from mlamem.measure import local_sm_count
@@ -203,7 +203,8 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
             modelled = case["non_torch_bytes"]
             case = run_case(request(key, budget), worker)
             if case.get("non_torch_bytes") is not None:
-                host = calibrated(setup, modelled, case["non_torch_bytes"])
+                host = calibrated(setup, modelled, case["non_torch_bytes"],
+                                  device_wide=not charged_per_process(case))
         if chosen.searched_knob is not None:
             case.update(_largest_safe(case, key, budget, chosen.searched_knob, host,
                                       measured=measured, predicted=predicted, request=request,
@@ -297,7 +298,7 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
     if reason is None:
         notes.append(f"the limit search models non-torch memory as {setup.describe()}, "
                      "calibrated to each case's measured figure")
-        notes += other_processes_notes(cases, engine.case_type.key_field)
+        notes += non_torch_notes(cases, engine.case_type.key_field)
     else:
         notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
                      f"launches) and the physical memory are modelled as {setup.describe()}")
@@ -312,30 +313,41 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
         created=environment.now_utc())
 
 
-def other_processes_notes(cases: list[dict], key_field: str) -> list[str]:
-    """A measured result's line per case on the device-wide readings: the non-torch figure (and
-    vLLM's graph estimate) read the device as the engine does, with the other processes' use at
-    that moment (NVML's device-wide used memory minus this process's), or why it is unknown."""
+def non_torch_notes(cases: list[dict], key_field: str) -> list[str]:
+    """A measured result's line per case on its NVML readings: the non-torch memory charged from
+    this process's own figure, with the device-wide reading and the other processes' use beside
+    it, or the device-wide fallback and why; vLLM's CUDA-graph estimate, which stays device-wide
+    as vLLM reads it, with the other processes' use at that moment."""
     lines = []
     for case in cases:
-        if case.get("nvml_visibility") is None:
+        visibility = case.get("nvml_visibility")
+        if visibility is None:  # nothing was read: a crashed case
             continue
-        name = case[key_field]
-        if case.get("other_processes_bytes") is None:
-            lines.append(f"{name}: non-torch is read device-wide (less the other processes' use "
-                         f"at start); their use at KV sizing is unknown: "
-                         f"{case['nvml_visibility']}")
-            continue
-        graph = case.get("graph_estimate_other_processes_bytes")
-        own = case.get("non_torch_process_bytes")
-        lines.append(f"{name}: non-torch is read device-wide (less the other processes' use at "
-                     f"start), as the engine reads it; other processes used "
-                     f"{format_bytes(case['other_processes_bytes'])} at KV sizing"
-                     + ("" if graph is None else
-                        f" and {format_bytes(graph)} at vLLM's device-wide graph estimate")
-                     + ("" if own is None else
-                        f"; this process's own non-torch memory: {format_bytes(own)}"))
+        line = f"{case[key_field]}: " + _charged_text(case, visibility)
+        if "graph_estimate_other_processes_bytes" in case:  # CUDA graphs on
+            line += ("; vLLM's CUDA-graph estimate stays device-wide, as vLLM reads it "
+                     "(mem_get_info's growth): other processes used "
+                     f"{_amount(case['graph_estimate_other_processes_bytes'])} then")
+        lines.append(line)
     return lines
+
+
+def _charged_text(case: dict, visibility: str) -> str:
+    """Which reading a measured case charged, with the other beside it."""
+    if charged_per_process(case):
+        return (f"non-torch memory charged from this process's own NVML figure "
+                f"({_amount(case['non_torch_bytes'])}), which no other process moves; "
+                f"device-wide, as the engine reads it: {_amount(case['non_torch_device_bytes'])}"
+                f" (less the others' use at start), other processes using "
+                f"{_amount(case['other_processes_bytes'])} then")
+    return (f"non-torch memory charged device-wide ({_amount(case['non_torch_bytes'])}: NVML's "
+            f"used memory less the others' use at start), as NVML gives no figure of this "
+            f"process's own ({visibility}); another process's use after the start moves it, "
+            "and the cap, KV cache and limits with it")
+
+
+def _amount(value: int | None) -> str:
+    return "unknown" if value is None else format_bytes(value)
 
 
 def _budget_dict(budget: Budget, scenario: Scenario) -> dict:
@@ -350,11 +362,8 @@ def _budget_dict(budget: Budget, scenario: Scenario) -> dict:
 # What a prediction cannot give, by name: `prediction_differences` skips these and says so.
 NOT_PREDICTED_FIELDS = {
     "nvml_step_peak_bytes": "NVML reading",
+    **dict.fromkeys(NVML_FIELDS, "NVML reading"),
     "nvml_visibility": "NVML's process list",
-    "nvml_process_step_peak_bytes": "NVML reading",
-    "other_processes_bytes": "NVML reading",
-    "non_torch_process_bytes": "NVML reading",
-    "graph_estimate_other_processes_bytes": "NVML reading",
     "failure": "error text (torch's message against the model's)",
     "max_safe_method": "how the limit was found",
     "measured": "measured or predicted",

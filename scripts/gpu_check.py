@@ -129,7 +129,8 @@ SUITES = {
                                ("triton-native", OPS[:1])) for op in ops),
               "python3 benchmarks/overhead.py"],
     # issue 26's noisy neighbour: a second process allocating and freeing 2 GiB in a loop moves
-    # no allocator figure and no per-process one (profile, graphs, a repro-oom case)
+    # no allocator figure and no per-process one (profile, graphs), nor repro-oom's KV cache,
+    # cap, headroom, verdict and limits (charged per process)
     "neighbour": [f"{PYTEST} {NEIGHBOUR}"],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],

@@ -1,8 +1,12 @@
 """Where a rank's non-torch device memory (CUDA context, libraries, module loads) comes from.
 
-Non-torch memory = NVML used memory of the device, less what other processes used before this
-one touched CUDA, less torch's reserved memory. This probe prints it at each step of an emulated
-engine case and around a kernel's first calls, each in a fresh process, as JSON lines:
+Non-torch memory, read two ways (mlamem.memory.NonTorchReading): "process", this process's own
+NVML figure less torch's reserved memory (what a measured repro-oom case charges, and what the
+model's context_bytes and modules are); "device", NVML's used memory of the device, less what
+other processes used before this one touched CUDA, less reserved (the engines' reading; the
+model's process_bytes is what it holds beyond "process"). This probe prints both at each step
+of an emulated engine case and around a kernel's first calls, each in a fresh process, as JSON
+lines:
 
     python3 scripts/non_torch_probe.py            # every probe, one fresh process each
     python3 scripts/non_torch_probe.py PROBE ARG  # one probe in this process
@@ -18,6 +22,13 @@ import subprocess
 import sys
 
 
+def _both(memory) -> dict:
+    """The non-torch memory now, this process's own and device-wide, with NVML's visibility."""
+    reading = memory.non_torch_reading()
+    return {"process": reading.process_bytes, "device": reading.device_bytes,
+            "visibility": reading.visibility}
+
+
 def _engine_case(scenario_name: str, path: str) -> dict:
     """An emulated repro-oom case with non-torch memory read at every allocator-stats call."""
     import inspect
@@ -26,7 +37,7 @@ def _engine_case(scenario_name: str, path: str) -> dict:
     from mlamem.engines.base import Budget
     from mlamem.kernels import FlashMLA
     from mlamem.measure import local_sm_count
-    from mlamem.memory import CudaMemory
+    from mlamem.memory import CudaMemory, read_non_torch
     from mlamem.repro import scenario_engine
 
     used_before_cuda = nvml.used_by_uuid()
@@ -36,11 +47,14 @@ def _engine_case(scenario_name: str, path: str) -> dict:
     class Logged(CudaMemory):
         log: list = []
 
-        def stats(self):
-            s = super().stats()
+        def stats(self, device: bool = True):
+            s = super().stats(device)
             caller = inspect.stack()[1]
-            self.log.append([f"{caller.function}:{caller.lineno}",
-                             s.device_used - self.used_by_others - s.reserved])
+            if caller.function != "non_torch_reading":  # the reading's own stats call
+                reading = read_non_torch(self.nvml_handle, self.used_by_others, s.reserved)
+                self.log.append([f"{caller.function}:{caller.lineno}",
+                                 {"process": reading.process_bytes,
+                                  "device": reading.device_bytes}])
             return s
 
     memory = Logged(used_before_cuda=used_before_cuda)
@@ -48,7 +62,7 @@ def _engine_case(scenario_name: str, path: str) -> dict:
                     chosen.serving.max_num_batched_tokens)
     engine = scenario_engine(chosen)  # the scenario's first: context reuse names a variant
     case = engine.emulate(memory, chosen, FlashMLA(), budget, path, sm_count=local_sm_count())
-    after = memory.non_torch_bytes()
+    after = _both(memory)
     result = {k: v for k, v in case.to_dict().items() if k != "buffers"}
     return {"probe": "engine", "scenario": scenario_name, "path": path, "log": Logged.log,
             "non_torch_after_case": after, "case": result}
@@ -69,23 +83,23 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
     kernel = KERNELS[kernel_name]()
     log = []
     memory = CudaMemory(used_before_cuda=used_before_cuda)
-    log.append(["cuda context", memory.non_torch_bytes()])
+    log.append(["cuda context", _both(memory)])
     reason = kernel.unavailable_reason()
-    log.append([f"unavailable_reason() = {reason}", memory.non_torch_bytes()])
+    log.append([f"unavailable_reason() = {reason}", _both(memory)])
     t = int(tokens)
     inputs = make_inputs(glm, t, torch.device("cuda"))
     torch.cuda.synchronize()
-    log.append(["inputs", memory.non_torch_bytes()])
+    log.append(["inputs", _both(memory)])
     q = inputs.q.new_zeros((1, t, 64, 576))
     q[..., :8, :] = inputs.q.unsqueeze(0)
     torch.cuda.synchronize()
-    log.append(["padded q", memory.non_torch_bytes()])
+    log.append(["padded q", _both(memory)])
     if kernel_name == "flashmla":
         import flash_mla
 
         flash_mla.get_mla_metadata()
         torch.cuda.synchronize()
-        log.append(["get_mla_metadata", memory.non_torch_bytes()])
+        log.append(["get_mla_metadata", _both(memory)])
     for call in range(2):
         torch.cuda.reset_peak_memory_stats()
         reserved = torch.cuda.memory_reserved()
@@ -93,14 +107,14 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
             out, lse = run_kernel(kernel, q, inputs.kv_cache, inputs.indices,
                                   sm_scale=glm.softmax_scale, d_v=glm.d_v)
             torch.cuda.synchronize()
-        log.append([f"decode call {call}", memory.non_torch_bytes(),
+        log.append([f"decode call {call}", _both(memory),
                     {"peak_reserved_delta": torch.cuda.max_memory_reserved() - reserved,
                      "nvml_peak_minus_reserved_peak":
                          sampler.peak_bytes - memory.used_by_others
                          - torch.cuda.max_memory_reserved()}])
         del out, lse
     torch.cuda.empty_cache()
-    log.append(["empty_cache", memory.non_torch_bytes()])
+    log.append(["empty_cache", _both(memory)])
     return {"probe": "first-calls", "kernel": kernel_name, "tokens": t, "log": log}
 
 
@@ -119,17 +133,17 @@ def _step_ops(scenario_name: str) -> dict:
 
     memory = CudaMemory(used_before_cuda=used_before_cuda)
     kernel = FlashMLA()
-    log = [["start", memory.non_torch_bytes()]]
+    log = [["start", _both(memory)]]
     kernel.unavailable_reason()
     torch.empty(1, device="cuda")
-    log.append(["context + import flash_mla", memory.non_torch_bytes()])
+    log.append(["context + import flash_mla", _both(memory)])
     t, heads, cuda = 1024, chosen.heads_per_rank, torch.device("cuda")
     gen = torch.Generator(cuda).manual_seed(0)
 
     def after(name, fn):
         result = fn()
         torch.cuda.synchronize()
-        log.append([name, memory.non_torch_bytes()])
+        log.append([name, _both(memory)])
         return result
 
     kv = after("kv_cache .to(cuda) (H2D)",
@@ -174,7 +188,7 @@ def _physical(step_ops: str) -> dict:
         q.new_zeros((1024, 64, 576))[:, :8].copy_(q)
         del q
     torch.cuda.synchronize()
-    non_torch = memory.non_torch_bytes()
+    non_torch = memory.non_torch_device_bytes()  # the physical device: device-wide
     total = memory.total_bytes
     free, _ = torch.cuda.mem_get_info()
     big = torch.empty(total - non_torch - memory.used_by_others - (4 << 30), dtype=torch.uint8,
@@ -193,7 +207,7 @@ def _physical(step_ops: str) -> dict:
             "used_by_others": memory.used_by_others, "mem_get_info_free": free,
             "largest_reservable": reachable,
             "total_minus_non_torch_minus_others": total - non_torch - memory.used_by_others,
-            "non_torch_after": memory.non_torch_bytes()}
+            "non_torch_after": _both(memory)}
 
 
 PROBES = {"engine": _engine_case, "first-calls": _first_calls, "step-ops": _step_ops,

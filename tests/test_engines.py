@@ -22,6 +22,7 @@ from mlamem.testing import check_bad_input, no_gpu, scenario_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GiB = 1024**3
+MiB = 1024**2
 
 
 def test_registry_names_and_loads_each_engine():
@@ -251,59 +252,32 @@ def test_each_engine_builds_its_own_budget():
     assert (VLLM.searched_knob, context_reuse.searched_knob) == ("max_num_batched_tokens", None)
 
 
-def test_a_predicted_case_has_no_per_process_fields():
+def test_a_predicted_case_has_no_nvml_fields():
     """Nothing is read from NVML on the model: a predicted case's JSON is as it read before the
-    per-process figures, for every engine; a measured case names them (None until read)."""
-    from mlamem.engines.base import PER_PROCESS_FIELDS
+    NVML readings, for every engine; a measured case names them (None until read)."""
+    from mlamem.engines.base import NVML_FIELDS
     glm = scenarios.load("glm5-fp8-tp8")
     budget = Budget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 1024)
     predicted = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
-    assert not set(PER_PROCESS_FIELDS) & set(predicted.to_dict())
+    assert not set(NVML_FIELDS) & set(predicted.to_dict())
     measured = dataclasses.replace(predicted, measured=True).to_dict()
     assert {"nvml_visibility", "nvml_process_step_peak_bytes", "other_processes_bytes",
-            "non_torch_process_bytes"} <= set(measured)
+            "non_torch_process_bytes", "non_torch_device_bytes"} <= set(measured)
     assert "graph_estimate_other_processes_bytes" not in measured  # graphs off: no graph_ field
 
 
-class _SeenMemory:
-    """What record_non_torch reads of a CudaMemory, as one reading on a GPU gives it."""
-
-    measured = True
-
-    def __init__(self, visibility, others):
-        self.process_visibility, self._others = visibility, others
-
-    def non_torch_bytes(self):
-        return 600 * 2**20
-
-    def other_processes_bytes(self):
-        return self._others
-
-    def non_torch_process_bytes(self):
-        return None if self._others is None else 500 * 2**20
-
-
-@pytest.mark.parametrize(("visibility", "others"), [("this process", 2 * GiB),
-                                                    ("not listed: pid namespace", None)])
-def test_kv_sizing_records_the_other_processes_beside_non_torch(visibility, others):
-    from mlamem.engines.vllm import VLLMCase
-    from mlamem.repro import other_processes_notes
-    case = VLLMCase(path="alloc", max_num_batched_tokens=1024, measured=True)
-    case.record_non_torch(_SeenMemory(visibility, others))
-    assert (case.non_torch_bytes, case.nvml_visibility, case.other_processes_bytes) == (
-        600 * 2**20, visibility, others)
-    assert case.non_torch_process_bytes == (others and 500 * 2**20)
-    [note] = other_processes_notes([case.to_dict()], "path")
-    assert note.startswith("alloc: non-torch is read device-wide (less the other processes' use at")
-    assert (note.endswith("other processes used 2.000 GiB at KV sizing; this process's own "
-                          "non-torch memory: 500.000 MiB") if others
-            else note.endswith("their use at KV sizing is unknown: not listed: pid namespace"))
-
-
-def test_the_note_names_the_others_at_vllms_graph_estimate():
-    from mlamem.repro import other_processes_notes
-    case = {"path": "workspace", "nvml_visibility": "this process", "other_processes_bytes": 0,
-            "graph_estimate_other_processes_bytes": 2 * GiB, "non_torch_process_bytes": None}
-    [note] = other_processes_notes([case, {"path": "alloc", "nvml_visibility": None}], "path")
-    assert note.endswith("other processes used 0 B at KV sizing and 2.000 GiB at vLLM's "
-                         "device-wide graph estimate")
+@pytest.mark.parametrize(("others", "said"), [(2 * GiB, "2.000 GiB"), (None, "unknown")])
+def test_the_note_says_vllms_graph_estimate_stays_device_wide(others, said):
+    """With CUDA graphs, a case's note says the estimate reads the device as vLLM does, and the
+    others' use then (unknown where NVML does not list this process); a case that read nothing
+    (crashed) has no note."""
+    from mlamem.repro import non_torch_notes
+    case = {"path": "workspace", "nvml_visibility": "this process", "non_torch_bytes": 500 * MiB,
+            "non_torch_process_bytes": 500 * MiB, "non_torch_device_bytes": 501 * MiB,
+            "other_processes_bytes": 0, "graph_estimate_other_processes_bytes": others}
+    [note] = non_torch_notes([case, {"path": "alloc", "nvml_visibility": None}], "path")
+    assert note.startswith("workspace: non-torch memory charged from this process's own NVML "
+                           "figure (500.000 MiB)")
+    assert note.endswith("other processes using 0 B then; vLLM's CUDA-graph estimate stays "
+                         "device-wide, as vLLM reads it (mem_get_info's growth): other processes "
+                         f"used {said} then")

@@ -74,12 +74,54 @@ def test_no_gpu_takes_the_kernels_first_setup_and_says_so():
     assert "triton not measured" in other.assumed
 
 
-def test_calibration_moves_the_process_figure_only():
-    """A host that measures 3 MiB more than the model gets 3 MiB more everywhere."""
-    setup = _setup()
+def _room_left_mib(memory) -> int:
+    """The largest allocation, in 2 MiB steps, that fits on `memory`'s physical device (the cap
+    set to the whole device, as an engine sets it first)."""
+    fitting = 0
+    with memory:
+        memory.set_limit(4096 * MiB)
+        for size_mib in range(3500, 4096, 2):
+            try:
+                block = torch.empty(size_mib * MiB, dtype=torch.uint8, device="meta")
+            except AllocatorOutOfMemory:
+                break
+            del block
+            memory.empty_cache()
+            fitting = size_mib
+    return fitting
+
+
+def test_the_model_charges_this_process_own_and_keeps_process_bytes_on_the_device():
+    """The charge is the context and the modules (what a per-process NVML reading holds); the
+    3 MiB outside the process (device-wide only) still take the physical device."""
+    memory = SimulatedMemory(non_torch=_setup(process_bytes=3 * MiB))
+    with memory:
+        assert memory.non_torch_bytes() == 500 * MiB
+    assert _room_left_mib(memory) == 4096 - 3 - 500 - 1  # 3593 MiB left: 3592 in 2 MiB steps
+
+
+def test_calibration_to_this_process_own_figure_moves_the_charge_only():
+    """A case that measured 3 MiB more of its own: the model charges 3 MiB more, and the part
+    outside the process stays as recorded."""
+    setup = _setup(process_bytes=3 * MiB)
     moved = calibrated(setup, 500 * MiB, 503 * MiB)
-    assert moved.base_bytes == setup.base_bytes + 3 * MiB
+    assert (moved.context_bytes, moved.process_bytes) == (503 * MiB, 3 * MiB)
     assert moved.modules == setup.modules
+    memory = SimulatedMemory(non_torch=moved)
+    with memory:
+        assert memory.non_torch_bytes() == 503 * MiB
+    assert _room_left_mib(memory) == 4096 - 3 - 503  # 3590 MiB
+
+
+def test_calibration_to_a_device_wide_figure_holds_what_lies_outside_the_process():
+    """The device-wide fallback charges 506 MiB where the model charged 500: the charge is 506
+    MiB and the device has 506 MiB less, the recorded 3 MiB outside the process not twice."""
+    moved = calibrated(_setup(process_bytes=3 * MiB), 500 * MiB, 506 * MiB, device_wide=True)
+    assert (moved.context_bytes, moved.process_bytes) == (506 * MiB, 0)
+    memory = SimulatedMemory(non_torch=moved)
+    with memory:
+        assert memory.non_torch_bytes() == 506 * MiB
+    assert _room_left_mib(memory) == 4096 - 506  # 3590 MiB
 
 
 def test_a_shared_module_loads_with_whichever_launch_comes_first():

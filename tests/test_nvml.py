@@ -1,4 +1,5 @@
-"""nvml.py's per-process figures against a fake pynvml, injected where nvml.py imports it."""
+"""nvml.py's per-process figures against a fake pynvml, injected where nvml.py imports it, and
+the non-torch memory repro-oom charges from them."""
 
 import os
 import sys
@@ -124,13 +125,117 @@ def test_sampler_stops_asking_for_an_unlisted_process(install):
     assert fake.calls == ["nvmlDeviceGetComputeRunningProcesses_v3"]  # the entry's only
 
 
-def test_other_processes_are_the_device_wide_reading_less_ours(install):
+def test_other_processes_are_the_device_wide_reading_less_ours(install, monkeypatch):
     """CudaMemory's other_processes_bytes: NVML's device-wide used memory minus this process's
-    entry; None where NVML does not list this process (read through nvml alone: no CUDA)."""
-    from mlamem.memory import CudaMemory
-    memory = object.__new__(CudaMemory)  # its NVML readings only: __init__ needs a GPU
-    memory.nvml_handle = "handle"
+    entry; None where NVML does not list this process."""
+    memory = _cuda_memory(monkeypatch)
     install(fake_pynvml([(os.getpid(), OWN)], used=lambda: OWN + 2 * GIB))
     assert (memory.process_visibility, memory.other_processes_bytes()) == (nvml.THIS_PROCESS, 2 * GIB)
     install(fake_pynvml([(os.getpid() + 1, OWN)], used=lambda: OWN + 2 * GIB))
     assert (memory.process_visibility, memory.other_processes_bytes()) == (nvml.NOT_LISTED, None)
+
+
+# repro-oom's charge through the fake door: CudaMemory's NVML readings, torch's reserved memory
+# given (this machine has no CUDA allocator to read it from)
+RESERVED = 2 * GIB
+OTHERS = 5 * GIB  # a neighbour's use before the case's process touched CUDA
+OUTSIDE = 1 << 20  # what NVML counts as used outside any process
+
+
+def _cuda_memory(monkeypatch):
+    """A CudaMemory without __init__ (which needs a GPU), reading NVML through the fake door,
+    with RESERVED bytes reserved by torch and OTHERS used by the others at start."""
+    from mlamem.memory import CudaMemory, MemoryStats
+    memory = object.__new__(CudaMemory)
+    memory.nvml_handle, memory.used_by_others = "handle", OTHERS
+    monkeypatch.setattr(memory, "stats", lambda device=True: MemoryStats(
+        allocated=RESERVED, reserved=RESERVED, peak_allocated=RESERVED, peak_reserved=RESERVED,
+        device_used=None, num_ooms=0), raising=False)
+    return memory
+
+
+def _recorded(memory):
+    """A vLLM case's KV sizing, recorded from `memory`."""
+    from mlamem.engines.vllm import VLLMCase
+    case = VLLMCase(path="workspace", max_num_batched_tokens=1024, measured=True)
+    case.record_non_torch(memory)
+    return case
+
+
+def test_a_listed_process_is_charged_its_own_figure(install, monkeypatch):
+    """NVML lists this process: the cap and the KV sizing charge its own memory less reserved;
+    the device-wide reading (less the others' use at start) is recorded beside it, labelled."""
+    from mlamem.engines.base import non_torch_now
+    from mlamem.repro import non_torch_notes
+    install(fake_pynvml([(os.getpid() + 1, OTHERS), (os.getpid(), OWN)],
+                        used=lambda: OTHERS + OWN + OUTSIDE))
+    memory = _cuda_memory(monkeypatch)
+    assert non_torch_now(memory) == OWN - RESERVED
+    case = _recorded(memory)
+    assert (case.non_torch_bytes, case.non_torch_process_bytes, case.non_torch_device_bytes,
+            case.other_processes_bytes, case.nvml_visibility) == (
+        OWN - RESERVED, OWN - RESERVED, OWN - RESERVED + OUTSIDE, OTHERS + OUTSIDE,
+        nvml.THIS_PROCESS)
+    [note] = non_torch_notes([case.to_dict()], "path")
+    assert note == ("workspace: non-torch memory charged from this process's own NVML figure "
+                    "(1.000 GiB), which no other process moves; device-wide, as the engine "
+                    "reads it: 1.001 GiB (less the others' use at start), other processes using "
+                    "5.001 GiB then")
+
+
+def test_an_unlisted_process_is_charged_device_wide_and_every_output_says_so(install,
+                                                                              monkeypatch):
+    """A container: NVML lists the host's pids only. The charge falls back to the device-wide
+    reading; the case's nvml_visibility, a note and the budget line name the fallback, in the
+    table, the Markdown and the JSON."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from mlamem import render
+    from mlamem.render.common import console_text
+    from mlamem.repro import ReproResult, non_torch_notes
+    install(fake_pynvml([(os.getpid() + 1, OTHERS), (os.getpid() + 2, OWN)],
+                        used=lambda: OTHERS + OWN + OUTSIDE))
+    memory = _cuda_memory(monkeypatch)
+    assert memory.non_torch_bytes() == OWN - RESERVED + OUTSIDE
+    case = _recorded(memory).to_dict()
+    assert (case["non_torch_bytes"], case["non_torch_process_bytes"], case["nvml_visibility"]) == (
+        OWN - RESERVED + OUTSIDE, None, nvml.NOT_LISTED)
+    [note] = non_torch_notes([case], "path")
+    assert note == ("workspace: non-torch memory charged device-wide (1.001 GiB: NVML's used "
+                    "memory less the others' use at start), as NVML gives no figure of this "
+                    "process's own (not listed: pid namespace); another process's use after "
+                    "the start moves it, and the cap, KV cache and limits with it")
+    saved = json.loads((Path(__file__).parent / "fixtures" / "results"
+                        / "repro-oom-glm5-h200.json").read_text())
+    result = ReproResult.from_dict(saved)
+    read = {k: case[k] for k in ("non_torch_bytes", "non_torch_process_bytes",
+                                 "non_torch_device_bytes", "other_processes_bytes",
+                                 "nvml_visibility")}
+    cases = [{**c, **read} for c in result.cases]
+    result = dataclasses.replace(result, cases=cases, notes=[*result.notes, note])
+    budget_line = ("non-torch memory (CUDA context, libraries): 1.001 GiB, read device-wide: "
+                   "NVML gives no figure of this process's own (not listed: pid namespace)")
+    for text in (console_text(render.repro_table(result)), render.repro_markdown(result)):
+        flat = " ".join(text.split())
+        assert budget_line in flat and note in flat
+    as_json = json.loads(render.REPRO_FORMATS["json"](result))
+    assert note in as_json["notes"]
+    assert {c["nvml_visibility"] for c in as_json["cases"]} == {nvml.NOT_LISTED}
+
+
+def test_a_neighbour_growing_between_readings_moves_no_charge(install, monkeypatch):
+    """A neighbour takes 2 GiB between the cap and the KV sizing: the charge, this process's own
+    figure, is the same at both; the device-wide reading and the others' use move by 2 GiB."""
+    from mlamem.engines.base import non_torch_now
+    neighbour = [0]
+    install(fake_pynvml([(os.getpid() + 1, OTHERS), (os.getpid(), OWN)],
+                        used=lambda: OTHERS + neighbour[0] + OWN))
+    memory = _cuda_memory(monkeypatch)
+    at_cap = non_torch_now(memory), memory.non_torch_reading()
+    neighbour[0] = 2 * GIB
+    case = _recorded(memory)
+    assert at_cap[0] == case.non_torch_bytes == OWN - RESERVED
+    assert case.non_torch_device_bytes - at_cap[1].device_bytes == 2 * GIB
+    assert case.other_processes_bytes - at_cap[1].other_processes_bytes == 2 * GIB

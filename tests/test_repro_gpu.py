@@ -6,7 +6,7 @@ import torch
 
 from mlamem import scenario as scenarios
 from mlamem.cli import main
-from mlamem.engines.base import Budget
+from mlamem.engines.base import Budget, charged_per_process
 from mlamem.engines.vllm import VLLM
 from mlamem.kernels import FlashMLA
 from mlamem.memory import SimulatedMemory
@@ -47,7 +47,8 @@ def test_measured_equals_the_model(glm_result):
     for measured in result.cases:
         modelled = VLLM.emulate(SimulatedMemory(non_torch=setup), glm, FlashMLA(), budget,
                            measured["path"], sm_count=132).non_torch_bytes
-        host = calibrated(setup, modelled, measured["non_torch_bytes"])
+        host = calibrated(setup, modelled, measured["non_torch_bytes"],
+                          device_wide=not charged_per_process(measured))
         predicted = VLLM.emulate(SimulatedMemory(non_torch=host), glm, FlashMLA(), budget,
                             measured["path"], sm_count=132)
         predicted = predicted.to_dict()

@@ -70,7 +70,25 @@ def test_every_shipped_scenario_measured_equals_predicted(name, kernel, engine, 
     measured = _repro_json([*args, *expected], tmp_path / f"{name}.json")
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
     assert measured["measured"] and not predicted["measured"]
+    _charged_by_visibility(measured)
     assert prediction_differences(measured, predicted) == []
+
+
+def _charged_by_visibility(measured: dict) -> None:
+    """Each case that reached KV sizing charged this process's own non-torch memory where NVML
+    listed it, else the device-wide reading, which its note then names: what the model's charge
+    (context + modules, mlamem/non_torch.py) equals field by field."""
+    from mlamem import nvml
+    from mlamem.engines import load_engine
+    key_field = load_engine(measured["engine"]).case_type.key_field
+    for case in measured["cases"]:
+        if case.get("nvml_visibility") is None:  # failed before KV sizing: nothing read
+            continue
+        own = case["nvml_visibility"] == nvml.THIS_PROCESS
+        assert case["non_torch_bytes"] == (case["non_torch_process_bytes"] if own
+                                           else case["non_torch_device_bytes"]), case
+        [note] = [n for n in measured["notes"] if n.startswith(f"{case[key_field]}: non-torch")]
+        assert ("this process's own NVML figure" if own else case["nvml_visibility"]) in note
 
 
 SEED_COMMAND = ("vllm serve zai-org/GLM-5-FP8 --tensor-parallel-size 8 --max-num-seqs 256 "
@@ -96,5 +114,6 @@ def test_the_seed_serve_command_measured_equals_predicted(tmp_path):
     measured = _repro_json(["-s", str(seed), "--expect-oom", "alloc", "--expect-fit", "workspace"],
                            tmp_path / "seed.json")
     predicted = _repro_json(["-s", str(seed), "--predict"], tmp_path / "seed.predicted.json")
+    _charged_by_visibility(measured)
     assert prediction_differences(measured, predicted) == []
     assert [c["max_safe_tokens"] for c in predicted["cases"]] == [31856, 39008]

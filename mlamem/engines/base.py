@@ -2,7 +2,8 @@
 
 `Engine.emulate` runs one case through one rank in the engines' start-up order:
 1. cap torch at the target GPU's memory less the non-torch memory (CUDA context, libraries),
-   counted as device-used minus torch-reserved;
+   counted as used minus torch-reserved: measured, this process's own NVML figure where NVML
+   lists it, else device-wide (`memory.NonTorchReading.charged_bytes`);
 2. init (`init`): what the engine places before profiling (weights, workspaces, inputs);
 3. profile (`profile`): the engine's profile pass; its peak over init is recorded, then the
    cache is emptied;
@@ -101,21 +102,25 @@ class Case:
     verdict: Verdict = Verdict.ERROR
     phase: Phase = Phase.INIT  # the phase it reached; DONE when the step completed
     torch_limit_bytes: int | None = None  # the cap on torch's reserved memory
-    non_torch_bytes: int | None = None  # at KV sizing: measured, or the host setup's model
+    non_torch_bytes: int | None = None  # at KV sizing, charged: measured (this process's own
+    # NVML figure, else device-wide: nvml_visibility says which), or the host setup's model
     weights_bytes: int = 0
     profile_peak_bytes: int | None = None  # the profile pass's peak over init
     step_peak_bytes: int | None = None  # torch's reserved peak during the step (fits)
     headroom_bytes: int | None = None  # cap - step peak (fits)
     nvml_step_peak_bytes: int | None = None  # measured: this process's device memory at the peak
     # (device-wide NVML less what others used at start: a neighbour's later use moves it)
-    # Per-process figures (measured; absent from predicted cases, PER_PROCESS_FIELDS):
-    nvml_visibility: str | None = None  # "this process", or why NVML does not give its own memory
+    # NVML's readings (measured; absent from predicted cases, NVML_FIELDS):
+    nvml_visibility: str | None = None  # "this process": non_torch_bytes is its own figure;
+    # else why NVML does not give it, and non_torch_bytes is the device-wide fallback
     nvml_process_step_peak_bytes: int | None = None  # this process's own NVML peak in the step
-    # at KV sizing, beside non_torch_bytes (read device-wide, as the engine reads it): the other
-    # processes' use then, NVML's device-wide used memory minus this process's, and the
-    # non-torch memory from this process's own figure, which no neighbour moves
-    other_processes_bytes: int | None = None
+    # at KV sizing, beside non_torch_bytes: the non-torch memory from this process's own figure,
+    # which no neighbour moves; the device-wide reading, as the engine reads it (less the
+    # others' use at start: a neighbour's later use moves it); the other processes' use then,
+    # NVML's device-wide used memory minus this process's
     non_torch_process_bytes: int | None = None
+    non_torch_device_bytes: int | None = None
+    other_processes_bytes: int | None = None
     oom_requested_bytes: int | None = None  # the allocation that failed
     oom_buffer: str | None = None  # its name, e.g. "o_accum"
     oom_allocated_by: str | None = None  # who asked: "wrapper", "kernel", "engine", "init", ...
@@ -152,26 +157,38 @@ class Case:
         self.nvml_process_step_peak_bytes = call.nvml_process_peak_bytes
 
     def record_non_torch(self, memory) -> None:
-        """At KV sizing: the non-torch reading the engine charges and, beside it, the other
-        processes' use at that moment and whether this process's own figures are visible."""
-        self.non_torch_bytes = non_torch_now(memory)
-        if memory.measured:
-            self.nvml_visibility = memory.process_visibility
-            self.other_processes_bytes = memory.other_processes_bytes()
-            self.non_torch_process_bytes = memory.non_torch_process_bytes()
+        """At KV sizing: the non-torch memory the engine is charged (the model's, or one
+        measured reading: `NonTorchReading.charged_bytes`) and, measured, both readings beside
+        it, the other processes' use at that moment and whether this process's own is visible."""
+        if not memory.measured:
+            self.non_torch_bytes = non_torch_now(memory)
+            return
+        reading = memory.non_torch_reading()
+        self.non_torch_bytes = reading.charged_bytes or 0  # as non_torch_now: 0 without NVML
+        self.nvml_visibility = reading.visibility
+        self.non_torch_process_bytes = reading.process_bytes
+        self.non_torch_device_bytes = reading.device_bytes
+        self.other_processes_bytes = reading.other_processes_bytes
 
     def to_dict(self) -> dict:
         """The JSON case: its key first, verdict and phase as plain strings."""
         data = {name: value.value if isinstance(value, Enum) else value
                 for name, value in without_record(self).items()
-                if self.measured or name not in PER_PROCESS_FIELDS}  # predicted: as it read
+                if self.measured or name not in NVML_FIELDS}  # predicted: as it read
         return {self.key_field: data.pop(self.key_field), **data}
 
 
-# A measured case's per-process NVML figures: a predicted case has none (nothing is read), and
-# its dict stays as it read before they were recorded
-PER_PROCESS_FIELDS = ("nvml_visibility", "nvml_process_step_peak_bytes", "other_processes_bytes",
-                      "non_torch_process_bytes", "graph_estimate_other_processes_bytes")
+# A measured case's NVML readings beside its charged figures: a predicted case has none
+# (nothing is read), and its dict stays as it read before they were recorded
+NVML_FIELDS = ("nvml_visibility", "nvml_process_step_peak_bytes", "non_torch_process_bytes",
+               "non_torch_device_bytes", "other_processes_bytes",
+               "graph_estimate_other_processes_bytes")
+
+
+def charged_per_process(case: dict) -> bool:
+    """Whether a measured case's non_torch_bytes is this process's own figure, not the
+    device-wide fallback (NonTorchReading.charged_bytes)."""
+    return case.get("non_torch_process_bytes") is not None
 
 
 @dataclass(frozen=True)
@@ -411,7 +428,8 @@ class Engine(ABC):
 
 
 def non_torch_now(memory) -> int:
-    """Non-torch memory now: measured, or modelled from the host setup; 0 B if neither knows."""
+    """Non-torch memory now, as charged: measured (this process's own where NVML lists it, else
+    device-wide), or modelled from the host setup; 0 B if neither knows."""
     return memory.non_torch_bytes() or 0
 
 

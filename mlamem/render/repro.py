@@ -8,7 +8,7 @@ import json
 from rich.console import Group
 
 from mlamem.engines import load_engine
-from mlamem.engines.base import View
+from mlamem.engines.base import View, charged_per_process
 from mlamem.render.common import (
     compact_table,
     console_text,
@@ -43,8 +43,18 @@ def _budget_lines(result: ReproResult) -> list[str]:
              + (f" ({s['weights_note']})" if s.get("weights_note") else "")]
     if first.get("non_torch_bytes") is not None:
         lines.append(f"non-torch memory (CUDA context, libraries): "
-                     f"{format_bytes(first['non_torch_bytes'])}")
+                     f"{format_bytes(first['non_torch_bytes'])}{_charged_reading(first)}")
     return lines + [_budget_rule(result)]
+
+
+def _charged_reading(case: dict) -> str:
+    """Which NVML reading a measured case charged; '' where none was recorded (predicted,
+    older files)."""
+    if case.get("nvml_visibility") is None:
+        return ""
+    if charged_per_process(case):
+        return ", this process's own NVML figure"
+    return f", read device-wide: NVML gives no figure of this process's own ({case['nvml_visibility']})"
 
 
 def _view(result: ReproResult) -> View:
