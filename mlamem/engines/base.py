@@ -303,6 +303,12 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def check_graphs(cls, scenario: Scenario, budget: Budget) -> None:
+        """With CUDA graphs on: refuse, in one line (UserError), graph settings this engine
+        cannot capture, before any case runs."""
+        return None
+
+    @classmethod
     def default_step_tokens(cls, scenario: Scenario, gpu_memory_bytes: int) -> int:
         """The step's tokens (the budget's max_num_batched_tokens) when none is given."""
         return scenario.serving.max_num_batched_tokens
