@@ -355,6 +355,7 @@ NOT_PREDICTED_FIELDS = {
     "other_processes_bytes": "NVML reading",
     "non_torch_process_bytes": "NVML reading",
     "graph_estimate_other_processes_bytes": "NVML reading",
+    "graph_device_bytes": "device-wide reading (mem_get_info)",
     "failure": "error text (torch's message against the model's)",
     "max_safe_method": "how the limit was found",
     "measured": "measured or predicted",

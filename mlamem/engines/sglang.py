@@ -187,6 +187,15 @@ class SGLang(DecodeRank):
         return resolved(scenario, gpu_memory_bytes, None).chunked_prefill_size
 
     @classmethod
+    def make_budget(cls, **knobs) -> Budget:
+        """The budget; capture sizes in tokens are vLLM's, and refused with SGLang's own."""
+        if knobs.get("capture_sizes") is not None:
+            raise UserError("SGLang captures batch sizes, not token counts: set "
+                            "[sglang].cuda_graph_bs (its --cuda-graph-bs-decode) in the scenario",
+                            field="capture_sizes")
+        return super().make_budget(**knobs)
+
+    @classmethod
     def notes(cls, cases: list[dict]) -> list[str]:
         """With CUDA graphs: per path, the list, the pool the captures took, or the capture that
         failed and the fraction that holds."""

@@ -28,6 +28,9 @@ SGLang measures GPU memory in MiB as `nvidia-smi --query-gpu=memory.total` print
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 from mlamem.errors import UserError
 from mlamem.scenario import FieldError, check_positive, section_model
@@ -50,6 +53,10 @@ CAPACITY_ROWS = ((20 * GiB_MIB, 2048, 8, 8),  # T4, 4080
                  (None, 16384, 512, 512))  # B200, MI300
 
 
+# a TOML (or JSON) list of batch sizes, kept as a tuple
+BatchSizes = Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+
+
 @section_model
 class SGLangSection:
     """The scenario's `[sglang]` table: SGLang's memory flags, None where SGLang derives them."""
@@ -60,7 +67,7 @@ class SGLangSection:
     index_head_dim: int = 128  # the DSA indexer's key width (config.json index_head_dim)
     # the decode CUDA graphs (repro-oom --cuda-graphs on)
     cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: the GPU's default
-    cuda_graph_bs: tuple[int, ...] | None = None  # --cuda-graph-bs-decode; None: SGLang's list
+    cuda_graph_bs: BatchSizes | None = None  # --cuda-graph-bs-decode; None: SGLang's list
     speculative_num_draft_tokens: int | None = None  # tokens per request in a decode graph
     #                                                   (speculative decoding); None: 1
 
