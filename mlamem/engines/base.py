@@ -11,7 +11,8 @@
    before sizing the KV cache (with CUDA graphs on);
 6. KV sizing (`size_kv_cache`): the engine sizes its KV cache (or raises `NoKVRoom`) and the
    skeleton allocates it;
-7. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (graphs on);
+7. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (graphs on;
+   vLLM's and SGLang's);
 8. one full step (`step`), measured by `measure.measure_one`.
 A failure before the step is the engine's own allocation (`allocating` names it), unless a
 phase reports a classified one (`PhaseFailed`, e.g. a capture); in the step an OOM is named
