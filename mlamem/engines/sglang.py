@@ -191,8 +191,7 @@ class SGLang(DecodeRank):
         """The budget; capture sizes in tokens are vLLM's, and refused with SGLang's own."""
         if knobs.get("capture_sizes") is not None:
             raise UserError("SGLang captures batch sizes, not token counts: set "
-                            "[sglang].cuda_graph_bs (its --cuda-graph-bs-decode) in the scenario",
-                            field="capture_sizes")
+                            "[sglang].cuda_graph_bs in the scenario", field="capture_sizes")
         return super().make_budget(**knobs)
 
     @classmethod
