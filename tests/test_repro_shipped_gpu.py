@@ -91,6 +91,30 @@ def _charged_by_visibility(measured: dict) -> None:
         assert ("this process's own NVML figure" if own else case["nvml_visibility"]) in note
 
 
+SGLANG_SCENARIOS = [name for name in scenarios.shipped_names()
+                   if "sglang" in scenarios.load(name).engines]
+
+
+@pytest.mark.parametrize("name", SGLANG_SCENARIOS)
+def test_sglang_with_cuda_graphs_measured_equals_predicted(name, tmp_path):
+    """`mlamem repro-oom --engine sglang --cuda-graphs on` at the scenario's defaults: the
+    decode graphs captured after the pool, measured and predicted, equal in every field a
+    prediction gives (the capture list, the captures taken, the pool, the step with what the
+    graphs left), case by case; the device-wide growth is measured only."""
+    if torch.cuda.is_initialized():
+        pytest.skip(NEIGHBOUR)
+    if reason := _unavailable_reason("flashmla"):
+        pytest.skip(f"flashmla: {reason}")
+    args = ["-s", name, "--kernel", "flashmla", "--engine", "sglang", "--cuda-graphs", "on"]
+    measured = _repro_json(args, tmp_path / f"{name}.json")
+    predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
+    assert measured["measured"] and not predicted["measured"]
+    for case in measured["cases"]:
+        assert case["graph_captures"] == len(case["graph_batch_sizes"]), case["path"]
+        assert case["graph_device_bytes"] is not None and case["graph_pool_bytes"] > 0
+    assert prediction_differences(measured, predicted) == []
+
+
 SEED_COMMAND = ("vllm serve zai-org/GLM-5-FP8 --tensor-parallel-size 8 --max-num-seqs 256 "
                 "--attention-backend FLASHMLA_SPARSE --kv-cache-dtype fp8_ds_mla "
                 "--max-num-batched-tokens 32768 --gpu-memory-utilization 0.85 "

@@ -441,9 +441,9 @@ def test_sglang_launch_server_field_by_field():
     assert s.gpu.gpu_memory_utilization == 0.8
     assert (s.gpu.name, s.gpu.memory_mib) == ("H200 SXM 141GB", 143155)
     assert "not modelled: --port, --trust-remote-code" in built.notes
-    assert not built.cuda_graphs
-    assert any(n.startswith("CUDA graphs (decode on, prefill on): SGLang's are not emulated")
-               for n in built.notes)
+    assert built.cuda_graphs  # no --disable-cuda-graph: SGLang captures its decode graphs
+    assert "CUDA graphs (decode on, prefill on): the decode graphs are captured after the pool: " \
+           "run repro-oom with --cuda-graphs on; the prefill graphs size the reserve only" in built.notes
     # the same server as vLLM serves it counts the same weights
     vllm = from_command(f"vllm serve {DS} -tp 8 --max-model-len 64000 --kv-cache-dtype fp8",
                         gpu_name="H200 SXM 141GB").scenario
@@ -468,6 +468,7 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     default = rules.resolve(143155, tp_size=8, attn_dp_size=8)
     assert with_graphs.mem_fraction_static != default.mem_fraction_static
     assert s.section("sglang").mem_fraction_static == with_graphs.mem_fraction_static
+    assert s.section("sglang").cuda_graph_max_bs == 128 and built.cuda_graphs
     assert s.gpu.gpu_memory_utilization == with_graphs.mem_fraction_static
     assert "not modelled: --model-type" in built.notes
     assert "block_size 64: the page SGLang sets for a DSA model" in built.notes
@@ -491,7 +492,9 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     assert off.scenario.section("sglang").mem_fraction_static == rules.resolve(
         143155, tp_size=8, decode_graphs=False, prefill_graphs=False).mem_fraction_static
     assert any(n.startswith("--dp-size 2: 2 replicas") for n in off.notes)
-    assert any(n.startswith("CUDA graphs (decode off, prefill off)") for n in off.notes)
+    assert any(n.startswith("CUDA graphs (decode off, prefill off): no decode graphs")
+               for n in off.notes)
+    assert not off.cuda_graphs
 
 
 @pytest.mark.parametrize(("command", "fix"), [

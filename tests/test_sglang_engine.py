@@ -103,7 +103,8 @@ def test_repro_oom_engine_sglang_in_every_form(tmp_path, capsys):
     (["--engine", "sglang", "--utilization", "0.9"], "--mem-fraction-static; pass that"),
     (["--mem-fraction-static", "0.8"], "the vllm engine has no such option"),
     (["--engine", "sglang", "--mem-fraction-static", "1.2"], "outside (0, 1)"),
-    (["--engine", "sglang", "--cuda-graphs", "on"], "no CUDA-graph phases"),
+    (["--engine", "sglang", "--cuda-graphs", "on", "--capture-sizes", "512"],
+     "set [sglang].cuda_graph_bs"),
     (["-s", "kimi-k2-fp8-tp4-dp", "--engine", "sglang"], "declares vllm"),
 ])
 def test_sglang_knobs_are_checked(args, fix):

@@ -51,13 +51,16 @@ def repro_oom(
         help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
              "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
     cuda_graphs: Annotated[o.Switch, typer.Option(
-        "--cuda-graphs", help="on: vLLM's CUDA-graph phases too: the graph estimate before KV "
-                              "sizing (its two largest FULL decode graphs, extrapolated), then "
-                              "every capture after the KV cache, then the step.")
+        "--cuda-graphs", help="on: the engine's CUDA-graph phases too. vLLM: the graph estimate "
+                              "before KV sizing (its two largest FULL decode graphs, "
+                              "extrapolated), then every capture after the KV cache, then the "
+                              "step. SGLang: its decode graphs after the pool, largest first, "
+                              "then the step.")
     ] = o.Switch.off,
     capture_sizes: Annotated[str | None, typer.Option(
-        help="With --cuda-graphs on: comma-separated capture sizes. Default: the scenario's "
-             "FULL decode graphs (`mlamem graphs --help`).", show_default=False)] = None,
+        help="With --cuda-graphs on (vLLM): comma-separated capture sizes. Default: the "
+             "scenario's FULL decode graphs (`mlamem graphs --help`). SGLang takes its batch "
+             "sizes from [sglang].cuda_graph_bs.", show_default=False)] = None,
     expect_oom: Annotated[list[str] | None, typer.Option(
         "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
                              "variant none, fp8, full) runs out of memory (repeatable).")] = None,
@@ -171,9 +174,7 @@ def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None,
         mem_fraction_static=mem_fraction_static,
         cuda_graphs=graphs_on, capture_sizes=None if sizes is None else tuple(sizes))
     if graphs_on:
-        from mlamem.graphs import sizes_to_capture
-
-        sizes_to_capture(chosen, sizes)
+        emulated.check_graphs(chosen, budget)
     return budget
 
 

@@ -12,7 +12,8 @@
    before sizing the KV cache (with CUDA graphs on);
 6. KV sizing (`size_kv_cache`): the engine sizes its KV cache (or raises `NoKVRoom`) and the
    skeleton allocates it;
-7. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (graphs on);
+7. capture (`capture_graphs`): the CUDA-graph captures after the KV cache (graphs on;
+   vLLM's and SGLang's);
 8. one full step (`step`), measured by `measure.measure_one`.
 A failure before the step is the engine's own allocation (`allocating` names it), unless a
 phase reports a classified one (`PhaseFailed`, e.g. a capture); in the step an OOM is named
@@ -317,6 +318,12 @@ class Engine(ABC):
     def knob_for_pool(cls, rank: RankMemory, pool_bytes: int) -> Knob | None:
         """This engine's memory fraction that gives a KV pool of `pool_bytes` on `rank`, as
         its own rule multiplies it; None for an engine without one."""
+        return None
+
+    @classmethod
+    def check_graphs(cls, scenario: Scenario, budget: Budget) -> None:
+        """With CUDA graphs on: refuse, in one line (UserError), graph settings this engine
+        cannot capture, before any case runs."""
         return None
 
     @classmethod

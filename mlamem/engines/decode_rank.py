@@ -17,6 +17,7 @@ import torch
 from mlamem.allocator import round_size
 from mlamem.attribution import ExpectedBuffer, expected_buffers
 from mlamem.engines.base import Case, Engine, Step, allocate_specs
+from mlamem.graph_capture import CallGraphs
 from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernel_api import OpInputs
 from mlamem.kernels import BufferSpec
@@ -73,6 +74,10 @@ class DecodeRank(Engine):
     def case_keys(cls, paths: list[str]) -> list[str]:
         return list(paths)
 
+    def workspace_tokens(self) -> int:
+        """The tokens the path's workspace is reserved for: the step's."""
+        return self.budget.max_num_batched_tokens
+
     def init(self) -> None:
         scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
         tokens = self.budget.max_num_batched_tokens
@@ -85,7 +90,7 @@ class DecodeRank(Engine):
             case.out_staging_gain_bytes = round_size(out_spec.nbytes)
         start = memory.stats().allocated
         self.allocating = "workspace"
-        self.workspace = reserve_workspace(case.path, kernel, max_tokens=tokens,
+        self.workspace = reserve_workspace(case.path, kernel, max_tokens=self.workspace_tokens(),
                                            padded_heads=self.padded_heads, d_qk=scenario.d_qk,
                                            d_v=scenario.d_v, topk=scenario.decode_topk,
                                            sm_count=self.sm_count, device=memory.device)
@@ -96,6 +101,18 @@ class DecodeRank(Engine):
         self.allocating = "indices and KV pool"
         self.inputs = make_inputs(scenario, tokens, memory.device, self.seed, with_query=False)
         case.init_bytes = memory.stats().allocated - start
+
+    def make_graph_call(self, largest_tokens: int) -> CallGraphs:
+        """The attention call CUDA graphs capture: q from a static buffer of `largest_tokens`
+        rows (resident), the step's KV pool and indices, the path's workspace."""
+        scenario = self.scenario
+        q_all = torch.empty((largest_tokens, scenario.heads_per_rank, scenario.d_qk),
+                            dtype=torch.bfloat16, device=self.memory.device)
+        fill_query(q_all, self.seed)
+        self.resident.append(q_all)
+        inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
+        return CallGraphs(scenario, self.kernel, self.case.path, self.sm_count, q_all, inputs,
+                          self.workspace)
 
     def step(self) -> Step:
         scenario, kernel, memory, path = self.scenario, self.kernel, self.memory, self.case.path

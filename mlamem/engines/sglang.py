@@ -14,17 +14,38 @@ as SGLang runs them:
   given or derived by SGLang's reserve rule for the target GPU; tokens = that // the DSA fp8
   cell (latent, scales, RoPE and the indexer's keys, per layer), in whole pages
   (engines/sglang_rules.py);
+- capture (CUDA graphs on, `SGLangBudget.cuda_graphs`): the decode graphs, after the pool, out
+  of what the fraction left: the batch sizes of engines/sglang_rules.py (SGLang's list, or
+  `[sglang].cuda_graph_bs`, up to `cuda_graph_max_bs`, within the request pool the KV pool
+  gives), largest first, each at bs x tokens per request, into one pool that lives on. Each
+  graph holds the attention call only (as vLLM's, engines/vllm.py), its q a static buffer:
+  flashmla_kv's, q padded by `new_zeros`, on the path under test. SGLang warms each graph up
+  twice before its capture (runner_backend/full_cuda_graph_backend.py, capture_one); the second
+  warm-up frees what the first did, so one is measured. A capture that runs out of memory stops
+  SGLang at start-up ("Capture cuda graph failed", runner/decode_cuda_graph_runner.py), whose
+  advice is a lower mem_fraction_static: the case's largest safe fraction is that fix;
 - step: one chunked prefill step of `chunked_prefill_size` tokens (the budget's
-  max_num_batched_tokens) through the path under test.
-CUDA graphs are not emulated for SGLang: its decode graphs are captured after the pool, out of
-the reserve.
+  max_num_batched_tokens) through the path under test, with what the graphs left.
+The prefill graphs (breakable, for an MLA model up to 8192 tokens) are not captured: they size
+the reserve only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from mlamem.engines.base import Budget, Column, Knob, NoKVRoom, RankMemory, Verdict, View
+from mlamem.engines.base import (
+    Budget,
+    Column,
+    Knob,
+    NoKVRoom,
+    PhaseFailed,
+    RankMemory,
+    Verdict,
+    View,
+    non_torch_now,
+)
 from mlamem.engines.decode_rank import (
     DecodeCase,
     DecodeRank,
@@ -38,14 +59,18 @@ from mlamem.engines.decode_rank import (
 )
 from mlamem.engines.sglang_rules import (
     SGLangSection,
+    decode_capture_batches,
     dsa_fp8_cell_bytes,
     fraction_for_pool,
+    graph_alignment,
     kv_pool_bytes,
+    max_num_reqs,
     resolve,
 )
 from mlamem.errors import UserError
+from mlamem.graph_capture import capture_all
 from mlamem.scenario import Scenario
-from mlamem.units import check_fraction
+from mlamem.units import check_fraction, format_bytes
 
 MiB = 1 << 20
 FP8_CACHE = "fp8_ds_mla"  # SGLang's --kv-cache-dtype fp8_e4m3 for a DSA model: the same layout
@@ -64,9 +89,17 @@ def resolved(scenario: Scenario, gpu_memory_bytes: int, mem_fraction_static: flo
     return resolve(gpu_memory_bytes / MiB, tp_size=parallel.tensor_parallel,
                    attn_dp_size=parallel.attention_data_parallel,
                    chunked_prefill_size=table.chunked_prefill_size,
+                   cuda_graph_max_bs=table.decode_max_bs,
                    max_running_requests=table.max_running_requests,
+                   speculative=table.speculative_num_draft_tokens is not None,
                    mem_fraction_static=(table.mem_fraction_static if mem_fraction_static is None
                                         else mem_fraction_static))
+
+
+def graph_tokens_per_request(scenario: Scenario) -> int:
+    """A decode graph's tokens per request: 1, or the draft tokens under speculative decoding
+    (model_runner.py, decode_num_tokens_per_req)."""
+    return settings(scenario).speculative_num_draft_tokens or 1
 
 
 @dataclass(frozen=True)
@@ -75,11 +108,19 @@ class SGLangBudget(Budget):
     `utilization` is not read (SGLang's fraction is mem_fraction_static)."""
 
     mem_fraction_static: float | None = None  # None: the scenario's, else SGLang's reserve rule
+    cuda_graphs: bool = False  # the decode CUDA graphs are captured after the pool
 
     def __post_init__(self) -> None:
         if self.mem_fraction_static is not None:
             check_fraction(self.mem_fraction_static, "mem_fraction_static", one_allowed=False)
         super().__post_init__()
+
+    def to_dict(self) -> dict:
+        """`cuda_graphs` only when on, so a result without graphs reads as it did before."""
+        data = dataclasses.asdict(self)
+        if not self.cuda_graphs:
+            del data["cuda_graphs"]
+        return data
 
 
 @dataclass(kw_only=True)
@@ -91,6 +132,23 @@ class SGLangCase(DecodeCase):
     free_before_model_bytes: int | None = None  # what the cap left before the model
     free_after_init_bytes: int | None = None  # what it left after init, at KV sizing
     kv_cell_bytes: int | None = None  # SGLang's bytes per cached token on the rank
+    # the decode CUDA graphs (repro-oom --cuda-graphs on; absent from results without them)
+    graph_list_source: str | None = None  # where the batch sizes come from, in words
+    graph_batch_sizes: list[int] | None = None  # the batch sizes, in capture order (largest first)
+    graph_tokens_per_request: int | None = None  # each graph's tokens: bs x this
+    graph_request_pool: int | None = None  # max_num_reqs: the list stops there
+    graph_input_bytes: int | None = None  # the static q buffer the graphs read
+    graph_captures: int | None = None  # graphs captured (a failed capture not counted)
+    graph_failed_batch_size: int | None = None  # the batch whose capture failed
+    graph_pool_bytes: int | None = None  # the pool they took (allocator reserved growth)
+    graph_device_bytes: int | None = None  # the device-wide growth (measured)
+
+    def to_dict(self) -> dict:
+        data = super().to_dict()
+        if self.graph_list_source is None:  # graphs off: the case as it always read
+            for name in [n for n in data if n.startswith("graph_")]:
+                del data[name]
+        return data
 
 
 class SGLang(DecodeRank):
@@ -102,6 +160,7 @@ class SGLang(DecodeRank):
     searched_knob = "max_num_batched_tokens"
     searched_fraction = "mem_fraction_static"
     reads_utilization = False
+    captures_graphs = True
     budget: SGLangBudget
 
     @classmethod
@@ -128,6 +187,20 @@ class SGLang(DecodeRank):
         return resolved(scenario, gpu_memory_bytes, None).chunked_prefill_size
 
     @classmethod
+    def make_budget(cls, **knobs) -> Budget:
+        """The budget; capture sizes in tokens are vLLM's, and refused with SGLang's own."""
+        if knobs.get("capture_sizes") is not None:
+            raise UserError("SGLang captures batch sizes, not token counts: set "
+                            "[sglang].cuda_graph_bs in the scenario", field="capture_sizes")
+        return super().make_budget(**knobs)
+
+    @classmethod
+    def notes(cls, cases: list[dict]) -> list[str]:
+        """With CUDA graphs: per path, the list, the pool the captures took, or the capture that
+        failed and the fraction that holds."""
+        return [_graphs_note(c) for c in cases if c.get("graph_list_source") is not None]
+
+    @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> SGLangCase:
         return SGLangCase(path=key, max_num_batched_tokens=budget["max_num_batched_tokens"],
                           measured=measured, **fields)
@@ -140,9 +213,23 @@ class SGLang(DecodeRank):
     def profile(self) -> None:
         return None  # SGLang sizes its pool without an activation profile
 
+    def workspace_tokens(self) -> int:
+        """The step's tokens, or the largest decode graph's where that is more (graphs on)."""
+        tokens = self.budget.max_num_batched_tokens
+        if not self.budget.cuda_graphs:
+            return tokens
+        table, rules = settings(self.scenario), self.rules()
+        largest = max(table.cuda_graph_bs or rules.decode_batch_sizes)
+        return max(tokens, largest * graph_tokens_per_request(self.scenario))
+
+    def rules(self):
+        """sglang_rules.resolve for this rank's budget."""
+        return resolved(self.scenario, self.budget.gpu_memory_bytes,
+                        self.budget.mem_fraction_static)
+
     def size_kv_cache(self) -> int:
         case, scenario, memory = self.case, self.scenario, self.memory
-        rules = resolved(scenario, self.budget.gpu_memory_bytes, self.budget.mem_fraction_static)
+        rules = self.rules()
         case.mem_fraction_static = rules.mem_fraction_static
         case.fraction_source = ("given" if rules.fraction_given
                                 else f"reserve rule: {rules.reserved_mib:g} MiB")
@@ -162,6 +249,74 @@ class SGLang(DecodeRank):
                            "refuses to start (raise mem_fraction_static)")
         return case.kv_cache_bytes
 
+    def capture_graphs(self) -> None:
+        if not self.budget.cuda_graphs:
+            return
+        memory, case, scenario = self.memory, self.case, self.scenario
+        table, rules = settings(scenario), self.rules()
+        parallel, per_request = scenario.parallel, graph_tokens_per_request(scenario)
+        case.graph_request_pool = max_num_reqs(case.kv_cache_tokens, scenario.serving.max_model_len,
+                                               table.max_running_requests,
+                                               parallel.attention_data_parallel)
+        case.graph_batch_sizes = decode_capture_batches(
+            rules.decode_max_bs, case.graph_request_pool, given=table.cuda_graph_bs,
+            speculative=table.speculative_num_draft_tokens is not None,
+            tokens_per_request=per_request,
+            alignment=graph_alignment(parallel.tensor_parallel, parallel.attention_data_parallel))
+        case.graph_tokens_per_request = per_request
+        case.graph_list_source = _list_source(table, rules.decode_max_bs)
+        self.allocating = "graph input (static q)"
+        start = memory.stats().allocated
+        call = self.make_graph_call(case.graph_batch_sizes[0] * per_request)
+        case.graph_input_bytes = memory.stats().allocated - start
+        graphs = self.contexts.enter_context(memory.graphs())  # live until the case ends
+        start, device_start = memory.stats(), memory.device_used_bytes()
+        captures, failure = capture_all(memory, graphs, call,
+                                        [bs * per_request for bs in case.graph_batch_sizes])
+        case.graph_captures = len(captures) - (failure is not None)
+        if failure is not None:
+            case.graph_failed_batch_size = case.graph_batch_sizes[len(captures) - 1]
+            raise PhaseFailed(failure)
+        case.graph_pool_bytes = memory.stats().reserved - start.reserved
+        device_end = memory.device_used_bytes()
+        if device_end is not None and device_start is not None:
+            case.graph_device_bytes = device_end - device_start
+        # what graph instantiation took outside the allocator is gone from the device
+        case.torch_limit_bytes = memory.set_limit(self.budget.gpu_memory_bytes
+                                                  - non_torch_now(memory))
+
+
+def _list_source(table: SGLangSection, max_bs: int) -> str:
+    """Where the capture list comes from, in SGLang's words."""
+    if table.cuda_graph_bs:
+        given = "[sglang].cuda_graph_bs (--cuda-graph-bs-decode)"
+    else:
+        bound = ("[sglang].cuda_graph_max_bs" if table.cuda_graph_max_bs is not None
+                 else "the GPU's default" + (", capped by max_running_requests"
+                                             if table.max_running_requests is not None else ""))
+        kind = "speculative " if table.speculative_num_draft_tokens is not None else ""
+        given = f"SGLang 0.5.23's {kind}decode list up to max_bs {max_bs} ({bound})"
+    return f"{given}, within the request pool"
+
+
+def _graphs_note(case: dict) -> str:
+    """One path's CUDA-graph line."""
+    sizes, per_request = case["graph_batch_sizes"], case["graph_tokens_per_request"]
+    listed = (f"{len(sizes)} decode graphs, bs {sizes[0]} down to {sizes[-1]} x {per_request} "
+              f"token{'s' if per_request > 1 else ''} per request ({case['graph_list_source']} "
+              f"of {case['graph_request_pool']}), static q {format_bytes(case['graph_input_bytes'])}")
+    if case.get("graph_failed_batch_size") is not None:
+        fraction = _fraction_cell(case)
+        return (f"{case['path']}: CUDA graphs: {listed}; OOM at CUDA-graph capture of bs "
+                f"{case['graph_failed_batch_size']} after {case['graph_captures']} graphs: SGLang "
+                "stops at start-up (\"Capture cuda graph failed\"; its advice: a lower "
+                f"mem_fraction_static); the largest that holds: {fraction}")
+    device = case.get("graph_device_bytes")
+    return (f"{case['path']}: CUDA graphs: {listed}; captured largest first into a "
+            f"{format_bytes(case['graph_pool_bytes'])} pool"
+            + ("" if device is None else f" ({format_bytes(device)} on the device)")
+            + "; the step ran with what they left")
+
 
 def _fraction_cell(case: dict) -> str:
     fraction = case.get("max_safe_mem_fraction_static")
@@ -171,9 +326,11 @@ def _fraction_cell(case: dict) -> str:
 def _budget_rule(budget: dict, cases: list[dict]) -> str:
     fractions = sorted({f"{c['mem_fraction_static']} ({c['fraction_source']})" for c in cases
                         if c.get("mem_fraction_static") is not None})
+    graphs = "; then the decode CUDA graphs, out of what is left" if budget.get("cuda_graphs") else ""
     return ("KV pool rule (SGLang's): free after init - free before the model x (1 - "
             f"mem_fraction_static {', '.join(fractions) or 'n/a'}), in whole pages of the DSA "
-            f"fp8 cell; no profile pass; chunked_prefill_size {budget['max_num_batched_tokens']}")
+            f"fp8 cell; no profile pass{graphs}; chunked_prefill_size "
+            f"{budget['max_num_batched_tokens']}")
 
 
 SGLang.view = View(
@@ -204,7 +361,8 @@ SGLang.view = View(
     case_label=lambda c: f"{c['path']} path",
     verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)
                                 or c["verdict"] == Verdict.OOM
-                                and c.get("oom_requested_bytes") is None),
+                                and (c.get("oom_requested_bytes") is None
+                                     or c["phase"] == "capture")),
     budget_rule=_budget_rule,
     budget_segments=budget_segments,
     step_need=step_need_bytes,

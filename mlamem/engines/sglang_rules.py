@@ -6,7 +6,13 @@
   (arg_groups/memory_hook.py, handle_gpu_memory_settings, reserve_for_graph_mb);
 - the decode and prefill CUDA-graph batch-size lists
   (arg_groups/cuda_graph_hook.py, generate_decode_cuda_graph_batch_sizes,
-  generate_prefill_cuda_graph_batch_sizes);
+  generate_prefill_cuda_graph_batch_sizes), and the decode list the runner captures: filtered by
+  the request pool's size (model_executor/runner/base_cuda_graph_runner.py,
+  get_batch_sizes_to_capture; the pool's size from mem_cache/kv_cache_configurator.py,
+  KVCacheConfigurator.resolve_max_num_reqs), each graph at bs x the tokens per request
+  (model_runner.py, decode_num_tokens_per_req: 1, or the draft tokens under speculation),
+  captured largest first into the global graph pool (runner/decode_cuda_graph_runner.py,
+  _capture_one_stream; runner_backend/full_cuda_graph_backend.py, capture_session);
 - the KV pool: free memory after the weights, less the memory free before the model loaded
   times (1 - fraction) (mem_cache/kv_cache_configurator.py,
   KVCacheConfigurator._profile_available_bytes);
@@ -22,6 +28,9 @@ SGLang measures GPU memory in MiB as `nvidia-smi --query-gpu=memory.total` print
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 from mlamem.errors import UserError
 from mlamem.scenario import FieldError, check_positive, section_model
@@ -44,6 +53,10 @@ CAPACITY_ROWS = ((20 * GiB_MIB, 2048, 8, 8),  # T4, 4080
                  (None, 16384, 512, 512))  # B200, MI300
 
 
+# a TOML (or JSON) list of batch sizes, kept as a tuple
+BatchSizes = Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+
+
 @section_model
 class SGLangSection:
     """The scenario's `[sglang]` table: SGLang's memory flags, None where SGLang derives them."""
@@ -52,14 +65,30 @@ class SGLangSection:
     chunked_prefill_size: int | None = None  # --chunked-prefill-size; None: the GPU's default
     max_running_requests: int | None = None  # --max-running-requests; caps the default max_bs
     index_head_dim: int = 128  # the DSA indexer's key width (config.json index_head_dim)
+    # the decode CUDA graphs (repro-oom --cuda-graphs on)
+    cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: the GPU's default
+    cuda_graph_bs: BatchSizes | None = None  # --cuda-graph-bs-decode; None: SGLang's list
+    speculative_num_draft_tokens: int | None = None  # tokens per request in a decode graph
+    #                                                   (speculative decoding); None: 1
 
     def __post_init__(self) -> None:
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise FieldError("sglang", "mem_fraction_static", "must be in (0, 1)")
-        for name in ("chunked_prefill_size", "max_running_requests"):
+        for name in ("chunked_prefill_size", "max_running_requests", "cuda_graph_max_bs",
+                     "speculative_num_draft_tokens"):
             if getattr(self, name) is not None:
                 check_positive(self, "sglang", name)
         check_positive(self, "sglang", "index_head_dim")
+        if self.cuda_graph_bs is not None and (not self.cuda_graph_bs
+                                               or min(self.cuda_graph_bs) < 1):
+            raise FieldError("sglang", "cuda_graph_bs",
+                             f"expected positive batch sizes, got {list(self.cuda_graph_bs)}")
+
+    @property
+    def decode_max_bs(self) -> int | None:
+        """The decode graphs' largest batch as given: the list's largest, else
+        cuda_graph_max_bs (handle_gpu_memory_settings sets max_bs = max(bs) for a given list)."""
+        return max(self.cuda_graph_bs) if self.cuda_graph_bs else self.cuda_graph_max_bs
 
 
 def capacity_defaults(gpu_memory_mib: float, tp_size: int) -> tuple[int, int]:
@@ -87,6 +116,40 @@ def prefill_graph_batch_sizes(max_tokens: int) -> list[int]:
     sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
              *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
     return [s for s in sizes if s <= max_tokens]
+
+
+def max_num_reqs(kv_tokens: int, context_len: int, max_running_requests: int | None,
+                 attn_dp_size: int = 1) -> int:
+    """resolve_max_num_reqs: the request pool's size per attention-DP worker, from the KV pool's
+    tokens: --max-running-requests // DP where given, else int(tokens / context_len x 512)
+    clamped to 2048..4096; at most tokens // 2 either way."""
+    if max_running_requests is not None:
+        return min(max(1, max_running_requests // attn_dp_size), kv_tokens // 2)
+    return min(max(min(int(kv_tokens / context_len * 512), 4096), 2048), kv_tokens // 2)
+
+
+def graph_alignment(tp_size: int, attn_dp_size: int) -> int:
+    """get_cuda_graph_batch_size_alignment without two-batch overlap or context parallel: the
+    attention-TP size where the graphs need a gathered buffer, which attention DP brings
+    (utils/common.py, require_mlp_tp_gather, at the default moe_dense_tp_size and no all-to-all
+    backend), else 1."""
+    return tp_size // attn_dp_size if attn_dp_size > 1 else 1
+
+
+def decode_capture_batches(max_bs: int, requests: int, *, given: tuple[int, ...] | None = None,
+                           speculative: bool = False, tokens_per_request: int = 1,
+                           alignment: int = 1) -> list[int]:
+    """The decode batch sizes the runner captures, in its order (largest first):
+    get_batch_sizes_to_capture on the list (given, else SGLang's for `max_bs`): the request
+    pool (`requests`, max_num_reqs) rounded up to `alignment` is added where the list goes past
+    it, then only sizes within it whose tokens (bs x tokens per request) are a multiple of
+    `alignment` stay."""
+    pool = -(-requests // alignment) * alignment
+    sizes = list(given) if given else decode_graph_batch_sizes(max_bs, speculative)
+    if max(sizes) > pool:
+        sizes.append(pool)
+    return sorted({s for s in sizes if s <= pool and s * tokens_per_request % alignment == 0},
+                  reverse=True)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from mlamem.engines.base import (
     Budget,
     Column,
@@ -51,9 +49,7 @@ from mlamem.engines.decode_rank import (
     step_need_bytes,
 )
 from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
-from mlamem.graph_capture import CallGraphs, capture_all
-from mlamem.inputs import fill_query
-from mlamem.kernel_api import OpInputs
+from mlamem.graph_capture import capture_all
 from mlamem.units import format_bytes
 
 
@@ -125,6 +121,12 @@ class VLLM(DecodeRank):
                     "the GPU's total memory")
 
     @classmethod
+    def check_graphs(cls, scenario, budget: VLLMBudget) -> None:
+        """The capture sizes (given, else the scenario's FULL decode graphs) are within 1 to
+        max_num_batched_tokens."""
+        sizes_to_capture(scenario, budget.capture_sizes)
+
+    @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> VLLMCase:
         return VLLMCase(path=key, max_num_batched_tokens=budget["max_num_batched_tokens"],
                         measured=measured, **fields)
@@ -162,7 +164,7 @@ class VLLM(DecodeRank):
         memory, case = self.memory, self.case
         self.graph_sizes = sizes_to_capture(self.scenario, self.budget.capture_sizes)
         self.allocating = "graph input (static q)"
-        self.graph_call = self._graph_call()
+        self.graph_call = self.make_graph_call(max(self.graph_sizes))
         with memory.graphs() as graphs:  # a throwaway pool: gone before the KV cache
             captures, failure = capture_all(memory, graphs, self.graph_call,
                                             self.graph_sizes[:2])
@@ -176,18 +178,6 @@ class VLLM(DecodeRank):
                    for c in captures]
         case.graph_estimate_bytes = vllm_estimate(case.graph_estimate_source, samples, 0,
                                                   len(self.graph_sizes)).estimate_bytes
-
-    def _graph_call(self) -> CallGraphs:
-        """The attention call the graphs capture: q from a static buffer of the largest
-        capture's rows, the step's KV pool and indices, the path's workspace."""
-        scenario = self.scenario
-        q_all = torch.empty((max(self.graph_sizes), scenario.heads_per_rank, scenario.d_qk),
-                            dtype=torch.bfloat16, device=self.memory.device)
-        fill_query(q_all, self.seed)
-        self.resident.append(q_all)
-        inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
-        return CallGraphs(scenario, self.kernel, self.case.path, self.sm_count, q_all, inputs,
-                          self.workspace)
 
     def capture_graphs(self) -> None:
         if not self.budget.cuda_graphs:

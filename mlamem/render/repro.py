@@ -81,7 +81,8 @@ def verdict_text(case: dict) -> str:
     if verdict == "oom":
         size = case.get("oom_requested_bytes")
         what = case.get("oom_buffer") or "an unattributed allocation"
-        text = f"OOM in {case['phase']}: {what}"
+        where = "at CUDA-graph capture" if case["phase"] == "capture" else f"in {case['phase']}"
+        text = f"OOM {where}: {what}"
         if size is not None:
             text += f" ({format_bytes(size)}, by {case.get('oom_allocated_by') or 'unknown'})"
         if case.get("free_bytes_at_oom") is not None:

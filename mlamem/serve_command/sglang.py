@@ -13,7 +13,9 @@ Defaults follow SGLang 0.5.23: arg_groups/memory_hook.py handle_gpu_memory_setti
 prefill size by the GPU's memory, mem_fraction_static by the reserve rule), read from
 engines/sglang_rules.py; arg_groups/parallel_hook.py handle_deprecated_dp_attention
 (`--dp-size N --enable-dp-attention` is `--attn-dp-size N`); arg_groups/cuda_graph_hook.py
-(--disable-cuda-graph turns both phases' graphs off).
+(--disable-cuda-graph turns both phases' graphs off). The decode graphs' settings
+(--cuda-graph-max-bs-decode, --cuda-graph-bs-decode) go to the [sglang] table; a command whose
+decode graphs are on says to run repro-oom with --cuda-graphs on.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--att
                "max_num_batched_tokens": "--chunked-prefill-size",
                "mem_fraction_static": "--mem-fraction-static",
                "chunked_prefill_size": "--chunked-prefill-size",
-               "max_running_requests": "--max-running-requests"}
+               "max_running_requests": "--max-running-requests",
+               "cuda_graph_max_bs": "--cuda-graph-max-bs-decode",
+               "cuda_graph_bs": "--cuda-graph-bs-decode"}
 _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action": "store_true"},
           "value": {}}
 
@@ -164,12 +168,16 @@ def parse(words: list[str], prog: str) -> Parsed:
     serving = {"max_num_batched_tokens": chunk, "max_model_len": given.get("context_length"),
                "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
                "block_size": PAGE_SIZE}
-    sections = {"sglang": table} if table else {}
     graphs = _graphs(given)
+    if "cuda_graph_bs_decode" in given:
+        table["cuda_graph_bs"] = given["cuda_graph_bs_decode"]
+    elif graphs["max_bs"] is not None:
+        table["cuda_graph_max_bs"] = graphs["max_bs"]
+    sections = {"sglang": table} if table else {}
     return Parsed(model=model, tensor_parallel=tp, attention_data_parallel=attention_dp, tp=tp,
                   serving=serving, memory_fraction=given.get("mem_fraction_static", 0.0),
                   engines=["sglang"], operations=["sparse-decode"], sections=sections,
-                  notes=notes, cuda_graphs=False, prog=prog, flags=FIELD_FLAGS,
+                  notes=notes, cuda_graphs=graphs["decode"], prog=prog, flags=FIELD_FLAGS,
                   engine_settings={"graphs": graphs})
 
 
@@ -293,5 +301,7 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GP
                         + "); SGLang's rank reads [sglang]")
     state = ", ".join(f"{phase} {'on' if graphs[phase] else 'off'}" for phase in
                       ("decode", "prefill"))
-    parsed.notes.append(f"CUDA graphs ({state}): SGLang's are not emulated; they size the "
-                        "reserve only")
+    parsed.notes.append(f"CUDA graphs ({state}): " + (
+        "the decode graphs are captured after the pool: run repro-oom with --cuda-graphs on"
+        if graphs["decode"] else "no decode graphs: repro-oom runs without --cuda-graphs")
+        + "; the prefill graphs size the reserve only")
