@@ -104,12 +104,14 @@ class Plan:
     full_reserve: Reserve  # everything charged: w + BF16 gather
     vllm: dict | None  # sparse scenarios: per-call needs, prefill workspace, headroom, fits
     engine_knobs: dict | None = None  # sparse scenarios: each engine's fraction for vLLM's pool
+    engine_limits: dict | None = None  # --engine: its largest safe knobs, per path (predicted)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = None) -> Plan:
+def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = None,
+              engine: str | None = None, tokens_given: bool = True) -> Plan:
     """The plan for one rank; see the module docstring."""
     weights = scenario.parallel.weights_bytes
     total = request.gpu_memory_bytes
@@ -137,7 +139,9 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
         vllm=_vllm_side(scenario, request, headroom, kernel) if scenario.model.index_topk
         else None,
         engine_knobs=engine_knobs(scenario, request, kernel)
-        if scenario.model.index_topk and request.utilization is not None else None)
+        if scenario.model.index_topk and request.utilization is not None else None,
+        engine_limits=None if engine is None else engine_limits(scenario, request, engine, kernel,
+                                                                     tokens_given))
 
 
 def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:
@@ -192,6 +196,35 @@ def engine_knobs(scenario: Scenario, request: PlanRequest, kernel_name: str | No
             "knobs": [k._asdict() for k in knobs if k is not None]}
 
 
+def engine_limits(scenario: Scenario, request: PlanRequest, engine: str,
+                  kernel_name: str | None = None, tokens_given: bool = True) -> dict:
+    """`engine`'s largest safe knobs for this rank, per path: its emulation on the allocator
+    model, searched as `repro-oom --engine ENGINE --predict` searches them (the step's tokens,
+    and the engine's memory fraction where it has one), at the request's GPU, from the
+    request's step tokens where given (`tokens_given`), else the engine's default; CUDA
+    graphs off."""
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
+    from mlamem.repro import run_repro, scenario_engine
+
+    chosen = scenario_engine(scenario, engine)
+    kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
+    budget = chosen.make_budget(
+        gpu_memory_bytes=request.gpu_memory_bytes,
+        utilization=request.utilization or scenario.gpu.gpu_memory_utilization,
+        max_num_batched_tokens=request.max_num_tokens if tokens_given
+        else chosen.default_step_tokens(scenario, request.gpu_memory_bytes))
+    result = run_repro(scenario, budget, ["alloc", "workspace"], command="plan", kernel=kernel,
+                       predict=True, engine=chosen.name)
+    key = chosen.case_type.key_field
+    fraction = chosen.searched_fraction
+    cases = [{"case": case[key], "verdict": case["verdict"],
+              "max_safe_tokens": case.get("max_safe_tokens"),
+              "max_safe_fraction": None if fraction is None else case.get(f"max_safe_{fraction}")}
+             for case in result.cases]
+    return {"engine": chosen.name, "kernel": kernel.name, "step_knob": chosen.step_knob_name,
+            "step_tokens": budget.max_num_batched_tokens, "fraction_knob": fraction, "cases": cases}
+
+
 def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
                     kernel_name: str | None = None) -> None:
     """Refuse, before any plan, a scenario or max_num_tokens the vLLM side's model of the
@@ -212,7 +245,7 @@ def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
 
 
 def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str,
-             kernel: str | None = None) -> dict:
+             kernel: str | None = None, engine: str | None = None) -> dict:
     """The JSON document `mlamem.plan/1`: one plan, or one per value of the swept variable.
 
     `overrides` are PlanRequest fields (None keeps the scenario's); `sweep` is 'NAME=V1,V2'.
@@ -222,7 +255,12 @@ def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command:
                 for value in values]
     if scenario.model.index_topk:
         check_vllm_side(scenario, requests, kernel)
-    plans = [make_plan(scenario, request, kernel).to_dict() for request in requests]
+    if engine is not None:  # before any work: the scenario must declare it, the engine take it
+        from mlamem.repro import scenario_engine
+        scenario_engine(scenario, engine)
+    tokens_given = swept == "max_num_tokens" or overrides.get("max_num_tokens") is not None
+    plans = [make_plan(scenario, request, kernel, engine, tokens_given).to_dict()
+             for request in requests]
     return {
         "schema": SCHEMA, "command": command,
         "scenario": {"name": scenario.name, "model": scenario.model.name,

@@ -106,3 +106,78 @@ def test_cli_json_and_sweep(capsys):
     assert data["schema"] == "mlamem.plan/1" and data["sweep"]["values"] == [32768, 131072]
     assert [p["kv_len_cap_tokens"] for p in data["plans"]] == [16 * 32768, 16 * 131072]
 
+
+
+SPARSE = [name for name in scenarios.shipped_names() if scenarios.load(name).model.index_topk]
+
+
+def _plan_json(args, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["plan", *args, "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", SPARSE)
+def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
+    """`plan --engine sglang` gives each path's largest safe chunked_prefill_size and
+    mem_fraction_static from SGLang's default chunk, and each holds as a bound: the rank fits at
+    it and runs out of memory one step above (thousandths; one token); a scenario that does not
+    declare SGLang is one line."""
+    import dataclasses
+
+    from mlamem.engines.sglang import SGLang
+    from mlamem.kernels import load_kernel
+    from mlamem.memory import SimulatedMemory
+    from mlamem.repro import host_setup
+
+    scenario = scenarios.load(name)
+    if "sglang" not in scenario.engines:
+        capsys.readouterr()
+        assert main(["plan", "-s", name, "--engine", "sglang"]) == 2
+        assert "not sglang" in capsys.readouterr().err
+        return
+    limits = _plan_json(["-s", name, "--engine", "sglang"], capsys)["plans"][0]["engine_limits"]
+    gpu_bytes = scenario.gpu.memory_bytes
+    assert limits["step_knob"] == "chunked_prefill_size"
+    assert limits["step_tokens"] == SGLang.default_step_tokens(scenario, gpu_bytes)
+    kernel = load_kernel("flashmla")()
+    start = SGLang.make_budget(gpu_memory_bytes=gpu_bytes, utilization=0.9,
+                               max_num_batched_tokens=limits["step_tokens"])
+
+    def verdict(path, **knobs):
+        return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), scenario, kernel,
+                              dataclasses.replace(start, **knobs), path,
+                              sm_count=scenario.gpu.sm_count).to_dict()["verdict"]
+
+    assert [c["case"] for c in limits["cases"]] == ["alloc", "workspace"]
+    for case in limits["cases"]:
+        tokens, fraction = case["max_safe_tokens"], case["max_safe_fraction"]
+        assert verdict(case["case"], max_num_batched_tokens=tokens) == "fits"
+        assert verdict(case["case"], max_num_batched_tokens=tokens + 1) == "oom"
+        assert verdict(case["case"], mem_fraction_static=fraction) == "fits"
+        assert verdict(case["case"], mem_fraction_static=round(fraction + 0.001, 3)) == "oom"
+
+
+def test_plan_engine_vllm_gives_repro_oom_limits(capsys):
+    """At GLM-5's defaults, vLLM's largest safe max_num_batched_tokens per path are
+    repro-oom's (31856 and 39008, the limits confirmed on the H200)."""
+    limits = _plan_json(["--engine", "vllm"], capsys)["plans"][0]["engine_limits"]
+    assert [(c["case"], c["verdict"], c["max_safe_tokens"], c["max_safe_fraction"])
+            for c in limits["cases"]] == [("alloc", "oom", 31856, None),
+                                          ("workspace", "fits", 39008, None)]
+
+
+def test_plan_engine_in_every_format_and_a_sweep(capsys):
+    """The engine's limits show in the table and Markdown, per swept value in a sweep's notes,
+    and the step tokens a sweep of max-num-tokens gives are the engine's start."""
+    capsys.readouterr()
+    assert main(["plan", "--engine", "sglang"]) == 0
+    words = capsys.readouterr().out.split()
+    assert "mem_fraction_static" in words and words.count("sglang:") == 2
+    result = _plan_json(["--engine", "sglang", "--sweep", "max-num-tokens=8192,16384"], capsys)
+    assert [p["engine_limits"]["step_tokens"] for p in result["plans"]] == [8192, 16384]
+    capsys.readouterr()
+    assert main(["plan", "--engine", "sglang", "--sweep", "max-num-tokens=8192,16384",
+                 "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "- max-num-tokens=16384, sglang: workspace: largest safe chunked_prefill_size" in out

@@ -43,6 +43,12 @@ def plan(
         callback=o.check_kernel_name, metavar=o.KERNEL_METAVAR,
         help="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
              "e.g. flashmla-vllm, vLLM's own build, which stages out.")] = DEFAULT_KERNEL,
+    engine: Annotated[str | None, typer.Option(
+        help="Also each path's largest safe knobs under this engine, one the scenario declares "
+             "(vllm: max_num_batched_tokens; sglang: chunked_prefill_size and "
+             "mem_fraction_static), searched on the allocator model as `repro-oom --engine "
+             "NAME --predict` searches them, CUDA graphs off.", metavar="NAME",
+        show_default=False)] = None,
     sweep: Annotated[str | None, typer.Option(
         help="One variable over several values, as a table: e.g. "
              "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
@@ -84,9 +90,10 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
-    if chosen.model.index_topk:  # sparse: the vLLM side runs the allocator model
+    if chosen.model.index_topk or engine is not None:  # the allocator model runs
         o.load_torch()
-    result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel)
+    result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel,
+                            engine=engine)
     if chosen.model.index_topk:
         note_allocator_conf()  # the vLLM side's per-call need comes from the allocator model
     terminal = render.plan_table(result) if output_format is o.ReproFormat.table else None

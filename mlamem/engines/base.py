@@ -284,6 +284,8 @@ class Engine(ABC):
     #                                             safe value repro-oom searches per case
     searched_fraction: ClassVar[str | None] = None  # a budget fraction whose largest safe value
     #                                                 repro-oom searches per case, on the model
+    step_knob_name: ClassVar[str] = "max_num_batched_tokens"  # the engine's own name for the
+    #                                                          budget's max_num_batched_tokens
     reads_utilization: ClassVar[bool] = True  # the budget's utilization is its knob (SGLang: no)
     view: ClassVar[View]
     kv_cache_name: ClassVar[str] = "kv_cache"  # names the KV cache, should allocating it fail

@@ -159,6 +159,7 @@ class SGLang(DecodeRank):
     budget_type = SGLangBudget
     searched_knob = "max_num_batched_tokens"
     searched_fraction = "mem_fraction_static"
+    step_knob_name = "chunked_prefill_size"
     reads_utilization = False
     captures_graphs = True
     budget: SGLangBudget

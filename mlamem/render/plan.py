@@ -78,6 +78,22 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
         for knob in knobs["knobs"]:
             rows.append((f"same {pool} KV pool: {knob['engine']}",
                          f"{knob['name']} {knob['value']:.3f} (of {knob['multiplies']})"))
+    return rows + _engine_rows(plan.get("engine_limits"))
+
+
+def _engine_rows(limits: dict | None) -> list[tuple[str, str]]:
+    """`--engine`: one row per case, its largest safe knobs under the engine."""
+    if not limits:
+        return []
+    rows = []
+    for case in limits["cases"]:
+        found = ([] if case["max_safe_tokens"] is None
+                 else [f"largest safe {limits['step_knob']} {case['max_safe_tokens']}"])
+        if case["max_safe_fraction"] is not None:
+            found.append(f"largest safe {limits['fraction_knob']} {case['max_safe_fraction']:.3f}")
+        at = f"{case['verdict']} at {limits['step_knob']} {limits['step_tokens']}"
+        rows.append((f"{limits['engine']}: {case['case']}",
+                     ", ".join([*found, at]) + f" (allocator model, {limits['kernel']})"))
     return rows
 
 
@@ -121,7 +137,10 @@ def _sweep_notes(result: dict) -> list[str]:
     if first["gate_on"]:
         notes.append(f"repro-oom's KV budget: {REPRO_RULE}")
     legend = _LEGEND + (f"; {_PREFILL_LEGEND}" if first.get("vllm") else "")
-    return notes + [f"reserve gate {first['gate_reason']}", legend]
+    engine = [f"{result['sweep']['name']}={_sweep_value(result, value)}, {name}: {text}"
+              for value, plan in zip(result["sweep"]["values"], result["plans"], strict=True)
+              for name, text in _engine_rows(plan.get("engine_limits"))]
+    return notes + [f"reserve gate {first['gate_reason']}", legend, *engine]
 
 
 def plan_table(result: dict) -> Group:

@@ -696,6 +696,32 @@ class EngineKnobs(Model):
     note: str | None = Field(None, description="why there is no pool, when there is none")
 
 
+class EngineLimit(Model):
+    """One case's largest safe knobs under the engine (predicted)."""
+
+    case: str = Field(description="the case: its path (`alloc`, `workspace`)")
+    verdict: str = Field(description="the case's verdict at the plan's knobs")
+    max_safe_tokens: int | None = Field(
+        description="the largest safe step tokens (the engine's `step_knob`), null if not searched")
+    max_safe_fraction: float | None = Field(
+        description="the largest safe value of `fraction_knob`, null where the engine has none")
+
+
+class EngineLimits(Model):
+    """`plan --engine NAME`: the engine's largest safe knobs per case, on the allocator model,
+    as `repro-oom --engine NAME --predict` searches them (CUDA graphs off)."""
+
+    engine: str = Field(description="the engine (`mlamem/engines/`)")
+    kernel: str = Field(description="the sparse decode kernel emulated")
+    step_knob: str = Field(description=(
+        "the engine's name for the step's tokens: `max_num_batched_tokens` (vLLM), "
+        "`chunked_prefill_size` (SGLang)"))
+    step_tokens: int = Field(description="the plan's step tokens, where the search starts")
+    fraction_knob: str | None = Field(
+        description="the memory fraction searched too (`mem_fraction_static`), or null")
+    cases: list[EngineLimit]
+
+
 class OnePlan(Model):
     """One rank's plan."""
 
@@ -722,6 +748,8 @@ class OnePlan(Model):
         None, description=(
             "sparse scenarios with a utilization: the fraction of each engine that gives vLLM's "
             "KV pool (absent in older files)"))
+    engine_limits: EngineLimits | None = Field(
+        None, description="with `--engine`: its largest safe knobs per case (absent otherwise)")
 
 
 class PlanSweep(Model):
