@@ -14,7 +14,10 @@ It has three parts:
   LAZY, the default), each with the launches that load it: on the H200 a step's first fill
   (`new_zeros`, `zero_`) adds 90 MiB, 62 of which FlashMLA's decode loads too when it comes
   first. The allocator model charges a module at the first launch that loads it, so the
-  emulated step loses it from the physical device when the real one does.
+  emulated step loses it from the physical device when the real one does. The first CUDA-graph
+  capture of a process is such a launch too (`GRAPH_CAPTURE`): on the H200 it takes 70 MiB the
+  allocator never sees, for every kernel, when the captured call has run eagerly before (its
+  kernels' own modules loaded then, and charged at that launch).
 
 `unallocatable_bytes` is the one fitted figure: near a full device, cudaMalloc fails that much
 before NVML's used memory reaches the total (6 MiB on the H200: the smallest figure with which
@@ -29,6 +32,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 
 DATA_FILE = "non_torch.toml"
+GRAPH_CAPTURE = "torch.cuda.graph"  # the launch name of a CUDA-graph capture (SimulatedGraphs)
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class LazyModule:
 
     name: str
     bytes: int
-    loaded_by: tuple[str, ...]  # aten op names ("aten.new_zeros") or "<kernel>.decode"
+    loaded_by: tuple[str, ...]  # aten op names ("aten.new_zeros"), "<kernel>.decode" or
+    #                             GRAPH_CAPTURE (a process's first CUDA-graph capture)
 
 
 @dataclass(frozen=True)
