@@ -31,7 +31,7 @@ class Capture:
     peak_reserved_bytes: int | None = None
     pool_growth_bytes: int | None = None  # new segments, after its outputs were released
     held_bytes: int | None = None  # still allocated after its outputs were released
-    device_growth_bytes: int | None = None  # mem_get_info's growth (measured only)
+    device_growth_bytes: int | None = None  # mem_get_info's growth (measured, or modelled)
     replay_equal: bool | None = None  # the replay's out and lse equal the eager call's bits
     buffers: list[dict] = field(default_factory=list)  # the capture's allocations, named
     failure: str | None = None  # one line, when the warm-up or the capture failed

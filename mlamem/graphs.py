@@ -8,7 +8,8 @@ bit); `torch.cuda.graph` then empties the cache and captures. A capture's output
 as weak references, as vLLM keeps them (`weak_ref_tensors`): the blocks go back to the pool
 and the next capture reuses them, so the pool ends about as large as the largest capture.
 Per capture: the pool's growth (allocator reserved, and the device-wide growth vLLM reads
-with `mem_get_info`), the peak inside the capture and what stays allocated.
+with `mem_get_info`; predicted, the model's, with the host setup's memory outside the
+allocator: mlamem/non_torch.toml), the peak inside the capture and what stays allocated.
 
 vLLM's estimate (v1/worker/gpu/cudagraph_utils.py, profile_cudagraph_memory and
 _extrapolate_full_graph_memory): first FULL capture + max(second, 1 MiB) x (N - 1), from
@@ -63,7 +64,7 @@ class GraphPath:
     captures: list[Capture]
     pool_bytes: int | None = None  # reserved growth over all captures: the pool
     held_bytes: int | None = None  # allocated after all captures, outputs released
-    device_bytes: int | None = None  # mem_get_info growth over all captures (measured)
+    device_bytes: int | None = None  # mem_get_info growth over all captures (measured, or modelled)
     unexplained_device_bytes: int | None = None  # device - pool: instantiation, modules
     estimates: list[Estimate] = field(default_factory=list)
     failure: str | None = None  # the first capture that failed, in one line
@@ -164,6 +165,7 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     from mlamem.measure import local_sm_count
     from mlamem.memory import CudaMemory, SimulatedMemory
     from mlamem.profile import scenario_summary
+    from mlamem.repro import host_setup
 
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     capabilities = kernel.capabilities(SPARSE_DECODE)
@@ -173,9 +175,12 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     source = capture_list_source(scenario) if sizes is None else "--capture-sizes"
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
+    # predicted: one model for the process, as measured: what the first path's launches and
+    # first capture load outside the allocator, a later path finds loaded
+    model = None if reason is None else SimulatedMemory(non_torch=host_setup(kernel.name))
     results = []
     for path in paths:
-        memory = CudaMemory() if reason is None else SimulatedMemory()
+        memory = CudaMemory() if model is None else model
         results.append(measure_path(
             memory, scenario, kernel, path, chosen, sm_count=sm_count,
             on_capture=None if on_capture is None else functools.partial(on_capture, path)))
@@ -185,6 +190,13 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
              "vLLM's estimate: first FULL capture + max(second, 1 MiB) x (N - 1), from the "
              "device-wide growth of the first two captures (mem_get_info); the allocator line "
              "applies the same rule to the allocator's reserved growth"]
+    if model is not None:
+        notes.append(f"device growth predicted as the model's reserved memory plus the host's "
+                     f"non-torch memory, first launches' modules and the process's first "
+                     f"capture included: {model.non_torch.describe()}; not modelled: the 2 MiB "
+                     "steps the device takes at some later captures, which leave those "
+                     "captures' device growth, each path's device growth and vLLM's device "
+                     "estimate's error apart from a measured run (docs/graphs.md)")
     if scenario.heads_per_rank >= 32:
         notes.append(f"{scenario.heads_per_rank} heads per rank: vLLM's FlashMLA sparse backend "
                      "runs such a decode as (requests, 1 + k, heads, d); this captures the "

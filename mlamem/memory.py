@@ -23,9 +23,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from mlamem import nvml
-from mlamem.allocator import CAPTURE_STREAM_POOL, AllocatorOutOfMemory, CachingAllocatorModel
+from mlamem.allocator import (
+    CAPTURE_STREAM_POOL,
+    ROUND_LARGE,
+    AllocatorOutOfMemory,
+    CachingAllocatorModel,
+)
 from mlamem.frames import python_frames
-from mlamem.non_torch import NonTorchSetup
+from mlamem.non_torch import GRAPH_CAPTURE, NonTorchSetup
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB)")
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
@@ -289,6 +294,9 @@ class SimulatedGraphs:
 
     @contextlib.contextmanager
     def capture(self):
+        """Capture what the body allocates into the pool; the process's first capture also
+        takes the host's outside-allocator graph memory (`GRAPH_CAPTURE`), charged on entry."""
+        self.memory.launch(GRAPH_CAPTURE)
         model = self.memory.model
         model.empty_cache()  # as torch.cuda.graph does on entry
         if not self._rng_blocks:
@@ -450,8 +458,9 @@ class SimulatedMemory:
         return self.non_torch.context_bytes + sum(module.bytes for module in self.loaded)
 
     def launch(self, name: str) -> None:
-        """A kernel launch (an aten op name, or "<kernel>.decode"): its first one loads the
-        host's modules that belong to it and the device has that much less for torch."""
+        """A kernel launch (an aten op name, "<kernel>.decode", or a CUDA-graph capture,
+        `GRAPH_CAPTURE`): its first one loads the host's modules that belong to it and the
+        device has that much less for torch."""
         if self.non_torch is None:
             return
         new = [m for m in self.non_torch.loaded_by(name) if m not in self.loaded]
@@ -493,9 +502,16 @@ class SimulatedMemory:
     def other_processes_bytes(self) -> None:
         return None
 
-    def device_used_bytes(self) -> None:
-        """Not modelled: graph instantiation and module loads are outside the allocator."""
-        return None
+    def device_used_bytes(self) -> int | None:
+        """This process's device memory as `mem_get_info` would read it on an otherwise idle
+        device: the model's reserved segments (whole 2 MiB already, allocator.ROUND_LARGE)
+        plus the host setup's non-torch memory so far, modules and the first graph capture's
+        included, rounded up here to the 2 MiB steps the driver's figure moves in. None
+        without a host setup: the memory outside the allocator is then not modelled."""
+        non_torch = self.non_torch_bytes()
+        if non_torch is None:
+            return None
+        return self.model.reserved_bytes + -(-non_torch // ROUND_LARGE) * ROUND_LARGE
 
     def graphs(self) -> SimulatedGraphs:
         return SimulatedGraphs(self)

@@ -16,7 +16,10 @@ It has three parts:
   LAZY, the default), each with the launches that load it: on the H200 a step's first fill
   (`new_zeros`, `zero_`) adds 90 MiB, 62 of which FlashMLA's decode loads too when it comes
   first. The allocator model charges a module at the first launch that loads it, so the
-  emulated step loses it from the physical device when the real one does.
+  emulated step loses it from the physical device when the real one does. The first CUDA-graph
+  capture of a process is such a launch too (`GRAPH_CAPTURE`): on the H200 it takes 70 MiB the
+  allocator never sees, for every kernel, when the captured call has run eagerly before (its
+  kernels' own modules loaded then, and charged at that launch).
 
 A measured repro-oom case charges this process's own figure (NVML's per-process used memory
 less torch's reserved) where NVML lists the process, so another process's use moves nothing;
@@ -40,6 +43,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 
 DATA_FILE = "non_torch.toml"
+GRAPH_CAPTURE = "torch.cuda.graph"  # the launch name of a CUDA-graph capture (SimulatedGraphs)
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,8 @@ class LazyModule:
 
     name: str
     bytes: int
-    loaded_by: tuple[str, ...]  # aten op names ("aten.new_zeros") or "<kernel>.decode"
+    loaded_by: tuple[str, ...]  # aten op names ("aten.new_zeros"), "<kernel>.decode" or
+    #                             GRAPH_CAPTURE (a process's first CUDA-graph capture)
 
 
 @dataclass(frozen=True)

@@ -371,7 +371,8 @@ def _kernels_cell(env: Environment) -> str:
 
 
 def _graphs_verdict(r: GraphsResult) -> str:
-    """The pool per path and how far off vLLM's estimate is (device-wide when measured)."""
+    """The pool per path and how far off vLLM's estimate is (device-wide where known:
+    measured, or modelled from the host setup)."""
     pools = " / ".join(f"{'failed' if p.pool_bytes is None else format_bytes(p.pool_bytes)} "
                        f"({p.path})" for p in r.paths)
     source = "device" if "device" in render.estimate_sources(r) else "allocator"

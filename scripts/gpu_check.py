@@ -35,6 +35,7 @@ DENSE = ("kimi-k2-dense-tp4-dp", "kimi-k2-dense-fp8-tp4-dp")
 BUILDS = ("flashmla", "flashmla-vllm")
 OPS = ("sparse-decode", "dense-decode", "sparse-prefill")
 TP1 = "reports/kernels-h200/glm5-64-heads.toml"  # GLM-5 at tensor_parallel 1: 64 heads per rank
+NOT_GRAPH_REPRO = "'not measured_equals_predicted_but'"  # test_graphs_gpu.py's repro-oom runs: apart
 PYTEST = "python3 -m pytest -q -rs -p no:cacheprovider --durations=10 --junitxml={out}/junit.xml"
 BENCH = "python3 benchmarks/triton_vs_flashmla.py"
 
@@ -75,6 +76,13 @@ SUITES = {
     # the figures of mlamem/non_torch.toml, then every shipped scenario's repro-oom: measured = predicted
     "non-torch": [*(f"python3 scripts/non_torch_probe.py step-ops {s}" for s in DECODE[1:]),
                   f"{PYTEST} {SHIPPED_REPRO} -k 'not flashmla-vllm' --basetemp={{out}}/cases"],
+    # the memory CUDA-graph captures take outside the allocator (non_torch_probe.py graph-captures:
+    # every order, with and without a warm-up, a fresh process each), then repro-oom --cuda-graphs
+    # on measured against predicted, the file's repro cases first and alone, before CUDA is touched
+    "graph-memory": [*(f"python3 scripts/non_torch_probe.py graph-captures {k}"
+                       for k in ("flashmla", "triton")),
+                     *(f"{PYTEST} tests/test_graphs_gpu.py -k {case}"
+                       for case in ("glm5-default", "deepseek-six-sizes", NOT_GRAPH_REPRO))],
     "gate": [f"{PYTEST} tests/test_gate.py tests/test_gate_gpu.py",
              *(f"mlamem profile -s {s} --require-gpu @{run}-{s}" for run in range(1, 6) for s in DECODE),
              "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # run-to-run noise
@@ -104,7 +112,8 @@ SUITES = {
     "kernels-oom": [f"{PYTEST} {SHIPPED_REPRO} -k flashmla-vllm --basetemp={{out}}/cases",
                     "mlamem gate --kernel flashmla-vllm -s glm5-fp8-tp8 --baseline {out}/vllm.json --update",
                     "mlamem gate --baseline {out}/vllm.json"],
-    "graphs": [f"{PYTEST} tests/test_graphs_gpu.py tests/test_graphs.py tests/test_allocator.py",
+    "graphs": [f"{PYTEST} tests/test_graphs_gpu.py tests/test_graphs.py tests/test_allocator.py "
+               f"-k {NOT_GRAPH_REPRO}",
                *(c for k in (*BUILDS, "triton") for c in both(f"mlamem graphs --kernel {k} @graphs-{k}")),
                "mlamem graphs -s deepseek-v32-fp8-tp8 --capture-sizes 256,128,64,32,16,8,4,2,1",
                "mlamem graphs --report {out}/report-glm5 --format markdown",

@@ -10,6 +10,9 @@ lines:
 
     python3 scripts/non_torch_probe.py            # every probe, one fresh process each
     python3 scripts/non_torch_probe.py PROBE ARG  # one probe in this process
+    python3 scripts/non_torch_probe.py graph-captures KERNEL [ORDER WARMUP]
+                                                  # CUDA-graph captures: every order, fresh
+                                                  # processes; TOML records, then JSON
 
 Needs a CUDA GPU (and flash_mla for the flashmla probes). Its figures feed
 `mlamem/non_torch.toml`.
@@ -210,8 +213,127 @@ def _physical(step_ops: str) -> dict:
             "non_torch_after": _both(memory)}
 
 
+# graph-captures: the pools one process captures, in order, each (path, sizes); GLM-5's 51
+# FULL decode sizes are LIST, its largest first
+GRAPH_ORDERS = {
+    "repeat": lambda sizes: [("alloc", [sizes[0]] * 12)],  # (a) one size again and again
+    "descending": lambda sizes: [("alloc", sizes)],  # (b) the list, largest first
+    "second-pool": lambda sizes: [("alloc", sizes), ("alloc", sizes)],  # (c) after the first freed
+    # vLLM 0.33.0's: the estimate's two largest in a throwaway pool, then every size
+    "vllm": lambda sizes: [("alloc", sizes[:2]), ("alloc", sizes)],
+    # `mlamem graphs`': the alloc path's list, then the workspace path's, a pool each
+    "graphs": lambda sizes: [("alloc", sizes), ("workspace", sizes)],
+}
+WARMUPS = ("eager", "none")  # (d) each capture after one eager call of it, or with none before
+
+
+def _graph_captures(kernel_name: str, order: str | None = None, warmup: str | None = None) -> dict:
+    """Per CUDA-graph capture of one process, in `order` (GRAPH_ORDERS) with or without an
+    eager warm-up before each: the allocator's reserved growth (the pool), mem_get_info's
+    growth (device-wide, what vLLM reads) and this process's NVML growth, each over the
+    capture, its outputs released; also the device's reading once each pool is freed. Without
+    ORDER and WARMUP, every pair, each in a fresh process (the first capture of a process is
+    the one that takes memory outside the allocator). Prints TOML records for
+    mlamem/non_torch.toml's notes, with the command, before the JSON line."""
+    if order is None or warmup is None:
+        runs = [_fresh(["graph-captures", kernel_name, o, w]) for o in GRAPH_ORDERS for w in WARMUPS]
+        toml = [run.pop("toml") if "toml" in run else f"# failed: {json.dumps(run)}"
+                for run in runs]
+        return {"probe": "graph-captures", "kernel": kernel_name, "runs": runs,
+                "toml": "\n".join(toml)}
+    import torch
+
+    from mlamem import nvml, scenario
+    from mlamem.graph_capture import CallGraphs
+    from mlamem.graphs import sizes_to_capture
+    from mlamem.kernels import load_kernel
+    from mlamem.measure import local_sm_count
+    from mlamem.memory import CudaMemory
+
+    used_before_cuda = nvml.used_by_uuid()
+    glm = scenario.load("glm5-fp8-tp8")
+    kernel = load_kernel(kernel_name)()
+    if reason := kernel.unavailable_reason():  # imports the kernel's library, as mlamem does
+        return {"probe": "graph-captures", "kernel": kernel_name, "failed": reason}
+    memory = CudaMemory(used_before_cuda=used_before_cuda)
+    pools = GRAPH_ORDERS[order](sizes_to_capture(glm, None))
+    calls = {path: CallGraphs.make(memory, glm, kernel, path, max(sizes),
+                                   sm_count=local_sm_count()) for path, sizes in pools}
+
+    def reading() -> tuple[int, int, int | None]:
+        memory.empty_cache()
+        return (torch.cuda.memory_reserved(), memory.device_used_bytes(),
+                memory.process_used_bytes())
+
+    records, captures = [], 0
+    for index, (path, sizes) in enumerate(pools):
+        pool, graphs = torch.cuda.graph_pool_handle(), []
+        for tokens in sizes:
+            step, _ = calls[path].step_and_expected(memory, tokens)
+            if warmup == "eager":
+                step()  # its out and lse, dropped at once
+            before = reading()
+            graphs.append(torch.cuda.CUDAGraph())
+            try:
+                with torch.cuda.graph(graphs[-1], pool=pool):
+                    outputs = step()
+            except RuntimeError as exc:  # the records so far, and where it stopped
+                records.append({"pool": index, "path": path, "tokens": tokens,
+                                "failure": str(exc).splitlines()[0][:200]})
+                return _graph_result(kernel_name, kernel, order, warmup, records)
+            del outputs  # weak references only, as vLLM keeps a graph's outputs
+            captures += 1
+            records.append({"pool": index, "path": path, "tokens": tokens,
+                            "live_graphs": len(graphs), "captures_in_process": captures,
+                            **_growth(before, reading())})
+        before = reading()
+        graphs.clear()  # the pool's graphs destroyed, then the pool released
+        del pool
+        records.append({"pool": index, "path": path, "freed": True, **_growth(before, reading())})
+    return _graph_result(kernel_name, kernel, order, warmup, records)
+
+
+def _graph_result(kernel_name: str, kernel, order: str, warmup: str, records: list[dict]) -> dict:
+    """graph-captures' JSON, with its records as TOML (`[[graph_capture]]` tables) under the
+    command and the setup that measured them."""
+    import datetime
+
+    import torch
+
+    command = f"python3 scripts/non_torch_probe.py graph-captures {kernel_name} {order} {warmup}"
+    head = [f"# {command}", f"# on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+            f"{kernel_name} {kernel.version()}, {datetime.date.today().isoformat()}"]
+    toml = [*head, *(line for r in records for line in (
+        "[[graph_capture]]", f'kernel = "{kernel_name}"', f'order = "{order}"',
+        f'warmup = "{warmup}"', *(f"{k} = {_toml_value(v)}" for k, v in r.items()), ""))]
+    return {"probe": "graph-captures", "kernel": kernel_name, "order": order, "warmup": warmup,
+            "command": command, "records": records, "toml": "\n".join(toml)}
+
+
+def _growth(before: tuple, after: tuple) -> dict:
+    """Reserved, mem_get_info and per-process NVML growth between two readings (the last
+    None where NVML does not list this process)."""
+    names = ("pool_growth_bytes", "device_growth_bytes", "process_growth_bytes")
+    return {name: None if a is None or b is None else b - a
+            for name, a, b in zip(names, before, after, strict=True)}
+
+
+def _toml_value(value) -> str:
+    if value is None:
+        return '"n/a"'  # TOML has no null
+    return str(value).lower() if isinstance(value, bool) else json.dumps(value)
+
+
+def _fresh(probe: list[str]) -> dict:
+    """One probe in a fresh process: its JSON line, or what failed."""
+    done = subprocess.run([sys.executable, __file__, *probe], capture_output=True, text=True,
+                          timeout=300)
+    lines = done.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {"probe": probe, "failed": done.stderr[-800:]}
+
+
 PROBES = {"engine": _engine_case, "first-calls": _first_calls, "step-ops": _step_ops,
-          "physical": _physical}
+          "physical": _physical, "graph-captures": _graph_captures}
 ALL = [("step-ops", "glm5-fp8-tp8"), ("step-ops", "kimi-k2-fp8-tp4-dp"),
        ("first-calls", "flashmla", "1024"), ("first-calls", "flashmla", "32768"),
        ("first-calls", "triton", "1024"), ("first-calls", "reference", "256"),
@@ -223,14 +345,15 @@ ALL = [("step-ops", "glm5-fp8-tp8"), ("step-ops", "kimi-k2-fp8-tp4-dp"),
 
 def main(argv: list[str]) -> int:
     if argv:
-        print(json.dumps(PROBES[argv[0]](*argv[1:])))
+        result = PROBES[argv[0]](*argv[1:])
+        if "toml" in result and argv[2:]:  # one graph-captures run: its records, then JSON
+            print(result["toml"])
+        elif "toml" in result:  # every run: the records only, the runs' JSON already has them
+            print(result.pop("toml"))
+        print(json.dumps(result))
         return 0
     for probe in ALL:
-        done = subprocess.run([sys.executable, __file__, *probe], capture_output=True, text=True,
-                              timeout=300)
-        lines = done.stdout.strip().splitlines()
-        print(lines[-1] if lines else json.dumps({"probe": probe, "failed": done.stderr[-800:]}),
-              flush=True)
+        print(json.dumps(_fresh(list(probe))), flush=True)
     return 0
 
 

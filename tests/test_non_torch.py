@@ -7,7 +7,7 @@ import torch
 
 from mlamem.allocator import AllocatorOutOfMemory
 from mlamem.memory import SimulatedMemory
-from mlamem.non_torch import LazyModule, calibrated, find_setup, load_setups
+from mlamem.non_torch import GRAPH_CAPTURE, LazyModule, calibrated, find_setup, load_setups
 
 MiB = 1 << 20
 
@@ -134,3 +134,27 @@ def test_a_shared_module_loads_with_whichever_launch_comes_first():
         assert memory.non_torch_bytes() == 562 * MiB
         torch.empty(4, device="meta").fill_(1.0)
         assert memory.non_torch_bytes() == 590 * MiB
+
+
+def test_first_graph_capture_is_charged_once_and_read_as_mem_get_info_would():
+    """A process's first CUDA-graph capture takes the setup's GRAPH_CAPTURE memory outside the
+    allocator: device_used_bytes (mem_get_info's reading) is the model's reserved plus the
+    non-torch memory so far, in whole 2 MiB; a later capture or a second pool adds only its
+    segments; without a setup it stays None."""
+    setup = _setup(context_bytes=500 * MiB + 1,
+                   modules=(LazyModule("graph", 70 * MiB, (GRAPH_CAPTURE,)),))
+    memory = SimulatedMemory(non_torch=setup)
+    with memory:
+        assert memory.device_used_bytes() == 502 * MiB  # 500 MiB + 1 B, up to 2 MiB steps
+        for _ in range(2):  # the second pool: the first capture's memory stays, charged once
+            with memory.graphs() as graphs:
+                for _ in range(2):
+                    with graphs.capture():
+                        block = torch.empty(3 * MiB, dtype=torch.uint8, device="meta")
+                    del block
+                reserved = memory.stats().reserved
+                assert reserved == 22 * MiB  # a 20 MiB segment and the RNG state's 2 MiB
+                assert memory.device_used_bytes() == 572 * MiB + reserved
+            assert memory.device_used_bytes() == 572 * MiB
+        assert [m.name for m in memory.loaded] == ["graph"]
+    assert SimulatedMemory().device_used_bytes() is None

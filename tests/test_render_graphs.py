@@ -18,6 +18,7 @@ from mlamem.cli import main
 from mlamem.errors import UserError
 from mlamem.graphs import GraphsResult, run_graphs, vllm_estimate
 from mlamem.kernels import load_kernel
+from mlamem.render.common import signed_bytes
 from mlamem.render.graphs import TABLE_WIDTH
 from mlamem.report import build, load, write_result_report
 from mlamem.units import MiB, format_bytes
@@ -90,7 +91,8 @@ def test_every_format_renders_a_predicted_result(predicted):
 
 def test_table_lists_every_size_largest_first_then_the_totals(predicted):
     """One row per capture size, largest first, each path's peak and pool growth with units;
-    then each path's pool and vLLM's allocator estimate with its error in bytes and %."""
+    then each path's pool and vLLM's estimates, allocator and device (modelled), with their
+    errors in bytes and %."""
     text = render.GRAPHS_FORMATS["table"](predicted)
     rows = _size_rows(text)
     assert [int(row[0]) for row in rows] == SIZES
@@ -109,7 +111,10 @@ def test_table_lists_every_size_largest_first_then_the_totals(predicted):
     assert estimate.source == "allocator" and estimate.error_percent is not None
     assert (f"+{format_bytes(estimate.error_bytes)} ({estimate.error_percent:+.1f}%)"
             in text)
-    assert "vLLM's estimate (device)" not in text and "rep" not in text.split("\n")[2]
+    device = alloc.estimates[1]  # modelled: the host setup's memory outside the allocator
+    assert device.source == "device"
+    assert format_bytes(device.estimate_bytes) in _totals(text)["vLLM's estimate (device)"]
+    assert "rep" not in text.split("\n")[2]  # nothing replays on the model
     assert max(len(line) for line in text.splitlines()) <= TABLE_WIDTH
 
 
@@ -124,16 +129,21 @@ def test_the_long_default_list_stays_compact():
 
 
 def test_markdown_has_each_paths_estimate_and_error(predicted):
-    """The summary row per path: pool, largest capture's peak, vLLM's estimate, its error."""
+    """The summary row per path: pool, largest capture's peak, the device growth (modelled
+    from the host setup) and the part the pool does not explain, vLLM's estimates (allocator,
+    device), their errors."""
     text = render.graphs_markdown(predicted)
     for path in predicted.paths:
-        estimate = path.estimates[0]
+        estimate, device = path.estimates
         row = next(line for line in text.splitlines() if line.startswith(f"| {path.path} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[2:] == [
             format_bytes(path.pool_bytes), format_bytes(path.captures[0].peak_allocated_bytes),
-            format_bytes(path.held_bytes), format_bytes(estimate.estimate_bytes),
-            f"+{format_bytes(estimate.error_bytes)} ({estimate.error_percent:+.1f}%)", "n/a"]
+            format_bytes(path.held_bytes), format_bytes(path.device_bytes),
+            signed_bytes(path.unexplained_device_bytes), format_bytes(estimate.estimate_bytes),
+            f"+{format_bytes(estimate.error_bytes)} ({estimate.error_percent:+.1f}%)",
+            format_bytes(device.estimate_bytes),
+            f"{signed_bytes(device.error_bytes)} ({device.error_percent:+.1f}%)", "n/a"]
         assert (f"{format_bytes(estimate.first_bytes)} + {format_bytes(estimate.per_graph_bytes)}"
                 f" x {len(SIZES) - 1} = {format_bytes(estimate.estimate_bytes)}") in text
     captures = [line for line in text.splitlines() if line.split("|")[1:2] and
@@ -228,9 +238,9 @@ def test_report_renders_a_saved_graphs_file_with_its_plot(tmp_path, predicted):
     alloc, workspace = predicted.paths
     assert (f"- graphs glm5-fp8-tp8, FlashMLA (PREDICTED): 4 captures, pool "
             f"{format_bytes(alloc.pool_bytes)} (alloc) / {format_bytes(workspace.pool_bytes)} "
-            f"(workspace); vLLM's estimate (allocator) off by "
-            f"{alloc.estimates[0].error_percent:+.1f}% (alloc) / "
-            f"{workspace.estimates[0].error_percent:+.1f}% (workspace)") in text
+            f"(workspace); vLLM's estimate (device) off by "
+            f"{alloc.estimates[1].error_percent:+.1f}% (alloc) / "
+            f"{workspace.estimates[1].error_percent:+.1f}% (workspace)") in text
     assert "## graphs: glm5-fp8-tp8, FlashMLA (PREDICTED)" in text
     assert render.graphs_markdown(predicted) in text
     name = "report-graphs-glm5-fp8-tp8-predicted-pool.png"

@@ -7,7 +7,8 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   attention, as the engine's profile run does;
 - graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
-  (N - 1) from their device-wide growth (mem_get_info; predicted: the allocator's);
+  (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
+  setup's outside-allocator memory of the first capture included, memory.SimulatedMemory);
 - KV sizing: `utilization x total - (init + profile peak + non-torch + graph estimate)`, in
   whole blocks;
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
@@ -52,6 +53,12 @@ from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
 from mlamem.graph_capture import capture_all
 from mlamem.units import format_bytes
 
+# The case fields that the device's later 2 MiB steps move (docs/repro-oom.md): outside the
+# allocator and not modelled, so a prediction with CUDA graphs on reads them apart from a
+# measured run by those steps (6 MiB at GLM-5's default on the H200)
+DEVICE_STEP_FIELDS = ("graph_device_bytes", "graph_estimate_error_bytes", "torch_limit_bytes",
+                      "headroom_bytes", "free_bytes_at_oom", "max_safe_tokens")
+
 
 def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:
     """The engine's KV cache: what utilization x total leaves after the rest, in whole blocks."""
@@ -92,7 +99,7 @@ class VLLMCase(DecodeCase):
     graph_kv_tokens_lost: int | None = None  # KV tokens the estimate took
     graph_captures: int | None = None  # graphs captured after the KV cache
     graph_pool_bytes: int | None = None  # the pool they took (allocator reserved growth)
-    graph_device_bytes: int | None = None  # the device-wide growth (measured)
+    graph_device_bytes: int | None = None  # the device-wide growth (measured, or modelled)
     graph_estimate_error_bytes: int | None = None  # estimate - what they took, same source
 
     def to_dict(self) -> dict:
@@ -151,6 +158,13 @@ class VLLM(DecodeRank):
                          + (f" ({100 * c['graph_estimate_error_bytes'] / taken:+.1f}% of the "
                             f"{source})" if taken else ""))
             lines.append(line)
+        if any(c.get("graph_estimate_source") == "device" and not c["measured"] for c in cases):
+            lines.append("CUDA graphs, predicted: the device-wide figures are the model's "
+                         "reserved memory plus the host's non-torch memory, the first capture's "
+                         "outside the allocator included; the 2 MiB steps the device takes at "
+                         "some later captures are not modelled, so "
+                         f"{', '.join(DEVICE_STEP_FIELDS)} may differ from a measured run by "
+                         "them (docs/repro-oom.md)")
         return lines
 
     def profile(self) -> None:
@@ -171,11 +185,13 @@ class VLLM(DecodeRank):
         if failure is not None:
             raise PhaseFailed(failure)
         memory.empty_cache()
-        case.graph_estimate_source = "device" if memory.measured else "allocator"
+        # device-wide, as vLLM reads it, wherever the memory knows it (measured, or modelled
+        # from the host setup); the allocator's growth only where nothing outside it is known
+        device = memory.device_used_bytes() is not None
+        case.graph_estimate_source = "device" if device else "allocator"
         if memory.measured:
             case.graph_estimate_other_processes_bytes = memory.other_processes_bytes()
-        samples = [c.device_growth_bytes if memory.measured else c.pool_growth_bytes
-                   for c in captures]
+        samples = [c.device_growth_bytes if device else c.pool_growth_bytes for c in captures]
         case.graph_estimate_bytes = vllm_estimate(case.graph_estimate_source, samples, 0,
                                                   len(self.graph_sizes)).estimate_bytes
 

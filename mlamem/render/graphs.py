@@ -31,7 +31,8 @@ def _label(result: GraphsResult) -> str:
     if result.measured:
         return f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}"
     return (f"PREDICTED, not measured ({result.not_measured_reason}); allocator model + "
-            f"{result.kernel['label']} allocation spec, {result.kernel['sm_count']} SMs")
+            f"{result.kernel['label']} allocation spec, {result.kernel['sm_count']} SMs"
+            + (" + the host's non-torch memory" if has_device(result) else ""))
 
 
 def _capture_list(result: GraphsResult) -> str:
@@ -54,6 +55,12 @@ def error_percent_text(estimate: Estimate | None) -> str:
     if estimate is None or estimate.error_percent is None:
         return "n/a"
     return f"{estimate.error_percent:+.1f}%"
+
+
+def has_device(result: GraphsResult) -> bool:
+    """Whether the result has device-wide figures: measured (mem_get_info), or predicted with
+    the host setup's memory outside the allocator."""
+    return any(p.device_bytes is not None for p in result.paths)
 
 
 def _by_tokens(path: GraphPath) -> dict[int, Capture]:
@@ -84,7 +91,7 @@ def estimate_of(path: GraphPath, source: str) -> Estimate | None:
 
 
 def estimate_sources(result: GraphsResult) -> list[str]:
-    """The estimates any path has: allocator, then device (measured only)."""
+    """The estimates any path has: allocator, then device (measured, or modelled)."""
     return [s for s in ("allocator", "device")
             if any(estimate_of(p, s) is not None for p in result.paths)]
 
@@ -146,7 +153,7 @@ def _totals_table(result: GraphsResult) -> Table:
     paths = result.paths
     out.add_row("pool (reserved growth)", *(_bytes(p.pool_bytes) for p in paths))
     out.add_row("held after the list", *(_bytes(p.held_bytes) for p in paths))
-    if result.measured:
+    if has_device(result):
         out.add_row("device growth (mem_get_info)", *(_bytes(p.device_bytes) for p in paths))
         out.add_row("  not explained by the pool",
                     *(signed_bytes(p.unexplained_device_bytes) for p in paths))
@@ -181,7 +188,7 @@ def render_graphs_table(result: GraphsResult) -> str:
 
 def _summary_markdown(result: GraphsResult) -> list[str]:
     sources = estimate_sources(result)
-    device = result.measured and any(p.device_bytes is not None for p in result.paths)
+    device = has_device(result)
     head = ["path", "staged", "pool", "largest capture's peak", "held"]
     if device:
         head += ["device growth", "not explained by the pool"]
@@ -205,12 +212,11 @@ def _summary_markdown(result: GraphsResult) -> list[str]:
 
 
 def _captures_markdown(result: GraphsResult) -> list[str]:
-    device = result.measured
+    device, replays = has_device(result), result.measured
     head = ["T"]
     for path in result.paths:
         head += [f"{path.path} peak", f"{path.path} pool growth"]
-        if device:
-            head += [f"{path.path} device growth", f"{path.path} replay equal"]
+        head += [f"{path.path} device growth"] * device + [f"{path.path} replay equal"] * replays
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     captures = [_by_tokens(path) for path in result.paths]
     for tokens in result.capture_sizes:
@@ -219,8 +225,9 @@ def _captures_markdown(result: GraphsResult) -> list[str]:
             capture = by_tokens.get(tokens)
             cells += [_peak_cell(capture), _growth_cell(capture, "pool_growth_bytes")]
             if device:
-                cells += [_growth_cell(capture, "device_growth_bytes"),
-                          "-" if capture is None else equal_text(capture.replay_equal)]
+                cells.append(_growth_cell(capture, "device_growth_bytes"))
+            if replays:
+                cells.append("-" if capture is None else equal_text(capture.replay_equal))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -267,8 +267,8 @@ class NonTorchModule(Model):
     bytes: Bytes = Field(description="a module loaded lazily on a first launch, and its device memory")
     loaded_by: list[str] = Field(
         description=(
-            "the launches whose first run loads it: aten op names (`aten.new_zeros`) or "
-            "`<kernel>.decode`"))
+            "the launches whose first run loads it: aten op names (`aten.new_zeros`), "
+            "`<kernel>.decode`, or `torch.cuda.graph` (the process's first CUDA-graph capture)"))
 
 
 class NonTorch(Model):
@@ -348,7 +348,9 @@ class Capture(Model):
         description=(
             "still allocated after its outputs were released (the first capture: the graph's RNG state)"))
     device_growth_bytes: MaybeBytes = Field(
-        description="device-wide growth by `mem_get_info`, as vLLM samples it (null when predicted)")
+        description=(
+            "device-wide growth by `mem_get_info`, as vLLM samples it; predicted: the model's "
+            "reserved plus the host setup's non-torch memory (mlamem/non_torch.toml)"))
     replay_equal: bool | None = Field(
         description=(
             "the replay's out and lse bit-identical to the eager warm-up call's (null when predicted)"))
@@ -365,7 +367,7 @@ class Estimate(Model):
     source: str = Field(
         description=(
             "`allocator` (the rule on reserved growth; always) or `device` (on `mem_get_info` growth, "
-            "as vLLM does; measured only)"))
+            "as vLLM does; measured, or predicted with the host setup's non-torch memory)"))
     first_bytes: Bytes = Field(description="the first two captures' growth by that measure")
     second_bytes: Bytes = Field(description="the first two captures' growth by that measure")
     per_graph_bytes: Bytes = Field(description="max(second, 1 MiB): vLLM's charge per further graph")
@@ -388,11 +390,10 @@ class GraphPath(Model):
         description="reserved growth over the whole list: the pool (null if a capture failed)")
     held_bytes: MaybeBytes = Field(description="allocated after the whole list, outputs released")
     device_bytes: MaybeBytes = Field(
-        description="device-wide growth over the whole list (null when predicted)")
+        description="device-wide growth over the whole list (measured, or modelled as for captures)")
     unexplained_device_bytes: int | None = Field(
         description=(
-            "`device_bytes` − `pool_bytes`: graph instantiation, modules loaded on first launch (null "
-            "when predicted)"))
+            "`device_bytes` − `pool_bytes`: graph instantiation, modules loaded on first launch"))
     estimates: list[Estimate]
     failure: str | None = Field(
         description=(
