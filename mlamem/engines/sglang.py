@@ -141,7 +141,7 @@ class SGLangCase(DecodeCase):
     graph_captures: int | None = None  # graphs captured (a failed capture not counted)
     graph_failed_batch_size: int | None = None  # the batch whose capture failed
     graph_pool_bytes: int | None = None  # the pool they took (allocator reserved growth)
-    graph_device_bytes: int | None = None  # the device-wide growth (measured)
+    graph_device_bytes: int | None = None  # the device-wide growth (measured, or the model's)
 
     def to_dict(self) -> dict:
         data = super().to_dict()
