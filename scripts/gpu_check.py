@@ -35,9 +35,10 @@ DENSE = ("kimi-k2-dense-tp4-dp", "kimi-k2-dense-fp8-tp4-dp")
 BUILDS = ("flashmla", "flashmla-vllm")
 OPS = ("sparse-decode", "dense-decode", "sparse-prefill")
 TP1 = "reports/kernels-h200/glm5-64-heads.toml"  # GLM-5 at tensor_parallel 1: 64 heads per rank
-NOT_GRAPH_REPRO = "'not measured_equals_predicted_but'"  # test_graphs_gpu.py's repro-oom runs: apart
+NOT_GRAPH_REPRO = "'not measured_equals_predicted'"  # test_graphs_gpu.py's repro-oom runs: apart
 PYTEST = "python3 -m pytest -q -rs -p no:cacheprovider --durations=10 --junitxml={out}/junit.xml"
 BENCH = "python3 benchmarks/triton_vs_flashmla.py"
+GRAPH_REPRO = [f"{PYTEST} tests/test_graphs_gpu.py -k measured_equals_predicted --basetemp={{out}}/cases"]
 
 
 def ncu(name: str, call: str) -> list[str]:
@@ -80,9 +81,26 @@ SUITES = {
     # every order, with and without a warm-up, a fresh process each), then repro-oom --cuda-graphs
     # on measured against predicted, the file's repro cases first and alone, before CUDA is touched
     "graph-memory": [*(f"python3 scripts/non_torch_probe.py graph-captures {k}"
-                       for k in ("flashmla", "triton")),
-                     *(f"{PYTEST} tests/test_graphs_gpu.py -k {case}"
-                       for case in ("glm5-default", "deepseek-six-sizes", NOT_GRAPH_REPRO))],
+                       for k in ("flashmla", "triton")), *GRAPH_REPRO],
+    # issue 25's graph phase: repro-oom --cuda-graphs on, measured = predicted, each case alone
+    "graph-repro": GRAPH_REPRO,
+    # the figures the model reads (mlamem/non_torch.toml): a rank's non-torch memory op by op,
+    # and what each CUDA-graph capture of a process takes outside the allocator
+    "probes": [*(f"python3 scripts/non_torch_probe.py step-ops {s}" for s in DECODE[1:]),
+               "python3 scripts/non_torch_probe.py graph-captures flashmla"],
+    # issue 27's: explain on a plain PyTorch snapshot and on profile --snapshot at held-out T,
+    # profile_call's frames, and diff of alloc against workspace and of the two FlashMLA builds
+    "explain": [f"{PYTEST} tests/test_explain_gpu.py tests/test_api_gpu.py",
+                "mlamem profile --tokens 2048,6144 --snapshot {out}/glm5-t2048-6144-h200.snapshot.pickle "
+                "@profile-snapshot",
+                "mlamem explain {out}/glm5-t2048-6144-h200.snapshot.pickle -s glm5-fp8-tp8 @explain-profile",
+                "mlamem explain {out}/glm5-t2048-6144-h200.snapshot.pickle --format markdown",
+                *(f"mlamem profile --tokens 2048,6144 --paths {p} @profile-{p}"
+                  for p in ("alloc", "workspace")),
+                "mlamem profile --tokens 2048,6144 --kernel flashmla-vllm @profile-vllm",
+                "mlamem diff {out}/profile-alloc.json {out}/profile-workspace.json @diff-paths",
+                "mlamem diff {out}/profile-snapshot.json {out}/profile-vllm.json @diff-builds",
+                "mlamem diff {out}/profile-alloc.json {out}/profile-workspace.json --format markdown"],
     "gate": [f"{PYTEST} tests/test_gate.py tests/test_gate_gpu.py",
              *(f"mlamem profile -s {s} --require-gpu @{run}-{s}" for run in range(1, 6) for s in DECODE),
              "python3 benchmarks/gate_noise.py {out}/[1-5]-*.json"],  # run-to-run noise

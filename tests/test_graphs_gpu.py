@@ -22,12 +22,19 @@ SIZES = [512, 496, 256, 8, 1]
 STEP_BYTES = 2 << 20  # mem_get_info's granularity: the unmodelled later capture steps
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
              "device-wide figures; run this file alone (scripts/gpu_check.py's graph-memory)")
-# GLM-5's default (51 FULL decode graphs), and a shape no other test uses: DeepSeek-V3.2 at
-# 20000 tokens per step with six capture sizes
+# vLLM's graphs at every sparse scenario's defaults (GLM-5's 51 FULL decode graphs), and two
+# shapes no other test uses: DeepSeek-V3.2 at 20000 tokens per step with six capture sizes, and
+# GLM-5 at 24000 with five sizes under a 0.9 utilization
 GRAPH_REPROS = {"glm5-default": ["--cuda-graphs", "on"],
+                "deepseek-default": ["-s", "deepseek-v32-fp8-tp8", "--cuda-graphs", "on"],
+                "kimi-k2-default": ["-s", "kimi-k2-fp8-tp4-dp", "--cuda-graphs", "on"],
+                "context-reuse-by-vllm": ["-s", "kimi-k2-context-reuse", "--engine", "vllm",
+                                          "--cuda-graphs", "on"],
                 "deepseek-six-sizes": ["-s", "deepseek-v32-fp8-tp8", "--cuda-graphs", "on",
                                        "--capture-sizes", "96,48,24,12,6,3",
-                                       "--max-num-batched-tokens", "20000"]}
+                                       "--max-num-batched-tokens", "20000"],
+                "glm5-five-sizes": ["--cuda-graphs", "on", "--capture-sizes", "200,100,50,25,5",
+                                    "--max-num-batched-tokens", "24000", "--utilization", "0.9"]}
 
 
 def _child(*args: str, timeout: int) -> subprocess.CompletedProcess:
