@@ -4,7 +4,8 @@ The allocator trace of a measured call gives each event its Python stack (`frame
 first, each {filename, line, name}: `torch.cuda.memory._record_memory_history(context="alloc",
 stacks="python")`); a predicted call takes the same stack from the interpreter as the dispatch
 hook sees the allocation (`python_frames`). `frame_label` names either, the same way: the
-innermost frame outside torch, mlamem and the kernel libraries, as `file:line function`.
+innermost Python frame outside torch, mlamem and the kernel libraries, as `file:line function`
+(a snapshot recorded with `stacks="all"` also holds C++ frames, which it passes over).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ LIBRARIES = frozenset({"torch", "mlamem", "flash_mla", "flashinfer", "sgl_kernel
 ADAPTER_FILES = frozenset({"flashmla.py", "flashmla_vllm.py", "flashinfer_mla.py", "reference.py"})
 TORCH = frozenset({"torch"})
 NO_FRAMES = "no frames"
+NATIVE_SUFFIXES = frozenset({".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".cu", ".cuh", ".so"})
 
 
 def python_frames(skip: int = 1) -> list[dict]:
@@ -40,6 +42,7 @@ def frame_label(frames: list[dict]) -> str:
     outside torch; NO_FRAMES where the trace has none."""
     if not frames:
         return NO_FRAMES
+    frames = [f for f in frames if _is_python(f["filename"])] or frames  # C++ frames out
     outside = [f for f in frames if not _in_libraries(f["filename"])]
     chosen = (outside or [f for f in frames if not _in(f["filename"], TORCH)] or frames)[0]
     return f"{_short(chosen['filename'])}:{chosen['line']} {chosen['name']}"
@@ -51,6 +54,14 @@ def _in_libraries(filename: str) -> bool:
     adapter = path.name in ADAPTER_FILES and path.parent.name == "kernels"  # mlamem's adapters
     script = path.name == "mlamem" and path.parent.name in ("bin", "Scripts")  # console script
     return adapter or script or _in(filename, LIBRARIES) or filename.startswith("<frozen")
+
+
+def _is_python(filename: str) -> bool:
+    """Not one of the C++ frames a snapshot recorded with `stacks="all"` (the default) holds
+    beside the Python ones: `??` where symbols are missing, else a C/C++/CUDA source or a
+    shared library."""
+    path = PurePath(filename)
+    return filename != "??" and path.suffix not in NATIVE_SUFFIXES and ".so." not in path.name
 
 
 @functools.lru_cache(maxsize=4096)

@@ -30,7 +30,7 @@ from mlamem.allocator import (
     CachingAllocatorModel,
 )
 from mlamem.frames import python_frames
-from mlamem.non_torch import GRAPH_CAPTURE, NonTorchSetup
+from mlamem.non_torch import GRAPH_CAPTURE, NonTorchSetup, graph_step_launch
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB)")
 _UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
@@ -295,8 +295,11 @@ class SimulatedGraphs:
     @contextlib.contextmanager
     def capture(self):
         """Capture what the body allocates into the pool; the process's first capture also
-        takes the host's outside-allocator graph memory (`GRAPH_CAPTURE`), charged on entry."""
+        takes the host's outside-allocator graph memory (`GRAPH_CAPTURE`), and the first
+        capture that brings a pool to N live graphs the driver's step for N, if the host has
+        one (`graph_step_launch`), both charged on entry."""
         self.memory.launch(GRAPH_CAPTURE)
+        self.memory.launch(graph_step_launch(self.live + 1))
         model = self.memory.model
         model.empty_cache()  # as torch.cuda.graph does on entry
         if not self._rng_blocks:

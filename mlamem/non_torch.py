@@ -19,7 +19,10 @@ It has three parts:
   emulated step loses it from the physical device when the real one does. The first CUDA-graph
   capture of a process is such a launch too (`GRAPH_CAPTURE`): on the H200 it takes 70 MiB the
   allocator never sees, for every kernel, when the captured call has run eagerly before (its
-  kernels' own modules loaded then, and charged at that launch).
+  kernels' own modules loaded then, and charged at that launch). So is the first capture that
+  brings a pool to N live graphs (`graph_step_launch`): on the H200 the driver's graph memory
+  grows 2 MiB when a process first holds 9, 36 and 41 live graphs, whatever their sizes, and
+  never again once it has (a later pool reuses it).
 
 A measured repro-oom case charges this process's own figure (NVML's per-process used memory
 less torch's reserved) where NVML lists the process, so another process's use moves nothing;
@@ -44,6 +47,12 @@ from importlib import resources
 
 DATA_FILE = "non_torch.toml"
 GRAPH_CAPTURE = "torch.cuda.graph"  # the launch name of a CUDA-graph capture (SimulatedGraphs)
+
+
+def graph_step_launch(live_graphs: int) -> str:
+    """The launch name of a capture that brings one pool to `live_graphs` live graphs: the
+    driver's graph memory grows in 2 MiB steps at some such counts, once per process."""
+    return f"{GRAPH_CAPTURE}: live graph {live_graphs}"
 
 
 @dataclass(frozen=True)

@@ -364,7 +364,6 @@ NOT_PREDICTED_FIELDS = {
     "nvml_step_peak_bytes": "NVML reading",
     **dict.fromkeys(NVML_FIELDS, "NVML reading"),
     "nvml_visibility": "NVML's process list",
-    "graph_device_bytes": "device-wide reading (mem_get_info)",
     "failure": "error text (torch's message against the model's)",
     "max_safe_method": "how the limit was found",
     "measured": "measured or predicted",

@@ -3,29 +3,23 @@
     python3 scripts/compare_repro.py MEASURED.json PREDICTED.json
 
 Prints every differing field of every case, then the fields it skipped and why (what a
-prediction cannot give: NVML readings, error texts, where and when each result was made).
-With CUDA graphs on, a difference in a field the device's later 2 MiB capture steps move
-(not modelled: docs/repro-oom.md) is labelled so. Exits 1 if any compared field differs.
+prediction cannot give: NVML readings, error texts, where and when each result was made); the
+CUDA-graph figures, the device-wide ones included, are compared. Exits 1 if any compared field
+differs.
 """
 
 import json
 import sys
 from pathlib import Path
 
-from mlamem.engines.vllm import DEVICE_STEP_FIELDS
 from mlamem.repro import NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP, prediction_differences
-
-STEPS = "the device's later 2 MiB capture steps, not modelled"
 
 
 def main(argv: list[str]) -> int:
     measured, predicted = (json.loads(Path(path).read_text()) for path in argv)
     differences = prediction_differences(measured, predicted)
-    graphs = bool(measured.get("budget", {}).get("cuda_graphs"))
     for line in differences:
-        field = line.split(": ")[1] if line.count(": ") > 1 else None
-        moved = graphs and field in DEVICE_STEP_FIELDS
-        print(f"differs{f' ({STEPS})' if moved else ''}: {line}")
+        print(f"differs: {line}")
     cases = len(measured["cases"])
     print(f"{argv[0]} against {argv[1]}: {cases} cases, "
           f"{'equal' if not differences else f'{len(differences)} differences'}")

@@ -192,9 +192,9 @@ def test_marks_pass_and_fail_on_the_triton_kernel(pytester):
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines([
         "*_ test_alloc_path_is_graph_safe _*",
-        "7 GPU allocations inside the test body, max_gpu_allocations(0): padded_q 72.000 MiB, "
-        "out 64.000 MiB, lse 256.000 KiB, scheduler_metadata * B, num_splits * B, "
-        "lse_accum *, o_accum *",
+        "7 GPU allocations inside the test body, max_gpu_allocations(0): padded_q 72.000 MiB at "
+        "*.py:* test_alloc_path_is_graph_safe, out 64.000 MiB at *, lse 256.000 KiB at *, "
+        "scheduler_metadata * B at *, num_splits * B at *, lse_accum * at *, o_accum * at *",
         "*_ test_alloc_path_fits_256_mib _*",
         "GPU peak allocated * exceeds limit_gpu_memory 256.000 MiB (268435456 B)",
         "*o_accum*kernel*yes*",

@@ -53,6 +53,27 @@ def test_the_h200_snapshot_holds_the_t1024_call_at_its_peak(capsys):
     assert "--tokens 1024 --paths alloc,workspace" in saving["command"]
 
 
+def test_the_h200_snapshot_at_two_held_out_t_gives_each_t_and_the_measured_saving(capsys):
+    """`mlamem profile --tokens 2048,6144 --snapshot` on the H200 (reports/explain-h200): four
+    calls, each found with its T at 64 heads; each saving equals the alloc - workspace peak of
+    the profile measured in the same run, which is the padded q the alloc call allocated."""
+    shot = FIXTURE.parent / "glm5-t2048-6144-h200.snapshot.pickle"
+    profile = json.loads((FIXTURE.parent / "reports" / "explain-h200" / "profile-snapshot.json")
+                         .read_text())
+    assert profile["measured"]
+    doc = _explain(capsys, shot, "--scenario", "glm5-fp8-tp8")
+    assert [(c["path"], c["implied"], c["ambiguous"]) for c in doc["calls"]] == [
+        (path, [{"tokens": t, "heads": 64}], False)
+        for t in (2048, 6144) for path in ("alloc", "workspace")]
+    peaks = {(r["tokens"], r["path"]): r["peak_allocated_bytes"] for r in profile["rows"]}
+    for call in doc["calls"]:
+        t = call["implied"][0]["tokens"]
+        assert call["saving"]["saving_bytes"] == peaks[(t, "alloc")] - peaks[(t, "workspace")]
+        if call["path"] == "alloc":
+            assert call["buffers"][0]["name"] == "padded_q"
+            assert call["buffers"][0]["requested_bytes"] == call["saving"]["saving_bytes"]
+
+
 def test_without_a_scenario_the_heads_are_ambiguous(capsys):
     """Bytes fix only T x heads: T=1024 at 64 heads allocates what T=512 at 128 does."""
     doc = _explain(capsys, FIXTURE)

@@ -45,6 +45,20 @@ def test_the_label_is_the_innermost_frame_outside_the_libraries():
     assert frame_label([]) == NO_FRAMES
 
 
+def test_the_cpp_frames_of_a_default_snapshot_are_passed_over():
+    """`_record_memory_history()` records C++ frames too (stacks="all"): `??` where symbols
+    are missing, a .cpp source, a shared library. The label is still the user's Python frame,
+    as the H200's plain PyTorch snapshot showed (it read `??:0 torch::unwind::unwind()`)."""
+    user = _frame("<string>", 12, "layer")
+    native = [_frame("??", 0, "torch::unwind::unwind()"),
+              _frame("/pytorch/c10/cuda/CUDACachingAllocator.cpp", 1080, "malloc"),
+              _frame("/usr/lib/libtorch_cuda.so", 0, "at::empty"),
+              _frame("/opt/lib/libcudart.so.13", 0, "cudaMalloc")]
+    assert frame_label([*native, _frame("/venv/lib/site-packages/torch/cuda/memory.py"), user,
+                        *native]) == "<string>:12 layer"
+    assert frame_label(native) == "??:0 torch::unwind::unwind()"  # nothing else to name
+
+
 def test_a_predicted_allocation_takes_its_stack_only_under_a_trace():
     """SimulatedMemory(record_stacks=True): an allocation inside the watch carries the stack of
     the code whose op allocated (the dispatch hook's own frames left out); without

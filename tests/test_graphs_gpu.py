@@ -1,6 +1,6 @@
 """CUDA graphs on a GPU: every capture replays bit for bit, and the allocator model predicts
 each capture's figures to the byte; repro-oom --cuda-graphs on, measured, equals the prediction
-but for the device's later 2 MiB capture steps, which are not modelled.
+field by field, the device's graph memory outside the allocator included.
 
 The repro-oom test runs mlamem only in child processes and comes first: another process's CUDA
 context moves the device-wide figures it compares (tests/test_repro_shipped_gpu.py says how),
@@ -19,7 +19,6 @@ from mlamem.testing import kernel_or_skip
 from mlamem.validate import compare_graphs
 
 SIZES = [512, 496, 256, 8, 1]
-STEP_BYTES = 2 << 20  # mem_get_info's granularity: the unmodelled later capture steps
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
              "device-wide figures; run this file alone (scripts/gpu_check.py's graph-memory)")
 # vLLM's graphs at every sparse scenario's defaults (GLM-5's 51 FULL decode graphs), and two
@@ -50,15 +49,13 @@ def _repro_json(args: list[str], output) -> dict:
 
 
 @pytest.mark.parametrize("name", list(GRAPH_REPROS))
-def test_repro_with_graphs_measured_equals_predicted_but_the_later_steps(name, tmp_path):
-    """`mlamem repro-oom --cuda-graphs on`, measured and predicted (the first capture's memory
-    outside the allocator modelled from non_torch.toml): equal in every field a prediction
-    gives, except DEVICE_STEP_FIELDS; there the measured device took whole 2 MiB steps more
-    (its cap and headroom or free memory that much less), and the measured largest safe
-    max_num_batched_tokens is at most the predicted one."""
+def test_repro_with_graphs_measured_equals_predicted(name, tmp_path):
+    """`mlamem repro-oom --cuda-graphs on`, measured and predicted (the memory captures take
+    outside the allocator modelled from non_torch.toml: the first capture's, and the driver's
+    2 MiB steps at 9, 36 and 41 live graphs): equal in every field a prediction gives, the
+    device-wide graph figures and vLLM's estimate from them included."""
     import torch
 
-    from mlamem.engines.vllm import DEVICE_STEP_FIELDS
     from mlamem.repro import prediction_differences
 
     if torch.cuda.is_initialized():
@@ -72,18 +69,10 @@ def test_repro_with_graphs_measured_equals_predicted_but_the_later_steps(name, t
     measured = _repro_json(args, tmp_path / f"{name}.json")
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
     assert measured["measured"] and not predicted["measured"]
-    moved = {line.split(": ")[1] for line in prediction_differences(measured, predicted)}
-    assert moved <= set(DEVICE_STEP_FIELDS), moved
+    assert prediction_differences(measured, predicted) == []
     for m, p in zip(measured["cases"], predicted["cases"], strict=True):
         assert m["graph_estimate_source"] == p["graph_estimate_source"] == "device"
-        steps = m["graph_device_bytes"] - p["graph_device_bytes"]
-        assert steps >= 0 and steps % STEP_BYTES == 0, (m["path"], steps)
-        assert p["graph_estimate_error_bytes"] - m["graph_estimate_error_bytes"] == steps
-        assert p["torch_limit_bytes"] - m["torch_limit_bytes"] == steps
-        free = "free_bytes_at_oom" if m["verdict"] == "oom" else "headroom_bytes"
-        if m.get(free) is not None:
-            assert p[free] - m[free] == steps, (m["path"], free)
-        assert m["max_safe_tokens"] <= p["max_safe_tokens"], m["path"]
+        assert m["graph_device_bytes"] == p["graph_device_bytes"] is not None, m["path"]
 
 
 def _both(kernel, scenario, path, sizes):

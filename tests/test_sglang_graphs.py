@@ -102,10 +102,11 @@ def test_predicted_repro_oom_with_graphs_at_the_defaults(name, tmp_path):
                       "graph_request_pool", "graph_input_bytes", "graph_captures",
                       "graph_pool_bytes"):
             assert case[field] is not None, field
-        # the device, modelled: the pool, the 70 MiB of the process's first capture, and the
+        # the device, modelled: the pool, the 70 MiB of the process's first capture, the
         # 62 + 28 MiB modules the first warm-up's fill and decode load (non_torch.toml), since
-        # SGLang runs no kernel before its graphs
-        assert case["graph_device_bytes"] == case["graph_pool_bytes"] + (70 + 62 + 28) * MiB
+        # SGLang runs no kernel before its graphs, and the driver's 2 MiB at 9, 36 and 41 live
+        # graphs
+        assert case["graph_device_bytes"] == case["graph_pool_bytes"] + (70 + 62 + 28 + 6) * MiB
         assert case["max_safe_tokens"] > 0 and 0 < case["max_safe_mem_fraction_static"] < 1
     assert alloc["kv_cache_bytes"] == off["kv_cache_bytes"]
     assert alloc["graph_pool_bytes"] == (36 + 32 + 128 + 2 + 2) * MiB

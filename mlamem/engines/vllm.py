@@ -53,11 +53,9 @@ from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
 from mlamem.graph_capture import capture_all
 from mlamem.units import format_bytes
 
-# The case fields that the device's later 2 MiB steps move (docs/repro-oom.md): outside the
-# allocator and not modelled, so a prediction with CUDA graphs on reads them apart from a
-# measured run by those steps (6 MiB at GLM-5's default on the H200)
-DEVICE_STEP_FIELDS = ("graph_device_bytes", "graph_estimate_error_bytes", "torch_limit_bytes",
-                      "headroom_bytes", "free_bytes_at_oom", "max_safe_tokens")
+# The most live graphs the host data (non_torch.toml) was measured to: the driver's 2 MiB steps
+# beyond them are not known
+MEASURED_LIVE_GRAPHS = 51
 
 
 def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:
@@ -161,10 +159,13 @@ class VLLM(DecodeRank):
         if any(c.get("graph_estimate_source") == "device" and not c["measured"] for c in cases):
             lines.append("CUDA graphs, predicted: the device-wide figures are the model's "
                          "reserved memory plus the host's non-torch memory, the first capture's "
-                         "outside the allocator included; the 2 MiB steps the device takes at "
-                         "some later captures are not modelled, so "
-                         f"{', '.join(DEVICE_STEP_FIELDS)} may differ from a measured run by "
-                         "them (docs/repro-oom.md)")
+                         "outside the allocator and the driver's 2 MiB steps at 9, 36 and 41 "
+                         "live graphs included (mlamem/non_torch.toml)")
+        if any((c.get("graph_captures") or 0) > MEASURED_LIVE_GRAPHS for c in cases):
+            lines.append(f"CUDA graphs: more than {MEASURED_LIVE_GRAPHS} graphs, the most the "
+                         "host's graph memory was measured to: the driver's steps beyond them are "
+                         "not modelled, so a prediction's device figures may be low by 2 MiB "
+                         "steps")
         return lines
 
     def profile(self) -> None:
