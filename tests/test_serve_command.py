@@ -72,6 +72,48 @@ def test_enforce_eager_turns_graphs_off(glm5):
     assert built.scenario.section("vllm").cudagraph_mode == "NONE"
 
 
+def test_a_vllm_config_file_is_read_as_vllm_reads_it(glm5, tmp_path):
+    """`--config FILE` (vLLM 0.33.0's FlexibleArgumentParser): the YAML's keys become flags
+    after the model, the command's own flags win over them, false is the --no- form, a table is
+    its JSON; the seed's flags in a file build the seed's scenario."""
+    config = tmp_path / "seed.yaml"
+    config.write_text("tensor-parallel-size: 8\nmax_num_seqs: 256\nattention-backend: FLASHMLA_SPARSE\n"
+                      "kv-cache-dtype: fp8_ds_mla\nmax-num-batched-tokens: 16384\n"
+                      "gpu-memory-utilization: 0.85\nmax-model-len: 131072\nenforce-eager: false\n"
+                      "compilation-config:\n  cudagraph_mode: NONE\n")
+    built = from_command(f"vllm serve {glm5} --config {config} --max-num-batched-tokens 32768",
+                         gpu_name="H100 SXM 80GB", weights_bytes=40 * GiB)
+    seed = from_command(SEED.format(folder=glm5) + " --enforce-eager", gpu_name="H100 SXM 80GB",
+                        weights_bytes=40 * GiB)
+    assert built.scenario.serving.max_num_batched_tokens == 32768  # the command's, not 16384
+    assert not built.cuda_graphs and built.scenario.section("vllm").cudagraph_mode == "NONE"
+    ours, theirs = scenario.to_dict(built.scenario), scenario.to_dict(seed.scenario)
+    assert ours.pop("description") != theirs.pop("description")  # each names its command
+    assert ours == theirs
+
+
+@pytest.mark.parametrize(("text", "name", "fix"), [
+    ("tensor-parallel-size: [8\n", "c.yaml", "not YAML"),
+    ("- 8\n- 4\n", "c.yaml", "a table of flags"),
+    ("tensor-parallel-size: 8\n", "c.json", ".yaml or .yml"),
+    ("max-num-seqs: lots\n", "c.yaml", "--max-num-seqs"),
+])
+def test_a_vllm_config_file_it_cannot_take_is_one_line(text, name, fix, tmp_path):
+    (tmp_path / name).write_text(text)
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config {tmp_path / name}"], fix)
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config={tmp_path / name}"],
+                    "--config FILE")
+
+
+def test_a_vllm_config_file_that_is_missing_or_a_folder_is_one_line(tmp_path):
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config {tmp_path}/no.yaml"],
+                    "no such YAML config file")
+    (tmp_path / "conf.yaml").mkdir()
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config {tmp_path}/conf.yaml"],
+                    "is a folder")
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config"], "no file follows")
+
+
 def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
     built = from_command(f"VLLM_USE_DEEP_GEMM=1 vllm serve {DS} -dp=8 --enable-expert-parallel "
                          "--max-model-len=65536 --kv_cache_dtype fp8 --max-num-se 64 "

@@ -17,8 +17,10 @@ import argparse
 import json
 import re
 from importlib import resources
+from pathlib import Path
 
 from mlamem.errors import UserError
+from mlamem.files import read_text
 from mlamem.serve_command.parsed import EngineParser, Parsed
 
 PROG = "vllm serve"
@@ -110,10 +112,57 @@ def _dashes(word: str) -> str:
     return key.replace("_", "-") + eq + value
 
 
+def with_config_file(words: list[str]) -> list[str]:
+    """`words` with a `--config FILE`'s flags pulled in, as vLLM 0.33.0 does
+    (utils/argparse_utils.py, FlexibleArgumentParser._pull_args_from_config and
+    load_config_file): the YAML's keys become flags, placed after the model and before the
+    command's own flags, so the command's win; true is the bare flag, false its --no- form
+    where the flag has one, a list its items, a table its JSON, anything else its text."""
+    if any(w.startswith("--config=") for w in words):
+        raise UserError(f"{PROG} --config=FILE: vLLM 0.33.0 reads a config file only as "
+                        "`--config FILE`", field="serve")
+    if words.count("--config") > 1:
+        raise UserError(f"{PROG} --config: more than one config file", field="serve")
+    if "--config" not in words:
+        return words
+    index = words.index("--config")
+    if index == len(words) - 1:
+        raise UserError(f"{PROG} --config: no file follows it", field="serve")
+    import yaml  # only where a config file is read
+
+    path = Path(words[index + 1])
+    if path.suffix not in (".yaml", ".yml"):
+        raise UserError(f"{PROG} --config {path}: vLLM reads a .yaml or .yml file",
+                        field="serve")
+    try:
+        config = yaml.safe_load(read_text(path, "YAML config file", "serve"))
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not YAML ({str(exc).splitlines()[0]})", field="serve") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: a vLLM config file is a table of flags", field="serve")
+    pulled = []
+    for key, value in config.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            pulled += [flag] if value else ([f"--no-{key}"] if _has_no_form(key) else [])
+        elif isinstance(value, list):
+            pulled += [flag, *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            pulled += [flag, json.dumps(value)]
+        else:
+            pulled += [flag, str(value)]
+    rest = words[:index] + words[index + 2:]
+    model_first = bool(rest) and not rest[0].startswith("-")
+    return rest[:1] + pulled + rest[1:] if model_first else pulled + rest
+
+
+def _has_no_form(key: str) -> bool:
+    entry = FLAGS.get(f"--{key.replace('_', '-')}")
+    return entry is not None and entry["kind"] == "bool"
+
+
 def parse(words: list[str]):
-    if any(w == "--config" or w.startswith("--config=") for w in words):
-        raise UserError("--config: a YAML config file is not read here; put its flags on the "
-                        "command", field="serve")
+    words = with_config_file(words)
     given = vars(parser().parse_args([_dashes(w) for w in words]))
     model = given.pop("model_tag", None) or given.pop("model", None)
     if model is None:
