@@ -132,3 +132,16 @@ def test_model_config(data):
     an object), on a predicted repro-oom, which counts the weights from it."""
     _run(lambda f: ["repro-oom", "--predict", "--paths", "alloc", "--model",
                     _file(f, "config.json", data)])
+
+
+SERVE_CONFIG = ("tensor-parallel-size: 8\nmax-num-seqs: 256\nkv-cache-dtype: fp8_ds_mla\n"
+                "max-num-batched-tokens: 32768\ngpu-memory-utilization: 0.85\nmax-model-len: 131072\n"
+                "enforce-eager: true\ncompilation-config:\n  cudagraph_mode: NONE\n")
+
+
+@FUZZ
+@given(mutated(SERVE_CONFIG))
+def test_serve_config_file(data):
+    """`--serve "vllm serve MODEL --config FILE"`'s YAML: random bytes and near-valid YAML."""
+    _run(lambda f: ["scenarios", "--serve", f"vllm serve zai-org/GLM-5-FP8 --config "
+                    f"{_file(f, 'serve.yaml', data)}", "--weights-per-rank", "40GiB"])
