@@ -82,13 +82,13 @@ SUITES = {
     # on measured against predicted, the file's repro cases first and alone, before CUDA is touched
     "graph-memory": [*(f"python3 scripts/non_torch_probe.py graph-captures {k}"
                        for k in ("flashmla", "triton")), *GRAPH_REPRO],
-    # issue 25's graph phase: repro-oom --cuda-graphs on, measured = predicted, each case alone
+    # the graph phase: repro-oom --cuda-graphs on, measured = predicted, each case alone
     "graph-repro": GRAPH_REPRO,
     # the figures the model reads (mlamem/non_torch.toml): a rank's non-torch memory op by op,
     # and what each CUDA-graph capture of a process takes outside the allocator
     "probes": [*(f"python3 scripts/non_torch_probe.py step-ops {s}" for s in DECODE[1:]),
                "python3 scripts/non_torch_probe.py graph-captures flashmla"],
-    # issue 27's: explain on a plain PyTorch snapshot and on profile --snapshot at held-out T,
+    # explain on a plain PyTorch snapshot and on profile --snapshot at held-out T,
     # profile_call's frames, and diff of alloc against workspace and of the two FlashMLA builds
     "explain": [f"{PYTEST} tests/test_explain_gpu.py tests/test_api_gpu.py",
                 "mlamem profile --tokens 2048,6144 --snapshot {out}/glm5-t2048-6144-h200.snapshot.pickle "
@@ -149,13 +149,13 @@ SUITES = {
                       f"{BENCH} --rank-tokens 8192,32768 --json {{out}}/bench.json",
                       *ncu("gluon-bf16-scale-8", "--kernel triton-native --design gluon-bf16-scale"),
                       *ncu("gluon-8", "--kernel triton-native --design gluon")],
-    # issue 23's house: validate for every kernel and operation the registry pairs (reference: the
+    # the house: validate for every kernel and operation the registry pairs (reference: the
     # CPU one; flashinfer where its wheels travel), and mlamem's own part of a call's time
     "house": [*(f"mlamem validate --kernel {k} --op {op} @validate-{k}-{op}"
                 for k, ops in (("flashmla", OPS), ("flashmla-vllm", OPS), ("triton", OPS[:1]),
                                ("triton-native", OPS[:1])) for op in ops),
               "python3 benchmarks/overhead.py"],
-    # issue 26's noisy neighbour: a second process allocating and freeing 2 GiB in a loop moves
+    # the noisy neighbour: a second process allocating and freeing 2 GiB in a loop moves
     # no allocator figure and no per-process one (profile, graphs), nor repro-oom's KV cache,
     # cap, headroom, verdict and limits (charged per process)
     "neighbour": [f"{PYTEST} {NEIGHBOUR}"],
