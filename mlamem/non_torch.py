@@ -49,6 +49,20 @@ DATA_FILE = "non_torch.toml"
 GRAPH_CAPTURE = "torch.cuda.graph"  # the launch name of a CUDA-graph capture (SimulatedGraphs)
 
 
+# The most live graphs the driver's steps were measured to (GLM-5's 51 FULL decode graphs): a
+# pool of more may take steps the data does not hold
+MEASURED_LIVE_GRAPHS = 51
+
+
+def graph_steps_note(captures: int) -> str | None:
+    """The line a result gives when its graphs outnumber MEASURED_LIVE_GRAPHS; else None."""
+    if captures <= MEASURED_LIVE_GRAPHS:
+        return None
+    return (f"CUDA graphs: {captures} graphs, more than the {MEASURED_LIVE_GRAPHS} the host's graph "
+            "memory was measured to: the driver's 2 MiB steps past them are not modelled, so a "
+            "prediction's device figures may be that much low")
+
+
 def graph_step_launch(live_graphs: int) -> str:
     """The launch name of a capture that brings one pool to `live_graphs` live graphs: the
     driver's graph memory grows in 2 MiB steps at some such counts, once per process."""

@@ -69,6 +69,7 @@ from mlamem.engines.sglang_rules import (
 )
 from mlamem.errors import UserError
 from mlamem.graph_capture import capture_all
+from mlamem.non_torch import graph_steps_note
 from mlamem.scenario import Scenario
 from mlamem.units import check_fraction, format_bytes
 
@@ -198,8 +199,12 @@ class SGLang(DecodeRank):
     @classmethod
     def notes(cls, cases: list[dict]) -> list[str]:
         """With CUDA graphs: per path, the list, the pool the captures took, or the capture that
-        failed and the fraction that holds."""
-        return [_graphs_note(c) for c in cases if c.get("graph_list_source") is not None]
+        failed and the fraction that holds; and where they outnumber the graphs the host's
+        graph memory was measured to, that the device figures may miss steps."""
+        lines = [_graphs_note(c) for c in cases if c.get("graph_list_source") is not None]
+        if note := graph_steps_note(max((c.get("graph_captures") or 0) for c in cases)):
+            lines.append(note)
+        return lines
 
     @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> SGLangCase:

@@ -51,11 +51,8 @@ from mlamem.engines.decode_rank import (
 )
 from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
 from mlamem.graph_capture import capture_all
+from mlamem.non_torch import graph_steps_note
 from mlamem.units import format_bytes
-
-# The most live graphs the host data (non_torch.toml) was measured to: the driver's 2 MiB steps
-# beyond them are not known
-MEASURED_LIVE_GRAPHS = 51
 
 
 def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:
@@ -161,11 +158,8 @@ class VLLM(DecodeRank):
                          "reserved memory plus the host's non-torch memory, the first capture's "
                          "outside the allocator and the driver's 2 MiB steps at 9, 36 and 41 "
                          "live graphs included (mlamem/non_torch.toml)")
-        if any((c.get("graph_captures") or 0) > MEASURED_LIVE_GRAPHS for c in cases):
-            lines.append(f"CUDA graphs: more than {MEASURED_LIVE_GRAPHS} graphs, the most the "
-                         "host's graph memory was measured to: the driver's steps beyond them are "
-                         "not modelled, so a prediction's device figures may be low by 2 MiB "
-                         "steps")
+        if note := graph_steps_note(max((c.get("graph_captures") or 0) for c in cases)):
+            lines.append(note)
         return lines
 
     def profile(self) -> None:
