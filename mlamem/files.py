@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -92,6 +93,10 @@ def check_output_path(path: Path, option: str = "--output", *, parents: bool = F
     if _is_special(path) or Path("/dev") in path.absolute().parents:  # /dev/stdout, a pipe
         raise UserError(f"{option}: {path} is not a regular file (a device or a pipe); "
                         "give a file path")
+    free = _free_bytes(probe)
+    if free is not None and free < MIN_FREE_BYTES:
+        raise UserError(f"{option}: {probe} has {free} bytes free, less than mlamem needs to write "
+                        f"there ({MIN_FREE_BYTES}); free some space or pick another folder")
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mlamem-check.", suffix=".tmp")
     except OSError as exc:
@@ -102,6 +107,19 @@ def check_output_path(path: Path, option: str = "--output", *, parents: bool = F
     os.unlink(tmp)
     _temporaries.discard(tmp)
     return folder
+
+
+# What any output needs free where it goes (a report with its plots is well under it); checked
+# before the work, so a full disk is one line at the start, not after the run
+MIN_FREE_BYTES = 8 * 1024 * 1024
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """The bytes free to this user in `folder`'s file system; None where that is not known."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def _is_special(path: Path) -> bool:

@@ -155,3 +155,35 @@ def test_report_command_with_newline_injects_no_heading(tmp_path):
 
     assert main(["report", path, "--output", str(tmp_path / "r.md")]) == 0
     assert not any(line.startswith("# pwned") for line in (tmp_path / "r.md").read_text().splitlines())
+
+
+@pytest.mark.parametrize("command", [["profile", "--predict", "--tokens", "1024"],
+                                     ["graphs", "--predict", "--capture-sizes", "8,1"]])
+def test_an_empty_report_folder_is_refused(tmp_path, command):
+    """`--report ""` would be the current folder: refused, nothing written."""
+    check_bad_input([*command, "--report", ""], "name a folder", watch=tmp_path)
+
+
+def _full_disk(monkeypatch, free: int) -> None:
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr("mlamem.files.shutil.disk_usage", lambda path: usage(1 << 40, 1 << 40, free))
+
+
+def test_a_full_disk_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """Less free than MIN_FREE_BYTES where the output goes: one line naming the folder and the
+    fix, exit 2, before the sweep runs (no progress line), nothing written; enough free is
+    taken as before."""
+    from mlamem.cli import main
+    from mlamem.files import MIN_FREE_BYTES
+
+    output = tmp_path / "p.json"
+    _full_disk(monkeypatch, MIN_FREE_BYTES - 1)
+    assert main(["profile", "--predict", "--tokens", "1024", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert f"{MIN_FREE_BYTES - 1} bytes free" in err and "free some space" in err
+    assert "profiling" not in err and not output.exists() and list(tmp_path.iterdir()) == []
+    _full_disk(monkeypatch, MIN_FREE_BYTES)
+    assert main(["profile", "--predict", "--tokens", "1024", "--output", str(output)]) == 0
+    assert output.exists()

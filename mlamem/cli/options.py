@@ -263,8 +263,15 @@ def format_option(schema: str, formats: str = "table, markdown or json",
                          f"names ({extensions}), else table.", show_default=False)
 
 
+def _folder(value: str | Path) -> Path:
+    """A folder path as given: an empty one is refused (Path('') would be the current folder)."""
+    if str(value) == "":
+        raise typer.BadParameter("empty; name a folder, e.g. --report report/")
+    return Path(value)
+
+
 def report_option(what: str):
     """--report DIR: also write a report of `what` (e.g. 'its plots (PNG)')."""
     return typer.Option(
-        "--report", help="Also write a report into this folder (created if needed): the "
+        "--report", parser=_folder, help="Also write a report into this folder (created if needed): the "
                          f"result JSON, report.md and {what}, as `mlamem report` makes.")
