@@ -115,11 +115,13 @@ MIN_FREE_BYTES = 8 * 1024 * 1024
 
 
 def _free_bytes(folder: Path) -> int | None:
-    """The bytes free to this user in `folder`'s file system; None where that is not known."""
+    """The bytes free to this user in `folder`'s file system; None where that is not known
+    (a pseudo file system such as /proc reports a size of 0)."""
     try:
-        return shutil.disk_usage(folder).free
+        usage = shutil.disk_usage(folder)
     except OSError:
         return None
+    return usage.free if usage.total else None
 
 
 def _is_special(path: Path) -> bool:

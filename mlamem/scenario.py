@@ -370,11 +370,13 @@ def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
                     "tensor here may take")
         return "engines and kernels count tokens in int32"
 
+    mnbt = scenario.serving.max_num_batched_tokens if max_tokens is None else max_tokens
     for t in tokens:
         if t > limit:
+            sized = (f" with max_num_batched_tokens raised to it (it is {mnbt} now, which bounds "
+                     "the T a sweep takes)" if mnbt < limit else "")
             raise UserError(f"{option}: T={t} cannot run: {why(t)}; the largest T "
-                            f"{scenario.name} can take is {limit}")
-    mnbt = scenario.serving.max_num_batched_tokens if max_tokens is None else max_tokens
+                            f"{scenario.name} can take is {limit}{sized}")
     if mnbt > limit:
         where = max_tokens_option or (f"{scenario.source or scenario.name}: "
                                       "[serving].max_num_batched_tokens")
