@@ -145,3 +145,33 @@ def test_serve_config_file(data):
     """`--serve "vllm serve MODEL --config FILE"`'s YAML: random bytes and near-valid YAML."""
     _run(lambda f: ["scenarios", "--serve", f"vllm serve zai-org/GLM-5-FP8 --config "
                     f"{_file(f, 'serve.yaml', data)}", "--weights-per-rank", "40GiB"])
+
+
+SGLANG_SERVE_CONFIG = ("tp-size: 8\nkv-cache-dtype: fp8_e4m3\ncontext-length: 128Ki\n"
+                       "mem-fraction-static: 0.85\nchunked-prefill-size: 16384\n"
+                       "cuda-graph-bs-decode: [1, 2, 4, 8]\nenable-metrics: true\n"
+                       "disable-radix-cache: false\nhicache-storage-backend-extra-config: {a: 1}\n")
+
+
+@FUZZ
+@given(mutated(SGLANG_SERVE_CONFIG))
+def test_serve_config_file_sglang(data):
+    """`--serve "python -m sglang.launch_server --model-path MODEL --config FILE"`'s YAML."""
+    _run(lambda f: ["scenarios", "--serve", "python -m sglang.launch_server --model-path "
+                    f"zai-org/GLM-5-FP8 --config {_file(f, 'serve.yaml', data)}",
+                    "--weights-per-rank", "40GiB"])
+
+
+TRTLLM_SERVE_CONFIG = ("max_batch_size: 64\nmax_num_tokens: 8192\nmax_seq_len: 32768\n"
+                       "tensor_parallel_size: 8\nenable_chunked_prefill: false\n"
+                       "moe_expert_parallel_size: 8\nprint_iter_log: true\n"
+                       "kv_cache_config:\n  free_gpu_memory_fraction: 0.8\n"
+                       "  enable_block_reuse: true\n  tokens_per_block: 32\n  dtype: fp8\n")
+
+
+@FUZZ
+@given(mutated(TRTLLM_SERVE_CONFIG))
+def test_serve_config_file_trtllm(data):
+    """`--serve "trtllm-serve MODEL --config FILE"`'s LLM API options YAML."""
+    _run(lambda f: ["scenarios", "--serve", "trtllm-serve zai-org/GLM-5-FP8 --max_seq_len 4096 "
+                    f"--config {_file(f, 'options.yaml', data)}", "--weights-per-rank", "40GiB"])

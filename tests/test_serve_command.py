@@ -114,6 +114,182 @@ def test_a_vllm_config_file_that_is_missing_or_a_folder_is_one_line(tmp_path):
     check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config"], "no file follows")
 
 
+SGLANG_SEED = ("python -m sglang.launch_server --model-path {folder} --tp-size 8 --kv-cache-dtype "
+               "fp8_e4m3 --mem-fraction-static 0.9 --chunked-prefill-size 32768 "
+               "--context-length 131072 --cuda-graph-bs-decode 1 2 4 8 --enable-metrics")
+
+
+def test_an_sglang_config_file_is_read_as_sglang_reads_it(glm5, tmp_path):
+    """`--config FILE` (SGLang 0.5.23's ConfigArgumentMerger): the file's flags go before the
+    command's words, so the command's win; a store_true key is its bare flag where true and
+    nothing where false, a list its items, `32Ki` a count; a file with the seed's flags builds the
+    seed's scenario, field by field."""
+    config = tmp_path / "sgl.YML"  # the suffix in any case
+    config.write_text("tp-size: 8\nkv-cache-dtype: fp8_e4m3\nmem-fraction-static: 0.9\n"
+                      "chunked-prefill-size: 8192\ncontext-length: 128Ki\n"
+                      "cuda-graph-bs-decode: [1, 2, 4, 8]\nenable-metrics: true\n"
+                      "disable-radix-cache: false\n")
+    for prog in (f"python -m sglang.launch_server --model-path {glm5}", f"sglang serve {glm5}"):
+        built = from_command(f"{prog} --config {config} --chunked-prefill-size 32768",
+                             gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+        s = built.scenario
+        assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (8, 1)
+        assert s.serving.max_num_batched_tokens == 32768  # the command's, not the file's 8192
+        assert (s.serving.max_model_len, s.serving.kv_cache_dtype) == (131072, "fp8_ds_mla")
+        table = s.section("sglang")
+        assert (table.mem_fraction_static, table.chunked_prefill_size, table.cuda_graph_bs) == (
+            0.9, 32768, (1, 2, 4, 8))
+        assert "not modelled: --enable-metrics" in built.notes  # disable-radix-cache: false is no flag
+        seed = from_command(SGLANG_SEED.format(folder=glm5), gpu_name="H200 SXM 141GB",
+                            weights_bytes=40 * GiB)
+        ours, theirs = scenario.to_dict(s), scenario.to_dict(seed.scenario)
+        assert ours.pop("description") != theirs.pop("description")
+        assert ours == theirs and built.notes == seed.notes
+
+
+def test_an_sglang_config_file_without_the_model_in_sglang_serve_is_one_line(glm5, tmp_path):
+    """`python -m sglang.launch_server` takes the model from the file; `sglang serve` looks for
+    it on the command before it reads the file (cli/serve.py), so it refuses."""
+    config = tmp_path / "c.yaml"
+    config.write_text(f"model-path: {glm5}\nkv-cache-dtype: fp8_e4m3\ncontext-length: 4096\n")
+    built = from_command(f"python -m sglang.launch_server --config {config}",
+                         gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    assert built.scenario.serving.max_model_len == 4096
+    check_bad_input(["scenarios", "--serve", f"sglang serve --config {config}"],
+                    "the model must be on the command")
+
+
+@pytest.mark.parametrize(("text", "name", "fix"), [
+    ("tp-size: [8\n", "c.yaml", "not YAML"),
+    ("- 8\n- 4\n", "c.yaml", "an SGLang config file is a table of flags"),
+    ("tp-size: 8\n", "c.json", "SGLang reads a .yaml or .yml file"),
+    ("tp-size: eight\n", "c.yaml", "--tp-size/--tensor-parallel-size: invalid int value"),
+    ("tp_size: 8\n", "c.yaml", "passes it as --tp_size, which its parser does not know: write tp-size"),
+    ("enable-dp-attention: true\n", "c.yaml",
+     "refuses --enable-dp-attention (DeprecatedStoreTrueAction) in a config file: give --attn-dp-size"),
+    ("disable_cuda_graph: false\n", "c.yaml", "refuses --disable-cuda-graph"),
+    ("enable-dsa-fused-indexer: true\n", "c.yaml",
+     "refuses --enable-dsa-fused-indexer (BooleanOptionalAction) in a config file"),
+    ("no-enable-dsa-fused-indexer: true\n", "c.yaml", "refuses --enable-dsa-fused-indexer"),
+    ("lora-paths: [a]\n", "c.yaml", "refuses --lora-paths (LoRAPathAction)"),
+    ("8: tp\n", "c.yaml", "the key 8 is not a name"),
+    ("context-length: 2001-02-30\n", "c.yaml", "not YAML (day is out of range for month)"),
+    ("hicache-storage-backend-extra-config: {when: 2001-01-01}\n", "c.yaml",
+     "not JSON serializable"),
+])
+def test_an_sglang_config_file_it_cannot_take_is_one_line(text, name, fix, tmp_path):
+    (tmp_path / name).write_text(text)
+    base = f"{SG} --model-path {DS} --kv-cache-dtype fp8_e4m3 --context-length 4096"
+    check_bad_input(["scenarios", "--serve", f"{base} --config {tmp_path / name}",
+                     "--weights-per-rank", "10GiB"], fix)
+
+
+def test_an_sglang_config_file_that_is_missing_or_given_twice_is_one_line(tmp_path):
+    base = f"{SG} --model-path {DS} --kv-cache-dtype fp8_e4m3 --context-length 4096"
+    (tmp_path / "c.yaml").write_text("")  # empty: no flags
+    built = from_command(f"{base} --tp 8 --config {tmp_path}/c.yaml", gpu_name="H200 SXM 141GB",
+                         weights_bytes=10 * GiB)
+    assert built.scenario.parallel.tensor_parallel == 8
+    for words, fix in ((f"--config {tmp_path}/no.yaml", "no such YAML config file"),
+                       (f"--config {tmp_path}/c.yaml --config {tmp_path}/c.yaml",
+                        "more than one config file"),
+                       ("--config", "no file follows"),
+                       (f"--conf {tmp_path}/c.yaml", "--conf: SGLang 0.5.23 merges a config file "
+                                                     "only from the separate words")):
+        check_bad_input(["scenarios", "--serve", f"{base} {words}"], fix)
+
+
+TRT_CMD = f"trtllm-serve {DS} --tp_size 8 --max_seq_len 16384"
+
+
+def test_a_trtllm_config_file_is_read_as_trtllm_serve_reads_it(tmp_path):
+    """`--config FILE` (trtllm-serve at 00209af1, update_llm_args_with_extra_dict): the file's
+    LLM API fields win over the command's options (flags win only from PR #14812, later), its
+    kv_cache_config is laid over the command's fraction key by key, and every field mlamem does
+    not model is named; `--extra_llm_api_options` is the same option."""
+    config = tmp_path / "extra-llm-api-config.yml"
+    config.write_text("max_batch_size: 64\nmax_num_tokens: 8192\nmax_seq_len: 32768\n"
+                      "enable_chunked_prefill: false\nprint_iter_log: true\n"
+                      "cuda_graph_config:\n  enable_padding: true\n"
+                      "kv_cache_config:\n  enable_block_reuse: true\n  tokens_per_block: 64\n"
+                      "  dtype: fp8\n  max_tokens: 100000\n")
+    for option in ("--config", "--extra_llm_api_options"):
+        built = from_command(f"{TRT_CMD} --max_num_tokens 4096 "
+                             f"--kv_cache_free_gpu_memory_fraction 0.75 --port 8001 "
+                             f"{option} {config}", gpu_name="H200 SXM 141GB")
+        s = built.scenario
+        assert (s.parallel.tensor_parallel, s.serving.max_batch_size) == (8, 64)
+        assert s.serving.max_num_batched_tokens == 8192  # the file's, over --max_num_tokens 4096
+        assert (s.serving.max_model_len, s.serving.block_size, s.serving.kv_cache_dtype) == (
+            32768, 64, "fp8")
+        assert s.serving.block_reuse and not s.serving.chunked_prefill
+        assert s.gpu.gpu_memory_utilization == 0.75  # the command's: the file's table lacks it
+        assert ("not modelled: --port, cuda_graph_config, kv_cache_config.max_tokens, "
+                "print_iter_log") in built.notes
+        assert any(n.startswith("max_num_tokens 8192: the file's, over the command's "
+                                "--max_num_tokens 4096") for n in built.notes)
+
+
+def test_a_trtllm_config_file_wins_over_the_command_and_names_option_names(tmp_path):
+    config = tmp_path / "c.txt"  # trtllm-serve reads the file whatever its name
+    config.write_text(f"model: {DS}\ntensor_parallel_size: 4\ntp_size: 2\n"
+                      "kv_cache_config:\n  free_gpu_memory_fraction: 0.6\n")
+    built = from_command(f"trtllm-serve someone/other --tp_size 8 --max_seq_len 4096 "
+                         f"--kv_cache_free_gpu_memory_fraction 0.8 --config={config}",
+                         gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    s = built.scenario
+    assert (s.parallel.tensor_parallel, s.gpu.gpu_memory_utilization) == (4, 0.6)
+    assert s.model.name.startswith("DeepSeek-V3.2")  # the file's model, over the command's
+    assert "not modelled: tp_size" in built.notes
+    assert any("tp_size in " in n and "the file's field is tensor_parallel_size" in n
+               for n in built.notes)
+
+
+@pytest.mark.parametrize(("text", "fix"), [
+    ("max_batch_size: [64\n", "not YAML"),
+    ("", "empty: trtllm-serve hands the file's null"),
+    ("- max_batch_size\n", "a TensorRT-LLM options file is a mapping of LLM API fields"),
+    ("max_batch_size: lots\n", "max_batch_size: expected an integer, got 'lots'"),
+    ("enable_chunked_prefill: 1\n", "enable_chunked_prefill: expected true or false"),
+    ("kv_cache_config: 0.8\n", "kv_cache_config: expected a mapping of KvCacheConfig fields"),
+    ("kv_cache_config:\n  free_gpu_memory_fraction: high\n",
+     "kv_cache_config.free_gpu_memory_fraction: expected a number"),
+    ("kv_cache_config:\n  dtype: nvfp4\n", "kv_cache_config.dtype nvfp4: mlamem models the fp8"),
+    ("tensor_parallel_size: 0\n", "trtllm-serve --tp_size 0: must be at least 1"),
+    ("max_seq_len: null\n", "max_seq_len: expected an integer, got None"),
+    ("null: 1\n", "the key None is not a name"),
+])
+def test_a_trtllm_config_file_it_cannot_take_is_one_line(text, fix, tmp_path):
+    (tmp_path / "c.yaml").write_text(text)
+    check_bad_input(["scenarios", "--serve", f"{TRT_CMD} --config {tmp_path / 'c.yaml'}"], fix)
+
+
+def test_a_trtllm_config_file_that_is_missing_is_one_line(tmp_path):
+    check_bad_input(["scenarios", "--serve", f"{TRT_CMD} --config {tmp_path}/no.yaml"],
+                    "no such YAML config file")
+    check_bad_input(["scenarios", "--serve", f"{TRT_CMD} --config"],
+                    "argument --config/--extra_llm_api_options: expected one argument")
+
+
+def test_pyyaml_is_imported_only_for_a_config_file(tmp_path):
+    """Each engine's command without `--config` imports no yaml; with one, it does."""
+    import subprocess
+    import sys
+
+    (tmp_path / "c.yaml").write_text("max-num-seqs: 8\n")
+    commands = [f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8",
+                f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096",
+                f"trtllm-serve {DS} --tp_size 8 --max_seq_len 4096"]
+    for command, imported in [*((c, "False") for c in commands),
+                              (f"{commands[0]} --config {tmp_path / 'c.yaml'}", "True")]:
+        code = ("import sys; from mlamem.serve_command import from_command; "
+                f"from_command({command!r}, gpu_name='H200 SXM 141GB', weights_bytes=2**30); "
+                "print('yaml' in sys.modules)")
+        done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                              timeout=120)
+        assert done.stdout.split() == [imported], (command, done.stderr[-2000:])
+
+
 def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
     built = from_command(f"VLLM_USE_DEEP_GEMM=1 vllm serve {DS} -dp=8 --enable-expert-parallel "
                          "--max-model-len=65536 --kv_cache_dtype fp8 --max-num-se 64 "
@@ -560,7 +736,9 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
      "--cuda-graph-max 8", "ambiguous option: --cuda-graph-max"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
      "--no-such-flag", "unrecognized arguments: --no-such-flag"),
-    (f"{SG} --model-path {DS} --config c.yaml", "--config"),
+    (f"{SG} --model-path {DS} --config=c.yaml", "ignores this one: write `--config FILE`"),
+    (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
+     "--cuda-graph-max-bs-decode 99999999999999999999999", "must be at most 2147483647"),
     (f"{SG} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096", "names no model"),
     (f"{SG} --model-path {DS} --tp 6 --kv-cache-dtype fp8_e4m3 --context-length 4096",
      "python -m sglang.launch_server --tp-size: "),

@@ -16,6 +16,8 @@ engines/sglang_rules.py; arg_groups/parallel_hook.py handle_deprecated_dp_attent
 (--disable-cuda-graph turns both phases' graphs off). The decode graphs' settings
 (--cuda-graph-max-bs-decode, --cuda-graph-bs-decode) go to the [sglang] table; a command whose
 decode graphs are on says to run repro-oom with --cuda-graphs on.
+
+`--config FILE` is read as SGLang 0.5.23 reads it: `with_config_file`.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import importlib
 import json
 import re
 from importlib import resources
+from pathlib import Path
 
 from mlamem import engine_registry, gpus
 from mlamem.errors import UserError
 from mlamem.models import hf_config
+from mlamem.scenario import MAX_TOKENS as MAX_INT  # a count's bound (int32)
+from mlamem.serve_command import config_file
 from mlamem.serve_command.parsed import EngineParser, Parsed
 
 PROGS = ("python -m sglang.launch_server", "sglang serve")
@@ -120,15 +125,133 @@ def _cli_words(words: list[str]) -> list[str]:
     return kept
 
 
+# the flags SGLang 0.5.23's ConfigArgumentMerger refuses in a config file (neither store_true nor
+# one value): the DeprecatedStoreTrueAction pair (srt/server_args.py ServerArgs.add_cli_args) and
+# LoRAPathAction (nargs "*", srt/arg_groups/fields/lora.py); every BooleanOptionalAction flag
+# (kind "bool" in the table), its --no- form too, joins them in _config_keys
+_CONFIG_REFUSED_ACTIONS = {"--disable-cuda-graph": "DeprecatedStoreTrueAction",
+                           "--enable-dp-attention": "DeprecatedStoreTrueAction",
+                           "--lora-paths": "LoRAPathAction"}
+_CONFIG_FIX = {"--enable-dp-attention": "give --attn-dp-size N in the file (or put the flag on "
+                                        "the command)",
+               "--disable-cuda-graph": "give cuda-graph-backend-decode: disabled and "
+                                       "cuda-graph-backend-prefill: disabled in the file (or put "
+                                       "the flag on the command)"}
+
+
+def _config_key(option: str) -> str:
+    """A long option as ConfigArgumentMerger's _config_keys names it: no dashes in front, '_'
+    for '-'."""
+    return option[2:].replace("-", "_")
+
+
+def _config_tables() -> tuple[dict[str, tuple[str, str]], set[str]]:
+    """(the keys a config file may not hold -> (their flag, its action), the store_true keys)."""
+    refused, store_true = {}, set()
+    for flag, entry in FLAGS.items():
+        names = [flag, *entry["aliases"]]
+        if entry["kind"] == "bool":
+            names += [f"--no-{name[2:]}" for name in names]
+            refused |= {_config_key(n): (flag, "BooleanOptionalAction") for n in names}
+        elif flag in _CONFIG_REFUSED_ACTIONS:
+            refused |= {_config_key(n): (flag, _CONFIG_REFUSED_ACTIONS[flag]) for n in names}
+        elif entry["kind"] == "flag":
+            store_true |= {_config_key(n) for n in names}
+    return refused, store_true
+
+
+CONFIG_REFUSED, CONFIG_STORE_TRUE = _config_tables()
+
+
+def _abbreviates_config(word: str) -> bool:
+    """Whether `word` sets --config other than as the separate word `--config`: `--config=FILE`
+    or an abbreviation argparse resolves to it (`--conf FILE`)."""
+    option = word.partition("=")[0]
+    if word == "--config" or len(option) < 3 or not "--config".startswith(option):
+        return False
+    names = [n for flag, e in FLAGS.items() for n in (flag, *e["aliases"])]
+    return option == "--config" or [n for n in names if n.startswith(option)] == ["--config"]
+
+
+def with_config_file(words: list[str], prog: str) -> list[str]:
+    """`words` with a `--config FILE`'s flags pulled in, as SGLang 0.5.23 does
+    (srt/server_args.py prepare_server_args, srt/utils/server_args_config_parser.py
+    ConfigArgumentMerger.merge_config_with_args): only the word `--config` followed by a .yaml or
+    .yml file (the suffix in any case) is merged; the file's flags go before all of the command's
+    words, so the command's own flags win. A key becomes `--KEY` as written (tp-size; tp_size is
+    no flag there); true is the bare flag of a store_true flag and nothing where false, `--KEY
+    true|false` for any other; a list its items (none where empty), a table its JSON, anything
+    else its text; an empty file is no flags. The flags it takes no value for in a file
+    (BooleanOptionalAction, --enable-dp-attention, --disable-cuda-graph, --lora-paths) are
+    refused, as SGLang refuses them. With `--config=FILE` SGLang reads no file: refused here."""
+    for word in words:
+        if _abbreviates_config(word):
+            raise UserError(f"{prog} {word}: SGLang 0.5.23 merges a config file only from the "
+                            "separate words `--config FILE` and ignores this one: write "
+                            "`--config FILE`", field="serve")
+    if words.count("--config") > 1:
+        raise UserError(f"{prog} --config: more than one config file", field="serve")
+    if "--config" not in words:
+        return words
+    index = words.index("--config")
+    if index == len(words) - 1:
+        raise UserError(f"{prog} --config: no file follows it", field="serve")
+    path = Path(words[index + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise UserError(f"{prog} --config {path}: SGLang reads a .yaml or .yml file",
+                        field="serve")
+    config = config_file.load(path)
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: an SGLang config file is a table of flags", field="serve")
+    pulled = []
+    for key, value in config.items():
+        if not isinstance(key, str):
+            raise config_file.key_error(path, key, "SGLang")
+        if key.replace("-", "_") in CONFIG_REFUSED:
+            flag, action = CONFIG_REFUSED[key.replace("-", "_")]
+            fix = _CONFIG_FIX.get(flag, f"put {flag} on the command")
+            raise UserError(f"{path}: {key}: SGLang 0.5.23 refuses {flag} ({action}) in a config "
+                            f"file: {fix}", field="serve")
+        if isinstance(value, bool):
+            if key.replace("-", "_") in CONFIG_STORE_TRUE:
+                flags = [f"--{key}"] if value else []
+            else:
+                flags = [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            flags = [f"--{key}", *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            flags = [f"--{key}", config_file.as_json(path, key, value)]
+        else:
+            flags = [f"--{key}", str(value)]
+        dashed = f"--{key.replace('_', '-')}"
+        if flags and "_" in key and (dashed in FLAGS or any(dashed in e["aliases"]
+                                                            for e in FLAGS.values())):
+            raise UserError(f"{path}: {key}: SGLang 0.5.23 passes it as --{key}, which its parser "
+                            f"does not know: write {key.replace('_', '-')}", field="serve")
+        pulled += flags
+    return pulled + words[:index] + words[index + 2:]
+
+
+def _names_model(words: list[str]) -> bool:
+    """Whether `sglang serve` finds the model among the command's words before the config file
+    is read (cli/utils.py try_get_model_path)."""
+    return any((w in ("--model-path", "--model") and i + 1 < len(words))
+               or w.startswith(("--model-path=", "--model=")) for i, w in enumerate(words))
+
+
 def parse(words: list[str], prog: str) -> Parsed:
-    if any(w == "--config" or w.startswith("--config=") for w in words):
-        raise UserError(f"{prog} --config: a YAML config file is not read here; put its flags on "
-                        "the command", field="serve")
     model_type = False
     if prog == "sglang serve":
         words = _cli_words(words)
         model_type = "--model-type=given" in words
         words = [w for w in words if w != "--model-type=given"]
+        if "--config" in words and not _names_model(words):
+            raise UserError(f"{prog} --config: the model must be on the command: SGLang's serve "
+                            "looks for --model-path before it reads the config file "
+                            "(cli/serve.py); put the model on the command", field="serve")
+    words = with_config_file(words, prog)
     given = vars(parser(prog).parse_args(words))
     model = given.pop("model_path", None)
     if model is None:
@@ -258,9 +381,15 @@ def _graphs(given: dict) -> dict:
     if sizes is not None and min(sizes) < 1:
         raise UserError(f"--cuda-graph-bs-decode: expected positive batch sizes, got {sizes}",
                         field="serve")
+    if sizes is not None and max(sizes) > MAX_INT:
+        raise UserError(f"--cuda-graph-bs-decode: expected batch sizes at most {MAX_INT}, got "
+                        f"{max(sizes)}", field="serve")
     max_bs = max(sizes) if sizes else given.get("cuda_graph_max_bs_decode")
     if max_bs is not None and max_bs < 1:
         raise UserError(f"--cuda-graph-max-bs-decode {max_bs}: must be at least 1", field="serve")
+    if max_bs is not None and max_bs > MAX_INT:  # the scenario's bound, before the rules' lists
+        raise UserError(f"--cuda-graph-max-bs-decode {max_bs}: must be at most {MAX_INT}",
+                        field="serve")
     return {"decode": decode, "prefill": prefill, "max_bs": max_bs}
 
 

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.errors import UserError
-from mlamem.files import read_text
+from mlamem.serve_command import config_file
 from mlamem.serve_command.parsed import EngineParser, Parsed
 
 PROG = "vllm serve"
@@ -128,16 +128,11 @@ def with_config_file(words: list[str]) -> list[str]:
     index = words.index("--config")
     if index == len(words) - 1:
         raise UserError(f"{PROG} --config: no file follows it", field="serve")
-    import yaml  # only where a config file is read
-
     path = Path(words[index + 1])
     if path.suffix not in (".yaml", ".yml"):
         raise UserError(f"{PROG} --config {path}: vLLM reads a .yaml or .yml file",
                         field="serve")
-    try:
-        config = yaml.safe_load(read_text(path, "YAML config file", "serve"))
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not YAML ({str(exc).splitlines()[0]})", field="serve") from None
+    config = config_file.load(path)
     if not isinstance(config, dict):
         raise UserError(f"{path}: a vLLM config file is a table of flags", field="serve")
     pulled = []
@@ -148,7 +143,7 @@ def with_config_file(words: list[str]) -> list[str]:
         elif isinstance(value, list):
             pulled += [flag, *map(str, value)] if value else []
         elif isinstance(value, dict):
-            pulled += [flag, json.dumps(value)]
+            pulled += [flag, config_file.as_json(path, key, value)]
         else:
             pulled += [flag, str(value)]
     rest = words[:index] + words[index + 2:]
