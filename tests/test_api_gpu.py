@@ -75,7 +75,7 @@ def test_profile_call_gives_mlamem_profiles_figures(record_property):
 
 
 def test_profile_call_names_each_allocation_by_its_frame_as_predicted():
-    """The acceptance of issue 27's frames: profile_call on a function of the test's own with
+    """Frames: profile_call on a function of the test's own with
     temporaries (a matmul, a softmax in fp32, a copy into a fresh output), measured on the GPU
     and predicted on the meta device: every allocation named by its frame in tests/test_api.py,
     the same names, bytes and frames on both, frame for frame."""

@@ -67,9 +67,31 @@ def test_every_relative_link_leads_to_a_file_and_heading(page):
 def test_no_page_names_a_tracker_number(page):
     """The docs say what the code does, not which ticket asked for it; upstream pull requests
     (`vLLM PR #60220`) are sources and stay."""
-    text = page.read_text()
-    found = re.findall(r"\bissue[- ]?\d+|(?<!PR )#\d+\b", text, re.I)
+    found = TRACKER_NUMBER.findall(page.read_text())
     assert not found, f"{page.relative_to(ROOT)} names {found}"
+
+
+TRACKER_NUMBER = re.compile(r"\bissue[- ]?\d+|(?<!PR )(?<!request )#\d+\b", re.I)
+SOURCES = [p for top in ("mlamem", "kernels", "scripts", "benchmarks", "tests", "scenarios", ".ci")
+           for p in sorted((ROOT / top).rglob("*"))
+           if p.is_file() and p.suffix in {".py", ".toml", ".sh", ".json", ""} and "fixtures" not in p.parts]
+
+
+def test_no_source_names_a_tracker_number():
+    """The code, scripts, benchmarks, tests and scenarios name no ticket either (fixtures are
+    recorded output and stay as they were made)."""
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in SOURCES
+             for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+             if TRACKER_NUMBER.search(line)]
+    assert SOURCES and not found, f"tracker numbers at {found}"
+
+
+def test_the_tracker_check_tells_a_ticket_from_an_upstream_pull_request():
+    """The pattern can fail: a ticket is found, an upstream pull request is a source."""
+    ticket = 26  # spelled apart, so this file passes its own check
+    found = TRACKER_NUMBER.findall(f"see issue {ticket} and #{ticket + 1}")
+    assert found == [f"issue {ticket}", f"#{ticket + 1}"]
+    assert not TRACKER_NUMBER.findall("vLLM PR #60220, pull request #6117, colour #1f77b4")
 
 
 def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):

@@ -1,6 +1,6 @@
 """`mlamem explain` on a snapshot plain PyTorch wrote on a GPU: a FlashMLA call inside a larger
 function that has its own buffers, recorded with `_record_memory_history` and `_dump_snapshot`
-in a child process (pytest's own process asks CUDA nothing). Issue 27's acceptance; written on
+in a child process (pytest's own process asks CUDA nothing). Written on
 a CPU session, to run on the H200."""
 
 import json

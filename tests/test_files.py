@@ -1,6 +1,6 @@
-"""Hostile files and paths (issue 26, principles 1-4), one parametrised test per principle, each
-case through `mlamem.testing.check_bad_input`: exit 2, one line naming the file or field, no
-traceback, nothing written in or outside the folder named.
+"""Hostile files and paths (the four principles of trust at the edges), one parametrised test
+per principle, each case through `mlamem.testing.check_bad_input`: exit 2, one line naming the
+file or field, no traceback, nothing written in or outside the folder named.
 
 1. every file read is a regular file within a size bound, UTF-8 TOML or finite JSON;
 2. every path written is a regular file, and names from files become file names safely;

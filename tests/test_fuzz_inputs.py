@@ -1,13 +1,13 @@
 """Fuzz every file input of every command with random bytes and near-valid TOML/JSON: whatever
-the file holds, mlamem exits 0, 1 or 2 and never tracebacks (issue 26). The CLI runs in this
-process (`mlamem.cli.main`), derandomized, a few examples each, within a deadline."""
+the file holds, mlamem exits 0, 1 or 2 and never tracebacks. The CLI runs in this process
+(`mlamem.cli.main`), derandomized and bounded by a few examples each; no per-example deadline,
+since the first example pays the imports and a loaded CI runner is no benchmark."""
 
 import contextlib
 import io
 import json
 import pickle
 import tempfile
-from datetime import timedelta
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +22,7 @@ BASELINE = json.dumps({**json.loads((ROOT.parent / "reports" / "baselines" / "pr
                        "sweep": {"scenarios": ["glm5-fp8-tp8"], "ops": ["sparse-decode"], "tokens": [1024],
                                  "paths": ["alloc"], "kernel": "flashmla"}})
 
-FUZZ = settings(derandomize=True, max_examples=25, deadline=timedelta(seconds=5),
+FUZZ = settings(derandomize=True, max_examples=25, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
                 database=None)
 

@@ -122,7 +122,7 @@ SEED_COMMAND = ("vllm serve zai-org/GLM-5-FP8 --tensor-parallel-size 8 --max-num
 
 
 def test_the_seed_serve_command_measured_equals_predicted(tmp_path):
-    """The seed's pasted `vllm serve` command (issue 24), with --gpu "H100 SXM 80GB" and the
+    """The seed's pasted `vllm serve` command, with --gpu "H100 SXM 80GB" and the
     seed's weights as the override, made into a scenario and reproduced on the GPU: the alloc
     path runs out of memory, the workspace path fits, and every figure a prediction gives is
     the measured one, the limits included (predicted: 31857 and 39008, charged per process)."""
