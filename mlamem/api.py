@@ -241,7 +241,7 @@ class Tracker:
 
         if self.trace is None:
             raise RuntimeError("nothing measured yet: call save_snapshot after the block ends")
-        write_atomic(Path(path), pickle.dumps(snapshot.build([self])), option="save_snapshot")
+        write_atomic(Path(path), pickle.dumps(snapshot.build([self])), field="save_snapshot")
 
     # -- the measurement -----------------------------------------------------------------
 

@@ -35,7 +35,7 @@ def remove_temporaries() -> None:
 
 
 def pick_format(path: Path | None, given: str | None, accepted: Sequence[str],
-                  option: str = "--output", what: str = "this command") -> str:
+                  field: str = "output", what: str = "this command") -> str:
     """The format to write: `given` if any, else the one `path`'s extension names, else the
     first of `accepted` (the default). A UserError (field `format`) if they disagree or
     `accepted` lacks it.
@@ -44,15 +44,16 @@ def pick_format(path: Path | None, given: str | None, accepted: Sequence[str],
     """
     implied = FORMAT_BY_SUFFIX.get(path.suffix.lower()) if path is not None else None
     if implied is not None and given is not None and given != implied:
-        raise UserError(f"{given}, but {option} {path} is {implied} by its extension; drop the "
+        raise UserError(f"{given}, but {path} is {implied} by its extension; drop the "
                         f"format or name the file {path.stem}{_suffix_for(given)}", field="format")
     chosen = given or implied or accepted[0]
     if chosen not in accepted:
         names = ", ".join(f"{f} ({_suffix_for(f)})" for f in accepted)
         if path is None or implied is None:
             raise UserError(f"{chosen}: {what} writes {names}; pick one of those", field="format")
-        raise UserError(f"{option} {path}: {what} writes {names}, and {path.suffix} names "
-                        f"{chosen}; name the file {path.stem}{_suffix_for(accepted[0])} or the like")
+        raise UserError(f"{path}: {what} writes {names}, and {path.suffix} names "
+                        f"{chosen}; name the file {path.stem}{_suffix_for(accepted[0])} or the like",
+                        field=field)
     return chosen
 
 
@@ -72,36 +73,36 @@ def _suffix_for(format_name: str) -> str:
     return next(s for s, f in FORMAT_BY_SUFFIX.items() if f == format_name)
 
 
-def check_output_path(path: Path, option: str = "--output", *, parents: bool = False) -> Path:
+def check_output_path(path: Path, field: str = "output", *, parents: bool = False) -> Path:
     """Fail before any work if `path` cannot be written; returns its folder.
 
     The folder must exist (with `parents`, its nearest existing ancestor) and take a new file:
     a file is created and removed there, which also holds for root and read-only mounts.
     """
     if str(path) == "-":  # would make a file named '-'; an output that can be stdout is printed
-        raise UserError(f"{option}: - (stdout) is not taken here; give a file path")
+        raise UserError("- (stdout) is not taken here; give a file path", field=field)
     folder = path.parent if str(path.parent) else Path(".")
     probe = folder
     while parents and not probe.exists() and probe != probe.parent:
         probe = probe.parent  # the folders below it are created when the file is written
     if probe.exists() and not probe.is_dir():
-        raise UserError(f"{option}: {probe} is a file, not a folder; pick another path")
+        raise UserError(f"{probe} is a file, not a folder; pick another path", field=field)
     if not probe.is_dir():
-        raise UserError(f"{option}: folder {folder} does not exist; create it or pick another path")
+        raise UserError(f"folder {folder} does not exist; create it or pick another path", field=field)
     if path.is_dir():
-        raise UserError(f"{option}: {path} is a folder; give a file path")
+        raise UserError(f"{path} is a folder; give a file path", field=field)
     if _is_special(path) or Path("/dev") in path.absolute().parents:  # /dev/stdout, a pipe
-        raise UserError(f"{option}: {path} is not a regular file (a device or a pipe); "
-                        "give a file path")
+        raise UserError(f"{path} is not a regular file (a device or a pipe); "
+                        "give a file path", field=field)
     free = _free_bytes(probe)
     if free is not None and free < MIN_FREE_BYTES:
-        raise UserError(f"{option}: {probe} has {free} bytes free, less than mlamem needs to write "
-                        f"there ({MIN_FREE_BYTES}); free some space or pick another folder")
+        raise UserError(f"{probe} has {free} bytes free, less than mlamem needs to write "
+                        f"there ({MIN_FREE_BYTES}); free some space or pick another folder", field=field)
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mlamem-check.", suffix=".tmp")
     except OSError as exc:
-        raise UserError(f"{option}: cannot write in {probe} ({exc.strerror}); "
-                        "pick a writable folder") from None
+        raise UserError(f"cannot write in {probe} ({exc.strerror}); "
+                        "pick a writable folder", field=field) from None
     _temporaries.add(tmp)
     os.close(fd)
     os.unlink(tmp)
@@ -132,7 +133,7 @@ def _is_special(path: Path) -> bool:
         return False
 
 
-def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
+def write_atomic(path: Path, data: str | bytes, field: str = "output", *,
                  parents: bool = False) -> None:
     """Write `data` to `path` via a temporary file in the same folder and a rename, so `path`
     holds the old content or the new, never a part, even under Ctrl-C. With `parents`, missing
@@ -142,15 +143,15 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UserError(f"{option}: cannot create folder {path.parent} ({exc.strerror}); "
-                            "pick a writable path") from None
+            raise UserError(f"cannot create folder {path.parent} ({exc.strerror}); "
+                            "pick a writable path", field=field) from None
     target = path.resolve() if path.is_symlink() else path  # write where a link points
-    folder = check_output_path(target, option)
+    folder = check_output_path(target, field)
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
-        raise UserError(f"{option}: cannot write in {folder} ({exc.strerror}); "
-                        "pick a writable folder") from None
+        raise UserError(f"cannot write in {folder} ({exc.strerror}); "
+                        "pick a writable folder", field=field) from None
     _temporaries.add(tmp)
     try:
         with os.fdopen(fd, mode) as handle:
@@ -162,8 +163,8 @@ def write_atomic(path: Path, data: str | bytes, option: str = "--output", *,
     except BaseException as exc:  # an OSError, or an interrupt: leave no temporary file
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise UserError(f"{option}: cannot write {path} ({exc.strerror}); "
-                            "pick a writable path") from None
+            raise UserError(f"cannot write {path} ({exc.strerror}); "
+                            "pick a writable path", field=field) from None
         raise
     finally:
         _temporaries.discard(tmp)

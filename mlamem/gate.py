@@ -252,7 +252,7 @@ def sweep_kernel(sweep: dict) -> str:
 
 def load(path: Path) -> Baseline:
     """Read and check a baseline file; UserError (exit 2) if missing, corrupt or wrong schema."""
-    fix = f"make one with `mlamem gate --baseline {path} --update`"
+    fix = "make one with an update run"  # the CLI adds its command
     if not path.exists():
         raise UserError(f"{path} not found; {fix}", field="baseline")
     text = read_text(path, "baseline (JSON)", field="baseline")

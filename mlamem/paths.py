@@ -9,7 +9,7 @@ rows being T, requests or s_q (`KernelCall` converts to the kernel's layout).
   reserved at init for the operation's workspace rows; only the padding heads are zeroed.
 - `workspace-full`: as `workspace`, and lse and the split-KV accumulators are staged too, so the
   call allocates nothing. Only for a kernel that takes out=, lse= and accum_workspace= (mlamem's
-  Triton kernel); with any other, asking for it is a user error naming `--kernel triton`.
+  Triton kernel); with any other, asking for it is a user error naming the kernels that can.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def _full_staging_fix(op: str) -> str:
     names = full_staging_kernels(op)
     if not names:
         return "no registered kernel takes all three (`mlamem kernels` lists what each takes)"
-    return "use " + " or ".join(f"--kernel {name}" for name in names)
+    return "use kernel " + " or ".join(names)
 
 
 def check_paths(paths, capabilities: Capabilities, kernel_label: str,

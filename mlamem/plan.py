@@ -241,7 +241,7 @@ def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
     for request in requests:
         given = request.max_num_tokens != scenario.serving.max_num_batched_tokens
         check_decode_tokens(scenario, padded_heads, [], max_tokens=request.max_num_tokens,
-                            max_tokens_option="--max-num-tokens" if given else None)
+                            max_tokens_field="max_num_tokens" if given else None)
 
 
 def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str,

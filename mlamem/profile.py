@@ -86,8 +86,8 @@ class ProfileResult:
                       "rows": [ProfileRow(**row) for row in data["rows"]]})
 
 
-RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
-DROP_CASE = "drop that T from --tokens or that scenario from --scenario"
+RAISE_LIMIT = "raise max_num_batched_tokens or drop that T"
+DROP_CASE = "drop that T or that scenario"
 
 
 def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
@@ -103,18 +103,18 @@ def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[s
 def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                   kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT,
                   op: str = SPARSE_DECODE) -> None:
-    """Reject what cannot run, before anything is allocated; `fix` names the flags that help."""
+    """Reject what cannot run, before anything is allocated; `fix` names the fields that help."""
     check_cache(kernel, scenario, op)
     check_paths(paths, kernel.capabilities(op, kv_format(scenario, op)), kernel.label)
     too_big = sorted(set(tokens) - set(runnable_tokens(scenario, tokens, paths, op)))
     if too_big and op == DENSE_DECODE:
         raise UserError(f"{too_big[0]} requests exceed {scenario.name}'s max_batch_size="
                         f"{scenario.serving.max_batch_size}, which sizes the workspace; lower "
-                        f"{operation(op).flag} or drop the workspace paths")
+                        "them or drop the workspace paths", field=operation(op).key)
     if too_big:
         raise UserError(f"T={too_big[0]} exceeds {scenario.name}'s max_num_batched_tokens="
                         f"{scenario.serving.max_num_batched_tokens}, which sizes the workspace; "
-                        f"{fix}")
+                        f"{fix}", field=operation(op).key)
 
 
 def scenario_summary(scenario: Scenario, padded_heads: int, op: str = SPARSE_DECODE) -> dict:

@@ -433,7 +433,7 @@ def check_report_dir(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{folder} is a file; give a folder (it is created if needed)",
                         field="report_dir")
-    check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "--report")
+    check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 
 
 def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> list[Path]:
@@ -441,7 +441,7 @@ def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> l
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
     name = safe_name(result.scenario["name"]) + ("" if result.measured else ".predicted") + ".json"
-    write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "--report")
+    write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "report_dir")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]

@@ -355,11 +355,11 @@ def check_decode(scenario: Scenario, head_counts: tuple[int, ...], kernel_label:
 
 
 def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
-                        option: str = "--tokens", max_tokens: int | None = None,
-                        max_tokens_option: str | None = None) -> None:
+                        field: str = "tokens", max_tokens: int | None = None,
+                        max_tokens_field: str | None = None) -> None:
     """Refuse a T, and a max_num_batched_tokens (which sizes the workspace), whose tensors
     cannot exist; the message names the largest that can. `max_tokens` overrides the scenario's
-    max_num_batched_tokens and `max_tokens_option` names the flag that gave it."""
+    max_num_batched_tokens and `max_tokens_field` names the field that gave it (None: the scenario)."""
     limit = decode_token_limit(scenario, padded_heads)
     per_token = padded_heads * (scenario.d_qk + scenario.d_v) * 2
 
@@ -375,13 +375,13 @@ def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
         if t > limit:
             sized = (f" with max_num_batched_tokens raised to it (it is {mnbt} now, which bounds "
                      "the T a sweep takes)" if mnbt < limit else "")
-            raise UserError(f"{option}: T={t} cannot run: {why(t)}; the largest T "
-                            f"{scenario.name} can take is {limit}{sized}")
+            raise UserError(f"T={t} cannot run: {why(t)}; the largest T "
+                            f"{scenario.name} can take is {limit}{sized}", field=field)
     if mnbt > limit:
-        where = max_tokens_option or (f"{scenario.source or scenario.name}: "
-                                      "[serving].max_num_batched_tokens")
-        raise UserError(f"{where} {mnbt} cannot be reserved: {why(mnbt)}; the largest "
-                        f"{scenario.name} can take is {limit}")
+        where = "" if max_tokens_field else (f"{scenario.source or scenario.name}: "
+                                             "[serving].max_num_batched_tokens ")
+        raise UserError(f"{where}{mnbt} cannot be reserved: {why(mnbt)}; the largest "
+                        f"{scenario.name} can take is {limit}", field=max_tokens_field)
 
 
 _SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}

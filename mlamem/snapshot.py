@@ -43,7 +43,7 @@ def build(calls: Sequence[Traced]) -> dict:
 
 def write(path: Path, calls: Sequence[Traced]) -> None:
     """Pickle the snapshot to `path`, whole or not at all."""
-    write_atomic(path, pickle.dumps(build(calls)), option="--snapshot")
+    write_atomic(path, pickle.dumps(build(calls)), field="snapshot")
 
 
 class RefusedClass(pickle.UnpicklingError):

@@ -35,8 +35,8 @@ class SweepPart:
 @dataclass(frozen=True)
 class Request:
     """What a command asks to sweep, before any check. The words a face gave (`fix`,
-    `max_tokens_option`, `capture_option`) go into the messages of the checks below the
-    planner (`check_request`, `scenario.check_decode_tokens`), which print them as given."""
+    `max_tokens_field`, `capture_field`) go into the errors of the checks below the planner
+    (`check_request`, `scenario.check_decode_tokens`); the faces word the fields as flags."""
 
     scenarios: Sequence[tuple[str, Scenario]]  # (as given: a name or a TOML path, loaded)
     ops: Sequence[str]
@@ -50,9 +50,9 @@ class Request:
     candidate_paths: Sequence[str] | None = None  # else: those of these (all) the kernel has
     kv_tokens: int | None = None  # one sequence's KV (dense decode's context, prefill's s_kv)
     max_num_batched_tokens: int | None = None  # sizes the token workspace; in the parts' scenario
-    max_tokens_option: str | None = None  # how the face names max_num_batched_tokens' source
+    max_tokens_field: str | None = None  # the field max_num_batched_tokens came from (None: scenario)
     capture_sizes: Sequence[int] | None = None  # CUDA-graph capture sizes, checked
-    capture_option: str = "capture_sizes"  # how the face names them
+    capture_field: str = "capture_sizes"  # the field they came from
     named: bool = True  # the scenarios were named one by one: each must take part
     op_given: bool = True  # the operations were asked for: the kernel must run them
     purpose: str | None = None  # why the command needs its one operation (graphs, repro-oom)
@@ -131,11 +131,11 @@ def _plan_part(request: Request, source: str, scenario: Scenario, op: str) -> Sw
     padded_heads = scenarios.check_decode(scenario, capabilities.head_counts, kernel.label)
     operations.check_workspace(scenario, op, padded_heads)
     scenarios.check_decode_tokens(
-        scenario, padded_heads, values if whole else [], option=operations.operation(op).flag,
-        max_tokens=mnbt, max_tokens_option=request.max_tokens_option)
+        scenario, padded_heads, values if whole else [], field=operations.operation(op).key,
+        max_tokens=mnbt, max_tokens_field=request.max_tokens_field)
     if request.capture_sizes is not None:
         scenarios.check_decode_tokens(scenario, padded_heads, request.capture_sizes,
-                                      option=request.capture_option)
+                                      field=request.capture_field)
     if mnbt is not None:
         scenario = dataclasses.replace(scenario, serving=dataclasses.replace(
             scenario.serving, max_num_batched_tokens=mnbt))

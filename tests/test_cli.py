@@ -88,7 +88,7 @@ def test_cli_kernel_option(capsys):
     assert [r["path"] for r in result["rows"]] == ["alloc", "workspace", "workspace-full"]
     assert main(["profile", "--paths", "workspace-full", "--predict"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--kernel triton" in err
+    assert err.count("\n") == 1 and "use kernel triton" in err
     assert main(["profile", "--kernel", "cuda-magic"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1

@@ -21,6 +21,9 @@ FACES = {"mlamem/entry.py", "mlamem/__main__.py", "mlamem/testing.py"}
 ENGINE_COMMAND_PARSERS = {"mlamem/serve_command/vllm.py", "mlamem/serve_command/trtllm.py",
                           "mlamem/serve_command/sglang.py"}
 FLAG = re.compile(r"(?<![\w-])--([a-z]|$)")  # `--x`, or `--` before a formatted name
+# Another program's command line (an install hint, a cited nvidia-smi query) and notes (output
+# that tells where a figure came from, not an error) keep their flags.
+OTHER_PROGRAM = re.compile(r"(pip|nvidia-smi) ")
 
 
 def library_modules() -> list[Path]:
@@ -48,11 +51,27 @@ def raise_texts(tree: ast.AST) -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str)]
 
 
+def hint_texts(tree: ast.AST) -> list[str]:
+    """The strings an error can take in from elsewhere: module-level string constants (a fix
+    kept as `RAISE_LIMIT = "..."`) and parameters' string defaults (`option="--output"`)."""
+    constants = [node.value.value for node in getattr(tree, "body", [])
+                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                 and isinstance(node.value.value, str)
+                 and not any(t.id.endswith("_NOTE") for t in node.targets if isinstance(t, ast.Name))
+                 and not OTHER_PROGRAM.match(node.value.value)]
+    defaults = [d.value for node in ast.walk(tree)
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for d in node.args.defaults + [k for k in node.args.kw_defaults if k is not None]
+                if isinstance(d, ast.Constant) and isinstance(d.value, str)]
+    return constants + defaults
+
+
 def flag_counts() -> Counter:
     counts = Counter()
     for path in library_modules():
         tree = ast.parse(path.read_text(), str(path))
-        counts[str(path.relative_to(ROOT))] += sum(bool(FLAG.search(t)) for t in raise_texts(tree))
+        texts = raise_texts(tree) + hint_texts(tree)
+        counts[str(path.relative_to(ROOT))] += sum(bool(FLAG.search(t)) for t in texts)
     return +counts
 
 
@@ -81,6 +100,12 @@ def test_no_library_error_names_a_flag():
     assert not naming, f"library errors naming a --flag (name the field instead): {naming}"
 
 
+def test_the_flag_scan_finds_a_flag_kept_apart_from_the_raise():
+    tree = ast.parse('FIX = "raise it with --tokens"\nA_NOTE = "as --x"\nHINT = "pip install --no-deps x"\n'
+                     'def f(path, option="--output"):\n    pass\n')
+    assert hint_texts(tree) == ["raise it with --tokens", "--output"]
+
+
 def test_the_flag_scan_finds_a_flag():
     tree = ast.parse('def f(x):\n    raise UserError(f"--tokens: {x} is bad", field=None)\n')
     assert [t for t in raise_texts(tree) if FLAG.search(t)] == ["--tokens: "]
@@ -106,3 +131,30 @@ def test_a_field_error_keeps_its_field_across_processes():
     copy = pickle.loads(pickle.dumps(UserError("bad", field="tokens[1]")))
     assert (type(copy), copy.message, copy.field, str(copy)) == (
         UserError, "bad", "tokens[1]", "tokens[1]: bad")
+
+
+def _library_refusals(tmp_path):
+    """Refusals reached through the library, as the API's callers reach them."""
+    from mlamem import files, gate, scenario
+    from mlamem.kernels import load_kernel
+    from mlamem.profile import check_request
+
+    glm5 = scenario.load("glm5-fp8-tp8")
+    reference = load_kernel("reference")()
+    return {
+        "a missing baseline": lambda: gate.load(tmp_path / "missing.json"),
+        "an output in a missing folder": lambda: files.check_output_path(tmp_path / "no" / "x.json"),
+        "stdout as an output": lambda: files.write_atomic(Path("-"), "x"),
+        "a T no tensor can hold": lambda: scenario.check_decode_tokens(glm5, 64, [2**31 - 1]),
+        "a T over the workspace": lambda: check_request(glm5, [10**6], ["workspace"], reference),
+    }
+
+
+@pytest.mark.parametrize("case", ["a missing baseline", "an output in a missing folder",
+                                  "stdout as an output", "a T no tensor can hold",
+                                  "a T over the workspace"])
+def test_a_refusal_through_the_library_names_fields_not_flags(case, tmp_path):
+    """What the library raises names the field (the CLI words it as its flag), never a flag."""
+    with pytest.raises(UserError) as caught:
+        _library_refusals(tmp_path)[case]()
+    assert caught.value.field and not FLAG.search(str(caught.value)), str(caught.value)

@@ -281,7 +281,7 @@ class TritonDecode(KernelContract):
         if offered is not None and offered < needed:
             return (f"the Triton decode needs {needed // 1024} KiB of shared memory per program; "
                     f"this GPU offers {offered // 1024} KiB (H100, H200 and B200 offer 227 KiB); "
-                    f"use --kernel flashmla or reference")
+                    f"use kernel flashmla or reference")
         return None
 
     def version(self) -> str | None:

@@ -17,7 +17,7 @@ from mlamem.cli.output import append_step_summary, command_line, note_predicted,
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format, write_atomic
 from mlamem.kernels import REGISTRY
-from mlamem.profile import DEFAULT_TOKENS, DROP_CASE
+from mlamem.profile import DEFAULT_TOKENS
 from mlamem.scenario_names import shipped_names
 
 
@@ -131,15 +131,16 @@ def _previous(baseline: Path, update: bool):
     """(the baseline, None), or with --update (None, its error) where it cannot be read; a new
     baseline's folder is created, as in `--baseline ci/mlamem.json --update`."""
     if update:
-        pick_format(baseline, None, ["json"], "--baseline", what="--baseline")
-        check_output_path(baseline, "--baseline", parents=True)
+        pick_format(baseline, None, ["json"], "baseline", what="a baseline")
+        check_output_path(baseline, "baseline", parents=True)
     if update and not baseline.exists():
         return None, None
     try:
         return gating.load(baseline), None
     except UserError as exc:
         if not update:
-            raise
+            raise UserError(f"{exc.message}: `mlamem gate --baseline {baseline} --update`",
+                            field=exc.field) from None
         return None, exc  # said once every input is checked
 
 
@@ -165,7 +166,7 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
         [(name, o.load_scenario(name)) for name in names], ops, values,
         asked or list(recorded["paths"] if recorded else PATH_NAMES), kernel,
         op_given=op is not None, named=scenario not in (None, "all"),
-        keys_given=list(values_given), paths_given=asked is not None, fix=DROP_CASE)
+        keys_given=list(values_given), paths_given=asked is not None, fix=o.DROP_CASE)
 
 
 def _check_here(previous, kernel, predict: bool, baseline: Path) -> None:
@@ -195,7 +196,7 @@ def _finish(previous, current, overrides: dict, baseline: Path, update: bool,
     tolerances = {**gating.default_tolerances(), **overrides}
     result = None if previous is None else gating.compare(previous, current, tolerances)
     if update:
-        write_atomic(baseline, current.to_json(), "--baseline", parents=True)
+        write_atomic(baseline, current.to_json(), "baseline", parents=True)
     text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
                                 updated=update,
                                 shard=None if chosen_shard is None else str(chosen_shard))

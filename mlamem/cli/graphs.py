@@ -61,7 +61,7 @@ def graphs(
     decode = o.make_kernel(kernel)
     [part] = plan(Request([(scenario, loaded)], [operations.SPARSE_DECODE],
                           decode, paths=o.split_paths(paths), capture_sizes=sizes or [],
-                          capture_option="--capture-sizes", purpose=PURPOSE))
+                          capture_field="capture_sizes", purpose=PURPOSE))
     from mlamem.graphs import run_graphs, sizes_to_capture
 
     count = len(sizes_to_capture(part.scenario, sizes))

@@ -208,6 +208,9 @@ GpuOption = Annotated[str | None, typer.Option(
 WeightsOption = Annotated[str | None, typer.Option(
     "--weights-per-rank", metavar="SIZE", help="One rank's weights, e.g. 40GiB: a labelled "
     "override of the scenario's (or --model's count).", show_default=False)]
+# What helps where a value does not fit a scenario's workspace, in the CLI's words.
+RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
+DROP_CASE = "drop that T from --tokens or that scenario from --scenario"
 KERNEL_HELP = [f"{name} ({entry.help})" for name, entry in REGISTRY.items()]
 KERNEL_METAVAR = f"<{'|'.join(REGISTRY)}>"  # the kernels registered at start-up
 KernelOption = Annotated[KernelName, typer.Option(

@@ -152,7 +152,8 @@ def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str | None,
         values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         max_num_batched_tokens=max_num_batched_tokens,
-        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens"))
+        max_tokens_field=None if max_num_batched_tokens is None else "max_num_batched_tokens",
+        fix=o.RAISE_LIMIT))
     return part
 
 

@@ -134,8 +134,8 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
     [part] = plan(Request(
         [scenario], [operations.SPARSE_DECODE], kernel,
         paths=o.split_paths(paths), max_num_batched_tokens=max_num_batched_tokens,
-        max_tokens_option=None if max_num_batched_tokens is None else "--max-num-batched-tokens",
-        purpose=PURPOSE))
+        max_tokens_field=None if max_num_batched_tokens is None else "max_num_batched_tokens",
+        purpose=PURPOSE, fix=o.RAISE_LIMIT))
     return chosen, part
 
 

@@ -124,7 +124,7 @@ def _plan(scenarios: tuple, ops: list[str], kernel, values: dict | None, paths: 
     return plan(Request(
         scenarios[0], ops, kernel, values=values or defaults,
         given=ops if values else (), paths=o.split_paths(paths), kv_tokens=kv_tokens,
-        named=scenarios[1]))
+        named=scenarios[1], fix=o.DROP_CASE))
 
 
 def _run(parts, kernel, kv_tokens: int | None) -> list:
@@ -179,7 +179,7 @@ def _validate_graphs(decode, scenarios: tuple[str, o.Changes], paths: str | None
         chosen = [(name, s) for name, s in chosen if operations.SPARSE_DECODE in
                   operations.scenario_operations(s) and (sizes or full_decode_sizes(s.serving))]
     parts = plan(Request(chosen, [operations.SPARSE_DECODE], decode, paths=o.split_paths(paths),
-                         capture_sizes=sizes or [], capture_option="--capture-sizes"))
+                         capture_sizes=sizes or [], capture_field="capture_sizes"))
     check_sweep([], parts[0].paths, decode)
     with progress("validating graphs", len(parts) * len(parts[0].paths)) as advance:
         comparisons = run_graph_validation(
