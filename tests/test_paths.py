@@ -141,8 +141,8 @@ def test_default_paths_are_what_the_kernel_supports():
 
 @pytest.mark.parametrize("kernel", [FlashMLA(), Reference()])
 def test_workspace_full_with_a_kernel_that_cannot_is_refused(glm, kernel):
-    """A one-line user error naming what the kernel lacks and `--kernel triton`."""
-    with pytest.raises(UserError, match="takes no .*lse=, accum_workspace=.*--kernel triton"):
+    """A one-line user error naming what the kernel lacks and the kernels that can."""
+    with pytest.raises(UserError, match="takes no .*lse=, accum_workspace=.*use kernel triton"):
         check_paths(["alloc", "workspace-full"], kernel.capabilities(), kernel.label)
     with pytest.raises(UserError, match="use kernel triton"):
         run_profile(glm, [1024], ["workspace-full"], command="t", kernel=kernel, predict=True)
