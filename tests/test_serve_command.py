@@ -892,14 +892,14 @@ def test_a_context_above_the_models_is_noted():
 @pytest.mark.parametrize(("command", "fields", "fix"), [
     (SGLANG_CMD, {}, "add --context-length"),
     (VLLM_CMD, {}, "add --max-model-len"),
-    (VLLM_CMD, {"max_position_embeddings": "long"}, "config.max_position_embeddings"),
-    (SGLANG_CMD, {"max_position_embeddings": 0}, "config.max_position_embeddings"),
+    (VLLM_CMD, {"max_position_embeddings": "long"}, "config.json: max_position_embeddings needs"),
+    (SGLANG_CMD, {"max_position_embeddings": 0}, "config.json: max_position_embeddings needs"),
     (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": {"factor": -1}},
-     "config.rope_scaling.factor"),
-    (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": [2]}, "config.rope_scaling"),
+     "config.json: rope_scaling.factor needs"),
+    (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": [2]}, "config.json: rope_scaling needs"),
     (SGLANG_CMD, {"max_position_embeddings": 4096, "rope_scaling": {
         "factor": 2, "original_max_position_embeddings": True}},
-     "config.rope_scaling.original_max_position_embeddings"),
+     "config.json: rope_scaling.original_max_position_embeddings needs"),
 ])
 def test_a_context_it_cannot_derive_is_one_line(glm5, tmp_path, command, fields, fix):
     folder = _with_fields(glm5, tmp_path, **fields)

@@ -19,7 +19,13 @@ from pathlib import Path
 from mlamem import gpus, scenario
 from mlamem.errors import UserError
 from mlamem.models import hf_config
-from mlamem.models.overrides import OVERRIDE_NOTE, config_name, counted_weights, model_table
+from mlamem.models.overrides import (
+    OVERRIDE_NOTE,
+    config_name,
+    counted_weights,
+    model_table,
+    scenario_from_config,
+)
 from mlamem.models.weights import weights_fit
 from mlamem.serve_command import sglang, trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
@@ -176,7 +182,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
                     "sm_count": target.sm_count},
             **parsed.sections}
     try:
-        built = scenario.from_dict(data, f"{parsed.prog} command")
+        built = scenario_from_config(data, f"{parsed.prog} command")
     except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
         field = re.search(r"\]\.(\w+)", error.message)
         flag = parsed.flags.get(field.group(1)) if field else None
