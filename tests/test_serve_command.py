@@ -367,14 +367,14 @@ def test_trtllm_command_field_by_field():
 
 
 def test_trtllm_takes_no_abbreviation():
-    with pytest.raises(UserError, match="unrecognized arguments: --max_seq 100"):
+    with pytest.raises(UserError, match="unrecognized arguments: '--max_seq', '100'"):
         from_command(f"trtllm-serve {DS} --max_seq 100", gpu_name="H200 SXM 141GB")
 
 
 @pytest.mark.parametrize(("command", "fix"), [
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -tp eight", "invalid int value"),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 --no-such-flag 1",
-     "unrecognized arguments: --no-such-flag"),
+     "unrecognized arguments: '--no-such-flag'"),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype auto", "fp8_ds_mla"),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -cc '{{mode'", "takes JSON"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 "
@@ -735,7 +735,7 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
      "--cuda-graph-max 8", "ambiguous option: --cuda-graph-max"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
-     "--no-such-flag", "unrecognized arguments: --no-such-flag"),
+     "--no-such-flag", "unrecognized arguments: '--no-such-flag'"),
     (f"{SG} --model-path {DS} --config=c.yaml", "ignores this one: write `--config FILE`"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
      "--cuda-graph-max-bs-decode 99999999999999999999999", "must be at most 2147483647"),
@@ -905,3 +905,18 @@ def test_a_context_it_cannot_derive_is_one_line(glm5, tmp_path, command, fields,
     folder = _with_fields(glm5, tmp_path, **fields)
     check_bad_input(["scenarios", "--serve", command.format(folder=folder),
                      "--weights-per-rank", "40GiB"], fix)
+
+
+def test_a_command_pasted_over_several_lines_reads_as_one():
+    """Backslash-newline joins the lines as a shell does: the same scenario as on one line."""
+    one = f"vllm serve {DS} -tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 8192"
+    lines = f"vllm serve {DS} \\\n  -tp 8 \\\r\n  --kv-cache-dtype fp8_ds_mla \\\n  --max-model-len 8192"
+    assert split_command(lines) == split_command(one)
+    assert (from_command(lines, gpu_name="H200 SXM 141GB").scenario
+            == from_command(one, gpu_name="H200 SXM 141GB").scenario)
+
+
+def test_a_bad_word_is_quoted_so_the_error_stays_one_line():
+    """A word the parser cannot place, even one holding a line break, is shown by its repr."""
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} -tp 8 '\n' --x-y 'a\nb'"],
+                    "unrecognized arguments: '\\n', '--x-y', 'a\\nb'")

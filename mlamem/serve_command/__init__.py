@@ -46,9 +46,10 @@ class Built:
 
 
 def split_command(command: str) -> list[str]:
-    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped."""
+    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped. A command
+    pasted over several lines reads as the shell reads it: backslash-newline joins the lines."""
     try:
-        words = shlex.split(command)
+        words = shlex.split(re.sub(r"\\\r?\n", "", command))
     except ValueError as error:
         raise UserError(f"cannot split the command: {error}", field="serve") from None
     while words and (_ENV.match(words[0]) or words[0] == "env"):
