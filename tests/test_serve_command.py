@@ -920,3 +920,40 @@ def test_a_bad_word_is_quoted_so_the_error_stays_one_line():
     """A word the parser cannot place, even one holding a line break, is shown by its repr."""
     check_bad_input(["scenarios", "--serve", f"vllm serve {DS} -tp 8 '\n' --x-y 'a\nb'"],
                     "unrecognized arguments: '\\n', '--x-y', 'a\\nb'")
+
+
+VLLM_BASE = f"vllm serve {DS} -tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 8192"
+
+
+@pytest.mark.parametrize(("flags", "table"), [
+    ("--speculative-config.method mtp --speculative-config.num_speculative_tokens 1",
+     {"num_speculative_tokens": 1}),
+    ("--speculative_config.num_speculative_tokens=2", {"num_speculative_tokens": 2}),
+    ("--compilation-config.cudagraph_mode=FULL_DECODE_ONLY", {"cudagraph_mode": "FULL_DECODE_ONLY"}),
+    ("-cc.max_cudagraph_capture_size=64 -cc.cudagraph_mode FULL",
+     {"max_cudagraph_capture_size": 64, "cudagraph_mode": "FULL"}),
+    ("-cc.cudagraph_capture_sizes+ 8,16 -cc.cudagraph_capture_sizes+ 32",
+     {"max_cudagraph_capture_size": 32}),
+    ("-O0", {"cudagraph_mode": "NONE"}),
+    ("-O 1", {"cudagraph_mode": "PIECEWISE"}),
+    ("-O=0 -cc.cudagraph_mode=FULL", {"cudagraph_mode": "FULL"}),
+    ("-O3", {"cudagraph_mode": "FULL_AND_PIECEWISE"}),
+])
+def test_vllms_flexible_forms_set_the_json_configs_keys(flags, table):
+    """Dotted keys, `+` lists and -O read as FlexibleArgumentParser rewrites them; the config's
+    own key wins over the optimization level's default."""
+    built = from_command(f"{VLLM_BASE} {flags}", gpu_name="H200 SXM 141GB")
+    vllm = scenario.to_dict(built.scenario).get("vllm", {})
+    assert {key: vllm.get(key, "FULL_AND_PIECEWISE" if key == "cudagraph_mode" else None)
+            for key in table} == table
+    assert built.cuda_graphs == (table.get("cudagraph_mode") != "NONE")
+
+
+@pytest.mark.parametrize(("flags", "fix"), [
+    ("-O '{\"cudagraph_mode\": \"NONE\"}'", "reads -O as --optimization-level 0 to 3 only"),
+    ("-O.cudagraph_mode=NONE", "'.cudagraph_mode=NONE' is not an optimization level"),
+    ("-O5", "'5' is not an optimization level"),
+    ("--speculative-config.method", "--speculative-config.method: no value follows it"),
+])
+def test_a_form_vllm_033_does_not_take_is_one_line(flags, fix):
+    check_bad_input(["scenarios", "--serve", f"{VLLM_BASE} {flags}"], fix)
