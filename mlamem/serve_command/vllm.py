@@ -4,8 +4,7 @@ Every flag of vLLM 0.33.0's `vllm serve` is in vllm-0.33.0-flags.json (written f
 scripts/vllm_serve_flags.py), so argparse takes `--x=y` and the abbreviations vLLM's parser takes;
 `flexible` first rewrites the words as FlexibleArgumentParser.parse_args does
 (vllm/utils/argparse_utils.py): `--x_y` for `--x-y`, -O3, dotted keys of the JSON configs.
-The flags mlamem models
-have their types here; any other that the command sets is named in the notes.
+The flags mlamem models have their types here; any other that the command sets is named in the notes.
 Defaults follow vLLM 0.33.0: engine/arg_utils.py EngineArgs.get_batch_defaults (max_num_seqs and
 max_num_batched_tokens by the GPU's memory), config/vllm.py VllmConfig.__post_init__
 (--enforce-eager sets cudagraph_mode NONE).
