@@ -51,7 +51,7 @@ def test_the_seed_command_differs_from_glm5_only_in_what_the_command_sets(glm5):
         del data["parallel"]["weights_note"]
     assert ours.pop("engines") == ["vllm"] and shipped.pop("engines") == ["vllm", "sglang"]
     assert ours.pop("vllm") == {"max_num_seqs": 256, "cudagraph_mode": "FULL_AND_PIECEWISE",
-                                "num_speculative_tokens": 0}
+                                "num_speculative_tokens": 0, "cuda_graphs": True}
     assert ours == shipped
     assert scenario.load("glm5-fp8-tp8").section("vllm").max_num_seqs == 1024  # vLLM's default
     assert built.cuda_graphs and any(n.startswith("CUDA graphs: on") for n in built.notes)
@@ -620,7 +620,9 @@ def test_a_command_like_kimi_k2_dense_fp8_tp4_dp_differs_in_what_it_lists(tmp_pa
               if ours.get(k) != shipped.get(k)}
     words = ("name", "description", "model.name", "parallel.weights_note")
     assert sorted(differ) == sorted([*words, "serving.decode_context_len", "vllm.max_num_seqs",
-                                     "vllm.cudagraph_mode", "vllm.num_speculative_tokens"])
+                                     "vllm.cudagraph_mode", "vllm.num_speculative_tokens",
+                                     "vllm.cuda_graphs"])
+    assert differ["vllm.cuda_graphs"] == (True, None)  # the command captures graphs
     assert differ["serving.decode_context_len"] == (131072, 8192)
     assert differ["vllm.max_num_seqs"] == (256, None)
     assert (differ["vllm.cudagraph_mode"], differ["vllm.num_speculative_tokens"]) == (
@@ -957,3 +959,28 @@ def test_vllms_flexible_forms_set_the_json_configs_keys(flags, table):
 ])
 def test_a_form_vllm_033_does_not_take_is_one_line(flags, fix):
     check_bad_input(["scenarios", "--serve", f"{VLLM_BASE} {flags}"], fix)
+
+
+@pytest.mark.parametrize(("extra", "on"), [("", True), (" --enforce-eager", False)])
+def test_the_command_decides_repro_ooms_cuda_graphs(tmp_path, capsys, extra, on):
+    """A scenario from a command records whether it captures graphs, and repro-oom runs them so
+    by default, saying where the choice came from; --cuda-graphs overrides it."""
+    built = from_command(VLLM_BASE + extra, gpu_name="H200 SXM 141GB")
+    assert scenario.to_dict(built.scenario)["vllm"]["cuda_graphs"] is on
+    path = tmp_path / "s.toml"
+    path.write_text(scenario.to_toml(built.scenario))
+    run = ["repro-oom", "-s", str(path), "--predict", "--paths", "alloc", "--format", "json"]
+    assert main(run) == 0
+    out, err = capsys.readouterr()
+    assert bool(json.loads(out)["budget"].get("cuda_graphs")) is on
+    assert f"CUDA graphs {'on' if on else 'off'}: the scenario's [vllm].cuda_graphs" in err
+    assert main([*run, "--cuda-graphs", "off"]) == 0
+    out, err = capsys.readouterr()
+    assert not json.loads(out)["budget"].get("cuda_graphs") and "[vllm].cuda_graphs" not in err
+
+
+def test_a_shipped_scenario_keeps_graphs_off_by_default(capsys):
+    """A scenario that does not record the choice runs without graphs, as before."""
+    assert main(["repro-oom", "--predict", "--paths", "alloc", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert not json.loads(out)["budget"].get("cuda_graphs") and "[vllm].cuda_graphs" not in err

@@ -400,10 +400,12 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
     if given.get("enforce_eager"):
         table["cudagraph_mode"] = "NONE"  # VllmConfig.__post_init__
     graphs = table.get("cudagraph_mode", "FULL_AND_PIECEWISE") != "NONE"
-    notes.append("CUDA graphs: " + ("on (the command has no --enforce-eager): run repro-oom with "
-                                    "--cuda-graphs on" if graphs else "off (--enforce-eager or "
-                                    "cudagraph_mode NONE)"))
-    return ({"vllm": table} if table else {}), graphs, notes
+    table["cuda_graphs"] = graphs
+    notes.append("CUDA graphs: " + ("on (the command has no --enforce-eager): [vllm].cuda_graphs "
+                                    "= true, repro-oom's --cuda-graphs default" if graphs else
+                                    "off (--enforce-eager or cudagraph_mode NONE): "
+                                    "[vllm].cuda_graphs = false"))
+    return {"vllm": table}, graphs, notes
 
 
 def batch_defaults(memory_mib: int, gpu_name: str) -> tuple[int, int]:
