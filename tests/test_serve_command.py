@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mlamem import gpus, scenario
 from mlamem.cli import main
 from mlamem.errors import UserError
+from mlamem.models import shipped_config, weights_per_rank
 from mlamem.serve_command import from_command, sglang, split_command
 from mlamem.testing import check_bad_input
 
@@ -984,3 +985,22 @@ def test_a_shipped_scenario_keeps_graphs_off_by_default(capsys):
     assert main(["repro-oom", "--predict", "--paths", "alloc", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert not json.loads(out)["budget"].get("cuda_graphs") and "[vllm].cuda_graphs" not in err
+
+
+@pytest.mark.parametrize(("spec", "mtp"), [
+    ('{"method": "mtp", "num_speculative_tokens": 1}', True),
+    ('{"method": "deepseek_mtp", "num_speculative_tokens": 1}', True),
+    ('{"num_speculative_tokens": 1}', True),
+    ('{"method": "eagle", "model": "x/y", "num_speculative_tokens": 1}', False),
+    ('{"method": "ngram", "num_speculative_tokens": 2}', False),
+    ('{"method": "mtp", "num_speculative_tokens": 0}', False),
+])
+def test_mtp_layers_count_only_for_a_method_that_drafts_with_them(spec, mtp):
+    """vLLM 0.33.0's MTP methods (mtp and its aliases) load the checkpoint's MTP layers; eagle,
+    ngram or a draft model do not, and a note says their drafter is not modelled."""
+    config = shipped_config("deepseek-v3.2")
+    built = from_command(f"{VLLM_BASE} --speculative-config '{spec}'", gpu_name="H200 SXM 141GB")
+    assert built.scenario.parallel.weights_bytes == pytest.approx(
+        weights_per_rank(config, tp=8, mtp=mtp), abs=2**30 / 1000)  # the TOML's 3 decimals
+    assert any("drafts without the checkpoint's MTP layers" in n for n in built.notes) is (
+        not mtp and '"num_speculative_tokens": 0' not in spec)

@@ -107,7 +107,7 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
     if override_bytes is not None:
         return override_bytes / 1024**3, OVERRIDE_NOTE
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
-              "mtp": parsed.sections.get("vllm", {}).get("num_speculative_tokens", 0) > 0}
+              "mtp": parsed.engine_settings.get("loads_mtp", False)}
     line = weights_fit(name, config, gpu=target.name, gpu_bytes=target.memory_mib * 1024**2,
                        **layout)
     if line:

@@ -79,6 +79,15 @@ MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
             "--compilation-config": _json("--compilation-config"), "--enforce-eager": None,
             "--speculative-config": _json("--speculative-config"), "--attention-backend": str,
             "--model": str, "--optimization-level": optimization_level}
+# config/speculative.py MTPModelTypes: the methods that draft with the checkpoint's own MTP
+# layers (each alias but "mtp" is renamed to it in SpeculativeConfig.__post_init__)
+MTP_METHODS = frozenset((
+    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp",
+    "glm4_moe_lite_mtp", "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp",
+    "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp",
+    "inkling_mtp", "glm5_next_mtp"))
 # the scenario's fields as vLLM's flags set them
 FIELD_FLAGS = {"tensor_parallel": "--tensor-parallel-size",
                "attention_data_parallel": "--data-parallel-size",
@@ -263,7 +272,8 @@ def parse(words: list[str]):
                   cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS,
                   engine_settings={key: given.get(key) for key in
                                    ("kv_cache_dtype", "attention_backend", "block_size",
-                                    "max_num_seqs", "dtype")})
+                                    "max_num_seqs", "dtype")}
+                  | {"loads_mtp": loads_mtp(given.get("speculative_config", {}))})
 
 
 def for_model(parsed: Parsed, dense: bool) -> None:
@@ -394,7 +404,12 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
         table["num_speculative_tokens"] = speculative["num_speculative_tokens"]
     extra = sorted(set(compilation) - {"cudagraph_mode", "cudagraph_capture_sizes",
                                        "max_cudagraph_capture_size"})
-    extra += [f"speculative_config.{k}" for k in sorted(set(speculative) - {"num_speculative_tokens"})]
+    extra += [f"speculative_config.{k}" for k in sorted(set(speculative) - {
+        "num_speculative_tokens", "method"})]
+    method = speculative.get("method")
+    if table.get("num_speculative_tokens", 0) > 0 and not loads_mtp(speculative):
+        notes.append(f"speculative method {method!r}: it drafts without the checkpoint's MTP "
+                     "layers, which are not counted; its drafter's weights are not modelled")
     if extra:
         notes.append("not modelled in the JSON configs: " + ", ".join(extra))
     if given.get("enforce_eager"):
@@ -406,6 +421,15 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
                                     "off (--enforce-eager or cudagraph_mode NONE): "
                                     "[vllm].cuda_graphs = false"))
     return {"vllm": table}, graphs, notes
+
+
+def loads_mtp(speculative: dict) -> bool:
+    """--speculative-config drafts with the checkpoint's MTP layers: an MTP method, or neither
+    a method nor a draft model (the checkpoint's own layers, as mlamem has read it)."""
+    if not speculative.get("num_speculative_tokens"):
+        return False
+    method = speculative.get("method")
+    return method in MTP_METHODS or (method is None and speculative.get("model") is None)
 
 
 def batch_defaults(memory_mib: int, gpu_name: str) -> tuple[int, int]:
