@@ -328,7 +328,7 @@ def test_vllm_graph_settings_from_json_and_speculation():
     assert s.serving.max_num_batched_tokens == 16384 and s.serving.max_model_len == 32768
     assert (s.gpu.memory_mib, s.gpu.sm_count) == (183359, 148)  # nvidia-smi's, cited
     assert s.parallel.weights_gib_per_rank == 50.0
-    assert "not modelled in the JSON configs: speculative_config.method" in built.notes
+    assert not any("not modelled in the JSON configs" in n for n in built.notes)  # method read
     assert built.cuda_graphs
 
 
@@ -1004,3 +1004,17 @@ def test_mtp_layers_count_only_for_a_method_that_drafts_with_them(spec, mtp):
         weights_per_rank(config, tp=8, mtp=mtp), abs=2**30 / 1000)  # the TOML's 3 decimals
     assert any("drafts without the checkpoint's MTP layers" in n for n in built.notes) is (
         not mtp and '"num_speculative_tokens": 0' not in spec)
+
+
+@pytest.mark.parametrize("model", ["~/models/GLM-5", "someorg/Kimi-K2", "deepseek-v3.2", "GLM-5"])
+def test_a_model_that_is_no_folder_and_no_shipped_hub_name_asks_for_model(model):
+    """Only a shipped model's exact hub name uses its config; a last path part is not enough."""
+    check_bad_input(["scenarios", "--serve", VLLM_BASE.replace(DS, model)],
+                    "is no local folder with a config.json and no shipped model")
+
+
+def test_a_shipped_hub_name_in_any_case_uses_its_config_and_says_so():
+    built = from_command(VLLM_BASE.replace(DS, "DEEPSEEK-AI/deepseek-v3.2"), gpu_name="H200 SXM 141GB")
+    assert built.scenario.model == from_command(VLLM_BASE, gpu_name="H200 SXM 141GB").scenario.model
+    assert ("model DEEPSEEK-AI/deepseek-v3.2: the shipped config mlamem/models/deepseek-v3.2.json "
+            "(deepseek-ai/DeepSeek-V3.2)") in built.notes

@@ -86,16 +86,20 @@ def parse_command(command: str) -> Parsed:
                     f"{' '.join(words[:3])!r}", field="serve")
 
 
-def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelConfig, str]:
+def model_config(argument: str, override: str | None,
+                 notes: list[str]) -> tuple[hf_config.ModelConfig, str]:
     """The model's config and its display name: `override` (a config.json or its folder), the
-    command's model as a local folder, or a shipped model's hub name."""
+    command's model as a local folder, or a shipped model's exact hub name (a note names it)."""
     if override is not None:
         return hf_config.load_config(override), config_name(override)
     if (Path(argument) / "config.json").is_file():
         return hf_config.load_config(argument), config_name(argument)
-    shipped = HUB_NAMES.get(argument, argument.rstrip("/").split("/")[-1].lower())
-    if shipped in hf_config.SHIPPED:
-        return hf_config.shipped_config(shipped), argument.rstrip("/").split("/")[-1]
+    hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
+    if hub is not None:  # a shipped model's exact hub name, in any case
+        shipped = HUB_NAMES[hub]
+        notes.append(f"model {argument}: the shipped config mlamem/models/"
+                     f"{hf_config.SHIPPED[shipped]} ({hub})")
+        return hf_config.shipped_config(shipped), hub.split("/")[-1]
     raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
 
@@ -160,7 +164,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     """The scenario a serve command, its model's config and a GPU make."""
     target = gpus.gpu(gpu_name)
     parsed = parse_command(command)
-    config, name = model_config(parsed.model, model)
+    config, name = model_config(parsed.model, model, parsed.notes)
     fill_max_len = {"vllm": vllm.fill_max_model_len,  # the engine's default from the config
                     "sglang": sglang.fill_max_model_len}.get(parsed.engines[0])
     if fill_max_len is not None:
