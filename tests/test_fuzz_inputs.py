@@ -134,6 +134,28 @@ def test_model_config(data):
                     _file(f, "config.json", data)])
 
 
+COUNTS = sorted(k for k, v in json.loads(CONFIG).items() if isinstance(v, int) and not isinstance(v, bool))
+
+
+@FUZZ
+@given(st.sampled_from(COUNTS), st.sampled_from([0, -1, None, True, "8", 2**31, 0.5]),
+       st.sampled_from(["plan", "profile", "serve"]))
+def test_model_config_count(name, value, door):
+    """Each count of the config.json set to 0, a negative, null, a bool, a string, past int32 or
+    a fraction, through plan, profile and --serve: exit 0 or 2, one line, never a traceback."""
+    raw = json.loads(CONFIG) | {name: value}
+    data = json.dumps(raw).encode()
+
+    def args(folder: Path) -> list:
+        _file(folder, "config.json", data)
+        if door == "serve":
+            return ["scenarios", "--serve", f"vllm serve {folder} -tp 8 --kv-cache-dtype "
+                    "fp8_ds_mla --max-model-len 8192"]
+        return (["plan", "--gpu", "H200 SXM 141GB"] if door == "plan" else
+                ["profile", "--predict", "--tokens", "4096", "--paths", "alloc"]) + ["--model", folder]
+    _run(args)
+
+
 SERVE_CONFIG = ("tensor-parallel-size: 8\nmax-num-seqs: 256\nkv-cache-dtype: fp8_ds_mla\n"
                 "max-num-batched-tokens: 32768\ngpu-memory-utilization: 0.85\nmax-model-len: 131072\n"
                 "enforce-eager: true\ncompilation-config:\n  cudagraph_mode: NONE\n")

@@ -152,18 +152,22 @@ def test_a_config_without_a_field_names_it(tmp_path):
     raw = json.loads((CONFIGS / "glm-5.json").read_text())
     del raw["hidden_size"]
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    check_bad_input(["plan", "--model", str(tmp_path)], "--model: config.hidden_size: needs an "
-                                                       "integer in 0..2147483647, got None")
+    check_bad_input(["plan", "--model", str(tmp_path)], "config.json: hidden_size is missing")
 
 
 @pytest.mark.parametrize(("change", "fix"), [
-    ({"quantization_config": 5}, "config.quantization_config: needs a JSON object"),
-    ({"quantization_config": [1]}, "config.quantization_config: needs a JSON object"),
-    ({"model_type": ["glm_moe_dsa"]}, "config.model_type: unknown model_type"),
-    ({"tie_word_embeddings": "yes"}, "config.tie_word_embeddings: needs true or false"),
-    ({"num_hidden_layers": 10**12}, "config.num_hidden_layers: needs an integer in 0..4096"),
-    ({"n_routed_experts": 10**9}, "config.n_routed_experts: needs an integer in 0..65536"),
-    ({"hidden_size": 1 << 40}, "config.hidden_size: needs an integer in 0..2147483647"),
+    ({"quantization_config": 5}, "config.json: quantization_config needs a JSON object"),
+    ({"quantization_config": [1]}, "config.json: quantization_config needs a JSON object"),
+    ({"model_type": ["glm_moe_dsa"]}, "config.json: model_type ['glm_moe_dsa'] is not known"),
+    ({"tie_word_embeddings": "yes"}, "config.json: tie_word_embeddings needs true or false"),
+    ({"num_hidden_layers": 10**12}, "config.json: num_hidden_layers needs an integer in 1..4096"),
+    ({"n_routed_experts": 10**9}, "config.json: n_routed_experts needs an integer in 1..65536"),
+    ({"hidden_size": 1 << 40}, "config.json: hidden_size needs an integer in 1..2147483647"),
+    ({"moe_layer_freq": 0}, "config.json: moe_layer_freq needs an integer in 1..2147483647, got 0"),
+    ({"num_attention_heads": 0}, "config.json: num_attention_heads needs an integer in 1.."),
+    ({"index_n_heads": 0}, "config.json: index_n_heads needs an integer in 1.."),
+    ({"num_hidden_layers": 0}, "config.json: num_hidden_layers needs an integer in 1..4096"),
+    ({"kv_lora_rank": None}, "config.json: kv_lora_rank is missing"),
 ])
 def test_a_hostile_config_field_is_one_line(tmp_path, change, fix):
     """A field of the wrong type or an impossible size is one line naming it, before any count
@@ -171,6 +175,33 @@ def test_a_hostile_config_field_is_one_line(tmp_path, change, fix):
     raw = {**json.loads((CONFIGS / "glm-5.json").read_text()), **change}
     (tmp_path / "config.json").write_text(json.dumps(raw))
     check_bad_input(["repro-oom", "--predict", "--model", str(tmp_path)], fix)
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "--gpu", "H200 SXM 141GB", "--model"],
+    ["profile", "--predict", "--tokens", "4096", "--paths", "alloc", "--model"],
+    ["scenarios", "--serve"]])
+@pytest.mark.parametrize(("change", "fix"), [
+    ({"moe_layer_freq": 0}, "config.json: moe_layer_freq needs an integer in 1..2147483647, got 0"),
+    ({"num_attention_heads": 0}, "config.json: num_attention_heads needs an integer in 1.."),
+    ({"index_n_heads": 0}, "config.json: index_n_heads needs an integer in 1.."),
+    ({"kv_lora_rank": None}, "config.json: kv_lora_rank is missing"),
+    ({"num_attention_heads": 3}, "the model's [parallel].tensor_parallel must divide "
+                                 "num_attention_heads"),
+])
+def test_a_zero_or_missing_count_is_the_configs_own_field_on_every_door(tmp_path, args, change,
+                                                                        fix):
+    """A count of 0 (moe_layer_freq divides a layer index) or a missing field is one line naming
+    the config.json's field, on plan, profile and --serve alike; never a shipped TOML's name."""
+    raw = {**json.loads((CONFIGS / "glm-5.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    if args[0] == "scenarios":
+        args = [*args, f"vllm serve {tmp_path} -tp 8 --kv-cache-dtype fp8_ds_mla "
+                       "--max-model-len 8192"]
+    else:
+        args = [*args, str(tmp_path)]
+    line = check_bad_input(args, fix)
+    assert ".toml" not in line and "[model]" not in line
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", '{"model_type": NaN}', "not json"])

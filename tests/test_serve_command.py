@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mlamem import gpus, scenario
 from mlamem.cli import main
 from mlamem.errors import UserError
+from mlamem.models import shipped_config, weights_per_rank
 from mlamem.serve_command import from_command, sglang, split_command
 from mlamem.testing import check_bad_input
 
@@ -51,7 +52,7 @@ def test_the_seed_command_differs_from_glm5_only_in_what_the_command_sets(glm5):
         del data["parallel"]["weights_note"]
     assert ours.pop("engines") == ["vllm"] and shipped.pop("engines") == ["vllm", "sglang"]
     assert ours.pop("vllm") == {"max_num_seqs": 256, "cudagraph_mode": "FULL_AND_PIECEWISE",
-                                "num_speculative_tokens": 0}
+                                "num_speculative_tokens": 0, "cuda_graphs": True}
     assert ours == shipped
     assert scenario.load("glm5-fp8-tp8").section("vllm").max_num_seqs == 1024  # vLLM's default
     assert built.cuda_graphs and any(n.startswith("CUDA graphs: on") for n in built.notes)
@@ -327,7 +328,7 @@ def test_vllm_graph_settings_from_json_and_speculation():
     assert s.serving.max_num_batched_tokens == 16384 and s.serving.max_model_len == 32768
     assert (s.gpu.memory_mib, s.gpu.sm_count) == (183359, 148)  # nvidia-smi's, cited
     assert s.parallel.weights_gib_per_rank == 50.0
-    assert "not modelled in the JSON configs: speculative_config.method" in built.notes
+    assert not any("not modelled in the JSON configs" in n for n in built.notes)  # method read
     assert built.cuda_graphs
 
 
@@ -367,14 +368,14 @@ def test_trtllm_command_field_by_field():
 
 
 def test_trtllm_takes_no_abbreviation():
-    with pytest.raises(UserError, match="unrecognized arguments: --max_seq 100"):
+    with pytest.raises(UserError, match="unrecognized arguments: '--max_seq', '100'"):
         from_command(f"trtllm-serve {DS} --max_seq 100", gpu_name="H200 SXM 141GB")
 
 
 @pytest.mark.parametrize(("command", "fix"), [
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -tp eight", "invalid int value"),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 --no-such-flag 1",
-     "unrecognized arguments: --no-such-flag"),
+     "unrecognized arguments: '--no-such-flag'"),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype auto", "fp8_ds_mla"),
     (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8 -cc '{{mode'", "takes JSON"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 "
@@ -620,7 +621,9 @@ def test_a_command_like_kimi_k2_dense_fp8_tp4_dp_differs_in_what_it_lists(tmp_pa
               if ours.get(k) != shipped.get(k)}
     words = ("name", "description", "model.name", "parallel.weights_note")
     assert sorted(differ) == sorted([*words, "serving.decode_context_len", "vllm.max_num_seqs",
-                                     "vllm.cudagraph_mode", "vllm.num_speculative_tokens"])
+                                     "vllm.cudagraph_mode", "vllm.num_speculative_tokens",
+                                     "vllm.cuda_graphs"])
+    assert differ["vllm.cuda_graphs"] == (True, None)  # the command captures graphs
     assert differ["serving.decode_context_len"] == (131072, 8192)
     assert differ["vllm.max_num_seqs"] == (256, None)
     assert (differ["vllm.cudagraph_mode"], differ["vllm.num_speculative_tokens"]) == (
@@ -735,7 +738,7 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
      "--cuda-graph-max 8", "ambiguous option: --cuda-graph-max"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
-     "--no-such-flag", "unrecognized arguments: --no-such-flag"),
+     "--no-such-flag", "unrecognized arguments: '--no-such-flag'"),
     (f"{SG} --model-path {DS} --config=c.yaml", "ignores this one: write `--config FILE`"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
      "--cuda-graph-max-bs-decode 99999999999999999999999", "must be at most 2147483647"),
@@ -892,16 +895,126 @@ def test_a_context_above_the_models_is_noted():
 @pytest.mark.parametrize(("command", "fields", "fix"), [
     (SGLANG_CMD, {}, "add --context-length"),
     (VLLM_CMD, {}, "add --max-model-len"),
-    (VLLM_CMD, {"max_position_embeddings": "long"}, "config.max_position_embeddings"),
-    (SGLANG_CMD, {"max_position_embeddings": 0}, "config.max_position_embeddings"),
+    (VLLM_CMD, {"max_position_embeddings": "long"}, "config.json: max_position_embeddings needs"),
+    (SGLANG_CMD, {"max_position_embeddings": 0}, "config.json: max_position_embeddings needs"),
     (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": {"factor": -1}},
-     "config.rope_scaling.factor"),
-    (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": [2]}, "config.rope_scaling"),
+     "config.json: rope_scaling.factor needs"),
+    (VLLM_CMD, {"max_position_embeddings": 4096, "rope_scaling": [2]}, "config.json: rope_scaling needs"),
     (SGLANG_CMD, {"max_position_embeddings": 4096, "rope_scaling": {
         "factor": 2, "original_max_position_embeddings": True}},
-     "config.rope_scaling.original_max_position_embeddings"),
+     "config.json: rope_scaling.original_max_position_embeddings needs"),
 ])
 def test_a_context_it_cannot_derive_is_one_line(glm5, tmp_path, command, fields, fix):
     folder = _with_fields(glm5, tmp_path, **fields)
     check_bad_input(["scenarios", "--serve", command.format(folder=folder),
                      "--weights-per-rank", "40GiB"], fix)
+
+
+def test_a_command_pasted_over_several_lines_reads_as_one():
+    """Backslash-newline joins the lines as a shell does: the same scenario as on one line."""
+    one = f"vllm serve {DS} -tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 8192"
+    lines = f"vllm serve {DS} \\\n  -tp 8 \\\r\n  --kv-cache-dtype fp8_ds_mla \\\n  --max-model-len 8192"
+    assert split_command(lines) == split_command(one)
+    assert (from_command(lines, gpu_name="H200 SXM 141GB").scenario
+            == from_command(one, gpu_name="H200 SXM 141GB").scenario)
+
+
+def test_a_bad_word_is_quoted_so_the_error_stays_one_line():
+    """A word the parser cannot place, even one holding a line break, is shown by its repr."""
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} -tp 8 '\n' --x-y 'a\nb'"],
+                    "unrecognized arguments: '\\n', '--x-y', 'a\\nb'")
+
+
+VLLM_BASE = f"vllm serve {DS} -tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 8192"
+
+
+@pytest.mark.parametrize(("flags", "table"), [
+    ("--speculative-config.method mtp --speculative-config.num_speculative_tokens 1",
+     {"num_speculative_tokens": 1}),
+    ("--speculative_config.num_speculative_tokens=2", {"num_speculative_tokens": 2}),
+    ("--compilation-config.cudagraph_mode=FULL_DECODE_ONLY", {"cudagraph_mode": "FULL_DECODE_ONLY"}),
+    ("-cc.max_cudagraph_capture_size=64 -cc.cudagraph_mode FULL",
+     {"max_cudagraph_capture_size": 64, "cudagraph_mode": "FULL"}),
+    ("-cc.cudagraph_capture_sizes+ 8,16 -cc.cudagraph_capture_sizes+ 32",
+     {"max_cudagraph_capture_size": 32}),
+    ("-O0", {"cudagraph_mode": "NONE"}),
+    ("-O 1", {"cudagraph_mode": "PIECEWISE"}),
+    ("-O=0 -cc.cudagraph_mode=FULL", {"cudagraph_mode": "FULL"}),
+    ("-O3", {"cudagraph_mode": "FULL_AND_PIECEWISE"}),
+])
+def test_vllms_flexible_forms_set_the_json_configs_keys(flags, table):
+    """Dotted keys, `+` lists and -O read as FlexibleArgumentParser rewrites them; the config's
+    own key wins over the optimization level's default."""
+    built = from_command(f"{VLLM_BASE} {flags}", gpu_name="H200 SXM 141GB")
+    vllm = scenario.to_dict(built.scenario).get("vllm", {})
+    assert {key: vllm.get(key, "FULL_AND_PIECEWISE" if key == "cudagraph_mode" else None)
+            for key in table} == table
+    assert built.cuda_graphs == (table.get("cudagraph_mode") != "NONE")
+
+
+@pytest.mark.parametrize(("flags", "fix"), [
+    ("-O '{\"cudagraph_mode\": \"NONE\"}'", "reads -O as --optimization-level 0 to 3 only"),
+    ("-O.cudagraph_mode=NONE", "'.cudagraph_mode=NONE' is not an optimization level"),
+    ("-O5", "'5' is not an optimization level"),
+    ("--speculative-config.method", "--speculative-config.method: no value follows it"),
+])
+def test_a_form_vllm_033_does_not_take_is_one_line(flags, fix):
+    check_bad_input(["scenarios", "--serve", f"{VLLM_BASE} {flags}"], fix)
+
+
+@pytest.mark.parametrize(("extra", "on"), [("", True), (" --enforce-eager", False)])
+def test_the_command_decides_repro_ooms_cuda_graphs(tmp_path, capsys, extra, on):
+    """A scenario from a command records whether it captures graphs, and repro-oom runs them so
+    by default, saying where the choice came from; --cuda-graphs overrides it."""
+    built = from_command(VLLM_BASE + extra, gpu_name="H200 SXM 141GB")
+    assert scenario.to_dict(built.scenario)["vllm"]["cuda_graphs"] is on
+    path = tmp_path / "s.toml"
+    path.write_text(scenario.to_toml(built.scenario))
+    run = ["repro-oom", "-s", str(path), "--predict", "--paths", "alloc", "--format", "json"]
+    assert main(run) == 0
+    out, err = capsys.readouterr()
+    assert bool(json.loads(out)["budget"].get("cuda_graphs")) is on
+    assert f"CUDA graphs {'on' if on else 'off'}: the scenario's [vllm].cuda_graphs" in err
+    assert main([*run, "--cuda-graphs", "off"]) == 0
+    out, err = capsys.readouterr()
+    assert not json.loads(out)["budget"].get("cuda_graphs") and "[vllm].cuda_graphs" not in err
+
+
+def test_a_shipped_scenario_keeps_graphs_off_by_default(capsys):
+    """A scenario that does not record the choice runs without graphs, as before."""
+    assert main(["repro-oom", "--predict", "--paths", "alloc", "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert not json.loads(out)["budget"].get("cuda_graphs") and "[vllm].cuda_graphs" not in err
+
+
+@pytest.mark.parametrize(("spec", "mtp"), [
+    ('{"method": "mtp", "num_speculative_tokens": 1}', True),
+    ('{"method": "deepseek_mtp", "num_speculative_tokens": 1}', True),
+    ('{"num_speculative_tokens": 1}', True),
+    ('{"method": "eagle", "model": "x/y", "num_speculative_tokens": 1}', False),
+    ('{"method": "ngram", "num_speculative_tokens": 2}', False),
+    ('{"method": "mtp", "num_speculative_tokens": 0}', False),
+])
+def test_mtp_layers_count_only_for_a_method_that_drafts_with_them(spec, mtp):
+    """vLLM 0.33.0's MTP methods (mtp and its aliases) load the checkpoint's MTP layers; eagle,
+    ngram or a draft model do not, and a note says their drafter is not modelled."""
+    config = shipped_config("deepseek-v3.2")
+    built = from_command(f"{VLLM_BASE} --speculative-config '{spec}'", gpu_name="H200 SXM 141GB")
+    assert built.scenario.parallel.weights_bytes == pytest.approx(
+        weights_per_rank(config, tp=8, mtp=mtp), abs=2**30 / 1000)  # the TOML's 3 decimals
+    assert any("drafts without the checkpoint's MTP layers" in n for n in built.notes) is (
+        not mtp and '"num_speculative_tokens": 0' not in spec)
+
+
+@pytest.mark.parametrize("model", ["~/models/GLM-5", "someorg/Kimi-K2", "deepseek-v3.2", "GLM-5"])
+def test_a_model_that_is_no_folder_and_no_shipped_hub_name_asks_for_model(model):
+    """Only a shipped model's exact hub name uses its config; a last path part is not enough."""
+    check_bad_input(["scenarios", "--serve", VLLM_BASE.replace(DS, model)],
+                    "is no local folder with a config.json and no shipped model")
+
+
+def test_a_shipped_hub_name_in_any_case_uses_its_config_and_says_so():
+    built = from_command(VLLM_BASE.replace(DS, "DEEPSEEK-AI/deepseek-v3.2"), gpu_name="H200 SXM 141GB")
+    assert built.scenario.model == from_command(VLLM_BASE, gpu_name="H200 SXM 141GB").scenario.model
+    assert ("model DEEPSEEK-AI/deepseek-v3.2: the shipped config mlamem/models/deepseek-v3.2.json "
+            "(deepseek-ai/DeepSeek-V3.2)") in built.notes

@@ -29,8 +29,8 @@ def flag_for(field: str | None) -> str:
     """The flag that sets `field` (`max_num_batched_tokens` -> --max-num-batched-tokens,
     `tokens[2]` -> --tokens)."""
     name = (field or "").partition("[")[0]
-    if name.startswith("config."):  # a field of the model's config.json (--model's)
-        return f"--model: {name}"
+    if name.startswith("config."):  # a field of the model's config.json: its message names it
+        return "config.json"
     return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 

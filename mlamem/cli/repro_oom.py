@@ -50,13 +50,15 @@ def repro_oom(
     engine: Annotated[str | None, typer.Option(
         help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
              "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
-    cuda_graphs: Annotated[o.Switch, typer.Option(
+    cuda_graphs: Annotated[o.Switch | None, typer.Option(
         "--cuda-graphs", help="on: the engine's CUDA-graph phases too. vLLM: the graph estimate "
                               "before KV sizing (its two largest FULL decode graphs, "
                               "extrapolated), then every capture after the KV cache, then the "
                               "step. SGLang: its decode graphs after the pool, largest first, "
-                              "then the step.")
-    ] = o.Switch.off,
+                              "then the step. Default: the scenario's [vllm].cuda_graphs where "
+                              "it records it (a scenario from a serve command does), else off.",
+        show_default=False)
+    ] = None,
     capture_sizes: Annotated[str | None, typer.Option(
         help="With --cuda-graphs on (vLLM): comma-separated capture sizes. Default: the "
              "scenario's FULL decode graphs (`mlamem graphs --help`). SGLang takes its batch "
@@ -97,7 +99,7 @@ def repro_oom(
     if output is not None:
         check_output_path(output)
     sizes = o.parse_sizes(capture_sizes)
-    if sizes is not None and cuda_graphs is not o.Switch.on:
+    if sizes is not None and cuda_graphs is o.Switch.off:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
     # bad files and values, and weights that do not fit, are refused before torch loads
     loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
@@ -111,8 +113,11 @@ def repro_oom(
     decode = o.make_kernel(kernel)
     chosen, part = _plan((scenario, loaded), decode, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
+    graphs_on = _graphs_on(cuda_graphs, part.scenario, emulated)
+    if sizes is not None and not graphs_on:
+        raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
-                     cuda_graphs is o.Switch.on, max_num_batched_tokens, mem_fraction_static)
+                     graphs_on, max_num_batched_tokens, mem_fraction_static)
     check_target(budget, decode, predict)
     with progress(f"repro-oom {part.scenario.name}", None) as advance:
         result = run_repro(chosen, budget, part.paths, command=command_line(),
@@ -154,6 +159,20 @@ def _engine(part, engine: str | None, expect_oom, expect_fit, graphs_on: bool):
         raise UserError(f"--cuda-graphs on: the {emulated.name} emulation has no CUDA-graph "
                         "phases; use --engine vllm")
     return emulated
+
+
+def _graphs_on(switch: o.Switch | None, chosen, emulated) -> bool:
+    """--cuda-graphs as given, else the scenario's [vllm].cuda_graphs under vLLM where the
+    scenario records it (one stderr note says so), else off."""
+    if switch is not None:
+        return switch is o.Switch.on
+    recorded = getattr(chosen.sections.get("vllm"), "cuda_graphs", None)
+    if recorded is None or not emulated.captures_graphs or emulated.name != "vllm":
+        return False
+    state = "on" if recorded else "off"
+    print(f"mlamem: note: CUDA graphs {state}: the scenario's [vllm].cuda_graphs, as its serve "
+          "command sets them; --cuda-graphs on or off overrides it", file=sys.stderr)
+    return recorded
 
 
 def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None, sizes,

@@ -32,6 +32,9 @@ class VLLMSection:
     max_cudagraph_capture_size: int | None = None  # None: vLLM's rule from max_num_seqs
     cudagraph_mode: str = "FULL_AND_PIECEWISE"  # -O2's mode; one of CUDAGRAPH_MODES
     num_speculative_tokens: int = 0  # MTP / speculative tokens per decode step (k)
+    # the serve command captures CUDA graphs (no --enforce-eager): repro-oom's --cuda-graphs
+    # default; None (a scenario written by hand) leaves it off
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "vllm", "max_num_seqs")

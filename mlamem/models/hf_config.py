@@ -88,14 +88,24 @@ class ModelConfig:
 # the largest value a config's count may take: the layer and expert counts bound the tensors the
 # count enumerates, the rest fit the int32 an engine keeps them in
 _LARGEST = {"num_hidden_layers": 4096, "n_routed_experts": 65536, "num_nextn_predict_layers": 64}
+# the counts a model may set to 0: no shared experts, no dense layers first, no MTP layers; every
+# other size or count is at least 1 (a 0 would divide by zero or make an empty tensor)
+_ZERO_ALLOWED = ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers")
 _INT32 = (1 << 31) - 1
 
 
+def bad(name: str, text: str) -> UserError:
+    """A config.json field's error: the field by its own name, first (`config.json: NAME ...`)."""
+    return UserError(f"{name} {text}", field=f"config.{name}")
+
+
 def _int(raw: dict, name: str) -> int:
-    value = raw.get(name)
-    largest = _LARGEST.get(name, _INT32)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= largest:
-        raise UserError(f"needs an integer in 0..{largest}, got {value!r}", field=f"config.{name}")
+    if raw.get(name) is None:
+        raise bad(name, "is missing")
+    value = raw[name]
+    least, largest = (0 if name in _ZERO_ALLOWED else 1), _LARGEST.get(name, _INT32)
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= largest:
+        raise bad(name, f"needs an integer in {least}..{largest}, got {value!r}")
     return value
 
 
@@ -103,8 +113,7 @@ def parse_config(raw: dict) -> ModelConfig:
     """The fields mlamem reads; an unknown model_type or a missing field is one error naming it."""
     model_type = raw.get("model_type")
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
-        raise UserError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}",
-                        field="config.model_type")
+        raise bad("model_type", f"{model_type!r} is not known; known: {', '.join(MODEL_TYPES)}")
     fields = {name: _int(raw, name) for name in _INTS}
     if MODEL_TYPES[model_type].indexer:
         fields |= {name: _int(raw, name) for name in _INDEXER}
@@ -114,7 +123,7 @@ def parse_config(raw: dict) -> ModelConfig:
             fields[name] = _int(raw, name)
     tied = raw.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
-        raise UserError(f"needs true or false, got {tied!r}", field="config.tie_word_embeddings")
+        raise bad("tie_word_embeddings", f"needs true or false, got {tied!r}")
     fields["length_fields"] = tuple((name, _positive(raw, name)) for name in LENGTH_KEYS
                                     if raw.get(name) is not None)
     return ModelConfig(model_type=model_type, tie_word_embeddings=tied,
@@ -122,10 +131,10 @@ def parse_config(raw: dict) -> ModelConfig:
                        **_rope(raw))
 
 
-def _positive(raw: dict, name: str, table: str = "config") -> int:
+def _positive(raw: dict, name: str, table: str = "") -> int:
     value = raw[name]
     if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _INT32:
-        raise UserError(f"needs an integer in 1..{_INT32}, got {value!r}", field=f"{table}.{name}")
+        raise bad(table + name, f"needs an integer in 1..{_INT32}, got {value!r}")
     return value
 
 
@@ -137,16 +146,16 @@ def _rope(raw: dict) -> dict:
     if rope is None:
         return {}
     if not isinstance(rope, dict):
-        raise UserError(f"needs a JSON object or null, got {rope!r}", field=f"config.{name}")
+        raise bad(name, f"needs a JSON object or null, got {rope!r}")
     kind = rope.get("rope_type", rope.get("type"))
     factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
     if kind is not None and not isinstance(kind, str):
-        raise UserError(f"needs a string, got {kind!r}", field=f"config.{name}.rope_type")
+        raise bad(f"{name}.rope_type", f"needs a string, got {kind!r}")
     if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float)
                                or not 0 < factor < 1e6):
-        raise UserError(f"needs a number in (0, 1e6), got {factor!r}", field=f"config.{name}.factor")
+        raise bad(f"{name}.factor", f"needs a number in (0, 1e6), got {factor!r}")
     if original is not None:
-        _positive(rope, "original_max_position_embeddings", f"config.{name}")
+        _positive(rope, "original_max_position_embeddings", f"{name}.")
     return {"rope_type": kind, "rope_factor": None if factor is None else float(factor),
             "rope_original_length": original}
 
@@ -155,8 +164,8 @@ def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:
     if types is None:
         return None
     if not (isinstance(types, list) and len(types) == layers and set(types) <= {"full", "shared"}):
-        raise UserError(f"needs one of 'full' or 'shared' per decoder layer ({layers}), got {types!r}",
-                        field="config.indexer_types")
+        raise bad("indexer_types", f"needs one of 'full' or 'shared' per decoder layer ({layers}), "
+                  f"got {types!r}")
     return tuple(kind == "full" for kind in types)
 
 
@@ -164,14 +173,14 @@ def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
     if quant is None:
         return None
     if not isinstance(quant, dict):
-        raise UserError(f"needs a JSON object, got {quant!r}", field="config.quantization_config")
+        raise bad("quantization_config", f"needs a JSON object, got {quant!r}")
     if quant.get("quant_method") != "fp8":
-        raise UserError(f"quant_method {quant.get('quant_method')!r} is not modelled; mlamem reads block fp8",
-                        field="config.quantization_config.quant_method")
+        raise bad("quantization_config.quant_method", f"{quant.get('quant_method')!r} is not "
+                  "modelled; mlamem reads block fp8")
     block = quant.get("weight_block_size")
     if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise UserError(f"needs two positive integers, got {block!r}",
-                        field="config.quantization_config.weight_block_size")
+        raise bad("quantization_config.weight_block_size",
+                  f"needs two positive integers, got {block!r}")
     return block[0], block[1]
 
 

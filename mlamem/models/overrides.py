@@ -5,9 +5,11 @@ weights per rank at a layout, shared by `--serve` (serve_command) and the comman
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlamem.errors import UserError
 from mlamem.models.hf_config import ModelConfig, load_config
 from mlamem.models.weights import fit_line, weights_per_rank
 
@@ -35,6 +37,27 @@ def model_table(config: ModelConfig, name: str) -> dict:
             "qk_nope_head_dim": config.qk_nope_head_dim, "v_head_dim": config.v_head_dim,
             **({"index_topk": config.index_topk} if config.has_indexer else {}),
             "hidden_size": config.hidden_size}
+
+
+# model_table's keys whose config.json field has another name
+CONFIG_NAMES = {"num_layers": "num_hidden_layers"}
+_MODEL_FIELD = re.compile(r"\[model\]\.(\w+)|\bmodel\.(\w+)")
+
+
+def scenario_from_config(data: dict, source: str) -> Scenario:
+    """`scenario.from_dict(data, source)` for data whose [model] is a config.json's
+    (model_table): a rule the config breaks is one line in the config's own field names, with
+    no scenario file's name the user never wrote."""
+    from mlamem import scenario as _scenario
+
+    try:
+        return _scenario.from_dict(data, source)
+    except UserError as error:
+        text = error.message.removeprefix(f"{source}: ").removesuffix("; fix that field")
+        if not _MODEL_FIELD.search(text):
+            raise
+        named = _MODEL_FIELD.sub(lambda m: CONFIG_NAMES.get(m[1] or m[2], m[1] or m[2]), text)
+        raise UserError(f"the model's {named}", field="model") from None
 
 
 def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool,
@@ -73,7 +96,8 @@ def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = Non
     if weights_bytes is not None:
         parallel["weights_gib_per_rank"] = weights_bytes / 1024**3
         parallel["weights_note"] = OVERRIDE_NOTE
-    return gpus.retarget(_scenario.from_dict(data, scenario.source or scenario.name), gpu)
+    build = _scenario.from_dict if model is None else scenario_from_config
+    return gpus.retarget(build(data, scenario.source or scenario.name), gpu)
 
 
 def weights_fit_line(scenario: Scenario, gpu_bytes: int | None = None) -> str | None:

@@ -19,7 +19,13 @@ from pathlib import Path
 from mlamem import gpus, scenario
 from mlamem.errors import UserError
 from mlamem.models import hf_config
-from mlamem.models.overrides import OVERRIDE_NOTE, config_name, counted_weights, model_table
+from mlamem.models.overrides import (
+    OVERRIDE_NOTE,
+    config_name,
+    counted_weights,
+    model_table,
+    scenario_from_config,
+)
 from mlamem.models.weights import weights_fit
 from mlamem.serve_command import sglang, trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
@@ -40,9 +46,10 @@ class Built:
 
 
 def split_command(command: str) -> list[str]:
-    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped."""
+    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped. A command
+    pasted over several lines reads as the shell reads it: backslash-newline joins the lines."""
     try:
-        words = shlex.split(command)
+        words = shlex.split(re.sub(r"\\\r?\n", "", command))
     except ValueError as error:
         raise UserError(f"cannot split the command: {error}", field="serve") from None
     while words and (_ENV.match(words[0]) or words[0] == "env"):
@@ -79,16 +86,20 @@ def parse_command(command: str) -> Parsed:
                     f"{' '.join(words[:3])!r}", field="serve")
 
 
-def model_config(argument: str, override: str | None) -> tuple[hf_config.ModelConfig, str]:
+def model_config(argument: str, override: str | None,
+                 notes: list[str]) -> tuple[hf_config.ModelConfig, str]:
     """The model's config and its display name: `override` (a config.json or its folder), the
-    command's model as a local folder, or a shipped model's hub name."""
+    command's model as a local folder, or a shipped model's exact hub name (a note names it)."""
     if override is not None:
         return hf_config.load_config(override), config_name(override)
     if (Path(argument) / "config.json").is_file():
         return hf_config.load_config(argument), config_name(argument)
-    shipped = HUB_NAMES.get(argument, argument.rstrip("/").split("/")[-1].lower())
-    if shipped in hf_config.SHIPPED:
-        return hf_config.shipped_config(shipped), argument.rstrip("/").split("/")[-1]
+    hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
+    if hub is not None:  # a shipped model's exact hub name, in any case
+        shipped = HUB_NAMES[hub]
+        notes.append(f"model {argument}: the shipped config mlamem/models/"
+                     f"{hf_config.SHIPPED[shipped]} ({hub})")
+        return hf_config.shipped_config(shipped), hub.split("/")[-1]
     raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
 
@@ -100,7 +111,7 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
     if override_bytes is not None:
         return override_bytes / 1024**3, OVERRIDE_NOTE
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
-              "mtp": parsed.sections.get("vllm", {}).get("num_speculative_tokens", 0) > 0}
+              "mtp": parsed.engine_settings.get("loads_mtp", False)}
     line = weights_fit(name, config, gpu=target.name, gpu_bytes=target.memory_mib * 1024**2,
                        **layout)
     if line:
@@ -153,7 +164,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     """The scenario a serve command, its model's config and a GPU make."""
     target = gpus.gpu(gpu_name)
     parsed = parse_command(command)
-    config, name = model_config(parsed.model, model)
+    config, name = model_config(parsed.model, model, parsed.notes)
     fill_max_len = {"vllm": vllm.fill_max_model_len,  # the engine's default from the config
                     "sglang": sglang.fill_max_model_len}.get(parsed.engines[0])
     if fill_max_len is not None:
@@ -176,7 +187,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
                     "sm_count": target.sm_count},
             **parsed.sections}
     try:
-        built = scenario.from_dict(data, f"{parsed.prog} command")
+        built = scenario_from_config(data, f"{parsed.prog} command")
     except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
         field = re.search(r"\]\.(\w+)", error.message)
         flag = parsed.flags.get(field.group(1)) if field else None

@@ -32,5 +32,12 @@ class Parsed:
 class EngineParser(argparse.ArgumentParser):
     """argparse whose errors are one UserError line naming the engine's command."""
 
+    def parse_args(self, args=None, namespace=None):
+        known, rest = self.parse_known_args(args, namespace)
+        if rest:  # each word quoted, so a blank or a line break shows
+            self.error(f"unrecognized arguments: {', '.join(map(repr, rest))}")
+        return known
+
     def error(self, message: str):
-        raise UserError(f"{self.prog}: {message}", field="serve")
+        one_line = message.replace("\r", "\\r").replace("\n", "\\n")
+        raise UserError(f"{self.prog}: {one_line}", field="serve")

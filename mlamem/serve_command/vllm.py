@@ -1,9 +1,10 @@
 """`vllm serve MODEL ...` as vLLM 0.33.0's parser reads it.
 
 Every flag of vLLM 0.33.0's `vllm serve` is in vllm-0.33.0-flags.json (written from the wheel by
-scripts/vllm_serve_flags.py), so argparse takes `--x=y`, `--x_y` for `--x-y` (FlexibleArgumentParser,
-vllm/utils/argparse_utils.py) and the abbreviations vLLM's parser takes. The flags mlamem models
-have their types here; any other that the command sets is named in the notes.
+scripts/vllm_serve_flags.py), so argparse takes `--x=y` and the abbreviations vLLM's parser takes;
+`flexible` first rewrites the words as FlexibleArgumentParser.parse_args does
+(vllm/utils/argparse_utils.py): `--x_y` for `--x-y`, -O3, dotted keys of the JSON configs.
+The flags mlamem models have their types here; any other that the command sets is named in the notes.
 Defaults follow vLLM 0.33.0: engine/arg_utils.py EngineArgs.get_batch_defaults (max_num_seqs and
 max_num_batched_tokens by the GPU's memory), config/vllm.py VllmConfig.__post_init__
 (--enforce-eager sets cudagraph_mode NONE).
@@ -62,6 +63,13 @@ def human_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 32k or 2K") from None
 
 
+def optimization_level(text: str) -> int:
+    """-O / --optimization-level: vLLM 0.33.0's OptimizationLevel, 0 to 3 (config/vllm.py)."""
+    if text not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an optimization level 0, 1, 2 or 3")
+    return int(text)
+
+
 # the flags mlamem models: their types; dest is the flag without dashes, with underscores
 MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
             "--enable-expert-parallel": None, "--max-num-batched-tokens": human_int,
@@ -70,7 +78,16 @@ MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
             "--max-cudagraph-capture-size": int,
             "--compilation-config": _json("--compilation-config"), "--enforce-eager": None,
             "--speculative-config": _json("--speculative-config"), "--attention-backend": str,
-            "--model": str}
+            "--model": str, "--optimization-level": optimization_level}
+# config/speculative.py MTPModelTypes: the methods that draft with the checkpoint's own MTP
+# layers (each alias but "mtp" is renamed to it in SpeculativeConfig.__post_init__)
+MTP_METHODS = frozenset((
+    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp",
+    "glm4_moe_lite_mtp", "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp",
+    "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp",
+    "inkling_mtp", "glm5_next_mtp"))
 # the scenario's fields as vLLM's flags set them
 FIELD_FLAGS = {"tensor_parallel": "--tensor-parallel-size",
                "attention_data_parallel": "--data-parallel-size",
@@ -104,12 +121,78 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _dashes(word: str) -> str:
-    """FlexibleArgumentParser's rewrite: underscores in a flag's name become dashes."""
-    if not word.startswith("--"):
-        return word
-    key, eq, value = word.partition("=")
-    return key.replace("_", "-") + eq + value
+_NAME = re.compile(r"(?<=--)[^.]*")  # between the leading -- and the first dot
+
+
+def flexible(words: list[str]) -> list[str]:
+    """`words` rewritten as vLLM 0.33.0's FlexibleArgumentParser.parse_args rewrites them
+    (utils/argparse_utils.py) before argparse reads them: underscores in a flag's name (up to
+    its first dot) become dashes; -O3, -O=3 and -O 3 become --optimization-level 3; a dotted
+    flag (--speculative-config.method mtp, -cc.cudagraph_mode=FULL) sets one key of its JSON
+    flag, a `+` suffix taking a comma list, the value read as JSON, else a count (25.6k), else
+    text; the keys of one flag merge (lists add up) and go last, as one JSON value."""
+    rewritten = []
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            key, eq, value = word.partition("=")
+            rewritten.append(_NAME.sub(lambda m: m[0].replace("_", "-"), key, count=1) + eq + value)
+        elif word.startswith("-O") and word != "-O":
+            rewritten += ["--optimization-level", word[3:] if word[2] == "=" else word[2:]]
+        elif word == "-O" and words[i + 1:i + 2] and words[i + 1] in ("0", "1", "2", "3"):
+            rewritten.append("--optimization-level")
+        elif word == "-O":  # vLLM's parser then has no -O to give the next word to
+            after = words[i + 1] if i + 1 < len(words) else None
+            raise UserError(f"{PROG} -O {after!r}: vLLM 0.33.0 reads -O as --optimization-level "
+                            "0 to 3 only; give the compilation config as -cc '{...}' or "
+                            "--compilation-config.KEY VALUE", field="serve")
+        else:
+            rewritten.append(word)
+    merged: dict[str, dict] = {}
+    kept, skip = [], False
+    for i, word in enumerate(rewritten):
+        if skip:
+            skip = False
+            continue
+        name, eq, text = word.partition("=")
+        if not (word.startswith("-") and "." in name):
+            kept.append(word)
+            continue
+        if not eq:
+            if i + 1 == len(rewritten):
+                raise UserError(f"{PROG} {word}: no value follows it", field="serve")
+            text, skip = rewritten[i + 1], True
+        if name.endswith("+"):
+            name, text = name[:-1], json.dumps(text.split(","))
+        flag, *keys = name.split(".")
+        value = _dotted_value(text)
+        for key in reversed(keys):
+            value = {key: value}
+        _merge(merged.setdefault(flag, {}), value)
+    for flag, table in merged.items():
+        kept += [flag, json.dumps(table)]
+    return kept
+
+
+def _dotted_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return human_int(text)
+        except argparse.ArgumentTypeError:
+            return text
+
+
+def _merge(table: dict, update: dict) -> None:
+    """FlexibleArgumentParser's recursive_dict_update: tables merge, lists add up, else the
+    later value wins."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(table.get(key), dict):
+            _merge(table[key], value)
+        elif isinstance(value, list) and isinstance(table.get(key), list):
+            table[key] += value
+        else:
+            table[key] = value
 
 
 def with_config_file(words: list[str]) -> list[str]:
@@ -158,7 +241,7 @@ def _has_no_form(key: str) -> bool:
 
 def parse(words: list[str]):
     words = with_config_file(words)
-    given = vars(parser().parse_args([_dashes(w) for w in words]))
+    given = vars(parser().parse_args(flexible(words)))
     model = given.pop("model_tag", None) or given.pop("model", None)
     if model is None:
         raise UserError(f"{PROG}: the command names no model", field="serve")
@@ -189,7 +272,8 @@ def parse(words: list[str]):
                   cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS,
                   engine_settings={key: given.get(key) for key in
                                    ("kv_cache_dtype", "attention_backend", "block_size",
-                                    "max_num_seqs", "dtype")})
+                                    "max_num_seqs", "dtype")}
+                  | {"loads_mtp": loads_mtp(given.get("speculative_config", {}))})
 
 
 def for_model(parsed: Parsed, dense: bool) -> None:
@@ -296,9 +380,13 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
         table["max_num_seqs"] = given["max_num_seqs"]
     compilation = given.get("compilation_config", {})
     mode = compilation.get("cudagraph_mode")
+    if mode is None:  # the level's default where the config sets none (OPTIMIZATION_LEVEL_0x)
+        mode = {0: "NONE", 1: "PIECEWISE"}.get(given.get("optimization_level"))
     if mode is not None:
         table["cudagraph_mode"] = str(mode).upper()
     sizes = given.get("cudagraph_capture_sizes") or compilation.get("cudagraph_capture_sizes")
+    if isinstance(sizes, list):  # -cc.cudagraph_capture_sizes+ 1,2 gives text; pydantic reads ints
+        sizes = [int(n) if isinstance(n, str) and n.isdigit() else n for n in sizes]
     if sizes is not None and not (isinstance(sizes, list) and sizes and all(
             isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)):
         raise UserError(f"{PROG} --cudagraph-capture-sizes: expected positive integers, got "
@@ -316,16 +404,32 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
         table["num_speculative_tokens"] = speculative["num_speculative_tokens"]
     extra = sorted(set(compilation) - {"cudagraph_mode", "cudagraph_capture_sizes",
                                        "max_cudagraph_capture_size"})
-    extra += [f"speculative_config.{k}" for k in sorted(set(speculative) - {"num_speculative_tokens"})]
+    extra += [f"speculative_config.{k}" for k in sorted(set(speculative) - {
+        "num_speculative_tokens", "method"})]
+    method = speculative.get("method")
+    if table.get("num_speculative_tokens", 0) > 0 and not loads_mtp(speculative):
+        notes.append(f"speculative method {method!r}: it drafts without the checkpoint's MTP "
+                     "layers, which are not counted; its drafter's weights are not modelled")
     if extra:
         notes.append("not modelled in the JSON configs: " + ", ".join(extra))
     if given.get("enforce_eager"):
         table["cudagraph_mode"] = "NONE"  # VllmConfig.__post_init__
     graphs = table.get("cudagraph_mode", "FULL_AND_PIECEWISE") != "NONE"
-    notes.append("CUDA graphs: " + ("on (the command has no --enforce-eager): run repro-oom with "
-                                    "--cuda-graphs on" if graphs else "off (--enforce-eager or "
-                                    "cudagraph_mode NONE)"))
-    return ({"vllm": table} if table else {}), graphs, notes
+    table["cuda_graphs"] = graphs
+    notes.append("CUDA graphs: " + ("on (the command has no --enforce-eager): [vllm].cuda_graphs "
+                                    "= true, repro-oom's --cuda-graphs default" if graphs else
+                                    "off (--enforce-eager or cudagraph_mode NONE): "
+                                    "[vllm].cuda_graphs = false"))
+    return {"vllm": table}, graphs, notes
+
+
+def loads_mtp(speculative: dict) -> bool:
+    """--speculative-config drafts with the checkpoint's MTP layers: an MTP method, or neither
+    a method nor a draft model (the checkpoint's own layers, as mlamem has read it)."""
+    if not speculative.get("num_speculative_tokens"):
+        return False
+    method = speculative.get("method")
+    return method in MTP_METHODS or (method is None and speculative.get("model") is None)
 
 
 def batch_defaults(memory_mib: int, gpu_name: str) -> tuple[int, int]:
