@@ -217,8 +217,10 @@ def engine_limits(scenario: Scenario, request: PlanRequest, engine: str,
                        predict=True, engine=chosen.name)
     key = chosen.case_type.key_field
     fraction = chosen.searched_fraction
-    cases = [{"case": case[key], "verdict": case["verdict"],
+    cases = [{"case": case[key], "verdict": case["verdict"], "backend": case.get("backend"),
               "max_safe_tokens": case.get("max_safe_tokens"),
+              "fraction": None if fraction is None else case.get(fraction),
+              "max_safe_tokens_rederived": case.get("max_safe_tokens_rederived"),
               "max_safe_fraction": None if fraction is None else case.get(f"max_safe_{fraction}")}
              for case in result.cases]
     return {"engine": chosen.name, "kernel": kernel.name, "step_knob": chosen.step_knob_name,

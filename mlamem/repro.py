@@ -205,10 +205,18 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
             if case.get("non_torch_bytes") is not None:
                 host = calibrated(setup, modelled, case["non_torch_bytes"],
                                   device_wide=not charged_per_process(case))
-        if chosen.searched_knob is not None:
-            case.update(_largest_safe(case, key, budget, chosen.searched_knob, host,
+        knob = chosen.searched_knob
+        if knob is not None:
+            pinned = chosen.pinned(budget, case)
+            case.update(_largest_safe(case, key, pinned, knob, host,
                                       measured=measured, predicted=predicted, request=request,
                                       worker=worker, progress=progress))
+            if pinned != budget:  # the fraction follows the tokens where none is given
+                progress(f"{key}: searching the largest safe {knob} with the fraction re-derived")
+                case["max_safe_tokens_rederived"], _ = largest_fitting(
+                    lambda t, key=key, host=host, knob=knob: predicted(
+                        key, dataclasses.replace(budget, **{knob: t}), host)["verdict"]
+                    == Verdict.FITS, getattr(budget, knob))
         if chosen.searched_fraction is not None:
             progress(f"{key}: searching the largest safe {chosen.searched_fraction} on the model")
             case.update(_largest_safe_fraction(

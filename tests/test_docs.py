@@ -102,3 +102,55 @@ def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):
                     "[d](https://example.com/x.md)\n```\n[e](in-code.md)\n```\n")
     assert relative_links(page) == ["other.md#a-heading", "missing.md", "other.md#not-a-heading"]
     assert anchors(tmp_path / "other.md") == {"a-heading"}
+
+
+# A shown run: a fenced block that starts with the command (`$ [COLUMNS=N] mlamem ...`) and shows
+# lines of its output, "..." where lines are left out. Those on the CPU-only commands' pages are
+# rerun and compared: predicted runs and plan need no GPU.
+RUN = re.compile(r"^```\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
+RUN_PAGES = ["repro-oom.md", "plan.md"]
+
+
+def shown_runs(text: str) -> list[tuple[int | None, list[str], list[str]]]:
+    """(terminal width or None, the command's words after `mlamem`, the lines shown) of each
+    shown run whose command needs no GPU (`--predict`, or plan)."""
+    import shlex
+
+    return [(int(width) if width else None, shlex.split(command), shown.splitlines())
+            for width, command, shown in RUN.findall(text)
+            if "--predict" in command.split() or command.startswith("plan")]
+
+
+def missing_lines(shown: list[str], printed: list[str]) -> list[str]:
+    """The shown lines not printed, in order; a "..." line stands for any lines."""
+    at, missing = 0, []
+    for line in (line.rstrip() for line in shown if line.strip() != "..."):
+        found = next((i for i in range(at, len(printed)) if printed[i].rstrip() == line), None)
+        if found is None:
+            missing.append(line)
+        else:
+            at = found + 1
+    return missing
+
+
+@pytest.mark.parametrize(("page", "run"), [
+    (name, run) for name in RUN_PAGES
+    for run in range(len(shown_runs((ROOT / "docs" / name).read_text())))])
+def test_a_shown_run_prints_what_the_page_shows(page, run, monkeypatch, capsys):
+    """The page's output lines are the command's, in order, as it prints them now."""
+    from mlamem.cli.main import main
+
+    width, words, shown = shown_runs((ROOT / "docs" / page).read_text())[run]
+    monkeypatch.setenv("COLUMNS", str(width or 80))
+    assert main(words) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert not missing_lines(shown, printed), f"docs/{page}: mlamem {' '.join(words)}"
+
+
+def test_the_run_check_finds_a_changed_figure():
+    """The check above can fail: a figure the page shows that the command no longer prints."""
+    page = "```\n$ mlamem plan --predict\n...\nKV 25.649 GiB\nend\n```\n"
+    [(width, words, shown)] = shown_runs(page)
+    assert (width, words) == (None, ["plan", "--predict"])
+    assert missing_lines(shown, ["x", "KV 25.655 GiB", "end"]) == ["KV 25.649 GiB"]
+    assert missing_lines(shown, ["x", "KV 25.649 GiB", "y", "end"]) == []

@@ -119,10 +119,11 @@ def _plan_json(args, capsys) -> dict:
 
 @pytest.mark.parametrize("name", SPARSE)
 def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
-    """`plan --engine sglang` gives each path's largest safe chunked_prefill_size and
-    mem_fraction_static from SGLang's default chunk, and each holds as a bound: the rank fits at
-    it and runs out of memory one step above (thousandths; one token); a scenario that does not
-    declare SGLang is one line."""
+    """`plan --engine sglang` gives each path's largest safe chunked_prefill_size with the
+    derived mem_fraction_static pinned, the largest given alone (SGLang re-derives the fraction
+    from it) and the largest mem_fraction_static at SGLang's default chunk, and each holds as a
+    bound: the rank fits at it and not one step above (thousandths; one token); a scenario that
+    does not declare SGLang is one line."""
     import dataclasses
 
     from mlamem.engines.sglang import SGLang
@@ -152,8 +153,15 @@ def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
     assert [c["case"] for c in limits["cases"]] == ["alloc", "workspace"]
     for case in limits["cases"]:
         tokens, fraction = case["max_safe_tokens"], case["max_safe_fraction"]
-        assert verdict(case["case"], max_num_batched_tokens=tokens) == "fits"
-        assert verdict(case["case"], max_num_batched_tokens=tokens + 1) == "oom"
+        pinned, alone = case["fraction"], case["max_safe_tokens_rederived"]
+        assert pinned == SGLang.pinned(start, {"fraction_source": "reserve rule",
+                                               "mem_fraction_static": pinned}).mem_fraction_static
+        assert verdict(case["case"], max_num_batched_tokens=tokens, mem_fraction_static=pinned) \
+            == "fits"
+        assert verdict(case["case"], max_num_batched_tokens=tokens + 1,
+                       mem_fraction_static=pinned) == "oom"
+        assert verdict(case["case"], max_num_batched_tokens=alone) == "fits"
+        assert verdict(case["case"], max_num_batched_tokens=alone + 1) != "fits"
         assert verdict(case["case"], mem_fraction_static=fraction) == "fits"
         assert verdict(case["case"], mem_fraction_static=round(fraction + 0.001, 3)) == "oom"
 
@@ -172,12 +180,18 @@ def test_plan_engine_in_every_format_and_a_sweep(capsys):
     and the step tokens a sweep of max-num-tokens gives are the engine's start."""
     capsys.readouterr()
     assert main(["plan", "--engine", "sglang"]) == 0
-    words = capsys.readouterr().out.split()
-    assert "mem_fraction_static" in words and words.count("sglang:") == 2
+    text = capsys.readouterr().out
+    words = text.split()
+    assert "--mem-fraction-static" in words and words.count("sglang:") == 2
+    # each largest safe knob with the one it holds with, as SGLang's flags
+    assert "--chunked-prefill-size 38456 with --mem-fraction-static 0.799 pinned" in " ".join(words)
+    assert "alone (without --mem-fraction-static" in " ".join(words)
+    assert "--mem-fraction-static 0.957 at --chunked-prefill-size 8192" in " ".join(words)
     result = _plan_json(["--engine", "sglang", "--sweep", "max-num-tokens=8192,16384"], capsys)
     assert [p["engine_limits"]["step_tokens"] for p in result["plans"]] == [8192, 16384]
     capsys.readouterr()
     assert main(["plan", "--engine", "sglang", "--sweep", "max-num-tokens=8192,16384",
                  "--format", "markdown"]) == 0
     out = capsys.readouterr().out
-    assert "- max-num-tokens=16384, sglang: workspace: largest safe chunked_prefill_size" in out
+    assert ("- max-num-tokens=16384, sglang: workspace: fits at --chunked-prefill-size 16384; "
+            "largest safe --chunked-prefill-size") in out

@@ -671,6 +671,9 @@ def test_sglang_launch_server_field_by_field():
     assert s.parallel.weights_gib_per_rank == vllm.parallel.weights_gib_per_rank
 
 
+SMI_H200_MIB = 143771  # nvidia-smi's memory.total of an H200 (mlamem/gpus.py)
+
+
 def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     """`sglang serve MODEL`, `--dp N --enable-dp-attention` as attention DP, abbreviations and
     --x=y; the defaults by the GPU, and the reserve rule's fraction with the command's graphs."""
@@ -683,10 +686,12 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     assert (s.parallel.tensor_parallel, s.parallel.attention_data_parallel) == (8, 8)
     assert s.heads_per_rank == 64  # attention DP: every head on each rank
     assert s.serving.max_model_len == 32768
-    chunk, _ = rules.capacity_defaults(143155, 8)
+    chunk, _ = rules.capacity_defaults(SMI_H200_MIB, 8)
     assert s.serving.max_num_batched_tokens == chunk and s.section("sglang").chunked_prefill_size is None
-    with_graphs = rules.resolve(143155, tp_size=8, attn_dp_size=8, cuda_graph_max_bs=128)
-    default = rules.resolve(143155, tp_size=8, attn_dp_size=8)
+    # SGLang's rules read nvidia-smi's total (143771), not CUDA's (143155: 0.869 here)
+    with_graphs = rules.resolve(SMI_H200_MIB, tp_size=8, attn_dp_size=8, cuda_graph_max_bs=128)
+    default = rules.resolve(SMI_H200_MIB, tp_size=8, attn_dp_size=8)
+    assert with_graphs.mem_fraction_static == 0.870
     assert with_graphs.mem_fraction_static != default.mem_fraction_static
     assert s.section("sglang").mem_fraction_static == with_graphs.mem_fraction_static
     assert s.section("sglang").cuda_graph_max_bs == 128 and built.cuda_graphs
@@ -705,13 +710,13 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     assert plain.parallel.attention_data_parallel == 4
     assert plain.section("sglang").mem_fraction_static is None
     assert plain.gpu.gpu_memory_utilization == rules.resolve(
-        143155, tp_size=8, attn_dp_size=4).mem_fraction_static
+        SMI_H200_MIB, tp_size=8, attn_dp_size=4).mem_fraction_static
     off = from_command(f"python3 -m sglang.launch_server --model-path {glm5} --tp 8 "
                        "--kv-cache-dtype fp8_e4m3 --context-length 4096 --disable-cuda-graph "
                        "--dp-size 2", gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
     assert off.scenario.parallel.attention_data_parallel == 1  # two replicas, not attention DP
     assert off.scenario.section("sglang").mem_fraction_static == rules.resolve(
-        143155, tp_size=8, decode_graphs=False, prefill_graphs=False).mem_fraction_static
+        SMI_H200_MIB, tp_size=8, decode_graphs=False, prefill_graphs=False).mem_fraction_static
     assert any(n.startswith("--dp-size 2: 2 replicas") for n in off.notes)
     assert any(n.startswith("CUDA graphs (decode off, prefill off): no decode graphs")
                for n in off.notes)

@@ -53,13 +53,60 @@ def test_glm5_pool_is_sglangs_rule_at_its_h100_defaults():
 @pytest.mark.parametrize("path", ["alloc", "workspace"])
 def test_the_largest_safe_chunk_is_the_boundary(name, path):
     """The reported largest safe chunked_prefill_size fits and one token more runs out of
-    memory, on the model; the workspace path holds a larger chunk than the alloc path."""
+    memory, on the model, with the case's derived fraction pinned; given alone, SGLang
+    re-derives the fraction from the chunk, and the reported largest chunk then fits and one
+    more does not (on GLM-5's H100 a smaller chunk: past it the rule's fraction leaves no
+    pool)."""
     chosen = scenarios.load(name)
     result = run_repro(chosen, budget(chosen, 8192), [path], command="test", predict=True,
                        engine="sglang")
-    limit = result.cases[0]["max_safe_tokens"]
+    [case] = result.cases
+    limit, alone, fraction = (case["max_safe_tokens"], case["max_safe_tokens_rederived"],
+                              case["mem_fraction_static"])
     assert 8192 < limit < chosen.serving.max_num_batched_tokens + 16384
-    assert [emulate(chosen, t, path).verdict for t in (limit, limit + 1)] == ["fits", "oom"]
+    assert [emulate(chosen, t, path, fraction).verdict for t in (limit, limit + 1)] == ["fits", "oom"]
+    assert alone >= 8192
+    assert emulate(chosen, alone, path).verdict == "fits"
+    assert emulate(chosen, alone + 1, path).verdict != "fits"
+    if name == "glm5-fp8-tp8":  # the pinned chunk given alone: the rule's fraction leaves no pool
+        assert alone < limit and emulate(chosen, limit, path).verdict == "no-kv-room"
+
+
+def test_a_given_chunk_feeds_the_reserve_rule_as_the_serve_command_does():
+    """Without a fraction, the step's chunked_prefill_size (repro-oom's
+    --max-num-batched-tokens) is the one SGLang's reserve rule reads: DeepSeek-V3.2 TP8 on the
+    H200 at 16384 derives 0.801, as `--serve "... --chunked-prefill-size 16384"` does (not the
+    default chunk's 0.886)."""
+    from mlamem.serve_command import from_command
+
+    ds = scenarios.load("deepseek-v32-fp8-tp8")
+    case = emulate(ds, 16384)
+    assert (case.mem_fraction_static, case.fraction_source) == (0.801, "reserve rule: 28672 MiB")
+    served = from_command("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 "
+                          "--tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
+                          "--chunked-prefill-size 16384", gpu_name="H200 SXM 141GB").scenario
+    assert served.gpu.gpu_memory_utilization == case.mem_fraction_static
+    assert emulate(ds, 8192).mem_fraction_static == 0.886
+
+
+def test_the_reserve_rule_reads_nvidia_smis_total():
+    """SGLang's rules read nvidia-smi's memory.total (143771 MiB on an H200), not the
+    scenario's CUDA total (143155 MiB): at chunk 16384 the reserve's 28672 MiB gives 0.801 of
+    the former, 0.800 of the latter. A budget the GPU table has no figure for is read as is, and
+    a note says so."""
+    ds = scenarios.load("deepseek-v32-fp8-tp8")
+    assert ds.gpu.memory_mib == 143155
+    case = emulate(ds, 16384)
+    assert (case.smi_memory_mib, case.smi_memory_note) == (143771, None)
+    assert case.mem_fraction_static == round((143771 - 28672) / 143771, 3) == 0.801
+    assert round((143155 - 28672) / 143155, 3) == 0.800
+    other = SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), ds, FlashMLA(),
+                           SGLangBudget(gpu_memory_bytes=140000 * MiB, utilization=0.9,
+                                        max_num_batched_tokens=16384), "alloc", sm_count=132)
+    assert other.smi_memory_mib == 140000
+    assert other.mem_fraction_static == round((140000 - 28672) / 140000, 3)
+    assert "unknown for a 140000 MiB H200 SXM 141GB" in other.smi_memory_note
+    assert other.smi_memory_note in SGLang.notes([other.to_dict()])
 
 
 def test_a_given_fraction_sizes_the_pool():
@@ -90,11 +137,18 @@ def test_repro_oom_engine_sglang_in_every_form(tmp_path, capsys):
     result = json.loads(output.read_text())
     assert result["engine"] == "sglang" and result["budget"]["max_num_batched_tokens"] == 8192
     assert [c["mem_fraction_static"] for c in result["cases"]] == [0.799, 0.799]
+    assert [c["backend"] for c in result["cases"]] == ["flashmla_kv", "what-if staging (not SGLang's)"]
+    alone = result["cases"][0]["max_safe_tokens_rederived"]
+    assert 8192 < alone < result["cases"][0]["max_safe_tokens"]
     assert main(["repro-oom", "--engine", "sglang", "--predict", "--format", "markdown"]) == 0
     markdown = capsys.readouterr().out
     assert "largest safe chunked_prefill_size" in markdown and "0.799 (reserve rule" in markdown
+    assert "| alloc | fits: " in markdown and " | flashmla_kv | " in markdown
+    assert (f"- alloc: largest safe --chunked-prefill-size {result['cases'][0]['max_safe_tokens']} "
+            f"with --mem-fraction-static 0.799 pinned; --chunked-prefill-size {alone} alone") in markdown
     assert main(["repro-oom", "--engine", "sglang", "--predict"]) == 0
     table = capsys.readouterr().out
+    assert "backends: alloc: flashmla_kv as SGLang 0.5.23 runs it" in " ".join(table.split())
     assert "SGLang (PREDICTED)" in table and "chunked_prefill_size 8192" in table
     assert "at utilization" not in table  # SGLang's fraction is not vLLM's utilization
 

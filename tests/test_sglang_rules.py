@@ -47,6 +47,17 @@ def test_the_floor_and_deepep_on_a_b200_without_prefill_graphs():
     assert got.prefill_batch_sizes == ()
 
 
+def test_deepep_with_prefill_graphs_adds_its_prefill_graph_term():
+    """H200 TP8 at SGLang's defaults, breakable prefill graphs (CUDA's default) and
+    --moe-a2a-backend deepep: reserve_for_graph_mb adds 1024 for the prefill graphs under DeepEP,
+    reserve_for_deepep_a2a_mb 2048 over the floor. 512 + 1.5 x 8192 = 12800; + 8 / 8 GiB = 1024;
+    graphs 512 x 2 = 1024 decode + 1536 MLA prefill + 1024 DeepEP prefill = 3584 -> 17408;
+    + 2048 -> 19456. (143771 - 19456) / 143771 = 0.86468 (0.872 without the prefill term)."""
+    got = rules.resolve(H200_MIB, tp_size=8, deepep=True)
+    assert (got.graph_mib, got.deepep_mib, got.reserved_mib) == (3584, 2048, 19456)
+    assert got.mem_fraction_static == 0.865
+
+
 def test_a_small_reserve_is_floored_at_10_gib_over_60_gib():
     """TP1, chunk 2048, max_bs 8, no graphs: 512 + 3072 + 128 = 3712, floored to 10240."""
     got = rules.resolve(H100_MIB, tp_size=1, chunked_prefill_size=2048, cuda_graph_max_bs=8,

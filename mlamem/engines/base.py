@@ -323,6 +323,14 @@ class Engine(ABC):
         return None
 
     @classmethod
+    def pinned(cls, budget: Budget, case: dict) -> Budget:
+        """The budget the step-token search varies: `budget`, or, for an engine that derives its
+        fraction from the step's tokens when none is given (SGLang), with the fraction `case`
+        ran with pinned; a different budget asks for the search with the fraction re-derived
+        too (`max_safe_tokens_rederived`)."""
+        return budget
+
+    @classmethod
     def check_graphs(cls, scenario: Scenario, budget: Budget) -> None:
         """With CUDA graphs on: refuse, in one line (UserError), graph settings this engine
         cannot capture, before any case runs."""

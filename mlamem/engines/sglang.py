@@ -68,12 +68,15 @@ from mlamem.engines.sglang_rules import (
     resolve,
 )
 from mlamem.errors import UserError
+from mlamem.gpus import GPUS
 from mlamem.graph_capture import capture_all
 from mlamem.non_torch import graph_steps_note
 from mlamem.scenario import Scenario
 from mlamem.units import check_fraction, format_bytes
 
 MiB = 1 << 20
+BACKEND = "flashmla_kv"  # SGLang 0.5.23's DSA backend over an fp8 cache on Hopper (overrides.py)
+WHAT_IF = "what-if staging (not SGLang's)"  # a staging path: what SGLang does not do
 FP8_CACHE = "fp8_ds_mla"  # SGLang's --kv-cache-dtype fp8_e4m3 for a DSA model: the same layout
 
 
@@ -82,14 +85,31 @@ def settings(scenario: Scenario) -> SGLangSection:
     return scenario.section("sglang")
 
 
-def resolved(scenario: Scenario, gpu_memory_bytes: int, mem_fraction_static: float | None):
+def smi_memory_mib(scenario: Scenario, gpu_memory_bytes: int) -> tuple[float, str | None]:
+    """The GPU total SGLang's rules read, in MiB: nvidia-smi's memory.total
+    (utils/common.py, get_nvgpu_memory_capacity), from the GPU table where the target is the
+    scenario's GPU (one of its figures); else the budget's total, and a note saying so."""
+    known = GPUS.get(scenario.gpu.name)
+    mib = gpu_memory_bytes / MiB
+    if known is not None and mib in (known.smi_mib, known.cuda_mib, known.measured_mib):
+        return known.smi_mib, None
+    return mib, (f"nvidia-smi's memory.total is unknown for a {mib:g} MiB {scenario.gpu.name} "
+                 "(no figure of mlamem's GPU table): SGLang's rules read the budget's total "
+                 "instead")
+
+
+def resolved(scenario: Scenario, gpu_memory_bytes: int, mem_fraction_static: float | None,
+             chunked_prefill_size: int | None = None):
     """SGLang's settings for this rank: sglang_rules.resolve on the scenario's parallel layout
-    and `[sglang]` table, the GPU's memory in MiB as SGLang reads it (nvidia-smi's total),
-    CUDA graphs as SGLang's defaults capture them (they size the reserve)."""
+    and `[sglang]` table, the GPU's memory as SGLang reads it (`smi_memory_mib`), CUDA graphs
+    as SGLang's defaults capture them (they size the reserve); `chunked_prefill_size` is the
+    step's (the budget's), else the table's, else the GPU's default: a derived fraction follows
+    it."""
     table, parallel = settings(scenario), scenario.parallel
-    return resolve(gpu_memory_bytes / MiB, tp_size=parallel.tensor_parallel,
+    return resolve(smi_memory_mib(scenario, gpu_memory_bytes)[0],
+                   tp_size=parallel.tensor_parallel,
                    attn_dp_size=parallel.attention_data_parallel,
-                   chunked_prefill_size=table.chunked_prefill_size,
+                   chunked_prefill_size=chunked_prefill_size or table.chunked_prefill_size,
                    cuda_graph_max_bs=table.decode_max_bs,
                    max_running_requests=table.max_running_requests,
                    speculative=table.speculative_num_draft_tokens is not None,
@@ -128,11 +148,14 @@ class SGLangBudget(Budget):
 class SGLangCase(DecodeCase):
     """One decode path through SGLang's rank: the shared figures and SGLang's own."""
 
+    backend: str | None = None  # the SGLang backend the path stands for (BACKEND), or WHAT_IF
     mem_fraction_static: float | None = None  # the fraction the pool was sized with
     fraction_source: str | None = None  # "given" or "reserve rule: N MiB"
     free_before_model_bytes: int | None = None  # what the cap left before the model
     free_after_init_bytes: int | None = None  # what it left after init, at KV sizing
     kv_cell_bytes: int | None = None  # SGLang's bytes per cached token on the rank
+    smi_memory_mib: float | None = None  # the GPU total SGLang's rules read (nvidia-smi's)
+    smi_memory_note: str | None = None  # where the budget's total stood in for nvidia-smi's
     # the decode CUDA graphs (repro-oom --cuda-graphs on; absent from results without them)
     graph_list_source: str | None = None  # where the batch sizes come from, in words
     graph_batch_sizes: list[int] | None = None  # the batch sizes, in capture order (largest first)
@@ -184,6 +207,14 @@ class SGLang(DecodeRank):
                     "the memory free before the model loads")
 
     @classmethod
+    def pinned(cls, budget: Budget, case: dict) -> Budget:
+        """With the fraction derived by the reserve rule, the fraction the case ran with pinned:
+        SGLang re-derives it from a chunk given alone."""
+        if case.get("fraction_source", "given") == "given" or case.get("mem_fraction_static") is None:
+            return budget
+        return dataclasses.replace(budget, mem_fraction_static=case["mem_fraction_static"])
+
+    @classmethod
     def default_step_tokens(cls, scenario: Scenario, gpu_memory_bytes: int) -> int:
         """SGLang's chunked_prefill_size: the `[sglang]` table's, else its default for the GPU."""
         return resolved(scenario, gpu_memory_bytes, None).chunked_prefill_size
@@ -198,10 +229,14 @@ class SGLang(DecodeRank):
 
     @classmethod
     def notes(cls, cases: list[dict]) -> list[str]:
-        """With CUDA graphs: per path, the list, the pool the captures took, or the capture that
-        failed and the fraction that holds; and where they outnumber the graphs the host's
+        """The backend each path stands for; where the budget's total stood in for
+        nvidia-smi's; with CUDA graphs: per path, the
+        list, the pool the captures took, or the capture that failed and the fraction that
+        holds; and where they outnumber the graphs the host's
         graph memory was measured to, that the device figures may miss steps."""
-        lines = [_graphs_note(c) for c in cases if c.get("graph_list_source") is not None]
+        lines = ["backends: " + "; ".join(f"{c['path']}: {_backend_text(c)}" for c in cases)]
+        lines += sorted({c["smi_memory_note"] for c in cases if c.get("smi_memory_note")})
+        lines += [_graphs_note(c) for c in cases if c.get("graph_list_source") is not None]
         if note := graph_steps_note(max((c.get("graph_captures") or 0) for c in cases)):
             lines.append(note)
         return lines
@@ -209,7 +244,8 @@ class SGLang(DecodeRank):
     @classmethod
     def new_case(cls, key: str, budget: dict, *, measured: bool, **fields) -> SGLangCase:
         return SGLangCase(path=key, max_num_batched_tokens=budget["max_num_batched_tokens"],
-                          measured=measured, **fields)
+                          backend=BACKEND if key == "alloc" else WHAT_IF, measured=measured,
+                          **fields)
 
     def init(self) -> None:
         self.case.free_before_model_bytes = (self.case.torch_limit_bytes
@@ -231,12 +267,14 @@ class SGLang(DecodeRank):
     def rules(self):
         """sglang_rules.resolve for this rank's budget."""
         return resolved(self.scenario, self.budget.gpu_memory_bytes,
-                        self.budget.mem_fraction_static)
+                        self.budget.mem_fraction_static, self.budget.max_num_batched_tokens)
 
     def size_kv_cache(self) -> int:
         case, scenario, memory = self.case, self.scenario, self.memory
         rules = self.rules()
         case.mem_fraction_static = rules.mem_fraction_static
+        case.smi_memory_mib, case.smi_memory_note = smi_memory_mib(scenario,
+                                                                   self.budget.gpu_memory_bytes)
         case.fraction_source = ("given" if rules.fraction_given
                                 else f"reserve rule: {rules.reserved_mib:g} MiB")
         case.free_after_init_bytes = case.torch_limit_bytes - memory.stats().reserved
@@ -305,6 +343,13 @@ def _list_source(table: SGLangSection, max_bs: int) -> str:
     return f"{given}, within the request pool"
 
 
+def _backend_text(case: dict) -> str:
+    """A path's backend in words."""
+    if case.get("backend") == BACKEND:
+        return f"{BACKEND} as SGLang 0.5.23 runs it (arg_groups/overrides.py)"
+    return f"what-if staging of the {case['path']} path, which SGLang does not do"
+
+
 def _graphs_note(case: dict) -> str:
     """One path's CUDA-graph line."""
     sizes, per_request = case["graph_batch_sizes"], case["graph_tokens_per_request"]
@@ -354,6 +399,7 @@ SGLang.view = View(
         Column("max safe\nchunk", safe_cell),
         Column("max safe\nfraction", _fraction_cell)),
     markdown_columns=(
+        Column("backend", lambda c: c.get("backend") or "n/a"),
         Column("KV pool", kv_cell),
         Column("mem_fraction_static", lambda c: f"{c.get('mem_fraction_static')} "
                                                 f"({c.get('fraction_source')})"),
@@ -361,8 +407,10 @@ SGLang.view = View(
                if c["verdict"] == Verdict.FITS else "-"),
         Column("+ if out staged", lambda c: gain_cell(c) + (
             " GiB" if c.get("out_staging_gain_bytes") is not None else "")),
-        Column("largest safe chunked_prefill_size", safe_cell),
-        Column("largest safe mem_fraction_static (model)", _fraction_cell)),
+        Column("largest safe chunked_prefill_size (fraction pinned)", safe_cell),
+        Column("largest safe chunked_prefill_size alone (fraction re-derived)",
+               lambda c: safe_cell({"max_safe_tokens": c.get("max_safe_tokens_rederived")})),
+        Column("largest safe mem_fraction_static at the chunk (model)", _fraction_cell)),
     row_name=lambda c: c["path"],
     case_label=lambda c: f"{c['path']} path",
     verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)

@@ -39,6 +39,7 @@ GiB_MIB = 1024  # SGLang writes its reserve terms in MiB, GiB as 1024
 FLOOR_MIB = 10 * GiB_MIB  # the reserve's floor on a GPU of over 60 GiB
 MLA_PREFILL_GRAPH_MIB = 1.5 * GiB_MIB  # "MLA backend overhead is much higher than expected"
 DEEPEP_MIB = 2 * GiB_MIB  # DeepEP's all-to-all buffers in the decode graph
+DEEPEP_PREFILL_GRAPH_MIB = 1 * GiB_MIB  # DeepEP under breakable prefill graphs (bridge pool)
 MLA_PREFILL_GRAPH_MAX_TOKENS = 8192  # an MLA model's prefill graphs capture at most this
 FP8_QUANT_BLOCK = 128  # DSATokenToKVPool.quant_block_size: one fp32 scale per 128 latent values
 ROPE_STORAGE_BYTES = 2  # DSATokenToKVPool.rope_storage_dtype: RoPE kept in bf16
@@ -162,8 +163,8 @@ class Resolved:
     prefill_batch_sizes: tuple[int, ...]  # empty with prefill graphs off
     activation_mib: float  # 512 + 1.5 x max(chunked_prefill_size, 2048)
     parallel_mib: float  # TP x PP / 8 GiB
-    graph_mib: float  # reserve_for_graph_mb
-    deepep_mib: float
+    graph_mib: float  # reserve_for_graph_mb (DeepEP's prefill-graph term among them)
+    deepep_mib: float  # reserve_for_deepep_a2a_mb: on top of the floor
     reserved_mib: float  # the sum, floored at 10 GiB on a GPU of over 60 GiB, DeepEP's on top
     mem_fraction_static: float  # given, or (gpu - reserved) / gpu rounded to 3 places
     fraction_given: bool
@@ -178,7 +179,9 @@ def resolve(gpu_memory_mib: float, *, tp_size: int, pp_size: int = 1, attn_dp_si
     model never takes the post-capture KV sizing (overrides.py, post_capture_kv_sizing_planned),
     so the reserve is the pre-capture one. Prefill graphs are SGLang's default on CUDA (the
     breakable backend, default_prefill_backend); `prefill_graphs=False` stands for
-    `--cuda-graph-backend-prefill disabled`."""
+    `--cuda-graph-backend-prefill disabled`; `deepep` for `--moe-a2a-backend deepep`, which adds
+    a prefill-graph term (reserve_for_graph_mb) and a decode-graph one over the floor
+    (reserve_for_deepep_a2a_mb)."""
     if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
         raise UserError(f"{mem_fraction_static} is outside (0, 1)", field="sglang.mem_fraction_static")
     chunk_default, max_bs_default = capacity_defaults(gpu_memory_mib, tp_size)
@@ -197,6 +200,8 @@ def resolve(gpu_memory_mib: float, *, tp_size: int, pp_size: int = 1, attn_dp_si
         graph += max_bs * attn_dp_size * 3 + (max_bs * attn_dp_size * 1.5 if max_bs > 300 else 0)
     if prefill_graphs:
         graph += MLA_PREFILL_GRAPH_MIB if mla else len(prefill_sizes) * 8
+        if deepep:  # reserve_for_graph_mb: BREAKABLE prefill and moe_a2a_backend "deepep"
+            graph += DEEPEP_PREFILL_GRAPH_MIB
     reserved = activation + parallel + graph
     if gpu_memory_mib > 60 * GiB_MIB:
         reserved = max(reserved, FLOOR_MIB)

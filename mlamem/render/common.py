@@ -65,6 +65,30 @@ def signed_bytes(difference: int | None) -> str:
     return ("+" if difference > 0 else "") + format_bytes(difference)
 
 
+def engine_flag(field: str) -> str:
+    """An engine's knob as its launch flag: chunked_prefill_size -> --chunked-prefill-size."""
+    return "--" + field.replace("_", "-")
+
+
+def limits_text(step_knob: str, fraction_knob: str | None, *, step_tokens: int,
+                fraction: float | None, max_tokens: int | None, max_fraction: float | None,
+                rederived: int | None) -> str:
+    """A case's largest safe knobs as flags, each with the knob it holds with: the step's
+    tokens with the fraction pinned, alone (the engine re-derives its fraction from them, where
+    `rederived` is searched), and the fraction at the step's tokens."""
+    step, frac = engine_flag(step_knob), engine_flag(fraction_knob or "")
+    parts = []
+    if max_tokens is not None:
+        pinned = f" with {frac} {fraction} pinned" if fraction_knob and fraction is not None else ""
+        parts.append(f"{step} {max_tokens}{pinned}")
+    if rederived is not None:
+        parts.append(f"{step} {rederived} alone (without {frac} the engine re-derives it from "
+                     "the chunk)")
+    if max_fraction is not None:
+        parts.append(f"{frac} {max_fraction:.3f} at {step} {step_tokens}")
+    return "largest safe " + "; ".join(parts) if parts else ""
+
+
 def csv_cell(value) -> str:
     """One CSV cell as a plain value: empty for null, `true`/`false`, text as it is, a number,
     a list joined by `;` (`padded_q;out`), a buffer as `name=requested_bytes`, an object's

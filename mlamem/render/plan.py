@@ -6,7 +6,15 @@ import json
 
 from rich.console import Group
 
-from mlamem.render.common import compact_table, console_text, count_text, markdown_code, with_notes
+from mlamem.render.common import (
+    compact_table,
+    console_text,
+    count_text,
+    engine_flag,
+    limits_text,
+    markdown_code,
+    with_notes,
+)
 from mlamem.units import format_bytes, gib
 
 
@@ -82,18 +90,22 @@ def plan_rows(plan: dict, scenario: dict) -> list[tuple[str, str]]:
 
 
 def _engine_rows(limits: dict | None) -> list[tuple[str, str]]:
-    """`--engine`: one row per case, its largest safe knobs under the engine."""
+    """`--engine`: one row per case, its largest safe knobs under the engine, as flags, each
+    with the knob it holds with."""
     if not limits:
         return []
     rows = []
     for case in limits["cases"]:
-        found = ([] if case["max_safe_tokens"] is None
-                 else [f"largest safe {limits['step_knob']} {case['max_safe_tokens']}"])
-        if case["max_safe_fraction"] is not None:
-            found.append(f"largest safe {limits['fraction_knob']} {case['max_safe_fraction']:.3f}")
-        at = f"{case['verdict']} at {limits['step_knob']} {limits['step_tokens']}"
+        found = limits_text(limits["step_knob"], limits["fraction_knob"],
+                            step_tokens=limits["step_tokens"], fraction=case.get("fraction"),
+                            max_tokens=case["max_safe_tokens"],
+                            max_fraction=case["max_safe_fraction"],
+                            rederived=case.get("max_safe_tokens_rederived"))
+        at = f"{case['verdict']} at {engine_flag(limits['step_knob'])} {limits['step_tokens']}"
+        backend = f"; backend {case['backend']}" if case.get("backend") else ""
         rows.append((f"{limits['engine']}: {case['case']}",
-                     ", ".join([*found, at]) + f" (allocator model, {limits['kernel']})"))
+                     "; ".join([t for t in (at, found) if t])
+                     + f" (allocator model, {limits['kernel']}{backend})"))
     return rows
 
 

@@ -12,6 +12,7 @@ from mlamem.engines.base import View, charged_per_process
 from mlamem.render.common import (
     compact_table,
     console_text,
+    limits_text,
     markdown_code,
     predicted_tag,
     with_notes,
@@ -105,8 +106,7 @@ def repro_table(result: ReproResult) -> Group:
     caption = [_repro_label(result), *_budget_lines(result)]
     caption += [f"{view.row_name(c)}: {verdict_text(c)}" for c in result.cases
                 if view.verdict_in_notes(c)]
-    caption += [f"largest safe {view.step_tokens} ({c[key]}): {c.get('max_safe_method')}"
-                for c in result.cases if "max_safe_method" in c]
+    caption += _limits_lines(result)
     caption += result.notes
     out = compact_table("mlamem repro-oom: " + view.table_title.format(
         scenario=result.scenario["name"], predicted=predicted_tag(result.measured)))
@@ -133,10 +133,30 @@ def repro_markdown(result: ReproResult) -> str:
     for c in result.cases:
         cells = [view.row_name(c), verdict_text(c), *(col.cell(c) for col in view.markdown_columns)]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += [""] + [f"- {c[key]}: largest safe {view.step_tokens} by "
-                     f"{c.get('max_safe_method')}" for c in result.cases if "max_safe_method" in c]
+    lines += [""] + [f"- {line}" for line in _limits_lines(result)]
     lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
     return "\n".join(lines) + "\n"
+
+
+def _limits_lines(result: ReproResult) -> list[str]:
+    """Per searched case, how its largest safe step tokens were found; with an engine's searched
+    fraction (SGLang), each largest safe knob as a flag with the one it holds with."""
+    engine = load_engine(result.engine)
+    key, fraction = engine.case_type.key_field, engine.searched_fraction
+    lines = []
+    for c in result.cases:
+        if "max_safe_method" not in c:
+            continue
+        if fraction is None:
+            lines.append(f"largest safe {engine.view.step_tokens} ({c[key]}): "
+                         f"{c['max_safe_method']}")
+            continue
+        lines.append(f"{c[key]}: " + limits_text(
+            engine.step_knob_name, fraction, step_tokens=c["max_num_batched_tokens"],
+            fraction=c.get(fraction), max_tokens=c.get("max_safe_tokens"),
+            max_fraction=c.get(f"max_safe_{fraction}"),
+            rederived=c.get("max_safe_tokens_rederived")) + f" ({c['max_safe_method']})")
+    return lines
 
 
 def repro_json(result: ReproResult) -> str:

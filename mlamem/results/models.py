@@ -702,10 +702,21 @@ class EngineLimit(Model):
 
     case: str = Field(description="the case: its path (`alloc`, `workspace`)")
     verdict: str = Field(description="the case's verdict at the plan's knobs")
+    backend: str | None = Field(
+        None, description="the engine's attention backend the case stands for (SGLang), or a "
+                          "what-if the engine does not run")
     max_safe_tokens: int | None = Field(
-        description="the largest safe step tokens (the engine's `step_knob`), null if not searched")
+        description=("the largest safe step tokens (the engine's `step_knob`), with `fraction` "
+                     "pinned; null if not searched"))
+    fraction: float | None = Field(
+        None, description="the `fraction_knob` value `max_safe_tokens` holds with (the case's)")
+    max_safe_tokens_rederived: int | None = Field(
+        None, description=("the largest safe step tokens given alone, the fraction re-derived "
+                           "from them by the engine's rule (SGLang without "
+                           "mem_fraction_static); null where the fraction is given"))
     max_safe_fraction: float | None = Field(
-        description="the largest safe value of `fraction_knob`, null where the engine has none")
+        description=("the largest safe value of `fraction_knob` at `step_tokens`, null where the "
+                     "engine has none"))
 
 
 class EngineLimits(Model):

@@ -403,8 +403,8 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GP
         parsed.notes.append(f"{target.name}: SGLang decodes a DSA model's fp8 cache with trtllm "
                             f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
     table = parsed.sections["sglang"]
-    resolved = sglang_rules.resolve(
-        target.memory_mib, tp_size=parsed.tensor_parallel,
+    resolved = sglang_rules.resolve(  # nvidia-smi's total, as SGLang reads it
+        target.smi_mib, tp_size=parsed.tensor_parallel,
         attn_dp_size=parsed.attention_data_parallel,
         chunked_prefill_size=table.get("chunked_prefill_size"),
         cuda_graph_max_bs=graphs["max_bs"],
