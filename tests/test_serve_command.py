@@ -334,11 +334,24 @@ def test_vllm_graph_settings_from_json_and_speculation():
 
 def test_vllm_counts_as_vllm_writes_them():
     built = from_command(f"vllm serve {DS} -tp 8 --max-model-len 128K --kv-cache-dtype fp8 "
-                         "--max-num-batched-tokens 16.384k --kv-cache-memory-bytes 20G",
+                         "--max-num-batched-tokens 16.384k --kv-cache-memory-bytes 0",
                          gpu_name="H200 SXM 141GB")
     assert built.scenario.serving.max_model_len == 131072
     assert built.scenario.serving.max_num_batched_tokens == 16384
-    assert "not modelled: --kv-cache-memory-bytes" in built.notes
+    assert not any("kv-cache-memory-bytes" in n for n in built.notes)  # 0 is vLLM's unset
+
+
+@pytest.mark.parametrize("flag", ["--kv-cache-memory-bytes 20G", "--kv-cache-memory=21474836480",
+                                  "--kv_cache_memory_bytes 1k"])
+def test_vllm_fixed_kv_size_is_refused(flag):
+    """A fixed KV size (vLLM's kv_cache_memory_bytes, which ignores the utilization's KV
+    sizing) is one line saying mlamem sizes the cache differently."""
+    with pytest.raises(UserError) as error:
+        from_command(f"vllm serve {DS} -tp 8 --max-model-len 8192 --kv-cache-dtype fp8 {flag}",
+                     gpu_name="H200 SXM 141GB")
+    message = error.value.message
+    assert "--kv-cache-memory-bytes" in message and "size the cache differently" in message
+    assert "\n" not in message
 
 
 def test_vllm_capture_sizes_keep_their_largest():
