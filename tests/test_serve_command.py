@@ -305,7 +305,8 @@ def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
     assert s.section("vllm").max_num_seqs == 64
     assert s.gpu.gpu_memory_utilization == 0.8
     assert (s.gpu.name, s.gpu.memory_mib, s.gpu.sm_count) == ("H200 SXM 141GB", 143155, 132)
-    assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert ("not modelled: --port, --trust-remote-code, VLLM_USE_DEEP_GEMM (environment)"
+            in built.notes)
     assert any(n.startswith("--enable-expert-parallel: ") for n in built.notes)
     assert s.model.name == "DeepSeek-V3.2 FP8" and s.model.num_attention_heads == 128
     # routed experts over 8 ranks, attention whole on each: more than TP8's share
@@ -674,7 +675,8 @@ def test_sglang_launch_server_field_by_field():
             table.max_running_requests) == (0.8, 4096, 64)
     assert s.gpu.gpu_memory_utilization == 0.8
     assert (s.gpu.name, s.gpu.memory_mib) == ("H200 SXM 141GB", 143155)
-    assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert ("not modelled: --port, --trust-remote-code, SGLANG_ENABLE_JIT_DEEPGEMM (environment)"
+            in built.notes)
     assert built.cuda_graphs  # no --disable-cuda-graph: SGLang captures its decode graphs
     assert "CUDA graphs (decode on, prefill on): the decode graphs are captured after the pool: " \
            "run repro-oom with --cuda-graphs on; the prefill graphs size the reserve only" in built.notes
@@ -1036,3 +1038,15 @@ def test_a_shipped_hub_name_in_any_case_uses_its_config_and_says_so():
     assert built.scenario.model == from_command(VLLM_BASE, gpu_name="H200 SXM 141GB").scenario.model
     assert ("model DEEPSEEK-AI/deepseek-v3.2: the shipped config mlamem/models/deepseek-v3.2.json "
             "(deepseek-ai/DeepSeek-V3.2)") in built.notes
+
+
+def test_environment_prefixes_are_named_as_not_modelled():
+    """`NAME=VALUE` before the command is named on the not-modelled line, never dropped."""
+    base = f"vllm serve {DS} -tp 8 --max-model-len 8192 --kv-cache-dtype fp8"
+    built = from_command(f"VLLM_ATTENTION_BACKEND=FLASHMLA_SPARSE env HF_TOKEN=x {base} --port 1",
+                         gpu_name="H200 SXM 141GB")
+    assert ("not modelled: --port, VLLM_ATTENTION_BACKEND (environment), HF_TOKEN (environment)"
+            in built.notes)
+    assert "HF_TOKEN" not in built.scenario.description  # the prefixes are left out there
+    alone = from_command(f"CUDA_VISIBLE_DEVICES=0,1 {base}", gpu_name="H200 SXM 141GB")
+    assert alone.notes[0] == "not modelled: CUDA_VISIBLE_DEVICES (environment)"

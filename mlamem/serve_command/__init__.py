@@ -3,7 +3,8 @@
 `python -m sglang.launch_server ...` / `sglang serve ...` (SGLang 0.5.23's flags), with the model's
 config.json and a GPU by name.
 
-`from_command` splits the command as a shell does, drops `NAME=VALUE` prefixes, parses the flags
+`from_command` splits the command as a shell does, sets `NAME=VALUE` prefixes aside (named in
+the notes' `not modelled:` line), parses the flags
 with the engine's own names (serve_command/vllm.py, trtllm.py, sglang.py), and builds the
 scenario through `scenario.from_dict`, so the scenario model validates it. What the command sets
 that mlamem does not model is named in the notes, never dropped.
@@ -46,15 +47,24 @@ class Built:
 
 
 def split_command(command: str) -> list[str]:
-    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped. A command
-    pasted over several lines reads as the shell reads it: backslash-newline joins the lines."""
+    """The command's words, `NAME=VALUE` environment prefixes (and `env`) left out."""
+    return _split(command)[1]
+
+
+def _split(command: str) -> tuple[list[str], list[str]]:
+    """The names of the command's `NAME=VALUE` environment prefixes, and its other words (`env`
+    left out). A command pasted over several lines reads as the shell reads it:
+    backslash-newline joins the lines."""
     try:
         words = shlex.split(re.sub(r"\\\r?\n", "", command))
     except ValueError as error:
         raise UserError(f"cannot split the command: {error}", field="serve") from None
+    names = []
     while words and (_ENV.match(words[0]) or words[0] == "env"):
+        if words[0] != "env":
+            names.append(words[0].partition("=")[0])
         words = words[1:]
-    return words
+    return names, words
 
 
 def redacted(words: list[str]) -> str:
@@ -71,7 +81,21 @@ def redacted(words: list[str]) -> str:
 
 
 def parse_command(command: str) -> Parsed:
-    words = split_command(command)
+    """The command parsed by its engine's flags; its environment prefixes, which mlamem does not
+    model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
+    env, words = _split(command)
+    parsed = _parse_words(words)
+    if env:
+        named = ", ".join(f"{name} (environment)" for name in env)
+        lines = [i for i, note in enumerate(parsed.notes) if note.startswith("not modelled: ")]
+        if lines:
+            parsed.notes[lines[0]] += ", " + named
+        else:
+            parsed.notes.insert(0, "not modelled: " + named)
+    return parsed
+
+
+def _parse_words(words: list[str]) -> Parsed:
     program = Path(words[0]).name if words else ""
     if program == "vllm" and words[1:2] == ["serve"]:
         return vllm.parse(words[2:])
