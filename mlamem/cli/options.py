@@ -130,17 +130,23 @@ def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
                            weights_bytes=weights)
 
 
-def check_weights_fit(scenario: Scenario, gpu_memory: str | None) -> None:
+def check_weights_fit(scenario: Scenario, gpu_memory: str | None, from_file: bool) -> None:
     """repro-oom's and plan's refusal, in one line, of one rank's weights (counted or given)
     where they exceed the target GPU's memory: --gpu-memory's where given (a zero is left to
-    the budget's own check), else the scenario's [gpu]."""
+    the budget's own check), else the scenario's [gpu]. The line names what set the weights:
+    the scenario file's field where they are `from_file`, else --weights-per-rank."""
     from mlamem.models import overrides
 
     memory = parse_size(gpu_memory, "gpu_memory_bytes")
     line = overrides.weights_fit_line(scenario, memory or None)
-    if line:
-        raise UserError(f"{line}: give a layout with more ranks, a larger GPU or the weights "
-                        "per rank", field="weights_per_rank")
+    if not line:
+        return
+    if from_file:
+        raise UserError(f"{scenario.source or scenario.name}: [parallel].weights_gib_per_rank: "
+                        f"{line}: give a layout with more ranks, a larger GPU or "
+                        "--weights-per-rank")
+    raise UserError(f"{line}: give a layout with more ranks, a larger GPU or the weights "
+                    "per rank", field="weights_per_rank")
 
 
 def load_scenarios(text: str, changes: Changes = Changes()) -> list[tuple[str, Scenario]]:

@@ -81,7 +81,7 @@ def plan(
     if output is not None:
         check_output_path(output)
     chosen = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
-    o.check_weights_fit(chosen, gpu_memory)
+    o.check_weights_fit(chosen, gpu_memory, from_file=model is None and weights_per_rank is None)
     try:
         memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:

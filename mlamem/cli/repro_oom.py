@@ -103,7 +103,7 @@ def repro_oom(
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
     # bad files and values, and weights that do not fit, are refused before torch loads
     loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
-    o.check_weights_fit(loaded, gpu_memory)
+    o.check_weights_fit(loaded, gpu_memory, from_file=model is None and weights_per_rank is None)
     for value, field, one in ((utilization, "utilization", True),
                               (mem_fraction_static, "mem_fraction_static", False)):
         if value is not None:

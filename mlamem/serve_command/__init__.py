@@ -25,9 +25,10 @@ from mlamem.models.overrides import (
     config_name,
     counted_weights,
     model_table,
+    override_gib,
     scenario_from_config,
 )
-from mlamem.models.weights import weights_fit
+from mlamem.models.weights import fit_line, weights_fit
 from mlamem.serve_command import sglang, trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
 
@@ -130,14 +131,19 @@ def model_config(argument: str, override: str | None,
 
 def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
             target: gpus.GPU) -> tuple[float, str]:
-    """One rank's weights in GiB and their note: the override, else counted from the config,
-    refused in one line where they exceed the GPU."""
-    if override_bytes is not None:
-        return override_bytes / 1024**3, OVERRIDE_NOTE
+    """One rank's weights in GiB and their note: the override, else counted from the config;
+    either is refused in one line where it exceeds the GPU."""
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
               "mtp": parsed.engine_settings.get("loads_mtp", False)}
-    line = weights_fit(name, config, gpu=target.name, gpu_bytes=target.memory_mib * 1024**2,
-                       **layout)
+    gpu = {"gpu": target.name, "gpu_bytes": target.memory_mib * 1024**2}
+    if override_bytes is not None:
+        gib = override_gib(override_bytes)
+        line = fit_line(name, override_bytes, tp=layout["tp"], dp=layout["dp"], **gpu)
+        if line:
+            raise UserError(f"{line}: give the weights one rank holds, or a larger GPU",
+                            field="weights_per_rank")
+        return gib, OVERRIDE_NOTE
+    line = weights_fit(name, config, **gpu, **layout)
     if line:
         raise UserError(f"{line}: serve on more ranks, or give the weights per rank",
                         field="weights_per_rank")
