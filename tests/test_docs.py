@@ -107,8 +107,8 @@ def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):
 # A shown run: a fenced block that starts with the command (`$ [COLUMNS=N] mlamem ...`) and shows
 # lines of its output, "..." where lines are left out. Those on the CPU-only commands' pages are
 # rerun and compared: predicted runs and plan need no GPU.
-RUN = re.compile(r"^```\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
-RUN_PAGES = ["repro-oom.md", "plan.md"]
+RUN = re.compile(r"^```(?:console)?\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
+RUN_PAGES = ["repro-oom.md", "plan.md", "../README.md"]  # the README's tour too
 
 
 def shown_runs(text: str) -> list[tuple[int | None, list[str], list[str]]]:

@@ -1050,3 +1050,34 @@ def test_environment_prefixes_are_named_as_not_modelled():
     assert "HF_TOKEN" not in built.scenario.description  # the prefixes are left out there
     alone = from_command(f"CUDA_VISIBLE_DEVICES=0,1 {base}", gpu_name="H200 SXM 141GB")
     assert alone.notes[0] == "not modelled: CUDA_VISIBLE_DEVICES (environment)"
+
+
+HUB_SEED = SEED.format(folder="zai-org/GLM-5-FP8")
+SEED_TARGET = ["--gpu", "H100 SXM 80GB", "--weights-per-rank", "40GiB"]
+
+
+def test_repro_oom_and_plan_take_the_command_as_scenarios_serve_makes_it(capsys):
+    """`--serve COMMAND` runs the scenario `scenarios --serve` prints, with its notes and its
+    graphs default: the eager seed gives the shipped scenario's verdicts and limits, and plan
+    its budget."""
+    served = _predicted(["--serve", HUB_SEED + " --enforce-eager", *SEED_TARGET], capsys)
+    assert served == _predicted([], capsys)  # glm5-fp8-tp8: graphs off, 31857 and 39008
+    assert main(["plan", "--serve", HUB_SEED, *SEED_TARGET, "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: weights: override: given as --weights-per-rank" in err
+    assert main(["plan", "--format", "json"]) == 0
+    shipped = json.loads(capsys.readouterr().out)["plans"][0]["budget_bytes"]
+    assert json.loads(out)["plans"][0]["budget_bytes"] == shipped
+    assert main(["repro-oom", "--serve", HUB_SEED, *SEED_TARGET, "--predict", "--paths", "alloc",
+                 "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "CUDA graphs on: the scenario's [vllm].cuda_graphs" in err
+    assert json.loads(out)["cases"][0]["max_safe_tokens"] == 31712  # graphs on (docs/scenarios.md)
+
+
+@pytest.mark.parametrize("command", ["repro-oom", "plan"])
+def test_serve_and_scenario_together_are_one_line(command):
+    check_bad_input([command, "--serve", HUB_SEED, "-s", "glm5-fp8-tp8"],
+                    "--serve and --scenario both name the scenario; give one")
+    check_bad_input([command, "--serve", HUB_SEED, "--gpu", "H100 SXM 80GB"],
+                    "--weights-per-rank: GLM-5-FP8's weights are 88.7 GiB per rank at TP8")
