@@ -18,7 +18,6 @@ from mlamem.gpus import GPUS
 from mlamem.scenario_names import shipped_names
 
 
-
 class ListFormat(StrEnum):
     table = "table"
     json = "json"

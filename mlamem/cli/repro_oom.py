@@ -14,8 +14,8 @@ from mlamem.cli.output import command_line, emit, note_predicted, progress
 from mlamem.engines import engine_names
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
-from mlamem.scenario_names import DEFAULT_SCENARIO
 from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.scenario_names import DEFAULT_SCENARIO
 from mlamem.units import check_fraction, parse_bytes
 
 PURPOSE = "repro-oom replays the engine's sparse decode step"
