@@ -79,12 +79,24 @@ GPUS = {g.name: g for g in (
 )}
 
 
+def _words(name: str) -> list[str]:
+    return name.casefold().split()
+
+
 def gpu(name: str) -> GPU:
-    """The GPU named `name`; one line listing the known ones otherwise."""
-    if name not in GPUS:
-        raise UserError(f"unknown GPU {name!r}; known: {', '.join(repr(n) for n in GPUS)}",
-                        field="gpu")
-    return GPUS[name]
+    """The GPU named `name`, in any case and spacing (`h200 sxm 141gb `), or by a short form
+    that begins exactly one name's words (`a100`, `H200 SXM`); one line listing the known ones
+    otherwise."""
+    words = _words(name)
+    exact = [g for n, g in GPUS.items() if "".join(_words(n)) == "".join(words)]
+    begun = [g for n, g in GPUS.items() if words and _words(n)[:len(words)] == words]
+    if exact or len(begun) == 1:
+        return (exact or begun)[0]
+    known = ", ".join(repr(n) for n in GPUS)
+    if begun:
+        raise UserError(f"GPU {name!r} could be {' or '.join(repr(g.name) for g in begun)}; "
+                        f"give the full name, one of {known}", field="gpu")
+    raise UserError(f"unknown GPU {name!r}; known: {known}", field="gpu")
 
 
 def retarget(scenario: Scenario, name: str | None) -> Scenario:

@@ -107,8 +107,8 @@ def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):
 # A shown run: a fenced block that starts with the command (`$ [COLUMNS=N] mlamem ...`) and shows
 # lines of its output, "..." where lines are left out. Those on the CPU-only commands' pages are
 # rerun and compared: predicted runs and plan need no GPU.
-RUN = re.compile(r"^```\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
-RUN_PAGES = ["repro-oom.md", "plan.md"]
+RUN = re.compile(r"^```(?:console)?\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
+RUN_PAGES = ["repro-oom.md", "plan.md", "../README.md"]  # the README's tour too
 
 
 def shown_runs(text: str) -> list[tuple[int | None, list[str], list[str]]]:
@@ -154,3 +154,55 @@ def test_the_run_check_finds_a_changed_figure():
     assert (width, words) == (None, ["plan", "--predict"])
     assert missing_lines(shown, ["x", "KV 25.655 GiB", "end"]) == ["KV 25.649 GiB"]
     assert missing_lines(shown, ["x", "KV 25.649 GiB", "y", "end"]) == []
+
+
+# docs/scenarios.md's lists of the fields where a pasted command's scenario differs from a shipped
+# one: (the words the list follows, how the page gives the command, --gpu, the weights, shipped)
+DIFFERENCE_LISTS = [
+    ("`seed.toml` holds the same figures", r'^\$ SEED="([^"]+)"', "H100 SXM 80GB", 40,
+     "glm5-fp8-tp8"),
+    ("that differ are these", r"The shipped `kimi-k2-dense-fp8-tp4-dp` as a command is `([^`]+)`",
+     "H200 SXM 141GB", 60, "kimi-k2-dense-fp8-tp4-dp")]
+WORDS = {"name", "description", "model.name", "parallel.weights_note"}  # not figures
+
+
+def documented_fields(text: str, lead: str) -> set[str]:
+    """The fields the bulleted list after `lead` names before each item's first ': '
+    (`[vllm] max_num_seqs` -> vllm.max_num_seqs, `engines` -> engines)."""
+    after = text[text.index(lead):].split("\n\n", 2)[1]  # the paragraph after the lead's
+    items = re.split(r"^- ", after, flags=re.M)[1:]
+    return {f"{section}.{key}" if section else key
+            for item in items
+            for section, key in re.findall(r"`(?:\[(\w+)\] )?(\w+)`", item.split(": ", 1)[0])}
+
+
+def _flat(table: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in table.items():
+        flat.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict)
+                    else {prefix + key: value})
+    return flat
+
+
+@pytest.mark.parametrize("listed", DIFFERENCE_LISTS, ids=lambda d: d[4])
+def test_a_documented_difference_list_is_every_field_that_differs(listed):
+    """The page's command, built as `scenarios --serve` builds it, differs from the shipped
+    scenario in exactly the fields the page lists, the words aside."""
+    from mlamem import scenario
+    from mlamem.serve_command import from_command
+
+    lead, command, gpu, gib, shipped = listed
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    found = re.search(command, text, re.M)
+    assert found, f"docs/scenarios.md gives no command matching {command!r}"
+    built = from_command(" ".join(found[1].split()), gpu_name=gpu, weights_bytes=gib * 1024**3)
+    ours = _flat(scenario.to_dict(built.scenario))
+    theirs = _flat(scenario.to_dict(scenario.load(shipped)))
+    differ = {k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k)} - WORDS
+    assert documented_fields(text, lead) == differ
+
+
+def test_the_difference_check_reads_a_list():
+    """The check above can fail: the fields a list names, and only those."""
+    page = "Lead:\n\n- `engines`: `[\"vllm\"]`;\n- `[vllm] a` and `[vllm] b`: 0, `x`\n\nafter\n"
+    assert documented_fields(page, "Lead") == {"engines", "vllm.a", "vllm.b"}

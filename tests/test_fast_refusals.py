@@ -25,7 +25,11 @@ REFUSED = [
     ["repro-oom", "--gpu", "H300"],
     ["repro-oom", "--model", "/nonexistent/config.json"],
     ["repro-oom", "--model", str(resources.files("mlamem.models") / "glm-5.json")],  # weights > GPU
-    ["profile", "--weights-per-rank", "40"],
+    ["graphs", "--weights-per-rank", "40"],
+    ["repro-oom", "--weights-per-rank", "0"],
+    ["repro-oom", "--serve", "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla "
+     "--max-model-len 131072", "--gpu", "H100 SXM 80GB"],  # weights > GPU
+    ["plan", "--serve", "vllm serve zai-org/GLM-5-FP8", "-s", "glm5-fp8-tp8"],
     ["graphs", "--gpu", "H300"],
     ["scenarios", "--serve", "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 "
      "--tp 8 --context-length 4096 --kv-cache-dtype bf16"],

@@ -1,8 +1,12 @@
 """mlamem/gpus.py: GPUs by name, each figure with its source; a scenario moved to another GPU."""
 
+import json
+import re
+
 import pytest
 
 from mlamem import gpus, scenario
+from mlamem.cli import main
 from mlamem.errors import UserError
 
 
@@ -21,3 +25,30 @@ def test_retarget_keeps_the_scenario_but_its_gpu():
     assert scenario.to_dict(moved)["serving"] == scenario.to_dict(shipped)["serving"]
     with pytest.raises(UserError, match="unknown GPU 'H300'; known: 'H100 SXM 80GB'"):
         gpus.retarget(shipped, "H300")
+
+
+@pytest.mark.parametrize(("given", "name"), [
+    ("H200 SXM 141GB", "H200 SXM 141GB"), ("h200 sxm 141gb", "H200 SXM 141GB"),
+    (" H200  SXM 141GB ", "H200 SXM 141GB"), ("H200 SXM", "H200 SXM 141GB"),
+    ("a100", "A100 80GB"), ("h100 pcie", "H100 PCIe"), ("H20", "H20"), ("b200", "B200")])
+def test_a_gpu_is_named_in_any_case_and_spacing_or_by_a_short_form_one_name_begins(given, name):
+    assert gpus.gpu(given).name == name
+
+
+@pytest.mark.parametrize(("given", "fix"), [
+    ("H200", "GPU 'H200' could be 'H200 SXM 141GB' or 'H200 NVL'; give the full name, one of "
+             "'H100 SXM 80GB'"),
+    ("h100", "could be 'H100 SXM 80GB' or 'H100 PCIe'"), ("SXM", "unknown GPU 'SXM'"),
+    ("", "unknown GPU ''"), ("H2", "unknown GPU 'H2'")])
+def test_a_gpu_name_that_matches_no_or_several_entries_is_one_line_listing_them(given, fix):
+    with pytest.raises(UserError, match=re.escape(fix)) as error:
+        gpus.gpu(given)
+    assert error.value.field == "gpu" and "'B200'" in error.value.message
+
+
+def test_the_cli_takes_a_gpu_in_any_case(capsys):
+    budgets = []
+    for name in ("H200 SXM 141GB", "h200 sxm 141gb ", "H100 SXM 80GB"):
+        assert main(["plan", "--gpu", name, "--format", "json"]) == 0
+        budgets.append(json.loads(capsys.readouterr().out)["plans"][0]["budget_bytes"])
+    assert budgets[0] == budgets[1] != budgets[2]

@@ -35,9 +35,32 @@ def _json(args: list[str], capsys) -> dict:
 @pytest.mark.parametrize("option", list(BAD))
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_command_takes_each_option_and_refuses_its_bad_value_in_one_line(command, option):
-    """The option reaches the scenario the command loads: its bad value is the loader's line."""
+    """The option reaches the scenario the command loads: its bad value is the loader's line;
+    profile, whose per-call figures the weights do not change, has no --weights-per-rank."""
     value, fix = BAD[option]
+    if (command, option) == ("profile", "--weights-per-rank"):
+        fix = "No such option: --weights-per-rank"
     check_bad_input([*COMMANDS[command], option, value], fix)
+
+
+SERVE = ("vllm serve zai-org/GLM-5-FP8 -tp 8 --max-num-seqs 256 --kv-cache-dtype fp8_ds_mla "
+         "--max-num-batched-tokens 32768 --gpu-memory-utilization 0.85 --max-model-len 131072")
+
+
+@pytest.mark.parametrize("args", [["scenarios", "--serve", SERVE], ["plan"],
+                                  ["repro-oom", "--predict"]])
+def test_weights_per_rank_zero_is_refused(args):
+    """A rank holds weights: 0 is one line, on --serve as on the commands that load a file."""
+    line = check_bad_input([*args, "--weights-per-rank", "0"], "one rank holds weights")
+    assert line.startswith("mlamem: error: --weights-per-rank: ")
+
+
+def test_serve_refuses_given_weights_larger_than_the_gpu():
+    """--weights-per-rank is held to the GPU on --serve too (the H200 by default)."""
+    line = check_bad_input(["scenarios", "--serve", SERVE, "--weights-per-rank", "500GiB"],
+                           "GLM-5-FP8's weights are 500.0 GiB per rank at TP8, more than the "
+                           "H200 SXM 141GB's 139.8 GiB")
+    assert line.startswith("mlamem: error: --weights-per-rank: ")
 
 
 def test_model_replaces_the_model_and_counts_the_weights_at_the_layout():
@@ -134,10 +157,22 @@ def test_weights_that_do_not_fit_the_gpu_are_one_line(command):
 
 @pytest.mark.parametrize("command", ["repro-oom", "plan"])
 def test_the_memory_given_is_the_target(command):
-    """--gpu-memory names the target's memory: the weights are held to it."""
-    check_bad_input([*COMMANDS[command], "--gpu-memory", "39GiB"],
-                    "GLM-5 FP8's weights are 40.0 GiB per rank at TP8, more than the emulated "
-                    "GPU's 39.0 GiB")
+    """--gpu-memory names the target's memory: the weights are held to it. They are the
+    scenario file's, so the line names the file's field, not --weights-per-rank."""
+    line = check_bad_input([*COMMANDS[command], "--gpu-memory", "39GiB"],
+                           "GLM-5 FP8's weights are 40.0 GiB per rank at TP8, more than the "
+                           "emulated GPU's 39.0 GiB")
+    assert line.startswith("mlamem: error: glm5-fp8-tp8.toml: [parallel].weights_gib_per_rank: ")
+
+
+@pytest.mark.parametrize("command", ["repro-oom", "plan"])
+def test_a_files_weights_that_do_not_fit_name_its_field(command, tmp_path):
+    text = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    path = tmp_path / "big.toml"
+    path.write_text(text.replace("weights_gib_per_rank = 40", "weights_gib_per_rank = 90"))
+    line = check_bad_input([*COMMANDS[command], "-s", path],
+                           "weights are 90.0 GiB per rank at TP8, more than the H100")
+    assert line.startswith(f"mlamem: error: {path}: [parallel].weights_gib_per_rank: ")
 
 
 def test_weights_that_fit_run(capsys):

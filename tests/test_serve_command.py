@@ -305,7 +305,8 @@ def test_vllm_attention_dp_with_expert_parallel_abbreviations_and_env_prefix():
     assert s.section("vllm").max_num_seqs == 64
     assert s.gpu.gpu_memory_utilization == 0.8
     assert (s.gpu.name, s.gpu.memory_mib, s.gpu.sm_count) == ("H200 SXM 141GB", 143155, 132)
-    assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert ("not modelled: --port, --trust-remote-code, VLLM_USE_DEEP_GEMM (environment)"
+            in built.notes)
     assert any(n.startswith("--enable-expert-parallel: ") for n in built.notes)
     assert s.model.name == "DeepSeek-V3.2 FP8" and s.model.num_attention_heads == 128
     # routed experts over 8 ranks, attention whole on each: more than TP8's share
@@ -334,11 +335,24 @@ def test_vllm_graph_settings_from_json_and_speculation():
 
 def test_vllm_counts_as_vllm_writes_them():
     built = from_command(f"vllm serve {DS} -tp 8 --max-model-len 128K --kv-cache-dtype fp8 "
-                         "--max-num-batched-tokens 16.384k --kv-cache-memory-bytes 20G",
+                         "--max-num-batched-tokens 16.384k --kv-cache-memory-bytes 0",
                          gpu_name="H200 SXM 141GB")
     assert built.scenario.serving.max_model_len == 131072
     assert built.scenario.serving.max_num_batched_tokens == 16384
-    assert "not modelled: --kv-cache-memory-bytes" in built.notes
+    assert not any("kv-cache-memory-bytes" in n for n in built.notes)  # 0 is vLLM's unset
+
+
+@pytest.mark.parametrize("flag", ["--kv-cache-memory-bytes 20G", "--kv-cache-memory=21474836480",
+                                  "--kv_cache_memory_bytes 1k"])
+def test_vllm_fixed_kv_size_is_refused(flag):
+    """A fixed KV size (vLLM's kv_cache_memory_bytes, which ignores the utilization's KV
+    sizing) is one line saying mlamem sizes the cache differently."""
+    with pytest.raises(UserError) as error:
+        from_command(f"vllm serve {DS} -tp 8 --max-model-len 8192 --kv-cache-dtype fp8 {flag}",
+                     gpu_name="H200 SXM 141GB")
+    message = error.value.message
+    assert "--kv-cache-memory-bytes" in message and "size the cache differently" in message
+    assert "\n" not in message
 
 
 def test_vllm_capture_sizes_keep_their_largest():
@@ -661,7 +675,8 @@ def test_sglang_launch_server_field_by_field():
             table.max_running_requests) == (0.8, 4096, 64)
     assert s.gpu.gpu_memory_utilization == 0.8
     assert (s.gpu.name, s.gpu.memory_mib) == ("H200 SXM 141GB", 143155)
-    assert "not modelled: --port, --trust-remote-code" in built.notes
+    assert ("not modelled: --port, --trust-remote-code, SGLANG_ENABLE_JIT_DEEPGEMM (environment)"
+            in built.notes)
     assert built.cuda_graphs  # no --disable-cuda-graph: SGLang captures its decode graphs
     assert "CUDA graphs (decode on, prefill on): the decode graphs are captured after the pool: " \
            "run repro-oom with --cuda-graphs on; the prefill graphs size the reserve only" in built.notes
@@ -1023,3 +1038,46 @@ def test_a_shipped_hub_name_in_any_case_uses_its_config_and_says_so():
     assert built.scenario.model == from_command(VLLM_BASE, gpu_name="H200 SXM 141GB").scenario.model
     assert ("model DEEPSEEK-AI/deepseek-v3.2: the shipped config mlamem/models/deepseek-v3.2.json "
             "(deepseek-ai/DeepSeek-V3.2)") in built.notes
+
+
+def test_environment_prefixes_are_named_as_not_modelled():
+    """`NAME=VALUE` before the command is named on the not-modelled line, never dropped."""
+    base = f"vllm serve {DS} -tp 8 --max-model-len 8192 --kv-cache-dtype fp8"
+    built = from_command(f"VLLM_ATTENTION_BACKEND=FLASHMLA_SPARSE env HF_TOKEN=x {base} --port 1",
+                         gpu_name="H200 SXM 141GB")
+    assert ("not modelled: --port, VLLM_ATTENTION_BACKEND (environment), HF_TOKEN (environment)"
+            in built.notes)
+    assert "HF_TOKEN" not in built.scenario.description  # the prefixes are left out there
+    alone = from_command(f"CUDA_VISIBLE_DEVICES=0,1 {base}", gpu_name="H200 SXM 141GB")
+    assert alone.notes[0] == "not modelled: CUDA_VISIBLE_DEVICES (environment)"
+
+
+HUB_SEED = SEED.format(folder="zai-org/GLM-5-FP8")
+SEED_TARGET = ["--gpu", "H100 SXM 80GB", "--weights-per-rank", "40GiB"]
+
+
+def test_repro_oom_and_plan_take_the_command_as_scenarios_serve_makes_it(capsys):
+    """`--serve COMMAND` runs the scenario `scenarios --serve` prints, with its notes and its
+    graphs default: the eager seed gives the shipped scenario's verdicts and limits, and plan
+    its budget."""
+    served = _predicted(["--serve", HUB_SEED + " --enforce-eager", *SEED_TARGET], capsys)
+    assert served == _predicted([], capsys)  # glm5-fp8-tp8: graphs off, 31857 and 39008
+    assert main(["plan", "--serve", HUB_SEED, *SEED_TARGET, "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: weights: override: given as --weights-per-rank" in err
+    assert main(["plan", "--format", "json"]) == 0
+    shipped = json.loads(capsys.readouterr().out)["plans"][0]["budget_bytes"]
+    assert json.loads(out)["plans"][0]["budget_bytes"] == shipped
+    assert main(["repro-oom", "--serve", HUB_SEED, *SEED_TARGET, "--predict", "--paths", "alloc",
+                 "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    assert "CUDA graphs on: the scenario's [vllm].cuda_graphs" in err
+    assert json.loads(out)["cases"][0]["max_safe_tokens"] == 31712  # graphs on (docs/scenarios.md)
+
+
+@pytest.mark.parametrize("command", ["repro-oom", "plan"])
+def test_serve_and_scenario_together_are_one_line(command):
+    check_bad_input([command, "--serve", HUB_SEED, "-s", "glm5-fp8-tp8"],
+                    "--serve and --scenario both name the scenario; give one")
+    check_bad_input([command, "--serve", HUB_SEED, "--gpu", "H100 SXM 80GB"],
+                    "--weights-per-rank: GLM-5-FP8's weights are 88.7 GiB per rank at TP8")

@@ -11,13 +11,11 @@ from typing import Annotated
 import typer
 
 from mlamem.cli.app import app
-from mlamem.cli.options import load_scenario, load_torch, parse_size
+from mlamem.cli.options import SERVE_GPU, Changes, load_scenario, load_served, load_torch
 from mlamem.cli.output import terminal_width
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
 from mlamem.scenario_names import shipped_names
-
-DEFAULT_GPU = "H200 SXM 141GB"  # --serve's GPU when --gpu is not given: this project's GPU
 
 
 class ListFormat(StrEnum):
@@ -36,7 +34,7 @@ def list_scenarios(
         "--model", help="With --serve: the model's Hugging Face config.json, or its folder. "
         "Default: the command's model, a local folder or a shipped model's hub name.")] = None,
     gpu: Annotated[str, typer.Option(
-        "--gpu", help=f"With --serve: the GPU by name, one of {', '.join(GPUS)}.")] = DEFAULT_GPU,
+        "--gpu", help=f"With --serve: the GPU by name, one of {', '.join(GPUS)}.")] = SERVE_GPU,
     weights_per_rank: Annotated[str | None, typer.Option(
         "--weights-per-rank", help="With --serve: one rank's weights (e.g. 40GiB), a labelled "
         "override of the count from the model's config.")] = None,
@@ -47,7 +45,7 @@ def list_scenarios(
     command makes."""
     if serve is None:
         given = [flag for flag, value in (("--model", model), ("--weights-per-rank",
-                 weights_per_rank), ("--gpu", None if gpu == DEFAULT_GPU else gpu)) if value]
+                 weights_per_rank), ("--gpu", None if gpu == SERVE_GPU else gpu)) if value]
         if given:
             raise UserError(f"{given[0]} applies to --serve; add it")
         _list_shipped(output_format)
@@ -55,13 +53,8 @@ def list_scenarios(
     if output_format is not ListFormat.table:
         raise UserError("--format applies to the listing; --serve prints TOML")
     from mlamem.scenario import to_toml
-    from mlamem.serve_command import from_command
 
-    built = from_command(serve, gpu_name=gpu, model=model,
-                         weights_bytes=parse_size(weights_per_rank, "weights_per_rank"))
-    for note in built.notes:
-        typer.echo(f"note: {note}", err=True)
-    sys.stdout.write(to_toml(built.scenario))
+    sys.stdout.write(to_toml(load_served(serve, Changes(model, gpu, weights_per_rank))))
 
 
 def _list_shipped(output_format: ListFormat) -> None:

@@ -22,7 +22,7 @@ from mlamem.errors import UserError
 from mlamem.gpus import GPUS
 from mlamem.kernels import REGISTRY, load_kernel
 from mlamem.lists import parse_list
-from mlamem.scenario_names import shipped_names
+from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -118,6 +118,31 @@ def parse_size(text: str | None, field: str) -> int | None:
         raise UserError(str(error), field=field) from None
 
 
+SERVE_GPU = "H200 SXM 141GB"  # --serve's GPU when --gpu is not given: this project's GPU
+
+
+def load_served(command: str, changes: Changes = Changes()) -> Scenario:
+    """The scenario a pasted serve command makes (serve_command.from_command) with `changes`
+    (--gpu default SERVE_GPU); its notes (unmodelled flags, CUDA graphs, defaults) on stderr."""
+    from mlamem.serve_command import from_command
+
+    built = from_command(command, gpu_name=changes.gpu or SERVE_GPU, model=changes.model,
+                         weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"))
+    for note in built.notes:
+        typer.echo(f"note: {note}", err=True)
+    return built.scenario
+
+
+def load_one(name: str | None, serve: str | None, changes: Changes = Changes()) -> Scenario:
+    """repro-oom's and plan's scenario: --serve's command or --scenario (default
+    DEFAULT_SCENARIO), not both."""
+    if serve is not None and name is not None:
+        raise UserError("--serve and --scenario both name the scenario; give one")
+    if serve is not None:
+        return load_served(serve, changes)
+    return load_scenario(name or DEFAULT_SCENARIO, changes)
+
+
 def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
     """A shipped scenario by name, or a TOML file by path, with `changes` applied
     (models.overrides.apply). The scenario model (pydantic) is imported here, when a file is
@@ -130,17 +155,23 @@ def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
                            weights_bytes=weights)
 
 
-def check_weights_fit(scenario: Scenario, gpu_memory: str | None) -> None:
+def check_weights_fit(scenario: Scenario, gpu_memory: str | None, from_file: bool) -> None:
     """repro-oom's and plan's refusal, in one line, of one rank's weights (counted or given)
     where they exceed the target GPU's memory: --gpu-memory's where given (a zero is left to
-    the budget's own check), else the scenario's [gpu]."""
+    the budget's own check), else the scenario's [gpu]. The line names what set the weights:
+    the scenario file's field where they are `from_file`, else --weights-per-rank."""
     from mlamem.models import overrides
 
     memory = parse_size(gpu_memory, "gpu_memory_bytes")
     line = overrides.weights_fit_line(scenario, memory or None)
-    if line:
-        raise UserError(f"{line}: give a layout with more ranks, a larger GPU or the weights "
-                        "per rank", field="weights_per_rank")
+    if not line:
+        return
+    if from_file:
+        raise UserError(f"{scenario.source or scenario.name}: [parallel].weights_gib_per_rank: "
+                        f"{line}: give a layout with more ranks, a larger GPU or "
+                        "--weights-per-rank")
+    raise UserError(f"{line}: give a layout with more ranks, a larger GPU or the weights "
+                    "per rank", field="weights_per_rank")
 
 
 def load_scenarios(text: str, changes: Changes = Changes()) -> list[tuple[str, Scenario]]:
@@ -197,6 +228,17 @@ def make_kernel(name: str) -> SparseDecodeKernel:
 ScenarioOption = Annotated[str, typer.Option(
     "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
                              "your own TOML file.")]
+# repro-oom's and plan's: None is --serve's scenario, else DEFAULT_SCENARIO
+OneScenarioOption = Annotated[str | None, typer.Option(
+    "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to your "
+    f"own TOML file. Default: {DEFAULT_SCENARIO}, unless --serve gives the scenario.",
+    show_default=False)]
+ServeOption = Annotated[str | None, typer.Option(
+    "--serve", metavar="COMMAND", help="The command that started the server, quoted (`vllm "
+    "serve MODEL ...`, `trtllm-serve ...`, `python -m sglang.launch_server ...`): runs the "
+    "scenario `mlamem scenarios --serve` prints for it, with --model, --gpu (default "
+    f"{SERVE_GPU}) and --weights-per-rank; its notes go to stderr. Not with --scenario.",
+    show_default=False)]
 ModelOption = Annotated[str | None, typer.Option(
     "--model", metavar="PATH", help="The model's Hugging Face config.json, or a folder holding "
     "one: replaces the scenario's [model] (heads, layers, ranks, index_topk, hidden_size) and "

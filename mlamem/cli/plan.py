@@ -13,13 +13,13 @@ from mlamem.cli.output import command_line, emit, note_allocator_conf
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.scenario_names import DEFAULT_SCENARIO
 from mlamem.units import parse_bytes
 
 
 @app.command()
 def plan(
-    scenario: o.ScenarioOption = DEFAULT_SCENARIO,
+    scenario: o.OneScenarioOption = None,
+    serve: o.ServeOption = None,
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
@@ -80,8 +80,10 @@ def plan(
                         "not both")
     if output is not None:
         check_output_path(output)
-    chosen = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
-    o.check_weights_fit(chosen, gpu_memory)
+    changes = o.Changes(model, gpu, weights_per_rank)
+    chosen = o.load_one(scenario, serve, changes)
+    o.check_weights_fit(chosen, gpu_memory, from_file=serve is None and changes.model is None
+                        and weights_per_rank is None)
     try:
         memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:

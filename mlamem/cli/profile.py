@@ -39,7 +39,6 @@ def profile(
         show_default=False)] = None,
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
-    weights_per_rank: o.WeightsOption = None,
     paths: o.PathsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     op: o.OpOption = o.OpName["sparse-decode"],
@@ -98,7 +97,7 @@ def profile(
     output_format = _check_outputs(output_format, output, snapshot_file, report_dir, breakdown)
     name = scenario or operations.operation(op).default_scenario
     # a bad file, config or GPU name is refused before torch loads
-    chosen = o.load_scenario(name, o.Changes(model, gpu, weights_per_rank))
+    chosen = o.load_scenario(name, o.Changes(model, gpu))
     decode = o.make_kernel(kernel)
     part = _plan(op, (name, chosen), values, paths, decode, kv_tokens, max_num_batched_tokens)
     reason = None if predict else decode.unavailable_reason()

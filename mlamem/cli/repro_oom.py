@@ -23,7 +23,8 @@ PURPOSE = "repro-oom replays the engine's sparse decode step"
 
 @app.command("repro-oom")
 def repro_oom(
-    scenario: o.ScenarioOption = DEFAULT_SCENARIO,
+    scenario: o.OneScenarioOption = None,
+    serve: o.ServeOption = None,
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
@@ -102,8 +103,10 @@ def repro_oom(
     if sizes is not None and cuda_graphs is o.Switch.off:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
     # bad files and values, and weights that do not fit, are refused before torch loads
-    loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
-    o.check_weights_fit(loaded, gpu_memory)
+    changes = o.Changes(model, gpu, weights_per_rank)
+    loaded = o.load_one(scenario, serve, changes)
+    o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
+                        and weights_per_rank is None)
     for value, field, one in ((utilization, "utilization", True),
                               (mem_fraction_static, "mem_fraction_static", False)):
         if value is not None:
@@ -111,7 +114,8 @@ def repro_oom(
     from mlamem.repro import check_target, run_repro
 
     decode = o.make_kernel(kernel)
-    chosen, part = _plan((scenario, loaded), decode, paths, max_num_batched_tokens)
+    given = scenario or (DEFAULT_SCENARIO if serve is None else loaded.name)
+    chosen, part = _plan((given, loaded), decode, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     graphs_on = _graphs_on(cuda_graphs, part.scenario, emulated)
     if sizes is not None and not graphs_on:

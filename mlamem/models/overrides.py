@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 OVERRIDE_NOTE = "override: given as --weights-per-rank, not counted from the model's config"
 
 
+def override_gib(weights_bytes: int) -> float:
+    """A labelled override of one rank's weights, in GiB: more than 0 (a rank holds weights)."""
+    if weights_bytes <= 0:
+        raise UserError(f"{weights_bytes} B: one rank holds weights; give its size, e.g. 40GiB",
+                        field="weights_per_rank")
+    return weights_bytes / 1024**3
+
+
 def config_name(path: str | Path) -> str:
     """A config's display name: its folder's (`GLM-5/` or `GLM-5/config.json`), else the file's
     stem (the shipped `glm-5.json`)."""
@@ -94,7 +102,7 @@ def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = Non
                 config, tp=parallel["tensor_parallel"], dp=parallel["attention_data_parallel"],
                 mtp=speculates(scenario), source=str(model))
     if weights_bytes is not None:
-        parallel["weights_gib_per_rank"] = weights_bytes / 1024**3
+        parallel["weights_gib_per_rank"] = override_gib(weights_bytes)
         parallel["weights_note"] = OVERRIDE_NOTE
     build = _scenario.from_dict if model is None else scenario_from_config
     return gpus.retarget(build(data, scenario.source or scenario.name), gpu)

@@ -3,7 +3,8 @@
 `python -m sglang.launch_server ...` / `sglang serve ...` (SGLang 0.5.23's flags), with the model's
 config.json and a GPU by name.
 
-`from_command` splits the command as a shell does, drops `NAME=VALUE` prefixes, parses the flags
+`from_command` splits the command as a shell does, sets `NAME=VALUE` prefixes aside (named in
+the notes' `not modelled:` line), parses the flags
 with the engine's own names (serve_command/vllm.py, trtllm.py, sglang.py), and builds the
 scenario through `scenario.from_dict`, so the scenario model validates it. What the command sets
 that mlamem does not model is named in the notes, never dropped.
@@ -24,9 +25,10 @@ from mlamem.models.overrides import (
     config_name,
     counted_weights,
     model_table,
+    override_gib,
     scenario_from_config,
 )
-from mlamem.models.weights import weights_fit
+from mlamem.models.weights import fit_line, weights_fit
 from mlamem.serve_command import sglang, trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
 
@@ -46,15 +48,24 @@ class Built:
 
 
 def split_command(command: str) -> list[str]:
-    """The command's words, `NAME=VALUE` environment prefixes (and `env`) dropped. A command
-    pasted over several lines reads as the shell reads it: backslash-newline joins the lines."""
+    """The command's words, `NAME=VALUE` environment prefixes (and `env`) left out."""
+    return _split(command)[1]
+
+
+def _split(command: str) -> tuple[list[str], list[str]]:
+    """The names of the command's `NAME=VALUE` environment prefixes, and its other words (`env`
+    left out). A command pasted over several lines reads as the shell reads it:
+    backslash-newline joins the lines."""
     try:
         words = shlex.split(re.sub(r"\\\r?\n", "", command))
     except ValueError as error:
         raise UserError(f"cannot split the command: {error}", field="serve") from None
+    names = []
     while words and (_ENV.match(words[0]) or words[0] == "env"):
+        if words[0] != "env":
+            names.append(words[0].partition("=")[0])
         words = words[1:]
-    return words
+    return names, words
 
 
 def redacted(words: list[str]) -> str:
@@ -71,7 +82,21 @@ def redacted(words: list[str]) -> str:
 
 
 def parse_command(command: str) -> Parsed:
-    words = split_command(command)
+    """The command parsed by its engine's flags; its environment prefixes, which mlamem does not
+    model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
+    env, words = _split(command)
+    parsed = _parse_words(words)
+    if env:
+        named = ", ".join(f"{name} (environment)" for name in env)
+        lines = [i for i, note in enumerate(parsed.notes) if note.startswith("not modelled: ")]
+        if lines:
+            parsed.notes[lines[0]] += ", " + named
+        else:
+            parsed.notes.insert(0, "not modelled: " + named)
+    return parsed
+
+
+def _parse_words(words: list[str]) -> Parsed:
     program = Path(words[0]).name if words else ""
     if program == "vllm" and words[1:2] == ["serve"]:
         return vllm.parse(words[2:])
@@ -106,14 +131,19 @@ def model_config(argument: str, override: str | None,
 
 def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
             target: gpus.GPU) -> tuple[float, str]:
-    """One rank's weights in GiB and their note: the override, else counted from the config,
-    refused in one line where they exceed the GPU."""
-    if override_bytes is not None:
-        return override_bytes / 1024**3, OVERRIDE_NOTE
+    """One rank's weights in GiB and their note: the override, else counted from the config;
+    either is refused in one line where it exceeds the GPU."""
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
               "mtp": parsed.engine_settings.get("loads_mtp", False)}
-    line = weights_fit(name, config, gpu=target.name, gpu_bytes=target.memory_mib * 1024**2,
-                       **layout)
+    gpu = {"gpu": target.name, "gpu_bytes": target.memory_mib * 1024**2}
+    if override_bytes is not None:
+        gib = override_gib(override_bytes)
+        line = fit_line(name, override_bytes, tp=layout["tp"], dp=layout["dp"], **gpu)
+        if line:
+            raise UserError(f"{line}: give the weights one rank holds, or a larger GPU",
+                            field="weights_per_rank")
+        return gib, OVERRIDE_NOTE
+    line = weights_fit(name, config, **gpu, **layout)
     if line:
         raise UserError(f"{line}: serve on more ranks, or give the weights per rank",
                         field="weights_per_rank")

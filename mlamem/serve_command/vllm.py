@@ -78,7 +78,8 @@ MODELLED = {"--tensor-parallel-size": int, "--data-parallel-size": int,
             "--max-cudagraph-capture-size": int,
             "--compilation-config": _json("--compilation-config"), "--enforce-eager": None,
             "--speculative-config": _json("--speculative-config"), "--attention-backend": str,
-            "--model": str, "--optimization-level": optimization_level}
+            "--model": str, "--optimization-level": optimization_level,
+            "--kv-cache-memory-bytes": human_int}  # refused unless 0: _check_kv_memory
 # config/speculative.py MTPModelTypes: the methods that draft with the checkpoint's own MTP
 # layers (each alias but "mtp" is renamed to it in SpeculativeConfig.__post_init__)
 MTP_METHODS = frozenset((
@@ -251,6 +252,7 @@ def parse(words: list[str]):
     for flag, value in (("--tensor-parallel-size", tp), ("--data-parallel-size", dp)):
         if value < 1:
             raise UserError(f"{PROG} {flag} {value}: must be at least 1", field="serve")
+    _check_kv_memory(given.get("kv_cache_memory_bytes"))
     sections, graphs, notes = _vllm_section(given)
     serving = {"max_num_batched_tokens": given.get("max_num_batched_tokens"),
                "max_model_len": given.get("max_model_len"),  # None: default_max_model_len
@@ -274,6 +276,19 @@ def parse(words: list[str]):
                                    ("kv_cache_dtype", "attention_backend", "block_size",
                                     "max_num_seqs", "dtype")}
                   | {"loads_mtp": loads_mtp(given.get("speculative_config", {}))})
+
+
+def _check_kv_memory(size: int | None) -> None:
+    """--kv-cache-memory-bytes: vLLM 0.33.0 then makes the KV cache that size after its profile
+    run, skipping the graph estimate and utilization x total (gpu_worker.py
+    determine_available_memory); mlamem's scenarios and budgets size it by the utilization, so a
+    size is refused. 0 is unset there (a falsy walrus), and here."""
+    if size:
+        raise UserError(f"{PROG} --kv-cache-memory-bytes {size}: vLLM 0.33.0 then sizes the KV "
+                        "cache to that many bytes, ignoring --gpu-memory-utilization; mlamem "
+                        "sizes it as utilization x total - (init + profile peak + non-torch), "
+                        "so it would size the cache differently: drop the flag and give "
+                        "--gpu-memory-utilization", field="serve")
 
 
 def for_model(parsed: Parsed, dense: bool) -> None:
