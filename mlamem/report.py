@@ -431,7 +431,8 @@ def check_report_dir(folder: Path) -> None:
     there: FOLDER, or the folder it would be created in, must exist and take a new file (tried,
     as root too)."""
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder} is a file; give a folder (it is created if needed)",
+        what = "a file" if folder.is_file() else "not a folder (a device or a pipe)"
+        raise UserError(f"{folder} is {what}; give a folder (it is created if needed)",
                         field="report_dir")
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 
