@@ -48,8 +48,8 @@ def explain(
     from mlamem.explain import load
 
     source = scenario or DEFAULT_SCENARIO
-    chosen, loaded = o.load_scenario(source), load(snapshot_file)  # a bad file before torch
+    at, loaded = o.load_scenario(source), load(snapshot_file)  # a bad file before torch
     o.load_torch()  # the kernels' allocation specs
-    doc = explained(snapshot_file, chosen, source, scenario_given=scenario is not None,
+    doc = explained(snapshot_file, at, source, scenario_given=scenario is not None,
                     command=command_line(), loaded=loaded)
     emit(render.EXPLAIN_FORMATS[chosen](doc), output)

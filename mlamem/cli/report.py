@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from mlamem.cli.app import app, stderr
-from mlamem.cli.options import load_torch
+from mlamem.cli.options import load_torch, stdout_or_path
 from mlamem.files import check_distinct, check_output_path, pick_format, read_json
 
 
@@ -21,8 +21,9 @@ def report(
              "mlamem.compare/1).",
         show_default=False)],
     output: Annotated[Path | None, typer.Option(
-        help="Write the Markdown here and its plots (PNG) next to it, named after it. Without "
-             "it the Markdown goes to stdout, without plots.")] = None,
+        parser=stdout_or_path, help="Write the Markdown here and its plots (PNG) next to it, "
+        "named after it. Without it (or with -) the Markdown goes to stdout, without plots.")
+    ] = None,
 ) -> None:
     """Combine saved results into one PR-ready Markdown report, with plots.
 
