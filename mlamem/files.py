@@ -139,7 +139,7 @@ def _is_descriptor(path: Path) -> bool:
     current, proc = Path(os.path.abspath(path)), Path("/proc")
     for _ in range(40):  # the kernel's limit on links followed
         folder = Path(os.path.realpath(current.parent))
-        if proc in (folder, *folder.parents):
+        if folder.name == "fd" and folder.parent.parent == proc:  # /proc/PID/fd
             return True
         if not current.is_symlink():
             return False
