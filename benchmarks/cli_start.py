@@ -8,8 +8,8 @@ caches an installed package has (PYTHONDONTWRITEBYTECODE is dropped for the chil
 - a bare typer app with two commands, `--help` and running one: the floors for a typer CLI
   (parsing a command's options, typer 0.29 imports pydantic, which `--help` does not);
 - `mlamem --help` and `mlamem scenarios`, which import none of torch, pandas or matplotlib;
-- three refusals (a missing scenario, a missing scenario file, a utilization out of range),
-  which exit 2 before torch is imported;
+- the refusals of REFUSALS (a missing scenario or file, a value out of range, a bad path,
+  operation or sweep, a special file given as a result), which exit 2 before torch is imported;
 - `mlamem profile --predict` for every decode scenario x 4 T x both paths, all in one process
   (the CLI called in-process, so imports count once), as wall and as wall minus the torch import;
 - `python -c "import pytest"` and `python -c "import mlamem.pytest_plugin"`: what the pytest
@@ -79,7 +79,11 @@ CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECOD
 
 
 REFUSALS = (["repro-oom", "-s", "nosuch"], ["profile", "-s", "missing.toml"],
-            ["repro-oom", "--utilization", "2"])  # each must exit 2
+            ["repro-oom", "--utilization", "2"], ["explain", "/nonexistent.pickle"],
+            ["report", "/dev/zero"], ["profile", "--paths", "bogus"],
+            ["profile", "--tokens", "2147483648"],
+            ["profile", "--kernel", "triton", "--op", "dense-decode"],
+            ["plan", "--sweep", "bogus=1"])  # each must exit 2
 
 
 def run_once(argv: list[str]) -> tuple[float, float]:

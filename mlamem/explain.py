@@ -299,14 +299,15 @@ def load(path: Path) -> tuple[dict, list[dict], int]:
 # The whole explanation, as the JSON schema mlamem.explain/1 holds it.
 
 def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_given: bool,
-            command: str, kernel_names: list[str] | None = None) -> dict:
+            command: str, kernel_names: list[str] | None = None,
+            loaded: tuple[dict, list[dict], int] | None = None) -> dict:
     """The snapshot at `path` explained (a dict of `mlamem.results.models.ExplainFile`).
     `scenario` (as given: `scenario_source`) gives the call's dimensions and, when
-    `scenario_given`, its head count."""
+    `scenario_given`, its head count. `loaded`: `load(path)`, where the caller read it first."""
     from mlamem import environment
     from mlamem.operations import operation_names
 
-    data, events, device = load(path)
+    data, events, device = loaded or load(path)
     peak = replay(events) or segment_peak(data["segments"])
     spans = segment_spans(data, events)
     at_peak = {a.index for a in peak.live}

@@ -91,7 +91,7 @@ def check_output_path(path: Path, field: str = "output", *, parents: bool = Fals
         raise UserError(f"folder {folder} does not exist; create it or pick another path", field=field)
     if path.is_dir():
         raise UserError(f"{path} is a folder; give a file path", field=field)
-    if _is_special(path) or Path("/dev") in path.absolute().parents:  # /dev/stdout, a pipe
+    if _is_special(path) or _is_descriptor(path):  # by type, not by folder: /dev/shm is tmpfs
         raise UserError(f"{path} is not a regular file (a device or a pipe); "
                         "give a file path", field=field)
     free = _free_bytes(probe)
@@ -131,6 +131,20 @@ def _is_special(path: Path) -> bool:
         return not stat.S_ISREG(path.stat().st_mode)
     except OSError:
         return False
+
+
+def _is_descriptor(path: Path) -> bool:
+    """A process's file descriptor (/dev/stdout, /dev/fd/1: links into /proc/PID/fd): a stream,
+    whatever type its file has (a regular file under pytest's capture)."""
+    current, proc = Path(os.path.abspath(path)), Path("/proc")
+    for _ in range(40):  # the kernel's limit on links followed
+        folder = Path(os.path.realpath(current.parent))
+        if folder.name == "fd" and folder.parent.parent == proc:  # /proc/PID/fd
+            return True
+        if not current.is_symlink():
+            return False
+        current = current.parent / os.readlink(current)
+    return True
 
 
 def write_atomic(path: Path, data: str | bytes, field: str = "output", *,

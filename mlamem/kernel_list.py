@@ -149,16 +149,19 @@ def render_kernels(listings: list[KernelListing], width: int = WIDTH,
     if not listings:
         return "no kernels registered\n"
     indent = max(len(k.name) for k in listings) + 2
+    narrow = width - indent < 30  # the name on its own line, the entry under it
     lines = []
     for k in listings:
-        operations = " ".join(_operation_text(o).replace(" ", _NBSP) for o in k.operations)
+        operations = " ".join(_operation_text(o).replace(" ", _NBSP).replace(f",{_NBSP}", ", ")
+                              .replace(f";{_NBSP}", "; ") for o in k.operations)
         status = "available" if k.available else f"unavailable: {k.reason}"
         errors = dict.fromkeys(o.error for o in k.operations if o.error and o.error != k.reason)
         text = "  ".join(part for part in (operations, k.version, status,
                                            *(f"(?): {e}" for e in errors)) if part)
+        lines += [k.name] if narrow else []
         lines += [line.replace(_NBSP, " ") for line in textwrap.wrap(
-            text, width=width, initial_indent=k.name.ljust(indent),
-            subsequent_indent=" " * indent, break_on_hyphens=False,
+            text, width=width, initial_indent="  " if narrow else k.name.ljust(indent),
+            subsequent_indent=" " * (2 if narrow else indent), break_on_hyphens=False,
             break_long_words=False)]  # a word wider than the line overflows it, never cut
     if any(o.assumed for k in listings for o in k.operations):
         lines += ["", *textwrap.wrap(ASSUMED_NOTE, width=width, break_long_words=False)]

@@ -244,13 +244,18 @@ def _full_staging_fix(op: str) -> str:
     return "use kernel " + " or ".join(names)
 
 
+def check_path_names(paths) -> None:
+    """UserError for a path that is not one of PATH_NAMES (no kernel needed)."""
+    for path in paths:
+        if path not in PATH_NAMES:
+            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
+
+
 def check_paths(paths, capabilities: Capabilities, kernel_label: str,
                 op: str = SPARSE_DECODE) -> None:
     """UserError (exit 2) for an unknown path, or workspace-full with a kernel that cannot
     (naming the registered kernels that can run `op` with it)."""
-    for path in paths:
-        if path not in PATH_NAMES:
-            raise UserError(f"unknown path {path!r}; expected one of: {', '.join(PATH_NAMES)}")
+    check_path_names(paths)
     missing = missing_for_full_staging(capabilities)
     if "workspace-full" in paths and missing:
         raise UserError(f"path workspace-full needs a kernel that takes out=, lse= and "

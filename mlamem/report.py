@@ -259,10 +259,10 @@ def load(path: Path, shown_as: str | None = None) -> Saved:
     return load_document(read_json(path), str(path), shown_as)
 
 
-def load_all(paths: Sequence[Path], output: Path | None) -> list[Saved]:
-    """Read every result, in order; the shards of one sweep (`--shard I/N`) merge into one
-    result first (`shards.merge_shards`), named by their files joined with ` + `."""
-    documents = [(str(path), read_json(path)) for path in paths]
+def load_all(documents: Sequence[tuple[str, dict]], output: Path | None) -> list[Saved]:
+    """Every result, in order, from its (file, `read_json`'s object); the shards of one sweep
+    (`--shard I/N`) merge into one result first (`shards.merge_shards`), named by their files
+    joined with ` + `."""
     return [load_document(data, " + ".join(names),
                           " + ".join(shown_path(Path(n), output) for n in names))
             for names, data in shards.merge_shards(documents)]
@@ -431,7 +431,8 @@ def check_report_dir(folder: Path) -> None:
     there: FOLDER, or the folder it would be created in, must exist and take a new file (tried,
     as root too)."""
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder} is a file; give a folder (it is created if needed)",
+        what = "a file" if folder.is_file() else "not a folder (a device or a pipe)"
+        raise UserError(f"{folder} is {what}; give a folder (it is created if needed)",
                         field="report_dir")
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 

@@ -354,34 +354,40 @@ def check_decode(scenario: Scenario, head_counts: tuple[int, ...], kernel_label:
     return min(h for h in head_counts if h >= heads)
 
 
-def check_decode_tokens(scenario: Scenario, padded_heads: int, tokens, *,
+def check_decode_tokens(scenario: Scenario, padded_heads: int | None, tokens, *,
                         field: str = "tokens", max_tokens: int | None = None,
-                        max_tokens_field: str | None = None) -> None:
+                        max_tokens_field: str | None = None, workspace: bool = False) -> None:
     """Refuse a T, and a max_num_batched_tokens (which sizes the workspace), whose tensors
-    cannot exist; the message names the largest that can. `max_tokens` overrides the scenario's
-    max_num_batched_tokens and `max_tokens_field` names the field that gave it (None: the scenario)."""
-    limit = decode_token_limit(scenario, padded_heads)
-    per_token = padded_heads * (scenario.d_qk + scenario.d_v) * 2
+    cannot exist. With `workspace` (a path staged in it runs, so it bounds T) the message leads
+    with max_num_batched_tokens where that is the lower bound, then names the largest T.
+    `padded_heads` None (the kernel not loaded yet): only int32 is checked. `max_tokens`
+    overrides the scenario's max_num_batched_tokens and `max_tokens_field` names the field
+    that gave it (None: the scenario)."""
+    limit = MAX_TOKENS if padded_heads is None else decode_token_limit(scenario, padded_heads)
+    largest = (f"at most {limit}" if padded_heads is None else
+               f"the largest T {scenario.name} can take is {limit}")
 
     def why(count: int) -> str:
-        if count * per_token > MAX_BYTES:
+        size = count * (padded_heads or 0) * (scenario.d_qk + scenario.d_v) * 2
+        if size > MAX_BYTES:
             return (f"q and out of that many tokens ({padded_heads} heads, bf16) would take "
-                    f"{format_huge(count * per_token)}, over the {format_huge(MAX_BYTES)} any "
-                    "tensor here may take")
+                    f"{format_huge(size)}, over the {format_huge(MAX_BYTES)} any tensor here "
+                    "may take")
         return "engines and kernels count tokens in int32"
 
     mnbt = scenario.serving.max_num_batched_tokens if max_tokens is None else max_tokens
     for t in tokens:
+        if t > limit and workspace and mnbt < limit:  # the bound a sweep meets first
+            raise UserError(f"T={t} exceeds {scenario.name}'s max_num_batched_tokens={mnbt}, "
+                            f"which bounds the T a sweep takes, and no raise reaches it: "
+                            f"{why(t)} ({largest})", field=field)
         if t > limit:
-            sized = (f" with max_num_batched_tokens raised to it (it is {mnbt} now, which bounds "
-                     "the T a sweep takes)" if mnbt < limit else "")
-            raise UserError(f"T={t} cannot run: {why(t)}; the largest T "
-                            f"{scenario.name} can take is {limit}{sized}", field=field)
+            raise UserError(f"T={t} cannot run: {why(t)}; {largest}", field=field)
     if mnbt > limit:
         where = "" if max_tokens_field else (f"{scenario.source or scenario.name}: "
                                              "[serving].max_num_batched_tokens ")
-        raise UserError(f"{where}{mnbt} cannot be reserved: {why(mnbt)}; the largest "
-                        f"{scenario.name} can take is {limit}", field=max_tokens_field)
+        raise UserError(f"{where}{mnbt} cannot be reserved: {why(mnbt)}; {largest}",
+                        field=max_tokens_field)
 
 
 _SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}

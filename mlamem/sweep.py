@@ -79,17 +79,44 @@ def plan(request: Request) -> list[SweepPart]:
 
 def _check_kernel(request: Request) -> None:
     """The operations asked for must be the kernel's."""
-    kernel = request.kernel
-    for op in request.ops if request.op_given or request.purpose else ():
-        if op in kernel.operations:
+    if request.op_given or request.purpose:
+        check_kernel_ops(request.kernel.name, request.kernel.operations, request.ops,
+                         request.purpose)
+
+
+def check_kernel_ops(kernel: str, runs: Sequence[str], ops: Sequence[str],
+                     purpose: str | None = None) -> None:
+    """`ops` must be among `runs`, what kernel `kernel` runs: its registry entry's operations
+    where it is not loaded yet (a refusal before torch), else the adapter's."""
+    for op in ops:
+        if op in runs:
             continue
-        if request.purpose:
-            raise UserError(f"{request.purpose}; kernel {kernel.name} runs "
-                            f"{', '.join(kernel.operations)}: pick a kernel that runs {op} "
-                            "(`mlamem kernels`)", field="kernel")
-        raise UserError(f"kernel {kernel.name} does not run {op}; it runs "
-                        f"{', '.join(kernel.operations)}: pick one of them, or another kernel",
-                        field="op")
+        if purpose:
+            raise UserError(f"{purpose}; kernel {kernel} runs {', '.join(runs)}: pick a kernel "
+                            f"that runs {op} (`mlamem kernels`)", field="kernel")
+        raise UserError(f"kernel {kernel} does not run {op}; it runs {', '.join(runs)}: pick "
+                        "one of them, or another kernel", field="op")
+
+
+def bounds_tokens(op: str, paths: Sequence[str] | None) -> bool:
+    """Whether max_num_batched_tokens bounds `op`'s values on `paths` (None: the default, every
+    path): a token workspace is staged."""
+    from mlamem.paths import STAGING_PATHS
+
+    return op != operations.DENSE_DECODE and (paths is None or bool(set(paths) & set(STAGING_PATHS)))
+
+
+def check_path_list(paths: Sequence[str] | None) -> None:
+    """Paths asked for: each a known path, listed once (no kernel needed)."""
+    from mlamem.paths import check_path_names
+
+    twice = next((p for i, p in enumerate(paths or ()) if p in paths[:i]), None)
+    if twice is not None:
+        raise UserError(f"{twice} is listed twice; list each path once", field="paths")
+    try:
+        check_path_names(paths or ())
+    except UserError as exc:
+        raise UserError(str(exc), field="paths") from None
 
 
 def _scenario_ops(request: Request, scenario: Scenario) -> list[str]:
@@ -132,7 +159,8 @@ def _plan_part(request: Request, source: str, scenario: Scenario, op: str) -> Sw
     operations.check_workspace(scenario, op, padded_heads)
     scenarios.check_decode_tokens(
         scenario, padded_heads, values if whole else [], field=operations.operation(op).key,
-        max_tokens=mnbt, max_tokens_field=request.max_tokens_field)
+        max_tokens=mnbt, max_tokens_field=request.max_tokens_field,
+        workspace=bounds_tokens(op, paths))
     if request.capture_sizes is not None:
         scenarios.check_decode_tokens(scenario, padded_heads, request.capture_sizes,
                                       field=request.capture_field)
@@ -151,9 +179,7 @@ def _part_paths(request: Request, capabilities, op: str) -> list[str]:
     if request.paths is None:
         available = available_paths(capabilities)
         return [p for p in request.candidate_paths or PATH_NAMES if p in available]
-    twice = next((p for i, p in enumerate(request.paths) if p in request.paths[:i]), None)
-    if twice is not None:
-        raise UserError(f"{twice} is listed twice; list each path once", field="paths")
+    check_path_list(request.paths)
     try:
         check_paths(request.paths, capabilities, request.kernel.label, op)
     except UserError as exc:

@@ -239,10 +239,21 @@ OP_CASES = [  # --op and the flags of its sweep and KV length: the same in profi
     pytest.param(["--tokens", "abc"], "positive integer", id="tokens-word"),
     pytest.param(["--tokens", "1024,1024"], "T=1024 is listed twice", id="tokens-twice-in-list"),
     pytest.param(["--tokens", "65536"], "--max-num-batched-tokens", id="tokens-beyond-workspace"),
-    pytest.param(["--tokens", "99999999999999"],
-                 f"the largest T glm5-fp8-tp8 can take is {LARGEST_GLM5_T}", id="tokens-cannot-exist"),
-    pytest.param(["--tokens", "99999999999999", "--paths", "alloc"], str(LARGEST_GLM5_T),
-                 id="tokens-cannot-exist-alloc"),
+    pytest.param(["--tokens", "2100000000"],
+                 "T=2100000000 exceeds glm5-fp8-tp8's max_num_batched_tokens=32768, which bounds "
+                 "the T a sweep takes, and no raise reaches it: q and out of that many tokens",
+                 id="tokens-cannot-exist"),  # the bound a sweep meets first leads
+    pytest.param(["--tokens", "2100000000"],
+                 f"(the largest T glm5-fp8-tp8 can take is {LARGEST_GLM5_T})",
+                 id="tokens-cannot-exist-largest"),
+    pytest.param(["--tokens", "2147483648"],
+                 "T=2147483648 exceeds glm5-fp8-tp8's max_num_batched_tokens=32768",
+                 id="tokens-past-int32"),  # refused before the kernel (torch) loads
+    pytest.param(["--tokens", "2100000000", "--paths", "alloc"],
+                 f"T=2100000000 cannot run: q and out of that many tokens (64 heads, bf16) would "
+                 f"take 266 TiB, over the 256 TiB any tensor here may take; the largest T "
+                 f"glm5-fp8-tp8 can take is {LARGEST_GLM5_T}",
+                 id="tokens-cannot-exist-alloc"),  # no workspace: its size bounds nothing
     pytest.param(["--max-num-batched-tokens", "0"], "--max-num-batched-tokens", id="mnbt-zero"),
     pytest.param(["--tokens", "1", "--max-num-batched-tokens", "99999999999999"],
                  "--max-num-batched-tokens: 99999999999999 cannot be reserved",

@@ -2,6 +2,7 @@
 the CLI's start-up, not the seconds of `import torch` (benchmarks/cli_start.py times them)."""
 
 import json
+import pickle
 import subprocess
 import sys
 from importlib import resources
@@ -31,6 +32,18 @@ REFUSED = [
      "--max-model-len 131072", "--gpu", "H100 SXM 80GB"],  # weights > GPU
     ["plan", "--serve", "vllm serve zai-org/GLM-5-FP8", "-s", "glm5-fp8-tp8"],
     ["graphs", "--gpu", "H300"],
+    ["explain", "/nonexistent.pickle"],
+    ["explain", "rand.bin"],
+    ["explain", "list.pickle"],
+    ["report", "rand.bin"],
+    ["report", "/dev/zero"],
+    ["report", "rand.bin", "--output", "/dev/stdout"],
+    ["profile", "--paths", ""],
+    ["profile", "--paths", "bogus"],
+    ["profile", "--tokens", "2147483648"],
+    ["profile", "--kernel", "triton", "--op", "dense-decode"],
+    ["plan", "--sweep", "utilization=0.8,0.8"],
+    ["plan", "--sweep", "bogus=1"],
     ["scenarios", "--serve", "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 "
      "--tp 8 --context-length 4096 --kv-cache-dtype bf16"],
 ]
@@ -46,6 +59,8 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "stderr": err.g
 
 @pytest.mark.parametrize("args", REFUSED, ids=" ".join)
 def test_a_refusal_imports_no_torch(args, tmp_path):
+    (tmp_path / "rand.bin").write_bytes(bytes(range(256)) * 8)  # neither a pickle nor UTF-8
+    (tmp_path / "list.pickle").write_bytes(pickle.dumps([1, 2]))  # a pickle, not a snapshot
     done = subprocess.run([sys.executable, "-P", "-c", CHILD, *args], capture_output=True,
                           text=True, cwd=tmp_path, timeout=120)
     result = json.loads(done.stdout.strip().splitlines()[-1])

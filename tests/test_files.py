@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlamem import render
+from mlamem.errors import UserError
 from mlamem.files import safe_name
 from mlamem.testing import check_bad_input, scenario_file
 
@@ -112,11 +113,46 @@ def test_baseline_file(tmp_path, make, fix):
 
 @pytest.mark.parametrize(("output", "fix"), [("/dev/stdout", "not a regular file"),
                                            ("/dev/null", "not a regular file"),
-                                           ("/dev/zero", "not a regular file"),
-                                           ("-", "- (stdout) is not taken here")])
+                                           ("/dev/zero", "not a regular file")])
 @pytest.mark.parametrize("command", ["report", "merge"])
 def test_special_output_refused(tmp_path, command, output, fix):
     check_bad_input([command, str(PROFILE), "--output", output], fix, watch=tmp_path)
+
+
+@pytest.mark.parametrize("args", [["report", str(PROFILE)],
+                                  ["plan"], ["profile", "--predict", "--tokens", "1024"]])
+def test_output_dash_is_stdout(tmp_path, monkeypatch, capsys, args):
+    """`--output -` prints what omitting --output prints, and makes no file named '-'."""
+    from mlamem.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 0
+    omitted = capsys.readouterr().out
+    assert main([*args, "--output", "-"]) == 0
+    assert capsys.readouterr().out == omitted != ""
+    assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize(("args", "fix"), [
+    (["profile", "--predict", "--report", "-"], "'--report': - (stdout) is not a folder"),
+    (["profile", "--predict", "--snapshot", "-"], "'--snapshot': - (stdout) cannot take it"),
+    (["gate", "--predict", "--baseline", "-"], "'--baseline': - (stdout) cannot take it"),
+    (["gate", "--predict", "--baseline", "-", "--update"], "rewritten in place: give a file path"),
+])
+def test_output_dash_refused_where_not_stdout(tmp_path, args, fix):
+    check_bad_input(args, fix, watch=tmp_path)
+
+
+def test_a_report_folder_under_dev_shm_is_a_folder(tmp_path):
+    """--report's folder is judged by its file type, not a /dev prefix: /dev/shm is tmpfs."""
+    from mlamem.report import check_report_dir
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here")
+    check_report_dir(shm / f"mlamem-test-{tmp_path.name}")  # not created, not refused
+    with pytest.raises(UserError, match="is not a folder"):
+        check_report_dir(Path("/dev/null"))  # a device
 
 
 @pytest.mark.parametrize(("name", "safe"), [("../../etc/x", "_.._etc_x"), ("a/b", "a_b"), ("", "unnamed"),

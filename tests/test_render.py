@@ -284,3 +284,29 @@ def test_per_process_nvml_peaks_are_a_labelled_note_beside_the_device_wide_colum
     assert (f"NVML, this process (peak, absolute, GiB): T={first.tokens} {first.path} "
             f"{first.peak_reserved_bytes / 2**30 + 1:.3f}") in text
     assert text.startswith(before)  # the table and its notes as they were, the line after them
+
+
+@pytest.mark.parametrize(("args", "columns"), [(["kernels"], 60), (["kernels"], 30),
+                                               (["scenarios"], 30), (["scenarios"], 60)])
+def test_listings_keep_to_columns(monkeypatch, capsys, args, columns):
+    """`kernels` and `scenarios` wrap each entry within COLUMNS (20 and over); only a word wider
+    than the line (a file name, a pip requirement) may overflow it, alone on its line."""
+    from mlamem.cli import main
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(args) == 0
+    long = [line for line in capsys.readouterr().out.splitlines()
+            if len(line) > columns and len(line.split()) > 1]
+    assert not long
+
+
+@pytest.mark.parametrize("columns", ["4", "20"])
+def test_a_narrow_table_cuts_no_number(monkeypatch, capsys, columns):
+    """Below 20 columns a table is drawn at 20 (its records), where no number is cut: 0.384
+    stays whole."""
+    from mlamem.cli import main
+
+    monkeypatch.setenv("COLUMNS", columns)
+    assert main(["profile", "--predict", "--tokens", "1024", "--paths", "alloc"]) == 0
+    out = capsys.readouterr().out
+    assert "0.384;" in out.split() and max(map(len, out.splitlines())) == 20

@@ -44,10 +44,12 @@ def explain(
     if output is not None:
         check_distinct({"SNAPSHOT": snapshot_file, "--output": output})
         check_output_path(output)
-    o.load_torch()
     from mlamem.explain import explain as explained
+    from mlamem.explain import load
 
     source = scenario or DEFAULT_SCENARIO
-    doc = explained(snapshot_file, o.load_scenario(source), source,
-                    scenario_given=scenario is not None, command=command_line())
+    at, loaded = o.load_scenario(source), load(snapshot_file)  # a bad file before torch
+    o.load_torch()  # the kernels' allocation specs
+    doc = explained(snapshot_file, at, source, scenario_given=scenario is not None,
+                    command=command_line(), loaded=loaded)
     emit(render.EXPLAIN_FORMATS[chosen](doc), output)

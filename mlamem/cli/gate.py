@@ -24,6 +24,8 @@ from mlamem.scenario_names import shipped_names
 @app.command()
 def gate(
     baseline: Annotated[Path, typer.Option(
+        parser=o.no_stdout("the baseline is read and rewritten in place: give a file path, "
+                           "e.g. --baseline ci/mlamem-baseline.json"),
         help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
     scenario: Annotated[str | None, typer.Option(
         "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for every "

@@ -69,10 +69,11 @@ def _list_shipped(output_format: ListFormat) -> None:
 
 def _entry(name: str, summary: str, width: int) -> str:
     """A scenario's line at `width` columns (COLUMNS): the summary wrapped at its commas' words
-    beside the name, or under it where the name leaves too little room; no word cut."""
+    beside the name, or under it where the name leaves too little room, there also between
+    the words of a hyphenated name (sparse-decode+sparse-prefill); no word or number cut."""
     indent = 25 if width - 25 >= 30 else 2
     lines = textwrap.wrap(summary, max(width - indent, 1), break_long_words=False,
-                          break_on_hyphens=False)
+                          break_on_hyphens=indent == 2)
     if indent == 2:
         return "\n".join([name, *(" " * indent + line for line in lines)])
     return "\n".join([f"{name:24} {lines[0]}", *(" " * indent + line for line in lines[1:])])

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from mlamem import shards
+from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import emit
 from mlamem.files import check_distinct, check_output_path, pick_format, read_json
@@ -19,8 +20,8 @@ def merge(
         help="The JSON files of one sweep's shards, all N of them (profile or validate "
              "--shard I/N --format json --output), in any order.", show_default=False)],
     output: Annotated[Path | None, typer.Option(
-        help="Write the merged JSON here instead of stdout (written whole or not at all).")
-    ] = None,
+        parser=o.stdout_or_path, help="Write the merged JSON here instead of stdout (written "
+        "whole or not at all); - is stdout.")] = None,
 ) -> None:
     """Join the shards of one sharded sweep into the result the unsharded sweep writes.
 

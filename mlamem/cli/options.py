@@ -285,10 +285,25 @@ ShardOption = Annotated[str | None, typer.Option(
     "--shard", metavar="I/N", help="Run shard I of N of the sweep, e.g. 2/4: its units (scenario, "
     "operation, swept value; every path of a value together) dealt round-robin. `mlamem merge` "
     "and `mlamem report` join the shards' JSON into the unsharded result.", show_default=False)]
+def stdout_or_path(value: str | Path) -> Path | None:
+    """--output: '-' is stdout, as omitting it is (None); else the path."""
+    return None if str(value) == "-" else Path(value)
+
+
+def no_stdout(fix: str):
+    """The parser of a path option that cannot be stdout: '-' refused, saying `fix`."""
+    def parse(value: str | Path) -> Path:
+        if str(value) == "-":
+            raise typer.BadParameter(f"- (stdout) cannot take it; {fix}")
+        return Path(value)
+    return parse
+
+
 OutputOption = Annotated[Path | None, typer.Option(
-    help="Write to this file instead of stdout (written whole or not at all).")]
+    parser=stdout_or_path, help="Write to this file instead of stdout (written whole or not at "
+    "all); - is stdout.")]
 PlainOutputOption = Annotated[Path | None, typer.Option(
-    help="Write to this file instead of stdout.")]
+    parser=stdout_or_path, help="Write to this file instead of stdout; - is stdout.")]
 PredictOption = Annotated[bool, typer.Option(
     help="Predict even where a GPU could measure: what a CPU-only machine prints.")]
 CaptureSizesOption = Annotated[str | None, typer.Option(
@@ -309,9 +324,12 @@ def format_option(schema: str, formats: str = "table, markdown or json",
 
 
 def _folder(value: str | Path) -> Path:
-    """A folder path as given: an empty one is refused (Path('') would be the current folder)."""
-    if str(value) == "":
-        raise typer.BadParameter("empty; name a folder, e.g. --report report/")
+    """A folder path as given: an empty one is refused (Path('') would be the current folder),
+    and '-' (a folder cannot be stdout)."""
+    if str(value) in ("", "-"):
+        raise typer.BadParameter(f"{'empty' if not str(value) else '- (stdout) is not a folder'}"
+                                 "; name a folder, e.g. --report report/ (the table goes to "
+                                 "stdout without it)")
     return Path(value)
 
 

@@ -33,10 +33,13 @@ def emit(text: str, output: Path | None, terminal_table=None) -> None:
         sys.stdout.write(text)
 
 
+MIN_WIDTH = 20  # below it no table or entry is drawn narrower: a terminal wraps the lines
+
+
 def terminal_width(default: int = 80) -> int:
     """The columns stdout's tables get (`app.columns`: COLUMNS, else the terminal's, else
-    `default`)."""
-    return columns(sys.stdout, default)
+    `default`), MIN_WIDTH at least."""
+    return max(MIN_WIDTH, columns(sys.stdout, default))
 
 
 def note_predicted(result, what: str = "figures") -> None:

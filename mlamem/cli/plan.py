@@ -71,6 +71,8 @@ def plan(
     given = {"gpu-memory": gpu_memory, "utilization": utilization, "free-fraction": free_fraction,
              "max-num-tokens": max_num_tokens, "max-batch-size": max_batch_size,
              "max-seq-len": max_seq_len}
+    if sweep is not None:
+        plans.parse_sweep(sweep)  # a bad --sweep is refused before torch loads
     swept = (sweep or "").partition("=")[0].strip()
     if given.get(swept) is not None:
         raise UserError(f"--sweep varies {swept}, and --{swept} {given[swept]} sets it too; "

@@ -70,7 +70,9 @@ def profile(
              "what no allocation spec names. Costs time per allocation; --snapshot records it "
              "too.")] = False,
     snapshot_file: Annotated[Path | None, typer.Option(
-        "--snapshot", help="Also write a PyTorch memory snapshot of the measured calls (a "
+        "--snapshot", parser=o.no_stdout("a snapshot is a binary pickle: give a file "
+                                         "path, e.g. --snapshot calls.pickle"),
+        help="Also write a PyTorch memory snapshot of the measured calls (a "
                            "pickle that opens in https://pytorch.org/memory_viz).")] = None,
     report_dir: Annotated[Path | None, o.report_option("its plots (PNG)")] = None,
     shard: o.ShardOption = None,
@@ -98,8 +100,11 @@ def profile(
     name = scenario or operations.operation(op).default_scenario
     # a bad file, config or GPU name is refused before torch loads
     chosen = o.load_scenario(name, o.Changes(model, gpu))
+    path_list = o.split_paths(paths)
+    _check_light(kernel, op, chosen, values, path_list, max_num_batched_tokens)
     decode = o.make_kernel(kernel)
-    part = _plan(op, (name, chosen), values, paths, decode, kv_tokens, max_num_batched_tokens)
+    part = _plan(op, (name, chosen), values, path_list, decode, kv_tokens,
+                 max_num_batched_tokens)
     reason = None if predict else decode.unavailable_reason()
     if require_gpu and reason is not None:
         raise UserError(f"--require-gpu: cannot measure ({reason})")
@@ -131,16 +136,35 @@ def _check_outputs(output_format: o.Format | None, output: Path | None,
     chosen = o.Format(pick_format(output, output_format and output_format.value, list(formats),
                                   what="profile --breakdown" if breakdown else "profile"))
     if snapshot_file is not None:
-        pick_format(snapshot_file, None, ["pickle"], "--snapshot", what="--snapshot")
+        pick_format(snapshot_file, None, ["pickle"], "snapshot", what="--snapshot")
     check_distinct({"--output": output, "--snapshot": snapshot_file})
-    for path, option in ((output, "--output"), (snapshot_file, "--snapshot")):
+    for path, field in ((output, "output"), (snapshot_file, "snapshot")):
         if path is not None:
-            check_output_path(path, option)
+            check_output_path(path, field)
     check_report_dir(report_dir)
     return chosen
 
 
-def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str | None, kernel,
+def _check_light(kernel: str, op: str, scenario, values: list[int] | None,
+                 paths: list[str] | None, max_num_batched_tokens: int | None) -> None:
+    """What the registry's light entry and the scenario refuse, before torch loads: the
+    paths, the operation and a T past int32 (the head count that bounds T below it needs the
+    kernel)."""
+    from mlamem import sweep
+    from mlamem.kernels import kernel_operations
+    from mlamem.scenario import check_decode_tokens
+
+    sweep.check_path_list(paths)
+    sweep.check_kernel_ops(kernel, kernel_operations(kernel), [op])
+    if op == operations.DENSE_DECODE:  # its requests are bounded with their context, later
+        return
+    check_decode_tokens(scenario, None, values or [], field=operations.operation(op).key,
+                        max_tokens=max_num_batched_tokens,
+                        max_tokens_field=None if max_num_batched_tokens is None
+                        else "max_num_batched_tokens", workspace=sweep.bounds_tokens(op, paths))
+
+
+def _plan(op: str, scenario: tuple, values: list[int] | None, paths: list[str] | None, kernel,
           kv_tokens: int | None, max_num_batched_tokens: int | None):
     """The one (scenario, operation) part profile runs, checked; `scenario` is (as given,
     loaded)."""
@@ -149,7 +173,7 @@ def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str | None,
     [part] = plan(Request(
         [scenario], [op], kernel,
         values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
-        paths=o.split_paths(paths), kv_tokens=kv_tokens,
+        paths=paths, kv_tokens=kv_tokens,
         max_num_batched_tokens=max_num_batched_tokens,
         max_tokens_field=None if max_num_batched_tokens is None else "max_num_batched_tokens",
         fix=o.RAISE_LIMIT))

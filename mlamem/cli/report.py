@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from mlamem.cli.app import app, stderr
-from mlamem.cli.options import load_torch
-from mlamem.files import check_distinct, check_output_path, pick_format
+from mlamem.cli.options import load_torch, stdout_or_path
+from mlamem.files import check_distinct, check_output_path, pick_format, read_json
 
 
 @app.command()
@@ -21,8 +21,9 @@ def report(
              "mlamem.compare/1).",
         show_default=False)],
     output: Annotated[Path | None, typer.Option(
-        help="Write the Markdown here and its plots (PNG) next to it, named after it. Without "
-             "it the Markdown goes to stdout, without plots.")] = None,
+        parser=stdout_or_path, help="Write the Markdown here and its plots (PNG) next to it, "
+        "named after it. Without it (or with -) the Markdown goes to stdout, without plots.")
+    ] = None,
 ) -> None:
     """Combine saved results into one PR-ready Markdown report, with plots.
 
@@ -32,14 +33,15 @@ def report(
     headroom, the validation, and kernel comparisons. Predicted figures are labelled PREDICTED
     on every table and plot. The same inputs give the same bytes, Markdown and PNGs alike.
     """
-    load_torch()  # reading saved results loads the profiler and the repro emulation
-    from mlamem import report as reporting
-
     if output is not None:
         pick_format(output, None, ["markdown"], what="report")
         check_distinct({**{str(path): path for path in results}, "--output": output})
         check_output_path(output)
-    saved = reporting.load_all(results, output)
+    documents = [(str(path), read_json(path)) for path in results]  # a bad file before torch
+    load_torch()  # checking saved results loads the profiler and the repro emulation
+    from mlamem import report as reporting
+
+    saved = reporting.load_all(documents, output)
     built = reporting.build(saved, figure_prefix=None if output is None else output.stem)
     if output is None:
         sys.stdout.write(built.markdown)
