@@ -29,7 +29,7 @@ from mlamem.sweep import SweepPart
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.profile import ProfileResult
     from mlamem.scenario import Scenario
@@ -181,7 +181,7 @@ def sweep_values(sweep: dict | None, op: str) -> list[int]:
 
 
 def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
-               values: dict[str, list[int]], paths: Sequence[str], kernel: SparseDecodeKernel,
+               values: dict[str, list[int]], paths: Sequence[str], kernel: KernelContract,
                *, op_given: bool = False, named: bool = True, keys_given: Sequence[str] = (),
                paths_given: bool = False, fix: str | None = None) -> list[SweepPart]:
     """The gate's sweep, checked and split into (scenario, operation) parts by the one sweep
@@ -221,7 +221,7 @@ def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kerne
 
 
 def run_sweep(parts: Sequence[SweepPart], sweep: dict, *, command: str,
-              kernel: SparseDecodeKernel, predict: bool = False,
+              kernel: KernelContract, predict: bool = False,
               on_case: Callable[[str, str, CallMeasurement], None] | None = None) -> Baseline:
     """Profile every part (measured on a GPU, else predicted) and keep the gated figures.
     `on_case(scenario, op, case)` sees each call as it finishes."""

@@ -14,7 +14,7 @@ from mlamem.operations import check_cache, kv_format, operation, problem_for, wo
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
 if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.scenario import Scenario
     from mlamem.shards import Shard
@@ -101,7 +101,7 @@ def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[s
 
 
 def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
-                  kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT,
+                  kernel: KernelContract, fix: str = RAISE_LIMIT,
                   op: str = SPARSE_DECODE) -> None:
     """Reject what cannot run, before anything is allocated; `fix` names the fields that help."""
     check_cache(kernel, scenario, op)
@@ -129,7 +129,7 @@ def scenario_summary(scenario: Scenario, padded_heads: int, op: str = SPARSE_DEC
 
 
 def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str], *,
-                command: str, kernel: SparseDecodeKernel | None = None,
+                command: str, kernel: KernelContract | None = None,
                 require_gpu: bool = False, predict: bool = False, record_stacks: bool = False,
                 on_case: Callable[[CallMeasurement], None] | None = None,
                 on_calls: Callable[[list[CallMeasurement]], None] | None = None,

@@ -26,7 +26,7 @@ from mlamem.scenario_names import shipped_names
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.scenario import Scenario
 
 
@@ -188,7 +188,7 @@ def load_torch() -> None:
         sys.stderr.flush()
 
 
-def make_kernel(name: str) -> SparseDecodeKernel:
+def make_kernel(name: str) -> KernelContract:
     """The registered kernel adapter `name`, instantiated (this loads torch)."""
     load_torch()
     return load_kernel(name)()
