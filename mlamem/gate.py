@@ -167,8 +167,8 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
 
 
 def sweep_ops(sweep: dict) -> list[str]:
-    """The operations a sweep covers; baselines from before operations covered sparse decode."""
-    return list(sweep.get("ops", [SPARSE_DECODE]))
+    """The operations a recorded sweep covers."""
+    return list(sweep["ops"])
 
 
 def sweep_values(sweep: dict | None, op: str) -> list[int]:
@@ -243,9 +243,9 @@ def shard_parts(parts: Sequence[SweepPart], shard: Shard) -> list[SweepPart]:
             for part, values in shard.pick_sweep([(p, p.values) for p in parts])]
 
 
-def sweep_kernel(sweep: dict) -> str:
-    """The --kernel a sweep ran; baselines from before --kernel existed ran the default one."""
-    return sweep.get("kernel", DEFAULT_KERNEL)
+def sweep_kernel(sweep: dict | None) -> str:
+    """The --kernel a recorded sweep ran; for a new baseline (none recorded), the default."""
+    return sweep["kernel"] if sweep else DEFAULT_KERNEL
 
 
 # Reading a baseline: every problem is one line naming the file and what to do.
