@@ -46,7 +46,7 @@ class ProfileRow:
     oom: bool  # the call ran out of memory
     oom_requested_bytes: int | None  # the allocation that failed
     failure: str | None  # one line when the call failed
-    op: str = SPARSE_DECODE  # the kernel operation (older files: sparse-decode)
+    op: str  # the kernel operation
     requests: int | None = None  # dense decode: b, the swept quantity (= tokens)
     kv_tokens: int | None = None  # KV tokens per query: dense decode's context, prefill's s_kv
     median_ms: float | None = None  # triton do_bench median of the path's call (measured only)
@@ -68,8 +68,9 @@ class ProfileResult:
     rows: list[ProfileRow]
     notes: list[str] = field(default_factory=list)  # what could not be staged, and why
     schema: str = SCHEMA
-    created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
-    op: str = SPARSE_DECODE  # the kernel operation profiled (older files: sparse-decode)
+    # required, keyword-only to keep the file's key order; older files get them when migrated
+    created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
+    op: str = field(kw_only=True)  # the kernel operation profiled
     shard: str | None = None  # "I/N" when this is one shard of the sweep (mlamem.shards)
 
     def to_dict(self) -> dict:
