@@ -19,7 +19,7 @@ from mlamem.errors import UserError
 from mlamem.operations import kv_format
 
 if TYPE_CHECKING:
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.measure import Failure
     from mlamem.scenario import Scenario
 
@@ -93,7 +93,7 @@ class CompareResult:
         return all(r.out_equal and r.lse_equal for r in self.rows)
 
 
-def check_kernels(kernels: Sequence[SparseDecodeKernel], op: str) -> None:
+def check_kernels(kernels: Sequence[KernelContract], op: str) -> None:
     """One line when a kernel cannot run here or lacks the operation."""
     for kernel in kernels:
         if op not in kernel.operations:
@@ -150,8 +150,8 @@ def reference_error(out, lse, ref_out, ref_lse) -> ReferenceDifference:
 
 
 def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Sequence[str],
-                kernels: Sequence[SparseDecodeKernel], *, command: str,
-                kv_tokens: int | None = None, reference: SparseDecodeKernel | None = None,
+                kernels: Sequence[KernelContract], *, command: str,
+                kv_tokens: int | None = None, reference: KernelContract | None = None,
                 seed: int = 0,
                 on_case: Callable[[int, str], None] | None = None) -> CompareResult:
     """Compare two kernels (and each with `reference`, when given) over values x paths, each

@@ -29,7 +29,7 @@ from mlamem.sweep import SweepPart
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.profile import ProfileResult
     from mlamem.scenario import Scenario
@@ -167,8 +167,8 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
 
 
 def sweep_ops(sweep: dict) -> list[str]:
-    """The operations a sweep covers; baselines from before operations covered sparse decode."""
-    return list(sweep.get("ops", [SPARSE_DECODE]))
+    """The operations a recorded sweep covers."""
+    return list(sweep["ops"])
 
 
 def sweep_values(sweep: dict | None, op: str) -> list[int]:
@@ -181,7 +181,7 @@ def sweep_values(sweep: dict | None, op: str) -> list[int]:
 
 
 def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
-               values: dict[str, list[int]], paths: Sequence[str], kernel: SparseDecodeKernel,
+               values: dict[str, list[int]], paths: Sequence[str], kernel: KernelContract,
                *, op_given: bool = False, named: bool = True, keys_given: Sequence[str] = (),
                paths_given: bool = False, fix: str | None = None) -> list[SweepPart]:
     """The gate's sweep, checked and split into (scenario, operation) parts by the one sweep
@@ -221,7 +221,7 @@ def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kerne
 
 
 def run_sweep(parts: Sequence[SweepPart], sweep: dict, *, command: str,
-              kernel: SparseDecodeKernel, predict: bool = False,
+              kernel: KernelContract, predict: bool = False,
               on_case: Callable[[str, str, CallMeasurement], None] | None = None) -> Baseline:
     """Profile every part (measured on a GPU, else predicted) and keep the gated figures.
     `on_case(scenario, op, case)` sees each call as it finishes."""
@@ -243,9 +243,9 @@ def shard_parts(parts: Sequence[SweepPart], shard: Shard) -> list[SweepPart]:
             for part, values in shard.pick_sweep([(p, p.values) for p in parts])]
 
 
-def sweep_kernel(sweep: dict) -> str:
-    """The --kernel a sweep ran; baselines from before --kernel existed ran the default one."""
-    return sweep.get("kernel", DEFAULT_KERNEL)
+def sweep_kernel(sweep: dict | None) -> str:
+    """The --kernel a recorded sweep ran; for a new baseline (none recorded), the default."""
+    return sweep["kernel"] if sweep else DEFAULT_KERNEL
 
 
 # Reading a baseline: every problem is one line naming the file and what to do.

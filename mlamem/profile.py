@@ -14,7 +14,7 @@ from mlamem.operations import check_cache, kv_format, operation, problem_for, wo
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
 if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.scenario import Scenario
     from mlamem.shards import Shard
@@ -46,7 +46,7 @@ class ProfileRow:
     oom: bool  # the call ran out of memory
     oom_requested_bytes: int | None  # the allocation that failed
     failure: str | None  # one line when the call failed
-    op: str = SPARSE_DECODE  # the kernel operation (older files: sparse-decode)
+    op: str  # the kernel operation
     requests: int | None = None  # dense decode: b, the swept quantity (= tokens)
     kv_tokens: int | None = None  # KV tokens per query: dense decode's context, prefill's s_kv
     median_ms: float | None = None  # triton do_bench median of the path's call (measured only)
@@ -68,8 +68,9 @@ class ProfileResult:
     rows: list[ProfileRow]
     notes: list[str] = field(default_factory=list)  # what could not be staged, and why
     schema: str = SCHEMA
-    created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
-    op: str = SPARSE_DECODE  # the kernel operation profiled (older files: sparse-decode)
+    # required, keyword-only to keep the file's key order; older files get them when migrated
+    created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
+    op: str = field(kw_only=True)  # the kernel operation profiled
     shard: str | None = None  # "I/N" when this is one shard of the sweep (mlamem.shards)
 
     def to_dict(self) -> dict:
@@ -101,7 +102,7 @@ def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[s
 
 
 def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
-                  kernel: SparseDecodeKernel, fix: str = RAISE_LIMIT,
+                  kernel: KernelContract, fix: str = RAISE_LIMIT,
                   op: str = SPARSE_DECODE) -> None:
     """Reject what cannot run, before anything is allocated; `fix` names the fields that help."""
     check_cache(kernel, scenario, op)
@@ -129,7 +130,7 @@ def scenario_summary(scenario: Scenario, padded_heads: int, op: str = SPARSE_DEC
 
 
 def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str], *,
-                command: str, kernel: SparseDecodeKernel | None = None,
+                command: str, kernel: KernelContract | None = None,
                 require_gpu: bool = False, predict: bool = False, record_stacks: bool = False,
                 on_case: Callable[[CallMeasurement], None] | None = None,
                 on_calls: Callable[[list[CallMeasurement]], None] | None = None,

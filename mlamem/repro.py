@@ -30,7 +30,7 @@ from mlamem import environment
 from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import NVML_FIELDS, Budget, Engine, Verdict, charged_per_process
 from mlamem.errors import UserError
-from mlamem.kernels import DEFAULT_KERNEL, SparseDecodeKernel, load_kernel
+from mlamem.kernels import DEFAULT_KERNEL, KernelContract, load_kernel
 from mlamem.measure import local_sm_count
 from mlamem.memory import SimulatedMemory
 from mlamem.non_torch import NonTorchSetup, calibrated, find_setup
@@ -59,10 +59,11 @@ class ReproResult:
     environment: environment.Environment
     cases: list[dict]  # the engine's case_type.to_dict() (vLLM: with max_safe_*)
     notes: list[str] = field(default_factory=list)
-    engine: str = "vllm"  # the engine emulated (mlamem.engines.REGISTRY)
+    # required, keyword-only to keep the file's key order; older files get them when migrated
+    engine: str = field(kw_only=True)  # the engine emulated (mlamem.engines.REGISTRY)
     non_torch: dict | None = None  # the host setup the model took non-torch memory from
     schema: str = SCHEMA
-    created: str | None = None  # when it was made: UTC, ISO 8601 (None in older files)
+    created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -169,7 +170,7 @@ def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> 
 
 
 def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,
-              kernel: SparseDecodeKernel | None = None, predict: bool = False,
+              kernel: KernelContract | None = None, predict: bool = False,
               engine: str | None = None, worker: Sequence[str] = WORKER,
               on_progress: Callable[[str], None] | None = None) -> ReproResult:
     """Emulate the rank once per case of `engine` (default: the scenario's first), then, where
@@ -280,7 +281,7 @@ def scenario_engine(scenario: Scenario, engine: str | None = None) -> type[Engin
     return chosen
 
 
-def check_target(budget: Budget, kernel: SparseDecodeKernel, predict: bool) -> None:
+def check_target(budget: Budget, kernel: KernelContract, predict: bool) -> None:
     """Before any work: refuse to measure a target GPU larger than the local one."""
     if not predict and kernel.unavailable_reason() is None:
         setup = host_setup(kernel.name)

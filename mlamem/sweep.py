@@ -17,7 +17,7 @@ from mlamem import operations
 from mlamem.errors import UserError
 
 if TYPE_CHECKING:
-    from mlamem.kernel_api import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.scenario import Scenario
 
 
@@ -40,7 +40,7 @@ class Request:
 
     scenarios: Sequence[tuple[str, Scenario]]  # (as given: a name or a TOML path, loaded)
     ops: Sequence[str]
-    kernel: SparseDecodeKernel
+    kernel: KernelContract
     # The values of each operation to run; none: the part runs the engine's own step only.
     values: Mapping[str, Sequence[int]] = dataclasses.field(default_factory=dict)
     given: Collection[str] = ()  # operations whose values were asked for: run whole

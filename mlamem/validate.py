@@ -16,7 +16,7 @@ from mlamem.operations import workspace_rows
 from mlamem.profile import DROP_CASE, check_request
 
 if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.scenario import Scenario
 
@@ -108,7 +108,7 @@ def compare_graphs(scenario: str, measured, predicted) -> list[Comparison]:
 
 
 def run_graph_validation(scenarios: Sequence[Scenario], paths: Sequence[str],
-                         kernel: SparseDecodeKernel, sizes: Sequence[int] | None = None,
+                         kernel: KernelContract, sizes: Sequence[int] | None = None,
                          on_path: Callable[[str, str], None] | None = None) -> list[Comparison]:
     """Capture each scenario's list (or `sizes`) on every path, on the GPU and on the model,
     and compare (`compare_graphs`); needs the kernel to run here."""
@@ -136,7 +136,7 @@ def sweep_cases(sweep) -> list[tuple[Scenario, str, Sequence[int]]]:
     return [item if len(item) == 3 else (item[0], SPARSE_DECODE, item[1]) for item in sweep]
 
 
-def check_sweep(sweep, paths: Sequence[str], kernel: SparseDecodeKernel) -> None:
+def check_sweep(sweep, paths: Sequence[str], kernel: KernelContract) -> None:
     """Refuse, before any work, a case that cannot run or a machine that cannot measure.
     `sweep`: (scenario, op, values) or (scenario, tokens) items."""
     if kernel.runs_on_meta:
@@ -152,7 +152,7 @@ def check_sweep(sweep, paths: Sequence[str], kernel: SparseDecodeKernel) -> None
                         f"measure here ({reason}); run it on a GPU where {kernel.label} runs")
 
 
-def run_validation(sweep, paths: Sequence[str], kernel: SparseDecodeKernel | None = None,
+def run_validation(sweep, paths: Sequence[str], kernel: KernelContract | None = None,
                    on_case: Callable[[str, int, str], None] | None = None,
                    kv_tokens: int | None = None) -> list[Comparison]:
     """Measure and predict every (scenario, op, values) of `sweep` (or (scenario, T) for the

@@ -27,13 +27,15 @@ def _case(path="alloc", allocated=1000, reserved=2048, in_call=1000, buffers=Non
                             buffers={"out": 1000} if buffers is None else buffers, failure=failure)
 
 
+SWEEP = {"scenarios": ["s"], "ops": ["sparse-decode"], "tokens": [8], "paths": [], "kernel": "flashmla"}
+
+
 def _baseline(*cases, measured=False, kernels=None, **environment):
     env = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
            "mlamem": "0.1.0", "kernels": {"flashmla": None, "triton": None, **(kernels or {})},
            **environment}
     return gate.Baseline(command="test", measured=measured, not_measured_reason=None,
-                         environment=env, sweep={"scenarios": ["s"], "tokens": [8], "paths": []},
-                         cases=list(cases))
+                         environment=env, sweep=dict(SWEEP), cases=list(cases))
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -125,8 +127,7 @@ def test_environment_of_an_old_baseline_reads_its_kernel_fields():
     old = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
            "mlamem": "0.1.0", "flash_mla": "1.0.0", "triton": "3.6.0"}
     old_baseline = gate.Baseline(command="test", measured=False, not_measured_reason=None,
-                                 environment=old, sweep={"scenarios": ["s"], "tokens": [8],
-                                                         "paths": []}, cases=[_case()])
+                                 environment=old, sweep=dict(SWEEP), cases=[_case()])
     same = _baseline(_case(), kernels={"flashmla": "1.0.0", "triton": "3.7.0"})
     assert gate.environment_differences(old_baseline, same) == []
     newer = _baseline(_case(), kernels={"flashmla": "1.1.0"})
@@ -315,12 +316,12 @@ def test_gate_refuses_a_baseline_of_another_kernel(tmp_path, capsys):
 
 def _old_format(data: dict) -> dict:
     """`data` as a baseline from before operations: sparse decode cases without `op`,
-    `requests` or `kv_tokens`, a sweep without `ops` or `requests`, and the environment's
+    `requests` or `kv_tokens`, a sweep without `ops`, `requests` or `kernel`, and the environment's
     per-kernel fields of that time (`flash_mla`, `triton`) instead of `kernels`."""
     env = {k: v for k, v in data["environment"].items() if k != "kernels"}
     env.update(flash_mla=data["environment"]["kernels"]["flashmla"],
                triton=data["environment"]["kernels"]["triton"])
-    sweep = {k: v for k, v in data["sweep"].items() if k not in ("ops", "requests")}
+    sweep = {k: v for k, v in data["sweep"].items() if k not in ("ops", "requests", "kernel")}
     sweep["scenarios"] = list(dict.fromkeys(c["scenario"] for c in data["cases"]
                                             if c["op"] == "sparse-decode"))
     cases = [{k: v for k, v in c.items() if k not in ("op", "requests", "kv_tokens")}
@@ -330,13 +331,14 @@ def _old_format(data: dict) -> dict:
 
 @no_gpu
 def test_an_old_baseline_without_op_reads_as_sparse_decode_and_passes(tmp_path, capsys):
-    """The committed baseline as it was before operations (28 sparse decode cases, no `op`)
-    loads as sparse decode, and a bare gate reruns only its sparse decode sweep and passes;
-    --update then adds every other operation its scenarios declare."""
+    """The committed baseline as it was before operations (28 sparse decode cases, no `op`, no
+    kernel) loads as sparse decode by flashmla, and a bare gate reruns only its sparse decode
+    sweep and passes; --update then adds every other operation its scenarios declare."""
     path = tmp_path / "old.json"
     path.write_text(json.dumps(_old_format(json.loads(COMMITTED.read_text())), indent=2))
     old = gate.load(path)
     assert gate.sweep_ops(old.sweep) == ["sparse-decode"] and len(old.cases) == 28
+    assert gate.sweep_kernel(old.sweep) == "flashmla"
     assert {c.op for c in old.cases} == {"sparse-decode"} and old.cases[0].kv_tokens is None
     assert main(["gate", "--baseline", str(path)]) == 0
     out = capsys.readouterr().out

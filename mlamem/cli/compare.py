@@ -22,16 +22,11 @@ def compare(
         help="Two comma-separated kernel names to run on the same inputs (`mlamem kernels` "
              "lists them).")] = ",".join(COMPARED_KERNELS),
     op: o.OpOption = o.OpName["sparse-decode"],
-    tokens: Annotated[str | None, typer.Option(
-        help="Comma-separated T values (sparse-prefill: s_q). Default: the operation's sweep.",
-        show_default=False)] = None,
+    tokens: Annotated[str | None, o.tokens_option("the operation's sweep")] = None,
     requests: o.RequestsOption = None,
     context_len: o.ContextOption = None,
     kv_len: o.KvLenOption = None,
-    scenario: Annotated[str | None, typer.Option(
-        "--scenario", "-s", help="A shipped scenario name or a TOML path. Default: the "
-                                 "operation's (glm5-fp8-tp8; dense-decode: kimi-k2-dense-tp4-dp).",
-        show_default=False)] = None,
+    scenario: o.OpScenarioOption = None,
     paths: Annotated[str, typer.Option(
         help="Comma-separated wrapper paths both kernels run.")] = "alloc,workspace",
     reference: Annotated[bool, typer.Option(

@@ -26,10 +26,8 @@ def diff(
     fail_on_growth: Annotated[str | None, typer.Option(
         help="Exit 1 when a case's peak grows by more than this (e.g. 0B, 1MiB): for CI.",
         show_default=False)] = None,
-    output_format: Annotated[o.ReproFormat | None, typer.Option(
-        "--format", help="table (terminal), markdown (for a pull request) or json (schema "
-        "mlamem.diff/1). Default: what --output's extension names, else table.",
-        show_default=False)] = None,
+    output_format: Annotated[o.ReproFormat | None, o.format_option(
+        "mlamem.diff/1", "table (terminal), markdown (for a pull request) or json")] = None,
     output: o.OutputOption = None,
 ) -> int:
     """Compare two results: per case the peak in A and in B and its change, and per named buffer

@@ -21,17 +21,14 @@ def explain(
         metavar="SNAPSHOT", help="A PyTorch memory snapshot: the pickle "
         "torch.cuda.memory._dump_snapshot writes, or `mlamem profile --snapshot`. Read as "
         "untrusted: plain data only, within a size bound.", show_default=False)],
-    scenario: Annotated[str | None, typer.Option(
-        "--scenario", "-s", help="The scenario of the calls (a shipped name or a TOML path): "
-        "their dimensions, and their head count, which bytes alone do not fix; only the "
-        "operations it drives are looked for. Default: each operation at its own default "
-        f"scenario's dimensions ({DEFAULT_SCENARIO}'s for the sparse ones), at every head count "
-        "the kernel runs.",
-        show_default=False)] = None,
-    output_format: Annotated[o.ReproFormat | None, typer.Option(
-        "--format", help="table (terminal), markdown (for an issue or PR) or json (schema "
-        "mlamem.explain/1). Default: what --output's extension names, else table.",
-        show_default=False)] = None,
+    scenario: Annotated[str | None, o.scenario_option(
+        "each operation at its own default scenario's dimensions "
+        f"({DEFAULT_SCENARIO}'s for the sparse ones), at every head count the kernel runs",
+        text="The scenario of the calls (a shipped name or a TOML path): their dimensions, and "
+             "their head count, which bytes alone do not fix; only the operations it drives are "
+             "looked for.")] = None,
+    output_format: Annotated[o.ReproFormat | None, o.format_option(
+        "mlamem.explain/1", "table (terminal), markdown (for an issue or PR) or json")] = None,
     output: o.OutputOption = None,
 ) -> None:
     """Explain a memory snapshot: the peak and what was live at it, by frame and by segment;

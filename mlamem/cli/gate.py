@@ -16,7 +16,6 @@ from mlamem.cli.app import app
 from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format, write_atomic
-from mlamem.kernels import REGISTRY
 from mlamem.profile import DEFAULT_TOKENS
 from mlamem.scenario_names import shipped_names
 
@@ -27,30 +26,22 @@ def gate(
         parser=o.no_stdout("the baseline is read and rewritten in place: give a file path, "
                            "e.g. --baseline ci/mlamem-baseline.json"),
         help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
-    scenario: Annotated[str | None, typer.Option(
-        "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for every "
-                                 "shipped scenario. Default: the baseline's (all for a new one).")
-    ] = None,
+    scenario: Annotated[str | None, o.scenario_option(
+        "the baseline's (all for a new one)", many=True)] = None,
     op: Annotated[o.OpName | None, typer.Option(
         "--op", help="Gate this operation only. Default: the baseline's operations; with "
                      "--update, every operation the kernel runs that each scenario declares.",
         show_default=False)] = None,
-    tokens: Annotated[str | None, typer.Option(
-        help="Comma-separated T values (sparse-decode) and s_q values (sparse-prefill). Default: "
-             f"the baseline's ({','.join(map(str, DEFAULT_TOKENS))} for a new one), each "
-             "scenario the ones its max_num_batched_tokens allows.", show_default=False)] = None,
-    requests: Annotated[str | None, typer.Option(
-        help="dense-decode: comma-separated b values, requests per decode step. Default: the "
-             "baseline's (" + ",".join(map(str, operations.OPERATION_TABLE["dense-decode"]
-                                             .default_sweep)) + " for a new one).",
-        show_default=False)] = None,
+    tokens: Annotated[str | None, o.tokens_option(
+        f"the baseline's ({','.join(map(str, DEFAULT_TOKENS))} for a new one), each scenario "
+        "the ones its max_num_batched_tokens allows")] = None,
+    requests: Annotated[str | None, o.requests_option(
+        f"the baseline's ({o.DENSE_SWEEP} for a new one)")] = None,
     paths: Annotated[str | None, typer.Option(
         help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
              "for a new one).")] = None,
-    kernel: Annotated[o.KernelName | None, typer.Option(
-        callback=o.check_kernel_name, metavar=o.KERNEL_METAVAR,
-        help=f"The kernel ({', '.join(REGISTRY)}). Default: the baseline's "
-             f"({gating.DEFAULT_KERNEL} for a new one).", show_default=False)] = None,
+    kernel: Annotated[o.KernelName | None, o.kernel_option(
+        f"the baseline's ({gating.DEFAULT_KERNEL} for a new one)")] = None,
     tolerance: Annotated[str | None, typer.Option(
         help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
              "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
@@ -63,9 +54,7 @@ def gate(
     allow_env_change: Annotated[bool, typer.Option(
         help="Compare even across a different GPU architecture, kernel version, or measured "
              "against predicted.")] = False,
-    predict: Annotated[bool, typer.Option(
-        help="Predict even where a GPU could measure (to gate against a predicted baseline).")
-    ] = False,
+    predict: Annotated[bool, o.predict_option(" (to gate against a predicted baseline)")] = False,
     shard: Annotated[str | None, typer.Option(
         "--shard", metavar="I/N", help="Gate shard I of N of the sweep, e.g. 2/4 (its units "
         "dealt as profile --shard deals them): compare only its cases and exit by them, so CI "

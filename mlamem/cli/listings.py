@@ -11,7 +11,14 @@ from typing import Annotated
 import typer
 
 from mlamem.cli.app import app
-from mlamem.cli.options import SERVE_GPU, Changes, load_scenario, load_served, load_torch
+from mlamem.cli.options import (
+    SERVE_GPU,
+    Changes,
+    format_option,
+    load_scenario,
+    load_served,
+    load_torch,
+)
 from mlamem.cli.output import terminal_width
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
@@ -38,8 +45,8 @@ def list_scenarios(
     weights_per_rank: Annotated[str | None, typer.Option(
         "--weights-per-rank", help="With --serve: one rank's weights (e.g. 40GiB), a labelled "
         "override of the count from the model's config.")] = None,
-    output_format: Annotated[ListFormat, typer.Option(
-        "--format", help="The listing's format, without --serve.")] = ListFormat.table,
+    output_format: Annotated[ListFormat, format_option(
+        None, "The listing's format (without --serve): table or json", None)] = ListFormat.table,
 ) -> None:
     """List the shipped scenarios, one line each; with --serve, print the scenario a serve
     command makes."""
@@ -86,10 +93,9 @@ class KernelsFormat(StrEnum):
 
 @app.command("kernels")
 def list_registered_kernels(
-    output_format: Annotated[KernelsFormat, typer.Option(
-        "--format", help="table (one entry per kernel, wrapped at COLUMNS) or json (schema "
-                         "mlamem.kernels/1: docs/commands.md#mlamem-kernels).")
-    ] = KernelsFormat.table,
+    output_format: Annotated[KernelsFormat, format_option(
+        "mlamem.kernels/1: docs/commands.md#mlamem-kernels",
+        "table (one entry per kernel, wrapped at COLUMNS) or json", None)] = KernelsFormat.table,
 ) -> None:
     """List the registered kernels, one entry each: per operation what the caller may pass in
     (out, lse, accum) and the query head counts it runs, the installed version, and whether it

@@ -26,7 +26,7 @@ from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:
-    from mlamem.kernels import SparseDecodeKernel
+    from mlamem.kernel_api import KernelContract
     from mlamem.scenario import Scenario
 
 
@@ -219,20 +219,46 @@ def load_torch() -> None:
         sys.stderr.flush()
 
 
-def make_kernel(name: str) -> SparseDecodeKernel:
+def make_kernel(name: str) -> KernelContract:
     """The registered kernel adapter `name`, instantiated (this loads torch)."""
     load_torch()
     return load_kernel(name)()
 
 
-ScenarioOption = Annotated[str, typer.Option(
-    "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
-                             "your own TOML file.")]
+def _help(text: str, default: str | None) -> dict:
+    """typer.Option's help: `text`, then what leaving the option out means where `default` says
+    it (typer's own `[default: ...]` is left out then)."""
+    if default is None:
+        return {"help": text}
+    return {"help": f"{text} Default: {default}.", "show_default": False}
+
+
+# Each shared option is declared once below: a factory where its help differs per command (the
+# command passes its words), an annotated type where it does not.
+SCENARIO_HELP = "A shipped scenario name (see `mlamem scenarios`) or a path to your own TOML file."
+SCENARIOS_HELP = "Comma-separated scenario names or TOML paths, or 'all' for every shipped scenario."
+
+
+def scenario_option(default: str | None = None, *, many: bool = False, text: str | None = None):
+    """--scenario (-s): one scenario, or with `many` a comma list or 'all'; `text` replaces the
+    help's first sentence."""
+    return typer.Option("--scenario", "-s", **_help(
+        text or (SCENARIOS_HELP if many else SCENARIO_HELP), default))
+
+
+def _op_scenarios() -> str:
+    """Each operation's own default scenario, the sparse decode's first."""
+    first = operations.operation(operations.SPARSE_DECODE).default_scenario
+    return "; ".join([first, *(f"{name}: {op.default_scenario}" for name, op in
+                               operations.OPERATION_TABLE.items() if op.default_scenario != first)])
+
+
+ScenarioOption = Annotated[str, scenario_option()]
+OpScenarioOption = Annotated[str | None, scenario_option(f"the operation's ({_op_scenarios()})")]
+ScenariosOption = Annotated[str, scenario_option(many=True)]
 # repro-oom's and plan's: None is --serve's scenario, else DEFAULT_SCENARIO
-OneScenarioOption = Annotated[str | None, typer.Option(
-    "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to your "
-    f"own TOML file. Default: {DEFAULT_SCENARIO}, unless --serve gives the scenario.",
-    show_default=False)]
+OneScenarioOption = Annotated[str | None, scenario_option(
+    f"{DEFAULT_SCENARIO}, unless --serve gives the scenario")]
 ServeOption = Annotated[str | None, typer.Option(
     "--serve", metavar="COMMAND", help="The command that started the server, quoted (`vllm "
     "serve MODEL ...`, `trtllm-serve ...`, `python -m sglang.launch_server ...`): runs the "
@@ -253,12 +279,36 @@ WeightsOption = Annotated[str | None, typer.Option(
 # What helps where a value does not fit a scenario's workspace, in the CLI's words.
 RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
 DROP_CASE = "drop that T from --tokens or that scenario from --scenario"
+
+
+def tokens_option(default: str):
+    """--tokens: the T (sparse-prefill: s_q) values swept."""
+    return typer.Option("--tokens", **_help(
+        "Comma-separated T values: query tokens per step, the s_q of one decode call "
+        "(sparse-prefill: s_q prefill tokens).", default))
+
+
+def requests_option(default: str):
+    """--requests: dense-decode's b values swept."""
+    return typer.Option("--requests", **_help(
+        "dense-decode: comma-separated b values, requests per decode step (one query each).",
+        default))
+
+
+DENSE_SWEEP = ",".join(map(str, operations.OPERATION_TABLE["dense-decode"].default_sweep))
+RequestsOption = Annotated[str | None, requests_option(DENSE_SWEEP)]
 KERNEL_HELP = [f"{name} ({entry.help})" for name, entry in REGISTRY.items()]
 KERNEL_METAVAR = f"<{'|'.join(REGISTRY)}>"  # the kernels registered at start-up
-KernelOption = Annotated[KernelName, typer.Option(
-    callback=check_kernel_name, metavar=KERNEL_METAVAR,
-    help=f"The kernel: {', '.join(KERNEL_HELP[:-1])} or {KERNEL_HELP[-1]}. `mlamem "
-         "kernels` lists what each runs and takes, and whether it runs here.")]
+
+
+def kernel_option(default: str | None = None, *, text: str | None = None):
+    """--kernel: a registered name, checked when the command runs (check_kernel_name)."""
+    return typer.Option("--kernel", callback=check_kernel_name, metavar=KERNEL_METAVAR, **_help(
+        text or f"The kernel: {', '.join(KERNEL_HELP[:-1])} or {KERNEL_HELP[-1]}. `mlamem "
+                "kernels` lists what each runs and takes, and whether it runs here.", default))
+
+
+KernelOption = Annotated[KernelName, kernel_option()]
 PathsOption = Annotated[str | None, typer.Option(
     help="Comma-separated paths: 'alloc' (q padded with new_zeros, kernel allocates out), "
          "'workspace' (q and out staged in buffers reserved up front), 'workspace-full' (q, out, "
@@ -271,10 +321,6 @@ OpOption = Annotated[OpName, typer.Option(
     "--op", help="The kernel operation: sparse-decode (sweeps T, --tokens), dense-decode "
                  "(sweeps b requests, --requests, at --context-len) or sparse-prefill (sweeps "
                  "s_q, --tokens, against --kv-len). `mlamem kernels` lists who runs what.")]
-RequestsOption = Annotated[str | None, typer.Option(
-    help="dense-decode: comma-separated b values, requests per decode step (one query each). "
-         "Default: " + ",".join(map(str, operations.OPERATION_TABLE["dense-decode"]
-                                    .default_sweep)) + ".", show_default=False)]
 ContextOption = Annotated[int | None, typer.Option(
     "--context-len", min=1, help="dense-decode: context tokens of each request. Default: the "
                                  "scenario's decode_context_len.", show_default=False)]
@@ -304,23 +350,55 @@ OutputOption = Annotated[Path | None, typer.Option(
     "all); - is stdout.")]
 PlainOutputOption = Annotated[Path | None, typer.Option(
     parser=stdout_or_path, help="Write to this file instead of stdout; - is stdout.")]
-PredictOption = Annotated[bool, typer.Option(
-    help="Predict even where a GPU could measure: what a CPU-only machine prints.")]
-CaptureSizesOption = Annotated[str | None, typer.Option(
-    help="Comma-separated capture sizes (tokens per graph), e.g. 512,256,8,1. Default: the "
-         "FULL decode graphs vLLM 0.33.0 captures for the scenario's [serving] "
-         "max_num_seqs, max_cudagraph_capture_size, cudagraph_mode and "
-         "num_speculative_tokens (51 sizes, 512 down to 1, at the defaults).",
-    show_default=False)]
 
 
-def format_option(schema: str, formats: str = "table, markdown or json",
-                  extensions: str = ".txt, .md, .json", after: str = ""):
-    """The --format option of a command writing `formats` (then `after`), its JSON schema
-    `schema`."""
-    return typer.Option(
-        "--format", help=f"{formats} (schema {schema}){after}. Default: what --output's extension "
-                         f"names ({extensions}), else table.", show_default=False)
+def predict_option(why: str = ""):
+    """--predict/--no-predict; `why` follows the help's sentence."""
+    return typer.Option("--predict/--no-predict", help="Predict on the allocator model even where "
+                        f"a GPU could measure{why}.")
+
+
+PredictOption = Annotated[bool, predict_option(": what a CPU-only machine prints")]
+
+
+def gpu_memory_option(text: str):
+    """--gpu-memory SIZE, e.g. 80GiB (units.parse_bytes); the scenario's GPU's by default."""
+    return typer.Option("--gpu-memory", metavar="SIZE", **_help(text, "the scenario's GPU's memory"))
+
+
+def utilization_option(text: str):
+    """--utilization, a fraction; the scenario's by default."""
+    return typer.Option("--utilization", **_help(text, "the scenario's"))
+
+
+def max_tokens_option(sizes: str, default: str = "the scenario's"):
+    """--max-num-batched-tokens, at least 1; `sizes`: what it sizes."""
+    return typer.Option("--max-num-batched-tokens", min=1, **_help(
+        f"Tokens per step (max_num_batched_tokens): sizes {sizes}.",
+        default))
+
+
+def capture_sizes_option(default: str, applies: str = ""):
+    """--capture-sizes; `applies`: with which other option, in brackets."""
+    return typer.Option("--capture-sizes", **_help(
+        f"Comma-separated capture sizes (tokens per graph), e.g. 512,256,8,1{applies}.", default))
+
+
+CaptureSizesOption = Annotated[str | None, capture_sizes_option(
+    "the FULL decode graphs vLLM 0.33.0 captures for the scenario's [serving] max_num_seqs, "
+    "max_cudagraph_capture_size, cudagraph_mode and num_speculative_tokens (51 sizes, 512 down "
+    "to 1, at the defaults)")]
+
+
+def format_option(schema: str | None, formats: str = "table, markdown or json",
+                  extensions: str | None = ".txt, .md, .json", after: str = ""):
+    """--format: `formats` (then `after`), JSON in schema `schema`; `extensions`: what --output's
+    extension picks (None: a listing, written to stdout only, whose default typer shows)."""
+    text = f"{formats}{f' (schema {schema})' if schema else ''}{after}."
+    if extensions is None:
+        return typer.Option("--format", help=text)
+    return typer.Option("--format", **_help(
+        text, f"what --output's extension names ({extensions}), else table"))
 
 
 def _folder(value: str | Path) -> Path:

@@ -23,11 +23,10 @@ def plan(
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
-    gpu_memory: Annotated[str | None, typer.Option(
-        help="GPU memory, e.g. 141GB or 80GiB (default: the scenario's GPU).")] = None,
-    utilization: Annotated[float | None, typer.Option(
-        help="vLLM-style budget: utilization x total - weights (default: the scenario's).")
+    gpu_memory: Annotated[str | None, o.gpu_memory_option("GPU memory, e.g. 141GB or 80GiB.")
     ] = None,
+    utilization: Annotated[float | None, o.utilization_option(
+        "vLLM-style budget: utilization x total - weights.")] = None,
     free_fraction: Annotated[float | None, typer.Option(
         help="TRT-LLM-style budget: free_gpu_memory_fraction x (total - weights).")] = None,
     max_num_tokens: Annotated[int | None, typer.Option(
@@ -39,9 +38,8 @@ def plan(
         "--block-reuse/--no-block-reuse", help="Prefix (KV block) reuse.")] = None,
     chunked_prefill: Annotated[bool | None, typer.Option(
         "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill.")] = None,
-    kernel: Annotated[o.KernelName, typer.Option(
-        callback=o.check_kernel_name, metavar=o.KERNEL_METAVAR,
-        help="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
+    kernel: Annotated[o.KernelName, o.kernel_option(
+        text="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
              "e.g. flashmla-vllm, vLLM's own build, which stages out.")] = DEFAULT_KERNEL,
     engine: Annotated[str | None, typer.Option(
         help="Also each path's largest safe knobs under this engine, one the scenario declares "

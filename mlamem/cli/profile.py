@@ -23,20 +23,12 @@ from mlamem.errors import UserError
 from mlamem.files import check_distinct, check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.profile import DEFAULT_TOKENS
-from mlamem.scenario_names import DEFAULT_SCENARIO
 
 
 @app.command()
 def profile(
-    tokens: Annotated[str | None, typer.Option(
-        help="Comma-separated T values: query tokens per step, the s_q of one decode call "
-             "(sparse-prefill: s_q prefill tokens). Default: "
-             f"{','.join(map(str, DEFAULT_TOKENS))}.", show_default=False)] = None,
-    scenario: Annotated[str | None, typer.Option(
-        "--scenario", "-s", help="A shipped scenario name (see `mlamem scenarios`) or a path to "
-                                 f"your own TOML file. Default: {DEFAULT_SCENARIO} "
-                                 "(--op dense-decode: kimi-k2-dense-tp4-dp).",
-        show_default=False)] = None,
+    tokens: Annotated[str | None, o.tokens_option(",".join(map(str, DEFAULT_TOKENS)))] = None,
+    scenario: o.OpScenarioOption = None,
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     paths: o.PathsOption = None,
@@ -48,17 +40,14 @@ def profile(
     bench: Annotated[bool, typer.Option(
         help="Also time each measured call: triton's do_bench median, in ms, beside the memory.")
     ] = False,
-    output_format: Annotated[o.Format | None, typer.Option(
-        "--format", help="table (terminal), markdown (the PR table), json (schema "
-                         "mlamem.profile/1) or csv. Default: what --output's extension names "
-                         "(.txt, .md, .json, .csv), else table.", show_default=False)] = None,
+    output_format: Annotated[o.Format | None, o.format_option(
+        "mlamem.profile/1", "table (terminal), markdown (the PR table), json",
+        ".txt, .md, .json, .csv", " or csv")] = None,
     output: o.OutputOption = None,
     require_gpu: Annotated[bool, typer.Option(
         help="Fail instead of printing predicted figures when nothing can be measured.")
     ] = False,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        min=1, help="Override the scenario's max_num_batched_tokens (sizes the workspace).")
-    ] = None,
+    max_num_batched_tokens: Annotated[int | None, o.max_tokens_option("the workspace")] = None,
     predict: o.PredictOption = False,
     breakdown: Annotated[bool, typer.Option(
         help="Show where the bytes go: every buffer allocated inside each call (padded_q, out, "

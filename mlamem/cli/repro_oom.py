@@ -28,16 +28,14 @@ def repro_oom(
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
-    gpu_memory: Annotated[str | None, typer.Option(
-        help="Target GPU memory to emulate, e.g. 80GiB or 81559MiB (default: the scenario's "
-             "GPU). Must not exceed the local GPU.")] = None,
-    utilization: Annotated[float | None, typer.Option(
-        help="The engine's --gpu-memory-utilization, in (0, 1] (default: the scenario's).")
+    gpu_memory: Annotated[str | None, o.gpu_memory_option(
+        "The target GPU's memory to emulate, e.g. 80GiB or 81559MiB; at most the local GPU's.")
     ] = None,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per step (default: the scenario's; SGLang: its --chunked-prefill-size, by "
-             "default the [sglang] table's or SGLang's for the GPU): sizes the workspace, the "
-             "profile pass and the full step.")] = None,
+    utilization: Annotated[float | None, o.utilization_option(
+        "The engine's --gpu-memory-utilization, in (0, 1].")] = None,
+    max_num_batched_tokens: Annotated[int | None, o.max_tokens_option(
+        "the workspace, the profile pass and the full step (SGLang: its --chunked-prefill-size)",
+        "the scenario's; SGLang: the [sglang] table's, else SGLang's for the GPU")] = None,
     mem_fraction_static: Annotated[float | None, typer.Option(
         help="--engine sglang: SGLang's --mem-fraction-static, in (0, 1) (default: the [sglang] "
              "table's, else SGLang's reserve rule for the target GPU).", show_default=False)
@@ -46,8 +44,7 @@ def repro_oom(
     kernel: o.KernelOption = DEFAULT_KERNEL,
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.repro-oom/1")] = None,
     output: o.PlainOutputOption = None,
-    predict: Annotated[bool, typer.Option(
-        help="Predict on the allocator model even where a GPU could measure.")] = False,
+    predict: Annotated[bool, o.predict_option()] = False,
     engine: Annotated[str | None, typer.Option(
         help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
              "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
@@ -60,10 +57,9 @@ def repro_oom(
                               "it records it (a scenario from a serve command does), else off.",
         show_default=False)
     ] = None,
-    capture_sizes: Annotated[str | None, typer.Option(
-        help="With --cuda-graphs on (vLLM): comma-separated capture sizes. Default: the "
-             "scenario's FULL decode graphs (`mlamem graphs --help`). SGLang takes its batch "
-             "sizes from [sglang].cuda_graph_bs.", show_default=False)] = None,
+    capture_sizes: Annotated[str | None, o.capture_sizes_option(
+        "the scenario's FULL decode graphs (`mlamem graphs --help`); SGLang takes its batch sizes "
+        "from [sglang].cuda_graph_bs", " (with --cuda-graphs on, vLLM)")] = None,
     expect_oom: Annotated[list[str] | None, typer.Option(
         "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
                              "variant none, fp8, full) runs out of memory (repeatable).")] = None,

@@ -20,16 +20,13 @@ from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
 
 @app.command()
 def validate(
-    scenario: Annotated[str, typer.Option(
-        "--scenario", "-s", help="Comma-separated scenario names or TOML paths, or 'all' for "
-                                 "every shipped scenario.")] = "all",
+    scenario: o.ScenariosOption = "all",
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
-    tokens: Annotated[str | None, typer.Option(
-        help="Comma-separated T values (sparse-prefill: s_q). Default: "
-             f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones "
-             "its max_num_batched_tokens allows.")] = None,
+    tokens: Annotated[str | None, o.tokens_option(
+        f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones its "
+        "max_num_batched_tokens allows")] = None,
     paths: o.PathsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     op: Annotated[o.OpName | None, typer.Option(
@@ -42,9 +39,8 @@ def validate(
         "--graphs", help="Validate CUDA-graph captures instead (as `mlamem graphs` makes them): "
                          "per capture the peak inside and the pool's growth, every buffer, and "
                          "the pool after the whole list, for the sparse decode.")] = False,
-    capture_sizes: Annotated[str | None, typer.Option(
-        help="With --graphs: comma-separated capture sizes. Default: each scenario's own list "
-             "(`mlamem graphs --help`).", show_default=False)] = None,
+    capture_sizes: Annotated[str | None, o.capture_sizes_option(
+        "each scenario's own list (`mlamem graphs --help`)", " (with --graphs)")] = None,
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.validate/1")] = None,
     output: o.PlainOutputOption = None,
     shard: o.ShardOption = None,

@@ -36,7 +36,7 @@ import torch
 
 from mlamem.attribution import ExpectedBuffer
 from mlamem.errors import UserError
-from mlamem.kernels import BufferSpec, SparseDecodeKernel
+from mlamem.kernels import BufferSpec, KernelContract
 from mlamem.measure import CallRecord, Failure, classify_failure, measure_one, without_record
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.scenario import Scenario
@@ -291,7 +291,7 @@ class Engine(ABC):
     kv_cache_name: ClassVar[str] = "kv_cache"  # names the KV cache, should allocating it fail
 
     def __init__(self, memory: CudaMemory | SimulatedMemory, scenario: Scenario,
-                 kernel: SparseDecodeKernel, budget: Budget, case: Case, *, sm_count: int,
+                 kernel: KernelContract, budget: Budget, case: Case, *, sm_count: int,
                  seed: int = 0):
         self.memory, self.scenario, self.kernel, self.budget = memory, scenario, kernel, budget
         self.case, self.sm_count, self.seed = case, sm_count, seed
@@ -360,7 +360,7 @@ class Engine(ABC):
 
     @classmethod
     def emulate(cls, memory: CudaMemory | SimulatedMemory, scenario: Scenario,
-                kernel: SparseDecodeKernel, budget: Budget, key: str, *, sm_count: int,
+                kernel: KernelContract, budget: Budget, key: str, *, sm_count: int,
                 seed: int = 0) -> Case:
         """Run case `key` through one rank of this engine; see the module docstring. A plain
         `Budget` reads as this engine's, its options off."""

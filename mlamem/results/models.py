@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from mlamem.results.base import Migrate, Model, Open, ResultFile
-from mlamem.results.legacy import LEGACY_KERNEL_FIELDS
+from mlamem.results.legacy import KERNEL_BEFORE_FLAG, LEGACY_KERNEL_FIELDS
 
 SPARSE_DECODE = "sparse-decode"  # the operation of every file from before operations
 ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # repro, before `engine`
@@ -550,8 +550,8 @@ class Sweep(Model):
 
     scenarios: list[str] = Field(
         description="the scenarios as given (names or TOML paths): what a bare `mlamem gate` reruns")
-    ops: list[str] | None = Field(
-        None, description=(
+    ops: list[str] = Field(
+        description=(
             "the operations swept (`sparse-decode`, `dense-decode`, `sparse-prefill`), each scenario "
             "the ones it declares; absent in older baselines, which are `sparse-decode`"))
     tokens: list[int] = Field(
@@ -565,8 +565,8 @@ class Sweep(Model):
         description=(
             "the T (sparse decode) and s_q (sparse prefill) values asked for, each scenario running "
             "those its workspace holds (empty when neither operation is swept), and the paths"))
-    kernel: str | None = Field(
-        None, description="the `--kernel` name (absent in older baselines, which are `flashmla`)")
+    kernel: str = Field(
+        description="the `--kernel` name (absent in older baselines, which are `flashmla`)")
 
 
 class CaseFigures(Model):
@@ -593,8 +593,12 @@ class CaseFigures(Model):
 
 
 def _legacy_baseline(data: dict) -> dict:
-    """Baselines from before operations: every case is sparse decode."""
+    """Baselines from before operations and --kernel: every case is sparse decode, by flashmla."""
     data = _with_environment(data)
+    sweep = data.get("sweep")
+    if isinstance(sweep, dict):  # added after its keys, so a file writes back as it was read
+        added = {"ops": [SPARSE_DECODE], "kernel": KERNEL_BEFORE_FLAG}
+        data = {**data, "sweep": {**sweep, **{k: v for k, v in added.items() if k not in sweep}}}
     return {**data, "cases": _each(data.get("cases"), {"op": SPARSE_DECODE})}
 
 
