@@ -671,6 +671,20 @@ def written_bytes(name: str, content: Callable[[], bytes]) -> Made:
     return Made(make)
 
 
+def _reused_block() -> dict:
+    """8 KB of pickle that unpickles to 4 million blocks: one block and one segment reused."""
+    block = {"size": 1, "state": "active_allocated", "frames": []}
+    segment = {"address": 1, "total_size": 1, "blocks": [block] * 2000}
+    return {"segments": [segment] * 2000, "device_traces": []}
+
+
+def _cyclic() -> dict:
+    """A snapshot whose segment list holds itself."""
+    segments: list = []
+    segments.append(segments)
+    return {"segments": segments, "device_traces": []}
+
+
 SNAPSHOT_CASES = [  # a file given as a snapshot that is none: explain and diff alike
     pytest.param([written_bytes("pwn.pickle", lambda: pickle.dumps(_RunsCommand()))],
                  "names posix.system, which a snapshot never does", id="snapshot-os-system"),
@@ -685,6 +699,10 @@ SNAPSHOT_CASES = [  # a file given as a snapshot that is none: explain and diff 
     pytest.param([written_bytes("nosize.pickle", lambda: pickle.dumps(
         {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1}]]}))],
         "device_traces[0][0].size: missing", id="snapshot-event-without-size"),
+    pytest.param([written_bytes("bomb.pickle", lambda: pickle.dumps(_reused_block()))],
+                 "more than 16 values per byte of the file", id="snapshot-reuse-bomb"),
+    pytest.param([written_bytes("cycle.pickle", lambda: pickle.dumps(_cyclic()))],
+                 "refers to itself", id="snapshot-cycle"),
     pytest.param(["{out}/missing.pickle"], "no such memory snapshot", id="snapshot-missing"),
     pytest.param(["{out}"], "is a folder", id="snapshot-folder"),
 ]
