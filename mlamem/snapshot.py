@@ -141,6 +141,8 @@ def _snapshot_model():
     """The pydantic model of what `check` asks of a snapshot (pydantic loaded when reading)."""
     from pydantic import BaseModel, ConfigDict
 
+    from mlamem.results.models import Bytes
+
     class Part(BaseModel):
         model_config = ConfigDict(strict=True, extra="allow")
 
@@ -152,18 +154,18 @@ def _snapshot_model():
     class Event(Part):
         action: str
         addr: int
-        size: int
+        size: Bytes
         frames: list[Frame] = []
 
     class Block(Part):
-        size: int
-        requested_size: int | None = None
+        size: Bytes
+        requested_size: Bytes | None = None
         state: str
         frames: list[Frame] = []
 
     class Segment(Part):
         address: int
-        total_size: int
+        total_size: Bytes
         blocks: list[Block]
 
     class Snapshot(Part):
