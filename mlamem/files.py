@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -234,6 +235,11 @@ def _not_finite(constant: str):
 def loads_json(text: str):
     """JSON as mlamem reads it: NaN and Infinity refused (ValueError, as a decode error is)."""
     return json.loads(text, parse_constant=_not_finite)
+
+
+# Characters no text taken from a file may bring to a terminal, a table or a heading: C0 (a
+# newline, ESC, BEL), DEL, C1, and Unicode's line and paragraph separators.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def safe_name(name: str) -> str:

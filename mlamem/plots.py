@@ -17,6 +17,7 @@ from matplotlib.ticker import NullLocator
 from mlamem.engines import load_engine
 from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.profile import ProfileResult
+from mlamem.render.common import escaped
 from mlamem.repro import ReproResult
 from mlamem.units import GiB, MiB, format_bytes, gib
 
@@ -88,7 +89,7 @@ def peak_vs_tokens(result: ProfileResult) -> bytes:
         ax.set_ylim(0, top * 1.1)
         ax.set_xlabel("T, query tokens per step (s_q of the decode call; log-2 scale)")
         ax.set_ylabel("per-call peak allocated (GiB)")
-        ax.set_title(f"{result.scenario['name']}: per-call peak allocation\n"
+        ax.set_title(f"{escaped(result.scenario['name'])}: per-call peak allocation\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
                      f"{result.kernel['label']}")
         ax.legend(loc="upper left")
@@ -100,7 +101,8 @@ def _live_buffers(row) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for b in row.buffers:
         if b["live_at_peak"]:
-            sizes[b["name"]] = sizes.get(b["name"], 0) + b["block_bytes"]
+            name = escaped(b["name"])
+            sizes[name] = sizes.get(name, 0) + b["block_bytes"]
     return sizes
 
 
@@ -142,7 +144,7 @@ def buffers_by_tokens(result: ProfileResult) -> bytes:
         axes[0].set_ylim(0, gib(tallest) * 1.08 if tallest else 1)
         handles, labels = axes[0].get_legend_handles_labels()
         figure.legend(handles[::-1], labels[::-1], loc="outside right center", title="buffer")
-        figure.suptitle(f"{result.scenario['name']}: buffers live at each call's peak\n"
+        figure.suptitle(f"{escaped(result.scenario['name'])}: buffers live at each call's peak\n"
                         f"{_subject(result.measured, result.environment.gpu)}, "
                         f"{result.kernel['label']}")
         return _png(figure)
@@ -223,7 +225,7 @@ def repro_budget(result: ReproResult) -> bytes:
         budget, s = result.budget, result.scenario
         target = f" ({s['target_gpu']})" if s.get("target_gpu") else ""
         share = f" at utilization {budget['utilization']}" if engine.reads_utilization else ""
-        figure.suptitle(f"{s['name']}: memory of one engine rank, per path (GiB)\n"
+        figure.suptitle(f"{escaped(s['name'])}: memory of one engine rank, per path (GiB)\n"
                      f"target {format_bytes(budget['gpu_memory_bytes'])}{target}{share}, "
                      f"{view.step_tokens} {budget['max_num_batched_tokens']}\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
@@ -300,7 +302,7 @@ def graph_pool_vs_size(result: GraphsResult) -> bytes:
         ax.set_ylim(0, max(heights, default=0) / scale * 1.12 or 1)
         ax.set_xlabel("capture size T, tokens (capture order, largest first; log-2 scale)")
         ax.set_ylabel(f"pool after each capture; peak inside it ({unit})")
-        ax.set_title(f"{result.scenario['name']}: CUDA-graph pool over {len(sizes)} captures\n"
+        ax.set_title(f"{escaped(result.scenario['name'])}: CUDA-graph pool over {len(sizes)} captures\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
                      f"{result.kernel['label']}")
         figure.legend(loc="outside lower center", ncols=2, fontsize=9)

@@ -341,7 +341,7 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
     def figure(suffix: str, alt: str, draw: Callable[[ModuleType], bytes]) -> list[str]:
         return _figure(figures, f"{stem}-{suffix}.png", alt, draw, saved.source)
 
-    return [f"## {section.kind}: {section.title(r)}{tag}", "",
+    return [f"## {section.kind}: {render.escaped(section.title(r), markdown=True)}{tag}", "",
             f"From {render.markdown_code(saved.source)}.", "", *section.body(r, figure, tag)]
 
 
@@ -357,6 +357,7 @@ def _environment_table(saved: Sequence[Saved]) -> list[str]:
             gpu = (f"{env.gpu} (SM {env.compute_capability})" if env.gpu else "none")
             cells = [gpu, env.driver or "-", env.cuda or "-", env.torch, _kernels_cell(env),
                      env.mlamem]
+        cells = [render.escaped(cell, markdown=True) for cell in cells]
         lines.append(f"| {render.markdown_code(s.source)} | {s.kind} | {figures} | " + " | ".join(cells)
                      + f" | {r.created or 'not recorded'} |")
     lines += ["", "Commands that produced them:", ""]
@@ -404,7 +405,8 @@ def build(saved: Sequence[Saved], figure_prefix: str | None) -> Report:
                   "every such table and plot says so.", ""]
     lines += ["## Summary", ""]
     for s in ordered:
-        lines += s.section.summary(s.result, render.predicted_tag(s.result.measured))
+        lines += [render.escaped(line, markdown=True)  # names from the files, one line each
+                  for line in s.section.summary(s.result, render.predicted_tag(s.result.measured))]
     lines += ["", "## Environment", "", *_environment_table(ordered), ""]
     for s, stem in zip(ordered, stems, strict=True):
         lines += _sections(s, figures, stem)

@@ -21,7 +21,7 @@ from pydantic.dataclasses import dataclass
 from mlamem import operations as _operations
 from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, section_type
 from mlamem.errors import UserError
-from mlamem.files import read_text
+from mlamem.files import CONTROL_CHARACTERS, read_text
 from mlamem.operations import decode_token_limit
 from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names  # noqa: F401  (read from here too)
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
@@ -552,6 +552,9 @@ def from_dict(data: dict, source: str) -> Scenario:
         for top in ("name", "description"):
             if not isinstance(data.get(top), str):
                 raise FieldError("top", top, "must be a string")
+        if CONTROL_CHARACTERS.search(data["name"]):  # a name is one line of printable text
+            raise FieldError("top", "name", f"{data['name']!r} holds a control character or a "
+                             "line break; write the name on one line, in printable characters")
         operations = data.get("operations", list(DEFAULT_OPERATIONS))
         if not (isinstance(operations, list) and all(isinstance(op, str) for op in operations)):
             raise FieldError("top", "operations", "must be a list of names from "

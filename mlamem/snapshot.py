@@ -22,6 +22,12 @@ from mlamem.files import read_bytes, write_atomic
 # 2 and 3 name these) is the only class a snapshot may name. Everything else is refused.
 ALLOWED_CLASSES = frozenset({("builtins", "set"), ("builtins", "frozenset")})
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024  # an engine's snapshot with stacks; unpickled, some GiB
+# A pickle spends at least one byte on each object it builds, so only reuse (a memo get) makes
+# the data larger than its file; torch shares one frame list among a block and its few events,
+# which keeps a real snapshot within a few nodes per byte (the H200's: 0.97). 16 per byte, with
+# MAX_SNAPSHOT_BYTES, bounds the work a file can ask for; a tiny pickle reusing one object
+# millions of times asks for far more.
+MAX_NODES_PER_BYTE = 16
 WHAT = "memory snapshot (the pickle torch.cuda.memory._dump_snapshot writes)"
 
 
@@ -72,10 +78,48 @@ def read(path: Path, field: str | None = None) -> dict:
         words = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise UserError(f"{path}: not a memory snapshot (not a pickle: {words})",
                         field=field) from None
+    if not within_nodes(snapshot, MAX_NODES_PER_BYTE * len(data)):
+        raise UserError(f"{path}: not a memory snapshot (it reuses its objects to unpickle to "
+                        f"more than {MAX_NODES_PER_BYTE} values per byte of the file, or refers "
+                        "to itself)", field=field)
     problem = check(snapshot)
     if problem is not None:
         raise UserError(f"{path}: not a memory snapshot ({problem})", field=field)
     return snapshot
+
+
+def within_nodes(data: object, cap: int) -> bool:
+    """Whether `data`, walked as a tree (an object reached twice counted twice; a dict's key
+    and value one each), has at most `cap` nodes and no cycle. Each distinct container is
+    summed once, so the walk takes time in the objects unpickled, not in the tree it makes."""
+    sizes: dict[int, int] = {}  # id -> nodes under it, of a container summed
+    opened: set[int] = set()
+    stack: list[tuple[object, bool]] = [(data, False)]
+    while stack:
+        node, summing = stack.pop()
+        children = _children(node)
+        if summing:
+            total = 1 + sum(sizes.get(id(child), 1) for child in children)
+            if total > cap:
+                return False
+            sizes[id(node)] = total
+        elif id(node) not in sizes:
+            if id(node) in opened:  # opened, not summed: an ancestor of itself
+                return False
+            opened.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children
+                         if isinstance(child, _CONTAINERS) and id(child) not in sizes)
+    return sizes.get(id(data), 1) <= cap
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _children(node: object) -> list:
+    if isinstance(node, dict):
+        return [*node.keys(), *node.values()]
+    return list(node) if isinstance(node, _CONTAINERS) else []
 
 
 def check(snapshot: object) -> str | None:
@@ -97,6 +141,8 @@ def _snapshot_model():
     """The pydantic model of what `check` asks of a snapshot (pydantic loaded when reading)."""
     from pydantic import BaseModel, ConfigDict
 
+    from mlamem.results.models import Bytes
+
     class Part(BaseModel):
         model_config = ConfigDict(strict=True, extra="allow")
 
@@ -108,18 +154,18 @@ def _snapshot_model():
     class Event(Part):
         action: str
         addr: int
-        size: int
+        size: Bytes
         frames: list[Frame] = []
 
     class Block(Part):
-        size: int
-        requested_size: int | None = None
+        size: Bytes
+        requested_size: Bytes | None = None
         state: str
         frames: list[Frame] = []
 
     class Segment(Part):
         address: int
-        total_size: int
+        total_size: Bytes
         blocks: list[Block]
 
     class Snapshot(Part):

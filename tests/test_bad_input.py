@@ -587,7 +587,30 @@ def test_gate_baseline_fields(inputs, baseline):
         assert str(path) in line and "--update" in line
 
 
+def _rows_changed(change: Callable[[list], None]) -> Callable[[], str]:
+    """The H200 profile with its rows changed in place by `change`."""
+    def content() -> str:
+        data = json.loads(PROFILE.read_text())
+        change(data["rows"])
+        return json.dumps(data)
+    return content
+
+
+ROW_CASES = [  # figures no run can give: report and diff alike
+    pytest.param([written("neg.json", _rows_changed(
+        lambda rows: rows[0].update(peak_allocated_bytes=-5)))],
+        "rows[0].peak_allocated_bytes: -5 is negative", id="row-negative"),
+    pytest.param([written("huge.json", _rows_changed(
+        lambda rows: rows[1]["buffers"][0].update(requested_bytes=2**60)))],
+        f"rows[1].buffers[0].requested_bytes: {2**60} is more than", id="buffer-beyond-any-device"),
+    pytest.param([written("dup.json", _rows_changed(
+        lambda rows: rows.append({**rows[0], "peak_allocated_bytes": 1})))],
+        "a second copy of glm5-fp8-tp8/sparse-decode/1024/", id="row-twice"),
+]
+
+
 @pytest.mark.parametrize(("args", "fix"), [
+    *ROW_CASES,
     pytest.param(["{out}/missing.json"], "no such result file", id="input-missing"),
     pytest.param(["{out}"], "is a folder", id="input-folder"),
     pytest.param([written("half.json", lambda: PROFILE.read_text()[:5000])], "not valid JSON",
@@ -683,6 +706,29 @@ def written_bytes(name: str, content: Callable[[], bytes]) -> Made:
     return Made(make)
 
 
+def _reused_block() -> dict:
+    """8 KB of pickle that unpickles to 4 million blocks: one block and one segment reused."""
+    block = {"size": 1, "state": "active_allocated", "frames": []}
+    segment = {"address": 1, "total_size": 1, "blocks": [block] * 2000}
+    return {"segments": [segment] * 2000, "device_traces": []}
+
+
+def _recorded_with(part: Callable[[dict], dict], value: int) -> Callable[[], bytes]:
+    """The H200 snapshot with the size of its `part` (a block or an event) set to `value`."""
+    def content() -> bytes:
+        data = pickle.loads(SNAPSHOT.read_bytes())
+        part(data)["size"] = value
+        return pickle.dumps(data)
+    return content
+
+
+def _cyclic() -> dict:
+    """A snapshot whose segment list holds itself."""
+    segments: list = []
+    segments.append(segments)
+    return {"segments": segments, "device_traces": []}
+
+
 SNAPSHOT_CASES = [  # a file given as a snapshot that is none: explain and diff alike
     pytest.param([written_bytes("pwn.pickle", lambda: pickle.dumps(_RunsCommand()))],
                  "names posix.system, which a snapshot never does", id="snapshot-os-system"),
@@ -697,6 +743,17 @@ SNAPSHOT_CASES = [  # a file given as a snapshot that is none: explain and diff 
     pytest.param([written_bytes("nosize.pickle", lambda: pickle.dumps(
         {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1}]]}))],
         "device_traces[0][0].size: missing", id="snapshot-event-without-size"),
+    pytest.param([written_bytes("bomb.pickle", lambda: pickle.dumps(_reused_block()))],
+                 "more than 16 values per byte of the file", id="snapshot-reuse-bomb"),
+    pytest.param([written_bytes("cycle.pickle", lambda: pickle.dumps(_cyclic()))],
+                 "refers to itself", id="snapshot-cycle"),
+    pytest.param([written_bytes("neg.pickle", _recorded_with(
+        lambda s: s["segments"][0]["blocks"][0], -1))],
+                 "segments[0].blocks[0].size: -1 is negative", id="snapshot-negative-block"),
+    pytest.param([written_bytes("huge.pickle", _recorded_with(
+        lambda s: s["device_traces"][0][0], 2**200))],
+                 f"device_traces[0][0].size: {2**200} is more than {2**48}",
+                 id="snapshot-event-beyond-any-device"),
     pytest.param(["{out}/missing.pickle"], "no such memory snapshot", id="snapshot-missing"),
     pytest.param(["{out}"], "is a folder", id="snapshot-folder"),
 ]
@@ -728,6 +785,8 @@ def test_explain(inputs, args, fix):
 @pytest.mark.parametrize(("args", "fix"), [
     *[pytest.param([str(SNAPSHOT), *case.values[0]], case.values[1], id=case.id)
       for case in SNAPSHOT_CASES],
+    *[pytest.param([str(PROFILE), *case.values[0]], case.values[1], id=case.id)
+      for case in ROW_CASES],
     pytest.param([str(PROFILE), str(SNAPSHOT)], "compare two of one kind", id="kinds-mixed"),
     pytest.param([str(PROFILE), "{baseline}"], "'mlamem.baseline/1' is not a result diff",
                  id="baseline"),

@@ -9,17 +9,22 @@ file or field, no traceback, nothing written in or outside the folder named.
 """
 
 import json
+import pickle
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mlamem import render
 from mlamem.errors import UserError
-from mlamem.files import safe_name
+from mlamem.files import CONTROL_CHARACTERS, safe_name
 from mlamem.testing import check_bad_input, scenario_file
 
 ROOT = Path(__file__).parent
 PROFILE = ROOT / "fixtures" / "results" / "profile-glm5-h200.json"
+SNAPSHOT = ROOT / "fixtures" / "glm5-t1024-h200.snapshot.pickle"
 BASELINE = ROOT.parent / "reports" / "baselines" / "predicted.json"
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
@@ -223,3 +228,69 @@ def test_a_full_disk_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     _full_disk(monkeypatch, MIN_FREE_BYTES)
     assert main(["profile", "--predict", "--tokens", "1024", "--output", str(output)]) == 0
     assert output.exists()
+
+
+HOSTILE = "x\n# HEAD | zq`b\x1b[31mRED\x1b]0;TITLE\x07"  # a heading, a cell break, a span, ESC, OSC
+
+
+@given(st.text())
+def test_escaped_leaves_one_line_without_controls(text):
+    """Terminal text loses every control character and line break; Markdown keeps no bare `|`
+    or backtick."""
+    plain, marked = render.escaped(text), render.escaped(text, markdown=True)
+    for out in (plain, marked):
+        assert not CONTROL_CHARACTERS.search(out) and len(out.splitlines()) <= 1
+    assert "|" not in marked.replace("\\|", "") and "`" not in marked.replace("\\`", "")
+
+
+def _hostile_profile(data: dict) -> None:
+    data["scenario"]["name"] = HOSTILE
+    data["notes"].append(HOSTILE)
+    data["rows"][0]["buffers"][0]["name"] = HOSTILE
+
+
+def _hostile_snapshot(folder: Path) -> str:
+    data = pickle.loads(SNAPSHOT.read_bytes())
+    for event in data["device_traces"][0]:
+        for frame in event["frames"]:
+            frame["name"], frame["filename"] = HOSTILE, HOSTILE
+    return _write(folder, "s.pickle", pickle.dumps(data))
+
+
+def _clean(text: str, markdown: bool) -> None:
+    """No terminal sequence, no line the input file began; in Markdown no bare `|` of its own
+    (a cell stays one cell)."""
+    assert "\x1b" not in text and "\x07" not in text
+    assert not any(line.lstrip().startswith(("# HEAD", "HEAD")) for line in text.splitlines())
+    assert not markdown or (re.search(r"(?<!\\)\| zq", text) is None and "\\| zq" in text)
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param(lambda p, s, out: ["report", p, "--output", out], id="report"),
+    pytest.param(lambda p, s, out: ["diff", str(PROFILE), p], id="diff-table"),
+    pytest.param(lambda p, s, out: ["diff", str(PROFILE), p, "--format", "markdown"],
+                 id="diff-markdown"),
+    pytest.param(lambda p, s, out: ["diff", str(SNAPSHOT), s], id="diff-snapshots"),
+    pytest.param(lambda p, s, out: ["explain", s], id="explain-table"),
+    pytest.param(lambda p, s, out: ["explain", s, "--format", "markdown"], id="explain-markdown"),
+])
+def test_text_from_files_is_escaped_in_every_view(tmp_path, capsys, request, command):
+    """A scenario name, a note, a buffer or frame name with a newline, a pipe, a backtick and
+    terminal sequences reaches no table, heading or terminal raw."""
+    from mlamem.cli import main
+
+    profile = _write(tmp_path, "p.json", _profile_text(_hostile_profile))
+    out = tmp_path / "r.md"
+    assert main(command(profile, _hostile_snapshot(tmp_path), str(out))) == 0
+    captured = capsys.readouterr()
+    markdown = "markdown" in request.node.callspec.id or out.exists()
+    _clean(captured.err, markdown=False)
+    _clean(out.read_text() if out.exists() else captured.out, markdown)
+
+
+def test_a_scenario_name_is_one_printable_line(tmp_path):
+    """A TOML whose name holds a newline or ESC is refused where it is read, in one line."""
+    for name in ("nl\\n# HEAD | x", "a\\u001b[31mRED"):
+        path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': f'name = "{name}"'})
+        check_bad_input(["profile", "--predict", "--tokens", "1024", "--scenario", str(path)],
+                        "[top].name")

@@ -34,6 +34,7 @@ def test_snapshot_opens_with_torch_memory_viz(tmp_path):
 # Reading a snapshot from elsewhere: untrusted input.
 
 FIXTURE = Path(__file__).parent / "fixtures" / "glm5-t1024-h200.snapshot.pickle"
+FIXTURES = FIXTURE.parent
 
 
 class _RunsCommand:
@@ -90,3 +91,28 @@ def test_read_refuses_a_file_over_the_bound(tmp_path, monkeypatch):
     monkeypatch.setattr(snapshot, "MAX_SNAPSHOT_BYTES", 1000)
     with pytest.raises(UserError, match="7255 bytes, more than a memory snapshot"):
         snapshot.read(FIXTURE)
+
+
+@pytest.mark.parametrize("fixture", sorted(FIXTURES.glob("*.snapshot.pickle")),
+                         ids=lambda p: p.name)
+def test_the_recorded_snapshots_are_within_the_node_bound(fixture):
+    """Every snapshot recorded on the H200 reads: the bound on reuse leaves real ones alone."""
+    data = fixture.read_bytes()
+    assert snapshot.within_nodes(pickle.loads(data), snapshot.MAX_NODES_PER_BYTE * len(data))
+    assert snapshot.read(fixture)["segments"]
+
+
+def test_nodes_count_each_reach_and_cycles():
+    """A shared object counts each time it is reached (a dict's key and value one each), so a
+    tree just over the cap is refused and one at it is not; a cycle is refused at any cap."""
+    leaf = {"size": 1}  # 3 nodes
+    tree = [leaf] * 4  # 1 + 4 x 3
+    assert snapshot.within_nodes(tree, 13) and not snapshot.within_nodes(tree, 12)
+    assert snapshot.within_nodes([[tree] * 10] * 10, 1 + 10 * (1 + 10 * 13))
+    loop: list = [1]
+    loop.append(loop)
+    assert not snapshot.within_nodes({"segments": loop}, 10**9)
+    deep: list = []
+    for _ in range(100_000):  # deeper than Python's recursion limit
+        deep = [deep]
+    assert snapshot.within_nodes(deep, 100_001) and not snapshot.within_nodes(deep, 100_000)

@@ -79,7 +79,11 @@ def write_report(result, report_dir: Path | None) -> None:
 @contextlib.contextmanager
 def progress(title: str, total: int | None):
     """Progress on stderr; yields advance(text), called once per case. On a terminal, a
-    transient bar (a spinner if total is None); piped, one plain line per case."""
+    transient bar (a spinner if total is None); piped, one plain line per case. Names in the
+    title and the descriptions come from files: escaped, and never read as rich markup."""
+    from mlamem.render.common import escaped
+
+    title = escaped(title)
     if not stderr.is_terminal:
         done = 0
 
@@ -87,16 +91,16 @@ def progress(title: str, total: int | None):
             nonlocal done
             done += 1
             count = f"{done}/{total}" if total is not None else f"{done}"
-            print(f"mlamem: {title} [{count}] {description}", file=sys.stderr, flush=True)
+            print(f"mlamem: {title} [{count}] {escaped(description)}", file=sys.stderr, flush=True)
 
         yield advance
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=True) as bar:
         task = bar.add_task(title, total=total)
-        yield lambda description: bar.update(task, advance=1, description=description)
+        yield lambda description: bar.update(task, advance=1, description=escaped(description))
 
 
 def append_step_summary(text: str) -> None:

@@ -8,7 +8,7 @@ import the profiler, and with it torch.
 import importlib
 
 _EXPORTS = {
-    "common": ["csv_cell", "markdown_code", "predicted_tag"],
+    "common": ["csv_cell", "escaped", "markdown_code", "predicted_tag"],
     "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table",
                 "compare_view"],
     "diff": ["DIFF_FORMATS", "diff_markdown"],

@@ -13,6 +13,7 @@ from rich.constrain import Constrain
 from rich.table import Table
 from rich.text import Text
 
+from mlamem.files import CONTROL_CHARACTERS
 from mlamem.units import format_bytes, gib
 
 WIDTH = 80  # every terminal table fits this many columns
@@ -23,10 +24,22 @@ def predicted_tag(measured: bool) -> str:
     return "" if measured else " (PREDICTED)"
 
 
+_BREAKS = re.compile(r"[\n\r\t\v\f\x85\u2028\u2029]+")  # line breaks and tabs: one space
+
+
+def escaped(text: object, markdown: bool = False) -> str:
+    """The one escape for text from an input file (a scenario's name, a note, a buffer or frame
+    name): one line with no control character, so no newline or terminal sequence (ESC, OSC's
+    BEL) reaches a table or a terminal; for Markdown, `|` and backticks escaped too, so a table
+    cell stays one cell and no code span opens."""
+    flat = CONTROL_CHARACTERS.sub("", _BREAKS.sub(" ", str(text)))
+    return flat.replace("|", "\\|").replace("`", "\\`") if markdown else flat
+
+
 def markdown_code(text: object) -> str:
-    """The one escape for text from an input file that reaches Markdown: an inline code span that
-    no newline, pipe or backtick in `text` can leave (a table cell stays one cell)."""
-    flat = " ".join(str(text).splitlines()).replace("|", "\\|")
+    """Text from an input file as a Markdown code span (`escaped`, then fenced): no newline,
+    pipe or backtick in `text` can leave it (a table cell stays one cell)."""
+    flat = escaped(text).replace("|", "\\|")
     longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
     fence = "`" * (longest + 1)
     pad = " " if flat.startswith("`") or flat.endswith("`") else ""

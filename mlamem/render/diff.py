@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import json
 
-from mlamem.render.common import compact_table, console_text, markdown_code, signed_bytes, with_notes
+from mlamem.render.common import (
+    compact_table,
+    console_text,
+    escaped,
+    markdown_code,
+    signed_bytes,
+    with_notes,
+)
 from mlamem.units import format_bytes
 
 
@@ -74,13 +81,13 @@ def diff_text(doc: dict) -> str:
     for name in ("case / buffer", "A", "B", "change"):
         table.add_column(name, justify="left" if name == "case / buffer" else "right")
     for u in doc["units"]:
-        table.add_row(_case(u), _bytes(u["a_peak_bytes"]), _bytes(u["b_peak_bytes"]),
+        table.add_row(escaped(_case(u)), _bytes(u["a_peak_bytes"]), _bytes(u["b_peak_bytes"]),
                       signed_bytes(u["peak_change_bytes"]))
         for b in u["buffers"]:
             if b["change_bytes"]:
-                table.add_row(f"  {b['name']}", _bytes(b["a_bytes"]), _bytes(b["b_bytes"]),
+                table.add_row(f"  {escaped(b['name'])}", _bytes(b["a_bytes"]), _bytes(b["b_bytes"]),
                               signed_bytes(b["change_bytes"]))
-    notes = [f"A: {doc['a']}", f"B: {doc['b']}"] + _environment_lines(doc)
+    notes = [escaped(n) for n in (f"A: {doc['a']}", f"B: {doc['b']}", *_environment_lines(doc))]
     return console_text(with_notes(table, notes))
 
 

@@ -7,7 +7,7 @@ import json
 
 from rich.console import Group
 
-from mlamem.render.common import compact_table, console_text, markdown_code, with_notes
+from mlamem.render.common import compact_table, console_text, escaped, markdown_code, with_notes
 from mlamem.units import format_bytes
 
 
@@ -55,10 +55,10 @@ def _call_notes(doc: dict) -> list[str]:
     notes = []
     for i, call in enumerate(doc["calls"], 1):
         if call["saving"] is not None:
-            notes.append(f"call {i} reproduces with: {call['saving']['command']}")
+            notes.append(f"call {i} reproduces with: {escaped(call['saving']['command'])}")
     if any(c["ambiguous"] for c in doc["calls"]):
         notes.append("ambiguous: bytes fix only rows x heads; --scenario fixes the heads")
-    return notes + doc["notes"]
+    return notes + [escaped(note) for note in doc["notes"]]
 
 
 def explain_markdown(doc: dict) -> str:
@@ -77,7 +77,8 @@ def explain_markdown(doc: dict) -> str:
         lines += ["| # | event | op | kernel | path | implies | buffers | live at peak | "
                   "workspace path saves |", "|---:|---:|---|---|---|---|---|---:|---|"]
         for i, call in enumerate(doc["calls"], 1):
-            buffers = ", ".join(f"{b['name']} {format_bytes(b['requested_bytes'])}"
+            buffers = ", ".join(f"{escaped(b['name'], markdown=True)} "
+                                f"{format_bytes(b['requested_bytes'])}"
                                 for b in call["buffers"])
             lines.append(f"| {i} | {call['first_event']} | {call.get('op') or 'sparse-decode'} | "
                          f"{' or '.join(call['kernels'])} | "
@@ -85,7 +86,7 @@ def explain_markdown(doc: dict) -> str:
                          f"{format_bytes(call['live_at_peak_bytes'])} | {_saving(call)} |")
     lines += [""] + [f"- call {i} reproduces with: {markdown_code(c['saving']['command'])}"
                      for i, c in enumerate(doc["calls"], 1) if c["saving"] is not None]
-    lines += [f"- {n}" for n in _call_notes(doc) if not n.startswith("call ")]
+    lines += [f"- {escaped(n, markdown=True)}" for n in _call_notes(doc) if not n.startswith("call ")]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -98,14 +99,14 @@ def explain_table(doc: dict) -> Group:
     for name in ("frame", "bytes", "allocs"):
         frames.add_column(name, justify="left" if name == "frame" else "right")
     for r in doc["by_frame"]:
-        frames.add_row(r["frame"], format_bytes(r["bytes"]), str(r["allocations"]))
+        frames.add_row(escaped(r["frame"]), format_bytes(r["bytes"]), str(r["allocations"]))
     segments = compact_table("by segment")
     for name in ("segment", "size", "live", "allocs"):
         segments.add_column(name, justify="left" if name == "segment" else "right")
     for r in doc["by_segment"]:
         segments.add_row(_address(r["address"]), _bytes(r["segment_bytes"]),
                          format_bytes(r["live_bytes"]), str(r["allocations"]))
-    calls = compact_table(f"MLA calls found ({doc['scenario']})")
+    calls = compact_table(f"MLA calls found ({escaped(doc['scenario'])})")
     for name in ("#", "event", "op", "path", "implies", "at peak", "workspace saves"):
         calls.add_column(name, justify="right" if name in ("#", "event", "at peak") else "left")
     for i, call in enumerate(doc["calls"], 1):

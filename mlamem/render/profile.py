@@ -14,6 +14,7 @@ from mlamem.render.common import (
     console_text,
     csv_cell,
     equal_text,
+    escaped,
     gib_text,
     markdown_code,
     predicted_tag,
@@ -63,10 +64,10 @@ def table(result: ProfileResult) -> Group:
     cell), then its notes."""
     s = result.scenario
     sym = _symbol(result)
-    failures = [f"{sym}={row.tokens} {row.path}: {row.failure}" for row in result.rows
+    failures = [f"{sym}={row.tokens} {escaped(row.path)}: {escaped(row.failure)}" for row in result.rows
                 if row.failure and not row.oom]
     kv = result.rows[0].kv_tokens if result.rows else None
-    out = compact_table(f"mlamem profile{_op_tag(result)}: {s['name']}"
+    out = compact_table(f"mlamem profile{_op_tag(result)}: {escaped(s['name'])}"
                         f"{predicted_tag(result.measured)}, {s['heads_per_rank']} heads/rank "
                         f"padded to {s['padded_heads']}, {describe_call(result.op, s, kv)}; "
                         "per-call peaks in GiB")
@@ -83,16 +84,16 @@ def table(result: ProfileResult) -> Group:
             saved = ("" if row is base or base is None or failed or base.failure
                      else gib_text(base.peak_allocated_bytes - row.peak_allocated_bytes))
             out.add_row(
-                str(tokens), row.path,
+                str(tokens), escaped(row.path),
                 _oom_text(row) if row.oom else ("failed" if failed
                                                 else gib_text(row.peak_allocated_bytes)),
                 "" if failed else gib_text(row.peak_reserved_bytes),
                 "" if failed else gib_text(row.nvml_peak_bytes), saved,
                 _ms(row),
                 "" if row.allocations_in_call is None else str(row.allocations_in_call),
-                equal_text(row.outputs_equal), ", ".join(row.staged) or "-",
+                equal_text(row.outputs_equal), escaped(", ".join(row.staged)) or "-",
             )
-    return with_notes(out, [_label(result), *failures, *result.notes,
+    return with_notes(out, [_label(result), *failures, *map(escaped, result.notes),
                             *_process_peaks(result)])
 
 
@@ -115,10 +116,12 @@ def markdown(result: ProfileResult) -> str:
     sym = _symbol(result)
     kv = result.rows[0].kv_tokens if result.rows else None
     lines = [
-        f"### Per-call peak allocation{_op_tag(result)}: {s['name']}"
+        f"### Per-call peak allocation{_op_tag(result)}: "
+        f"{escaped(s['name'], markdown=True)}"
         f"{predicted_tag(result.measured)}",
         "",
-        f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
+        f"{escaped(s['model'], markdown=True)}, {s['heads_per_rank']} heads/rank padded to "
+        f"{s['padded_heads']}, "
         f"{describe_call(result.op, s, kv)}. {_label(result)}.",
         "",
     ]
@@ -148,7 +151,7 @@ def markdown(result: ProfileResult) -> str:
         for tokens, row in by_tokens.items():
             lines.append(f"| {tokens} | " + " | ".join(_md_cell(row[p]) for p in paths)
                          + f" | {equal_text(row[paths[0]].outputs_equal)} |{times(row)}")
-    lines += [""] + [f"- {note}" for note in result.notes]
+    lines += [""] + [f"- {escaped(note, markdown=True)}" for note in result.notes]
     lines.append(f"- Command: {markdown_code(result.command)}")
     return "\n".join(lines) + "\n"
 
@@ -157,7 +160,7 @@ def _md_cell(row: ProfileRow) -> str:
     if row.oom:
         return _oom_text(row)
     if row.failure:
-        return f"failed: {row.failure}"
+        return f"failed: {escaped(row.failure, markdown=True)}"
     return f"{gib(row.peak_allocated_bytes):.3f} GiB"
 
 
@@ -205,10 +208,10 @@ def _frame(buffer: dict) -> str:
 def breakdown_table(result: ProfileResult) -> Group:
     """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not,
     and with frames the frame that asked for it."""
-    summaries = [f"{_symbol(result)}={row.tokens} {row.path}: " + (
-        row.failure or f"{_in_call(row)} allocated in the call; {_adds_up(row, exact=False)}")
+    summaries = [f"{_symbol(result)}={row.tokens} {escaped(row.path)}: " + (
+        escaped(row.failure or "") or f"{_in_call(row)} allocated in the call; {_adds_up(row, exact=False)}")
         for row in result.rows]
-    out = compact_table(f"mlamem profile --breakdown: {result.scenario['name']}"
+    out = compact_table(f"mlamem profile --breakdown: {escaped(result.scenario['name'])}"
                         f"{predicted_tag(result.measured)}")
     framed = _framed(result)
     for name in (f"{_symbol(result)}, path", "buffer", "by", "size", "live at\npeak",
@@ -216,24 +219,26 @@ def breakdown_table(result: ProfileResult) -> Group:
         out.add_column(name, justify="right" if name == "size" else "left", no_wrap=True)
     for row in result.rows:
         for i, b in enumerate(row.buffers):
-            out.add_row(f"{row.tokens} {row.path}" if i == 0 else "", b["name"],
-                        b["allocated_by"], format_bytes(b["requested_bytes"]),
+            out.add_row(f"{row.tokens} {escaped(row.path)}" if i == 0 else "",
+                        escaped(b["name"]), escaped(b["allocated_by"]), format_bytes(b["requested_bytes"]),
                         "yes" if b["live_at_peak"] else "no", _removed(b),
-                        *([_frame(b)] if framed else []))
+                        *([escaped(_frame(b))] if framed else []))
         out.add_section()
-    return with_notes(out, [_label(result), *summaries, *result.notes])
+    return with_notes(out, [_label(result), *summaries, *map(escaped, result.notes)])
 
 
 def breakdown_markdown(result: ProfileResult) -> str:
     """The per-buffer view as Markdown, one table per (T, path)."""
     tag = predicted_tag(result.measured)
-    lines = [f"### Where the bytes go: {result.scenario['name']}{tag}", "", f"{_label(result)}.", ""]
+    name = escaped(result.scenario["name"], markdown=True)
+    lines = [f"### Where the bytes go: {name}{tag}", "", f"{_label(result)}.", ""]
     framed = _framed(result)
     for row in result.rows:
-        lines.append(f"#### {_symbol(result)}={row.tokens}, {row.path} path{tag}")
+        path = escaped(row.path, markdown=True)
+        lines.append(f"#### {_symbol(result)}={row.tokens}, {path} path{tag}")
         lines.append("")
         if row.failure:
-            lines += [f"Failed: {row.failure}", ""]
+            lines += [f"Failed: {escaped(row.failure, markdown=True)}", ""]
             continue
         lines += ["| buffer | allocated by | bytes | size | live at peak | workspace path |"
                   + (" frame |" if framed else ""),
@@ -241,21 +246,24 @@ def breakdown_markdown(result: ProfileResult) -> str:
         for b in row.buffers:
             frame = f" {markdown_code(_frame(b))} |" if framed and _frame(b) else (
                 " |" if framed else "")
-            lines.append(f"| {_md_name(b)} | {b['allocated_by']} | {b['requested_bytes']} | "
+            lines.append(f"| {_md_name(b)} | {escaped(b['allocated_by'], markdown=True)} | "
+                         f"{b['requested_bytes']} | "
                          f"{format_bytes(b['requested_bytes'])} | "
                          f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |{frame}")
         lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row, exact=True)}."]
         if row.missing_buffers:
-            lines.append(f"Expected but not allocated: {', '.join(row.missing_buffers)}.")
+            lines.append("Expected but not allocated: "
+                         f"{escaped(', '.join(row.missing_buffers), markdown=True)}.")
         lines.append("")
-    lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
+    lines += [f"- {escaped(note, markdown=True)}" for note in result.notes]
+    lines.append(f"- Command: {markdown_code(result.command)}")
     return "\n".join(lines) + "\n"
 
 
 def _md_name(buffer: dict) -> str:
     """A buffer's name in Markdown: a frame (`file:line function`) as code."""
     name = buffer["name"]
-    return markdown_code(name) if name == buffer.get("frame") else name
+    return markdown_code(name) if name == buffer.get("frame") else escaped(name, markdown=True)
 
 
 def to_json(result: ProfileResult) -> str:

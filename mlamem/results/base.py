@@ -54,6 +54,18 @@ class ResultFile(Model):
         return data
 
 
+def no_second_copy(items: list, key: tuple[str, ...], where: str) -> None:
+    """ValueError naming the first of `items` whose `key` fields repeat an earlier one's: two
+    copies of one row or case would be settled by whichever comes last."""
+    seen: set[tuple] = set()
+    for i, item in enumerate(items):
+        values = tuple(getattr(item, name) for name in key)
+        if values in seen:
+            shown = "/".join(str(v) for v in values if v is not None)
+            raise ValueError(f"{where}[{i}]: a second copy of {shown}")
+        seen.add(values)
+
+
 def error_line(error: ValidationError) -> str:
     """The first problem as `FIELD: what is wrong` (`cases[3].tokens: expected an integer`),
     a wrong value before a missing one, and how many more there are."""
@@ -63,6 +75,10 @@ def error_line(error: ValidationError) -> str:
     words = _EXPECTED.get(first["type"], first["msg"].removeprefix("Value error, "))
     if first["type"] == "literal_error":
         words = f"{first['input']!r} is {first['msg'].removeprefix('Input should be ')}"
+    elif first["type"] == "greater_than_equal" and first["ctx"]["ge"] == 0:
+        words = f"{first['input']} is negative"
+    elif first["type"] == "less_than_equal":
+        words = f"{first['input']} is more than {first['ctx']['le']}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {words}{more}" if where else f"{words}{more}"
 

@@ -8,18 +8,19 @@ default for a missing key.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from mlamem.results.base import Migrate, Model, Open, ResultFile
+from mlamem.results.base import Migrate, Model, Open, ResultFile, no_second_copy
 from mlamem.results.legacy import KERNEL_BEFORE_FLAG, LEGACY_KERNEL_FIELDS
+from mlamem.units import MAX_BYTES
 
 SPARSE_DECODE = "sparse-decode"  # the operation of every file from before operations
 ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # repro, before `engine`
 
-Bytes = int  # a byte count
-MaybeBytes = int | None  # a byte count, null where the call failed or nothing was measured
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]  # a byte count, within what any device has
+MaybeBytes = Bytes | None  # a byte count, null where the call failed or nothing was measured
 
 
 # Objects shared by the schemas
@@ -220,6 +221,11 @@ class ProfileFile(ResultFile):
     environment: Environment
     rows: list[ProfileRow]
     notes: list[str] = Field(description="lines on what could not be staged, and why, and other caveats")
+
+    @model_validator(mode="after")
+    def _one_copy_of_each_row(self) -> ProfileFile:
+        no_second_copy(self.rows, ("scenario", "op", "tokens", "kv_tokens", "path"), "rows")
+        return self
     created: str | None = Field(
         description="when it was made: UTC, ISO 8601 (absent in files from before it was recorded)")
     op: str = Field(
@@ -588,7 +594,7 @@ class CaseFigures(Model):
     peak_allocated_bytes: MaybeBytes = Field(description="the call's allocated and reserved peaks")
     peak_reserved_bytes: MaybeBytes = Field(description="the call's allocated and reserved peaks")
     bytes_allocated_in_call: MaybeBytes = Field(description="requested bytes allocated inside the call")
-    buffers: dict[str, int] = Field(description="buffer name -> requested bytes")
+    buffers: dict[str, Bytes] = Field(description="buffer name -> requested bytes")
     failure: str | None = Field(description="the failed call's error line (null unless it failed)")
 
 
@@ -614,6 +620,11 @@ class BaselineFile(ResultFile):
     environment: Environment
     sweep: Sweep
     cases: list[CaseFigures]
+
+    @model_validator(mode="after")
+    def _one_copy_of_each_case(self) -> BaselineFile:
+        no_second_copy(self.cases, ("scenario", "op", "tokens", "path"), "cases")
+        return self
 
 
 # mlamem.plan/1
