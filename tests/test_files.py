@@ -294,3 +294,19 @@ def test_a_scenario_name_is_one_printable_line(tmp_path):
         path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': f'name = "{name}"'})
         check_bad_input(["profile", "--predict", "--tokens", "1024", "--scenario", str(path)],
                         "[top].name")
+
+
+MARKUP = "x[/bold]y[red"  # rich markup that does not parse: text, never markup
+
+
+def test_rich_markup_in_a_name_or_path_is_plain_text(tmp_path, capsys):
+    """A scenario name and an output path holding rich markup are printed as they are, in the
+    table and in stderr's lines, never read as markup (an unmatched tag raised MarkupError)."""
+    from mlamem.cli import main
+
+    path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': f'name = "{MARKUP}"'})
+    output = tmp_path / "o[red]x.md"  # read as markup, [red] would vanish from the line
+    assert main(["profile", "--predict", "--tokens", "1024", "--scenario", str(path)]) == 0
+    assert MARKUP in capsys.readouterr().out
+    assert main(["profile", "--predict", "--tokens", "1024", "--output", str(output)]) == 0
+    assert output.exists() and f"wrote {output}" in capsys.readouterr().err

@@ -39,7 +39,7 @@ def _stderr_width() -> int | None:
     return columns(sys.stderr, 80) if given.isdigit() and int(given) == 0 else None
 
 
-stderr = Console(stderr=True, width=_stderr_width())
+stderr = Console(stderr=True, width=_stderr_width(), markup=False)  # paths and names are text
 stderr.soft_wrap = not stderr.is_terminal  # piped, a line stays one line (grep finds it whole)
 
 

@@ -28,7 +28,7 @@ def emit(text: str, output: Path | None, terminal_table=None) -> None:
         from mlamem.render.common import fitted
 
         width = terminal_width()
-        Console(width=width).print(fitted(terminal_table, width))
+        Console(width=width, markup=False).print(fitted(terminal_table, width))
     else:
         sys.stdout.write(text)
 

@@ -132,7 +132,7 @@ def with_notes(table: Table, notes: list[str]) -> Group:
 
 
 def _drawn(renderable, width: int) -> str:
-    console = Console(file=io.StringIO(), width=width, record=True)
+    console = Console(file=io.StringIO(), width=width, record=True, markup=False)
     console.print(renderable)
     return "".join(line.rstrip() + "\n" for line in console.export_text().splitlines())
 
@@ -181,7 +181,7 @@ def fitted(renderable, width: int):
 def natural_width(table: Table) -> int:
     """The columns `table` takes with no cell wrapped, WIDTH at least: for text that no
     terminal wraps (a test's failure report), where a frame's path would make it records."""
-    console = Console(file=io.StringIO(), width=10_000)
+    console = Console(file=io.StringIO(), width=10_000, markup=False)
     return max(WIDTH, console.measure(table).maximum)
 
 
