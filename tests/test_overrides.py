@@ -30,15 +30,17 @@ BAD = {"--model": ("no-such-folder/config.json",
 def _json(args: list[str], capsys) -> dict:
     assert main([*args, "--format", "json"]) == 0
     return json.loads(capsys.readouterr().out)
+WEIGHTLESS = ("profile", "validate", "graphs")  # per-call and per-capture figures
 
 
 @pytest.mark.parametrize("option", list(BAD))
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_command_takes_each_option_and_refuses_its_bad_value_in_one_line(command, option):
     """The option reaches the scenario the command loads: its bad value is the loader's line;
-    profile, whose per-call figures the weights do not change, has no --weights-per-rank."""
+    profile, validate and graphs, whose figures the weights do not change, have no
+    --weights-per-rank."""
     value, fix = BAD[option]
-    if (command, option) == ("profile", "--weights-per-rank"):
+    if option == "--weights-per-rank" and command in WEIGHTLESS:
         fix = "No such option: --weights-per-rank"
     check_bad_input([*COMMANDS[command], option, value], fix)
 

@@ -28,7 +28,6 @@ def graphs(
     scenario: o.ScenarioOption = DEFAULT_SCENARIO,
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
-    weights_per_rank: o.WeightsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     paths: o.PathsOption = None,
     capture_sizes: o.CaptureSizesOption = None,
@@ -57,7 +56,7 @@ def graphs(
         check_output_path(output)
     check_report_dir(report_dir)
     # a bad file, config or GPU name is refused before torch loads
-    loaded = o.load_scenario(scenario, o.Changes(model, gpu, weights_per_rank))
+    loaded = o.load_scenario(scenario, o.Changes(model, gpu))
     decode = o.make_kernel(kernel)
     [part] = plan(Request([(scenario, loaded)], [operations.SPARSE_DECODE],
                           decode, paths=o.split_paths(paths), capture_sizes=sizes or [],

@@ -23,7 +23,6 @@ def validate(
     scenario: o.ScenariosOption = "all",
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
-    weights_per_rank: o.WeightsOption = None,
     tokens: Annotated[str | None, o.tokens_option(
         f"{','.join(map(str, VALIDATE_TOKENS))} for sparse-decode, each scenario the ones its "
         "max_num_batched_tokens allows")] = None,
@@ -55,7 +54,7 @@ def validate(
     from mlamem.validate import check_sweep
 
     chosen_shard = o.parse_shard_option(shard)
-    changes = o.Changes(model, gpu, weights_per_rank)
+    changes = o.Changes(model, gpu)
     loaded = o.load_scenarios(scenario, changes)  # bad files are refused before torch loads
     decode = o.make_kernel(kernel)
     if graphs or capture_sizes is not None:
