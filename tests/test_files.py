@@ -334,6 +334,7 @@ def _hostile_copy(folder: Path, fixture: Path, edit) -> str:
     return _write(folder, f"hostile-{fixture.name}", json.dumps(data))
 
 
+@pytest.mark.filterwarnings("error:Glyph")  # a control character drawn into a figure
 @pytest.mark.parametrize(("fixture", "edit", "command", "markdown"), [
     pytest.param(REPRO, _hostile_repro, lambda h, out: ["report", h, "--output", out], True,
                  id="repro-report"),
