@@ -365,6 +365,16 @@ def test_text_from_other_results_is_escaped(tmp_path, capsys, fixture, edit, com
     _clean(out.read_text() if out.exists() else captured.out, markdown)
 
 
+def test_a_refusal_quoting_a_file_is_one_clean_line(tmp_path):
+    """A baseline made with a kernel version holding a newline and terminal sequences: the
+    gate's refusal quotes it in one line, without them."""
+    hostile = _hostile_copy(tmp_path, GATE_BASELINE,
+                            lambda data: data["environment"]["kernels"].update(flashmla=HOSTILE))
+    line = check_bad_input(["gate", "--predict", "--baseline", hostile, "--scenario",
+                            "glm5-fp8-tp8", "--tokens", "1024"], "kernels.flashmla: baseline x")
+    _clean(line, markdown=False)
+
+
 def test_a_scenario_name_is_one_printable_line(tmp_path):
     """A TOML whose name holds a newline or ESC is refused where it is read, in one line."""
     for name in ("nl\\n# HEAD | x", "a\\u001b[31mRED"):
