@@ -309,10 +309,10 @@ def _hostile_graphs(data: dict) -> None:
 
 
 def _hostile_validate(data: dict) -> None:
-    for comparison in data["comparisons"]:
-        comparison["scenario"] = HOSTILE
+    for comparison in data["comparisons"]:  # each scenario and buffer keeps its own name
+        comparison["scenario"] = HOSTILE + comparison["scenario"]
         if comparison["item"] != "total":
-            comparison["item"] = HOSTILE
+            comparison["item"] = HOSTILE + comparison["item"]
 
 
 def _hostile_compare(data: dict) -> None:
