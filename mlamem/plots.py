@@ -217,7 +217,7 @@ def repro_budget(result: ReproResult) -> bytes:
             ax.axvline(gib(cap), color="black", linestyle="--", linewidth=1.2,
                        label="torch cap (target GPU less non-torch memory)" if k == 0 else None)
         ax.set_yticks(range(len(cases)), labels=[
-            f"{view.case_label(c)}\n{_verdict_note(c)}" for c in reversed(cases)])
+            f"{escaped(view.case_label(c))}\n{_verdict_note(c)}" for c in reversed(cases)])
         ax.set_xlim(0, right * 1.16 if right else 1)
         ax.set_ylim(-0.6, len(cases) - 0.4)
         ax.set_xlabel("device memory of one rank (GiB)")
@@ -268,31 +268,31 @@ def graph_pool_vs_size(result: GraphsResult) -> bytes:
         figure = _figure(9.5, 6.5)
         ax = figure.add_subplot()
         for path in result.paths:
-            color = GRAPH_PATH_COLORS.get(path.path)
+            color, name = GRAPH_PATH_COLORS.get(path.path), escaped(path.path)
             pool = _cumulative(path, "pool_growth_bytes")
             ax.plot([t for t, _ in pool], [b / scale for _, b in pool], marker="o",
                     markersize=3, linewidth=2, color=color,
-                    label=f"{path.path}: pool after each capture")
+                    label=f"{name}: pool after each capture")
             device = _cumulative(path, "device_growth_bytes")
             if device:
                 ax.plot([t for t, _ in device], [b / scale for _, b in device], linestyle="-.",
                         linewidth=1.5, color=color,
-                        label=f"{path.path}: device growth after each capture (mem_get_info)")
+                        label=f"{name}: device growth after each capture (mem_get_info)")
             peaks = [c for c in path.captures if c.failure is None]
             ax.plot([c.tokens for c in peaks], [c.peak_allocated_bytes / scale for c in peaks],
                     marker=".", markersize=3, linewidth=1, alpha=0.4, color=color,
-                    label=f"{path.path}: peak inside each capture")
+                    label=f"{name}: peak inside each capture")
             for estimate in path.estimates:
                 ax.axhline(estimate.estimate_bytes / scale, color=color,
                            linestyle=ESTIMATE_STYLES[estimate.source], linewidth=1.3,
-                           label=f"{path.path}: vLLM's estimate ({estimate.source}) "
+                           label=f"{name}: vLLM's estimate ({estimate.source}) "
                                  f"{format_bytes(estimate.estimate_bytes)}, "
                                  + ("error n/a" if estimate.error_percent is None
                                     else f"{estimate.error_percent:+.1f}%"))
             failed = next((c for c in path.captures if c.failure is not None), None)
             if failed is not None:
                 ax.axvline(failed.tokens, color=color, linestyle=":", linewidth=1,
-                           label=f"{path.path}: {'OOM' if failed.oom else 'failed'} at "
+                           label=f"{name}: {'OOM' if failed.oom else 'failed'} at "
                                  f"T={failed.tokens}")
         ax.set_xscale("log", base=2)
         ticks = _tick_sizes(sizes)

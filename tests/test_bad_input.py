@@ -35,6 +35,7 @@ from mlamem.testing import check_bad_input, no_gpu, scenario_file, split_into_sh
 RESULTS = Path(__file__).parent / "fixtures" / "results"
 PROFILE = RESULTS / "profile-glm5-h200.json"
 REPRO = RESULTS / "repro-oom-glm5-h200.json"
+REPRO_CONTEXT_REUSE = RESULTS / "repro-oom-context-reuse-h200.json"
 VALIDATE = RESULTS / "validate-h200.json"
 LARGEST_GLM5_T = 2021161080  # 2**48 B // (64 padded heads x (576 + 512) x 2 B of q and out)
 
@@ -587,13 +588,42 @@ def test_gate_baseline_fields(inputs, baseline):
         assert str(path) in line and "--update" in line
 
 
-def _rows_changed(change: Callable[[list], None]) -> Callable[[], str]:
-    """The H200 profile with its rows changed in place by `change`."""
+def _changed(fixture: Path, change: Callable[[dict], None]) -> Callable[[], str]:
+    """The committed result `fixture` changed in place by `change`."""
     def content() -> str:
-        data = json.loads(PROFILE.read_text())
-        change(data["rows"])
+        data = json.loads(fixture.read_text())
+        change(data)
         return json.dumps(data)
     return content
+
+
+def _rows_changed(change: Callable[[list], None]) -> Callable[[], str]:
+    """The H200 profile with its rows changed in place by `change`."""
+    return _changed(PROFILE, lambda data: change(data["rows"]))
+
+
+def _again(items: list, index: int = 0, **changes) -> None:
+    """`items[index]` appended again, with `changes`: a second, differing copy."""
+    items.append({**items[index], **changes})
+
+
+GRAPHS = Path(__file__).parent / "fixtures" / "reports" / "graphs-h200" / "graphs-glm5-flashmla.json"
+# (the fixture, its copy with a case twice, the line): through report, and diff where it compares the kind
+SECOND_COPY_CASES = [
+    pytest.param(REPRO, written("case2.json", _changed(REPRO, lambda d: _again(
+        d["cases"], verdict="oom"))), "cases[2]: a second copy of alloc", id="repro-case-twice"),
+    pytest.param(REPRO_CONTEXT_REUSE, written("variant2.json", _changed(
+        REPRO_CONTEXT_REUSE, lambda d: _again(d["cases"], 1, verdict="oom"))),
+        "cases[3]: a second copy of fp8", id="repro-variant-twice"),
+    pytest.param(GRAPHS, written("path2.json", _changed(GRAPHS, lambda d: _again(
+        d["paths"], pool_bytes=1))), "paths[2]: a second copy of alloc", id="graphs-path-twice"),
+    pytest.param(GRAPHS, written("capture2.json", _changed(GRAPHS, lambda d: _again(
+        d["paths"][1]["captures"], held_bytes=1))),
+        "paths[1].captures[51]: a second copy of 512", id="graphs-capture-twice"),
+    pytest.param(VALIDATE, written("total2.json", _changed(VALIDATE, lambda d: _again(
+        d["comparisons"], measured=1))), "a second copy of deepseek-v32-fp8-tp8/sparse-decode/"
+        "1024/alloc/allocated", id="validate-total-twice"),
+]
 
 
 ROW_CASES = [  # figures no run can give: report and diff alike
@@ -611,6 +641,7 @@ ROW_CASES = [  # figures no run can give: report and diff alike
 
 @pytest.mark.parametrize(("args", "fix"), [
     *ROW_CASES,
+    *[pytest.param([case.values[1]], case.values[2], id=case.id) for case in SECOND_COPY_CASES],
     pytest.param(["{out}/missing.json"], "no such result file", id="input-missing"),
     pytest.param(["{out}"], "is a folder", id="input-folder"),
     pytest.param([written("half.json", lambda: PROFILE.read_text()[:5000])], "not valid JSON",
@@ -787,6 +818,8 @@ def test_explain(inputs, args, fix):
       for case in SNAPSHOT_CASES],
     *[pytest.param([str(PROFILE), *case.values[0]], case.values[1], id=case.id)
       for case in ROW_CASES],
+    *[pytest.param([str(case.values[0]), case.values[1]], case.values[2], id=case.id)
+      for case in SECOND_COPY_CASES if "validate" not in case.id],
     pytest.param([str(PROFILE), str(SNAPSHOT)], "compare two of one kind", id="kinds-mixed"),
     pytest.param([str(PROFILE), "{baseline}"], "'mlamem.baseline/1' is not a result diff",
                  id="baseline"),

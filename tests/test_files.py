@@ -288,6 +288,93 @@ def test_text_from_files_is_escaped_in_every_view(tmp_path, capsys, request, com
     _clean(out.read_text() if out.exists() else captured.out, markdown)
 
 
+FIXTURES = ROOT / "fixtures" / "reports"
+REPRO = FIXTURES / "repro-oom-h200" / "glm5-fp8-tp8.json"
+GRAPHS = FIXTURES / "graphs-h200" / "graphs-glm5-flashmla.json"
+VALIDATE = FIXTURES / "validate-h200" / "validate-h200.json"
+COMPARE = FIXTURES / "kernels-h200" / "compare-sparse-decode.json"
+GATE_BASELINE = FIXTURES / "baselines" / "predicted.json"
+
+
+def _hostile_repro(data: dict) -> None:
+    data["scenario"]["name"] = data["scenario"]["weights_note"] = HOSTILE
+    data["notes"].append(HOSTILE)
+    data["cases"][0]["path"] = data["cases"][-1]["oom_buffer"] = HOSTILE
+
+
+def _hostile_graphs(data: dict) -> None:
+    data["scenario"]["name"] = data["capture_sizes_source"] = HOSTILE
+    data["notes"].append(HOSTILE)
+    data["paths"][0]["path"] = HOSTILE
+
+
+def _hostile_validate(data: dict) -> None:
+    for comparison in data["comparisons"]:  # each scenario and buffer keeps its own name
+        comparison["scenario"] = HOSTILE + comparison["scenario"]
+        if comparison["item"] != "total":
+            comparison["item"] = HOSTILE + comparison["item"]
+
+
+def _hostile_compare(data: dict) -> None:
+    data["scenario"] = data["kernels"][0]["version"] = HOSTILE
+    data["notes"].append(HOSTILE)
+    data["rows"][0]["path"] = HOSTILE
+
+
+def _hostile_baseline(data: dict) -> None:
+    data["environment"]["mlamem"] = HOSTILE  # an environment line of the gate's notes
+    case = next(c for c in data["cases"] if (c["scenario"], c["op"], c["tokens"], c["path"])
+                == ("glm5-fp8-tp8", "sparse-decode", 1024, "alloc"))
+    case["buffers"][HOSTILE] = case["buffers"].pop("padded_q")  # gone and new: two rows
+
+
+def _hostile_copy(folder: Path, fixture: Path, edit) -> str:
+    data = json.loads(fixture.read_text())
+    edit(data)
+    return _write(folder, f"hostile-{fixture.name}", json.dumps(data))
+
+
+@pytest.mark.filterwarnings("error:Glyph")  # a control character drawn into a figure
+@pytest.mark.parametrize(("fixture", "edit", "command", "markdown"), [
+    pytest.param(REPRO, _hostile_repro, lambda h, out: ["report", h, "--output", out], True,
+                 id="repro-report"),
+    pytest.param(REPRO, _hostile_repro, lambda h, out: ["diff", str(REPRO), h], False,
+                 id="repro-diff"),
+    pytest.param(GRAPHS, _hostile_graphs, lambda h, out: ["report", h, "--output", out], True,
+                 id="graphs-report"),
+    pytest.param(GRAPHS, _hostile_graphs,
+                 lambda h, out: ["diff", str(GRAPHS), h, "--format", "markdown"], True,
+                 id="graphs-diff"),
+    pytest.param(VALIDATE, _hostile_validate, lambda h, out: ["report", h, "--output", out], True,
+                 id="validate-report"),
+    pytest.param(COMPARE, _hostile_compare, lambda h, out: ["report", h, "--output", out], True,
+                 id="compare-report"),
+    pytest.param(GATE_BASELINE, _hostile_baseline,
+                 lambda h, out: ["gate", "--predict", "--baseline", h, "--scenario",
+                                 "glm5-fp8-tp8", "--tokens", "1024"], True, id="gate-baseline"),
+])
+def test_text_from_other_results_is_escaped(tmp_path, capsys, fixture, edit, command, markdown):
+    """A repro-oom, graphs, validate, compare or baseline file whose names, notes and environment
+    hold a newline, a pipe, a backtick and terminal sequences reaches no table or terminal raw."""
+    from mlamem.cli import main
+
+    hostile, out = _hostile_copy(tmp_path, fixture, edit), tmp_path / "r.md"
+    assert main(command(hostile, str(out))) in (0, 1)  # the gate fails on its new buffer
+    captured = capsys.readouterr()
+    _clean(captured.err, markdown=False)
+    _clean(out.read_text() if out.exists() else captured.out, markdown)
+
+
+def test_a_refusal_quoting_a_file_is_one_clean_line(tmp_path):
+    """A baseline made with a kernel version holding a newline and terminal sequences: the
+    gate's refusal quotes it in one line, without them."""
+    hostile = _hostile_copy(tmp_path, GATE_BASELINE,
+                            lambda data: data["environment"]["kernels"].update(flashmla=HOSTILE))
+    line = check_bad_input(["gate", "--predict", "--baseline", hostile, "--scenario",
+                            "glm5-fp8-tp8", "--tokens", "1024"], "kernels.flashmla: baseline x")
+    _clean(line, markdown=False)
+
+
 def test_a_scenario_name_is_one_printable_line(tmp_path):
     """A TOML whose name holds a newline or ESC is refused where it is read, in one line."""
     for name in ("nl\\n# HEAD | x", "a\\u001b[31mRED"):

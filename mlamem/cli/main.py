@@ -10,6 +10,7 @@ import typer
 from mlamem.cli.app import app
 from mlamem.errors import Interrupted, UserError
 from mlamem.interrupt import Guard
+from mlamem.render.common import escaped
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors
@@ -59,7 +60,8 @@ def _run(args: list[str]) -> int:
         _check_repeats(group, args)
         code = group.main(args=args, prog_name="mlamem", standalone_mode=False)
     except UserError as exc:
-        print(f"mlamem: error: {exc.worded(flag_for(exc.field))}", file=sys.stderr)
+        # a refusal may quote a file (a baseline's environment): one line, no terminal sequence
+        print(f"mlamem: error: {escaped(exc.worded(flag_for(exc.field)))}", file=sys.stderr)
         return exc.exit_code
     except click_errors.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx:  # bare `mlamem`

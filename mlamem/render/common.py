@@ -46,6 +46,11 @@ def markdown_code(text: object) -> str:
     return f"{fence}{pad}{flat}{pad}{fence}"
 
 
+def markdown_row(cells) -> str:
+    """One Markdown table row, each cell `escaped` (a name from a file stays one cell)."""
+    return "| " + " | ".join(escaped(cell, markdown=True) for cell in cells) + " |"
+
+
 def gib_text(value: int | None) -> str:
     return "n/a" if value is None else f"{gib(value):.3f}"
 

@@ -9,7 +9,7 @@ from rich.console import Group
 
 from mlamem.compare import CompareResult, CompareRow
 from mlamem.operations import operation
-from mlamem.render.common import compact_table, console_text, with_notes
+from mlamem.render.common import compact_table, console_text, escaped, markdown_row, with_notes
 
 
 def _equal(row: CompareRow) -> str:
@@ -32,7 +32,7 @@ def _error(row: CompareRow, name: str) -> str:
 
 def _title(result: CompareResult) -> str:
     a, b = (k["name"] for k in result.kernels)
-    return f"mlamem compare {result.op}: {a} vs {b}, {result.scenario}"
+    return f"mlamem compare {result.op}: {a} vs {b}, {result.scenario}"  # escaped where drawn
 
 
 def _notes(result: CompareResult) -> list[str]:
@@ -47,12 +47,13 @@ def compare_view(result: CompareResult) -> Group:
     """The table and its notes, for a console of any width (`compare_table` draws it in 80)."""
     symbol = operation(result.op).symbol
     names = [k["name"] for k in result.kernels]
-    out = compact_table(_title(result))
-    for column in (symbol, "path", "outputs", *(f"{n}\nvs reference" for n in names)):
+    out = compact_table(escaped(_title(result)))
+    for column in (symbol, "path", "outputs", *(f"{escaped(n)}\nvs reference" for n in names)):
         out.add_column(column, justify="right" if column == symbol else "left")
     for row in result.rows:
-        out.add_row(str(row.tokens), row.path, _equal(row), *(_error(row, n) for n in names))
-    return with_notes(out, _notes(result))
+        out.add_row(str(row.tokens), escaped(row.path), _equal(row),
+                    *(_error(row, n) for n in names))
+    return with_notes(out, [escaped(note) for note in _notes(result)])
 
 
 def compare_table(result: CompareResult) -> str:
@@ -62,14 +63,14 @@ def compare_table(result: CompareResult) -> str:
 def compare_markdown(result: CompareResult) -> str:
     symbol = operation(result.op).symbol
     names = [k["name"] for k in result.kernels]
-    lines = [f"### {_title(result)}", "",
-             f"| {symbol} | path | out and lse | " + " | ".join(
-                 f"{n} vs reference (out rel-L2 / lse max abs)" for n in names) + " |",
+    lines = [f"### {escaped(_title(result), markdown=True)}", "",
+             markdown_row([symbol, "path", "out and lse", *(
+                 f"{n} vs reference (out rel-L2 / lse max abs)" for n in names)]),
              "|---|---|---|" + "---|" * len(names)]
     for row in result.rows:
-        lines.append(f"| {row.tokens} | {row.path} | {_equal(row)} | "
-                     + " | ".join(_error(row, n) for n in names) + " |")
-    lines += [""] + [f"- {note}" for note in _notes(result)]
+        lines.append(markdown_row([row.tokens, row.path, _equal(row),
+                                   *(_error(row, n) for n in names)]))
+    lines += [""] + [f"- {escaped(note, markdown=True)}" for note in _notes(result)]
     return "\n".join(lines) + "\n"
 
 

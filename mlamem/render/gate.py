@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.kernel_api import OPERATIONS
 from mlamem.operations import operation
-from mlamem.render.common import markdown_code
+from mlamem.render.common import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
 
 _METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",
@@ -75,22 +75,25 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
                       "now | change |", "|---|---|---|---|---|---|---|---|---|"]
             for c in sorted((c for c in result.changes if c.op == op),
                             key=lambda c: _VERDICT_ORDER[c.verdict]):
-                lines.append(f"| {c.verdict} | {c.scenario} | {c.tokens} | {c.path} | "
-                             f"{_METRIC_LABELS[c.metric]} | {c.buffer or ''} | "
-                             f"{_bytes_cell(c.baseline_bytes)} | {_bytes_cell(c.current_bytes)} | "
-                             f"{_change_text(c)} |")
+                lines.append(markdown_row([
+                    c.verdict, c.scenario, c.tokens, c.path, _METRIC_LABELS[c.metric],
+                    c.buffer or "", _bytes_cell(c.baseline_bytes), _bytes_cell(c.current_bytes),
+                    _change_text(c)]))
     else:
         lines += ["", "Every figure equals the baseline."]
     notes = []
+    update = markdown_code(f"mlamem gate --baseline {baseline} --update")
     if result.improvements and not updated:
         notes.append(f"Memory went down beyond the tolerance: update the baseline with "
-                     f"`mlamem gate --baseline {baseline} --update` and commit it.")
+                     f"{update} and commit it.")
     if result.regressions and not updated:
-        notes.append("If the growth is intended, update the baseline with "
-                     f"`mlamem gate --baseline {baseline} --update` in the same commit.")
+        notes.append(f"If the growth is intended, update the baseline with {update} in the "
+                     "same commit.")
     for d in result.environment:
         blocking = " (compared anyway: --allow-env-change)" if d.blocking and not updated else ""
-        notes.append(f"Environment: {d.name} was {d.baseline}, is {d.current}{blocking}.")
+        notes.append(f"Environment: {escaped(d.name, markdown=True)} was "
+                     f"{escaped(d.baseline, markdown=True)}, is "
+                     f"{escaped(d.current, markdown=True)}{blocking}.")
     if result.not_in_baseline:
         notes.append(f"{result.not_in_baseline} case(s) are new in this sweep.")
     if shard and not result.compared_cases:

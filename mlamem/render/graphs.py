@@ -14,7 +14,9 @@ from mlamem.render.common import (
     console_text,
     csv_cell,
     equal_text,
+    escaped,
     markdown_code,
+    markdown_row,
     predicted_tag,
     signed_bytes,
     with_notes,
@@ -125,11 +127,11 @@ def _failures(result: GraphsResult) -> list[str]:
 
 
 def _captures_table(result: GraphsResult) -> Table:
-    out = compact_table(f"mlamem graphs: {result.scenario['name']}"
-                        f"{predicted_tag(result.measured)}, {result.kernel['label']}")
+    out = compact_table(escaped(f"mlamem graphs: {result.scenario['name']}"
+                                f"{predicted_tag(result.measured)}, {result.kernel['label']}"))
     out.add_column("T", justify="right", no_wrap=True)
     for path in result.paths:
-        out.add_column(f"{path.path}\npeak", justify="right", no_wrap=True)
+        out.add_column(f"{escaped(path.path)}\npeak", justify="right", no_wrap=True)
         out.add_column("\npool +", justify="right", no_wrap=True)
         if result.measured:
             out.add_column("\nrep", justify="right", no_wrap=True)
@@ -149,7 +151,7 @@ def _totals_table(result: GraphsResult) -> Table:
     out = compact_table(f"Totals over the list{predicted_tag(result.measured)}")
     out.add_column("", justify="left", no_wrap=True)
     for path in result.paths:
-        out.add_column(f"{path.path} path", justify="right", no_wrap=True)
+        out.add_column(f"{escaped(path.path)} path", justify="right", no_wrap=True)
     paths = result.paths
     out.add_row("pool (reserved growth)", *(_bytes(p.pool_bytes) for p in paths))
     out.add_row("held after the list", *(_bytes(p.held_bytes) for p in paths))
@@ -179,7 +181,8 @@ def graphs_table(result: GraphsResult) -> Group:
     notes = [_label(result), _capture_list(result), legend,
              *(_staged(p) for p in result.paths),
              *_failures(result), *rules, *result.notes]
-    return Group(_captures_table(result), "", with_notes(_totals_table(result), notes))
+    return Group(_captures_table(result), "",
+                 with_notes(_totals_table(result), [escaped(note) for note in notes]))
 
 
 def render_graphs_table(result: GraphsResult) -> str:
@@ -195,7 +198,7 @@ def _summary_markdown(result: GraphsResult) -> list[str]:
     for source in sources:
         head += [f"vLLM's estimate ({source})", "error"]
     head.append("every replay bit-identical")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [markdown_row(head), "|" + "---|" * len(head)]
     for path in result.paths:
         largest = path.captures[0] if path.captures else None
         cells = [path.path, ", ".join(path.staged) or "-", _bytes(path.pool_bytes),
@@ -207,7 +210,7 @@ def _summary_markdown(result: GraphsResult) -> list[str]:
             cells += [_bytes(None if estimate is None else estimate.estimate_bytes),
                       _error_text(estimate)]
         cells.append(equal_text(all_replays_equal(path)))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return lines
 
 
@@ -217,7 +220,7 @@ def _captures_markdown(result: GraphsResult) -> list[str]:
     for path in result.paths:
         head += [f"{path.path} peak", f"{path.path} pool growth"]
         head += [f"{path.path} device growth"] * device + [f"{path.path} replay equal"] * replays
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [markdown_row(head), "|" + "---|" * len(head)]
     captures = [_by_tokens(path) for path in result.paths]
     for tokens in result.capture_sizes:
         cells = [str(tokens)]
@@ -228,7 +231,7 @@ def _captures_markdown(result: GraphsResult) -> list[str]:
                 cells.append(_growth_cell(capture, "device_growth_bytes"))
             if replays:
                 cells.append("-" if capture is None else equal_text(capture.replay_equal))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return lines
 
 
@@ -236,14 +239,15 @@ def graphs_markdown(result: GraphsResult) -> str:
     """A PR section: the summary per path (pool, vLLM's estimate and its error), then every
     capture, the notes and the command."""
     s, tag = result.scenario, predicted_tag(result.measured)
-    lines = [f"### CUDA-graph pool over the capture list: {s['name']}{tag}", "",
-             f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
-             f"{result.op} (topk {s['topk']}). {_label(result)}. {_capture_list(result)}.", "",
-             *_summary_markdown(result), ""]
-    lines += [f"- {_rule_text(p, e)}" for p in result.paths for e in p.estimates]
-    lines += [f"- {line}" for line in _failures(result)] + [""]
-    lines += [f"#### Per capture, largest first{tag}", "", *_captures_markdown(result), ""]
-    lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
+    about = (f"{s['model']}, {s['heads_per_rank']} heads/rank padded to {s['padded_heads']}, "
+             f"{result.op} (topk {s['topk']}). {_label(result)}. {_capture_list(result)}.")
+    lines = [f"### CUDA-graph pool over the capture list: {escaped(s['name'], markdown=True)}{tag}",
+             "", escaped(about, markdown=True), "", *_summary_markdown(result), ""]
+    lines += [f"- {escaped(line, markdown=True)}" for line in
+              [*(_rule_text(p, e) for p in result.paths for e in p.estimates), *_failures(result)]]
+    lines += ["", f"#### Per capture, largest first{tag}", "", *_captures_markdown(result), ""]
+    lines += [f"- {escaped(note, markdown=True)}" for note in result.notes]
+    lines.append(f"- Command: {markdown_code(result.command)}")
     return "\n".join(lines) + "\n"
 
 

@@ -11,8 +11,10 @@ from mlamem.render.common import (
     console_text,
     count_text,
     engine_flag,
+    escaped,
     limits_text,
     markdown_code,
+    markdown_row,
     with_notes,
 )
 from mlamem.units import format_bytes, gib
@@ -159,15 +161,15 @@ def plan_table(result: dict) -> Group:
     """One plan as quantity/value rows, or a sweep as one row per value, within 80 columns;
     token counts of 10 million and more are abbreviated (M, G: 10^6, 10^9)."""
     s = result["scenario"]
-    title = f"mlamem plan: {s['name']}, one rank"
+    title = f"mlamem plan: {escaped(s['name'])}, one rank"
     if result["sweep"] is None:
         out = compact_table(title)
         out.show_header = False
         out.add_column("quantity", no_wrap=True)
         out.add_column("value")
         for name, value in plan_rows(result["plans"][0], s):
-            out.add_row(name, value)
-        return with_notes(out, [f"Command: {result['command']}"])
+            out.add_row(name, escaped(value))
+        return with_notes(out, [escaped(f"Command: {result['command']}")])
     out = compact_table(title)
     for name in (result["sweep"]["name"], *_sweep_columns(result)):
         out.add_column(name, justify="right", no_wrap=True)
@@ -176,22 +178,21 @@ def plan_table(result: dict) -> Group:
     notes = _sweep_notes(result)
     if any("G" in c or "M" in c for p in result["plans"] for c in _sweep_cells(p, count_text)[:2]):
         notes.insert(-1, "M, G, T: 10^6, 10^9, 10^12 tokens")
-    return with_notes(out, [*notes, f"Command: {result['command']}"])
+    return with_notes(out, [escaped(note) for note in [*notes, f"Command: {result['command']}"]])
 
 
 def plan_markdown(result: dict) -> str:
     s = result["scenario"]
-    lines = [f"### KV-cache plan: {s['name']}, one rank", ""]
+    lines = [f"### KV-cache plan: {escaped(s['name'], markdown=True)}, one rank", ""]
     if result["sweep"] is None:
         lines += ["| quantity | value |", "|---|---|"]
-        lines += [f"| {name} | {value} |" for name, value in plan_rows(result["plans"][0], s)]
+        lines += [markdown_row(row) for row in plan_rows(result["plans"][0], s)]
     else:
         columns = [result["sweep"]["name"], *(c.replace("\n", " ") for c in _sweep_columns(result))]
-        lines += ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+        lines += [markdown_row(columns), "|---" * len(columns) + "|"]
         for value, plan in zip(result["sweep"]["values"], result["plans"], strict=True):
-            lines.append("| " + " | ".join([_sweep_value(result, value), *_sweep_cells(plan)])
-                         + " |")
-        lines += [""] + [f"- {note}." for note in _sweep_notes(result)]
+            lines.append(markdown_row([_sweep_value(result, value), *_sweep_cells(plan)]))
+        lines += [""] + [f"- {escaped(note, markdown=True)}." for note in _sweep_notes(result)]
     lines += ["", f"- Command: {markdown_code(result['command'])}"]
     return "\n".join(lines) + "\n"
 

@@ -12,8 +12,10 @@ from mlamem.engines.base import View, charged_per_process
 from mlamem.render.common import (
     compact_table,
     console_text,
+    escaped,
     limits_text,
     markdown_code,
+    markdown_row,
     predicted_tag,
     with_notes,
 )
@@ -30,18 +32,20 @@ def _repro_label(result: ReproResult) -> str:
             f"{result.kernel['label']} allocation spec, {result.kernel['sm_count']} SMs")
 
 
-def _budget_lines(result: ReproResult) -> list[str]:
+def _budget_lines(result: ReproResult, markdown: bool = False) -> list[str]:
+    """The budget's lines, the scenario's text in them escaped (the engine's rule is its own)."""
     b, s = result.budget, result.scenario
     first = result.cases[0] if result.cases else {}
-    gpu = (f"--gpu-memory; the scenario's GPU is {s['target_gpu']}"
-           if "scenario_gpu_memory_bytes" in b else f"{s['target_gpu']} memory")
+    target, note = escaped(s["target_gpu"], markdown), escaped(s.get("weights_note"), markdown)
+    gpu = (f"--gpu-memory; the scenario's GPU is {target}"
+           if "scenario_gpu_memory_bytes" in b else f"{target} memory")
     engine = load_engine(result.engine)
     share = (f" at utilization {b['utilization']} = {format_bytes(b['requested_bytes'])} for the "
              "engine" if engine.reads_utilization else "")
     lines = [f"target: {format_bytes(b['gpu_memory_bytes'])} ({gpu}){share}; "
              f"{engine.view.step_tokens} {b['max_num_batched_tokens']}",
              f"weights {format_bytes(first.get('weights_bytes', 0))} per rank"
-             + (f" ({s['weights_note']})" if s.get("weights_note") else "")]
+             + (f" ({note})" if s.get("weights_note") else "")]
     if first.get("non_torch_bytes") is not None:
         lines.append(f"non-torch memory (CUDA context, libraries): "
                      f"{format_bytes(first['non_torch_bytes'])}{_charged_reading(first)}")
@@ -103,20 +107,20 @@ def repro_table(result: ReproResult) -> Group:
     the KV cache the engine chose, the headroom, the largest safe T)."""
     engine = load_engine(result.engine)
     view, key = engine.view, engine.case_type.key_field
-    caption = [_repro_label(result), *_budget_lines(result)]
-    caption += [f"{view.row_name(c)}: {verdict_text(c)}" for c in result.cases
+    caption = [escaped(_repro_label(result)), *_budget_lines(result)]
+    caption += [escaped(f"{view.row_name(c)}: {verdict_text(c)}") for c in result.cases
                 if view.verdict_in_notes(c)]
-    caption += _limits_lines(result)
-    caption += result.notes
+    caption += map(escaped, [*_limits_lines(result), *result.notes])
     out = compact_table("mlamem repro-oom: " + view.table_title.format(
-        scenario=result.scenario["name"], predicted=predicted_tag(result.measured)))
+        scenario=escaped(result.scenario["name"]), predicted=predicted_tag(result.measured)))
     for name in (key, "verdict"):
         out.add_column(name, justify="left", no_wrap=True, overflow="fold")
     for column in view.table_columns:
         out.add_column(column.header, justify="left" if column.name else "right",
                        no_wrap=not column.name, overflow="fold")
     for c in result.cases:
-        out.add_row(c[key], _short_verdict(c), *(column.cell(c) for column in view.table_columns))
+        out.add_row(*map(escaped, (c[key], _short_verdict(c),
+                                   *(column.cell(c) for column in view.table_columns))))
     return with_notes(out, caption)
 
 
@@ -124,17 +128,19 @@ def repro_markdown(result: ReproResult) -> str:
     """The reproduction as a PR section: budget, one row per case, how any limit was found."""
     engine = load_engine(result.engine)
     view, key = engine.view, engine.case_type.key_field
-    lines = [f"### {view.heading}: {result.scenario['name']}{predicted_tag(result.measured)}",
+    lines = [f"### {view.heading}: {escaped(result.scenario['name'], markdown=True)}"
+             f"{predicted_tag(result.measured)}",
              "",
-             f"{_repro_label(result)}.", ""]
-    lines += [f"- {line}" for line in _budget_lines(result)] + [""]
+             f"{escaped(_repro_label(result), markdown=True)}.", ""]
+    lines += [f"- {line}" for line in _budget_lines(result, markdown=True)] + [""]
     headers = [key, "verdict", *(column.header for column in view.markdown_columns)]
-    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += [markdown_row(headers), "|" + "---|" * len(headers)]
     for c in result.cases:
-        cells = [view.row_name(c), verdict_text(c), *(col.cell(c) for col in view.markdown_columns)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [""] + [f"- {line}" for line in _limits_lines(result)]
-    lines += [f"- {note}" for note in result.notes] + [f"- Command: {markdown_code(result.command)}"]
+        lines.append(markdown_row([view.row_name(c), verdict_text(c),
+                                   *(col.cell(c) for col in view.markdown_columns)]))
+    lines += [""] + [f"- {escaped(line, markdown=True)}"
+                     for line in [*_limits_lines(result), *result.notes]]
+    lines.append(f"- Command: {markdown_code(result.command)}")
     return "\n".join(lines) + "\n"
 
 

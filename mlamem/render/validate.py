@@ -8,7 +8,15 @@ import json
 from rich.console import Group
 
 from mlamem.environment import Environment
-from mlamem.render.common import compact_table, console_text, markdown_code, signed_bytes, with_notes
+from mlamem.render.common import (
+    compact_table,
+    console_text,
+    escaped,
+    markdown_code,
+    markdown_row,
+    signed_bytes,
+    with_notes,
+)
 from mlamem.units import format_bytes
 from mlamem.validate import Comparison
 
@@ -50,10 +58,10 @@ def validation_view(comparisons: list[Comparison], command: str) -> Group:
             if scenario is not None:
                 table_.add_section()
             scenario = r["scenario"]
-            table_.add_row(scenario)
+            table_.add_row(escaped(scenario))
         a, res = r["allocated"], r["reserved"]
         worst = r["worst_buffer_difference"]
-        table_.add_row(f"{r['tokens']:>6} {r['path']}", _bytes(a.measured),
+        table_.add_row(f"{r['tokens']:>6} {escaped(r['path'])}", _bytes(a.measured),
                        signed_bytes(a.difference), _bytes(res.measured),
                        signed_bytes(res.difference), str(r["buffers"]),
                        "n/a" if worst == float("inf") else signed_bytes(worst).lstrip("+"),
@@ -65,7 +73,7 @@ def validation_view(comparisons: list[Comparison], command: str) -> Group:
                f"{c.predicted} B, measured {c.measured} B ({_diff(c)} B){_at(c)}"
                for c in comparisons if not c.agrees],
              f"Command: {command}"]
-    return with_notes(table_, notes)
+    return with_notes(table_, [escaped(note) for note in notes])
 
 
 def _at(c: Comparison) -> str:
@@ -89,10 +97,10 @@ def validation_markdown(comparisons: list[Comparison], command: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in validation_rows(comparisons):
         a, res = r["allocated"], r["reserved"]
-        lines.append(f"| {r['scenario']} | {r['tokens']} | {r['path']} | {a.predicted} | "
-                     f"{a.measured} | {_diff(a)} | {res.predicted} | {res.measured} | "
-                     f"{_diff(res)} | {r['buffers']} | {r['worst_buffer_difference']} | "
-                     f"{'equal' if r['agrees'] else 'DIFFERS'} |")
+        lines.append(markdown_row([r["scenario"], r["tokens"], r["path"], a.predicted, a.measured,
+                                   _diff(a), res.predicted, res.measured, _diff(res), r["buffers"],
+                                   r["worst_buffer_difference"],
+                                   "equal" if r["agrees"] else "DIFFERS"]))
     lines += ["", f"Command: {markdown_code(command)}"]
     return "\n".join(lines) + "\n"
 

@@ -54,12 +54,17 @@ class ResultFile(Model):
         return data
 
 
-def no_second_copy(items: list, key: tuple[str, ...], where: str) -> None:
-    """ValueError naming the first of `items` whose `key` fields repeat an earlier one's: two
-    copies of one row or case would be settled by whichever comes last."""
+def no_second_copy(items: list, key: tuple[str, ...], where: str,
+                   only: Callable[[Any], bool] | None = None) -> None:
+    """ValueError naming the first of `items` (those `only` takes, if given) whose `key` fields
+    repeat an earlier one's: two copies of one row or case would be settled by whichever comes
+    last. A key field an item lacks (an open object's, e.g. a repro case's `variant`) counts as
+    None."""
     seen: set[tuple] = set()
     for i, item in enumerate(items):
-        values = tuple(getattr(item, name) for name in key)
+        if only is not None and not only(item):
+            continue
+        values = tuple(getattr(item, name, None) for name in key)
         if values in seen:
             shown = "/".join(str(v) for v in values if v is not None)
             raise ValueError(f"{where}[{i}]: a second copy of {shown}")

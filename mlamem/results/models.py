@@ -337,6 +337,12 @@ class ReproFile(ResultFile):
     non_torch: NonTorch | None = Field(description="the host setup non-torch memory was taken from")
     created: str | None = Field(description="when it was made: UTC, ISO 8601 (absent in older files)")
 
+    @model_validator(mode="after")
+    def _one_copy_of_each_case(self) -> ReproFile:
+        # a case is named by its engine's key: a path (vLLM, SGLang) or a reserve variant
+        no_second_copy(self.cases, ("path", "variant"), "cases")
+        return self
+
 
 # mlamem.graphs/1
 
@@ -447,6 +453,13 @@ class GraphsFile(ResultFile):
         description="lines on how the captures share the pool, vLLM's rule, and other caveats")
     created: str | None = Field(description="when it was made: UTC, ISO 8601")
 
+    @model_validator(mode="after")
+    def _one_copy_of_each_capture(self) -> GraphsFile:
+        no_second_copy(self.paths, ("path",), "paths")
+        for i, path in enumerate(self.paths):
+            no_second_copy(path.captures, ("tokens",), f"paths[{i}].captures")
+        return self
+
 
 # mlamem.validate/1
 
@@ -498,6 +511,13 @@ class ValidateFile(ResultFile):
         description=(
             "`\"I/N\"` when the file is shard I of N of a sweep (`--shard`; null when unsharded, absent "
             "in older files)"))
+
+    @model_validator(mode="after")
+    def _one_copy_of_each_total(self) -> ValidateFile:
+        # a buffer's name may repeat (two allocations of one name); a case's total may not
+        no_second_copy(self.comparisons, ("scenario", "op", "tokens", "path", "metric"),
+                       "comparisons", only=lambda c: c.item == "total")
+        return self
 
 
 # mlamem.compare/1
