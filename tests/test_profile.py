@@ -60,9 +60,11 @@ def test_kimi_needs_no_padding_so_paths_match():
 
 
 def test_workspace_tokens_above_max_num_batched_tokens_are_refused():
-    """The workspace is sized for max_num_batched_tokens; larger T is a user error."""
-    with pytest.raises(UserError, match="--max-num-batched-tokens"):
+    """The workspace is sized for max_num_batched_tokens; larger T is a user error naming the
+    field (the CLI words it as --tokens)."""
+    with pytest.raises(UserError, match="raise max_num_batched_tokens") as caught:
         run_profile(scenario.load("glm5-fp8-tp8"), [65536], ["workspace"], command="t")
+    assert caught.value.field == "tokens"
 
 
 @pytest.fixture(scope="module")
