@@ -58,10 +58,11 @@ def _in_libraries(filename: str) -> bool:
 
 def _is_python(filename: str) -> bool:
     """Not one of the C++ frames a snapshot recorded with `stacks="all"` (the default) holds
-    beside the Python ones: `??` where symbols are missing, else a C/C++/CUDA source or a
+    beside the Python ones: `??` or an empty file name where symbols are missing (the H200's
+    torch 2.11 writes "" for the caching allocator's frames), else a C/C++/CUDA source or a
     shared library."""
     path = PurePath(filename)
-    return filename != "??" and path.suffix not in NATIVE_SUFFIXES and ".so." not in path.name
+    return filename not in ("", "??") and path.suffix not in NATIVE_SUFFIXES and ".so." not in path.name
 
 
 @functools.lru_cache(maxsize=4096)

@@ -274,6 +274,9 @@ class SimulatedGraphs:
     """`CudaGraphs` on the allocator model: the same requests, sent to a private pool."""
 
     RNG_STATE_BYTES = (8, 8)  # the seed and offset tensors the first live graph registers
+    # each capture's prologue fills them (CUDAGeneratorState::capture_prologue): where no fill
+    # ran before, as at 64 heads with nothing to pad, the first capture loads the fill's module
+    RNG_PROLOGUE = "aten.fill_"
 
     def __init__(self, memory: SimulatedMemory):
         self.memory = memory
@@ -295,10 +298,12 @@ class SimulatedGraphs:
     @contextlib.contextmanager
     def capture(self):
         """Capture what the body allocates into the pool; the process's first capture also
-        takes the host's outside-allocator graph memory (`GRAPH_CAPTURE`), and the first
+        takes the host's outside-allocator graph memory (`GRAPH_CAPTURE`), its RNG prologue's
+        fill the fill's module where none ran before, and the first
         capture that brings a pool to N live graphs the driver's step for N, if the host has
         one (`graph_step_launch`), both charged on entry."""
         self.memory.launch(GRAPH_CAPTURE)
+        self.memory.launch(self.RNG_PROLOGUE)
         self.memory.launch(graph_step_launch(self.live + 1))
         model = self.memory.model
         model.empty_cache()  # as torch.cuda.graph does on entry

@@ -47,10 +47,13 @@ def test_the_label_is_the_innermost_frame_outside_the_libraries():
 
 def test_the_cpp_frames_of_a_default_snapshot_are_passed_over():
     """`_record_memory_history()` records C++ frames too (stacks="all"): `??` where symbols
-    are missing, a .cpp source, a shared library. The label is still the user's Python frame,
-    as the H200's plain PyTorch snapshot showed (it read `??:0 torch::unwind::unwind()`)."""
+    are missing (or an empty name: the H200's torch 2.11 gave the caching allocator's frame as
+    ""), a .cpp source, a shared library. The label is still the user's Python frame, as the
+    H200's plain PyTorch snapshot showed (it read `??:0 torch::unwind::unwind()`, then
+    `:0 c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(...)`)."""
     user = _frame("<string>", 12, "layer")
     native = [_frame("??", 0, "torch::unwind::unwind()"),
+              _frame("", 0, "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc"),
               _frame("/pytorch/c10/cuda/CUDACachingAllocator.cpp", 1080, "malloc"),
               _frame("/usr/lib/libtorch_cuda.so", 0, "at::empty"),
               _frame("/opt/lib/libcudart.so.13", 0, "cudaMalloc")]
