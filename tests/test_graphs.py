@@ -206,14 +206,23 @@ def test_the_h200_graph_steps_are_at_9_36_and_41_live_graphs_whatever_the_order(
         (9, 2 * MiB), (36, 2 * MiB), (41, 2 * MiB)]
 
 
-def test_repro_with_graphs_predicts_the_h200_run():
-    """reports/graph-memory-h200/repro-graphs-glm5.json (`mlamem repro-oom --cuda-graphs on`,
-    2026-12-05), each case its own process: predicted, every field equals the measured one,
-    vLLM's device estimate and the captures' device growth included, and the limits too."""
+# reports/graph-memory-h200's measured repro-oom --cuda-graphs on runs: (file, scenario, limits)
+H200_GRAPH_REPROS = [("repro-graphs-glm5.json", "glm5-fp8-tp8", [31744, 38880]),
+                     ("repro-graphs-deepseek.json", "deepseek-v32-fp8-tp8", [37091, 45440]),
+                     ("repro-graphs-kimi-k2.json", "kimi-k2-fp8-tp4-dp", [45472, 45472])]
+
+
+@pytest.mark.parametrize(("name", "scenario", "limits"), H200_GRAPH_REPROS)
+def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits):
+    """reports/graph-memory-h200's `mlamem repro-oom --cuda-graphs on` runs (2026-12-05), each
+    case its own process: predicted, every field equals the measured one, vLLM's device estimate
+    and the captures' device growth included, and the limits too. Kimi-K2 at 64 heads pads
+    nothing, so no fill runs before the graphs: the first capture's RNG prologue loads the
+    fill's 28 MiB module, inside vLLM's estimate."""
     from mlamem.repro import prediction_differences
 
-    measured = json.loads((GRAPH_MEMORY_H200 / "repro-graphs-glm5.json").read_text())
-    result = run_repro(scenarios.load("glm5-fp8-tp8"),
+    measured = json.loads((GRAPH_MEMORY_H200 / name).read_text())
+    result = run_repro(scenarios.load(scenario),
                        VLLMBudget(**{k: measured["budget"][k] for k in (
                            "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
                            "cuda_graphs")}),
@@ -223,7 +232,7 @@ def test_repro_with_graphs_predicts_the_h200_run():
     for m, p in zip(measured["cases"], predicted["cases"], strict=True):
         assert m["graph_estimate_source"] == p["graph_estimate_source"] == "device"
         assert m["graph_device_bytes"] == p["graph_device_bytes"], m["path"]
-    assert [c["max_safe_tokens"] for c in predicted["cases"]] == [31744, 38880]
+    assert [c["max_safe_tokens"] for c in predicted["cases"]] == limits
 
 
 def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
