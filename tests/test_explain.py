@@ -74,6 +74,26 @@ def test_the_h200_snapshot_at_two_held_out_t_gives_each_t_and_the_measured_savin
             assert call["buffers"][0]["requested_bytes"] == call["saving"]["saving_bytes"]
 
 
+def test_the_h200_plain_pytorch_snapshot_names_the_users_frames_and_each_call(capsys, tmp_path):
+    """A snapshot plain PyTorch wrote on the H200 (`_record_memory_history()` with its default
+    C++ frames, then `_dump_snapshot`) around FlashMLA's alloc path inside a user's `layer`
+    with a buffer of its own (tests/test_explain_gpu.py's recording, 2026-12-05): each call is
+    found with its T at 64 heads, every live allocation is named by the user's Python frame
+    (torch 2.11 writes the caching allocator's C++ frame with an empty file name), and each
+    saving equals `mlamem profile`'s for that T."""
+    shot = FIXTURE.parent / "plain-pytorch-layer-t2048-6144-h200.snapshot.pickle"
+    doc = _explain(capsys, shot, "--scenario", "glm5-fp8-tp8")
+    assert [(c["path"], c["implied"]) for c in doc["calls"]] == [
+        ("alloc", [{"tokens": t, "heads": 64}]) for t in (2048, 6144)]
+    assert [f["frame"] for f in doc["by_frame"]] == [
+        "<string>:14 layer", "<string>:12 layer", "<string>:13 layer"]
+    _, profile = _profile(tmp_path, "2048,6144", capsys)
+    peaks = {(r["tokens"], r["path"]): r["peak_allocated_bytes"] for r in profile["rows"]}
+    for call in doc["calls"]:
+        t = call["implied"][0]["tokens"]
+        assert call["saving"]["saving_bytes"] == peaks[(t, "alloc")] - peaks[(t, "workspace")]
+
+
 def test_without_a_scenario_the_heads_are_ambiguous(capsys):
     """Bytes fix only T x heads: T=1024 at 64 heads allocates what T=512 at 128 does."""
     doc = _explain(capsys, FIXTURE)
