@@ -121,7 +121,7 @@ def _check_outputs(output_format: o.Format | None, output: Path | None,
                    snapshot_file: Path | None, report_dir: Path | None,
                    breakdown: bool) -> o.Format:
     """The format and every output path, tried before any work."""
-    formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
+    formats = o.ReproFormat if breakdown else o.Format  # --breakdown writes no CSV
     chosen = o.Format(pick_format(output, output_format and output_format.value, list(formats),
                                   what="profile --breakdown" if breakdown else "profile"))
     if snapshot_file is not None:
