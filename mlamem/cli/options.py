@@ -297,7 +297,8 @@ def requests_option(default: str):
         default))
 
 
-DENSE_SWEEP = ",".join(map(str, operations.OPERATION_TABLE["dense-decode"].default_sweep))
+DECODE_SWEEP = ",".join(map(str, operations.operation(operations.SPARSE_DECODE).default_sweep))
+DENSE_SWEEP = ",".join(map(str, operations.operation(operations.DENSE_DECODE).default_sweep))
 RequestsOption = Annotated[str | None, requests_option(DENSE_SWEEP)]
 
 
