@@ -47,8 +47,9 @@ SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
 
 class Registry(MutableMapping[str, KernelEntry]):
     """The shipped kernels, then the installed plug-ins: the entry-point scan runs once, on
-    first access (not when this module is imported, so `mlamem --help` pays it only if it
-    lists the kernels). Writable, for tests and in-process registration."""
+    the first access that needs it (not when this module is imported, nor to look up a
+    shipped name, so a command run with a shipped kernel never pays it). Writable, for tests
+    and in-process registration."""
 
     def __init__(self, shipped: dict[str, KernelEntry]) -> None:
         self._shipped = shipped
@@ -77,6 +78,8 @@ class Registry(MutableMapping[str, KernelEntry]):
         self._entries, self._warnings = None, []
 
     def __getitem__(self, name: str) -> KernelEntry:
+        if self._entries is None and name in self._shipped:  # no plug-in takes a shipped name:
+            return self._shipped[name]  # the scan cannot change this answer, so it waits
         return self._loaded()[name]
 
     def __setitem__(self, name: str, entry: KernelEntry) -> None:

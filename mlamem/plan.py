@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mlamem.context_reserve import (  # noqa: F401 (re-exported: the reserve sits below the engines)
     Reserve,
@@ -32,8 +33,10 @@ from mlamem.context_reserve import (  # noqa: F401 (re-exported: the reserve sit
 )
 from mlamem.errors import UserError
 from mlamem.lists import parse_list
-from mlamem.scenario import Scenario
 from mlamem.units import MAX_TOKENS
+
+if TYPE_CHECKING:
+    from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.plan/1"
 PREFILL_WORKSPACE_COPIES = 5  # vLLM's sparse-MLA bf16 prefill workspace: 5 x max_model_len x 576

@@ -17,7 +17,7 @@ from matplotlib.ticker import NullLocator
 from mlamem.engines import load_engine
 from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.profile import ProfileResult
-from mlamem.render.common import escaped
+from mlamem.render.escape import escaped
 from mlamem.repro import ReproResult
 from mlamem.units import GiB, MiB, format_bytes, gib
 

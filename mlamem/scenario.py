@@ -23,7 +23,12 @@ from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, sect
 from mlamem.errors import UserError
 from mlamem.files import CONTROL_CHARACTERS, read_text
 from mlamem.operations import decode_token_limit
-from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names  # noqa: F401  (read from here too)
+from mlamem.scenario_names import (  # noqa: F401  (DEFAULT_SCENARIO, shipped_names: read from here too)
+    DEFAULT_SCENARIO,
+    check_exists,
+    is_path,
+    shipped_names,
+)
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
 # The kernel operations a scenario can drive (its top-level `operations` list) and the caches
@@ -437,15 +442,10 @@ def _build(cls: type, table: object, section: str):
 
 def load(name_or_path: str) -> Scenario:
     """Load a shipped scenario by name, or a user's TOML file by path."""
-    if name_or_path.endswith(".toml") or "/" in name_or_path:
+    check_exists(name_or_path)
+    if is_path(name_or_path):
         path = Path(name_or_path)
-        if not path.exists():
-            raise UserError(f"scenario file {name_or_path} not found; pass an existing .toml path "
-                            f"or one of: {', '.join(shipped_names())}")
         return parse(read_text(path, "scenario file (TOML)"), str(path))
-    if name_or_path not in shipped_names():
-        raise UserError(f"unknown scenario {name_or_path!r}; expected one of: "
-                        f"{', '.join(shipped_names())} (or a path to a .toml file)")
     text = (resources.files("mlamem.scenarios") / f"{name_or_path}.toml").read_text()
     return parse(text, f"{name_or_path}.toml")
 

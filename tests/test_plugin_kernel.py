@@ -193,6 +193,28 @@ def test_a_fresh_process_profiles_the_installed_toy(toy_site):
     assert profile_figures(json.loads(done.stdout)) == (PEAKS, BUFFERS)
 
 
+def test_a_command_s_help_lists_the_toy_and_a_refusal_never_scans(toy_site):
+    """--kernel's metavar and help list the toy where a command's help is shown; a command
+    run with a shipped kernel, or refused, never runs the entry-point scan (it would import
+    the toy's entry module), nor does the app's own help."""
+    code = ("import sys; from mlamem.cli import main; code = main(sys.argv[1:]); "
+            "print(code, 'toy_mlamem.entry' in sys.modules)")
+
+    def run(*args: str) -> tuple[list[str], str]:
+        done = subprocess.run([sys.executable, "-P", "-c", code, *args], capture_output=True,
+                              text=True, env=with_site(toy_site), timeout=120)
+        return done.stdout.splitlines()[-1].split(), done.stdout
+
+    for command in ("profile", "gate"):
+        last, out = run(command, "--help")
+        flat = "".join(out.split())
+        assert last == ["0", "True"] and "|flashinfer|toy>" in flat
+        assert "".join(f"toy ({TOY_ENTRY.help})".split()) in flat
+    assert run("--help")[0] == ["0", "False"]
+    assert run("repro-oom", "-s", "nosuch")[0] == ["2", "False"]
+    assert run("profile", "--kernel", "triton", "--op", "dense-decode")[0] == ["2", "False"]
+
+
 def test_mlamem_kernels_lists_the_installed_toy(toy_site):
     done = run_mlamem(["kernels"], toy_site)
     assert done.returncode == 0, done.stderr

@@ -1,13 +1,17 @@
-"""The typer app every command module registers on, and the console for stderr."""
+"""The typer app every command module registers on, and the console for stderr (built on first
+use: rich costs a refusal, one plain line, a third of its start-up)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(
     help="GPU memory profiler and OOM reproducer for LLM attention kernels (the MLA kernels "
@@ -39,8 +43,14 @@ def _stderr_width() -> int | None:
     return columns(sys.stderr, 80) if given.isdigit() and int(given) == 0 else None
 
 
-stderr = Console(stderr=True, width=_stderr_width(), markup=False)  # paths and names are text
-stderr.soft_wrap = not stderr.is_terminal  # piped, a line stays one line (grep finds it whole)
+@functools.cache
+def stderr() -> Console:
+    """The console for stderr's notes and progress bar, built on first use."""
+    from rich.console import Console  # here, not at import: see the module's docstring
+
+    console = Console(stderr=True, width=_stderr_width(), markup=False)  # paths, names: text
+    console.soft_wrap = not console.is_terminal  # piped, a line stays one line (grep finds it)
+    return console
 
 
 def _show_version(asked: bool) -> None:

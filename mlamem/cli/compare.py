@@ -48,7 +48,7 @@ def compare(
     values = o.parse_sweep(op, tokens, requests)
     kv_tokens = o.kv_length(op, context_len, kv_len)
     output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
-                                              list(render.COMPARE_FORMATS), what="compare"))
+                                              list(o.ReproFormat), what="compare"))
     if output is not None:
         check_output_path(output)
     name = scenario or operations.operation(op).default_scenario

@@ -35,7 +35,7 @@ def diff(
     Environments that differ are named as the gate names them. Exits 1 with --fail-on-growth
     when a peak grew by more."""
     chosen = pick_format(output, output_format and output_format.value,
-                         list(render.DIFF_FORMATS), what="diff")
+                         list(o.ReproFormat), what="diff")
     limit = None
     if fail_on_growth is not None:
         try:

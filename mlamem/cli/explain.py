@@ -12,7 +12,7 @@ from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit
 from mlamem.files import check_distinct, check_output_path, pick_format
-from mlamem.scenario_names import DEFAULT_SCENARIO
+from mlamem.scenario_names import DEFAULT_SCENARIO, check_exists
 
 
 @app.command()
@@ -37,7 +37,7 @@ def explain(
     operation and rows (T, requests or s_q) and heads they imply, what the workspace path would
     save and the `mlamem profile` command that reproduces each."""
     chosen = pick_format(output, output_format and output_format.value,
-                         list(render.EXPLAIN_FORMATS), what="explain")
+                         list(o.ReproFormat), what="explain")
     if output is not None:
         check_distinct({"SNAPSHOT": snapshot_file, "--output": output})
         check_output_path(output)
@@ -45,7 +45,9 @@ def explain(
     from mlamem.explain import load
 
     source = scenario or DEFAULT_SCENARIO
-    at, loaded = o.load_scenario(source), load(snapshot_file)  # a bad file before torch
+    check_exists(source)  # an unknown name, then a bad snapshot, before the scenario model loads
+    loaded = load(snapshot_file)  # a bad file before torch
+    at = o.load_scenario(source)
     o.load_torch()  # the kernels' allocation specs
     doc = explained(snapshot_file, at, source, scenario_given=scenario is not None,
                     command=command_line(), loaded=loaded)

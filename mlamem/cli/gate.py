@@ -16,7 +16,6 @@ from mlamem.cli.app import app
 from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format, write_atomic
-from mlamem.profile import DEFAULT_TOKENS
 from mlamem.scenario_names import shipped_names
 
 
@@ -33,7 +32,7 @@ def gate(
                      "--update, every operation the kernel runs that each scenario declares.",
         show_default=False)] = None,
     tokens: Annotated[str | None, o.tokens_option(
-        f"the baseline's ({','.join(map(str, DEFAULT_TOKENS))} for a new one), each scenario "
+        f"the baseline's ({o.DECODE_SWEEP} for a new one), each scenario "
         "the ones its max_num_batched_tokens allows")] = None,
     requests: Annotated[str | None, o.requests_option(
         f"the baseline's ({o.DENSE_SWEEP} for a new one)")] = None,

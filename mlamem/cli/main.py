@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 
 import typer
 
 from mlamem.cli.app import app
+from mlamem.cli.options import list_every_kernel
 from mlamem.errors import Interrupted, UserError
 from mlamem.interrupt import Guard
-from mlamem.render.common import escaped
+from mlamem.render.escape import escaped
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors
@@ -56,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     """Run the command; user errors become one line on stderr and exit 2."""
     try:
-        group = typer.main.get_command(app)  # what app(...) builds, built once
-        _check_repeats(group, args)
+        group = _group(args)
+        command = group.commands.get(args[0]) if args else None
+        if command is not None and {"-h", "--help"} & set(args[1:]):
+            list_every_kernel(command)
+        _check_repeats(command, args)
         code = group.main(args=args, prog_name="mlamem", standalone_mode=False)
     except UserError as exc:
         # a refusal may quote a file (a baseline's environment): one line, no terminal sequence
@@ -81,11 +86,23 @@ def _run(args: list[str]) -> int:
     return code if isinstance(code, int) else 0
 
 
-def _check_repeats(group, args: list[str]) -> None:
+def _group(args: list[str]):
+    """The click group app(...) builds, with only the command `args` name where they name one:
+    typer reads every command's signature to build it, which for all of them costs a start
+    ~0.1 s."""
+    named = [info for info in app.registered_commands if args and args[0] == (
+        info.name or typer.main.get_command_name(info.callback.__name__))]
+    if not named:  # the app's help, its --version, or a name click refuses
+        return typer.main.get_command(app)
+    alone = copy.copy(app)
+    alone.registered_commands = named
+    return typer.main.get_command(alone)
+
+
+def _check_repeats(command, args: list[str]) -> None:
     """A single-valued option given twice is a UserError (click would keep the last one
     silently); options declared repeatable (multiple=True, e.g. --expect-oom) may repeat.
-    `group` is the app's click group."""
-    command = group.commands.get(args[0]) if args else None
+    `command` is the click command args[0] names, if any."""
     if command is None or {"-h", "--help"} & set(args):
         return
     options = {name: param for param in command.params if param.param_type_name == "option"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -20,9 +21,9 @@ from mlamem import operations, shards
 from mlamem.cli.app import stderr
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
-from mlamem.kernels import REGISTRY, load_kernel
+from mlamem.kernels import REGISTRY, SHIPPED, KernelEntry, load_kernel
 from mlamem.lists import parse_list
-from mlamem.scenario_names import DEFAULT_SCENARIO, shipped_names
+from mlamem.scenario_names import DEFAULT_SCENARIO, check_exists, shipped_names
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -146,11 +147,12 @@ def load_one(name: str | None, serve: str | None, changes: Changes = Changes()) 
 def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
     """A shipped scenario by name, or a TOML file by path, with `changes` applied
     (models.overrides.apply). The scenario model (pydantic) is imported here, when a file is
-    read, not at start-up."""
+    read, not at start-up, nor for a name or path that names none."""
+    weights = parse_size(changes.weights_per_rank, "weights_per_rank")
+    check_exists(name)
     from mlamem import scenario
     from mlamem.models import overrides
 
-    weights = parse_size(changes.weights_per_rank, "weights_per_rank")
     return overrides.apply(scenario.load(name), model=changes.model, gpu=changes.gpu,
                            weights_bytes=weights)
 
@@ -207,7 +209,7 @@ def load_torch() -> None:
     cannot be taken back there, and input checks that need the kernel may still fail."""
     if "torch" in sys.modules:
         return
-    if not stderr.is_terminal:
+    if not stderr().is_terminal:
         import torch  # noqa: F401
         return
     sys.stderr.write("mlamem: loading torch…")
@@ -295,17 +297,35 @@ def requests_option(default: str):
         default))
 
 
-DENSE_SWEEP = ",".join(map(str, operations.OPERATION_TABLE["dense-decode"].default_sweep))
+DECODE_SWEEP = ",".join(map(str, operations.operation(operations.SPARSE_DECODE).default_sweep))
+DENSE_SWEEP = ",".join(map(str, operations.operation(operations.DENSE_DECODE).default_sweep))
 RequestsOption = Annotated[str | None, requests_option(DENSE_SWEEP)]
-KERNEL_HELP = [f"{name} ({entry.help})" for name, entry in REGISTRY.items()]
-KERNEL_METAVAR = f"<{'|'.join(REGISTRY)}>"  # the kernels registered at start-up
+
+
+def _kernels_metavar(kernels: Mapping[str, KernelEntry]) -> str:
+    return f"<{'|'.join(kernels)}>"
+
+
+def _kernels_help(kernels: Mapping[str, KernelEntry]) -> str:
+    listed = [f"{name} ({entry.help})" for name, entry in kernels.items()]
+    return (f"The kernel: {', '.join(listed[:-1])} or {listed[-1]}. `mlamem kernels` lists what "
+            "each runs and takes, and whether it runs here.")
 
 
 def kernel_option(default: str | None = None, *, text: str | None = None):
-    """--kernel: a registered name, checked when the command runs (check_kernel_name)."""
-    return typer.Option("--kernel", callback=check_kernel_name, metavar=KERNEL_METAVAR, **_help(
-        text or f"The kernel: {', '.join(KERNEL_HELP[:-1])} or {KERNEL_HELP[-1]}. `mlamem "
-                "kernels` lists what each runs and takes, and whether it runs here.", default))
+    """--kernel: a registered name, checked when the command runs (check_kernel_name). Its
+    metavar and help list the shipped kernels; `list_every_kernel` adds the plug-ins."""
+    return typer.Option("--kernel", callback=check_kernel_name, metavar=_kernels_metavar(SHIPPED),
+                        **_help(text or _kernels_help(SHIPPED), default))
+
+
+def list_every_kernel(command) -> None:
+    """The click `command`'s --kernel metavar and help with the plug-in kernels too, for its
+    help: the entry-point scan that finds them costs a start ~40 ms, so it waits for this."""
+    for param in command.params:
+        if "--kernel" in param.opts:
+            param.metavar = _kernels_metavar(REGISTRY)
+            param.help = param.help.replace(_kernels_help(SHIPPED), _kernels_help(REGISTRY))
 
 
 KernelOption = Annotated[KernelName, kernel_option()]

@@ -8,10 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from mlamem.cli.app import columns, stderr
 from mlamem.files import write_atomic
+from mlamem.render.escape import escaped
 
 
 def command_line() -> str:
@@ -23,12 +22,11 @@ def emit(text: str, output: Path | None, terminal_table=None) -> None:
     """Write `text` to `output`, else the rich table (fitted to COLUMNS) or `text` to stdout."""
     if output is not None:
         write_atomic(output, text)
-        stderr.print(f"mlamem: wrote {output}", highlight=False)
+        stderr().print(f"mlamem: wrote {output}", highlight=False)
     elif terminal_table is not None:
-        from mlamem.render.common import fitted
+        from mlamem.render.common import print_fitted
 
-        width = terminal_width()
-        Console(width=width, markup=False).print(fitted(terminal_table, width))
+        print_fitted(terminal_table, terminal_width())
     else:
         sys.stdout.write(text)
 
@@ -73,7 +71,7 @@ def write_report(result, report_dir: Path | None) -> None:
         from mlamem import report as reporting
 
         for path in reporting.write_result_report(result, report_dir):
-            stderr.print(f"mlamem: wrote {path}", highlight=False)
+            stderr().print(f"mlamem: wrote {path}", highlight=False)
 
 
 @contextlib.contextmanager
@@ -81,10 +79,8 @@ def progress(title: str, total: int | None):
     """Progress on stderr; yields advance(text), called once per case. On a terminal, a
     transient bar (a spinner if total is None); piped, one plain line per case. Names in the
     title and the descriptions come from files: escaped, and never read as rich markup."""
-    from mlamem.render.common import escaped
-
     title = escaped(title)
-    if not stderr.is_terminal:
+    if not stderr().is_terminal:
         done = 0
 
         def advance(description: str) -> None:
@@ -98,7 +94,7 @@ def progress(title: str, total: int | None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=True) as bar:
+                  TimeElapsedColumn(), console=stderr(), transient=True) as bar:
         task = bar.add_task(title, total=total)
         yield lambda description: bar.update(task, advance=1, description=escaped(description))
 

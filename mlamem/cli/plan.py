@@ -65,7 +65,7 @@ def plan(
     from mlamem import plan as plans
 
     output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
-                                              list(render.PLAN_FORMATS), what="plan"))
+                                              list(o.ReproFormat), what="plan"))
     given = {"gpu-memory": gpu_memory, "utilization": utilization, "free-fraction": free_fraction,
              "max-num-tokens": max_num_tokens, "max-batch-size": max_batch_size,
              "max-seq-len": max_seq_len}

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlamem import operations, render, shards
+from mlamem import operations, render, shards, sweep
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -21,13 +21,12 @@ from mlamem.cli.output import (
 )
 from mlamem.errors import UserError
 from mlamem.files import check_distinct, check_output_path, pick_format
-from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.profile import DEFAULT_TOKENS
+from mlamem.kernels import DEFAULT_KERNEL, kernel_operations
 
 
 @app.command()
 def profile(
-    tokens: Annotated[str | None, o.tokens_option(",".join(map(str, DEFAULT_TOKENS)))] = None,
+    tokens: Annotated[str | None, o.tokens_option(o.DECODE_SWEEP)] = None,
     scenario: o.OpScenarioOption = None,
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
@@ -86,11 +85,11 @@ def profile(
         raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
                         "other refuses to); give one")
     output_format = _check_outputs(output_format, output, snapshot_file, report_dir, breakdown)
+    path_list = _check_light(kernel, op, paths)
     name = scenario or operations.operation(op).default_scenario
-    # a bad file, config or GPU name is refused before torch loads
+    # a bad file, config or GPU name, or a T past int32, is refused before torch loads
     chosen = o.load_scenario(name, o.Changes(model, gpu))
-    path_list = o.split_paths(paths)
-    _check_light(kernel, op, chosen, values, path_list, max_num_batched_tokens)
+    _check_tokens(op, chosen, values, path_list, max_num_batched_tokens)
     decode = o.make_kernel(kernel)
     part = _plan(op, (name, chosen), values, path_list, decode, kv_tokens,
                  max_num_batched_tokens)
@@ -121,7 +120,7 @@ def _check_outputs(output_format: o.Format | None, output: Path | None,
                    snapshot_file: Path | None, report_dir: Path | None,
                    breakdown: bool) -> o.Format:
     """The format and every output path, tried before any work."""
-    formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
+    formats = o.ReproFormat if breakdown else o.Format  # --breakdown writes no CSV
     chosen = o.Format(pick_format(output, output_format and output_format.value, list(formats),
                                   what="profile --breakdown" if breakdown else "profile"))
     if snapshot_file is not None:
@@ -134,19 +133,23 @@ def _check_outputs(output_format: o.Format | None, output: Path | None,
     return chosen
 
 
-def _check_light(kernel: str, op: str, scenario, values: list[int] | None,
-                 paths: list[str] | None, max_num_batched_tokens: int | None) -> None:
-    """What the registry's light entry and the scenario refuse, before torch loads: the
-    paths, the operation and a T past int32 (the head count that bounds T below it needs the
-    kernel)."""
-    from mlamem import sweep
-    from mlamem.kernels import kernel_operations
-    from mlamem.scenario import check_decode_tokens
-
-    sweep.check_path_list(paths)
+def _check_light(kernel: str, op: str, paths: str | None) -> list[str] | None:
+    """--paths as a list (None: every path the kernel has), and what the registry's light entry
+    refuses before the scenario and torch load: the paths and the operation."""
+    path_list = o.split_paths(paths)
+    sweep.check_path_list(path_list)
     runs = kernel_operations(kernel)
     if runs:  # a broken plug-in's entry declares none: loading it says why, in one line
         sweep.check_kernel_ops(kernel, runs, [op])
+    return path_list
+
+
+def _check_tokens(op: str, scenario, values: list[int] | None, paths: list[str] | None,
+                  max_num_batched_tokens: int | None) -> None:
+    """What the scenario refuses before torch loads: a T past int32 (the head count that
+    bounds T below it needs the kernel)."""
+    from mlamem.scenario import check_decode_tokens  # the scenario model: loaded with `scenario`
+
     if op == operations.DENSE_DECODE:  # its requests are bounded with their context, later
         return
     check_decode_tokens(scenario, None, values or [], field=operations.operation(op).key,

@@ -47,4 +47,4 @@ def report(
         sys.stdout.write(built.markdown)
         return
     for path in reporting.write(built, output):
-        stderr.print(f"mlamem: wrote {path}", highlight=False)
+        stderr().print(f"mlamem: wrote {path}", highlight=False)

@@ -98,15 +98,15 @@ def repro_oom(
     sizes = o.parse_sizes(capture_sizes)
     if sizes is not None and cuda_graphs is o.Switch.off:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
-    # bad files and values, and weights that do not fit, are refused before torch loads
-    changes = o.Changes(model, gpu, weights_per_rank)
-    loaded = o.load_one(scenario, serve, changes)
-    o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
-                        and weights_per_rank is None)
+    # bad values, then bad files and weights that do not fit, are refused before torch loads
     for value, field, one in ((utilization, "utilization", True),
                               (mem_fraction_static, "mem_fraction_static", False)):
         if value is not None:
             check_fraction(value, field, one_allowed=one)
+    changes = o.Changes(model, gpu, weights_per_rank)
+    loaded = o.load_one(scenario, serve, changes)
+    o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
+                        and weights_per_rank is None)
     from mlamem.repro import check_target, run_repro
 
     decode = o.make_kernel(kernel)

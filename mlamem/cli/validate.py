@@ -101,7 +101,7 @@ def _values(op, ops: list[str], tokens: str | None, requests: str | None,
 
 def _output_format(output: Path | None, output_format: o.ReproFormat | None) -> o.ReproFormat:
     chosen = o.ReproFormat(pick_format(output, output_format and output_format.value,
-                                       list(render.VALIDATION_FORMATS), what="validate"))
+                                       list(o.ReproFormat), what="validate"))
     if output is not None:
         check_output_path(output)
     return chosen

@@ -8,10 +8,11 @@ import the profiler, and with it torch.
 import importlib
 
 _EXPORTS = {
-    "common": ["csv_cell", "escaped", "markdown_code", "predicted_tag"],
+    "common": ["csv_cell", "predicted_tag"],
     "compare": ["COMPARE_FORMATS", "compare_json", "compare_markdown", "compare_table",
                 "compare_view"],
     "diff": ["DIFF_FORMATS", "diff_markdown"],
+    "escape": ["escaped", "markdown_code", "markdown_row"],
     "explain": ["EXPLAIN_FORMATS", "explain_markdown"],
     "gate": ["gate_markdown"],
     "graphs": ["GRAPHS_FORMATS", "error_percent_text", "estimate_of", "estimate_sources",

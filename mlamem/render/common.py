@@ -1,10 +1,10 @@
-"""Formatting shared by every view: GiB cells, yes/no, the PREDICTED tag, rich to text."""
+"""Formatting shared by every view: GiB cells, yes/no, the PREDICTED tag, rich to text (the
+escapes of text from input files are `escape`'s)."""
 
 from __future__ import annotations
 
 import copy
 import io
-import re
 from collections import Counter
 
 from rich import box
@@ -13,7 +13,6 @@ from rich.constrain import Constrain
 from rich.table import Table
 from rich.text import Text
 
-from mlamem.files import CONTROL_CHARACTERS
 from mlamem.units import format_bytes, gib
 
 WIDTH = 80  # every terminal table fits this many columns
@@ -22,33 +21,6 @@ WIDTH = 80  # every terminal table fits this many columns
 def predicted_tag(measured: bool) -> str:
     """' (PREDICTED)' after the heading of every table of predicted figures; '' when measured."""
     return "" if measured else " (PREDICTED)"
-
-
-_BREAKS = re.compile(r"[\n\r\t\v\f\x85\u2028\u2029]+")  # line breaks and tabs: one space
-
-
-def escaped(text: object, markdown: bool = False) -> str:
-    """The one escape for text from an input file (a scenario's name, a note, a buffer or frame
-    name): one line with no control character, so no newline or terminal sequence (ESC, OSC's
-    BEL) reaches a table or a terminal; for Markdown, `|` and backticks escaped too, so a table
-    cell stays one cell and no code span opens."""
-    flat = CONTROL_CHARACTERS.sub("", _BREAKS.sub(" ", str(text)))
-    return flat.replace("|", "\\|").replace("`", "\\`") if markdown else flat
-
-
-def markdown_code(text: object) -> str:
-    """Text from an input file as a Markdown code span (`escaped`, then fenced): no newline,
-    pipe or backtick in `text` can leave it (a table cell stays one cell)."""
-    flat = escaped(text).replace("|", "\\|")
-    longest = max((len(run) for run in re.findall(r"`+", flat)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
-    return f"{fence}{pad}{flat}{pad}{fence}"
-
-
-def markdown_row(cells) -> str:
-    """One Markdown table row, each cell `escaped` (a name from a file stays one cell)."""
-    return "| " + " | ".join(escaped(cell, markdown=True) for cell in cells) + " |"
 
 
 def gib_text(value: int | None) -> str:
@@ -188,6 +160,11 @@ def natural_width(table: Table) -> int:
     terminal wraps (a test's failure report), where a frame's path would make it records."""
     console = Console(file=io.StringIO(), width=10_000, markup=False)
     return max(WIDTH, console.measure(table).maximum)
+
+
+def print_fitted(renderable, width: int) -> None:
+    """`renderable` on stdout in `width` columns, its tables fitted."""
+    Console(width=width, markup=False).print(fitted(renderable, width))
 
 
 def console_text(renderable, width: int = WIDTH) -> str:

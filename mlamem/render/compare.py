@@ -9,7 +9,8 @@ from rich.console import Group
 
 from mlamem.compare import CompareResult, CompareRow
 from mlamem.operations import operation
-from mlamem.render.common import compact_table, console_text, escaped, markdown_row, with_notes
+from mlamem.render.common import compact_table, console_text, with_notes
+from mlamem.render.escape import escaped, markdown_row
 
 
 def _equal(row: CompareRow) -> str:

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import json
 
-from mlamem.render.common import (
-    compact_table,
-    console_text,
-    escaped,
-    markdown_code,
-    signed_bytes,
-    with_notes,
-)
+from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
+from mlamem.render.escape import escaped, markdown_code
 from mlamem.units import format_bytes
 
 

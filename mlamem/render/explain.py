@@ -7,7 +7,8 @@ import json
 
 from rich.console import Group
 
-from mlamem.render.common import compact_table, console_text, escaped, markdown_code, with_notes
+from mlamem.render.common import compact_table, console_text, with_notes
+from mlamem.render.escape import escaped, markdown_code
 from mlamem.units import format_bytes
 
 

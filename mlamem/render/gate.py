@@ -5,7 +5,7 @@ from __future__ import annotations
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.kernel_api import OPERATIONS
 from mlamem.operations import operation
-from mlamem.render.common import escaped, markdown_code, markdown_row
+from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
 
 _METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",

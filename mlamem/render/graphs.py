@@ -14,13 +14,11 @@ from mlamem.render.common import (
     console_text,
     csv_cell,
     equal_text,
-    escaped,
-    markdown_code,
-    markdown_row,
     predicted_tag,
     signed_bytes,
     with_notes,
 )
+from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.results import CSV
 from mlamem.units import format_bytes
 

@@ -11,12 +11,10 @@ from mlamem.render.common import (
     console_text,
     count_text,
     engine_flag,
-    escaped,
     limits_text,
-    markdown_code,
-    markdown_row,
     with_notes,
 )
+from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes, gib
 
 

@@ -14,12 +14,11 @@ from mlamem.render.common import (
     console_text,
     csv_cell,
     equal_text,
-    escaped,
     gib_text,
-    markdown_code,
     predicted_tag,
     with_notes,
 )
+from mlamem.render.escape import escaped, markdown_code
 from mlamem.units import format_bytes, gib
 
 

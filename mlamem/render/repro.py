@@ -9,16 +9,8 @@ from rich.console import Group
 
 from mlamem.engines import load_engine
 from mlamem.engines.base import View, charged_per_process
-from mlamem.render.common import (
-    compact_table,
-    console_text,
-    escaped,
-    limits_text,
-    markdown_code,
-    markdown_row,
-    predicted_tag,
-    with_notes,
-)
+from mlamem.render.common import compact_table, console_text, limits_text, predicted_tag, with_notes
+from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.repro import ReproResult
 from mlamem.units import format_bytes
 

@@ -8,15 +8,8 @@ import json
 from rich.console import Group
 
 from mlamem.environment import Environment
-from mlamem.render.common import (
-    compact_table,
-    console_text,
-    escaped,
-    markdown_code,
-    markdown_row,
-    signed_bytes,
-    with_notes,
-)
+from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
+from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
 from mlamem.validate import Comparison
 
