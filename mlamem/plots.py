@@ -44,8 +44,14 @@ def _figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def plot_text(text: object) -> str:
+    """Text from an input file as a plot shows it: `escaped` (one line, no control character),
+    with `$` kept literal, so no name starts matplotlib's mathtext (`$\\foo$` would not draw)."""
+    return escaped(text).replace("$", r"\$")
+
+
 def _subject(measured: bool, gpu: str | None) -> str:
-    return f"measured on {gpu}" if measured else "PREDICTED, not measured"
+    return f"measured on {plot_text(gpu)}" if measured else "PREDICTED, not measured"
 
 
 def _paths(result: ProfileResult) -> list[str]:
@@ -89,9 +95,9 @@ def peak_vs_tokens(result: ProfileResult) -> bytes:
         ax.set_ylim(0, top * 1.1)
         ax.set_xlabel("T, query tokens per step (s_q of the decode call; log-2 scale)")
         ax.set_ylabel("per-call peak allocated (GiB)")
-        ax.set_title(f"{escaped(result.scenario['name'])}: per-call peak allocation\n"
+        ax.set_title(f"{plot_text(result.scenario['name'])}: per-call peak allocation\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
-                     f"{result.kernel['label']}")
+                     f"{plot_text(result.kernel['label'])}")
         ax.legend(loc="upper left")
         return _png(figure)
 
@@ -101,7 +107,7 @@ def _live_buffers(row) -> dict[str, int]:
     sizes: dict[str, int] = {}
     for b in row.buffers:
         if b["live_at_peak"]:
-            name = escaped(b["name"])
+            name = plot_text(b["name"])
             sizes[name] = sizes.get(name, 0) + b["block_bytes"]
     return sizes
 
@@ -144,9 +150,9 @@ def buffers_by_tokens(result: ProfileResult) -> bytes:
         axes[0].set_ylim(0, gib(tallest) * 1.08 if tallest else 1)
         handles, labels = axes[0].get_legend_handles_labels()
         figure.legend(handles[::-1], labels[::-1], loc="outside right center", title="buffer")
-        figure.suptitle(f"{escaped(result.scenario['name'])}: buffers live at each call's peak\n"
+        figure.suptitle(f"{plot_text(result.scenario['name'])}: buffers live at each call's peak\n"
                         f"{_subject(result.measured, result.environment.gpu)}, "
-                        f"{result.kernel['label']}")
+                        f"{plot_text(result.kernel['label'])}")
         return _png(figure)
 
 
@@ -217,7 +223,7 @@ def repro_budget(result: ReproResult) -> bytes:
             ax.axvline(gib(cap), color="black", linestyle="--", linewidth=1.2,
                        label="torch cap (target GPU less non-torch memory)" if k == 0 else None)
         ax.set_yticks(range(len(cases)), labels=[
-            f"{escaped(view.case_label(c))}\n{_verdict_note(c)}" for c in reversed(cases)])
+            f"{plot_text(view.case_label(c))}\n{_verdict_note(c)}" for c in reversed(cases)])
         ax.set_xlim(0, right * 1.16 if right else 1)
         ax.set_ylim(-0.6, len(cases) - 0.4)
         ax.set_xlabel("device memory of one rank (GiB)")
@@ -225,11 +231,11 @@ def repro_budget(result: ReproResult) -> bytes:
         budget, s = result.budget, result.scenario
         target = f" ({s['target_gpu']})" if s.get("target_gpu") else ""
         share = f" at utilization {budget['utilization']}" if engine.reads_utilization else ""
-        figure.suptitle(f"{escaped(s['name'])}: memory of one engine rank, per path (GiB)\n"
+        figure.suptitle(f"{plot_text(s['name'])}: memory of one engine rank, per path (GiB)\n"
                      f"target {format_bytes(budget['gpu_memory_bytes'])}{target}{share}, "
                      f"{view.step_tokens} {budget['max_num_batched_tokens']}\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
-                     f"{result.kernel['label']}")
+                     f"{plot_text(result.kernel['label'])}")
         figure.legend(loc="outside lower center", ncols=3)
         return _png(figure)
 
@@ -268,7 +274,7 @@ def graph_pool_vs_size(result: GraphsResult) -> bytes:
         figure = _figure(9.5, 6.5)
         ax = figure.add_subplot()
         for path in result.paths:
-            color, name = GRAPH_PATH_COLORS.get(path.path), escaped(path.path)
+            color, name = GRAPH_PATH_COLORS.get(path.path), plot_text(path.path)
             pool = _cumulative(path, "pool_growth_bytes")
             ax.plot([t for t, _ in pool], [b / scale for _, b in pool], marker="o",
                     markersize=3, linewidth=2, color=color,
@@ -302,8 +308,8 @@ def graph_pool_vs_size(result: GraphsResult) -> bytes:
         ax.set_ylim(0, max(heights, default=0) / scale * 1.12 or 1)
         ax.set_xlabel("capture size T, tokens (capture order, largest first; log-2 scale)")
         ax.set_ylabel(f"pool after each capture; peak inside it ({unit})")
-        ax.set_title(f"{escaped(result.scenario['name'])}: CUDA-graph pool over {len(sizes)} captures\n"
+        ax.set_title(f"{plot_text(result.scenario['name'])}: CUDA-graph pool over {len(sizes)} captures\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
-                     f"{result.kernel['label']}")
+                     f"{plot_text(result.kernel['label'])}")
         figure.legend(loc="outside lower center", ncols=2, fontsize=9)
         return _png(figure)

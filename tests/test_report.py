@@ -63,6 +63,22 @@ def test_report_plots_are_valid_pngs_referenced_from_the_markdown(tmp_path):
         assert b"Software" not in data and b"matplotlib" not in data
 
 
+def test_names_from_files_are_drawn_as_text_in_every_plot(tmp_path):
+    """A scenario name, kernel label and GPU holding `$...$` (matplotlib's mathtext, where an
+    unknown command would not draw) and an ESC: every plot draws them as plain text."""
+    hostile = "glm5 $\\foo{$ \x1b[31m"
+    inputs = []
+    for source in (PROFILE, REPRO):
+        doc = json.loads(source.read_text())
+        doc["scenario"]["name"] = hostile
+        doc["kernel"]["label"] = f"FlashMLA {hostile}"
+        doc["environment"]["gpu"] = f"H200 {hostile}"
+        inputs.append(tmp_path / source.name)
+        inputs[-1].write_text(json.dumps(doc))
+    output = _render(tmp_path / "a", *inputs)
+    assert len(list(output.parent.glob("*.png"))) == 3
+
+
 def test_two_renders_are_byte_identical(tmp_path):
     """The same inputs give the same Markdown and the same PNG bytes."""
     first = _render(tmp_path / "a", PROFILE, PREDICTED, REPRO, VALIDATE)
