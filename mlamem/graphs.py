@@ -177,7 +177,7 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     # predicted: one model for the process, as measured: what the first path's launches and
     # first capture load outside the allocator, a later path finds loaded
-    model = None if reason is None else SimulatedMemory(non_torch=host_setup(kernel.name))
+    model = None if reason is None else SimulatedMemory(non_torch=host_setup(kernel.name, predict=True))
     results = []
     for path in paths:
         memory = CudaMemory() if model is None else model

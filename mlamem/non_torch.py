@@ -124,8 +124,8 @@ def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = 
                cuda: str | None = None, gpu_memory_bytes: int | None = None) -> NonTorchSetup:
     """The setup for `kernel` on this host; the closest one, labelled `assumed`, if none matches.
 
-    Without a GPU (`gpu` None) the first setup of the kernel stands in: the prediction is then
-    the emulation as that host would run it.
+    Without a GPU named (`gpu` None: no GPU here, or a prediction) the first setup of the
+    kernel stands in: the prediction is then the emulation as that host would run it.
     """
     setups = load_setups()
     for setup in setups:
@@ -134,7 +134,7 @@ def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = 
     same_kernel = [s for s in setups if s.kernel == kernel]
     chosen = (same_kernel or setups)[0]
     if gpu is None:
-        why = f"no GPU here; predicted as the {chosen.gpu} of this record would run it"
+        why = f"predicted as the {chosen.gpu} of this record would run it"
     else:
         why = f"no record for {kernel} on {gpu}, torch {torch_version}, CUDA {cuda}"
     if chosen.kernel != kernel:

@@ -180,7 +180,7 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     measured = reason is None
-    setup = host_setup(kernel.name)
+    setup = host_setup(kernel.name, predict=not measured)
     if measured:  # the CLI checks this before any output; here for callers of the library
         check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
     sm_count = local_sm_count() if measured else scenario.gpu.sm_count
@@ -288,9 +288,11 @@ def check_target(budget: Budget, kernel: KernelContract, predict: bool) -> None:
         check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
 
 
-def host_setup(kernel_name: str) -> NonTorchSetup:
-    """The non-torch memory data for this host (the closest record, labelled, if none matches)."""
-    if not torch.cuda.is_available():
+def host_setup(kernel_name: str, *, predict: bool = False) -> NonTorchSetup:
+    """The non-torch memory data for this host (the closest record, labelled, if none matches).
+    `predict`: the kernel's recorded host, wherever mlamem runs, so a prediction is the same on a
+    CPU, an H100 or an H200 (a smaller local GPU never caps a target it does not run)."""
+    if predict or not torch.cuda.is_available():
         return find_setup(kernel_name)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return find_setup(kernel_name, props.name, torch.__version__, torch.version.cuda,

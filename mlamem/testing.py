@@ -27,13 +27,13 @@ def one_line_error(capsys) -> str:
     return err[0]
 
 
-def check_bad_input(args: Sequence[str], fix: str | None = None, *,
+def check_bad_input(args: Sequence[str], fix: str | tuple[str, ...] | None = None, *,
                     watch: Path | None = None, code: int = 2) -> str:
     """Run `mlamem ARGS` in this process, from a fresh empty working folder, and check what bad
     input must give: exit `code` (2), nothing on stdout, exactly one stderr line, starting
-    `mlamem: error:` and containing `fix` if given, no traceback, and no file left behind,
-    neither in the working folder nor under `watch` (created, changed or removed). Returns the
-    line; an AssertionError says what differs."""
+    `mlamem: error:` and containing `fix` if given (a tuple: one of its wordings), no traceback,
+    and no file left behind, neither in the working folder nor under `watch` (created, changed or
+    removed). Returns the line; an AssertionError says what differs."""
     import contextlib
     import io
     import os
@@ -67,7 +67,7 @@ def check_bad_input(args: Sequence[str], fix: str | None = None, *,
         problems.append("a traceback")
     if len(lines) != 1 or not lines[0].startswith("mlamem: error:"):
         problems.append(f"stderr is not one 'mlamem: error:' line: {lines}")
-    elif fix is not None and fix not in lines[0]:
+    elif fix is not None and not any(w in lines[0] for w in ((fix,) if isinstance(fix, str) else fix)):
         problems.append(f"the line does not say {fix!r}: {lines[0]!r}")
     if left:
         problems.append(f"left files in the working folder: {sorted(left)}")

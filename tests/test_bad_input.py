@@ -131,6 +131,8 @@ def _run(inputs: Inputs, command: str, args: list, fix: str) -> None:
     check_bad_input([command, *inputs.resolve(args)], fix, watch=inputs.folder)
 
 
+# typer from 0.29 words a range through pydantic, older typer through click
+AT_LEAST_1 = ("greater than or equal to 1", "not in the range x>=1")
 TOML_CASES = [  # a scenario the decode kernel cannot run, refused with the field named
     pytest.param([toml({"num_attention_heads = 64 ": "num_attention_heads = 256 ",
                         "tensor_parallel = 8 ": "tensor_parallel = 1 "})],
@@ -382,9 +384,8 @@ def test_compare(inputs, args, fix):
     pytest.param(["--utilization", "0"], "outside (0, 1]", id="utilization-zero"),
     pytest.param(["--utilization", "1.5"], "outside (0, 1]", id="utilization-above-1"),
     pytest.param(["--utilization", "nan"], "outside (0, 1]", id="utilization-nan"),
-    pytest.param(["--max-num-batched-tokens", "0"], "greater than or equal to 1", id="mnbt-zero"),
-    pytest.param(["--max-num-batched-tokens", "-5"], "greater than or equal to 1",
-                 id="mnbt-negative"),
+    pytest.param(["--max-num-batched-tokens", "0"], AT_LEAST_1, id="mnbt-zero"),
+    pytest.param(["--max-num-batched-tokens", "-5"], AT_LEAST_1, id="mnbt-negative"),
     pytest.param(["--max-num-batched-tokens", "99999999999999"], "cannot be reserved",
                  id="mnbt-cannot-exist"),
     pytest.param(["--gpu-memory", "lots"], "80GiB", id="size-word"),

@@ -365,9 +365,12 @@ def test_text_from_other_results_is_escaped(tmp_path, capsys, fixture, edit, com
     _clean(out.read_text() if out.exists() else captured.out, markdown)
 
 
-def test_a_refusal_quoting_a_file_is_one_clean_line(tmp_path):
+def test_a_refusal_quoting_a_file_is_one_clean_line(tmp_path, monkeypatch):
     """A baseline made with a kernel version holding a newline and terminal sequences: the
-    gate's refusal quotes it in one line, without them."""
+    gate's refusal (here FlashMLA 1.0.0 is installed) quotes it in one line, without them."""
+    from mlamem import environment
+
+    monkeypatch.setattr(environment, "installed_kernel_versions", lambda: {"flashmla": "1.0.0"})
     hostile = _hostile_copy(tmp_path, GATE_BASELINE,
                             lambda data: data["environment"]["kernels"].update(flashmla=HOSTILE))
     line = check_bad_input(["gate", "--predict", "--baseline", hostile, "--scenario",

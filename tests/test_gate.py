@@ -236,11 +236,29 @@ def test_other_environment_exits_2_unless_allowed(baseline_file, tmp_path, capsy
     path.write_text(json.dumps(data))
     assert _gate("--baseline", str(path)) == 2
     line = one_line_error(capsys)
-    assert "measured: baseline measured, this run predicted" in line
-    assert "kernels.flashmla: baseline 0.9.0, this run" in line and "--allow-env-change" in line
+    assert "measured: baseline measured, this run predicted" in line and "--allow-env-change" in line
     assert _gate("--baseline", str(path), "--allow-env-change") == 0
     assert "Environment: measured was measured, is predicted (compared anyway" in (
         capsys.readouterr().out)
+
+
+def test_predictions_block_only_on_two_known_kernel_versions(baseline_file, tmp_path, monkeypatch,
+                                                             capsys):
+    """A predicted baseline made without FlashMLA installed (version None) passes where it is
+    installed, as CI's baseline on a GPU machine; two known versions that differ still block."""
+    from mlamem import environment
+
+    installed = {"flashmla": "1.0.0"}
+    monkeypatch.setattr(environment, "installed_kernel_versions", lambda: dict(installed))
+    assert json.loads(baseline_file.read_text())["environment"]["kernels"]["flashmla"] is None
+    assert _gate("--baseline", str(baseline_file)) == 0
+    assert "kernels.flashmla" in capsys.readouterr().out  # said, not blocking
+    data = json.loads(baseline_file.read_text())
+    data["environment"]["kernels"]["flashmla"] = "0.9.0"
+    path = tmp_path / "older.json"
+    path.write_text(json.dumps(data))
+    assert _gate("--baseline", str(path)) == 2
+    assert "kernels.flashmla: baseline 0.9.0, this run 1.0.0" in one_line_error(capsys)
 
 
 def test_update_never_leaves_a_broken_file(baseline_file, tmp_path, capsys):

@@ -69,9 +69,28 @@ def test_without_a_setup_nothing_is_charged():
 def test_no_gpu_takes_the_kernels_first_setup_and_says_so():
     """On a CPU the prediction emulates the recorded host, labelled as assumed."""
     setup = find_setup("flashmla")
-    assert setup.gpu == "NVIDIA H200" and "no GPU here" in setup.assumed
+    assert setup.gpu == "NVIDIA H200" and "predicted as the NVIDIA H200" in setup.assumed
     other = find_setup("triton")
     assert "triton not measured" in other.assumed
+
+
+def test_a_prediction_does_not_read_the_local_gpu(monkeypatch):
+    """On an H100 (80 GB), a measured run models this host and its physical memory; a prediction
+    models the recorded host, as on a CPU, so an H200 target is not capped at the local 79 GiB
+    (seen on an H100 on 2026-12-05: predicted DeepSeek-V3.2 found no room for its KV cache)."""
+    from types import SimpleNamespace
+
+    from mlamem.repro import host_setup
+
+    h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85017493504)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: h100)
+    local = host_setup("flashmla")
+    assert (local.gpu, local.gpu_memory_bytes) == (h100.name, h100.total_memory)
+    assert "no record for flashmla on NVIDIA H100 80GB HBM3" in local.assumed
+    assert host_setup("flashmla", predict=True) == find_setup("flashmla")
+    assert find_setup("flashmla").gpu_memory_bytes == 150109880320
 
 
 def _room_left_mib(memory) -> int:

@@ -146,7 +146,7 @@ def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
                                max_num_batched_tokens=limits["step_tokens"])
 
     def verdict(path, **knobs):
-        return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), scenario, kernel,
+        return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), scenario, kernel,
                               dataclasses.replace(start, **knobs), path,
                               sm_count=scenario.gpu.sm_count).to_dict()["verdict"]
 

@@ -94,7 +94,7 @@ def test_max_safe_tokens_is_the_boundary(glm):
     result = run_repro(glm, glm_budget(glm), ["alloc"], command="test", predict=True)
     limit = result.cases[0]["max_safe_tokens"]
     for tokens, verdict in ((limit, "fits"), (limit + 1, "oom")):
-        case = VLLM.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), glm, FlashMLA(),
+        case = VLLM.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), glm, FlashMLA(),
                        glm_budget(glm, tokens), "alloc", sm_count=132)
         assert case.verdict == verdict
 
@@ -112,8 +112,8 @@ def test_prediction_equals_the_h200_run(name, monkeypatch):
     from mlamem import repro
     from mlamem.non_torch import calibrated
 
-    setup = host_setup("flashmla")
-    monkeypatch.setattr(repro, "host_setup", lambda kernel: calibrated(
+    setup = host_setup("flashmla", predict=True)
+    monkeypatch.setattr(repro, "host_setup", lambda kernel, predict=False: calibrated(
         setup, 0, setup.process_bytes, device_wide=True))
     measured = json.loads((H200_RUNS / f"{name}.json").read_text())
     assert all(c.get("nvml_visibility") is None for c in measured["cases"])  # device-wide

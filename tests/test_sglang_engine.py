@@ -25,7 +25,7 @@ def budget(scenario, tokens: int, fraction: float | None = None) -> SGLangBudget
 
 
 def emulate(scenario, tokens: int, path: str = "alloc", fraction: float | None = None):
-    return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), scenario, FlashMLA(),
+    return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), scenario, FlashMLA(),
                           budget(scenario, tokens, fraction), path, sm_count=132)
 
 
@@ -100,7 +100,7 @@ def test_the_reserve_rule_reads_nvidia_smis_total():
     assert (case.smi_memory_mib, case.smi_memory_note) == (143771, None)
     assert case.mem_fraction_static == round((143771 - 28672) / 143771, 3) == 0.801
     assert round((143155 - 28672) / 143155, 3) == 0.800
-    other = SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), ds, FlashMLA(),
+    other = SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), ds, FlashMLA(),
                            SGLangBudget(gpu_memory_bytes=140000 * MiB, utilization=0.9,
                                         max_num_batched_tokens=16384), "alloc", sm_count=132)
     assert other.smi_memory_mib == 140000

@@ -31,7 +31,7 @@ def emulate(scenario, path: str, *, fraction: float | None = None, graphs: bool 
                           max_num_batched_tokens=SGLang.default_step_tokens(
                               scenario, scenario.gpu.memory_bytes),
                           mem_fraction_static=fraction, cuda_graphs=graphs)
-    return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla")), scenario, FlashMLA(),
+    return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), scenario, FlashMLA(),
                           budget, path, sm_count=132).to_dict()
 
 
