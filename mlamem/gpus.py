@@ -6,8 +6,9 @@ scenario's own [gpu].
 nvidia-smi's memory.total is one figure per board; CUDA's total (cudaMemGetInfo, torch's
 total_memory) is a few hundred MiB lower and moves with the driver (three public H100 logs: 81082,
 81089 and 81090 MiB). A scenario's memory_mib takes nvidia-smi's figure where no figure was measured
-here, as the shipped glm5-fp8-tp8 does; the H200's is CUDA's total measured on this project's
-H200, as the shipped H200 scenarios have it.
+here; the H100's and the H200's are CUDA's totals measured on this project's H100 and H200, as
+the shipped scenarios have them. vLLM budgets against CUDA's total, and a target no larger than
+CUDA's total can be measured on that GPU (nvidia-smi's H100 figure is 480 MiB more than an H100 holds).
 """
 
 from __future__ import annotations
@@ -54,10 +55,14 @@ class GPU:
 _H200_MEASURED = ("reports/repro-oom-h200/README.md and gpu.txt: NVIDIA H200, 580.159.04, 143771 MiB "
                   "(nvidia-smi); torch total_memory 143155.9 MiB (scenarios/deepseek-v32-fp8-tp8.toml)")
 
+_H100_MEASURED = ("reports/repro-oom-h100/h100/gpu.txt: NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB "
+                  "(nvidia-smi); torch total_memory 85017493504 B = 81079 MiB, 132 SMs (public logs: "
+                  "81082 to 81090 MiB with other drivers)")
+
 GPUS = {g.name: g for g in (
     GPU("H100 SXM 80GB", 81559, 132, SMI_LOG + "'NVIDIA H100 80GB HBM3, 81559 MiB'",
         TORCH_LOG + "'NVIDIA H100 80GB HBM3', total_memory=81089MB, multi_processor_count=132",
-        cuda_mib=81089, cuda_source=TORCH_LOG + "total_memory=81089MB (81082 and 81090 in others)"),
+        cuda_mib=81079, cuda_source=_H100_MEASURED, measured_mib=81079),
     GPU("H100 PCIe", 81559, 114, SMI_LOG + "'NVIDIA H100 PCIe, 81559 MiB'",
         "NVIDIA LaunchPad H100 MIG guide (docs.nvidia.com/launchpad/ai/h100-mig): 114 SMs per GPU"),
     GPU("H800", 81559, 132, SMI_LOG + "'NVIDIA H800, 81559 MiB, 570.158.01'",

@@ -313,6 +313,8 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
     else:
         notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
                      f"launches) and the physical memory are modelled as {setup.describe()}")
+    if setup.gpu_memory_bytes - budget.gpu_memory_bytes >= SPARE_NOTED:
+        notes.append(spare_memory_note(setup.gpu, budget.gpu_memory_bytes))
     return ReproResult(
         command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
         engine=engine.name, non_torch=dataclasses.asdict(setup),
@@ -322,6 +324,21 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
         budget=_budget_dict(budget, scenario),
         environment=environment.capture(), cases=cases, notes=notes,
         created=environment.now_utc())
+
+
+# A physical device this much larger than the target gets the note below (an H200 scenario's
+# memory_mib rounds CUDA's total down, 0.3 MiB under the H200 itself).
+SPARE_NOTED = 64 * 2**20
+
+
+def spare_memory_note(gpu: str, target_bytes: int) -> str:
+    """Why an emulation on a larger device can give larger limits than the target itself: the
+    CUDA modules that load after the KV cache is sized take its spare memory, not the target's."""
+    return (f"the {format_bytes(target_bytes)} target runs on the {gpu}'s larger memory: the CUDA "
+            "modules the step's first launches load after the KV cache is sized (90 MiB with "
+            "FlashMLA), and what the driver holds outside the process, come out of that spare "
+            "memory; on the target GPU itself they come out of the engine's, and the largest safe "
+            "values can be lower (measured on an H100: reports/repro-oom-h100)")
 
 
 def non_torch_notes(cases: list[dict], key_field: str) -> list[str]:

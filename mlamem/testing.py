@@ -159,6 +159,20 @@ def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
     return path
 
 
+def scenario_as_run(name: str, budget: Mapping[str, Any]) -> Any:
+    """The shipped scenario `name` with the target GPU memory a saved repro-oom run had: its
+    budget's `scenario_gpu_memory_bytes`, else its `gpu_memory_bytes` (GLM-5 targeted nvidia-smi's
+    81559 MiB before 2026-12-05, CUDA's 81079 since)."""
+    import dataclasses
+
+    from mlamem import scenario
+
+    shipped = scenario.load(name)
+    memory = budget.get("scenario_gpu_memory_bytes", budget["gpu_memory_bytes"])
+    return dataclasses.replace(shipped, gpu=dataclasses.replace(shipped.gpu,
+                                                                memory_mib=memory // 2**20))
+
+
 def split_into_shards(document: dict, count: int) -> list[dict]:
     """A saved profile or validate result (a JSON document) as the `count` files that `--shard
     I/N` runs of its sweep write: its units dealt by `mlamem.shards.Shard`, each file's command

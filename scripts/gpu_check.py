@@ -38,6 +38,8 @@ TP1 = "reports/kernels-h200/glm5-64-heads.toml"  # GLM-5 at tensor_parallel 1: 6
 NOT_GRAPH_REPRO = "'not measured_equals_predicted'"  # test_graphs_gpu.py's repro-oom runs: apart
 PYTEST = "python3 -m pytest -q -rs -p no:cacheprovider --durations=10 --junitxml={out}/junit.xml"
 BENCH = "python3 benchmarks/triton_vs_flashmla.py"
+SEED_SERVE = ("vllm serve zai-org/GLM-5-FP8 -tp 8 --max-num-seqs 256 --kv-cache-dtype fp8_ds_mla "
+              "--max-num-batched-tokens 32768 --gpu-memory-utilization 0.85 --max-model-len 131072")
 GRAPH_REPRO = [f"{PYTEST} tests/test_graphs_gpu.py -k measured_equals_predicted --basetemp={{out}}/cases"]
 
 
@@ -159,6 +161,14 @@ SUITES = {
     # no allocator figure and no per-process one (profile, graphs), nor repro-oom's KV cache,
     # cap, headroom, verdict and limits (charged per process)
     "neighbour": [f"{PYTEST} {NEIGHBOUR}"],
+    # on an H100: GLM-5's shipped scenario targets CUDA's H100 total (81079 MiB), so repro-oom runs
+    # measured on the GPU it names: vLLM eager, the seed's pasted serve command, SGLang, vLLM's graphs
+    "h100": ["nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv",
+             *both("mlamem repro-oom @repro-glm5"),
+             *both(f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
+                   "--weights-per-rank 40GiB @repro-seed-eager"),
+             *both("mlamem repro-oom --engine sglang @repro-glm5-sglang"),
+             *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs")],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }

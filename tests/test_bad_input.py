@@ -148,7 +148,7 @@ TOML_CASES = [  # a scenario the decode kernel cannot run, refused with the fiel
                  id="toml-workspace-cannot-exist"),
     pytest.param([toml({"max_model_len = 131072": "max_model_len = 99999999999"})],
                  "[serving].max_model_len must be at most 2147483647", id="toml-beyond-int32"),
-    pytest.param([toml({"memory_mib = 81559": "memory_mib = 999999999999"})],
+    pytest.param([toml({"memory_mib = 81079": "memory_mib = 999999999999"})],
                  "[gpu].memory_mib must be at most 268435456", id="toml-memory"),
     pytest.param([written("bad.toml", "name = 'x'\ndescription = 'y'\n[model]\nname = 1\n")],
                  "[model].name", id="toml-malformed"),

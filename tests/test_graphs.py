@@ -21,6 +21,7 @@ from mlamem.graphs import (
 )
 from mlamem.kernels import load_kernel
 from mlamem.repro import run_repro
+from mlamem.testing import scenario_as_run
 
 MiB = 1 << 20
 VLLM_DEFAULT_51 = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
@@ -222,7 +223,7 @@ def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits):
     from mlamem.repro import prediction_differences
 
     measured = json.loads((GRAPH_MEMORY_H200 / name).read_text())
-    result = run_repro(scenarios.load(scenario),
+    result = run_repro(scenario_as_run(scenario, measured["budget"]),
                        VLLMBudget(**{k: measured["budget"][k] for k in (
                            "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
                            "cuda_graphs")}),

@@ -247,7 +247,7 @@ def test_an_indexer_pattern_that_is_not_one_kind_per_layer_names_the_field(patte
     assert error.value.field == "config.indexer_types"
 
 
-H100, H200 = 81559 * 2**20, 143155 * 2**20  # the scenarios' memory_mib of each
+H100, H200 = 81079 * 2**20, 143155 * 2**20  # the scenarios' memory_mib of each
 
 
 def test_weights_per_rank_places_a_scenarios_layout():
@@ -263,7 +263,7 @@ def test_weights_per_rank_places_a_scenarios_layout():
 def test_weights_that_exceed_the_gpu_say_so_in_one_line():
     glm, kimi = shipped_config("glm-5"), shipped_config("kimi-k2")
     assert weights_fit("GLM-5", glm, tp=8, gpu="H100 SXM 80GB", gpu_bytes=H100) == (
-        "GLM-5's weights are 88.7 GiB per rank at TP8, more than the H100 SXM 80GB's 79.6 GiB")
+        "GLM-5's weights are 88.7 GiB per rank at TP8, more than the H100 SXM 80GB's 79.2 GiB")
     assert weights_fit("Kimi-K2", kimi, tp=4, dp=4, gpu="H200 SXM 141GB", gpu_bytes=H200) == (
         "Kimi-K2's weights are 249.6 GiB per rank at TP4 with attention-DP 4, more than the H200 SXM 141GB's "
         "139.8 GiB")

@@ -151,7 +151,7 @@ def test_weights_that_do_not_fit_the_gpu_are_one_line(command):
     """The shipped GLM-5 config at TP8 on an H100: 88.7 GiB per rank, refused before any run."""
     line = check_bad_input([*COMMANDS[command], "--model", GLM5, "--gpu", "H100 SXM 80GB"],
                            "glm-5 FP8's weights are 88.7 GiB per rank at TP8, more than the "
-                           "H100 SXM 80GB's 79.6 GiB")
+                           "H100 SXM 80GB's 79.2 GiB")
     assert line.startswith("mlamem: error: --weights-per-rank: ")
     check_bad_input([*COMMANDS[command], "--weights-per-rank", "80GiB"],
                     "GLM-5 FP8's weights are 80.0 GiB per rank at TP8, more than the H100")

@@ -25,7 +25,7 @@ from mlamem.repro import (
     run_case,
     run_repro,
 )
-from mlamem.testing import no_gpu
+from mlamem.testing import no_gpu, scenario_as_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -65,11 +65,11 @@ def test_engine_case_adds_up_for_glm5(glm):
     # indexer's top-k buffer (32768 x 2048 x 4 B = 268,435,456) + the synthetic KV pool of the
     # inputs (4 x 2048 tokens x 656 B = 5,373,952) = 47,786,885,120
     assert case.init_bytes == 47_786_885_120
-    # 0.85 x 81559 MiB = 72,692,688,486 B requested, less init and the profile peak
-    # (49,162,616,832; no non-torch memory in this simulated memory) leaves 23,530,071,654 B:
-    # 7185.3 blocks of 3,274,752 B, so 7185 blocks of 64 tokens
-    assert case.kv_cache_bytes == 7185 * 3_274_752 == 23_529_093_120
-    assert case.kv_cache_tokens == 7185 * 64 == 459_840
+    # 0.85 x 81079 MiB = 72,264,869,478 B requested, less init and the profile peak
+    # (49,162,616,832; no non-torch memory in this simulated memory) leaves 23,102,252,646 B:
+    # 7054.7 blocks of 3,274,752 B, so 7054 blocks of 64 tokens
+    assert case.kv_cache_bytes == 7054 * 3_274_752 == 23_100_100_608
+    assert case.kv_cache_tokens == 7054 * 64 == 451_456
     assert case.headroom_bytes == case.torch_limit_bytes - case.step_peak_bytes > 0
 
 
@@ -117,7 +117,7 @@ def test_prediction_equals_the_h200_run(name, monkeypatch):
         setup, 0, setup.process_bytes, device_wide=True))
     measured = json.loads((H200_RUNS / f"{name}.json").read_text())
     assert all(c.get("nvml_visibility") is None for c in measured["cases"])  # device-wide
-    chosen = scenarios.load(name)
+    chosen = scenario_as_run(name, measured["budget"])
     budget = Budget(**{k: measured["budget"][k] for k in
                        ("gpu_memory_bytes", "utilization", "max_num_batched_tokens")})
     predicted = run_repro(chosen, budget, ["alloc", "workspace"], command="test", predict=True)
@@ -281,3 +281,16 @@ def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
     extra = full["workspace_bytes"] - workspace["workspace_bytes"]
     lse = BufferSpec("lse", (64 * budget.max_num_batched_tokens,), torch.float32, "returned")
     assert lse.nbytes < extra < lse.nbytes + 64 * 2**20  # lse plus tens of MB of accumulators
+
+
+def test_a_target_smaller_than_the_modelled_device_says_what_its_spare_memory_hides():
+    """GLM-5's H100 target, predicted on the recorded H200, gets the note on the spare memory
+    (the H100 itself measured lower limits); DeepSeek-V3.2's H200 target, the device's own size,
+    does not."""
+    notes = {name: run_repro(scenarios.load(name), Budget(scenarios.load(name).gpu.memory_bytes,
+                                                          0.85, 32768),
+                             ["alloc"], command="test", predict=True).notes
+             for name in ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8")}
+    spare = [n for n in notes["glm5-fp8-tp8"] if "larger memory" in n]
+    assert len(spare) == 1 and "79.179 GiB target runs on the NVIDIA H200" in spare[0]
+    assert not any("larger memory" in n for n in notes["deepseek-v32-fp8-tp8"])

@@ -36,8 +36,10 @@ def test_glm5_defaults_measured(glm_result):
     assert alloc["verdict"] == "oom" and alloc["oom_buffer"] == "o_accum"
     assert alloc["oom_requested_bytes"] == 8 * GiB and alloc["non_torch_bytes"] > 0
     assert workspace["verdict"] == "fits" and workspace["headroom_bytes"] > 0
-    for case in result.cases:
-        assert "confirmed on the GPU" in case["max_safe_method"], case["max_safe_method"]
+    recorded = host_setup("flashmla").assumed is None  # this host's own non-torch record
+    for case in result.cases:  # elsewhere (an H100) the model can be tokens off: bisected
+        method = case["max_safe_method"]
+        assert ("confirmed on the GPU" if recorded else "on the GPU") in method, method
 
 
 def test_measured_equals_the_model(glm_result):

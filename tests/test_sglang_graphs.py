@@ -31,8 +31,8 @@ def emulate(scenario, path: str, *, fraction: float | None = None, graphs: bool 
                           max_num_batched_tokens=SGLang.default_step_tokens(
                               scenario, scenario.gpu.memory_bytes),
                           mem_fraction_static=fraction, cuda_graphs=graphs)
-    return SGLang.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), scenario, FlashMLA(),
-                          budget, path, sm_count=132).to_dict()
+    memory = SimulatedMemory(non_torch=host_setup("flashmla", predict=True))
+    return SGLang.emulate(memory, scenario, FlashMLA(), budget, path, sm_count=132).to_dict()
 
 
 def test_glm5_default_list_is_sglangs_for_max_bs_512():

@@ -29,7 +29,7 @@ def repro_oom(
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
     gpu_memory: Annotated[str | None, o.gpu_memory_option(
-        "The target GPU's memory to emulate, e.g. 80GiB or 81559MiB; at most the local GPU's.")
+        "The target GPU's memory to emulate, e.g. 80GiB or 81079MiB; at most the local GPU's.")
     ] = None,
     utilization: Annotated[float | None, o.utilization_option(
         "The engine's --gpu-memory-utilization, in (0, 1].")] = None,
