@@ -195,7 +195,8 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
         return chosen.emulate(SimulatedMemory(non_torch=host), scenario, kernel, at, key,
                               sm_count=sm_count).to_dict()
 
-    cases = []
+    cases, on_target = [], {}
+    spare = setup.gpu_memory_bytes - budget.gpu_memory_bytes >= SPARE_NOTED
     for key in chosen.case_keys(list(paths)):
         progress(f"{chosen.view.case_label({key_field: key})}: emulating the rank")
         case = predicted(key, budget, setup)
@@ -212,6 +213,11 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
             case.update(_largest_safe(case, key, pinned, knob, host,
                                       measured=measured, predicted=predicted, request=request,
                                       worker=worker, progress=progress))
+            if spare:
+                on_target[key] = _largest_safe_on_target(
+                    key, pinned, knob, dataclasses.replace(
+                        host, gpu_memory_bytes=budget.gpu_memory_bytes), predicted,
+                    case["max_safe_tokens"])
             if pinned != budget:  # the fraction follows the tokens where none is given
                 progress(f"{key}: searching the largest safe {knob} with the fraction re-derived")
                 case["max_safe_tokens_rederived"], _ = largest_fitting(
@@ -225,6 +231,9 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                 lambda at, key=key, host=host: predicted(key, at, host)["verdict"]))
         cases.append(case)
     notes = chosen.notes(cases)
+    if spare:
+        notes.append(spare_memory_note(setup.gpu, budget.gpu_memory_bytes, on_target,
+                                       chosen.step_knob_name))
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
                       "verdicts do not depend on it, only the KV-cache size does")
@@ -250,6 +259,16 @@ def _largest_safe(case: dict, key: str, budget: Budget, knob: str, host: NonTorc
         {getattr(budget, knob): case["verdict"]}, on_model,
         lambda t: progress(f"{key}: confirming on the GPU at {knob} {t}"))
     return {"max_safe_tokens": found, "max_safe_method": method}
+
+
+def _largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: NonTorchSetup,
+                            predicted, guess: int) -> int:
+    """A case's largest safe `knob` on the model with the target GPU as the physical device
+    (`target_host`): the CUDA modules loaded after the KV cache is sized take its memory."""
+    found, _ = largest_fitting(lambda t: predicted(
+        key, dataclasses.replace(budget, **{knob: t}), target_host)["verdict"] == Verdict.FITS,
+        guess)
+    return found
 
 
 def _largest_safe_fraction(case: dict, budget: Budget, knob: str,
@@ -313,8 +332,6 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
     else:
         notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
                      f"launches) and the physical memory are modelled as {setup.describe()}")
-    if setup.gpu_memory_bytes - budget.gpu_memory_bytes >= SPARE_NOTED:
-        notes.append(spare_memory_note(setup.gpu, budget.gpu_memory_bytes))
     return ReproResult(
         command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
         engine=engine.name, non_torch=dataclasses.asdict(setup),
@@ -331,14 +348,19 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
 SPARE_NOTED = 64 * 2**20
 
 
-def spare_memory_note(gpu: str, target_bytes: int) -> str:
-    """Why an emulation on a larger device can give larger limits than the target itself: the
-    CUDA modules that load after the KV cache is sized take its spare memory, not the target's."""
-    return (f"the {format_bytes(target_bytes)} target runs on the {gpu}'s larger memory: the CUDA "
-            "modules the step's first launches load after the KV cache is sized (90 MiB with "
-            "FlashMLA), and what the driver holds outside the process, come out of that spare "
-            "memory; on the target GPU itself they come out of the engine's, and the largest safe "
-            "values can be lower (measured on an H100: reports/repro-oom-h100)")
+def spare_memory_note(gpu: str, target_bytes: int, on_target: dict[str, int], knob: str) -> str:
+    """Why an emulation on a larger device gives larger limits than the target itself: the CUDA
+    modules the step's first launches load after the KV cache is sized (and what the driver holds
+    outside the process) take its spare memory, not the target's; `on_target`: each case's
+    largest safe `knob` with the target as the physical device, on the model."""
+    limits = "; ".join(f"{key} {value}" for key, value in on_target.items())
+    found = (f": with the target as the physical device, the model's largest safe {knob} is "
+             f"{limits} (against an H100's measured limits: reports/repro-oom-h100)"
+             if limits else "")
+    return (f"the {format_bytes(target_bytes)} target runs on the {gpu}'s larger memory, whose "
+            "spare memory takes the CUDA modules the step's first launches load after the KV "
+            "cache is sized (mlamem/non_torch.toml) and what the driver holds outside the "
+            f"process; on the target GPU itself they come out of the engine's memory{found}")
 
 
 def non_torch_notes(cases: list[dict], key_field: str) -> list[str]:

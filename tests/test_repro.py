@@ -284,13 +284,15 @@ def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
 
 
 def test_a_target_smaller_than_the_modelled_device_says_what_its_spare_memory_hides():
-    """GLM-5's H100 target, predicted on the recorded H200, gets the note on the spare memory
-    (the H100 itself measured lower limits); DeepSeek-V3.2's H200 target, the device's own size,
-    does not."""
+    """GLM-5's H100 target, predicted on the recorded H200, gets the note on the spare memory,
+    with the limits of the same search on the target as the physical device: 31402 and 38432,
+    where an H100 measured 31402 and 38456 (reports/repro-oom-h100). DeepSeek-V3.2's H200
+    target, the device's own size, gets none."""
     notes = {name: run_repro(scenarios.load(name), Budget(scenarios.load(name).gpu.memory_bytes,
                                                           0.85, 32768),
-                             ["alloc"], command="test", predict=True).notes
+                             ["alloc", "workspace"], command="test", predict=True).notes
              for name in ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8")}
     spare = [n for n in notes["glm5-fp8-tp8"] if "larger memory" in n]
     assert len(spare) == 1 and "79.179 GiB target runs on the NVIDIA H200" in spare[0]
+    assert "largest safe max_num_batched_tokens is alloc 31402; workspace 38432" in spare[0]
     assert not any("larger memory" in n for n in notes["deepseek-v32-fp8-tp8"])
