@@ -159,6 +159,27 @@ def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
     return path
 
 
+def recorded_host_or_skip(kernel: str = "flashmla") -> None:
+    """Skip a test that holds a measured repro-oom run equal to its prediction where mlamem/
+    non_torch.toml has no record of this GPU, torch and CUDA for `kernel`: a prediction models
+    the recorded host, and elsewhere its limits can differ (reports/repro-oom-h100). The GPU's
+    name comes from NVML, so the test process opens no CUDA context."""
+    import pytest
+    import torch
+
+    from mlamem import nvml
+    from mlamem.non_torch import load_setups
+
+    handle = nvml.nvml_query("nvmlDeviceGetHandleByIndex", 0)
+    name = None if handle is None else nvml.nvml_query("nvmlDeviceGetName", handle)
+    name = name.decode() if isinstance(name, bytes) else name
+    host = (name, torch.__version__, torch.version.cuda)
+    recorded = [s for s in load_setups() if s.kernel == kernel]
+    if host not in {(s.gpu, s.torch, s.cuda) for s in recorded}:
+        pytest.skip(f"no non-torch record of {kernel} on {name}, torch {host[1]}, CUDA {host[2]}: "
+                    f"predictions model the {recorded[0].gpu if recorded else 'recorded host'}")
+
+
 def scenario_as_run(name: str, budget: Mapping[str, Any]) -> Any:
     """The shipped scenario `name` with the target GPU memory a saved repro-oom run had: its
     budget's `scenario_gpu_memory_bytes`, else its `gpu_memory_bytes` (GLM-5 targeted nvidia-smi's

@@ -15,7 +15,7 @@ import pytest
 
 from mlamem import scenario as scenarios
 from mlamem.graphs import measure_path
-from mlamem.testing import kernel_or_skip
+from mlamem.testing import kernel_or_skip, recorded_host_or_skip
 from mlamem.validate import compare_graphs
 
 SIZES = [512, 496, 256, 8, 1]
@@ -65,6 +65,7 @@ def test_repro_with_graphs_measured_equals_predicted(name, tmp_path):
                          timeout=120).stdout.strip()
     if unavailable:
         pytest.skip(f"flashmla: {unavailable}")
+    recorded_host_or_skip()
     args = GRAPH_REPROS[name]
     measured = _repro_json(args, tmp_path / f"{name}.json")
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")

@@ -12,7 +12,7 @@ from mlamem.kernels import FlashMLA
 from mlamem.memory import SimulatedMemory
 from mlamem.non_torch import calibrated
 from mlamem.repro import host_setup, run_repro
-from mlamem.testing import needs_flashmla, one_line_error
+from mlamem.testing import needs_flashmla, one_line_error, recorded_host_or_skip
 
 pytestmark = needs_flashmla
 GiB = 1024**3
@@ -66,6 +66,7 @@ def test_target_larger_than_local_gpu_is_refused(capsys):
 
 def test_context_reuse_measured_matches_prediction():
     """On the GPU the three reserve variants get the predicted verdicts and failing buffers."""
+    recorded_host_or_skip()  # an H200 target: refused on a smaller GPU
     kimi = scenarios.load("kimi-k2-context-reuse")
     budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
     measured = run_repro(kimi, budget, ["alloc"], command="test")

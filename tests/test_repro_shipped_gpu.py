@@ -17,6 +17,7 @@ import torch
 
 from mlamem import scenario as scenarios
 from mlamem.repro import prediction_differences
+from mlamem.testing import recorded_host_or_skip
 
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
              "figures; run this file alone (scripts/gpu_check.py does)")
@@ -65,6 +66,7 @@ def test_every_shipped_scenario_measured_equals_predicted(name, kernel, engine, 
         pytest.skip(NEIGHBOUR)
     if reason := _unavailable_reason(kernel):
         pytest.skip(f"{kernel}: {reason}")
+    recorded_host_or_skip()
     args = ["-s", name, "--kernel", kernel, "--engine", engine]
     expected = EXPECTED.get(name, []) if engine == scenarios.load(name).engines[0] else []
     measured = _repro_json([*args, *expected], tmp_path / f"{name}.json")
@@ -105,6 +107,7 @@ def test_sglang_with_cuda_graphs_measured_equals_predicted(name, tmp_path):
         pytest.skip(NEIGHBOUR)
     if reason := _unavailable_reason("flashmla"):
         pytest.skip(f"flashmla: {reason}")
+    recorded_host_or_skip()
     args = ["-s", name, "--kernel", "flashmla", "--engine", "sglang", "--cuda-graphs", "on"]
     measured = _repro_json(args, tmp_path / f"{name}.json")
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
@@ -130,6 +133,7 @@ def test_the_seed_serve_command_measured_equals_predicted(tmp_path):
         pytest.skip(NEIGHBOUR)
     if reason := _unavailable_reason("flashmla"):
         pytest.skip(f"flashmla: {reason}")
+    recorded_host_or_skip()
     done = _child("-m", "mlamem", "scenarios", "--serve", SEED_COMMAND, "--gpu", "H100 SXM 80GB",
                   "--weights-per-rank", "40GiB", timeout=120)
     assert done.returncode == 0, done.stderr
