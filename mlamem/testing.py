@@ -159,17 +159,19 @@ def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
     return path
 
 
-def recorded_host_or_skip(kernel: str = "flashmla") -> None:
-    """Skip a test that holds a measured repro-oom run equal to its prediction where mlamem/
-    non_torch.toml has no record of this GPU, torch and CUDA for `kernel`: a prediction models
-    the recorded host, and elsewhere its limits can differ (reports/repro-oom-h100). The GPU's
-    name comes from NVML, so the test process opens no CUDA context."""
+def recorded_host_or_skip(kernel: str | None = None) -> None:
+    """Skip a test that holds a measured repro-oom run equal to its prediction where
+    mlamem/non_torch.toml has no record of this GPU, torch and CUDA for `kernel` (default: the
+    default kernel): a prediction models the recorded host, and elsewhere its limits can differ
+    (reports/repro-oom-h100). The GPU's name comes from NVML: the process opens no CUDA context."""
     import pytest
     import torch
 
     from mlamem import nvml
+    from mlamem.kernels import DEFAULT_KERNEL
     from mlamem.non_torch import load_setups
 
+    kernel = kernel or DEFAULT_KERNEL
     handle = nvml.nvml_query("nvmlDeviceGetHandleByIndex", 0)
     name = None if handle is None else nvml.nvml_query("nvmlDeviceGetName", handle)
     name = name.decode() if isinstance(name, bytes) else name
