@@ -162,11 +162,13 @@ def _confirm_on_gpu(verdict_at: Callable[[int], str], verdicts: dict[int, str], 
 
 
 def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> None:
-    """Refuse to emulate a target GPU larger than the local one."""
+    """Refuse to emulate a target GPU larger than the local one, naming the local total in
+    whole MiB (a target given as nvidia-smi's figure is a few hundred MiB over CUDA's)."""
     if budget.gpu_memory_bytes > local_total_bytes:
         raise UserError(f"{format_bytes(budget.gpu_memory_bytes)} exceeds this {local_name}'s "
                         f"{format_bytes(local_total_bytes)}; emulate a target GPU no larger than "
-                        "the local one", field="gpu_memory_bytes")
+                        f"the local one, e.g. its own {local_total_bytes // 2**20}MiB",
+                        field="gpu_memory_bytes")
 
 
 def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,

@@ -209,10 +209,14 @@ def test_case_process_reports_what_it_cannot_measure(glm):
 
 
 def test_local_gpu_must_hold_the_target():
-    """A target GPU larger than the local one is refused with the fix."""
+    """A target GPU larger than the local one is refused with the fix: nvidia-smi's H100 figure
+    (81559 MiB) on an H100, whose CUDA total is 81079 MiB, is told the local figure."""
     check_local_gpu(Budget(80 * GiB, 0.85, 1), 140 * GiB, "H200")
     with pytest.raises(UserError, match="no larger than the local one"):
         check_local_gpu(Budget(200 * GiB, 0.85, 1), 140 * GiB, "H200")
+    with pytest.raises(UserError, match=r"79\.179 GiB; .* e\.g\. its own 81079MiB$") as error:
+        check_local_gpu(Budget(81559 * 2**20, 0.85, 1), 85017493504, "NVIDIA H100 80GB HBM3")
+    assert error.value.field == "gpu_memory_bytes"
 
 
 @no_gpu
