@@ -110,21 +110,14 @@ def _run(memory, kernel, scenario, op, tokens, path, kv_tokens, seed):
     """One path's call on the GPU, measured (`measure.measure_one`): ((out (rows, heads, d_v),
     lse (heads, rows), kv_tokens), None), or (None, the out-of-memory that stopped it). Any
     other failure is raised."""
-    from mlamem.measure import (
-        classify_failure,
-        local_sm_count,
-        measure_one,
-        plan_call,
-        prepare_call,
-    )
+    from mlamem.measure import classify_failure, local_sm_count, measure_one, plan_call
 
     sm_count = local_sm_count()
     planned = plan_call(scenario, kernel, op, tokens, path, sm_count=sm_count,
                         kv_tokens=kv_tokens)
     ooms_before = memory.stats(device=False).num_ooms
     try:
-        step = prepare_call(scenario, kernel, memory, planned, sm_count=sm_count,
-                            max_tokens=tokens, seed=seed)
+        step = planned.prepare(memory, max_tokens=tokens, seed=seed)
     except Exception as exc:
         failure = classify_failure(exc, memory, ooms_before)
         if not failure.oom:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from mlamem import snapshot
 from mlamem.allocator import round_size
 from mlamem.frames import frame_label
+from mlamem.operations import padded_heads_for
 from mlamem.paths import wrapper_allocations
 
 if TYPE_CHECKING:
@@ -314,7 +315,7 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     kernels = _kernels(kernel_names)
     ops = {op: (at, at_source) for op, at, at_source in
            op_scenarios(scenario, scenario_source, scenario_given)}
-    padded = {(op, name): _padded_heads(at, kernel, op) for op, (at, _) in ops.items()
+    padded = {(op, name): padded_heads_for(kernel, at, op) for op, (at, _) in ops.items()
               for name, kernel in kernels if op in kernel.operations}
     candidates = []
     for op, (at, _) in ops.items():
@@ -347,12 +348,6 @@ def _kernels(names: list[str] | None) -> list[tuple[str, KernelContract]]:
     from mlamem.kernels import COMPARED_KERNELS, load_kernel
 
     return [(name, load_kernel(name)()) for name in names or COMPARED_KERNELS]
-
-
-def _padded_heads(scenario: Scenario, kernel: KernelContract, op: str) -> int:
-    from mlamem.operations import kv_format
-
-    return kernel.capabilities(op, kv_format(scenario, op)).padded_heads(scenario.heads_per_rank)
 
 
 def _by_frame(live: list[Allocation]) -> list[dict]:

@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlamem.kernel_api import SPARSE_DECODE
-from mlamem.paths import plan
 from mlamem.scenario import Scenario
 
 if TYPE_CHECKING:
-    from mlamem.measure import CallRecord
+    from mlamem.measure import CallPlan, CallRecord
 
 GRAPH_RNG_STATE = "graph_rng_state"  # the first live graph's seed and offset (2 x 8 B)
 
@@ -53,60 +52,32 @@ class Capture:
 
 @dataclass
 class CallGraphs:
-    """What capturing one path's call needs: its inputs at the largest size and workspace."""
+    """What capturing one path's call needs: its plan, its inputs at the largest size and its
+    workspace."""
 
-    scenario: Scenario
-    kernel: object
-    path: str
-    sm_count: int
+    plan: CallPlan  # the call; each capture plans it at its own size (`CallPlan.at`)
     q_all: object  # (largest, heads, d_qk): each capture takes the first T rows
     inputs: object  # OpInputs at the largest size
     workspace: object  # Workspace or None (alloc)
 
     @classmethod
     def make(cls, memory, scenario: Scenario, kernel, path: str, largest: int, *, sm_count: int,
-             seed: int = 0, workspace=None, reserve: bool = True) -> CallGraphs:
-        """Inputs for `largest` rows, and the workspace the backend reserves (unless given)."""
-        from mlamem.operations import problem_for
-        from mlamem.paths import reserve_workspace
+             seed: int = 0) -> CallGraphs:
+        """Inputs for `largest` rows, and the workspace the backend reserves."""
+        from mlamem.measure import plan_call
 
-        padded = _padded_heads(scenario, kernel)
-        problem = problem_for(scenario, SPARSE_DECODE, largest, padded)
-        q_all, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
-        if workspace is None and reserve:
-            workspace = reserve_workspace(
-                path, kernel, max_tokens=scenario.serving.max_num_batched_tokens,
-                padded_heads=padded, d_qk=scenario.d_qk, d_v=scenario.d_v, topk=problem.topk,
-                sm_count=sm_count, device=memory.device)
-        return cls(scenario, kernel, path, sm_count, q_all, inputs, workspace)
+        plan = plan_call(scenario, kernel, SPARSE_DECODE, largest, path, sm_count=sm_count)
+        q_all, inputs = kernel.make_inputs(plan.problem, scenario.heads_per_rank, memory.device,
+                                           seed)
+        workspace = plan.reserve_workspace(memory, scenario.serving.max_num_batched_tokens)
+        return cls(plan, q_all, inputs, workspace)
 
     def step_and_expected(self, memory, tokens: int):
         """The path's call at `tokens` rows, and the buffers it should allocate."""
-        from mlamem.attribution import expected_buffers
-        from mlamem.measure import runner
-        from mlamem.operations import kv_format, problem_for
-        from mlamem.paths import PATHS, KernelCall, wrapper_allocations
-
-        scenario, kernel = self.scenario, self.kernel
-        capabilities = kernel.capabilities(SPARSE_DECODE, kv_format(scenario, SPARSE_DECODE))
-        padded = capabilities.padded_heads(scenario.heads_per_rank)
-        problem = problem_for(scenario, SPARSE_DECODE, tokens, padded)
+        plan = self.plan.at(tokens)
         inputs = dataclasses.replace(self.inputs, indices=self.inputs.indices[:, :tokens])
-        call = KernelCall(run=runner(kernel, memory, self.sm_count, problem, inputs),
-                          op=SPARSE_DECODE, padded_heads=padded,
-                          takes_out=capabilities.takes_out)
-        staged = plan(self.path, scenario.heads_per_rank, capabilities, kernel.label).staged
-        expected = expected_buffers(
-            wrapper_allocations(self.path, tokens, scenario.heads_per_rank, padded, scenario.d_qk),
-            kernel.allocations(problem, self.sm_count), staged)
-        return functools.partial(PATHS[self.path], self.q_all[:tokens], call, self.workspace), expected
-
-
-def _padded_heads(scenario: Scenario, kernel) -> int:
-    from mlamem.operations import kv_format
-
-    capabilities = kernel.capabilities(SPARSE_DECODE, kv_format(scenario, SPARSE_DECODE))
-    return capabilities.padded_heads(scenario.heads_per_rank)
+        step = functools.partial(plan.call(memory, inputs, self.workspace), self.q_all[:tokens])
+        return step, plan.expected
 
 
 def capture_all(memory, graphs, call: CallGraphs, sizes: Sequence[int],

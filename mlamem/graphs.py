@@ -46,6 +46,7 @@ from mlamem.graph_capture import (  # noqa: F401 (re-exported: the capture lives
     capture_one,
 )
 from mlamem.kernel_api import SPARSE_DECODE
+from mlamem.operations import padded_heads_for
 from mlamem.paths import check_paths, plan
 from mlamem.scenario import Scenario
 
@@ -184,7 +185,7 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
         results.append(measure_path(
             memory, scenario, kernel, path, chosen, sm_count=sm_count,
             on_capture=None if on_capture is None else functools.partial(on_capture, path)))
-    padded = capabilities.padded_heads(scenario.heads_per_rank)
+    padded = padded_heads_for(kernel, scenario)
     notes = ["each capture's outputs are released after it (vLLM keeps weak references), "
              "so later captures reuse their blocks",
              "vLLM's estimate: first FULL capture + max(second, 1 MiB) x (N - 1), from the "

@@ -36,7 +36,7 @@ from mlamem.memory import (
     is_out_of_memory,
     requested_bytes_from_message,
 )
-from mlamem.operations import kv_format, problem_for
+from mlamem.operations import Problem, call_capabilities, padded_heads_for, problem_for
 from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
 from mlamem.scenario import Scenario
 
@@ -148,21 +148,58 @@ def median_ms(step) -> float | None:
 
 @dataclass(frozen=True)
 class CallPlan:
-    """One path's call for one problem, before anything is allocated."""
+    """One path's call of one problem, the one assembly every caller runs (profile, compare,
+    graph captures, the engines' decode step): planned before anything is allocated, then
+    ready to run on a memory backend (`prepare`, or `reserve_workspace` and `call`)."""
 
+    scenario: Scenario
+    kernel: KernelContract
     path: str
-    problem: object  # the operation's problem (shapes, kv_tokens)
+    sm_count: int
+    problem: Problem  # the operation's problem (shapes, kv_tokens)
     padded_heads: int
     takes_out: bool
     staged: tuple[str, ...]  # buffers the path takes from the workspace
     expected: list[ExpectedBuffer]  # the buffers the call allocates, to name them
 
+    def at(self, tokens: int) -> CallPlan:
+        """The same call at `tokens` rows (a graph capture's size)."""
+        return plan_call(self.scenario, self.kernel, self.problem.op, tokens, self.path,
+                         sm_count=self.sm_count, kv_tokens=self.problem.kv_tokens)
+
+    def reserve_workspace(self, memory, max_tokens: int):
+        """The workspace the backend reserves for the path at init (`max_tokens` rows), or
+        None (alloc)."""
+        problem, scenario = self.problem, self.scenario
+        return reserve_workspace(self.path, self.kernel, max_tokens=max_tokens,
+                                 padded_heads=self.padded_heads, d_qk=scenario.d_qk,
+                                 d_v=scenario.d_v, topk=problem.topk, sm_count=self.sm_count,
+                                 device=memory.device, q_dtype=problem.q_dtype, op=problem.op)
+
+    def call(self, memory, inputs, workspace) -> Callable[[object], tuple]:
+        """The path's call on `memory`'s device over `inputs` and `workspace`: q -> (out,
+        lse); on the meta device the kernel's allocation spec stands in for the kernel."""
+        problem = self.problem
+        run = KernelCall(run=runner(self.kernel, memory, self.sm_count, problem, inputs),
+                         op=problem.op, padded_heads=self.padded_heads, takes_out=self.takes_out,
+                         q_dtype=problem.q_dtype)
+        path_call = PATHS[self.path]
+        return lambda q: path_call(q, run, workspace)
+
+    def prepare(self, memory, *, max_tokens: int, seed: int = 0) -> Callable[[], tuple]:
+        """The call ready to run on `memory`'s device, returning out and lse: its inputs and
+        its workspace (`max_tokens` rows) allocated, in that order."""
+        q, inputs = self.kernel.make_inputs(self.problem, self.scenario.heads_per_rank,
+                                            memory.device, seed)
+        workspace = self.reserve_workspace(memory, max_tokens)
+        return functools.partial(self.call(memory, inputs, workspace), q)
+
 
 def plan_call(scenario: Scenario, kernel: KernelContract, op: str, tokens: int, path: str,
               *, sm_count: int, kv_tokens: int | None = None) -> CallPlan:
     """The call of `path` for `op` at `tokens` rows (T, requests or s_q)."""
-    capabilities = kernel.capabilities(op, kv_format(scenario, op))
-    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    capabilities = call_capabilities(kernel, scenario, op)
+    padded_heads = padded_heads_for(kernel, scenario, op)
     problem = problem_for(scenario, op, tokens, padded_heads, kv_tokens)
     staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label,
                   problem.q_dtype).staged
@@ -170,24 +207,8 @@ def plan_call(scenario: Scenario, kernel: KernelContract, op: str, tokens: int, 
         wrapper_allocations(path, tokens, scenario.heads_per_rank, padded_heads, scenario.d_qk,
                             problem.q_dtype),
         kernel.allocations(problem, sm_count), staged)
-    return CallPlan(path, problem, padded_heads, capabilities.takes_out, staged, expected)
-
-
-def prepare_call(scenario: Scenario, kernel: KernelContract, memory, call: CallPlan, *,
-                 sm_count: int, max_tokens: int, seed: int = 0):
-    """The planned call ready to run on `memory`'s device, returning out and lse: its inputs
-    and its workspace (`max_tokens` rows) allocated; on the meta device the kernel's
-    allocation spec stands in for it."""
-    problem = call.problem
-    q, inputs = kernel.make_inputs(problem, scenario.heads_per_rank, memory.device, seed)
-    workspace = reserve_workspace(call.path, kernel, max_tokens=max_tokens,
-                                  padded_heads=call.padded_heads, d_qk=scenario.d_qk,
-                                  d_v=scenario.d_v, topk=problem.topk, sm_count=sm_count,
-                                  device=memory.device, q_dtype=problem.q_dtype, op=problem.op)
-    run = KernelCall(run=runner(kernel, memory, sm_count, problem, inputs), op=problem.op,
-                     padded_heads=call.padded_heads, takes_out=call.takes_out,
-                     q_dtype=problem.q_dtype)
-    return functools.partial(PATHS[call.path], q, run, workspace)
+    return CallPlan(scenario, kernel, path, sm_count, problem, padded_heads,
+                    capabilities.takes_out, staged, expected)
 
 
 def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv_tokens,
@@ -197,8 +218,7 @@ def _measure(memory, scenario, kernel, result, *, sm_count, max_tokens, seed, kv
     result.staged, result.kv_tokens = planned.staged, planned.problem.kv_tokens
     ooms_before = memory.stats(device=False).num_ooms
     try:
-        step = prepare_call(scenario, kernel, memory, planned, sm_count=sm_count,
-                            max_tokens=max_tokens, seed=seed)
+        step = planned.prepare(memory, max_tokens=max_tokens, seed=seed)
     except Exception as exc:
         result.call = failed_before_call(memory, classify_failure(exc, memory, ooms_before))
         return

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 from mlamem import environment, nvml
 from mlamem.errors import UserError
 from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE
-from mlamem.operations import check_cache, kv_format, operation, problem_for, workspace_rows
+from mlamem.operations import (
+    check_cache,
+    kv_format,
+    operation,
+    padded_heads_for,
+    problem_for,
+    workspace_rows,
+)
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
 if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
@@ -156,7 +163,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     if reason and require_gpu:
         raise UserError(f"cannot measure ({reason})", field="require_gpu")
     capabilities = kernel.capabilities(op, kv_format(scenario, op))
-    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
+    padded_heads = padded_heads_for(kernel, scenario, op)
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     rows, notes, calls = [], [], []
     q_dtype = problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype

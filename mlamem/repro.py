@@ -34,6 +34,7 @@ from mlamem.kernels import DEFAULT_KERNEL, KernelContract, load_kernel
 from mlamem.measure import local_sm_count
 from mlamem.memory import SimulatedMemory
 from mlamem.non_torch import NonTorchSetup, calibrated, find_setup
+from mlamem.operations import padded_heads_for
 from mlamem.paths import check_paths
 from mlamem.profile import scenario_summary
 from mlamem.scenario import Scenario, to_dict
@@ -323,8 +324,7 @@ def host_setup(kernel_name: str, *, predict: bool = False) -> NonTorchSetup:
 def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, sm_count,
             setup) -> ReproResult:
     capabilities = kernel.capabilities()
-    padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-    summary = {**scenario_summary(scenario, padded_heads),
+    summary = {**scenario_summary(scenario, padded_heads_for(kernel, scenario)),
                "weights_note": scenario.parallel.weights_note,
                "target_gpu": scenario.gpu.name}
     if reason is None:

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from mlamem.allocator import round_size
-from mlamem.attribution import ExpectedBuffer, expected_buffers
+from mlamem.attribution import ExpectedBuffer
 from mlamem.engines.base import Case, Engine, Step, allocate_specs
 from mlamem.graph_capture import CallGraphs
 from mlamem.inputs import fill_query, make_inputs
 from mlamem.kernel_api import OpInputs
 from mlamem.kernels import BufferSpec
-from mlamem.measure import runner
-from mlamem.operations import SPARSE_DECODE, problem_for
-from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
+from mlamem.measure import plan_call
+from mlamem.operations import SPARSE_DECODE
 from mlamem.scenario import Scenario
 from mlamem.units import gib
 
@@ -81,19 +80,15 @@ class DecodeRank(Engine):
     def init(self) -> None:
         scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
         tokens = self.budget.max_num_batched_tokens
-        capabilities = kernel.capabilities()
-        self.padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
-        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
-        out_spec = next((s for s in kernel.allocations(problem, self.sm_count)
+        self.call_plan = plan = plan_call(scenario, kernel, SPARSE_DECODE, tokens, case.path,
+                                          sm_count=self.sm_count)
+        out_spec = next((s for s in kernel.allocations(plan.problem, self.sm_count)
                          if s.name == "out"), None)
-        if out_spec is not None and not capabilities.takes_out:
+        if out_spec is not None and not plan.takes_out:
             case.out_staging_gain_bytes = round_size(out_spec.nbytes)
         start = memory.stats().allocated
         self.allocating = "workspace"
-        self.workspace = reserve_workspace(case.path, kernel, max_tokens=self.workspace_tokens(),
-                                           padded_heads=self.padded_heads, d_qk=scenario.d_qk,
-                                           d_v=scenario.d_v, topk=scenario.decode_topk,
-                                           sm_count=self.sm_count, device=memory.device)
+        self.workspace = plan.reserve_workspace(memory, self.workspace_tokens())
         case.workspace_bytes = memory.stats().allocated - start
         self.allocating = "weights"
         self.resident.append(torch.empty(case.weights_bytes, dtype=torch.uint8,
@@ -111,31 +106,20 @@ class DecodeRank(Engine):
         fill_query(q_all, self.seed)
         self.resident.append(q_all)
         inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
-        return CallGraphs(scenario, self.kernel, self.case.path, self.sm_count, q_all, inputs,
-                          self.workspace)
+        return CallGraphs(self.call_plan, q_all, inputs, self.workspace)
 
     def step(self) -> Step:
-        scenario, kernel, memory, path = self.scenario, self.kernel, self.memory, self.case.path
-        tokens = self.budget.max_num_batched_tokens
-        capabilities = kernel.capabilities()
-        staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
-        problem = problem_for(scenario, SPARSE_DECODE, tokens, self.padded_heads)
+        scenario, memory, plan = self.scenario, self.memory, self.call_plan
         inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
-        call = KernelCall(run=runner(kernel, memory, self.sm_count, problem, inputs),
-                          op=SPARSE_DECODE, padded_heads=self.padded_heads,
-                          takes_out=capabilities.takes_out)
-        step_specs = activation_specs(scenario, tokens)
-        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs]
-                    + expected_buffers(
-                        wrapper_allocations(path, tokens, scenario.heads_per_rank,
-                                            self.padded_heads, scenario.d_qk),
-                        kernel.allocations(problem, self.sm_count), staged))
-        workspace, seed = self.workspace, self.seed
+        attend = plan.call(memory, inputs, self.workspace)
+        step_specs = activation_specs(scenario, self.budget.max_num_batched_tokens)
+        expected = [ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs] + plan.expected
+        seed = self.seed
 
         def body() -> None:
             tensors = allocate_specs(step_specs, memory.device)
             fill_query(tensors["q"], seed)
-            out, _ = PATHS[path](tensors["q"], call, workspace)
+            out, _ = attend(tensors["q"])
             tensors["attn_output"].copy_(out)
 
         return Step(body, expected)

@@ -127,9 +127,22 @@ def check_cache(kernel, scenario: Scenario, op: str) -> None:
                         "or kernel", field="scenario")
 
 
+def call_capabilities(kernel, scenario: Scenario, op: str):
+    """What `kernel` takes for one call of `op` at `scenario`: its capabilities over the cache
+    `op` reads there."""
+    return kernel.capabilities(op, kv_format(scenario, op))
+
+
+def padded_heads_for(kernel, scenario: Scenario, op: str = SPARSE_DECODE) -> int:
+    """The heads `kernel` pads `scenario`'s heads per rank up to for one call of `op`: the one
+    place padded heads are computed (the call plan, profile, graphs, repro-oom, explain)."""
+    return call_capabilities(kernel, scenario, op).padded_heads(scenario.heads_per_rank)
+
+
 __all__ = ["DENSE_DECODE", "KV_FORMATS", "KV_POOL_TOPK_MULTIPLE", "OPERATIONS", "OPERATION_TABLE",
-           "SPARSE_DECODE", "SPARSE_PREFILL", "OpInputs", "Operation", "Problem", "check_cache",
-           "check_kv_tokens", "check_supported", "check_workspace", "decode_token_limit",
-           "default_kv_tokens", "describe_call", "from_kernel_layout", "kv_format", "kv_pool_tokens",
-           "operation", "operation_names", "problem_for", "reads_cache", "register",
-           "scenario_operations", "to_kernel_layout", "to_kernel_layout_shape", "workspace_rows"]
+           "SPARSE_DECODE", "SPARSE_PREFILL", "OpInputs", "Operation", "Problem", "call_capabilities",
+           "check_cache", "check_kv_tokens", "check_supported", "check_workspace",
+           "decode_token_limit", "default_kv_tokens", "describe_call", "from_kernel_layout",
+           "kv_format", "kv_pool_tokens", "operation", "operation_names", "padded_heads_for",
+           "problem_for", "reads_cache", "register", "scenario_operations", "to_kernel_layout",
+           "to_kernel_layout_shape", "workspace_rows"]
