@@ -20,14 +20,14 @@ _RECORD = f"""
 import sys, torch
 from mlamem import scenario
 from mlamem.kernels import FlashMLA
-from mlamem.measure import local_sm_count, plan_call, prepare_call
+from mlamem.measure import local_sm_count, plan_call
 from mlamem.memory import CudaMemory
 
 glm, kernel, memory, sms = scenario.load("glm5-fp8-tp8"), FlashMLA(), CudaMemory(), local_sm_count()
 
 def layer(t):
     call = plan_call(glm, kernel, "sparse-decode", t, "alloc", sm_count=sms)
-    attention = prepare_call(glm, kernel, memory, call, sm_count=sms, max_tokens=t)
+    attention = call.prepare(memory, max_tokens=t)
     hidden = torch.empty((t, 7168), dtype=torch.bfloat16, device="cuda")
     out, lse = attention()
     return hidden.sum() + out.float().sum()

@@ -68,3 +68,88 @@ def test_measure_one_raises_other_errors_when_asked_and_interrupts_always():
         with pytest.raises(KeyboardInterrupt):
             measure_one(memory, interrupted)
         assert memory.model.trace is None
+
+
+def _shipped_calls():
+    """(scenario, kernel, op) for every shipped kernel and scenario pair that has the call."""
+    from mlamem.kernel_registry import SHIPPED
+    from mlamem.kernels import load_kernel
+    from mlamem.operations import reads_cache, scenario_operations
+
+    for name in scenario.shipped_names():
+        at = scenario.load(name)
+        for kernel_name in SHIPPED:
+            kernel = load_kernel(kernel_name)()
+            for op in scenario_operations(at):
+                if op in kernel.operations and reads_cache(kernel, at, op):
+                    yield at, kernel, op
+
+
+def test_padded_heads_have_one_function():
+    """A scenario's padded heads are computed in operations.padded_heads_for alone (no other
+    module asks a kernel's capabilities to pad heads_per_rank), and the plan gives them."""
+    import ast
+    from pathlib import Path
+
+    import mlamem
+    from mlamem.measure import plan_call
+    from mlamem.operations import kv_format, padded_heads_for
+
+    root = Path(mlamem.__file__).parent
+    padding = set()
+    for source in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "padded_heads"
+                    and "heads_per_rank" in ast.unparse(node)):
+                padding.add(source.relative_to(root).as_posix())
+    assert padding == {"operations/__init__.py"}
+    calls = list(_shipped_calls())
+    assert {kernel.name for _, kernel, _ in calls} >= {"flashmla", "triton", "flashinfer"}
+    for at, kernel, op in calls:
+        padded = kernel.capabilities(op, kv_format(at, op)).padded_heads(at.heads_per_rank)
+        assert padded_heads_for(kernel, at, op) == padded
+        assert plan_call(at, kernel, op, 64, "alloc", sm_count=132).padded_heads == padded
+
+
+@pytest.mark.parametrize("path", ["alloc", "workspace", "workspace-full"])
+def test_the_plan_expects_what_the_simulated_call_allocates(path):
+    """For every shipped kernel and scenario: the simulated call allocates the plan's expected
+    buffers, each once, and nothing else (the torch reference's own temporaries aside)."""
+    from mlamem.measure import plan_call
+    from mlamem.operations import call_capabilities, workspace_rows
+    from mlamem.paths import missing_for_full_staging
+
+    for at, kernel, op in _shipped_calls():
+        if path == "workspace-full" and missing_for_full_staging(call_capabilities(kernel, at, op)):
+            continue
+        planned = plan_call(at, kernel, op, 64, path, sm_count=132)
+        row = measure_call(SimulatedMemory(), at, kernel, 64, path, sm_count=132,
+                           max_tokens=workspace_rows(at, op), op=op)
+        assert row.failure is None and row.staged == planned.staged
+        assert row.breakdown.missing == []
+        named = [b.name for b in row.breakdown.buffers if b.allocated_by != "unknown"]
+        assert sorted(named) == sorted(e.name for e in planned.expected), (at.name, kernel.name)
+        if not kernel.runs_on_meta:
+            assert len(row.breakdown.buffers) == len(planned.expected)
+
+
+def test_graph_captures_and_the_decode_step_run_the_plan():
+    """A graph capture's call at each size is the plan at that size (its expected buffers);
+    the engine's step expects its activations, then the plan's buffers."""
+    from mlamem.engines.decode_rank import activation_specs
+    from mlamem.graph_capture import CallGraphs
+    from mlamem.measure import plan_call
+    from mlamem.operations import SPARSE_DECODE
+
+    glm, kernel, memory = scenario.load("glm5-fp8-tp8"), FlashMLA(), SimulatedMemory()
+    with memory:
+        graphs = CallGraphs.make(memory, glm, kernel, "workspace", 512, sm_count=132)
+        for tokens in (512, 8):
+            step, expected = graphs.step_and_expected(memory, tokens)
+            planned = plan_call(glm, kernel, SPARSE_DECODE, tokens, "workspace", sm_count=132)
+            assert expected == planned.expected
+            out, lse = step()
+            assert out.shape == (tokens, glm.heads_per_rank, glm.d_v)
+        del step, out, lse, graphs
+    assert [s.name for s in activation_specs(glm, 8)][-2:] == ["q", "attn_output"]
