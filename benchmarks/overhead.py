@@ -33,7 +33,7 @@ import torch
 from mlamem import nvml, scenario
 from mlamem.kernels import FlashMLA
 from mlamem.kernels.base import SPARSE_DECODE
-from mlamem.measure import local_sm_count, measure_one, plan_call, prepare_call
+from mlamem.measure import local_sm_count, measure_one, plan_call
 from mlamem.memory import CudaMemory
 
 
@@ -109,7 +109,7 @@ def allocations(memory, expected, repeats: int) -> list[dict]:
 def row(memory, glm, kernel, tokens: int, repeats: int) -> dict:
     sm_count = local_sm_count()
     planned = plan_call(glm, kernel, SPARSE_DECODE, tokens, "alloc", sm_count=sm_count)
-    step = prepare_call(glm, kernel, memory, planned, sm_count=sm_count, max_tokens=tokens)
+    step = planned.prepare(memory, max_tokens=tokens)
     expected = planned.expected
     import triton.testing
 
