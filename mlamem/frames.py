@@ -71,5 +71,9 @@ def _in(filename: str, packages: frozenset[str]) -> bool:
 
 
 def _short(filename: str) -> str:
-    """The file's last two path parts: `mlamem/paths.py`, `flash_mla/flash_mla_interface.py`."""
+    """The file's last two path parts (`flash_mla/flash_mla_interface.py`); one of mlamem's own,
+    from its package down (`mlamem/paths.py`, `mlamem/engines/base.py`)."""
+    folders = PurePath(filename).parts[:-1]
+    if "mlamem" in folders:
+        return "/".join(PurePath(filename).parts[len(folders) - folders[::-1].index("mlamem") - 1:])
     return "/".join(PurePath(filename).parts[-2:])

@@ -41,6 +41,8 @@ def test_the_label_is_the_innermost_frame_outside_the_libraries():
              _frame("/venv/bin/mlamem", 8, "<module>")]
     assert frame_label(stack) == "model/layer.py:42 forward"
     assert frame_label(stack[:4]) == "mlamem/paths.py:1 f"
+    nested = _frame(f"{site}/mlamem/engines/base.py", 7, "step")  # named from the package down
+    assert frame_label([stack[0], nested]) == "mlamem/engines/base.py:7 step"
     assert frame_label([stack[0], stack[-1]]) == "bin/mlamem:8 <module>"  # only if all are ours
     assert frame_label([]) == NO_FRAMES
 
