@@ -42,6 +42,9 @@ SEED_SERVE = ("vllm serve zai-org/GLM-5-FP8 -tp 8 --max-num-seqs 256 --kv-cache-
               "--max-num-batched-tokens 32768 --gpu-memory-utilization 0.85 --max-model-len 131072")
 GRAPH_REPRO_TEST = "tests/test_graphs_gpu.py::test_repro_with_graphs_measured_equals_predicted"
 GRAPH_REPRO = [f"{PYTEST} {GRAPH_REPRO_TEST} --basetemp={{out}}/cases"]
+HOUSE_VALIDATES = [f"mlamem validate --kernel {k} --op {op} @validate-{k}-{op}"
+                   for k, ops in (("flashmla", OPS), ("flashmla-vllm", OPS), ("triton", OPS[:1]),
+                                  ("triton-native", OPS[:1])) for op in ops]
 
 
 def ncu(name: str, call: str) -> list[str]:
@@ -156,11 +159,12 @@ SUITES = {
                       *ncu("gluon-bf16-scale-8", "--kernel triton-native --design gluon-bf16-scale"),
                       *ncu("gluon-8", "--kernel triton-native --design gluon")],
     # the house: validate for every kernel and operation the registry pairs (reference: the
-    # CPU one; flashinfer where its wheels travel), and mlamem's own part of a call's time
-    "house": [*(f"mlamem validate --kernel {k} --op {op} @validate-{k}-{op}"
-                for k, ops in (("flashmla", OPS), ("flashmla-vllm", OPS), ("triton", OPS[:1]),
-                               ("triton-native", OPS[:1])) for op in ops),
-              "python3 benchmarks/overhead.py"],
+    # CPU one; flashinfer where its wheels travel), and mlamem's own part of a call's time; in
+    # three suites of under 10 minutes each (house-flashmla, house-vllm, house-own)
+    "house": [*HOUSE_VALIDATES, "python3 benchmarks/overhead.py"],
+    "house-flashmla": [c for c in HOUSE_VALIDATES if "--kernel flashmla " in c],
+    "house-vllm": [c for c in HOUSE_VALIDATES if "--kernel flashmla-vllm " in c],
+    "house-own": [*(c for c in HOUSE_VALIDATES if "--kernel triton" in c), "python3 benchmarks/overhead.py"],
     # the noisy neighbour: a second process allocating and freeing 2 GiB in a loop moves
     # no allocator figure and no per-process one (profile, graphs), nor repro-oom's KV cache,
     # cap, headroom, verdict and limits (charged per process)
