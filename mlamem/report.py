@@ -29,9 +29,9 @@ from mlamem.graphs import GraphsResult
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
-from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
 from mlamem.repro import ReproResult
+from mlamem.results.profile import ProfileFile
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
@@ -61,7 +61,7 @@ class ValidationResult:
                    created=data["created"])
 
 
-Result = ProfileResult | ReproResult | ValidationResult | CompareResult | GraphsResult
+Result = ProfileFile | ReproResult | ValidationResult | CompareResult | GraphsResult
 
 
 class Section:
@@ -101,21 +101,24 @@ class Section:
 
 
 class ProfileSection(Section):
-    kind, schema, result_type, items = "profile", PROFILE_SCHEMA, ProfileResult, "rows"
-    read = staticmethod(ProfileResult.from_dict)
+    kind, schema, result_type, items = "profile", PROFILE_SCHEMA, ProfileFile, "rows"
+    read = staticmethod(ProfileFile.parse)
 
-    def title(self, r: ProfileResult) -> str:
+    def scenario(self, r: ProfileFile) -> str:
+        return r.scenario.name
+
+    def title(self, r: ProfileFile) -> str:
         op = "" if r.op == SPARSE_DECODE else f" {r.op}"
-        return f"{self.scenario(r)}, {r.kernel['label']}{op}"
+        return f"{self.scenario(r)}, {r.kernel.label}{op}"
 
-    def body(self, r: ProfileResult, figure, tag: str) -> list[str]:
+    def body(self, r: ProfileFile, figure, tag: str) -> list[str]:
         return [render.markdown(r),
                 *figure("peak", f"Per-call peak vs T{tag}", lambda plots: plots.peak_vs_tokens(r)),
                 *figure("buffers", f"Buffers at each call's peak{tag}",
                         lambda plots: plots.buffers_by_tokens(r)),
                 render.breakdown_markdown(r)]
 
-    def summary(self, r: ProfileResult, tag: str) -> list[str]:
+    def summary(self, r: ProfileFile, tag: str) -> list[str]:
         by_tokens: dict[int, dict] = {}
         for row in r.rows:
             by_tokens.setdefault(row.tokens, {})[row.path] = row
@@ -130,7 +133,7 @@ class ProfileSection(Section):
             return []
         symbol = operation(r.op).symbol
         op = "" if r.op == SPARSE_DECODE else f" {r.op}"
-        return [f"- profile{op} {r.scenario['name']}, {r.kernel['label']}{tag}: per-call "
+        return [f"- profile{op} {r.scenario.name}, {r.kernel.label}{tag}: per-call "
                 f"peak, {' → '.join(paths)} path, at {symbol} = " + "; ".join(out)]
 
 
@@ -439,12 +442,14 @@ def check_report_dir(folder: Path) -> None:
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 
 
-def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> list[Path]:
+def write_result_report(result: ProfileFile | GraphsResult, folder: Path) -> list[Path]:
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
-    name = safe_name(result.scenario["name"]) + ("" if result.measured else ".predicted") + ".json"
-    write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "report_dir")
+    name = (safe_name(section_for(result).scenario(result)) + ("" if result.measured else ".predicted")
+            + ".json")
+    data = result.file_dict() if isinstance(result, ProfileFile) else result.to_dict()
+    write_atomic(folder / name, json.dumps(data, indent=2) + "\n", "report_dir")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]

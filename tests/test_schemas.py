@@ -339,8 +339,8 @@ def test_the_models_load_only_where_a_file_is_read(code):
     done = subprocess.run([sys.executable, "-P", "-c", f"{code}\n{MODELS_LOADED}"],
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[-1] == "[]", done.stderr
-    read = (f"import sys, json; from mlamem.profile import ProfileResult; ProfileResult.from_dict("
-            f"json.load(open({str(FIXTURES / 'profile-glm5-h200.json')!r})))\n{MODELS_LOADED}")
+    read = (f"import sys, json; from mlamem import results; results.parse(json.load(open("
+            f"{str(FIXTURES / 'profile-glm5-h200.json')!r})), 'mlamem.profile/1')\n{MODELS_LOADED}")
     done = subprocess.run([sys.executable, "-P", "-c", read], capture_output=True, text=True,
                           timeout=120)
     assert done.stdout.splitlines()[-1] == "['mlamem.results.models']", done.stderr
