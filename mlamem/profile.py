@@ -120,7 +120,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
         schema=SCHEMA, command=command, measured=reason is None, not_measured_reason=reason,
         scenario=scenario_summary(scenario, padded_heads, op),
         kernel=kernel_summary(kernel, capabilities, sm_count),
-        environment=dataclasses.asdict(environment.capture()), rows=rows, notes=notes,
+        environment=environment.capture(), rows=rows, notes=notes,
         created=environment.now_utc(), op=op, shard=None if shard is None else str(shard))
 
 

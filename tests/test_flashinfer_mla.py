@@ -214,7 +214,7 @@ def test_flashinfer_and_flashmla_within_tolerance_of_the_reference():
     from mlamem.compare import run_compare
 
     rel_l2, lse_abs = TOLERANCE
-    result = run_compare(scenario.load(KIMI), DENSE, [16], ["alloc", "workspace"],
+    result, _ = run_compare(scenario.load(KIMI), DENSE, [16], ["alloc", "workspace"],
                          [FlashInferMLA(), available("flashmla")], command="test",
                          reference=load_kernel("reference")())
     for row in result.rows:

@@ -20,7 +20,7 @@ from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
 from mlamem.repro import ReproResult
 from mlamem.results.models import ProfileFile
 from mlamem.results.models import ProfileRow as ProfileRowModel
-from mlamem.validate import Comparison
+from mlamem.results.validate import Comparison, ValidateFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 PREDICTED = {"measured": False, "not_measured_reason": "no GPU here"}
@@ -53,8 +53,7 @@ def _workspace_full(result: ProfileFile) -> ProfileFile:
 
 
 def _comparisons() -> list[Comparison]:
-    return [Comparison(**{k: v for k, v in c.items() if k != "difference"})
-            for c in _load("validate-h200.json")["comparisons"]]
+    return ValidateFile.parse(_load("validate-h200.json")).comparisons
 
 
 def _plan(*args: str) -> dict:
@@ -129,7 +128,9 @@ def test_a_table_too_wide_becomes_one_record_per_line():
 def test_validate_table_fits_80_columns_with_differences():
     """validate's table stays within 80 columns; figures that differ are listed in bytes."""
     comparisons = _comparisons()
-    comparisons[0] = dataclasses.replace(comparisons[0], measured=comparisons[0].measured + 512)
+    first = comparisons[0]
+    comparisons[0] = first.model_copy(update={"measured": first.measured + 512,
+                                              "difference": first.difference + 512})
     text = render.validation_table(comparisons, "mlamem validate")
     assert max(len(line) for line in text.splitlines()) <= WIDTH, text
     assert "…" not in text and "3.068 GiB" in text
