@@ -36,7 +36,6 @@ from mlamem.results.validate import ValidateFile
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 
-
 Result = ProfileFile | ReproResult | ValidateFile | CompareFile | GraphsResult
 
 

@@ -15,9 +15,9 @@ from mlamem import scenario as scenarios
 from mlamem.cli import main
 from mlamem.errors import UserError
 from mlamem.kernels import load_kernel
+from mlamem.results.validate import Comparison, ValidateFile
 from mlamem.shards import PER_RUN, Shard, interleave, merge, normalised, parse_shard
 from mlamem.testing import needs_flashmla, no_gpu, split_into_shards
-from mlamem.results.validate import Comparison, ValidateFile
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "sharded-sweep.sh"
