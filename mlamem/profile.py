@@ -13,7 +13,6 @@ from mlamem.operations import check_cache, kv_format, operation, problem_for, wo
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
 if TYPE_CHECKING:  # the checks import cheaply; run_profile loads torch, the results pydantic
-    from mlamem.api import Tracker
     from mlamem.kernel_api import Capabilities, KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.results.profile import ProfileFile, ProfileRow
@@ -169,10 +168,9 @@ def profile_row(case: CallMeasurement, scenario: str, outputs_equal: bool | None
         median_ms=case.median_ms, **figures)
 
 
-def call_figures(call: CallMeasurement | Tracker) -> dict:
-    """The figures of a measured (or predicted) call as a profile row's fields (`ProfileRow`):
-    those a record shows alike, a sweep's (`measure.CallMeasurement`) or the API's
-    (`api.Tracker`)."""
+def call_figures(call: CallMeasurement) -> dict:
+    """The figures of a measured (or predicted) call as a profile row's fields (`ProfileRow`),
+    from a sweep's record or any that shows the same attributes (the API's `Tracker`)."""
     breakdown = call.breakdown
     return {
         "measured": call.measured,
