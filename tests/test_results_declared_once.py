@@ -1,5 +1,5 @@
 """A result is declared once: no dataclass or NamedTuple outside `mlamem/results/` repeats the
-fields of a results model (issue 39). A command returns its results model instead."""
+fields of a results model. A command returns its results model instead."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from mlamem.results import models
 MIN_SHARED = 4  # field names shared with one model ...
 MIN_SHARE = 0.75  # ... making up at least this share of the class's own fields
 
-# Twins still being folded into their models: the lead empties this after merging issue 39's
-# branches. Each entry is "module.Class".
+# Twins still being folded into their models: the lead empties this after merging the
+# branches that fold them. Each entry is "module.Class".
 PENDING = {
     # h-results-b's commands (repro-oom, graphs, plan, gate/baseline)
     "mlamem.repro.ReproResult",
