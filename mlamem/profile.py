@@ -96,8 +96,8 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     rows, calls = [], []
-    notes = _plan_notes(scenario, paths, capabilities, kernel.label,
-                        problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype)
+    q_dtype = problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype
+    notes = _plan_notes(scenario, paths, capabilities, kernel.label, q_dtype)
     for t in tokens if shard is None else shard.pick(tokens):
         cases = []
         for path in paths:
