@@ -47,6 +47,7 @@ from mlamem.errors import UserError
 from mlamem.kernel_api import BufferSpec
 from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
 from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.profile import call_figures
 
 NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
 
@@ -169,23 +170,7 @@ class Tracker:
 
     def to_dict(self) -> dict:
         """The figures as the fields of a `mlamem.profile/1` row (ProfileRow) that apply."""
-        breakdown = self.breakdown
-        return {
-            "measured": self.measured,
-            "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes,
-            "nvml_peak_bytes": self.nvml_peak_bytes,
-            "nvml_process_peak_bytes": self.nvml_process_peak_bytes,
-            "wall_time_ms": self.wall_time_ms,
-            "allocations_in_call": self.allocations_in_call,
-            "bytes_allocated_in_call": self.bytes_allocated_in_call,
-            "buffers": [b.to_dict() for b in self.buffers],
-            "breakdown_peak_bytes": None if breakdown is None else breakdown.peak_bytes,
-            "missing_buffers": self.missing,
-            "oom": self.oom,
-            "oom_requested_bytes": self.oom_requested_bytes,
-            "failure": self.failure,
-        }
+        return call_figures(self)
 
     def summary(self) -> str:
         """One line: the peaks and the allocations inside (or the failure)."""

@@ -9,9 +9,7 @@ reported beside it, so two builds that differ can each be held to the reference 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlamem import environment
@@ -21,76 +19,10 @@ from mlamem.operations import kv_format
 if TYPE_CHECKING:
     from mlamem.kernel_api import KernelContract
     from mlamem.measure import Failure
+    from mlamem.results.compare import CompareFile, ReferenceDifference
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.compare/1"
-
-
-@dataclass(frozen=True)
-class ReferenceDifference:
-    """One kernel's output against the torch reference (float32 math, bf16 out)."""
-
-    out_max_abs: float  # largest |out - reference out|
-    out_rel_l2: float  # ||out - reference|| / ||reference||
-    lse_max_abs: float  # largest |lse - reference lse| (natural log), over finite entries
-
-
-@dataclass(frozen=True)
-class CompareRow:
-    """One (value, path): the two kernels' outputs side by side."""
-
-    tokens: int  # the swept value: T, requests (dense decode) or s_q
-    path: str
-    out_equal: bool  # bit-identical out
-    lse_equal: bool  # bit-identical lse
-    out_max_diff: float  # largest |out_a - out_b| (0 when equal)
-    lse_max_diff: float  # largest |lse_a - lse_b|
-    errors: dict[str, ReferenceDifference | None]  # kernel name -> against the reference
-
-
-@dataclass(frozen=True)
-class CompareResult:
-    """The schema `mlamem.compare/1`."""
-
-    command: str
-    op: str
-    scenario: str
-    kernels: list[dict]  # name, label, version, head_counts of each compared kernel
-    kv_tokens: int
-    rows: list[CompareRow]
-    environment: environment.Environment
-    created: str
-    schema: str = SCHEMA
-    notes: list[str] = field(default_factory=list)
-    failure: Failure | None = None  # the out-of-memory that stopped the sweep (rows: those
-    #                                 before it); not saved: a saved result is a complete one
-
-    def to_dict(self) -> dict:
-        data = dataclasses.asdict(dataclasses.replace(self, failure=None))
-        del data["failure"]
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CompareResult:
-        """Read back a saved mlamem.compare/1 file, checked by its model (`mlamem.results`);
-        ValueError (one line naming the field) if malformed."""
-        from mlamem import results
-
-        data = results.read(data, SCHEMA)
-        rows = [CompareRow(**{**row, "errors": {
-            name: None if error is None else ReferenceDifference(**error)
-            for name, error in row["errors"].items()}}) for row in data["rows"]]
-        return cls(**{**data, "rows": rows,
-                      "environment": environment.Environment.from_dict(data["environment"])})
-
-    @property
-    def measured(self) -> bool:
-        """Always: comparing runs both kernels on the GPU."""
-        return True
-
-    @property
-    def all_equal(self) -> bool:
-        return all(r.out_equal and r.lse_equal for r in self.rows)
 
 
 def check_kernels(kernels: Sequence[KernelContract], op: str) -> None:
@@ -133,6 +65,8 @@ def _run(memory, kernel, scenario, op, tokens, path, kv_tokens, seed):
 def reference_error(out, lse, ref_out, ref_lse) -> ReferenceDifference:
     import torch
 
+    from mlamem.results.compare import ReferenceDifference
+
     diff = out.float() - ref_out.float()
     finite = torch.isfinite(ref_lse)
     lse_diff = (lse.float() - ref_lse.float())[finite]
@@ -146,12 +80,15 @@ def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Seque
                 kernels: Sequence[KernelContract], *, command: str,
                 kv_tokens: int | None = None, reference: KernelContract | None = None,
                 seed: int = 0,
-                on_case: Callable[[int, str], None] | None = None) -> CompareResult:
+                on_case: Callable[[int, str], None] | None = None
+                ) -> tuple[CompareFile, Failure | None]:
     """Compare two kernels (and each with `reference`, when given) over values x paths, each
-    call measured; an out-of-memory stops the sweep and is the result's `failure`."""
+    call measured: the result, and the out-of-memory that stopped the sweep (None when none
+    did; the result's rows are then those before it)."""
     import torch
 
     from mlamem.memory import CudaMemory
+    from mlamem.results.compare import CompareFile, CompareRow
 
     check_kernels(kernels, op)
     memory = CudaMemory()
@@ -188,15 +125,14 @@ def run_compare(scenario: Scenario, op: str, values: Sequence[int], paths: Seque
         memory.empty_cache()
         if failure is not None:
             break
-    return CompareResult(
-        command=command, op=op, scenario=scenario.name,
+    return CompareFile(
+        schema=SCHEMA, command=command, op=op, scenario=scenario.name,
         kernels=[{"name": k.name, "label": k.label, "version": k.version(),
                   "head_counts": list(k.capabilities(op, kv_format(scenario, op)).head_counts)}
                  for k in kernels],
         kv_tokens=kv_used, rows=rows, environment=environment.capture(),
         created=environment.now_utc(),
-        notes=[] if reference is not None else ["no reference run (--no-reference)"],
-        failure=failure)
+        notes=[] if reference is not None else ["no reference run (--no-reference)"]), failure
 
 
-__all__ = ["SCHEMA", "CompareResult", "CompareRow", "run_compare"]
+__all__ = ["SCHEMA", "run_compare"]

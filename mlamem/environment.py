@@ -4,39 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from mlamem import nvml
 from mlamem.results.legacy import LEGACY_KERNEL_FIELDS  # files from before `kernels`
 from mlamem.version import __version__
 
-
-@dataclass(frozen=True)
-class Environment:
-    """The machine and software a result was produced on; GPU fields are None without one."""
-
-    gpu: str | None  # e.g. "NVIDIA H200"
-    compute_capability: str | None  # e.g. "9.0"
-    sm_count: int | None
-    gpu_memory_bytes: int | None
-    driver: str | None
-    cuda: str | None  # the CUDA version torch was built with
-    torch: str
-    mlamem: str
-    python: str
-    allocator_conf: str | None  # PYTORCH_CUDA_ALLOC_CONF; the model assumes the default
-    # Every registered kernel, in registry order -> its adapter's version(); None when absent
-    # (in a file from before this field: the versions it recorded, see `from_dict`).
-    kernels: dict[str, str | None] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Environment:
-        """A saved environment; files from before `kernels` have `flash_mla` and `triton`,
-        which become kernels["flashmla"] and kernels["triton"]. Unknown fields raise TypeError,
-        a legacy field contradicting `kernels` ValueError."""
-        fields = {k: v for k, v in data.items() if k not in LEGACY_KERNEL_FIELDS}
-        return cls(**{**fields, "kernels": kernel_versions(data)})
+if TYPE_CHECKING:
+    from mlamem.results.shared import Environment
 
 
 def kernel_versions(data: dict) -> dict[str, str | None]:
@@ -58,6 +34,8 @@ def capture() -> Environment:
     """Read the environment of this process's current CUDA device (if any) and the version of
     every registered kernel."""
     import torch  # here, not at the top: loading a saved result needs no torch
+
+    from mlamem.results.shared import Environment
 
     gpu = capability = sm_count = memory = None
     if torch.cuda.is_available():

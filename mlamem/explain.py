@@ -441,7 +441,7 @@ def _saving(op: str, scenario: Scenario, source: str, kernel_name: str, tokens: 
     workspace paths at its T (`run_profile`, as `mlamem profile --predict` runs it), the
     buffers it removes, and those of them live at the snapshot's peak."""
     command, heads_per_rank, rows = _profiled(op, scenario, source, kernel_name, tokens)
-    removed = sorted({b["name"] for b in rows["alloc"].buffers if b["removed_by_workspace"]})
+    removed = sorted({b.name for b in rows["alloc"].buffers if b.removed_by_workspace})
     at_peak_removed = sum(a.block_bytes for name, a in zip(match.names, match.allocations,
                                                            strict=True)
                           if name in removed and a.index in at_peak)

@@ -31,7 +31,7 @@ from mlamem.units import parse_bytes
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
     from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
-    from mlamem.profile import ProfileResult
+    from mlamem.results.profile import ProfileFile
     from mlamem.scenario import Scenario
     from mlamem.shards import Shard
 
@@ -145,14 +145,14 @@ class Baseline:
         return json.dumps({"schema": self.schema, **dataclasses.asdict(self)}, indent=2) + "\n"
 
 
-def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -> Baseline:
+def baseline_from(results: Sequence[ProfileFile], sweep: dict, command: str) -> Baseline:
     """The gated figures of profile results (one per scenario, all measured or all predicted)."""
     cases = []
     for result in results:
         for row in result.rows:
             buffers: dict[str, int] = {}
             for b in row.buffers:
-                buffers[b["name"]] = buffers.get(b["name"], 0) + b["requested_bytes"]
+                buffers[b.name] = buffers.get(b.name, 0) + b.requested_bytes
             cases.append(CaseFigures(
                 scenario=row.scenario, op=row.op, tokens=row.tokens, requests=row.requests,
                 kv_tokens=row.kv_tokens, path=row.path,
@@ -162,7 +162,7 @@ def baseline_from(results: Sequence[ProfileResult], sweep: dict, command: str) -
                 failure=row.failure))
     return Baseline(command=command, measured=all(r.measured for r in results),
                     not_measured_reason=results[0].not_measured_reason,
-                    environment=dataclasses.asdict(results[0].environment), sweep=sweep,
+                    environment=results[0].environment.model_dump(), sweep=sweep,
                     cases=cases)
 
 

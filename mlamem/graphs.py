@@ -97,20 +97,21 @@ class GraphsResult:
     def to_dict(self) -> dict:
         from mlamem.measure import without_record
 
-        return without_record(self)
+        return {**without_record(self), "environment": self.environment.model_dump()}
 
     @classmethod
     def from_dict(cls, data: dict) -> GraphsResult:
         """Read back a saved mlamem.graphs/1 file, checked by its model (`mlamem.results`);
         ValueError (one line naming the field) if malformed."""
         from mlamem import results
+        from mlamem.results.shared import Environment
 
         data = results.read(data, SCHEMA)
         paths = [GraphPath(**{**p, "captures": [Capture(**c) for c in p["captures"]],
                               "estimates": [Estimate(**e) for e in p["estimates"]]})
                  for p in data["paths"]]
         return cls(**{**data, "paths": paths,
-                      "environment": environment.Environment.from_dict(data["environment"])})
+                      "environment": Environment(**data["environment"])})
 
 
 # Measuring

@@ -12,39 +12,14 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the listing's models load with the adapters, in list_kernels
+    from mlamem.results.kernels import KernelListing, KernelOperationListing
 
 WIDTH = 100  # columns of `render_kernels` output
 ASSUMED_NOTE = ("* capabilities assumed: the kernel's schema cannot be read here, so its "
                 "adapter's declared facts are shown")
-
-
-@dataclass(frozen=True)
-class OperationListing:
-    """What a kernel's adapter declares for one operation."""
-
-    op: str  # e.g. "sparse-decode"
-    takes: str | None  # buffers the caller may provide: "out", "out, lse, accum" or "nothing"
-    head_counts: tuple[int, ...]  # query head counts it runs natively
-    assumed: bool  # the schema could not be read here; the adapter's declared facts are shown
-    error: str | None = None  # one line when the adapter could not answer (takes is then None)
-
-
-@dataclass(frozen=True)
-class KernelListing:
-    """One registered kernel as `mlamem kernels` lists it."""
-
-    name: str  # the --kernel name
-    label: str  # how reports name it
-    help: str  # the registry's one-line help
-    operations: tuple[OperationListing, ...]  # the registry's operations, in its order
-    version: str | None  # the installed build's version; None when absent or unknown
-    available: bool  # it can run here
-    reason: str | None  # why not (the adapter's one line, naming the fix); None when available
-
-    @property
-    def operation_names(self) -> tuple[str, ...]:
-        return tuple(o.op for o in self.operations)
 
 
 def takes_text(capabilities) -> str:
@@ -55,7 +30,7 @@ def takes_text(capabilities) -> str:
     return ", ".join(taken) or "nothing"
 
 
-def heads_text(head_counts: tuple[int, ...]) -> str:
+def heads_text(head_counts: Sequence[int]) -> str:
     """'64,128'; a run of three or more doubling (or consecutive) counts as '8-128'."""
     counts = sorted(set(head_counts))
     steps = {b / a for a, b in zip(counts, counts[1:], strict=False) if a}
@@ -65,8 +40,9 @@ def heads_text(head_counts: tuple[int, ...]) -> str:
     return ",".join(map(str, counts))
 
 
-def _operation(adapter, op: str) -> OperationListing:
+def _operation(adapter, op: str) -> KernelOperationListing:
     from mlamem.kernels.plugins import one_line
+    from mlamem.results.kernels import KernelOperationListing
 
     try:
         capabilities = adapter.capabilities(op)
@@ -77,17 +53,19 @@ def _operation(adapter, op: str) -> OperationListing:
             text = ", ".join(f"{fmt}: {t}" for fmt, t in takes.items())
         else:
             text = takes_text(capabilities)
-        return OperationListing(op=op, takes=text,
-                                head_counts=tuple(capabilities.head_counts),
-                                assumed=bool(getattr(capabilities, "assumed", False)))
+        return KernelOperationListing(op=op, takes=text,
+                                      head_counts=list(capabilities.head_counts),
+                                      assumed=bool(getattr(capabilities, "assumed", False)),
+                                      error=None)
     except Exception as exc:  # an adapter still being extended, or one that breaks here
-        return OperationListing(op=op, takes=None, head_counts=(), assumed=False,
-                                error=one_line(exc))
+        return KernelOperationListing(op=op, takes=None, head_counts=[], assumed=False,
+                                      error=one_line(exc))
 
 
 def _listing(name: str) -> KernelListing:
     from mlamem.kernels import REGISTRY, load_kernel
     from mlamem.kernels.plugins import PluginError, one_line
+    from mlamem.results.kernels import KernelListing, KernelOperationListing
 
     entry = REGISTRY[name]
     label = name
@@ -96,13 +74,14 @@ def _listing(name: str) -> KernelListing:
         label = getattr(cls, "label", name)
         adapter = cls()
     except PluginError as exc:  # a plug-in broken, or whose adapter is not its entry's
-        return KernelListing(name=name, label=label, help=entry.help, operations=(),
+        return KernelListing(name=name, label=label, help=entry.help, operations=[],
                              version=None, available=False, reason=exc.problem)
     except Exception as exc:  # an adapter that does not import or construct here
         problem = f"the adapter does not load ({one_line(exc)})"
         return KernelListing(name=name, label=label, help=entry.help,
-                             operations=tuple(OperationListing(op, None, (), False, problem)
-                                              for op in entry.operations),
+                             operations=[KernelOperationListing(
+                                 op=op, takes=None, head_counts=[], assumed=False, error=problem)
+                                 for op in entry.operations],
                              version=None, available=False, reason=problem)
     try:
         version = adapter.version()
@@ -113,7 +92,7 @@ def _listing(name: str) -> KernelListing:
     except Exception as exc:
         reason = f"cannot tell whether it runs here ({one_line(exc)})"
     return KernelListing(name=name, label=label, help=entry.help,
-                         operations=tuple(_operation(adapter, op) for op in entry.operations),
+                         operations=[_operation(adapter, op) for op in entry.operations],
                          version=version, available=reason is None, reason=reason)
 
 
@@ -124,7 +103,7 @@ def list_kernels() -> list[KernelListing]:
     return [_listing(name) for name in kernel_names()]
 
 
-def _operation_text(o: OperationListing) -> str:
+def _operation_text(o: KernelOperationListing) -> str:
     if o.error is not None:
         return f"{o.op}(?)"
     heads = f"; h {heads_text(o.head_counts)}" if o.head_counts else ""
@@ -174,13 +153,15 @@ KERNELS_SCHEMA = "mlamem.kernels/1"
 
 
 def kernels_json(listings: list[KernelListing], warnings: Sequence[str] | None = None) -> str:
-    """What `render_kernels` shows, as JSON: {"schema", "kernels": [KernelListing's fields, its
-    operations as objects], "warnings"} (docs/commands.md#mlamem-kernels)."""
+    """What `render_kernels` shows, as its file (`mlamem.results.kernels.KernelsFile`,
+    docs/commands.md#mlamem-kernels)."""
     import json
+
+    from mlamem.results.kernels import KernelsFile
 
     if warnings is None:
         from mlamem.kernels import REGISTRY
 
         warnings = REGISTRY.warnings()
-    return json.dumps({"schema": KERNELS_SCHEMA, "kernels": [asdict(k) for k in listings],
-                       "warnings": list(warnings)}, indent=2) + "\n"
+    listed = KernelsFile(schema=KERNELS_SCHEMA, kernels=listings, warnings=list(warnings))
+    return json.dumps(listed.file_dict(), indent=2) + "\n"

@@ -8,6 +8,7 @@ or date stamp. Bytes are converted to GiB here, at the edge, and every axis stat
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import matplotlib
 import matplotlib.style
@@ -16,10 +17,12 @@ from matplotlib.ticker import NullLocator
 
 from mlamem.engines import load_engine
 from mlamem.graphs import GraphPath, GraphsResult
-from mlamem.profile import ProfileResult
 from mlamem.render.escape import escaped
 from mlamem.repro import ReproResult
 from mlamem.units import GiB, MiB, format_bytes, gib
+
+if TYPE_CHECKING:
+    from mlamem.results.profile import ProfileFile
 
 DPI = 120
 STYLE = {"font.size": 11, "axes.titlesize": 12, "figure.titlesize": 13, "legend.fontsize": 10,
@@ -54,15 +57,15 @@ def _subject(measured: bool, gpu: str | None) -> str:
     return f"measured on {plot_text(gpu)}" if measured else "PREDICTED, not measured"
 
 
-def _paths(result: ProfileResult) -> list[str]:
+def _paths(result: ProfileFile) -> list[str]:
     return list(dict.fromkeys(row.path for row in result.rows))
 
 
-def _tokens(result: ProfileResult) -> list[int]:
+def _tokens(result: ProfileFile) -> list[int]:
     return list(dict.fromkeys(row.tokens for row in result.rows))
 
 
-def peak_vs_tokens(result: ProfileResult) -> bytes:
+def peak_vs_tokens(result: ProfileFile) -> bytes:
     """Per-call peak allocated against T, one line per path, log-2 T axis, GiB."""
     with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
         figure = _figure(8, 5)
@@ -95,9 +98,9 @@ def peak_vs_tokens(result: ProfileResult) -> bytes:
         ax.set_ylim(0, top * 1.1)
         ax.set_xlabel("T, query tokens per step (s_q of the decode call; log-2 scale)")
         ax.set_ylabel("per-call peak allocated (GiB)")
-        ax.set_title(f"{plot_text(result.scenario['name'])}: per-call peak allocation\n"
+        ax.set_title(f"{plot_text(result.scenario.name)}: per-call peak allocation\n"
                      f"{_subject(result.measured, result.environment.gpu)}, "
-                     f"{plot_text(result.kernel['label'])}")
+                     f"{plot_text(result.kernel.label)}")
         ax.legend(loc="upper left")
         return _png(figure)
 
@@ -106,13 +109,13 @@ def _live_buffers(row) -> dict[str, int]:
     """Bytes of each buffer live at the call's peak (blocks: they add up to the peak)."""
     sizes: dict[str, int] = {}
     for b in row.buffers:
-        if b["live_at_peak"]:
-            name = plot_text(b["name"])
-            sizes[name] = sizes.get(name, 0) + b["block_bytes"]
+        if b.live_at_peak:
+            name = plot_text(b.name)
+            sizes[name] = sizes.get(name, 0) + b.block_bytes
     return sizes
 
 
-def buffers_by_tokens(result: ProfileResult) -> bytes:
+def buffers_by_tokens(result: ProfileFile) -> bytes:
     """A stacked bar per T of the buffers live at the call's peak, one panel per path."""
     paths, tokens = _paths(result), _tokens(result)
     live = {(r.tokens, r.path): _live_buffers(r) for r in result.rows if r.failure is None}
@@ -150,9 +153,9 @@ def buffers_by_tokens(result: ProfileResult) -> bytes:
         axes[0].set_ylim(0, gib(tallest) * 1.08 if tallest else 1)
         handles, labels = axes[0].get_legend_handles_labels()
         figure.legend(handles[::-1], labels[::-1], loc="outside right center", title="buffer")
-        figure.suptitle(f"{plot_text(result.scenario['name'])}: buffers live at each call's peak\n"
+        figure.suptitle(f"{plot_text(result.scenario.name)}: buffers live at each call's peak\n"
                         f"{_subject(result.measured, result.environment.gpu)}, "
-                        f"{plot_text(result.kernel['label'])}")
+                        f"{plot_text(result.kernel.label)}")
         return _png(figure)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlamem import environment, nvml
@@ -20,78 +19,15 @@ from mlamem.operations import (
 )
 from mlamem.paths import STAGING_PATHS, check_paths, plan
 
-if TYPE_CHECKING:  # the checks and the result types import cheaply; run_profile loads torch
-    from mlamem.kernel_api import KernelContract
+if TYPE_CHECKING:  # the checks import cheaply; run_profile loads torch, the results pydantic
+    from mlamem.kernel_api import Capabilities, KernelContract
     from mlamem.measure import CallMeasurement
+    from mlamem.results.profile import ProfileFile, ProfileRow
     from mlamem.scenario import Scenario
     from mlamem.shards import Shard
 
 SCHEMA = "mlamem.profile/1"
 DEFAULT_TOKENS = (1024, 8192, 16384, 32768)
-
-
-@dataclass(frozen=True)
-class ProfileRow:
-    """One (T, path). Bytes are per-call deltas over the state before the call."""
-
-    scenario: str
-    tokens: int  # T: query tokens in the step (s_q of the decode call)
-    path: str  # one of paths.PATH_NAMES
-    measured: bool  # False: predicted by the allocator model
-    peak_allocated_bytes: int | None  # torch max_memory_allocated delta
-    peak_reserved_bytes: int | None  # torch max_memory_reserved delta (cold cache)
-    nvml_peak_bytes: int | None  # NVML device-used delta (predicted: = reserved)
-    wall_time_ms: float | None  # host wall time of the call incl. sync (measured only)
-    outputs_equal: bool | None  # out and lse bit-identical across this T's paths
-    staged: list[str]  # buffers this path takes from the workspace
-    allocations_in_call: int | None  # allocations made inside the measured call (0 = graph-safe)
-    bytes_allocated_in_call: int | None  # their total requested bytes
-    buffers: list[dict]  # the breakdown: name, allocated_by, requested_bytes, block_bytes,
-    #                      live_at_peak, removed_by_workspace (alloc rows, when compared)
-    breakdown_peak_bytes: int | None  # sum of buffers live at the peak (= peak if it adds up)
-    missing_buffers: list[str]  # expected buffers never allocated
-    oom: bool  # the call ran out of memory
-    oom_requested_bytes: int | None  # the allocation that failed
-    failure: str | None  # one line when the call failed
-    op: str  # the kernel operation
-    requests: int | None = None  # dense decode: b, the swept quantity (= tokens)
-    kv_tokens: int | None = None  # KV tokens per query: dense decode's context, prefill's s_kv
-    median_ms: float | None = None  # triton do_bench median of the path's call (measured only)
-    # this process's NVML peak during the call, absolute (measured, where NVML lists this
-    # process; nvml_peak_bytes beside it is the device-wide delta, all processes)
-    nvml_process_peak_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class ProfileResult:
-    """A whole sweep: the JSON schema `mlamem.profile/1`."""
-
-    command: str
-    measured: bool
-    not_measured_reason: str | None  # why the figures are predicted
-    scenario: dict
-    kernel: dict
-    environment: environment.Environment
-    rows: list[ProfileRow]
-    notes: list[str] = field(default_factory=list)  # what could not be staged, and why
-    schema: str = SCHEMA
-    # required, keyword-only to keep the file's key order; older files get them when migrated
-    created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
-    op: str = field(kw_only=True)  # the kernel operation profiled
-    shard: str | None = None  # "I/N" when this is one shard of the sweep (mlamem.shards)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ProfileResult:
-        """Read back `to_dict()`, a saved mlamem.profile/1 file, checked by its model
-        (`mlamem.results`); ValueError (one line naming the field) if malformed."""
-        from mlamem import results
-
-        data = results.read(data, SCHEMA)
-        return cls(**{**data, "environment": environment.Environment.from_dict(data["environment"]),
-                      "rows": [ProfileRow(**row) for row in data["rows"]]})
 
 
 RAISE_LIMIT = "raise max_num_batched_tokens or drop that T"
@@ -142,7 +78,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 on_case: Callable[[CallMeasurement], None] | None = None,
                 on_calls: Callable[[list[CallMeasurement]], None] | None = None,
                 op: str = SPARSE_DECODE, kv_tokens: int | None = None,
-                bench: bool = False, shard: Shard | None = None) -> ProfileResult:
+                bench: bool = False, shard: Shard | None = None) -> ProfileFile:
     """Measure every (T, path) of `op` on the GPU, or predict it where the kernel cannot run.
     `tokens` are the operation's swept values (T, requests or s_q); `kv_tokens` overrides its
     KV length; `bench` also times each measured call (do_bench median); `shard` runs only its
@@ -156,6 +92,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count, measure_call
     from mlamem.memory import CudaMemory, SimulatedMemory
+    from mlamem.results.profile import ProfileFile
 
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     check_request(scenario, tokens, paths, kernel, op=op)
@@ -165,12 +102,9 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     capabilities = kernel.capabilities(op, kv_format(scenario, op))
     padded_heads = padded_heads_for(kernel, scenario, op)
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
-    rows, notes, calls = [], [], []
+    rows, calls = [], []
     q_dtype = problem_for(scenario, op, 1, padded_heads, kv_tokens).q_dtype
-    for path in paths:
-        notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, kernel.label,
-                                  q_dtype).notes
-                  if n not in notes]
+    notes = _plan_notes(scenario, paths, capabilities, kernel.label, q_dtype)
     for t in tokens if shard is None else shard.pick(tokens):
         cases = []
         for path in paths:
@@ -184,41 +118,83 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
                 notes.append(line)
             if on_case:
                 on_case(case)
-        equal = _outputs_equal(cases)
-        removed = _removed_by_workspace(cases)
-        for case in cases:
-            breakdown = case.breakdown
-            buffers = [] if breakdown is None else [
-                {**b.to_dict(),
-                 "removed_by_workspace": None if case.path != "alloc" or removed is None
-                 else b.name in removed}
-                for b in breakdown.buffers]
-            rows.append(ProfileRow(
-                scenario=scenario.name, tokens=t, path=case.path, measured=case.measured,
-                peak_allocated_bytes=case.peak_allocated_bytes,
-                peak_reserved_bytes=case.peak_reserved_bytes,
-                nvml_peak_bytes=case.nvml_peak_bytes, wall_time_ms=case.wall_time_ms,
-                outputs_equal=equal, staged=list(case.staged),
-                allocations_in_call=breakdown and breakdown.allocations,
-                bytes_allocated_in_call=breakdown and breakdown.allocated_bytes,
-                buffers=buffers, breakdown_peak_bytes=breakdown and breakdown.peak_bytes,
-                missing_buffers=[] if breakdown is None else breakdown.missing, oom=case.oom,
-                oom_requested_bytes=case.oom_requested_bytes, failure=case.failure,
-                op=op, requests=t if op == DENSE_DECODE else None, kv_tokens=case.kv_tokens,
-                median_ms=case.median_ms, nvml_process_peak_bytes=case.nvml_process_peak_bytes,
-            ))
-            case.out = case.lse = None  # the comparison is done; keep host memory small
+        rows += _rows(scenario.name, cases)
         calls += cases
     if on_calls:
         on_calls(calls)
-    return ProfileResult(
-        command=command, measured=reason is None, not_measured_reason=reason,
+    return ProfileFile(
+        schema=SCHEMA, command=command, measured=reason is None, not_measured_reason=reason,
         scenario=scenario_summary(scenario, padded_heads, op),
-        kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
-                "version": kernel.version(), **dataclasses.asdict(capabilities)},
+        kernel=kernel_summary(kernel, capabilities, sm_count),
         environment=environment.capture(), rows=rows, notes=notes,
-        created=environment.now_utc(), op=op, shard=None if shard is None else str(shard),
-    )
+        created=environment.now_utc(), op=op, shard=None if shard is None else str(shard))
+
+
+def _plan_notes(scenario: Scenario, paths: Sequence[str], capabilities: Capabilities,
+                label: str, q_dtype) -> list[str]:
+    """What each path's plan could not stage, and why, each line once."""
+    notes: list[str] = []
+    for path in paths:
+        notes += [n for n in plan(path, scenario.heads_per_rank, capabilities, label,
+                                  q_dtype).notes if n not in notes]
+    return notes
+
+
+def kernel_summary(kernel: KernelContract, capabilities: Capabilities, sm_count: int) -> dict:
+    """A profile's `kernel`: the adapter, the SMs it planned for and what it declares."""
+    declared = {k: list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(capabilities).items()}
+    return {"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
+            "version": kernel.version(), **declared}
+
+
+def _rows(scenario: str, cases: list[CallMeasurement]) -> list[ProfileRow]:
+    """One value's rows, one per path, its outputs compared across paths; the outputs are
+    dropped after (host memory)."""
+    equal, removed = _outputs_equal(cases), _removed_by_workspace(cases)
+    rows = [profile_row(case, scenario, equal, None if case.path != "alloc" else removed)
+            for case in cases]
+    for case in cases:
+        case.out = case.lse = None
+    return rows
+
+
+def profile_row(case: CallMeasurement, scenario: str, outputs_equal: bool | None = None,
+                removed: set[str] | None = None) -> ProfileRow:
+    """A profile sweep's row of one measured (or predicted) call; `removed`: the buffers the
+    workspace path does not allocate (an alloc row's, when both paths ran)."""
+    from mlamem.results.profile import ProfileRow
+
+    figures = call_figures(case)
+    buffers = [{**b, "removed_by_workspace": None if removed is None else b["name"] in removed}
+               for b in figures.pop("buffers")]
+    return ProfileRow(
+        scenario=scenario, tokens=case.tokens, path=case.path, outputs_equal=outputs_equal,
+        staged=list(case.staged), buffers=buffers, op=case.op,
+        requests=case.tokens if case.op == DENSE_DECODE else None, kv_tokens=case.kv_tokens,
+        median_ms=case.median_ms, **figures)
+
+
+def call_figures(call: CallMeasurement) -> dict:
+    """The figures of a measured (or predicted) call as a profile row's fields (`ProfileRow`),
+    from a sweep's record or any that shows the same attributes (the API's `Tracker`)."""
+    breakdown = call.breakdown
+    return {
+        "measured": call.measured,
+        "peak_allocated_bytes": call.peak_allocated_bytes,
+        "peak_reserved_bytes": call.peak_reserved_bytes,
+        "nvml_peak_bytes": call.nvml_peak_bytes,
+        "nvml_process_peak_bytes": call.nvml_process_peak_bytes,
+        "wall_time_ms": call.wall_time_ms,
+        "allocations_in_call": None if breakdown is None else breakdown.allocations,
+        "bytes_allocated_in_call": None if breakdown is None else breakdown.allocated_bytes,
+        "buffers": [] if breakdown is None else [b.to_dict() for b in breakdown.buffers],
+        "breakdown_peak_bytes": None if breakdown is None else breakdown.peak_bytes,
+        "missing_buffers": [] if breakdown is None else list(breakdown.missing),
+        "oom": call.oom,
+        "oom_requested_bytes": call.oom_requested_bytes,
+        "failure": call.failure,
+    }
 
 
 def nvml_note(visibility: str) -> str:

@@ -19,9 +19,7 @@ from types import ModuleType
 
 from mlamem import render, shards
 from mlamem.compare import SCHEMA as COMPARE_SCHEMA
-from mlamem.compare import CompareResult
 from mlamem.engines import engine_names, load_engine
-from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, read_json, safe_name, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
@@ -29,39 +27,16 @@ from mlamem.graphs import GraphsResult
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
-from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
 from mlamem.repro import ReproResult
+from mlamem.results.compare import CompareFile
+from mlamem.results.profile import ProfileFile
+from mlamem.results.shared import Environment
+from mlamem.results.validate import ValidateFile
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
-from mlamem.validate import Comparison
 
-
-@dataclass(frozen=True)
-class ValidationResult:
-    """A saved mlamem.validate/1 file."""
-
-    command: str
-    comparisons: list[Comparison]
-    environment: Environment | None = None  # None in files from before it was recorded
-    created: str | None = None
-    measured: bool = True  # compares measured with predicted figures
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ValidationResult:
-        """A saved mlamem.validate/1 file, checked by its model; ValueError if malformed."""
-        from mlamem import results
-
-        data = results.read(data, VALIDATE_SCHEMA)
-        env = data["environment"]
-        comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
-                       for c in data["comparisons"]]
-        return cls(command=data["command"], comparisons=comparisons,
-                   environment=None if env is None else Environment.from_dict(env),
-                   created=data["created"])
-
-
-Result = ProfileResult | ReproResult | ValidationResult | CompareResult | GraphsResult
+Result = ProfileFile | ReproResult | ValidateFile | CompareFile | GraphsResult
 
 
 class Section:
@@ -101,21 +76,24 @@ class Section:
 
 
 class ProfileSection(Section):
-    kind, schema, result_type, items = "profile", PROFILE_SCHEMA, ProfileResult, "rows"
-    read = staticmethod(ProfileResult.from_dict)
+    kind, schema, result_type, items = "profile", PROFILE_SCHEMA, ProfileFile, "rows"
+    read = staticmethod(ProfileFile.parse)
 
-    def title(self, r: ProfileResult) -> str:
+    def scenario(self, r: ProfileFile) -> str:
+        return r.scenario.name
+
+    def title(self, r: ProfileFile) -> str:
         op = "" if r.op == SPARSE_DECODE else f" {r.op}"
-        return f"{self.scenario(r)}, {r.kernel['label']}{op}"
+        return f"{self.scenario(r)}, {r.kernel.label}{op}"
 
-    def body(self, r: ProfileResult, figure, tag: str) -> list[str]:
+    def body(self, r: ProfileFile, figure, tag: str) -> list[str]:
         return [render.markdown(r),
                 *figure("peak", f"Per-call peak vs T{tag}", lambda plots: plots.peak_vs_tokens(r)),
                 *figure("buffers", f"Buffers at each call's peak{tag}",
                         lambda plots: plots.buffers_by_tokens(r)),
                 render.breakdown_markdown(r)]
 
-    def summary(self, r: ProfileResult, tag: str) -> list[str]:
+    def summary(self, r: ProfileFile, tag: str) -> list[str]:
         by_tokens: dict[int, dict] = {}
         for row in r.rows:
             by_tokens.setdefault(row.tokens, {})[row.path] = row
@@ -130,7 +108,7 @@ class ProfileSection(Section):
             return []
         symbol = operation(r.op).symbol
         op = "" if r.op == SPARSE_DECODE else f" {r.op}"
-        return [f"- profile{op} {r.scenario['name']}, {r.kernel['label']}{tag}: per-call "
+        return [f"- profile{op} {r.scenario.name}, {r.kernel.label}{tag}: per-call "
                 f"peak, {' → '.join(paths)} path, at {symbol} = " + "; ".join(out)]
 
 
@@ -181,19 +159,19 @@ class GraphsSection(Section):
 
 
 class ValidateSection(Section):
-    kind, schema, result_type, items = "validate", VALIDATE_SCHEMA, ValidationResult, "comparisons"
-    read = staticmethod(ValidationResult.from_dict)
+    kind, schema, result_type, items = "validate", VALIDATE_SCHEMA, ValidateFile, "comparisons"
+    read = staticmethod(ValidateFile.parse)
 
-    def scenario(self, r: ValidationResult) -> str:
+    def scenario(self, r: ValidateFile) -> str:
         return ", ".join(dict.fromkeys(c.scenario for c in r.comparisons))
 
-    def figures(self, r: ValidationResult) -> str:
+    def figures(self, r: ValidateFile) -> str:
         return "measured and predicted, compared"
 
-    def body(self, r: ValidationResult, figure, tag: str) -> list[str]:
+    def body(self, r: ValidateFile, figure, tag: str) -> list[str]:
         return [render.validation_markdown(r.comparisons, r.command)]
 
-    def summary(self, r: ValidationResult, tag: str) -> list[str]:
+    def summary(self, r: ValidateFile, tag: str) -> list[str]:
         cases = {(c.scenario, c.tokens, c.path) for c in r.comparisons}
         differ = [c for c in r.comparisons if not c.agrees]
         verdict = ("every figure equal, to the byte" if not differ
@@ -204,20 +182,20 @@ class ValidateSection(Section):
 
 
 class CompareSection(Section):
-    kind, schema, result_type, items = "compare", COMPARE_SCHEMA, CompareResult, "rows"
-    read = staticmethod(CompareResult.from_dict)
+    kind, schema, result_type, items = "compare", COMPARE_SCHEMA, CompareFile, "rows"
+    read = staticmethod(CompareFile.parse)
 
-    def scenario(self, r: CompareResult) -> str:
+    def scenario(self, r: CompareFile) -> str:
         return r.scenario
 
-    def title(self, r: CompareResult) -> str:
-        return f"{r.scenario}, {' vs '.join(k['name'] for k in r.kernels)}, {r.op}"
+    def title(self, r: CompareFile) -> str:
+        return f"{r.scenario}, {' vs '.join(k.name for k in r.kernels)}, {r.op}"
 
-    def body(self, r: CompareResult, figure, tag: str) -> list[str]:
+    def body(self, r: CompareFile, figure, tag: str) -> list[str]:
         return [render.compare_markdown(r)]
 
-    def summary(self, r: CompareResult, tag: str) -> list[str]:
-        return [f"- compare {r.op} {' vs '.join(k['name'] for k in r.kernels)}, {r.scenario}: "
+    def summary(self, r: CompareFile, tag: str) -> list[str]:
+        return [f"- compare {r.op} {' vs '.join(k.name for k in r.kernels)}, {r.scenario}: "
                 f"{_compare_verdict(r)}"]
 
 
@@ -383,7 +361,7 @@ def _graphs_verdict(r: GraphsResult) -> str:
             f"by {off}")
 
 
-def _compare_verdict(r: CompareResult) -> str:
+def _compare_verdict(r: CompareFile) -> str:
     """out and lse: bit-identical everywhere, or the largest differences."""
     if r.all_equal:
         return "out and lse bit-identical at every (value, path)"
@@ -439,12 +417,14 @@ def check_report_dir(folder: Path) -> None:
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 
 
-def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> list[Path]:
+def write_result_report(result: ProfileFile | GraphsResult, folder: Path) -> list[Path]:
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
-    name = safe_name(result.scenario["name"]) + ("" if result.measured else ".predicted") + ".json"
-    write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "report_dir")
+    name = (safe_name(section_for(result).scenario(result)) + ("" if result.measured else ".predicted")
+            + ".json")
+    data = result.file_dict() if isinstance(result, ProfileFile) else result.to_dict()
+    write_atomic(folder / name, json.dumps(data, indent=2) + "\n", "report_dir")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]

@@ -67,7 +67,7 @@ class ReproResult:
     created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "environment": self.environment.model_dump()}
 
     @classmethod
     def from_dict(cls, data: dict) -> ReproResult:
@@ -75,9 +75,10 @@ class ReproResult:
         (`mlamem.results`; older files' `mode` becomes `engine` there); ValueError (one line
         naming the field) if malformed."""
         from mlamem import results
+        from mlamem.results.shared import Environment
 
         data = results.read(data, SCHEMA)
-        return cls(**{**data, "environment": environment.Environment.from_dict(data["environment"]),
+        return cls(**{**data, "environment": Environment(**data["environment"]),
                       "cases": [dict(case) for case in data["cases"]]})
 
 

@@ -7,7 +7,6 @@ GPU and on the allocator model, and every figure must agree exactly.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.errors import UserError
@@ -15,9 +14,10 @@ from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import workspace_rows
 from mlamem.profile import DROP_CASE, check_request
 
-if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
+if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch, the results pydantic
     from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
+    from mlamem.results.validate import Comparison
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.validate/1"
@@ -25,30 +25,16 @@ DEFAULT_TOKENS = (1024, 4096, 8192, 16384, 32768)
 GRAPHS = "graphs"  # the op of CUDA-graph comparisons: tokens is the capture size, 0 all of them
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """One figure, predicted and measured, in bytes."""
+def comparison(scenario: str, tokens: int, path: str, item: str, metric: str,
+               predicted: int | None, measured: int | None, op: str,
+               frames: tuple[str | None, str | None] = (None, None)) -> Comparison:
+    """One figure, predicted and measured, and their difference (None where either is)."""
+    from mlamem.results.validate import Comparison
 
-    scenario: str
-    tokens: int
-    path: str
-    item: str  # a buffer name, or "total"
-    metric: str  # "allocated" or "reserved"
-    predicted: int | None
-    measured: int | None
-    op: str = SPARSE_DECODE  # the kernel operation (older files: sparse-decode)
-    predicted_frame: str | None = None  # a buffer's frame on the model (None: a total)
-    measured_frame: str | None = None  # and in the GPU's trace
-
-    @property
-    def difference(self) -> int | None:
-        if self.predicted is None or self.measured is None:
-            return None
-        return self.measured - self.predicted
-
-    @property
-    def agrees(self) -> bool:
-        return self.difference == 0
+    difference = None if predicted is None or measured is None else measured - predicted
+    return Comparison(scenario=scenario, tokens=tokens, path=path, item=item, metric=metric,
+                      predicted=predicted, measured=measured, difference=difference, op=op,
+                      predicted_frame=frames[0], measured_frame=frames[1])
 
 
 def compare(scenario: str, measured: CallMeasurement,
@@ -56,8 +42,8 @@ def compare(scenario: str, measured: CallMeasurement,
     """Every buffer (in allocation order, by name, with its frame on either side) and the
     totals, allocated and reserved."""
     def row(item, metric, p, m, frames=(None, None)):
-        return Comparison(scenario, measured.tokens, measured.path, item, metric, p, m,
-                          measured.op, *frames)
+        return comparison(scenario, measured.tokens, measured.path, item, metric, p, m,
+                          measured.op, frames)
 
     rows = [row("total", "allocated", predicted.peak_allocated_bytes, measured.peak_allocated_bytes),
             row("total", "reserved", predicted.peak_reserved_bytes, measured.peak_reserved_bytes)]
@@ -81,7 +67,7 @@ def compare_graphs(scenario: str, measured, predicted) -> list[Comparison]:
     its peak inside (allocated) and the pool's growth (reserved), and every buffer as
     `compare` does; for the whole list (tokens 0) what stays allocated and the pool."""
     def row(tokens, item, metric, p, m):
-        return Comparison(scenario, tokens, measured.path, item, metric, p, m, GRAPHS)
+        return comparison(scenario, tokens, measured.path, item, metric, p, m, GRAPHS)
 
     rows = []
     predicted_by_size = {c.tokens: c for c in predicted.captures}

@@ -20,7 +20,7 @@ from mlamem.measure import measure_call, runner
 from mlamem.memory import SimulatedMemory
 from mlamem.operations import kv_format, problem_for, workspace_rows
 from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
-from mlamem.profile import ProfileRow
+from mlamem.results.profile import ProfileRow
 from mlamem.units import MiB
 
 PADDED_Q = (1024, 64, 576)  # T x padded heads x d_qk, bfloat16: 72 MiB
@@ -256,7 +256,7 @@ def test_to_dict_is_the_profile_rows_schema():
         frame_line = sys._getframe().f_lineno + 1
         torch.empty(1024, dtype=torch.uint8, device="meta")
     row = t.to_dict()
-    assert set(row) <= {f.name for f in dataclasses.fields(ProfileRow)}
+    assert set(row) <= set(ProfileRow.model_fields)
     assert row["buffers"] == [{"name": "x", "allocated_by": "user", "requested_bytes": 1024,
                                "block_bytes": 1024, "segment_bytes": 2 * MiB,
                                "live_at_peak": True,

@@ -47,11 +47,11 @@ def test_glm5_breakdown_at_32k_names_the_prs_buffers():
     result = run_profile(scenario.load("glm5-fp8-tp8"), [32768], ["alloc", "workspace"],
                          command="t", predict=True)
     alloc = result.rows[0]
-    sizes = {b["name"]: b["requested_bytes"] for b in alloc.buffers}
+    sizes = {b.name: b.requested_bytes for b in alloc.buffers}
     assert sizes == {"padded_q": 2.25 * GiB, "out": 2 * GiB, "o_accum": 8 * GiB,
                      "lse": 8 << 20, "lse_accum": 16 << 20, "scheduler_metadata": 32,
                      "num_splits": 8}
-    removed = {b["name"] for b in alloc.buffers if b["removed_by_workspace"]}
+    removed = {b.name for b in alloc.buffers if b.removed_by_workspace}
     assert removed == {"padded_q"}
     assert alloc.breakdown_peak_bytes == alloc.peak_allocated_bytes
     assert (alloc.allocations_in_call, result.rows[1].allocations_in_call) == (7, 6)

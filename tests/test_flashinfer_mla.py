@@ -82,13 +82,13 @@ def test_predicted_profile_allocates_out_and_lse_or_lse_alone(requests):
     result = run_profile(scenario.load(KIMI), [requests], ["alloc", "workspace"], command="test",
                          kernel=FlashInferMLA(), predict=True, op=DENSE)
     alloc, workspace = result.rows
-    assert not result.measured and result.kernel["name"] == "flashinfer"
+    assert not result.measured and result.kernel.name == "flashinfer"
     assert alloc.failure is None and workspace.failure is None
-    assert [(b["name"], b["block_bytes"]) for b in alloc.buffers] == [
+    assert [(b.name, b.block_bytes) for b in alloc.buffers] == [
         ("out", out_bytes), ("lse", lse_bytes)]
     assert alloc.peak_allocated_bytes == out_bytes + lse_bytes
     assert workspace.staged == ["out"]
-    assert [(b["name"], b["block_bytes"]) for b in workspace.buffers] == [("lse", lse_bytes)]
+    assert [(b.name, b.block_bytes) for b in workspace.buffers] == [("lse", lse_bytes)]
     assert workspace.peak_allocated_bytes == lse_bytes
 
 
@@ -214,7 +214,7 @@ def test_flashinfer_and_flashmla_within_tolerance_of_the_reference():
     from mlamem.compare import run_compare
 
     rel_l2, lse_abs = TOLERANCE
-    result = run_compare(scenario.load(KIMI), DENSE, [16], ["alloc", "workspace"],
+    result, _ = run_compare(scenario.load(KIMI), DENSE, [16], ["alloc", "workspace"],
                          [FlashInferMLA(), available("flashmla")], command="test",
                          reference=load_kernel("reference")())
     for row in result.rows:

@@ -232,7 +232,7 @@ def test_every_operation_predicts_on_the_cpu(name, op, scenario_name):
     value = operations.operation(op).default_sweep[0]
     result = run_profile(chosen, [value], paths, command="test", kernel=kernel, predict=True,
                          op=op)
-    assert not result.measured and result.op == op and result.kernel["name"] == name
+    assert not result.measured and result.op == op and result.kernel.name == name
     assert [row.path for row in result.rows] == paths
     for row in result.rows:
         assert row.failure is None, (row.path, row.failure)

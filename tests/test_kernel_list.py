@@ -9,6 +9,7 @@ import pytest
 from mlamem import kernel_list
 from mlamem.kernels import REGISTRY, Capabilities, KernelEntry, kernel_names
 from mlamem.kernels.base import SPARSE_DECODE, KernelContract
+from mlamem.results.kernels import KernelListing, KernelOperationListing
 
 
 class ToyKernel(KernelContract):
@@ -91,7 +92,7 @@ def test_a_plugin_kernel_appears_with_its_operations_and_version(toy):
         "Toy", "a toy", "toy 0.1", True, None)
     decode, prefill = toy.operations
     assert (decode.op, decode.takes, decode.head_counts, decode.assumed, decode.error) == (
-        "sparse-decode", "out, lse", (16, 32, 64, 128), False, None)
+        "sparse-decode", "out, lse", [16, 32, 64, 128], False, None)
     assert prefill.op == "sparse-prefill" and prefill.takes is None
     assert prefill.error == "NotImplementedError: toy does not declare sparse-prefill yet"
     [line] = kernel_list.render_kernels([toy], width=200).splitlines()
@@ -110,9 +111,10 @@ def test_an_adapter_that_fails_is_listed_with_its_one_line_reason(toy):
 
 
 def test_rendering_fits_the_width_and_marks_assumed_schemas():
-    wide = kernel_list.OperationListing("sparse-decode", "out", (64, 128), True)
-    listing = kernel_list.KernelListing(
-        name="k", label="K", help="", operations=(wide, wide), version="1.0 sha256:0123456789abcdef",
+    wide = KernelOperationListing(op="sparse-decode", takes="out", head_counts=[64, 128],
+                                  assumed=True, error=None)
+    listing = KernelListing(
+        name="k", label="K", help="", operations=[wide, wide], version="1.0 sha256:0123456789abcdef",
         available=False, reason="not installed; " + "pip install something-long " * 6)
     text = kernel_list.render_kernels([listing])
     assert all(len(line) <= kernel_list.WIDTH for line in text.splitlines())

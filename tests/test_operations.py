@@ -228,10 +228,10 @@ def test_dense_fp8_alloc_path_quantizes_q_and_the_workspace_path_stages_it(kerne
                          predict=True, kernel=load_kernel(kernel)())
     rows = {(r.tokens, r.path): r for r in result.rows}
     for b in b_values:
-        quantized = [x for x in rows[b, "alloc"].buffers if x["name"] == "quantized_q"]
-        assert [(x["allocated_by"], x["requested_bytes"]) for x in quantized] == [
+        quantized = [x for x in rows[b, "alloc"].buffers if x.name == "quantized_q"]
+        assert [(x.allocated_by, x.requested_bytes) for x in quantized] == [
             ("wrapper", b * 64 * 576)]  # b x 64 heads x 576 fp8 bytes
-        assert not [x for x in rows[b, "workspace"].buffers if x["name"] == "quantized_q"]
+        assert not [x for x in rows[b, "workspace"].buffers if x.name == "quantized_q"]
         assert "quantized_q" in rows[b, "workspace"].staged
         assert rows[b, "alloc"].peak_allocated_bytes > rows[b, "workspace"].peak_allocated_bytes
 
@@ -240,7 +240,7 @@ def test_dense_bf16_decode_has_no_quantized_q():
     result = run_profile(scenarios.load("kimi-k2-dense-tp4-dp"), [16], ["alloc", "workspace"],
                          command="test", op="dense-decode", predict=True,
                          kernel=load_kernel("flashmla")())
-    assert not [x for r in result.rows for x in r.buffers if x["name"] == "quantized_q"]
+    assert not [x for r in result.rows for x in r.buffers if x.name == "quantized_q"]
 
 
 # (d) vLLM's build takes out_ in the dense bf16 decode, not in the fp8 one
@@ -262,4 +262,4 @@ def test_vllm_dense_workspace_path_stages_out_only_over_bf16(scenario, stages_ou
                          op="dense-decode", predict=True, kernel=load_kernel("flashmla-vllm")())
     (row,) = result.rows
     assert ("out" in row.staged) is stages_out
-    assert any(x["name"] == "out" for x in row.buffers) is not stages_out
+    assert any(x.name == "out" for x in row.buffers) is not stages_out

@@ -67,7 +67,7 @@ def test_both_builds_within_tolerance_of_the_reference(op, name, values):
     chosen = scenario.load(name)
     cache = chosen.serving.kv_cache_dtype if op == "dense-decode" else "bf16"
     rel_l2, lse_abs = TOLERANCE[cache]
-    result = run_compare(chosen, op, values[:1], ["alloc"],
+    result, _ = run_compare(chosen, op, values[:1], ["alloc"],
                          [kernel("flashmla"), kernel("flashmla-vllm")], command="test",
                          reference=load_kernel("reference")())
     for row in result.rows:
@@ -78,7 +78,7 @@ def test_both_builds_within_tolerance_of_the_reference(op, name, values):
 def test_sparse_decode_builds_give_the_same_out():
     """sgl-flash-mla and vLLM's build give bit-identical sparse decode out on both paths, and
     lse within a few float32 ulps (they are not bit-identical)."""
-    result = run_compare(scenario.load("glm5-fp8-tp8"), "sparse-decode", [1024, 8192],
+    result, _ = run_compare(scenario.load("glm5-fp8-tp8"), "sparse-decode", [1024, 8192],
                          ["alloc", "workspace"], [kernel("flashmla"), kernel("flashmla-vllm")],
                          command="test")
     assert all(row.out_equal and row.lse_max_diff <= LSE_ULPS for row in result.rows), result.rows

@@ -112,9 +112,9 @@ def test_native_heads_need_no_padded_q_a_third_way():
                          kernel=TritonNativeDecode(), predict=True)
     assert "q not staged: 8 heads per rank need no padding" in result.notes
     for row in result.rows:
-        assert "padded_q" not in [b["name"] for b in row.buffers] + row.staged
+        assert "padded_q" not in [b.name for b in row.buffers] + row.staged
     alloc = {r.tokens: r for r in _rows(result, "alloc")}
-    assert [b["name"] for b in alloc[32768].buffers] == ["out", "lse"]
+    assert [b.name for b in alloc[32768].buffers] == ["out", "lse"]
     assert alloc[32768].peak_allocated_bytes == 32768 * 8 * 512 * 2 + 8 * 32768 * 4
     assert [r.staged for r in _rows(result, "workspace")] == [["out"], ["out"]]
     assert all(r.peak_allocated_bytes == 0 for r in _rows(result, "workspace-full"))

@@ -16,11 +16,11 @@ import pytest
 
 from mlamem import render
 from mlamem.cli import app, main
-from mlamem.profile import ProfileResult
 from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
 from mlamem.repro import ReproResult
+from mlamem.results.models import ProfileFile
 from mlamem.results.models import ProfileRow as ProfileRowModel
-from mlamem.validate import Comparison
+from mlamem.results.validate import Comparison, ValidateFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 PREDICTED = {"measured": False, "not_measured_reason": "no GPU here"}
@@ -30,8 +30,8 @@ def _load(name: str) -> dict:
     return json.loads((FIXTURES / name).read_text())
 
 
-def _profile(name: str = "profile-glm5-h200.json") -> ProfileResult:
-    return ProfileResult.from_dict(_load(name))
+def _profile(name: str = "profile-glm5-h200.json") -> ProfileFile:
+    return ProfileFile.parse(_load(name))
 
 
 def _repro(name: str, **changes) -> ReproResult:
@@ -44,17 +44,16 @@ def _predicted_repro(name: str) -> ReproResult:
     return dataclasses.replace(result, cases=[{**c, "measured": False} for c in result.cases])
 
 
-def _workspace_full(result: ProfileResult) -> ProfileResult:
+def _workspace_full(result: ProfileFile) -> ProfileFile:
     """The widest rows a profile has: the longest path name and every buffer staged."""
-    rows = [dataclasses.replace(r, path="workspace-full",
-                                staged=["padded_q", "out", "lse", "accum_workspace"])
+    rows = [r.model_copy(update={"path": "workspace-full",
+                                 "staged": ["padded_q", "out", "lse", "accum_workspace"]})
             if r.path == "workspace" else r for r in result.rows]
-    return dataclasses.replace(result, rows=rows)
+    return result.model_copy(update={"rows": rows})
 
 
 def _comparisons() -> list[Comparison]:
-    return [Comparison(**{k: v for k, v in c.items() if k != "difference"})
-            for c in _load("validate-h200.json")["comparisons"]]
+    return ValidateFile.parse(_load("validate-h200.json")).comparisons
 
 
 def _plan(*args: str) -> dict:
@@ -129,7 +128,9 @@ def test_a_table_too_wide_becomes_one_record_per_line():
 def test_validate_table_fits_80_columns_with_differences():
     """validate's table stays within 80 columns; figures that differ are listed in bytes."""
     comparisons = _comparisons()
-    comparisons[0] = dataclasses.replace(comparisons[0], measured=comparisons[0].measured + 512)
+    first = comparisons[0]
+    comparisons[0] = first.model_copy(update={"measured": first.measured + 512,
+                                              "difference": first.difference + 512})
     text = render.validation_table(comparisons, "mlamem validate")
     assert max(len(line) for line in text.splitlines()) <= WIDTH, text
     assert "…" not in text and "3.068 GiB" in text
@@ -161,7 +162,7 @@ def test_csv_cells_are_plain_values():
     rows = list(csv.DictReader(io.StringIO(text)))
     assert rows[0]["path"] == "alloc" and rows[1]["staged"] == "padded_q"
     assert rows[0]["wall_time_ms"] == "" and rows[0]["measured"] == "false"
-    assert rows[0]["buffers"] == ";".join(f"{b['name']}={b['requested_bytes']}"
+    assert rows[0]["buffers"] == ";".join(f"{b.name}={b.requested_bytes}"
                                           for b in result.rows[0].buffers)
     assert rows[0]["buffers"].startswith("padded_q=") and rows[0]["tokens"] == "1024"
     assert list(rows[0]) == [name for name in ProfileRowModel.model_fields]
@@ -278,9 +279,9 @@ def test_per_process_nvml_peaks_are_a_labelled_note_beside_the_device_wide_colum
     before = " ".join(console_text(render.table(saved)).split())
     assert "this process" not in before
     first = saved.rows[0]
-    rows = [dataclasses.replace(first, nvml_process_peak_bytes=first.peak_reserved_bytes + 2**30),
+    rows = [first.model_copy(update={"nvml_process_peak_bytes": first.peak_reserved_bytes + 2**30}),
             *saved.rows[1:]]
-    text = " ".join(console_text(render.table(dataclasses.replace(saved, rows=rows))).split())
+    text = " ".join(console_text(render.table(saved.model_copy(update={"rows": rows}))).split())
     assert (f"NVML, this process (peak, absolute, GiB): T={first.tokens} {first.path} "
             f"{first.peak_reserved_bytes / 2**30 + 1:.3f}") in text
     assert text.startswith(before)  # the table and its notes as they were, the line after them

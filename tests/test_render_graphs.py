@@ -57,8 +57,8 @@ def as_measured(result: GraphsResult, unequal_tokens: int = 8) -> GraphsResult:
             path, captures=captures, device_bytes=device,
             unexplained_device_bytes=device - path.pool_bytes,
             estimates=[*path.estimates, estimate]))
-    environment = dataclasses.replace(result.environment, gpu="NVIDIA H200",
-                                      compute_capability="9.0")
+    environment = result.environment.model_copy(update={"gpu": "NVIDIA H200",
+                                                        "compute_capability": "9.0"})
     return dataclasses.replace(result, measured=True, not_measured_reason=None, paths=paths,
                                environment=environment)
 

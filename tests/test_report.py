@@ -1,6 +1,5 @@
 """`mlamem report`: a PR-ready Markdown report with plots, from saved H200 results."""
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import matplotlib.image
 import pytest
 
 from mlamem.cli import main
+from mlamem.results.shared import Environment
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RESULTS = FIXTURES / "results"  # copies of reports/*-h200 results
@@ -157,10 +157,10 @@ def test_validation_json_with_environment_reads_back(tmp_path):
     """A validate result saved now records its environment and date, and the report shows them."""
     from mlamem import environment, render
     from mlamem.report import load
-    from mlamem.validate import Comparison
+    from mlamem.validate import comparison
 
-    comparisons = [Comparison("glm5-fp8-tp8", 1024, "alloc", "total", metric, 5, 5)
-                   for metric in ("allocated", "reserved")]
+    comparisons = [comparison("glm5-fp8-tp8", 1024, "alloc", "total", metric, 5, 5,
+                              "sparse-decode") for metric in ("allocated", "reserved")]
     env = environment.capture()
     path = tmp_path / "v.json"
     path.write_text(render.validation_json(comparisons, "mlamem validate", environment=env,
@@ -182,18 +182,18 @@ def test_environment_records_every_registered_kernel_and_reads_old_files(monkeyp
     monkeypatch.setitem(REGISTRY, "missing", KernelEntry("mlamem.no_such_module", "X", "gone"))
     env = environment.capture()
     assert list(env.kernels) == kernel_names() and env.kernels["missing"] is None
-    saved = json.loads(json.dumps(dataclasses.asdict(env)))
-    assert environment.Environment.from_dict(saved) == env
+    saved = json.loads(json.dumps(env.model_dump()))
+    assert Environment(**saved) == env
     assert load(PROFILE).result.environment.kernels == {"flashmla": "1.0.0"}
     triton = load(REPORTS / "triton-h200" / "triton-profile.json").result.environment
     assert triton.kernels == {"flashmla": "1.0.0", "triton": "3.6.0"}
     old = json.loads(PROFILE.read_text())["environment"]
-    assert environment.Environment.from_dict({**old, "triton": None}).kernels == {
+    assert environment.kernel_versions({**old, "triton": None}) == {
         "flashmla": "1.0.0", "triton": None}
     with pytest.raises(ValueError, match="flash_mla '1.0.0' contradicts kernels.flashmla"):
-        environment.Environment.from_dict({**old, "kernels": {"flashmla": "0.9.0"}})
-    with pytest.raises(TypeError):
-        environment.Environment.from_dict({**saved, "unknown": 1})
+        environment.kernel_versions({**old, "kernels": {"flashmla": "0.9.0"}})
+    with pytest.raises(ValueError, match="unknown"):
+        Environment(**{**saved, "unknown": 1})
 
 
 def test_a_compare_result_gets_its_section_and_verdict(capsys):

@@ -116,11 +116,10 @@ def _stdout_json(*args: str) -> dict:
 
 def _validate_document() -> dict:
     from mlamem import environment, render
-    from mlamem.validate import Comparison
+    from mlamem.results.validate import ValidateFile
 
     saved = json.loads((FIXTURES / "validate-h200.json").read_text())
-    comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
-                   for c in saved["comparisons"]]
+    comparisons = ValidateFile.parse(saved).comparisons
     return json.loads(render.validation_json(comparisons, saved["command"],
                                              environment=environment.capture(),
                                              created=environment.now_utc()))
@@ -192,14 +191,14 @@ def _bench_document() -> dict:
 
 
 def _compare_document() -> dict:
-    """A compare result as the GPU writes it, built from its dataclasses (comparing needs a
-    GPU); the figures are placeholders, the shape is the point."""
+    """A compare result as the GPU writes it, built from its models (comparing needs a GPU);
+    the figures are placeholders, the shape is the point."""
     from mlamem import environment, render
-    from mlamem.compare import CompareResult, CompareRow, ReferenceDifference
+    from mlamem.results.compare import CompareFile, CompareRow, ReferenceDifference
 
     error = ReferenceDifference(out_max_abs=0.004, out_rel_l2=0.002, lse_max_abs=5e-6)
-    result = CompareResult(
-        command="mlamem compare", op="sparse-prefill", scenario="glm5-fp8-tp8",
+    result = CompareFile(
+        schema="mlamem.compare/1", command="mlamem compare", op="sparse-prefill", scenario="glm5-fp8-tp8",
         kernels=[{"name": n, "label": n, "version": None, "head_counts": [64]}
                  for n in ("flashmla", "flashmla-vllm")],
         kv_tokens=8192, rows=[CompareRow(tokens=1024, path="alloc", out_equal=False,
@@ -339,8 +338,8 @@ def test_the_models_load_only_where_a_file_is_read(code):
     done = subprocess.run([sys.executable, "-P", "-c", f"{code}\n{MODELS_LOADED}"],
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[-1] == "[]", done.stderr
-    read = (f"import sys, json; from mlamem.profile import ProfileResult; ProfileResult.from_dict("
-            f"json.load(open({str(FIXTURES / 'profile-glm5-h200.json')!r})))\n{MODELS_LOADED}")
+    read = (f"import sys, json; from mlamem import results; results.parse(json.load(open("
+            f"{str(FIXTURES / 'profile-glm5-h200.json')!r})), 'mlamem.profile/1')\n{MODELS_LOADED}")
     done = subprocess.run([sys.executable, "-P", "-c", read], capture_output=True, text=True,
                           timeout=120)
     assert done.stdout.splitlines()[-1] == "['mlamem.results.models']", done.stderr

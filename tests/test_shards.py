@@ -15,9 +15,9 @@ from mlamem import scenario as scenarios
 from mlamem.cli import main
 from mlamem.errors import UserError
 from mlamem.kernels import load_kernel
+from mlamem.results.validate import Comparison, ValidateFile
 from mlamem.shards import PER_RUN, Shard, interleave, merge, normalised, parse_shard
 from mlamem.testing import needs_flashmla, no_gpu, split_into_shards
-from mlamem.validate import Comparison
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "sharded-sweep.sh"
@@ -175,8 +175,7 @@ def test_validate_shards_merge_to_the_unsharded_validation():
     dealt into 4 shards as `validate --shard I/4` runs them: the merge equals the whole, and
     a shard that disagrees makes the merge disagree."""
     saved = json.loads(VALIDATE_H200.read_text())
-    comparisons = [Comparison(**{k: v for k, v in c.items() if k != "difference"})
-                   for c in saved["comparisons"]]
+    comparisons = ValidateFile.parse(saved).comparisons
     whole = _validate_json(comparisons, saved["command"], None)
     parts = split_into_shards(whole, 4)
     assert [len({(c["scenario"], c["tokens"]) for c in p["comparisons"]}) for p in parts] == [

@@ -40,7 +40,7 @@ def test_a_registered_operation_is_profiled_predicted_to_the_byte(toy):
                          predict=True, op="toy-attend")
     assert not result.measured and result.op == "toy-attend"
     rows = {row.path: row for row in result.rows}
-    assert {p: {b["name"]: b["requested_bytes"] for b in r.buffers} for p, r in rows.items()} == {
+    assert {p: {b.name: b.requested_bytes for b in r.buffers} for p, r in rows.items()} == {
         "alloc": {"padded_q": PADDED_Q, "out": OUT, "lse": LSE, "toy_scratch": SCRATCH},
         "workspace": {"lse": LSE, "toy_scratch": SCRATCH}}
     assert {p: r.peak_allocated_bytes for p, r in rows.items()} == {

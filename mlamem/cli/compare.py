@@ -60,12 +60,12 @@ def compare(
     symbol = operations.operation(op).symbol
     with progress(f"comparing {names[0]} and {names[1]}",
                   len(part.values) * len(part.paths)) as advance:
-        result = run_compare(part.scenario, op, part.values, part.paths, pair,
+        result, failure = run_compare(part.scenario, op, part.values, part.paths, pair,
                              command=command_line(), kv_tokens=kv_tokens,
                              reference=reference_kernel,
                              on_case=lambda t, p: advance(f"{symbol}={t} {p}"))
-    if result.failure is not None:  # memory.is_out_of_memory said so; the sweep stopped there
-        raise UserError(f"compare ran out of GPU memory ({result.failure.text}); "
+    if failure is not None:  # memory.is_out_of_memory said so; the sweep stopped there
+        raise UserError(f"compare ran out of GPU memory ({failure.text}); "
                         f"drop the largest {symbol} or add --no-reference")
     terminal = render.compare_view(result) if output_format is o.ReproFormat.table else None
     emit(render.COMPARE_FORMATS[output_format.value](result), output, terminal_table=terminal)

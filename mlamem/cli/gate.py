@@ -164,7 +164,7 @@ def _check_here(previous, kernel, predict: bool, baseline: Path) -> None:
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     here = dataclasses.replace(
         previous, measured=reason is None, sweep={**previous.sweep, "kernel": kernel.name},
-        environment=dataclasses.asdict(environment.capture()))
+        environment=environment.capture().model_dump())
     gating.check_comparable(gating.environment_differences(previous, here), baseline)
 
 

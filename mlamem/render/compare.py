@@ -4,13 +4,16 @@ torch reference."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 
-from mlamem.compare import CompareResult, CompareRow
 from mlamem.operations import operation
 from mlamem.render.common import compact_table, console_text, with_notes
 from mlamem.render.escape import escaped, markdown_row
+
+if TYPE_CHECKING:
+    from mlamem.results.compare import CompareFile, CompareRow
 
 
 def _equal(row: CompareRow) -> str:
@@ -31,23 +34,23 @@ def _error(row: CompareRow, name: str) -> str:
     return f"{error.out_rel_l2:.2e} / {error.lse_max_abs:.1e}"
 
 
-def _title(result: CompareResult) -> str:
-    a, b = (k["name"] for k in result.kernels)
+def _title(result: CompareFile) -> str:
+    a, b = (k.name for k in result.kernels)
     return f"mlamem compare {result.op}: {a} vs {b}, {result.scenario}"  # escaped where drawn
 
 
-def _notes(result: CompareResult) -> list[str]:
-    versions = ", ".join(f"{k['name']} {k['version'] or '?'} (heads {k['head_counts']})"
+def _notes(result: CompareFile) -> list[str]:
+    versions = ", ".join(f"{k.name} {k.version or '?'} (heads {k.head_counts})"
                          for k in result.kernels)
     return [f"same inputs (one seed) through each kernel; reference error = out relative L2 / "
             f"lse max abs against the plain-torch reference; KV tokens {result.kv_tokens}",
             versions, *result.notes, f"Command: {result.command}"]
 
 
-def compare_view(result: CompareResult) -> Group:
+def compare_view(result: CompareFile) -> Group:
     """The table and its notes, for a console of any width (`compare_table` draws it in 80)."""
     symbol = operation(result.op).symbol
-    names = [k["name"] for k in result.kernels]
+    names = [k.name for k in result.kernels]
     out = compact_table(escaped(_title(result)))
     for column in (symbol, "path", "outputs", *(f"{escaped(n)}\nvs reference" for n in names)):
         out.add_column(column, justify="right" if column == symbol else "left")
@@ -57,13 +60,13 @@ def compare_view(result: CompareResult) -> Group:
     return with_notes(out, [escaped(note) for note in _notes(result)])
 
 
-def compare_table(result: CompareResult) -> str:
+def compare_table(result: CompareFile) -> str:
     return console_text(compare_view(result))
 
 
-def compare_markdown(result: CompareResult) -> str:
+def compare_markdown(result: CompareFile) -> str:
     symbol = operation(result.op).symbol
-    names = [k["name"] for k in result.kernels]
+    names = [k.name for k in result.kernels]
     lines = [f"### {escaped(_title(result), markdown=True)}", "",
              markdown_row([symbol, "path", "out and lse", *(
                  f"{n} vs reference (out rel-L2 / lse max abs)" for n in names)]),
@@ -75,8 +78,8 @@ def compare_markdown(result: CompareResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compare_json(result: CompareResult) -> str:
-    return json.dumps(result.to_dict(), indent=2) + "\n"
+def compare_json(result: CompareFile) -> str:
+    return json.dumps(result.file_dict(), indent=2) + "\n"
 
 
 COMPARE_FORMATS = {"table": compare_table, "markdown": compare_markdown, "json": compare_json}

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 
 from mlamem.operations import describe_call, operation
-from mlamem.profile import ProfileResult, ProfileRow
 from mlamem.render.common import (
     compact_table,
     console_text,
@@ -21,22 +20,26 @@ from mlamem.render.common import (
 from mlamem.render.escape import escaped, markdown_code
 from mlamem.units import format_bytes, gib
 
+if TYPE_CHECKING:
+    from mlamem.results.profile import ProfileFile, ProfileRow
+    from mlamem.results.shared import Buffer
 
-def _label(result: ProfileResult) -> str:
+
+def _label(result: ProfileFile) -> str:
     env = result.environment
     if result.measured:
-        return f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}"
+        return f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel.label}"
     return (f"PREDICTED, not measured ({result.not_measured_reason}); "
-            f"allocator model + {result.kernel['label']} allocation spec, "
-            f"{result.kernel['sm_count']} SMs")
+            f"allocator model + {result.kernel.label} allocation spec, "
+            f"{result.kernel.sm_count} SMs")
 
 
-def _symbol(result: ProfileResult) -> str:
+def _symbol(result: ProfileFile) -> str:
     """The swept quantity's symbol: T, b (requests) or s_q."""
     return operation(result.op).symbol
 
 
-def _op_tag(result: ProfileResult) -> str:
+def _op_tag(result: ProfileFile) -> str:
     return "" if result.op == "sparse-decode" else f" {result.op}"
 
 
@@ -58,7 +61,7 @@ def _oom_text(row: ProfileRow) -> str:
     return f"OOM{size}"
 
 
-def table(result: ProfileResult) -> Group:
+def table(result: ProfileFile) -> Group:
     """A rich table, one row per (T, path), within 80 columns (staged buffers wrap in their
     cell), then its notes."""
     s = result.scenario
@@ -66,9 +69,9 @@ def table(result: ProfileResult) -> Group:
     failures = [f"{sym}={row.tokens} {escaped(row.path)}: {escaped(row.failure)}" for row in result.rows
                 if row.failure and not row.oom]
     kv = result.rows[0].kv_tokens if result.rows else None
-    out = compact_table(f"mlamem profile{_op_tag(result)}: {escaped(s['name'])}"
-                        f"{predicted_tag(result.measured)}, {s['heads_per_rank']} heads/rank "
-                        f"padded to {s['padded_heads']}, {describe_call(result.op, s, kv)}; "
+    out = compact_table(f"mlamem profile{_op_tag(result)}: {escaped(s.name)}"
+                        f"{predicted_tag(result.measured)}, {s.heads_per_rank} heads/rank "
+                        f"padded to {s.padded_heads}, {describe_call(result.op, s.model_dump(), kv)}; "
                         "per-call peaks in GiB")
     timed = any(row.median_ms is not None for row in result.rows)
     for name in (sym, "path", "peak\nalloc", "peak\nresv", "NVML", "saved",
@@ -96,7 +99,7 @@ def table(result: ProfileResult) -> Group:
                             *_process_peaks(result)])
 
 
-def _process_peaks(result: ProfileResult) -> list[str]:
+def _process_peaks(result: ProfileFile) -> list[str]:
     """This process's NVML peaks, labelled, beside the device-wide column: one line."""
     sym = _symbol(result)
     cells = [f"{sym}={row.tokens} {row.path} {gib_text(row.nvml_process_peak_bytes)}"
@@ -104,11 +107,11 @@ def _process_peaks(result: ProfileResult) -> list[str]:
     return [f"NVML, this process (peak, absolute, GiB): {', '.join(cells)}"] if cells else []
 
 
-def render_table(result: ProfileResult) -> str:
+def render_table(result: ProfileFile) -> str:
     return console_text(table(result))
 
 
-def markdown(result: ProfileResult) -> str:
+def markdown(result: ProfileFile) -> str:
     """The source PR's "Per-call peak allocation" table: T, before, after, saved, equal (and,
     where the calls were timed, each path's do_bench median)."""
     s = result.scenario
@@ -116,12 +119,12 @@ def markdown(result: ProfileResult) -> str:
     kv = result.rows[0].kv_tokens if result.rows else None
     lines = [
         f"### Per-call peak allocation{_op_tag(result)}: "
-        f"{escaped(s['name'], markdown=True)}"
+        f"{escaped(s.name, markdown=True)}"
         f"{predicted_tag(result.measured)}",
         "",
-        f"{escaped(s['model'], markdown=True)}, {s['heads_per_rank']} heads/rank padded to "
-        f"{s['padded_heads']}, "
-        f"{describe_call(result.op, s, kv)}. {_label(result)}.",
+        f"{escaped(s.model, markdown=True)}, {s.heads_per_rank} heads/rank padded to "
+        f"{s.padded_heads}, "
+        f"{describe_call(result.op, s.model_dump(), kv)}. {_label(result)}.",
         "",
     ]
     by_tokens = _by_tokens(result.rows)
@@ -189,28 +192,28 @@ def _adds_up(row: ProfileRow, *, exact: bool) -> str:
             "not attributed")
 
 
-def _removed(buffer: dict) -> str:
-    return {True: "removed", False: "kept", None: ""}[buffer["removed_by_workspace"]]
+def _removed(buffer: Buffer) -> str:
+    return {True: "removed", False: "kept", None: ""}[buffer.removed_by_workspace]
 
 
-def _framed(result: ProfileResult) -> bool:
+def _framed(result: ProfileFile) -> bool:
     """Whether the breakdown carries frames (`profile --frames`): then they have a column."""
-    return any(b.get("frame") for row in result.rows for b in row.buffers)
+    return any(b.frame for row in result.rows for b in row.buffers)
 
 
-def _frame(buffer: dict) -> str:
+def _frame(buffer: Buffer) -> str:
     """The buffer's frame, where its name is not that frame already."""
-    frame = buffer.get("frame") or ""
-    return "" if frame == buffer["name"] else frame
+    frame = buffer.frame or ""
+    return "" if frame == buffer.name else frame
 
 
-def breakdown_table(result: ProfileResult) -> Group:
+def breakdown_table(result: ProfileFile) -> Group:
     """Per (T, path): each buffer allocated inside the call, by whom, live at the peak or not,
     and with frames the frame that asked for it."""
     summaries = [f"{_symbol(result)}={row.tokens} {escaped(row.path)}: " + (
         escaped(row.failure or "") or f"{_in_call(row)} allocated in the call; {_adds_up(row, exact=False)}")
         for row in result.rows]
-    out = compact_table(f"mlamem profile --breakdown: {escaped(result.scenario['name'])}"
+    out = compact_table(f"mlamem profile --breakdown: {escaped(result.scenario.name)}"
                         f"{predicted_tag(result.measured)}")
     framed = _framed(result)
     for name in (f"{_symbol(result)}, path", "buffer", "by", "size", "live at\npeak",
@@ -219,17 +222,17 @@ def breakdown_table(result: ProfileResult) -> Group:
     for row in result.rows:
         for i, b in enumerate(row.buffers):
             out.add_row(f"{row.tokens} {escaped(row.path)}" if i == 0 else "",
-                        escaped(b["name"]), escaped(b["allocated_by"]), format_bytes(b["requested_bytes"]),
-                        "yes" if b["live_at_peak"] else "no", _removed(b),
+                        escaped(b.name), escaped(b.allocated_by), format_bytes(b.requested_bytes),
+                        "yes" if b.live_at_peak else "no", _removed(b),
                         *([escaped(_frame(b))] if framed else []))
         out.add_section()
     return with_notes(out, [_label(result), *summaries, *map(escaped, result.notes)])
 
 
-def breakdown_markdown(result: ProfileResult) -> str:
+def breakdown_markdown(result: ProfileFile) -> str:
     """The per-buffer view as Markdown, one table per (T, path)."""
     tag = predicted_tag(result.measured)
-    name = escaped(result.scenario["name"], markdown=True)
+    name = escaped(result.scenario.name, markdown=True)
     lines = [f"### Where the bytes go: {name}{tag}", "", f"{_label(result)}.", ""]
     framed = _framed(result)
     for row in result.rows:
@@ -245,10 +248,10 @@ def breakdown_markdown(result: ProfileResult) -> str:
         for b in row.buffers:
             frame = f" {markdown_code(_frame(b))} |" if framed and _frame(b) else (
                 " |" if framed else "")
-            lines.append(f"| {_md_name(b)} | {escaped(b['allocated_by'], markdown=True)} | "
-                         f"{b['requested_bytes']} | "
-                         f"{format_bytes(b['requested_bytes'])} | "
-                         f"{'yes' if b['live_at_peak'] else 'no'} | {_removed(b)} |{frame}")
+            lines.append(f"| {_md_name(b)} | {escaped(b.allocated_by, markdown=True)} | "
+                         f"{b.requested_bytes} | "
+                         f"{format_bytes(b.requested_bytes)} | "
+                         f"{'yes' if b.live_at_peak else 'no'} | {_removed(b)} |{frame}")
         lines += ["", f"Allocations inside the call: {_in_call(row)}; {_adds_up(row, exact=True)}."]
         if row.missing_buffers:
             lines.append("Expected but not allocated: "
@@ -259,23 +262,23 @@ def breakdown_markdown(result: ProfileResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _md_name(buffer: dict) -> str:
+def _md_name(buffer: Buffer) -> str:
     """A buffer's name in Markdown: a frame (`file:line function`) as code."""
-    name = buffer["name"]
-    return markdown_code(name) if name == buffer.get("frame") else escaped(name, markdown=True)
+    name = buffer.name
+    return markdown_code(name) if name == buffer.frame else escaped(name, markdown=True)
 
 
-def to_json(result: ProfileResult) -> str:
-    return json.dumps(result.to_dict(), indent=2) + "\n"
+def to_json(result: ProfileFile) -> str:
+    return json.dumps(result.file_dict(), indent=2) + "\n"
 
 
-def to_csv(result: ProfileResult) -> str:
+def to_csv(result: ProfileFile) -> str:
     """One line per (T, path), the columns of `rows` in mlamem.profile/1 (docs/schemas/csv.md),
     each cell a plain value (`render.common.csv_cell`): empty for null, `true`, `alloc`,
     `padded_q;out`, buffers as `padded_q=75497472;out=67108864`."""
     import pandas as pd  # only CSV needs it
 
-    cells = [{name: csv_cell(value) for name, value in dataclasses.asdict(row).items()}
+    cells = [{name: csv_cell(value) for name, value in row.model_dump().items()}
              for row in result.rows]
     return pd.DataFrame(cells).to_csv(index=False)
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 
-from mlamem.environment import Environment
 from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
-from mlamem.validate import Comparison
+from mlamem.validate import SCHEMA
+
+if TYPE_CHECKING:
+    from mlamem.results.shared import Environment
+    from mlamem.results.validate import Comparison
 
 
 def validation_rows(comparisons: list[Comparison]) -> list[dict]:
@@ -99,19 +102,16 @@ def validation_markdown(comparisons: list[Comparison], command: str) -> str:
 
 
 def validation_json(comparisons: list[Comparison], command: str, *,
-                    environment: Environment | None = None, created: str | None = None,
+                    environment: Environment | dict, created: str,
                     shard: str | None = None) -> str:
-    """The schema mlamem.validate/1; `environment` and `created` are recorded when given,
-    `shard` ("I/N", or null when unsharded) always."""
-    items = [{**c.__dict__, "difference": c.difference} for c in comparisons]
-    data = {"schema": "mlamem.validate/1", "command": command,
-            "agrees": all(c.agrees for c in comparisons), "comparisons": items}
-    if environment is not None:
-        data["environment"] = dataclasses.asdict(environment)
-    if created is not None:
-        data["created"] = created
-    data["shard"] = shard
-    return json.dumps(data, indent=2) + "\n"
+    """The file mlamem.validate/1 (`ValidateFile`): where and when it was made, and `shard`
+    ("I/N", or null when unsharded)."""
+    from mlamem.results.validate import ValidateFile
+
+    saved = ValidateFile(schema=SCHEMA, command=command,
+                         agrees=all(c.agrees for c in comparisons), comparisons=comparisons,
+                         environment=environment, created=created, shard=shard)
+    return json.dumps(saved.file_dict(), indent=2) + "\n"
 
 
 VALIDATION_FORMATS = {"table": validation_table, "markdown": validation_markdown,

@@ -39,6 +39,9 @@ class CompareFile(ResultFile):
     """`mlamem compare --format json`: the same inputs through two kernels."""
 
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_compare}
+    KEY_ORDER: ClassVar[tuple[str, ...]] = (
+        "command", "op", "scenario", "kernels", "kv_tokens", "rows", "environment", "created",
+        "schema")
 
     schema_: Literal["mlamem.compare/1"] = Field(alias="schema", description="`mlamem.compare/1`")
     command: str = Field(description="the command line that made it")
@@ -54,4 +57,11 @@ class CompareFile(ResultFile):
     created: str = Field(description="when it was made: UTC, ISO 8601")
     notes: list[str] = Field(description="caveats, e.g. no reference run")
 
+    @property
+    def measured(self) -> bool:
+        """Always: comparing runs both kernels on the GPU."""
+        return True
 
+    @property
+    def all_equal(self) -> bool:
+        return all(r.out_equal and r.lse_equal for r in self.rows)

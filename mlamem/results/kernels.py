@@ -34,6 +34,10 @@ class KernelListing(Model):
     available: bool = Field(description="it runs here")
     reason: str | None = Field(description="why not, naming the fix; null when available")
 
+    @property
+    def operation_names(self) -> tuple[str, ...]:
+        return tuple(o.op for o in self.operations)
+
 
 class KernelsFile(ResultFile):
     """`mlamem kernels --format json`: every registered kernel, as the table lists it."""

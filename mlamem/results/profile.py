@@ -83,6 +83,9 @@ class ProfileFile(ResultFile):
     """`mlamem profile --format json`: one row per (swept value, path)."""
 
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_profile}
+    KEY_ORDER: ClassVar[tuple[str, ...]] = (
+        "command", "measured", "not_measured_reason", "scenario", "kernel", "environment", "rows",
+        "notes", "schema")
 
     schema_: Literal["mlamem.profile/1"] = Field(alias="schema", description="`mlamem.profile/1`")
     command: str = Field(description="the command line that made it")

@@ -35,6 +35,10 @@ class Comparison(Model):
     measured_frame: str | None = Field(
         None, description="the buffer's frame in the GPU's allocator trace, the same way")
 
+    @property
+    def agrees(self) -> bool:
+        return self.difference == 0
+
 
 def _legacy_validate(data: dict) -> dict:
     """Validate files from before operations (sparse decode), `environment`, `created`, `shard`."""
@@ -57,6 +61,11 @@ class ValidateFile(ResultFile):
         description=(
             "`\"I/N\"` when the file is shard I of N of a sweep (`--shard`; null when unsharded, absent "
             "in older files)"))
+
+    @property
+    def measured(self) -> bool:
+        """Always: it compares measured figures with predicted ones."""
+        return True
 
     @model_validator(mode="after")
     def _one_copy_of_each_total(self) -> ValidateFile:
