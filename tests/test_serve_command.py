@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from mlamem import gpus, scenario
 from mlamem.cli import main
+from mlamem.engine_specs import sglang
 from mlamem.errors import UserError
 from mlamem.models import shipped_config, weights_per_rank
-from mlamem.serve_command import from_command, sglang, split_command
+from mlamem.serve_command import from_command, split_command
 from mlamem.testing import check_bad_input
 
 GiB = 1024**3
@@ -692,7 +693,7 @@ SMI_H200_MIB = 143771  # nvidia-smi's memory.total of an H200 (mlamem/gpus.py)
 def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     """`sglang serve MODEL`, `--dp N --enable-dp-attention` as attention DP, abbreviations and
     --x=y; the defaults by the GPU, and the reserve rule's fraction with the command's graphs."""
-    rules = sglang.rules()
+    rules = sglang  # the rules beside the parser, in its spec module
     command = (f"sglang serve {glm5} --tp 8 --dp=8 --enable-dp-attention "
                "--kv-cache-dtype=fp8_e4m3 --context-len 32Ki --cuda-graph-max-bs-decode 128 "
                "--model-type llm")

@@ -5,9 +5,10 @@ its `trtllm-serve` parser and how its saved results read (`SPEC`); its rank is
 The serve command: `trtllm-serve MODEL ...` as TensorRT-LLM's click command reads it
 (tensorrt_llm/commands/serve.py, `serve`, NVIDIA/TensorRT-LLM at 00209af1): its options by their
 own names (click takes `--x=y` and no abbreviations), defaults from that file
-(free_gpu_memory_fraction 0.9, chunked prefill off) and the LLM API's (BuildConfig max_batch_size 2048, max_num_tokens 8192; KvCacheConfig's
-block reuse on, 32 tokens per block). The scenario is TensorRT-LLM's context-MLA reuse rank
-(engines/trtllm_context_reuse.py), with vLLM's sparse decode beside it.
+(free_gpu_memory_fraction 0.9, chunked prefill off) and the LLM API's (BuildConfig
+max_batch_size 2048, max_num_tokens 8192; KvCacheConfig's block reuse on, 32 tokens per
+block). The scenario is TensorRT-LLM's context-MLA reuse rank (engines/trtllm_context_reuse.py),
+with vLLM's sparse decode beside it.
 
 `--config FILE` (or `--extra_llm_api_options FILE`) is read as trtllm-serve at 00209af1 reads it:
 `with_config_file`.
