@@ -494,6 +494,41 @@ def _names_model(words: list[str]) -> bool:
                or w.startswith(("--model-path=", "--model=")) for i, w in enumerate(words))
 
 
+def _check_memory_flags(given: dict, prog: str) -> None:
+    """Refuse chunked prefill off, a count below 1 and a fraction outside (0, 1)."""
+    chunk = given.get("chunked_prefill_size")
+    if chunk is not None and chunk < 0:
+        raise UserError(f"{prog} --chunked-prefill-size {chunk}: chunked prefill off is not "
+                        "modelled (mlamem's step is one chunk); give a chunk size", field="serve")
+    for flag, key in (("--chunked-prefill-size", "chunked_prefill_size"),
+                      ("--max-running-requests", "max_running_requests")):
+        if given.get(key, 1) < 1:
+            raise UserError(f"{prog} {flag} {given[key]}: must be at least 1", field="serve")
+    fraction = given.get("mem_fraction_static")
+    if fraction is not None and not 0 < fraction < 1:
+        raise UserError(f"{prog} --mem-fraction-static {fraction}: must be in (0, 1)",
+                        field="serve")
+
+
+def _notes(given: dict, unmodelled: list[str], tp: int, replicas: int) -> list[str]:
+    """The command's notes: the flags not modelled, DP replicas, the page, other backends."""
+    notes = []
+    if replicas > 1:
+        notes.append(f"--dp-size {replicas}: {replicas} replicas of the model, each on {tp} ranks; "
+                     "one rank is the same in each")
+    page = given.get("page_size", PAGE_SIZE)
+    notes.append(f"block_size {PAGE_SIZE}: the page SGLang sets for a DSA model"
+                 + (f" (it overrides --page-size {page})" if page != PAGE_SIZE else ""))
+    for flag, key in (("--dsa-decode-backend", "dsa_decode_backend"),
+                      ("--dsa-prefill-backend", "dsa_prefill_backend")):
+        if given.get(key, DSA_BACKEND) != DSA_BACKEND:
+            notes.append(f"{flag} {given[key]}: mlamem runs {DSA_BACKEND}'s FlashMLA sparse "
+                         "decode, SGLang's for a DSA model's fp8 cache on Hopper")
+    if unmodelled:
+        notes.insert(0, "not modelled: " + ", ".join(unmodelled))
+    return notes
+
+
 def parse(words: list[str], prog: str) -> Parsed:
     model_type = False
     if prog == "sglang serve":
@@ -513,34 +548,11 @@ def parse(words: list[str], prog: str) -> Parsed:
                          if f"--{d.replace('_', '-')}" not in MODELLED}
                         | ({"--model-type"} if model_type else set()))
     tp, attention_dp, replicas = _layout(given, prog)
+    _check_memory_flags(given, prog)
     chunk = given.get("chunked_prefill_size")
-    if chunk is not None and chunk < 0:
-        raise UserError(f"{prog} --chunked-prefill-size {chunk}: chunked prefill off is not "
-                        "modelled (mlamem's step is one chunk); give a chunk size", field="serve")
-    for flag, key in (("--chunked-prefill-size", "chunked_prefill_size"),
-                      ("--max-running-requests", "max_running_requests")):
-        if given.get(key, 1) < 1:
-            raise UserError(f"{prog} {flag} {given[key]}: must be at least 1", field="serve")
-    fraction = given.get("mem_fraction_static")
-    if fraction is not None and not 0 < fraction < 1:
-        raise UserError(f"{prog} --mem-fraction-static {fraction}: must be in (0, 1)",
-                        field="serve")
     table = {key: given[key] for key in ("mem_fraction_static", "chunked_prefill_size",
                                          "max_running_requests") if key in given}
-    notes = []
-    if replicas > 1:
-        notes.append(f"--dp-size {replicas}: {replicas} replicas of the model, each on {tp} ranks; "
-                     "one rank is the same in each")
-    page = given.get("page_size", PAGE_SIZE)
-    notes.append(f"block_size {PAGE_SIZE}: the page SGLang sets for a DSA model"
-                 + (f" (it overrides --page-size {page})" if page != PAGE_SIZE else ""))
-    for flag, key in (("--dsa-decode-backend", "dsa_decode_backend"),
-                      ("--dsa-prefill-backend", "dsa_prefill_backend")):
-        if given.get(key, DSA_BACKEND) != DSA_BACKEND:
-            notes.append(f"{flag} {given[key]}: mlamem runs {DSA_BACKEND}'s FlashMLA sparse "
-                         "decode, SGLang's for a DSA model's fp8 cache on Hopper")
-    if unmodelled:
-        notes.insert(0, "not modelled: " + ", ".join(unmodelled))
+    notes = _notes(given, unmodelled, tp, replicas)
     serving = {"max_num_batched_tokens": chunk, "max_model_len": given.get("context_length"),
                "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
                "block_size": PAGE_SIZE}
