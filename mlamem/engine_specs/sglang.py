@@ -63,7 +63,6 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
-from mlamem import gpus
 from mlamem.engine_specs import Column, EngineSpec, Verdict, View
 from mlamem.engine_specs.decode_view import (
     budget_segments,
@@ -658,18 +657,18 @@ def _graphs(given: dict) -> dict:
     return {"decode": decode, "prefill": prefill, "max_bs": max_bs}
 
 
-def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
-    """What SGLang decides by the model and the GPU: the indexer's key width, the chunked
-    prefill size and, without --mem-fraction-static, the fraction its reserve rule gives (with
-    the command's CUDA graphs)."""
+def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, smi_mib: float) -> None:
+    """What SGLang decides by the model and the GPU (`gpu_name`, with nvidia-smi's total in MiB):
+    the indexer's key width, the chunked prefill size and, without --mem-fraction-static, the
+    fraction its reserve rule gives (with the command's CUDA graphs)."""
     graphs = parsed.engine_settings["graphs"]
     parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
-    if target.name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
-        parsed.notes.append(f"{target.name}: SGLang decodes a DSA model's fp8 cache with trtllm "
+    if gpu_name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
+        parsed.notes.append(f"{gpu_name}: SGLang decodes a DSA model's fp8 cache with trtllm "
                             f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
     table = parsed.sections["sglang"]
     resolved = resolve(  # nvidia-smi's total, as SGLang reads it
-        target.smi_mib, tp_size=parsed.tensor_parallel,
+        smi_mib, tp_size=parsed.tensor_parallel,
         attn_dp_size=parsed.attention_data_parallel,
         chunked_prefill_size=table.get("chunked_prefill_size"),
         cuda_graph_max_bs=graphs["max_bs"],
@@ -679,19 +678,19 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GP
     if parsed.serving["max_num_batched_tokens"] is None:
         parsed.serving["max_num_batched_tokens"] = resolved.chunked_prefill_size
         parsed.notes.append(f"max_num_batched_tokens {resolved.chunked_prefill_size}: SGLang "
-                            f"0.5.23's chunked_prefill_size on the {target.name}")
+                            f"0.5.23's chunked_prefill_size on the {gpu_name}")
     default_graphs = graphs == {"decode": True, "prefill": True, "max_bs": None}
     if not resolved.fraction_given and not default_graphs:
         # the [sglang] table has no graph settings: keep the fraction they give
         table["mem_fraction_static"] = resolved.mem_fraction_static
         parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang's "
-                            f"reserve rule ({resolved.reserved_mib:g} MiB) on the {target.name} "
+                            f"reserve rule ({resolved.reserved_mib:g} MiB) on the {gpu_name} "
                             "with the command's CUDA graphs")
     parsed.memory_fraction = resolved.mem_fraction_static
     parsed.notes.append(f"gpu_memory_utilization {resolved.mem_fraction_static}: SGLang's "
                         "mem_fraction_static (" + ("given" if resolved.fraction_given else
                                                    f"its reserve rule, {resolved.reserved_mib:g} "
-                                                   f"MiB, on the {target.name}")
+                                                   f"MiB, on the {gpu_name}")
                         + "); SGLang's rank reads [sglang]")
     state = ", ".join(f"{phase} {'on' if graphs[phase] else 'off'}" for phase in
                       ("decode", "prefill"))

@@ -157,7 +157,7 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
         if not config.has_indexer:
             raise UserError("the model has no DSA indexer (dense MLA): SGLang runs flashmla_kv, "
                             "the decode mlamem drives, only for a DSA model", field="model")
-        sglang.fill_defaults(parsed, config, target)
+        sglang.fill_defaults(parsed, config, target.name, target.smi_mib)
         return
     tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
     if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
