@@ -793,15 +793,15 @@ def test_the_sglang_flag_table_is_the_wheels():
         "sglang_serve_flags", Path(__file__).parents[1] / "scripts" / "sglang_serve_flags.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert json.loads(json.dumps(script.document(str(wheels[0]))))["flags"] == sglang.FLAGS
+    assert json.loads(json.dumps(script.document(str(wheels[0]))))["flags"] == sglang.flag_table()
 
 
 def test_the_sglang_flag_table_is_sglangs():
     """Every flag of the table is its own: the modelled ones among them, aliases SGLang gives."""
-    assert set(sglang.MODELLED) <= set(sglang.FLAGS)
-    assert sglang.FLAGS["--tp-size"]["aliases"] == ["--tensor-parallel-size"]
-    assert sglang.FLAGS["--model-path"]["aliases"] == ["--model"]
-    assert sglang.FLAGS["--kv-cache-dtype"]["choices"][:3] == ["auto", "fp8_e5m2", "fp8_e4m3"]
+    assert set(sglang.MODELLED) <= set(sglang.flag_table())
+    assert sglang.flag_table()["--tp-size"]["aliases"] == ["--tensor-parallel-size"]
+    assert sglang.flag_table()["--model-path"]["aliases"] == ["--model"]
+    assert sglang.flag_table()["--kv-cache-dtype"]["choices"][:3] == ["auto", "fp8_e5m2", "fp8_e4m3"]
     assert (sglang.sglang_int("25.6k"), sglang.sglang_int("2Ki"), sglang.sglang_int("7")) == (
         25600, 2048, 7)
 

@@ -57,6 +57,7 @@ import argparse
 import json
 import re
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Annotated
@@ -295,8 +296,16 @@ def fraction_for_pool(pool_bytes: int, free_after_weights_bytes: int,
 # -- the serve command --
 
 PROGS = ("python -m sglang.launch_server", "sglang serve")
-FLAGS = json.loads(resources.files("mlamem.engine_specs").joinpath("sglang-0.5.23-flags.json")
-                   .read_text())["flags"]
+
+
+@cache
+def flag_table() -> dict[str, dict]:
+    """Every flag of the server's parser (`sglang-0.5.23-flags.json`): its kind, aliases, nargs and
+    choices; read on first use, so loading a scenario does not parse the table."""
+    return json.loads(resources.files("mlamem.engine_specs").joinpath("sglang-0.5.23-flags.json")
+                      .read_text())["flags"]
+
+
 # the page SGLang sets for a DSA model on CUDA, whatever --page-size says: 64 x the indexer's
 # key pooling, 1 for DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py,
 # _deepseek_family_overrides)
@@ -347,7 +356,7 @@ _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action":
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = EngineParser(prog=prog, add_help=False, allow_abbrev=True)
-    for flag, entry in FLAGS.items():
+    for flag, entry in flag_table().items():
         kind = dict(_KINDS[entry["kind"]])
         for key in ("nargs", "choices"):
             if entry[key] is not None:
@@ -400,7 +409,7 @@ def _config_key(option: str) -> str:
 def _config_tables() -> tuple[dict[str, tuple[str, str]], set[str]]:
     """(the keys a config file may not hold -> (their flag, its action), the store_true keys)."""
     refused, store_true = {}, set()
-    for flag, entry in FLAGS.items():
+    for flag, entry in flag_table().items():
         names = [flag, *entry["aliases"]]
         if entry["kind"] == "bool":
             names += [f"--no-{name[2:]}" for name in names]
@@ -421,7 +430,7 @@ def _abbreviates_config(word: str) -> bool:
     option = word.partition("=")[0]
     if word == "--config" or len(option) < 3 or not "--config".startswith(option):
         return False
-    names = [n for flag, e in FLAGS.items() for n in (flag, *e["aliases"])]
+    names = [n for flag, e in flag_table().items() for n in (flag, *e["aliases"])]
     return option == "--config" or [n for n in names if n.startswith(option)] == ["--config"]
 
 
@@ -478,8 +487,8 @@ def with_config_file(words: list[str], prog: str) -> list[str]:
         else:
             flags = [f"--{key}", str(value)]
         dashed = f"--{key.replace('_', '-')}"
-        if flags and "_" in key and (dashed in FLAGS or any(dashed in e["aliases"]
-                                                            for e in FLAGS.values())):
+        if flags and "_" in key and (dashed in flag_table() or any(dashed in e["aliases"]
+                                                            for e in flag_table().values())):
             raise UserError(f"{path}: {key}: SGLang 0.5.23 passes it as --{key}, which its parser "
                             f"does not know: write {key.replace('_', '-')}", field="serve")
         pulled += flags

@@ -31,6 +31,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
@@ -208,8 +209,16 @@ def vllm_estimate(source: str, samples: Sequence[int], actual: int, graphs: int)
 # -- the serve command --
 
 PROG = "vllm serve"
-FLAGS = json.loads(resources.files("mlamem.engine_specs").joinpath("vllm-0.33.0-flags.json")
-                   .read_text())["flags"]
+
+
+@cache
+def flag_table() -> dict[str, dict]:
+    """Every flag of the server's parser (`vllm-0.33.0-flags.json`): its kind, aliases, nargs and
+    choices; read on first use, so loading a scenario does not parse the table."""
+    return json.loads(resources.files("mlamem.engine_specs").joinpath("vllm-0.33.0-flags.json")
+                      .read_text())["flags"]
+
+
 GiB = 1024**3
 GPU_MEMORY_UTILIZATION = 0.92  # config/cache.py CacheConfig.gpu_memory_utilization's default
 
@@ -296,7 +305,7 @@ _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action":
 def parser() -> argparse.ArgumentParser:
     p = EngineParser(prog=PROG, add_help=False, allow_abbrev=True)
     p.add_argument("model_tag", nargs="?")
-    for flag, entry in FLAGS.items():
+    for flag, entry in flag_table().items():
         kind = dict(_KINDS[entry["kind"]])
         if flag in MODELLED and MODELLED[flag] is not None:
             kind["type"] = MODELLED[flag]
@@ -419,7 +428,7 @@ def with_config_file(words: list[str]) -> list[str]:
 
 
 def _has_no_form(key: str) -> bool:
-    entry = FLAGS.get(f"--{key.replace('_', '-')}")
+    entry = flag_table().get(f"--{key.replace('_', '-')}")
     return entry is not None and entry["kind"] == "bool"
 
 
