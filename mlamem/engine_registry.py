@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mlamem.engine_specs import EngineSpec
 from mlamem.errors import UserError
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
-
-    from mlamem.engine_specs import EngineSpec
 
 GROUP = "mlamem.engines"  # the entry-point group engines register in
 SHIPPED = ("vllm", "trtllm-context-reuse", "sglang")  # the engines mlamem ships, in order
@@ -80,7 +79,11 @@ def engine_spec(name: str) -> EngineSpec:
     entry_point = _plugin_entry_points().get(name)
     if entry_point is None:
         raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(engine_names())}")
-    return _loaded(entry_point, f"engine {name!r}: its {GROUP} entry point {entry_point.value}")
+    where = f"engine {name!r}: its {GROUP} entry point {entry_point.value}"
+    spec = _loaded(entry_point, where)
+    if not isinstance(spec, EngineSpec) or spec.name != name:
+        raise UserError(f"{where} is no mlamem.engine_specs.EngineSpec named {name!r}")
+    return spec
 
 
 def _loaded(entry_point: EntryPoint, what: str):

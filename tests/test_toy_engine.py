@@ -7,6 +7,7 @@ saved result through its spec alone."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 
 from mlamem.cli import main
 from mlamem.engine_registry import engine_names, engine_spec, load_engine, rediscover
+from mlamem.errors import UserError
 from mlamem.units import GiB
 
 MiB = 1 << 20
@@ -58,6 +60,24 @@ def test_the_entry_point_registers_the_toy_after_the_shipped_engines(toy):
     assert spec.key_field == "size" and spec.section.__name__ == "ToySection"
     rank = load_engine("toy")
     assert rank.spec is spec and rank.case_type.key_field == spec.key_field
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("toy_engine_spec:VIEW", "is no mlamem.engine_specs.EngineSpec named 'toy'"),
+    ("toy_engine_spec:NOSUCH", "does not load (AttributeError"),
+    ("vllm_spec_nosuch:SPEC", "does not load (ModuleNotFoundError")])
+def test_a_broken_entry_point_is_one_line_naming_it(toy_site, value, problem):
+    (toy_site / "toy_engine-0.1.dist-info" / "entry_points.txt").write_text(
+        f"[mlamem.engines]\ntoy = {value}\n")
+    sys.path.insert(0, str(toy_site))
+    rediscover()
+    try:
+        with pytest.raises(UserError, match=f"engine 'toy': its mlamem.engines entry point {value} "
+                                            f"{re.escape(problem)}"):
+            engine_spec("toy")
+    finally:
+        sys.path.remove(str(toy_site))
+        rediscover()
 
 
 def test_repro_oom_runs_a_toy_engine_from_its_phases(toy, tmp_path, capsys):
