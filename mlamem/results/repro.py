@@ -118,10 +118,11 @@ class ReproFile(ResultFile):
     @model_validator(mode="after")
     def _one_copy_of_each_case(self) -> ReproFile:
         # a case is named by its engine's key (its spec's key_field): a path (vLLM, SGLang), a
-        # reserve variant (TRT-LLM); a case of an engine not installed here, by either
-        key = ((engine_spec(self.engine).key_field,) if self.engine in engine_names()
-               else ("path", "variant"))
-        no_second_copy(self.cases, key, "cases")
+        # reserve variant (TRT-LLM) or a plug-in engine's own
+        key = ["path", "variant"]
+        if self.engine in engine_names() and engine_spec(self.engine).key_field not in key:
+            key.append(engine_spec(self.engine).key_field)
+        no_second_copy(self.cases, tuple(key), "cases")
         return self
 
 
