@@ -3,13 +3,12 @@
 The registry (`SHIPPED`, `REGISTRY`, `load_kernel`, ...) is `mlamem.kernel_registry` and the
 contract `mlamem.kernel_api`, both in the spec layer below the adapters; plug-ins and callers
 import them from here as before. The adapter classes themselves (`FlashMLA`, `TritonDecode`,
-...) and `KERNELS` (shipped name -> class) load on first access (PEP 562).
+...) and `KERNELS` (shipped name -> class) load on first access (PEP 562), through the registry.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from mlamem.kernel_api import BufferSpec, Capabilities, KernelContract, SparseDecodeKernel, simulate_run
 from mlamem.kernel_registry import (
     ALL_OPERATIONS,
     COMPARED_KERNELS,
@@ -25,20 +24,16 @@ from mlamem.kernel_registry import (
     load_kernel,
 )
 
-# Names importable from this package, resolved on first access (PEP 562).
-_LAZY = {
-    "BufferSpec": "mlamem.kernel_api", "Capabilities": "mlamem.kernel_api",
-    "KernelContract": "mlamem.kernel_api", "SparseDecodeKernel": "mlamem.kernel_api",
-    "simulate_run": "mlamem.kernel_api",
-    **{entry.cls: entry.module for entry in SHIPPED.values()},
-}
+# The shipped adapter classes importable from this package, by class name: their kernel's name,
+# loaded on first access (PEP 562) by the registry
+_SHIPPED_CLASSES = {entry.cls: kernel for kernel, entry in SHIPPED.items()}
 
 
 def __getattr__(name: str):
     if name == "KERNELS":  # shipped name -> class: imports every shipped adapter
         value = {kernel: load_kernel(kernel) for kernel in SHIPPED}
-    elif name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SHIPPED_CLASSES:
+        value = load_kernel(_SHIPPED_CLASSES[name])
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # once loaded, a plain attribute

@@ -1,67 +1,119 @@
-"""The engine registry (spec): every engine by name, none of them imported.
+"""The engine registry (spec): every engine by name, through its spec module.
 
-Inference engines are emulated one rank at a time to reproduce runtime OOMs. `engines/base.py`
-holds the one skeleton every engine runs in (cap, init, profile, graph estimate, KV sizing,
-capture, step), the case every engine fills and the budget; each engine is one module with an
-`Engine` subclass named `ENGINE`. An engine may own a table of the scenario named after it
-(`[vllm]`): its `section` names the class that reads it, in a module without torch, so loading a
-scenario stays light. `REGISTRY` names both without importing them, so validating a scenario's
-`engines` and the CLI's help stay light. Adding an engine is one module and one line here
-(`mlamem.engines` re-exports all of this). `python -m mlamem.engines REQUEST RESULT` runs one
-case in its own process (`engines/worker.py`).
+Inference engines are emulated one rank at a time to reproduce runtime OOMs. An engine is two
+modules: a spec module without torch (`mlamem.engine_specs.<name>`: its scenario table, rules,
+serve-command parser and its results' view, gathered in an `EngineSpec`) and a rank module with
+torch (`mlamem.engines.<name>`: an `engines.base.Engine` subclass, the phases and buffers),
+which the spec names as an entry point's value. Engines register by name in the entry-point
+group `mlamem.engines`, each entry pointing at its `EngineSpec`, e.g. in pyproject.toml:
+
+    [project.entry-points."mlamem.engines"]
+    myengine = "my_package.my_engine_spec:SPEC"
+
+The shipped three are found without the metadata too (`SHIPPED`, imported here on first use);
+another package's entry points are read on the first lookup that needs them, and a plug-in
+cannot take a shipped name. Listing the names imports no spec; reading a scenario's tables
+imports the specs, never torch; `load_engine` imports the rank. `python -m mlamem.engines
+REQUEST RESULT` runs one case in its own process (`engines/worker.py`).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
+from mlamem.engine_specs import EngineSpec
+from mlamem.errors import UserError
 
-class EngineEntry(NamedTuple):
-    """Where an engine lives: its module (which defines ENGINE), and its scenario section's
-    class as "module:Class" (None: the engine reads no table of its own)."""
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
-    module: str
-    section: str | None = None
-
-
-REGISTRY: dict[str, EngineEntry] = {
-    "vllm": EngineEntry("mlamem.engines.vllm", section="mlamem.engines.vllm_rules:VLLMSection"),
-    "trtllm-context-reuse": EngineEntry("mlamem.engines.trtllm_context_reuse"),
-    "sglang": EngineEntry("mlamem.engines.sglang", section="mlamem.engines.sglang_rules:SGLangSection"),
-}
+GROUP = "mlamem.engines"  # the entry-point group engines register in
+SHIPPED = ("vllm", "trtllm-context-reuse", "sglang")  # the engines mlamem ships, in order
 DEFAULT_ENGINES = ("vllm",)  # what a scenario without `engines` serves
 
 # repro-oom files before `engine` said which shape their cases have in `mode`
 ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}
 
+REGISTERED: dict[str, EngineSpec] = {}  # engines registered in-process (tests), by name
+_plugins: dict[str, EntryPoint] | None = None  # the group's entry points, read once
+
+
+def _shipped_specs() -> dict[str, EngineSpec]:
+    from mlamem.engine_specs import sglang, trtllm, vllm
+
+    return {spec.name: spec for spec in (vllm.SPEC, trtllm.SPEC, sglang.SPEC)}
+
+
+def _plugin_entry_points() -> dict[str, EntryPoint]:
+    """The group's entry points other than the shipped names (mlamem's own entries name those),
+    read once; first come, first kept."""
+    global _plugins
+    if _plugins is None:
+        from importlib.metadata import entry_points
+
+        _plugins = {}
+        for entry_point in entry_points(group=GROUP):
+            if entry_point.name not in SHIPPED:
+                _plugins.setdefault(entry_point.name, entry_point)
+    return _plugins
+
+
+def rediscover() -> None:
+    """Read the entry points again on next lookup (after sys.path or the packages changed)."""
+    global _plugins
+    _plugins = None
+
 
 def engine_names() -> list[str]:
-    """Every registered engine name, in registry order; imports nothing."""
-    return list(REGISTRY)
+    """Every registered engine name: the shipped ones, then the plug-ins; imports no spec."""
+    return list(dict.fromkeys([*SHIPPED, *_plugin_entry_points(), *REGISTERED]))
 
 
-def _entry(name: str) -> EngineEntry:
+def engine_spec(name: str) -> EngineSpec:
+    """Engine `name`'s spec, its module imported now (registry loading: a shipped spec by a
+    plain import, a plug-in's by its entry point)."""
+    if name in REGISTERED:
+        return REGISTERED[name]
+    if name in SHIPPED:
+        return _shipped_specs()[name]
+    entry_point = _plugin_entry_points().get(name)
+    if entry_point is None:
+        raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(engine_names())}")
+    where = f"engine {name!r}: its {GROUP} entry point {entry_point.value}"
+    spec = _loaded(entry_point, where)
+    if not isinstance(spec, EngineSpec) or spec.name != name:
+        raise UserError(f"{where} is no mlamem.engine_specs.EngineSpec named {name!r}")
+    return spec
+
+
+def _loaded(entry_point: EntryPoint, what: str):
+    """An entry point's object; a UserError naming it where it does not load."""
     try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(REGISTRY)}") from None
+        return entry_point.load()
+    except Exception as exc:  # the plug-in's module fails to import, or lacks the attribute
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"{what} does not load ({type(exc).__name__}: {first})") from None
 
 
 def load_engine(name: str) -> type:
-    """The engine registered as `name` (an `mlamem.engines.base.Engine` subclass), imported now,
-    by module name: the registry sits below the engines."""
-    return importlib.import_module(_entry(name).module).ENGINE
+    """The rank class of engine `name` (an `mlamem.engines.base.Engine` subclass), imported now:
+    its spec's `rank` loaded as an entry point (the registry sits below the engines)."""
+    from importlib.metadata import EntryPoint
+
+    spec = engine_spec(name)
+    return _loaded(EntryPoint(name, spec.rank, GROUP), f"engine {name!r}: its rank {spec.rank}")
 
 
 def section_type(name: str) -> type | None:
     """The class of engine `name`'s own scenario table (a frozen dataclass whose fields are the
-    table's keys), imported now; None when the engine reads no table of its own."""
-    section = _entry(name).section
-    if section is None:
-        return None
-    module, _, attribute = section.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    table's keys); None when the engine reads no table of its own."""
+    return engine_spec(name).section
+
+
+def engine_tables() -> dict[str, type]:
+    """Every engine's own scenario table's class, by engine name (those that read one)."""
+    specs = (engine_spec(name) for name in engine_names())
+    return {spec.name: spec.section for spec in specs if spec.section is not None}
 
 
 def request_engine(request: dict) -> str:
@@ -70,5 +122,6 @@ def request_engine(request: dict) -> str:
     return request.get("engine") or ("trtllm-context-reuse" if "variant" in request else "vllm")
 
 
-__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "EngineEntry", "engine_names",
-           "load_engine", "request_engine", "section_type"]
+__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "GROUP", "REGISTERED", "SHIPPED", "engine_names",
+           "engine_spec", "engine_tables", "load_engine", "rediscover", "request_engine",
+           "section_type"]

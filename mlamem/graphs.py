@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from mlamem import environment
-from mlamem.engines.vllm_rules import (  # noqa: F401 (re-exported: vLLM's capture rules)
+from mlamem.engine_specs.vllm import (  # noqa: F401 (re-exported: vLLM's capture rules)
     DEFAULT_MAX_GRAPH_SIZE,
     FULL_MODES,
     MIN_PER_GRAPH_BYTES,

@@ -15,7 +15,7 @@ import matplotlib.style
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-from mlamem.engines import load_engine
+from mlamem.engine_registry import engine_spec
 from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.render.escape import escaped
 from mlamem.repro import ReproResult
@@ -172,10 +172,53 @@ def _verdict_note(case: dict) -> str:
     return case["verdict"]
 
 
+def _segment_bars(ax, y: float, segments: list[tuple[str, int, str]], seen: set[str]) -> float:
+    """A case's segments as one bar at `y` (each labelled once in the legend); its right end."""
+    left = 0.0
+    for label, size, key in segments:
+        width = gib(size)
+        ax.barh(y + 0.17, width, left=left, height=0.34, color=BUDGET_COLORS[key],
+                edgecolor="black" if key == "free" else "white", linewidth=0.6,
+                label=label if label not in seen else None)
+        if width >= 2.5:
+            ax.text(left + width / 2, y + 0.17, f"{width:.2f}", ha="center",
+                    va="center", fontsize=9, color="white" if key in (
+                        "weights", "kv_cache", "workspace") else "black")
+        seen.add(label)
+        left += width
+    return left
+
+
+def _need_bar(ax, y: float, case: dict, need: int, seen: set[str]) -> float:
+    """The full step's need as a bar at `y` from init + KV cache, past the cap hatched, with
+    its headroom or shortfall; its right end."""
+    start = gib(case["init_bytes"] + case["kv_cache_bytes"])
+    limit = gib(case["torch_limit_bytes"])
+    fitting = min(gib(need), limit - start)
+    label = "full step's need (activations + decode call)"
+    ax.barh(y - 0.17, fitting, left=start, height=0.3, color=BUDGET_COLORS["need"],
+            label=label if label not in seen else None)
+    seen.add(label)
+    if gib(need) > limit - start:
+        label = "need beyond the cap"
+        ax.barh(y - 0.17, gib(need) - (limit - start), left=limit, height=0.3,
+                color=BUDGET_COLORS["short"], hatch="//", edgecolor="white",
+                label=label if label not in seen else None)
+        seen.add(label)
+    ax.text(start - 0.3, y - 0.17, f"step {gib(need):.2f}", ha="right",
+            va="center", fontsize=9)
+    margin = limit - start - gib(need)
+    ax.text(max(limit, start + gib(need)) + 0.4, y - 0.17,
+            f"headroom {margin:.3f}" if margin >= 0 else f"short by {-margin:.3f}",
+            ha="left", va="center", fontsize=9,
+            color="black" if margin >= 0 else BUDGET_COLORS["short"])
+    return start + gib(need)
+
+
 def repro_budget(result: ReproResult) -> bytes:
     """One bar per case, of the segments its engine's view names (vLLM: weights, workspace,
     rest of init, KV cache, free), and the step's need."""
-    engine = load_engine(result.engine)
+    engine = engine_spec(result.engine)
     view = engine.view
     cases = result.cases
     with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
@@ -185,42 +228,10 @@ def repro_budget(result: ReproResult) -> bytes:
         right = 0.0
         for i, case in enumerate(cases):
             y = len(cases) - 1 - i
-            left = 0.0
-            for label, size, key in view.budget_segments(case):
-                width = gib(size)
-                ax.barh(y + 0.17, width, left=left, height=0.34, color=BUDGET_COLORS[key],
-                        edgecolor="black" if key == "free" else "white", linewidth=0.6,
-                        label=label if label not in seen else None)
-                if width >= 2.5:
-                    ax.text(left + width / 2, y + 0.17, f"{width:.2f}", ha="center",
-                            va="center", fontsize=9, color="white" if key in (
-                                "weights", "kv_cache", "workspace") else "black")
-                seen.add(label)
-                left += width
-            right = max(right, left)
+            right = max(right, _segment_bars(ax, y, view.budget_segments(case), seen))
             need = view.step_need(case)
             if need is not None:
-                start = gib(case["init_bytes"] + case["kv_cache_bytes"])
-                limit = gib(case["torch_limit_bytes"])
-                fitting = min(gib(need), limit - start)
-                label = "full step's need (activations + decode call)"
-                ax.barh(y - 0.17, fitting, left=start, height=0.3, color=BUDGET_COLORS["need"],
-                        label=label if label not in seen else None)
-                seen.add(label)
-                if gib(need) > limit - start:
-                    label = "need beyond the cap"
-                    ax.barh(y - 0.17, gib(need) - (limit - start), left=limit, height=0.3,
-                            color=BUDGET_COLORS["short"], hatch="//", edgecolor="white",
-                            label=label if label not in seen else None)
-                    seen.add(label)
-                right = max(right, start + gib(need))
-                ax.text(start - 0.3, y - 0.17, f"step {gib(need):.2f}", ha="right",
-                        va="center", fontsize=9)
-                margin = limit - start - gib(need)
-                ax.text(max(limit, start + gib(need)) + 0.4, y - 0.17,
-                        f"headroom {margin:.3f}" if margin >= 0 else f"short by {-margin:.3f}",
-                        ha="left", va="center", fontsize=9,
-                        color="black" if margin >= 0 else BUDGET_COLORS["short"])
+                right = max(right, _need_bar(ax, y, case, need, seen))
         caps = {case["torch_limit_bytes"] for case in cases if case.get("torch_limit_bytes")}
         for k, cap in enumerate(sorted(caps)):
             ax.axvline(gib(cap), color="black", linestyle="--", linewidth=1.2,

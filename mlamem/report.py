@@ -19,7 +19,7 @@ from types import ModuleType
 
 from mlamem import render, shards
 from mlamem.compare import SCHEMA as COMPARE_SCHEMA
-from mlamem.engines import engine_names, load_engine
+from mlamem.engine_registry import engine_names, engine_spec
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, read_json, safe_name, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
@@ -121,7 +121,7 @@ class ReproSection(Section):
         if not result.cases:
             return f"{self.items!r} is empty"
         try:
-            key = load_engine(result.engine).case_type.key_field
+            key = engine_spec(result.engine).key_field
         except (KeyError, ValueError):
             return f"engine: {result.engine!r} is not one of {', '.join(engine_names())}"
         for i, case in enumerate(result.cases):
@@ -131,7 +131,7 @@ class ReproSection(Section):
 
     def body(self, r: ReproResult, figure, tag: str) -> list[str]:
         lines = [render.repro_markdown(r)]
-        if load_engine(r.engine).view.budget_plot:  # the engine's segments, one bar per case
+        if engine_spec(r.engine).view.budget_plot:  # the engine's segments, one bar per case
             lines += figure("budget", f"Memory budget per path{tag}",
                             lambda plots: plots.repro_budget(r))
         return lines

@@ -61,7 +61,7 @@ class ReproResult:
     cases: list[dict]  # the engine's case_type.to_dict() (vLLM: with max_safe_*)
     notes: list[str] = field(default_factory=list)
     # required, keyword-only to keep the file's key order; older files get them when migrated
-    engine: str = field(kw_only=True)  # the engine emulated (mlamem.engines.REGISTRY)
+    engine: str = field(kw_only=True)  # the engine emulated (its name in the engine registry)
     non_torch: dict | None = None  # the host setup the model took non-torch memory from
     schema: str = SCHEMA
     created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)

@@ -19,7 +19,7 @@ import pydantic
 from pydantic.dataclasses import dataclass
 
 from mlamem import operations as _operations
-from mlamem.engine_registry import DEFAULT_ENGINES, REGISTRY, engine_names, section_type
+from mlamem.engine_registry import DEFAULT_ENGINES, engine_names, engine_tables, section_type
 from mlamem.errors import UserError
 from mlamem.files import CONTROL_CHARACTERS, read_text
 from mlamem.operations import decode_token_limit
@@ -28,6 +28,12 @@ from mlamem.scenario_names import (  # noqa: F401  (DEFAULT_SCENARIO, shipped_na
     check_exists,
     is_path,
     shipped_names,
+)
+from mlamem.sections import (  # noqa: F401 (SECTION_CONFIG: read from here too)
+    SECTION_CONFIG,
+    FieldError,
+    check_positive,
+    section_model,
 )
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
@@ -45,16 +51,6 @@ KV_CACHE_BYTES_PER_TOKEN = {
     "fp8": 576,  # 576 fp8 values
     "bf16": 1152,  # 576 bf16 values
 }
-
-# A section as a file gives it: the types exactly (an int may stand for a float), numbers finite.
-SECTION_CONFIG = pydantic.ConfigDict(strict=True, allow_inf_nan=False)
-
-
-def section_model(cls: type) -> type:
-    """A scenario section (`[model]`, an engine's `[vllm]`, ...): a frozen pydantic dataclass
-    validated as SECTION_CONFIG says; its own rules raise FieldError from `__post_init__`."""
-    return dataclass(cls, frozen=True, config=SECTION_CONFIG)
-
 
 @section_model
 class Model:
@@ -398,22 +394,6 @@ def check_decode_tokens(scenario: Scenario, padded_heads: int | None, tokens, *,
 _SECTIONS = {"model": Model, "parallel": Parallelism, "serving": Serving, "gpu": TargetGPU}
 
 
-class FieldError(Exception):
-    """A bad field of a section, `[section].field problem`; `from_dict` names the source. Not a
-    ValueError, so that pydantic passes it on from a section's `__post_init__` as it is."""
-
-    def __init__(self, section: str, field: str, problem: str):
-        super().__init__(f"[{section}].{field} {problem}")
-
-
-def check_positive(obj: object, section: str, name: str, maximum: int = MAX_TOKENS) -> None:
-    """A count in (0, maximum]: by default int32, as engines and kernels count tokens."""
-    if getattr(obj, name) <= 0:
-        raise FieldError(section, name, f"must be > 0, got {getattr(obj, name)}")
-    if getattr(obj, name) > maximum:
-        raise FieldError(section, name, f"must be at most {maximum}, got {getattr(obj, name)}")
-
-
 # pydantic's error types, in the words a field's problem is told in
 _TYPE_WORDS = {"int_type": "int", "float_type": "float", "string_type": "str", "bool_type": "bool",
                "finite_number": "a finite number"}
@@ -499,7 +479,7 @@ def to_toml(scenario: Scenario) -> str:
 def file_schema() -> dict:
     """The JSON Schema of a scenario file (its TOML as data): the top-level keys, the four
     sections and every engine's own table, each from its model."""
-    tables = {name: section_type(name) for name, entry in REGISTRY.items() if entry.section}
+    tables = engine_tables()
     properties = {
         "name": {"type": "string"}, "description": {"type": "string"},
         "operations": {"type": "array", "items": {"enum": list(OPERATION_NAMES)}, "minItems": 1,
@@ -542,7 +522,7 @@ def from_dict(data: dict, source: str) -> Scenario:
     """Build a scenario from TOML-layout data; errors name the source and the field."""
     try:
         data = migrate(data)
-        tables = [name for name, entry in REGISTRY.items() if entry.section is not None]
+        tables = list(engine_tables())
         unknown = (set(data) - set(_SECTIONS) - set(tables)
                    - {"name", "description", "operations", "engines"})
         if unknown:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlamem import scenario as scenarios
-from mlamem.engines import REGISTRY, engine_names, load_engine, request_engine
+from mlamem.engines import engine_names, engine_spec, load_engine, request_engine
 from mlamem.engines.base import Budget, Engine, Phase, Verdict
 from mlamem.engines.vllm import VLLM
 from mlamem.errors import UserError
@@ -27,23 +27,26 @@ MiB = 1024**2
 
 def test_registry_names_and_loads_each_engine():
     """Every registered name loads an Engine subclass of that name, whose case names itself
-    by a field the case has."""
+    by a field the case has: its spec's key field, its spec the one the registry holds."""
     assert engine_names() == ["vllm", "trtllm-context-reuse", "sglang"]
-    for name in REGISTRY:
-        engine = load_engine(name)
-        assert issubclass(engine, Engine) and engine.name == name
+    for name in engine_names():
+        engine, spec = load_engine(name), engine_spec(name)
+        assert issubclass(engine, Engine) and engine.name == name == spec.name
+        assert engine.spec is spec and engine.view is spec.view
+        assert engine.case_type.key_field == spec.key_field
+        assert (engine.reads_utilization, engine.searched_fraction, engine.step_knob_name) == (
+            spec.reads_utilization, spec.searched_fraction, spec.step_knob_name)
         assert engine.case_type.key_field in {f for f in engine.case_type.__dataclass_fields__}
     with pytest.raises(ValueError, match="unknown engine 'sgl'; expected one of vllm, "):
         load_engine("sgl")
 
 
 def test_registry_imports_no_engine_module():
-    """Listing the engines and validating a scenario import neither torch nor an engine: only
-    the light modules of the engines' own scenario tables (vLLM's rules)."""
+    """Listing the engines and validating a scenario import neither torch nor an engine's rank:
+    only the engines' spec modules (their scenario tables)."""
     code = ("import sys; from mlamem.engines import engine_names; engine_names(); "
             "from mlamem import scenario; scenario.load('kimi-k2-context-reuse'); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.engines.')"
-            " and m != 'mlamem.engines.vllm_rules'))")
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.engines.')))")
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"

@@ -16,10 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # The CLI's doors and the test helpers that run it as a user would (`mlamem.testing.check_bad_input`);
 # the CLI itself, mlamem/cli/, is left out by path.
 FACES = {"mlamem/entry.py", "mlamem/__main__.py", "mlamem/testing.py"}
-# Parsers of an engine's own command line (`--serve "vllm serve ..."`): their errors name that
-# command's flags (vLLM's, TensorRT-LLM's, SGLang's), which are the input, not mlamem's options.
-ENGINE_COMMAND_PARSERS = {"mlamem/serve_command/vllm.py", "mlamem/serve_command/trtllm.py",
-                          "mlamem/serve_command/sglang.py"}
+# The engines' spec modules, which parse an engine's own command line (`--serve "vllm serve ..."`):
+# their errors name that command's flags (vLLM's, TensorRT-LLM's, SGLang's), which are the input,
+# not mlamem's options.
+ENGINE_COMMAND_PARSERS = {"mlamem/engine_specs/vllm.py", "mlamem/engine_specs/trtllm.py",
+                          "mlamem/engine_specs/sglang.py"}
 FLAG = re.compile(r"(?<![\w-])--([a-z]|$)")  # `--x`, or `--` before a formatted name
 # Another program's command line (an install hint, a cited nvidia-smi query) and notes (output
 # that tells where a figure came from, not an error) keep their flags.

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from mlamem import gpus, scenario
 from mlamem.cli import main
+from mlamem.engine_specs import sglang
 from mlamem.errors import UserError
 from mlamem.models import shipped_config, weights_per_rank
-from mlamem.serve_command import from_command, sglang, split_command
+from mlamem.serve_command import from_command, split_command
 from mlamem.testing import check_bad_input
 
 GiB = 1024**3
@@ -692,7 +693,7 @@ SMI_H200_MIB = 143771  # nvidia-smi's memory.total of an H200 (mlamem/gpus.py)
 def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
     """`sglang serve MODEL`, `--dp N --enable-dp-attention` as attention DP, abbreviations and
     --x=y; the defaults by the GPU, and the reserve rule's fraction with the command's graphs."""
-    rules = sglang.rules()
+    rules = sglang  # the rules beside the parser, in its spec module
     command = (f"sglang serve {glm5} --tp 8 --dp=8 --enable-dp-attention "
                "--kv-cache-dtype=fp8_e4m3 --context-len 32Ki --cuda-graph-max-bs-decode 128 "
                "--model-type llm")
@@ -792,15 +793,15 @@ def test_the_sglang_flag_table_is_the_wheels():
         "sglang_serve_flags", Path(__file__).parents[1] / "scripts" / "sglang_serve_flags.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert json.loads(json.dumps(script.document(str(wheels[0]))))["flags"] == sglang.FLAGS
+    assert json.loads(json.dumps(script.document(str(wheels[0]))))["flags"] == sglang.flag_table()
 
 
 def test_the_sglang_flag_table_is_sglangs():
     """Every flag of the table is its own: the modelled ones among them, aliases SGLang gives."""
-    assert set(sglang.MODELLED) <= set(sglang.FLAGS)
-    assert sglang.FLAGS["--tp-size"]["aliases"] == ["--tensor-parallel-size"]
-    assert sglang.FLAGS["--model-path"]["aliases"] == ["--model"]
-    assert sglang.FLAGS["--kv-cache-dtype"]["choices"][:3] == ["auto", "fp8_e5m2", "fp8_e4m3"]
+    assert set(sglang.MODELLED) <= set(sglang.flag_table())
+    assert sglang.flag_table()["--tp-size"]["aliases"] == ["--tensor-parallel-size"]
+    assert sglang.flag_table()["--model-path"]["aliases"] == ["--model"]
+    assert sglang.flag_table()["--kv-cache-dtype"]["choices"][:3] == ["auto", "fp8_e5m2", "fp8_e4m3"]
     assert (sglang.sglang_int("25.6k"), sglang.sglang_int("2Ki"), sglang.sglang_int("7")) == (
         25600, 2048, 7)
 

@@ -11,7 +11,7 @@ import pytest
 
 from mlamem import scenario as scenarios
 from mlamem.cli import main
-from mlamem.engines import sglang_rules as rules
+from mlamem.engine_specs import sglang as rules
 from mlamem.engines.sglang import SGLang, SGLangBudget
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA

@@ -1,10 +1,10 @@
-"""SGLang 0.5.23's memory rules (mlamem/engines/sglang_rules.py) against derivations done by
+"""SGLang 0.5.23's memory rules (mlamem/engine_specs/sglang.py) against derivations done by
 hand from its source (sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings and
 reserve_for_graph_mb; arg_groups/cuda_graph_hook.py; model_executor/pool_configurator.py)."""
 
 import pytest
 
-from mlamem.engines import sglang_rules as rules
+from mlamem.engine_specs import sglang as rules
 from mlamem.errors import UserError
 
 H100_MIB = 81559  # nvidia-smi memory.total of an H100 SXM 80GB (the seed PR quotes it)

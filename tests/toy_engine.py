@@ -1,6 +1,6 @@
-"""A toy engine, whole in one module: its scenario table `[toy]`, its case, its phases and its
-view. tests/test_toy_engine.py registers it with one registry line and runs `mlamem repro-oom
---engine toy --predict` on it.
+"""The toy engine's rank: its case and its phases; its spec (its `[toy]` table and its view) is
+tests/toy_engine_spec.py, which names this rank. tests/test_toy_engine.py registers the spec by
+an entry point and runs `mlamem repro-oom --engine toy --predict` on it.
 
 Its rank: init places `init_mib`; the profile pass allocates `profile_mib` and frees it; the KV
 cache is utilization x total - (init + profile peak + non-torch), in whole `block_mib` blocks;
@@ -12,27 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from toy_engine_spec import SPEC
 
 from mlamem.attribution import ExpectedBuffer
-from mlamem.engines.base import Case, Column, Engine, NoKVRoom, Step, View
-from mlamem.scenario import check_positive
+from mlamem.engines.base import Case, Engine, NoKVRoom, Step
 
 MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class ToySection:
-    """The scenario's `[toy]` table; the step sizes are required."""
-
-    small_step_mib: int
-    large_step_mib: int
-    init_mib: int = 512
-    profile_mib: int = 256
-    block_mib: int = 2
-
-    def __post_init__(self) -> None:
-        for name in ("small_step_mib", "large_step_mib", "init_mib", "profile_mib", "block_mib"):
-            check_positive(self, "toy", name)
 
 
 @dataclass(kw_only=True)
@@ -44,7 +29,7 @@ class ToyCase(Case):
 
 
 class Toy(Engine):
-    name = "toy"
+    name, spec, view = SPEC.name, SPEC, SPEC.view
     case_type = ToyCase
 
     @classmethod
@@ -83,18 +68,3 @@ class Toy(Engine):
             torch.empty(nbytes, dtype=torch.uint8, device=device)
 
         return Step(body, [ExpectedBuffer("toy_step", nbytes, "engine")])
-
-
-Toy.view = View(
-    heading="Toy engine",
-    cases_named="step sizes",
-    table_title="{scenario}, toy{predicted}",
-    table_columns=(Column("KV", lambda c: str(c.get("kv_cache_bytes"))),),
-    markdown_columns=(Column("KV cache bytes", lambda c: str(c.get("kv_cache_bytes"))),),
-    row_name=lambda c: f"{c['size']} step",
-    case_label=lambda c: f"{c['size']} step",
-    verdict_in_notes=lambda c: False,
-    budget_rule=lambda budget, cases: "KV cache rule (the toy's): utilization x total - (init + "
-                                      "profile peak + non-torch), in whole blocks")
-
-ENGINE = Toy

@@ -11,7 +11,7 @@ from mlamem import operations, render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
-from mlamem.engines import engine_names
+from mlamem.engine_registry import SHIPPED
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
@@ -46,7 +46,7 @@ def repro_oom(
     output: o.PlainOutputOption = None,
     predict: Annotated[bool, o.predict_option()] = False,
     engine: Annotated[str | None, typer.Option(
-        help=f"The engine to emulate ({', '.join(engine_names())}): one the scenario declares "
+        help=f"The engine to emulate ({', '.join(SHIPPED)}): one the scenario declares "
              "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
     cuda_graphs: Annotated[o.Switch | None, typer.Option(
         "--cuda-graphs", help="on: the engine's CUDA-graph phases too. vLLM: the graph estimate "

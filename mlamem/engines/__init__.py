@@ -1,19 +1,26 @@
-"""Inference engines, one module each, emulated one rank at a time to reproduce runtime OOMs.
+"""Inference engines' ranks, one module each, emulated one rank at a time to reproduce runtime
+OOMs; each engine's torch-free half is its spec module (`mlamem.engine_specs`).
 
-The registry (`REGISTRY`, `load_engine`, `DEFAULT_ENGINES`, ...) is `mlamem.engine_registry`, in
-the spec layer below the engines (the scenario names its engines); it is re-exported here.
+The registry (`engine_names`, `engine_spec`, `load_engine`, `DEFAULT_ENGINES`, ...) is
+`mlamem.engine_registry`, in the spec layer below the engines (the scenario names its engines);
+it is re-exported here.
 """
 
 from mlamem.engine_registry import (
     DEFAULT_ENGINES,
     ENGINE_OF_MODE,
-    REGISTRY,
-    EngineEntry,
+    GROUP,
+    REGISTERED,
+    SHIPPED,
     engine_names,
+    engine_spec,
+    engine_tables,
     load_engine,
+    rediscover,
     request_engine,
     section_type,
 )
 
-__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "REGISTRY", "EngineEntry", "engine_names",
-           "load_engine", "request_engine", "section_type"]
+__all__ = ["DEFAULT_ENGINES", "ENGINE_OF_MODE", "GROUP", "REGISTERED", "SHIPPED", "engine_names",
+           "engine_spec", "engine_tables", "load_engine", "rediscover", "request_engine",
+           "section_type"]

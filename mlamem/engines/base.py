@@ -35,22 +35,19 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from mlamem.attribution import ExpectedBuffer
+from mlamem.engine_specs import (  # noqa: F401 (re-exported: the ranks' results read through the specs)
+    Column,
+    EngineSpec,
+    Verdict,
+    View,
+    charged_per_process,
+)
 from mlamem.errors import UserError
 from mlamem.kernels import BufferSpec, KernelContract
 from mlamem.measure import CallRecord, Failure, classify_failure, measure_one, without_record
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.scenario import Scenario
 from mlamem.units import check_fraction
-
-
-class Verdict(StrEnum):
-    """What happened to one case (the `verdict` field of mlamem.repro-oom/1)."""
-
-    FITS = "fits"  # the full step ran; headroom_bytes is what was left under the cap
-    OOM = "oom"  # an allocation failed: oom_* fields say which, and phase says when
-    NO_KV_ROOM = "no-kv-room"  # init and profile leave nothing for the KV cache: no start
-    ERROR = "error"  # a failure that is not an out-of-memory (failure says what)
-    CRASHED = "crashed"  # the case's process died without a result (failure says how)
 
 
 class Phase(StrEnum):
@@ -186,47 +183,6 @@ NVML_FIELDS = ("nvml_visibility", "nvml_process_step_peak_bytes", "non_torch_pro
                "graph_estimate_other_processes_bytes")
 
 
-def charged_per_process(case: dict) -> bool:
-    """Whether a measured case's non_torch_bytes is this process's own figure, not the
-    device-wide fallback (NonTorchReading.charged_bytes)."""
-    return case.get("non_torch_process_bytes") is not None
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of an engine's result table: its header and its cell, from a case dict."""
-
-    header: str
-    cell: Callable[[dict], str]
-    name: bool = False  # a name column: left-aligned and wrapped (figures: right, one line)
-
-
-@dataclass(frozen=True)
-class View:
-    """How an engine's repro-oom result reads (mlamem/render/repro.py draws it from this)."""
-
-    heading: str  # the Markdown section: "### {heading}: {scenario}"
-    cases_named: str  # what its cases are, in messages: "--paths", "reserve variants"
-    table_title: str  # after "mlamem repro-oom: ", of {scenario} and {predicted} (the tag)
-    table_columns: tuple[Column, ...]  # the terminal table's, after the case key and verdict
-    markdown_columns: tuple[Column, ...]  # the Markdown table's, after the case and verdict
-    row_name: Callable[[dict], str]  # a case in the Markdown table and the table's notes
-    case_label: Callable[[dict], str]  # a case in prose, e.g. "alloc path"
-    verdict_in_notes: Callable[[dict], bool]  # whether the table's notes spell out its verdict
-    budget_rule: Callable[[dict, list[dict]], str]  # which rule sized the KV cache, from the
-    #                                                 budget and the cases
-    # the memory-budget bars the report draws per case: (label, bytes, color key) from 0 up to
-    # the cap, and what the full step needed on top (None: no figure); None: no budget plot
-    budget_segments: Callable[[dict], list[tuple[str, int, str]]] | None = None
-    step_need: Callable[[dict], int | None] | None = None
-    step_tokens: str = "max_num_batched_tokens"  # the budget's step tokens, in the engine's words
-
-    @property
-    def budget_plot(self) -> bool:
-        """Whether the report draws the memory-budget plot for this engine's cases."""
-        return self.budget_segments is not None
-
-
 class PhaseFailed(Exception):
     """Raised by a phase with a failure it classified itself (a capture names its buffer)."""
 
@@ -276,7 +232,8 @@ class Engine(ABC):
     `resident`; `allocating` names what is being allocated, for an OOM outside the step.
     """
 
-    name: ClassVar[str]  # its name in mlamem.engines.REGISTRY
+    name: ClassVar[str]  # its name in the engine registry
+    spec: ClassVar[EngineSpec]  # its spec (engine_specs): its view, knobs' names, table
     case_type: ClassVar[type[Case]]
     budget_type: ClassVar[type[Budget]] = Budget  # its knobs and options
     captures_graphs: ClassVar[bool] = False  # has CUDA-graph phases (its budget's cuda_graphs)

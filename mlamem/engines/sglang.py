@@ -13,9 +13,9 @@ as SGLang runs them:
 - KV sizing: free after init - free before the model x (1 - mem_fraction_static), the fraction
   given or derived by SGLang's reserve rule for the target GPU; tokens = that // the DSA fp8
   cell (latent, scales, RoPE and the indexer's keys, per layer), in whole pages
-  (engines/sglang_rules.py);
+  (engine_specs/sglang.py);
 - capture (CUDA graphs on, `SGLangBudget.cuda_graphs`): the decode graphs, after the pool, out
-  of what the fraction left: the batch sizes of engines/sglang_rules.py (SGLang's list, or
+  of what the fraction left: the batch sizes of engine_specs/sglang.py (SGLang's list, or
   `[sglang].cuda_graph_bs`, up to `cuda_graph_max_bs`, within the request pool the KV pool
   gives), largest first, each at bs x tokens per request, into one pool that lives on. Each
   graph holds the attention call only (as vLLM's, engines/vllm.py), its q a static buffer:
@@ -35,37 +35,29 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from mlamem.engines.base import (
-    Budget,
-    Column,
-    Knob,
-    NoKVRoom,
-    PhaseFailed,
-    RankMemory,
-    Verdict,
-    View,
-    non_torch_now,
-)
-from mlamem.engines.decode_rank import (
-    DecodeCase,
-    DecodeRank,
-    budget_segments,
-    failed_alloc_cell,
-    gain_cell,
-    gib_cell,
-    kv_cell,
-    safe_cell,
-    step_need_bytes,
-)
-from mlamem.engines.sglang_rules import (
+from mlamem.engine_specs.sglang import (
+    SPEC,
     SGLangSection,
     decode_capture_batches,
     dsa_fp8_cell_bytes,
+    fraction_cell,
     fraction_for_pool,
     graph_alignment,
     kv_pool_bytes,
     max_num_reqs,
     resolve,
+)
+from mlamem.engines.base import (
+    Budget,
+    Knob,
+    NoKVRoom,
+    PhaseFailed,
+    RankMemory,
+    non_torch_now,
+)
+from mlamem.engines.decode_rank import (
+    DecodeCase,
+    DecodeRank,
 )
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
@@ -100,7 +92,7 @@ def smi_memory_mib(scenario: Scenario, gpu_memory_bytes: int) -> tuple[float, st
 
 def resolved(scenario: Scenario, gpu_memory_bytes: int, mem_fraction_static: float | None,
              chunked_prefill_size: int | None = None):
-    """SGLang's settings for this rank: sglang_rules.resolve on the scenario's parallel layout
+    """SGLang's settings for this rank: engine_specs.sglang.resolve on the scenario's parallel layout
     and `[sglang]` table, the GPU's memory as SGLang reads it (`smi_memory_mib`), CUDA graphs
     as SGLang's defaults capture them (they size the reserve); `chunked_prefill_size` is the
     step's (the budget's), else the table's, else the GPU's default: a derived fraction follows
@@ -178,13 +170,12 @@ class SGLangCase(DecodeCase):
 class SGLang(DecodeRank):
     """SGLang serving a DSA model's sparse decode over an fp8 cache; see the module docstring."""
 
-    name = "sglang"
+    name, spec, view = SPEC.name, SPEC, SPEC.view
     case_type = SGLangCase
     budget_type = SGLangBudget
     searched_knob = "max_num_batched_tokens"
-    searched_fraction = "mem_fraction_static"
-    step_knob_name = "chunked_prefill_size"
-    reads_utilization = False
+    searched_fraction, step_knob_name = SPEC.searched_fraction, SPEC.step_knob_name
+    reads_utilization = SPEC.reads_utilization
     captures_graphs = True
     budget: SGLangBudget
 
@@ -265,7 +256,7 @@ class SGLang(DecodeRank):
         return max(tokens, largest * graph_tokens_per_request(self.scenario))
 
     def rules(self):
-        """sglang_rules.resolve for this rank's budget."""
+        """engine_specs.sglang.resolve for this rank's budget."""
         return resolved(self.scenario, self.budget.gpu_memory_bytes,
                         self.budget.mem_fraction_static, self.budget.max_num_batched_tokens)
 
@@ -357,7 +348,7 @@ def _graphs_note(case: dict) -> str:
               f"token{'s' if per_request > 1 else ''} per request ({case['graph_list_source']} "
               f"of {case['graph_request_pool']}), static q {format_bytes(case['graph_input_bytes'])}")
     if case.get("graph_failed_batch_size") is not None:
-        fraction = _fraction_cell(case)
+        fraction = fraction_cell(case)
         return (f"{case['path']}: CUDA graphs: {listed}; OOM at CUDA-graph capture of bs "
                 f"{case['graph_failed_batch_size']} after {case['graph_captures']} graphs: SGLang "
                 "stops at start-up (\"Capture cuda graph failed\"; its advice: a lower "
@@ -368,58 +359,5 @@ def _graphs_note(case: dict) -> str:
             + ("" if device is None else f" ({format_bytes(device)} on the device)")
             + "; the step ran with what they left")
 
-
-def _fraction_cell(case: dict) -> str:
-    fraction = case.get("max_safe_mem_fraction_static")
-    return "n/a" if fraction is None else ("none" if fraction == 0 else f"{fraction:.3f}")
-
-
-def _budget_rule(budget: dict, cases: list[dict]) -> str:
-    fractions = sorted({f"{c['mem_fraction_static']} ({c['fraction_source']})" for c in cases
-                        if c.get("mem_fraction_static") is not None})
-    graphs = "; then the decode CUDA graphs, out of what is left" if budget.get("cuda_graphs") else ""
-    return ("KV pool rule (SGLang's): free after init - free before the model x (1 - "
-            f"mem_fraction_static {', '.join(fractions) or 'n/a'}), in whole pages of the DSA "
-            f"fp8 cell; no profile pass{graphs}; chunked_prefill_size "
-            f"{budget['max_num_batched_tokens']}")
-
-
-SGLang.view = View(
-    heading="Runtime OOM reproduction (SGLang)",
-    cases_named="--paths",
-    table_title="{scenario}, SGLang{predicted}; GiB",
-    table_columns=(
-        Column("failed\nalloc", failed_alloc_cell, name=True),
-        Column("free at\nOOM", lambda c: gib_cell(c.get("free_bytes_at_oom"))
-               if c["verdict"] == Verdict.OOM else ""),
-        Column("KV\npool", lambda c: gib_cell(c.get("kv_cache_bytes"))),
-        Column("head-\nroom", lambda c: gib_cell(c.get("headroom_bytes"))
-               if c["verdict"] == Verdict.FITS else ""),
-        Column("+if out\nstaged", gain_cell),
-        Column("max safe\nchunk", safe_cell),
-        Column("max safe\nfraction", _fraction_cell)),
-    markdown_columns=(
-        Column("backend", lambda c: c.get("backend") or "n/a"),
-        Column("KV pool", kv_cell),
-        Column("mem_fraction_static", lambda c: f"{c.get('mem_fraction_static')} "
-                                                f"({c.get('fraction_source')})"),
-        Column("headroom", lambda c: f"{gib_cell(c.get('headroom_bytes'))} GiB"
-               if c["verdict"] == Verdict.FITS else "-"),
-        Column("+ if out staged", lambda c: gain_cell(c) + (
-            " GiB" if c.get("out_staging_gain_bytes") is not None else "")),
-        Column("largest safe chunked_prefill_size (fraction pinned)", safe_cell),
-        Column("largest safe chunked_prefill_size alone (fraction re-derived)",
-               lambda c: safe_cell({"max_safe_tokens": c.get("max_safe_tokens_rederived")})),
-        Column("largest safe mem_fraction_static at the chunk (model)", _fraction_cell)),
-    row_name=lambda c: c["path"],
-    case_label=lambda c: f"{c['path']} path",
-    verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)
-                                or c["verdict"] == Verdict.OOM
-                                and (c.get("oom_requested_bytes") is None
-                                     or c["phase"] == "capture")),
-    budget_rule=_budget_rule,
-    budget_segments=budget_segments,
-    step_need=step_need_bytes,
-    step_tokens="chunked_prefill_size")
 
 ENGINE = SGLang

@@ -22,25 +22,19 @@ import torch
 
 from mlamem import context_reserve
 from mlamem.attribution import ExpectedBuffer
+from mlamem.engine_specs.trtllm import SPEC, VARIANTS
 from mlamem.engines.base import (
     Case,
-    Column,
     Engine,
     Knob,
     NoKVRoom,
     RankMemory,
     Step,
-    View,
     allocate_specs,
 )
 from mlamem.errors import UserError
 from mlamem.kernels import BufferSpec
 from mlamem.scenario import Scenario
-from mlamem.units import format_bytes
-
-VARIANTS = ("none", "fp8", "full")  # no reserve, the PR's fp8-only reserve, everything charged
-VARIANT_LABELS = {"none": "no reserve", "fp8": "fp8-only reserve (the PR)",
-                  "full": "everything charged (plan's reserve)"}
 
 
 def is_context_reuse(scenario: Scenario) -> bool:
@@ -85,7 +79,7 @@ class TRTLLMContextReuse(Engine):
     pass uses the scenario's max_num_batched_tokens (max_num_tokens); the budget's
     utilization is TRT-LLM's free_gpu_memory_fraction."""
 
-    name = "trtllm-context-reuse"
+    name, spec, view = SPEC.name, SPEC, SPEC.view
     case_type = ContextReuseCase
     kv_cache_name = "kv_pool"
 
@@ -161,58 +155,5 @@ class TRTLLMContextReuse(Engine):
         return Step(body, [ExpectedBuffer(spec.name, spec.nbytes, "context path")
                            for spec in specs])
 
-
-def _reserve(case: dict) -> str:
-    return "-" if case.get("reserve_bytes") is None else format_bytes(case["reserve_bytes"])
-
-
-def _admission_cap(case: dict) -> str:
-    cap = case.get("admission_cap_tokens")
-    return "none" if cap is None else str(cap)
-
-
-def _kv_pool_tokens(case: dict) -> str:
-    return "n/a" if case.get("kv_pool_tokens") is None else str(case["kv_pool_tokens"])
-
-
-def _admitted(case: dict) -> str:
-    return f"{len(case.get('admitted', []))} / {len(case.get('trimmed', []))}"
-
-
-def _attended(case: dict) -> str:
-    return "n/a" if case.get("attended_tokens") is None else str(case["attended_tokens"])
-
-
-def _budget_rule(budget: dict, cases: list[dict]) -> str:
-    """TRT-LLM's KV budget rule, with the figures of the first case that sized one."""
-    figures = ""
-    case = next((c for c in cases if c.get("budget_bytes") is not None), None)
-    if case is not None:
-        cap, weights, profile = (case["torch_limit_bytes"], case["weights_bytes"],
-                                 case["profile_peak_bytes"])
-        figures = f" = {format_bytes(case['budget_bytes'])}"
-        if int(budget["utilization"] * (cap - weights - profile)) == case["budget_bytes"]:
-            figures = (f" = {budget['utilization']} x ({format_bytes(cap)} - "
-                       f"{format_bytes(weights)} - {format_bytes(profile)}){figures}")
-    return (f"KV budget rule (TRT-LLM's): free_gpu_memory_fraction x (total - non-torch - "
-            f"weights - profile peak){figures}; each variant's reserve comes out of it. "
-            "`mlamem plan` charges neither the profile peak nor non-torch memory, so its "
-            "reserves differ")
-
-
-_CELLS = (("reserve", _reserve), ("admission cap", _admission_cap),
-          ("KV pool tokens", _kv_pool_tokens), ("admitted / trimmed", _admitted),
-          ("attended KV", _attended))
-
-TRTLLMContextReuse.view = View(
-    heading="Context-MLA reuse OOM",
-    cases_named="reserve variants",
-    table_title="{scenario}, context-MLA reuse{predicted}",
-    table_columns=tuple(Column(header.replace(" ", "\n", 1), cell) for header, cell in _CELLS),
-    markdown_columns=tuple(Column(header, cell) for header, cell in _CELLS),
-    row_name=lambda c: VARIANT_LABELS[c["variant"]],
-    case_label=lambda c: VARIANT_LABELS[c["variant"]],
-    verdict_in_notes=lambda c: True,
-    budget_rule=_budget_rule)
 
 ENGINE = TRTLLMContextReuse

@@ -14,7 +14,7 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
 - step: one full step at max_num_batched_tokens through the path under test.
 The graphs hold the attention call only (mlamem/graphs.py), its q a static input buffer; which
-sizes vLLM captures, and its estimate, are vLLM's rules (engines/vllm_rules.py), set in the
+sizes vLLM captures, and its estimate, are vLLM's rules (engine_specs/vllm.py), set in the
 scenario's `[vllm]` table. The budget's own options are the CUDA graphs (`VLLMBudget`), and
 repro-oom searches each path's largest safe max_num_batched_tokens.
 """
@@ -24,15 +24,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from mlamem.engine_specs.vllm import SPEC, sizes_to_capture, vllm_estimate
 from mlamem.engines.base import (
     Budget,
-    Column,
     Knob,
     NoKVRoom,
     PhaseFailed,
     RankMemory,
-    Verdict,
-    View,
     allocate_specs,
     non_torch_now,
 )
@@ -40,16 +38,8 @@ from mlamem.engines.decode_rank import (
     DecodeCase,
     DecodeRank,
     activation_specs,
-    budget_segments,
-    failed_alloc_cell,
-    gain_cell,
-    gib_cell,
     kv_block_bytes,
-    kv_cell,
-    safe_cell,
-    step_need_bytes,
 )
-from mlamem.engines.vllm_rules import sizes_to_capture, vllm_estimate
 from mlamem.graph_capture import capture_all
 from mlamem.non_torch import graph_steps_note
 from mlamem.units import format_bytes
@@ -108,7 +98,7 @@ class VLLMCase(DecodeCase):
 class VLLM(DecodeRank):
     """vLLM serving the scenario's sparse decode; see the module docstring."""
 
-    name = "vllm"
+    name, spec, view = SPEC.name, SPEC, SPEC.view
     case_type = VLLMCase
     budget_type = VLLMBudget
     searched_knob = "max_num_batched_tokens"
@@ -232,41 +222,5 @@ class VLLM(DecodeRank):
 def _signed(value: int) -> str:
     return ("+" if value >= 0 else "-") + format_bytes(abs(value))
 
-
-def _budget_rule(budget: dict, cases: list[dict]) -> str:
-    graphs = " + CUDA-graph estimate" if budget.get("cuda_graphs") else ""
-    return (f"KV cache rule (vLLM's): utilization {budget['utilization']} x total - (init + "
-            f"profile peak + non-torch{graphs}), in whole blocks, after a profile pass that "
-            "skips attention")
-
-
-VLLM.view = View(
-    heading="Runtime OOM reproduction",
-    cases_named="--paths",
-    table_title="{scenario}{predicted}; GiB",
-    table_columns=(
-        Column("failed\nalloc", failed_alloc_cell, name=True),
-        Column("free at\nOOM", lambda c: gib_cell(c.get("free_bytes_at_oom"))
-               if c["verdict"] == Verdict.OOM else ""),
-        Column("KV\ncache", lambda c: gib_cell(c.get("kv_cache_bytes"))),
-        Column("head-\nroom", lambda c: gib_cell(c.get("headroom_bytes"))
-               if c["verdict"] == Verdict.FITS else ""),
-        Column("+if out\nstaged", gain_cell),
-        Column("max\nsafe T", safe_cell)),
-    markdown_columns=(
-        Column("KV cache", kv_cell),
-        Column("headroom", lambda c: f"{gib_cell(c.get('headroom_bytes'))} GiB"
-               if c["verdict"] == Verdict.FITS else "-"),
-        Column("+ if out staged", lambda c: gain_cell(c) + (
-            " GiB" if c.get("out_staging_gain_bytes") is not None else "")),
-        Column("largest safe max_num_batched_tokens", safe_cell)),
-    row_name=lambda c: c["path"],
-    case_label=lambda c: f"{c['path']} path",
-    verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)
-                                or c["verdict"] == Verdict.OOM
-                                and c.get("oom_requested_bytes") is None),
-    budget_rule=_budget_rule,
-    budget_segments=budget_segments,
-    step_need=step_need_bytes)
 
 ENGINE = VLLM

@@ -8,7 +8,6 @@ reads the operation names and cache formats from here, so nothing here imports i
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +66,6 @@ def generator(device, seed: int) -> dict:
     import torch
 
     return {} if device.type == "meta" else {"generator": torch.Generator(device).manual_seed(seed)}
-
-
-def runtime(module: str):
-    """A runtime module (e.g. the fp8_ds_mla quantizer) an input maker calls, imported by name
-    when inputs are drawn, as the registry loads adapters: the spec layer imports none."""
-    return importlib.import_module(module)
 
 
 class Operation:

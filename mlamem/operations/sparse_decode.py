@@ -7,7 +7,7 @@ with indices (1, T, topk) int32 (-1 invalid); out (1, T, h_q, d_v) bf16, lse (1,
 
 from __future__ import annotations
 
-from mlamem.operations.base import Operation, OpInputs, Problem, Scenario, generator, runtime
+from mlamem.operations.base import Operation, OpInputs, Problem, Scenario, generator
 
 KV_POOL_TOPK_MULTIPLE = 4  # the synthetic KV pool (and a prefill's gathered KV) hold 4 x topk tokens
 
@@ -25,7 +25,7 @@ def sparse_decode_inputs(pool: int, block: int, topk: int, tokens: int, heads: i
     at `invalid_fraction` of them (each query keeps one), then q (tokens, heads, d_qk) bf16."""
     import torch
 
-    fp8_ds_mla = runtime("mlamem.fp8_ds_mla")
+    from mlamem import fp8_ds_mla  # the cache format's quantizer: torch, as drawing inputs is
     cache_shape = (pool // block, block, 1, fp8_ds_mla.BYTES_PER_TOKEN)
     if device.type == "meta":  # no values: skip drawing and quantizing them on the CPU
         kv_cache = torch.empty(cache_shape, dtype=torch.uint8, device=device)

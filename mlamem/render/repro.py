@@ -1,5 +1,5 @@
 """`mlamem repro-oom`: verdicts per case (a path, a reserve variant, ...), in the columns the
-result's engine declares (`Engine.view`)."""
+result's engine declares (its spec's `view`, `mlamem.engine_specs`: no rank module)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 from rich.console import Group
 
-from mlamem.engines import load_engine
-from mlamem.engines.base import View, charged_per_process
+from mlamem.engine_registry import engine_spec
+from mlamem.engine_specs import View, charged_per_process
 from mlamem.render.common import compact_table, console_text, limits_text, predicted_tag, with_notes
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.repro import ReproResult
@@ -31,7 +31,7 @@ def _budget_lines(result: ReproResult, markdown: bool = False) -> list[str]:
     target, note = escaped(s["target_gpu"], markdown), escaped(s.get("weights_note"), markdown)
     gpu = (f"--gpu-memory; the scenario's GPU is {target}"
            if "scenario_gpu_memory_bytes" in b else f"{target} memory")
-    engine = load_engine(result.engine)
+    engine = engine_spec(result.engine)
     share = (f" at utilization {b['utilization']} = {format_bytes(b['requested_bytes'])} for the "
              "engine" if engine.reads_utilization else "")
     lines = [f"target: {format_bytes(b['gpu_memory_bytes'])} ({gpu}){share}; "
@@ -55,7 +55,7 @@ def _charged_reading(case: dict) -> str:
 
 
 def _view(result: ReproResult) -> View:
-    return load_engine(result.engine).view
+    return engine_spec(result.engine).view
 
 
 def _budget_rule(result: ReproResult) -> str:
@@ -65,7 +65,7 @@ def _budget_rule(result: ReproResult) -> str:
 
 def case_label(case: dict, engine: str) -> str:
     """A case in prose: 'alloc path' for vLLM, the reserve variant's label for context reuse."""
-    return load_engine(engine).view.case_label(case)
+    return engine_spec(engine).view.case_label(case)
 
 
 def verdict_text(case: dict) -> str:
@@ -97,8 +97,8 @@ def _short_verdict(case: dict) -> str:
 def repro_table(result: ReproResult) -> Group:
     """One row per case: its verdict, then the engine's columns (vLLM: the failed allocation,
     the KV cache the engine chose, the headroom, the largest safe T)."""
-    engine = load_engine(result.engine)
-    view, key = engine.view, engine.case_type.key_field
+    engine = engine_spec(result.engine)
+    view, key = engine.view, engine.key_field
     caption = [escaped(_repro_label(result)), *_budget_lines(result)]
     caption += [escaped(f"{view.row_name(c)}: {verdict_text(c)}") for c in result.cases
                 if view.verdict_in_notes(c)]
@@ -118,8 +118,8 @@ def repro_table(result: ReproResult) -> Group:
 
 def repro_markdown(result: ReproResult) -> str:
     """The reproduction as a PR section: budget, one row per case, how any limit was found."""
-    engine = load_engine(result.engine)
-    view, key = engine.view, engine.case_type.key_field
+    engine = engine_spec(result.engine)
+    view, key = engine.view, engine.key_field
     lines = [f"### {view.heading}: {escaped(result.scenario['name'], markdown=True)}"
              f"{predicted_tag(result.measured)}",
              "",
@@ -139,8 +139,8 @@ def repro_markdown(result: ReproResult) -> str:
 def _limits_lines(result: ReproResult) -> list[str]:
     """Per searched case, how its largest safe step tokens were found; with an engine's searched
     fraction (SGLang), each largest safe knob as a flag with the one it holds with."""
-    engine = load_engine(result.engine)
-    key, fraction = engine.case_type.key_field, engine.searched_fraction
+    engine = engine_spec(result.engine)
+    key, fraction = engine.key_field, engine.searched_fraction
     lines = []
     for c in result.cases:
         if "max_safe_method" not in c:

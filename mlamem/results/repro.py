@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from mlamem.engine_registry import engine_names, engine_spec
 from mlamem.results.base import Migrate, Model, Open, ResultFile, no_second_copy
 from mlamem.results.shared import (
     ENGINE_OF_MODE,
@@ -116,8 +117,12 @@ class ReproFile(ResultFile):
 
     @model_validator(mode="after")
     def _one_copy_of_each_case(self) -> ReproFile:
-        # a case is named by its engine's key: a path (vLLM, SGLang) or a reserve variant
-        no_second_copy(self.cases, ("path", "variant"), "cases")
+        # a case is named by its engine's key (its spec's key_field): a path (vLLM, SGLang), a
+        # reserve variant (TRT-LLM) or a plug-in engine's own
+        key = ["path", "variant"]
+        if self.engine in engine_names() and engine_spec(self.engine).key_field not in key:
+            key.append(engine_spec(self.engine).key_field)
+        no_second_copy(self.cases, tuple(key), "cases")
         return self
 
 

@@ -4,10 +4,10 @@
 config.json and a GPU by name.
 
 `from_command` splits the command as a shell does, sets `NAME=VALUE` prefixes aside (named in
-the notes' `not modelled:` line), parses the flags
-with the engine's own names (serve_command/vllm.py, trtllm.py, sglang.py), and builds the
-scenario through `scenario.from_dict`, so the scenario model validates it. What the command sets
-that mlamem does not model is named in the notes, never dropped.
+the notes' `not modelled:` line), parses the flags with the engine's own names (each engine's
+spec module: engine_specs/vllm.py, trtllm.py, sglang.py), and builds the scenario through
+`scenario.from_dict`, so the scenario model validates it. What the command sets that mlamem
+does not model is named in the notes, never dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlamem import gpus, scenario
+from mlamem.engine_specs import sglang, trtllm, vllm
 from mlamem.errors import UserError
 from mlamem.models import hf_config
 from mlamem.models.overrides import (
@@ -29,7 +30,6 @@ from mlamem.models.overrides import (
     scenario_from_config,
 )
 from mlamem.models.weights import fit_line, weights_fit
-from mlamem.serve_command import sglang, trtllm, vllm
 from mlamem.serve_command.parsed import Parsed
 
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
@@ -157,7 +157,7 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
         if not config.has_indexer:
             raise UserError("the model has no DSA indexer (dense MLA): SGLang runs flashmla_kv, "
                             "the decode mlamem drives, only for a DSA model", field="model")
-        sglang.fill_defaults(parsed, config, target)
+        sglang.fill_defaults(parsed, config, target.name, target.smi_mib)
         return
     tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
     if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory

@@ -1,9 +1,14 @@
-"""`trtllm-serve MODEL ...` as TensorRT-LLM's click command reads it (tensorrt_llm/commands/serve.py,
-`serve`, NVIDIA/TensorRT-LLM at 00209af1): its options by their own names (click takes `--x=y`
-and no abbreviations), defaults from that file (free_gpu_memory_fraction 0.9, chunked prefill
-off) and the LLM API's (BuildConfig max_batch_size 2048, max_num_tokens 8192; KvCacheConfig's
-block reuse on, 32 tokens per block). The scenario is TensorRT-LLM's context-MLA reuse rank
-(engines/trtllm_context_reuse.py), with vLLM's sparse decode beside it.
+"""TensorRT-LLM's context-MLA reuse, as the spec layer knows it (no torch): its reserve variants,
+its `trtllm-serve` parser and how its saved results read (`SPEC`); its rank is
+`mlamem.engines.trtllm_context_reuse`, its reserve arithmetic `context_reserve.py`.
+
+The serve command: `trtllm-serve MODEL ...` as TensorRT-LLM's click command reads it
+(tensorrt_llm/commands/serve.py, `serve`, NVIDIA/TensorRT-LLM at 00209af1): its options by their
+own names (click takes `--x=y` and no abbreviations), defaults from that file
+(free_gpu_memory_fraction 0.9, chunked prefill off) and the LLM API's (BuildConfig
+max_batch_size 2048, max_num_tokens 8192; KvCacheConfig's block reuse on, 32 tokens per
+block). The scenario is TensorRT-LLM's context-MLA reuse rank (engines/trtllm_context_reuse.py),
+with vLLM's sparse decode beside it.
 
 `--config FILE` (or `--extra_llm_api_options FILE`) is read as trtllm-serve at 00209af1 reads it:
 `with_config_file`.
@@ -14,9 +19,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mlamem.engine_specs import Column, EngineSpec, View
 from mlamem.errors import UserError
 from mlamem.serve_command import config_file
 from mlamem.serve_command.parsed import EngineParser, Parsed
+from mlamem.units import format_bytes
+
+VARIANTS = ("none", "fp8", "full")  # no reserve, the PR's fp8-only reserve, everything charged
+VARIANT_LABELS = {"none": "no reserve", "fp8": "fp8-only reserve (the PR)",
+                  "full": "everything charged (plan's reserve)"}
+
 
 PROG = "trtllm-serve"
 # every option of `serve`: name (and aliases) -> its type; None: a flag without a value
@@ -206,3 +218,63 @@ def parse(words: list[str]):
                   sections={}, notes=notes + ([f"--ep_size {ep}: the routed experts are placed "
                                                f"over {tp} ranks"] if ep != tp else []),
                   cuda_graphs=False, prog=PROG, flags=FIELD_FLAGS)
+
+
+# -- how its saved results read --
+
+def _reserve(case: dict) -> str:
+    return "-" if case.get("reserve_bytes") is None else format_bytes(case["reserve_bytes"])
+
+
+def _admission_cap(case: dict) -> str:
+    cap = case.get("admission_cap_tokens")
+    return "none" if cap is None else str(cap)
+
+
+def _kv_pool_tokens(case: dict) -> str:
+    return "n/a" if case.get("kv_pool_tokens") is None else str(case["kv_pool_tokens"])
+
+
+def _admitted(case: dict) -> str:
+    return f"{len(case.get('admitted', []))} / {len(case.get('trimmed', []))}"
+
+
+def _attended(case: dict) -> str:
+    return "n/a" if case.get("attended_tokens") is None else str(case["attended_tokens"])
+
+
+def _budget_rule(budget: dict, cases: list[dict]) -> str:
+    """TRT-LLM's KV budget rule, with the figures of the first case that sized one."""
+    figures = ""
+    case = next((c for c in cases if c.get("budget_bytes") is not None), None)
+    if case is not None:
+        cap, weights, profile = (case["torch_limit_bytes"], case["weights_bytes"],
+                                 case["profile_peak_bytes"])
+        figures = f" = {format_bytes(case['budget_bytes'])}"
+        if int(budget["utilization"] * (cap - weights - profile)) == case["budget_bytes"]:
+            figures = (f" = {budget['utilization']} x ({format_bytes(cap)} - "
+                       f"{format_bytes(weights)} - {format_bytes(profile)}){figures}")
+    return (f"KV budget rule (TRT-LLM's): free_gpu_memory_fraction x (total - non-torch - "
+            f"weights - profile peak){figures}; each variant's reserve comes out of it. "
+            "`mlamem plan` charges neither the profile peak nor non-torch memory, so its "
+            "reserves differ")
+
+
+_CELLS = (("reserve", _reserve), ("admission cap", _admission_cap),
+          ("KV pool tokens", _kv_pool_tokens), ("admitted / trimmed", _admitted),
+          ("attended KV", _attended))
+
+VIEW = View(
+    heading="Context-MLA reuse OOM",
+    cases_named="reserve variants",
+    table_title="{scenario}, context-MLA reuse{predicted}",
+    table_columns=tuple(Column(header.replace(" ", "\n", 1), cell) for header, cell in _CELLS),
+    markdown_columns=tuple(Column(header, cell) for header, cell in _CELLS),
+    row_name=lambda c: VARIANT_LABELS[c["variant"]],
+    case_label=lambda c: VARIANT_LABELS[c["variant"]],
+    verdict_in_notes=lambda c: True,
+    budget_rule=_budget_rule)
+
+
+SPEC = EngineSpec(name="trtllm-context-reuse", rank="mlamem.engines.trtllm_context_reuse:TRTLLMContextReuse",
+                  view=VIEW, key_field="variant")
