@@ -198,11 +198,14 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
     """
     from mlamem.sweep import Request, plan
 
-    given = [o for o in values if operations.operation(o).key in keys_given]
-    return plan(Request(chosen, ops, kernel, values=values, given=given, keys_given=keys_given,
-                        paths=list(paths) if paths_given else None,
-                        candidate_paths=None if paths_given else list(paths),
-                        named=named, op_given=op_given, fix=fix))
+    given = {o: v for o, v in values.items() if operations.operation(o).key in keys_given}
+    return plan(Request(
+        "gate", kernel, scenarios=chosen if named else (),
+        candidate_scenarios=() if named else chosen, ops=ops if op_given else (),
+        candidate_ops=None if op_given else ops, values=given,
+        defaults={o: v for o, v in values.items() if o not in given}, keys=keys_given,
+        paths=list(paths) if paths_given else None,
+        candidate_paths=None if paths_given else list(paths), fix=fix))
 
 
 def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kernel: str) -> dict:

@@ -21,7 +21,7 @@ def compare(
     kernels: Annotated[str, typer.Option(
         help="Two comma-separated kernel names to run on the same inputs (`mlamem kernels` "
              "lists them).")] = ",".join(COMPARED_KERNELS),
-    op: o.OpOption = o.OpName["sparse-decode"],
+    op: o.OpOption = operations.SPARSE_DECODE,
     tokens: Annotated[str | None, o.tokens_option("the operation's sweep")] = None,
     requests: o.RequestsOption = None,
     context_len: o.ContextOption = None,
@@ -44,7 +44,6 @@ def compare(
     from mlamem.compare import check_kernels, run_compare
 
     names = _kernel_names(kernels)
-    op = op.value
     values = o.parse_sweep(op, tokens, requests)
     kv_tokens = o.kv_length(op, context_len, kv_len)
     output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
@@ -95,8 +94,8 @@ def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str, pair,
 
     flag = operations.operation(op).flag
     parts = [plan(Request(
-        [scenario], [op], kernel,
-        values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
+        "compare", kernel, scenarios=[scenario], ops=[op],
+        values={op: values or list(operations.operation(op).default_sweep)},
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         fix=f"lower {flag} or drop the workspace paths from --paths"))[0] for kernel in pair]
     return parts[0]

@@ -27,10 +27,9 @@ def gate(
         help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
     scenario: Annotated[str | None, o.scenario_option(
         "the baseline's (all for a new one)", many=True)] = None,
-    op: Annotated[o.OpName | None, typer.Option(
-        "--op", help="Gate this operation only. Default: the baseline's operations; with "
-                     "--update, every operation the kernel runs that each scenario declares.",
-        show_default=False)] = None,
+    op: Annotated[str | None, o.op_option(
+        "Gate this operation only. Default: the baseline's operations; with --update, every "
+        "operation the kernel runs that each scenario declares.")] = None,
     tokens: Annotated[str | None, o.tokens_option(
         f"the baseline's ({o.DECODE_SWEEP} for a new one), each scenario "
         "the ones its max_num_batched_tokens allows")] = None,
@@ -110,8 +109,8 @@ def gate(
 def _values_given(op, tokens: str | None, requests: str | None) -> dict[str, list[int]]:
     """The values asked for, by swept quantity (`tokens`, `requests`)."""
     if op is not None:  # --tokens or --requests, whichever the operation sweeps
-        swept = o.parse_sweep(op.value, tokens, requests)
-        return {} if swept is None else {operations.operation(op.value).key: swept}
+        swept = o.parse_sweep(op, tokens, requests)
+        return {} if swept is None else {operations.operation(op).key: swept}
     return {key: o.parse_tokens(text, flag, symbol) for key, flag, text, symbol in (
         ("tokens", "--tokens", tokens, "T"), ("requests", "--requests", requests, "b"))
         if text is not None}
@@ -141,7 +140,7 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
     from mlamem.paths import PATH_NAMES
 
     if op is not None:
-        ops = [op.value]
+        ops = [op]
     elif update:  # every operation the kernel runs; each scenario keeps those it declares
         ops = list(kernel.operations)
     else:

@@ -15,6 +15,7 @@ from typing import Any
 from mlamem.errors import UserError
 from mlamem.units import MAX_BYTES, MAX_TOKENS
 
+TOKENS_BOUND = "max_num_batched_tokens"  # the token workspaces' bound
 Scenario = Any  # mlamem.scenario.Scenario, which imports the operations (so not imported here)
 
 
@@ -92,14 +93,20 @@ class Operation:
     default_scenario: str  # the shipped scenario `profile --op` runs without --scenario
     kv_formats: tuple[str, ...]  # the caches it reads, by kv_cache_dtype name; the first is its own
     sparse = True  # attends a top-k of the KV (the problem carries the scenario's topk)
+    workspace_bound = TOKENS_BOUND  # the [serving] field that sizes its workspace's rows
 
     def __repr__(self) -> str:
         return f"<operation {self.name}>"
 
     # -- sizes --
+    @property
+    def tokens_workspace(self) -> bool:
+        """Its rows are tokens, and max_num_batched_tokens sizes its workspace."""
+        return self.workspace_bound == TOKENS_BOUND
+
     def workspace_rows(self, scenario: Scenario) -> int:
         """Rows the engine's workspace holds for this operation."""
-        return scenario.serving.max_num_batched_tokens
+        return getattr(scenario.serving, self.workspace_bound)
 
     def default_kv_tokens(self, scenario: Scenario) -> int:
         """KV tokens of one call when the user sets none."""
@@ -146,6 +153,11 @@ class Operation:
         if kv_tokens is not None and self.kv_key is not None and kv_tokens > longest:
             raise UserError(f"{kv_tokens} exceeds {scenario.name}'s max_model_len={longest}, the "
                             f"longest sequence it serves; lower it", field=self.kv_key)
+
+    def workspace_refusal(self, scenario: Scenario, rows: int, fix: str) -> str:
+        """Why `rows` cannot run on a workspace path (more than workspace_rows), and `fix`."""
+        return (f"T={rows} exceeds {scenario.name}'s {self.workspace_bound}="
+                f"{self.workspace_rows(scenario)}, which sizes the workspace; {fix}")
 
     def check_workspace(self, scenario: Scenario, padded_heads: int) -> None:
         """A workspace that cannot exist (the sparse operations' max_num_batched_tokens tokens

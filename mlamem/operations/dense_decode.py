@@ -38,9 +38,12 @@ class DenseDecode(Operation):
     default_scenario = "kimi-k2-dense-tp4-dp"
     kv_formats = ("bf16", "fp8")  # plain caches of d_qk = 576 values per token
     sparse = False
+    workspace_bound = "max_batch_size"
 
-    def workspace_rows(self, scenario: Scenario) -> int:
-        return scenario.serving.max_batch_size
+    def workspace_refusal(self, scenario: Scenario, rows: int, fix: str) -> str:
+        return (f"{rows} requests exceed {scenario.name}'s max_batch_size="
+                f"{scenario.serving.max_batch_size}, which sizes the workspace; lower them or "
+                "drop the workspace paths")
 
     def default_kv_tokens(self, scenario: Scenario) -> int:
         return scenario.serving.decode_context_len
