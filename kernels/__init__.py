@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 
 from mlamem.kernel_registry import (
-    ALL_OPERATIONS,
     COMPARED_KERNELS,
     DEFAULT_KERNEL,
     REFERENCE_KERNEL,
@@ -45,7 +44,7 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["ALL_OPERATIONS", "COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL",
+__all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL",
            "REGISTRY", "SHIPPED", "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA",
            "FlashMLAVLLM", "KernelEntry", "Reference", "KernelContract", "Registry", "SparseDecodeKernel",
            "TritonDecode", "TritonNativeDecode",

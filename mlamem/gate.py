@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from mlamem import operations
 from mlamem.errors import UserError
 from mlamem.files import loads_json, read_text
-from mlamem.kernel_api import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
+from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE, operation_names
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
 from mlamem.lists import parse_list
 from mlamem.sweep import SweepPart
@@ -215,7 +215,7 @@ def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kerne
     path a part ran, and the kernel."""
     from mlamem.paths import PATH_NAMES
 
-    ops = [o for o in OPERATIONS if any(p.op == o for p in parts)]
+    ops = [o for o in operation_names() if any(p.op == o for p in parts)]
     names = list(dict.fromkeys(p.source for p in parts))
     by_key = {operations.operation(o).key: values[o] for o in ops}
     paths = [name for name in PATH_NAMES if any(name in p.paths for p in parts)]
@@ -283,12 +283,14 @@ def _parse(data: dict) -> Baseline:
 
     data = results.read(data, SCHEMA)
     for i, case in enumerate(data["cases"]):
-        if case["op"] not in OPERATIONS:
-            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of {', '.join(OPERATIONS)}")
+        if case["op"] not in operation_names():
+            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of "
+                             f"{', '.join(operation_names())}")
     sweep = data["sweep"]
-    unknown = [o for o in sweep_ops(sweep) if o not in OPERATIONS]
+    unknown = [o for o in sweep_ops(sweep) if o not in operation_names()]
     if unknown:
-        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of {', '.join(OPERATIONS)}")
+        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of "
+                         f"{', '.join(operation_names())}")
     if DENSE_DECODE in sweep_ops(sweep) and "requests" not in sweep:
         raise ValueError("sweep.requests: missing (the sweep covers dense-decode)")
     if sweep_kernel(sweep) not in REGISTRY:

@@ -31,11 +31,9 @@ from mlamem.scenario_names import (  # noqa: F401  (DEFAULT_SCENARIO, shipped_na
 )
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
-# The kernel operations a scenario can drive (its top-level `operations` list) and the caches
-# they read: the operation registry's (mlamem.operations).
-OPERATION_NAMES = _operations.OPERATIONS
+# The kernel operations a scenario can drive (its top-level `operations` list, names from
+# `operation_names()`) and the caches they read: the operation registry's (mlamem.operations).
 DEFAULT_OPERATIONS = (_operations.SPARSE_DECODE,)  # what a file without `operations` drives
-SPARSE_OPERATIONS = tuple(n for n, o in _operations.OPERATION_TABLE.items() if o.sparse)  # top-k
 SPARSE_DECODE_KV_DTYPE = _operations.KV_FORMATS[_operations.SPARSE_DECODE][0]
 DENSE_DECODE_KV_DTYPES = _operations.KV_FORMATS[_operations.DENSE_DECODE]
 
@@ -174,7 +172,7 @@ class Scenario:
     parallel: Parallelism
     serving: Serving
     gpu: TargetGPU
-    operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (OPERATION_NAMES)
+    operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (operation_names())
     engines: tuple[str, ...] = DEFAULT_ENGINES  # engines serving it (mlamem.engines), first: default
     source: str = ""  # where it was loaded from
     # the engines' own tables the file gives ([vllm], ...), by engine name: see `section`
@@ -197,7 +195,7 @@ class Scenario:
     @property
     def sparse_operations(self) -> tuple[str, ...]:
         """The operations that attend a top-k of the KV (sparse-decode, sparse-prefill)."""
-        return tuple(op for op in self.operations if op in SPARSE_OPERATIONS)
+        return tuple(op for op in self.operations if _operations.operation(op).sparse)
 
     @property
     def heads_per_rank(self) -> int:
@@ -248,7 +246,7 @@ class Scenario:
 
 
 def _check_operations(operations: tuple[str, ...]) -> None:
-    """The top-level `operations`: a non-empty list of distinct OPERATION_NAMES."""
+    """The top-level `operations`: a non-empty list of distinct registered operations."""
     _check_names("operations", "operation", operations, list(_operations.operation_names()),
                  list(DEFAULT_OPERATIONS))
 
@@ -502,7 +500,7 @@ def file_schema() -> dict:
     tables = {name: section_type(name) for name, entry in REGISTRY.items() if entry.section}
     properties = {
         "name": {"type": "string"}, "description": {"type": "string"},
-        "operations": {"type": "array", "items": {"enum": list(OPERATION_NAMES)}, "minItems": 1,
+        "operations": {"type": "array", "items": {"enum": list(_operations.operation_names())}, "minItems": 1,
                        "uniqueItems": True, "default": list(DEFAULT_OPERATIONS)},
         "engines": {"type": "array", "items": {"enum": engine_names()}, "minItems": 1,
                     "uniqueItems": True, "default": list(DEFAULT_ENGINES)}}
@@ -558,7 +556,7 @@ def from_dict(data: dict, source: str) -> Scenario:
         operations = data.get("operations", list(DEFAULT_OPERATIONS))
         if not (isinstance(operations, list) and all(isinstance(op, str) for op in operations)):
             raise FieldError("top", "operations", "must be a list of names from "
-                                                   f"{list(OPERATION_NAMES)}, got {operations!r}")
+                             f"{list(_operations.operation_names())}, got {operations!r}")
         engines = data.get("engines", list(DEFAULT_ENGINES))
         if not (isinstance(engines, list) and all(isinstance(name, str) for name in engines)):
             raise FieldError("top", "engines", "must be a list of names from "

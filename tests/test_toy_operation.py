@@ -28,7 +28,7 @@ def toy():
     try:
         yield
     finally:
-        del operations.OPERATION_TABLE[toy_operation.OPERATION.name]
+        operations.unregister(toy_operation.OPERATION.name)
         del REGISTRY[toy_operation.ToyAttendKernel.name]
 
 

@@ -82,8 +82,8 @@ def gate(
     previous, unreadable = _previous(baseline, update)
     recorded = previous.sweep if previous else None
     decode = o.make_kernel(kernel if kernel is not None else gating.sweep_kernel(recorded or {}))
-    values = {name: values_given.get(spec.key) or gating.sweep_values(recorded, name)
-              for name, spec in operations.OPERATION_TABLE.items()}
+    values = {name: values_given.get(operations.operation(name).key)
+              or gating.sweep_values(recorded, name) for name in operations.operation_names()}
     parts = _plan(scenario, op, paths, decode, recorded, values, values_given, update)
     if chosen_shard is not None:
         units = sum(len(p.values) for p in parts)

@@ -257,8 +257,9 @@ def scenario_option(default: str | None = None, *, many: bool = False, text: str
 def _op_scenarios() -> str:
     """Each operation's own default scenario, the sparse decode's first."""
     first = operations.operation(operations.operation_names()[0]).default_scenario
-    return "; ".join([first, *(f"{name}: {op.default_scenario}" for name, op in
-                               operations.OPERATION_TABLE.items() if op.default_scenario != first)])
+    return "; ".join([first, *(f"{op.name}: {op.default_scenario}" for op in
+                               map(operations.operation, operations.operation_names())
+                               if op.default_scenario != first)])
 
 
 ScenarioOption = Annotated[str, scenario_option()]

@@ -168,19 +168,29 @@ class Operation:
         return f"topk {scenario_summary['topk']}, {self.symbol} rows"
 
 
-OPERATION_TABLE: dict[str, Operation] = {}  # name -> operation, in registration order
+_REGISTERED: dict[str, Operation] = {}  # name -> operation, in registration order
 
 
 def register(op: Operation) -> Operation:
     """Add an operation to the registry (the shipped ones: `mlamem.operations`)."""
-    OPERATION_TABLE[op.name] = op
+    _REGISTERED[op.name] = op
     return op
+
+
+def unregister(name: str) -> None:
+    """Remove a registered operation (a test's, registered for its run)."""
+    del _REGISTERED[name]
+
+
+def operation_names() -> tuple[str, ...]:
+    """Every registered operation, in order (the shipped ones, then any registered since)."""
+    return tuple(_REGISTERED)
 
 
 def operation(name: str) -> Operation:
     """The registered operation `name`; a UserError naming the known ones."""
     try:
-        return OPERATION_TABLE[name]
+        return _REGISTERED[name]
     except KeyError:
         raise UserError(f"unknown operation {name!r}; expected one of: "
-                        f"{', '.join(OPERATION_TABLE)}", field="op") from None
+                        f"{', '.join(_REGISTERED)}", field="op") from None
