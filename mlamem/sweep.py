@@ -77,7 +77,9 @@ class Request:
 
     command: str  # the command planning: profile, validate, graphs, ...
     kernel: str | KernelContract  # a registered name (its adapter loaded after the light checks)
-    scenarios: Sequence[tuple[str, Scenario]] = ()  # named one by one: (as given, loaded); each takes part
+    # named one by one: (as given, loaded, or a function loading it after the checks that need
+    # no scenario); each must take part
+    scenarios: Sequence[tuple[str, Scenario | Callable[[], Scenario]]] = ()
     candidate_scenarios: Sequence[tuple[str, Scenario]] = ()  # else ('all'): those that can
     ops: Sequence[str] = ()  # asked for: the kernel must run each
     candidate_ops: Sequence[str] | None = None  # else: those of these it runs (None: all it runs)
@@ -110,6 +112,11 @@ def plan(request: Request,
     the first thing that cannot run. `load` makes a kernel the request names (loading torch)
     once the checks that need no adapter pass."""
     ops = _check_light(request)
+    request = dataclasses.replace(request, scenarios=[
+        (source, scenario() if callable(scenario) else scenario)
+        for source, scenario in request.scenarios])
+    if request.policy.int32_first:
+        _check_int32(request)
     kernel = load(request.kernel) if isinstance(request.kernel, str) else request.kernel
     parts = []
     for named, chosen in ((True, request.scenarios), (False, request.candidate_scenarios)):
@@ -129,17 +136,15 @@ def plan(request: Request,
 
 
 def _check_light(request: Request) -> list[str]:
-    """What needs no adapter (a refusal before torch): the paths asked for, the operations
-    against the kernel's declared ones and, where the command asks it, the values' int32
-    bound. Returns the operations the request plans."""
+    """What needs neither the adapter nor the scenarios (a refusal before pydantic and torch):
+    the paths asked for and the operations against the kernel's declared ones. Returns the
+    operations the request plans."""
     _check_path_list(request.paths)
     name, runs = _declared(request.kernel)
     ops = [request.policy.op] if request.policy.op else list(request.ops)
     if ops and runs:  # a broken plug-in's entry declares none: loading it says why, in one line
         check_kernel_ops(name, runs, ops, request.policy.purpose)
     _max_num_batched_tokens(request, None)
-    if request.policy.int32_first:
-        _check_int32(request)
     return ops or list(request.candidate_ops or runs)
 
 

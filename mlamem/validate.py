@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mlamem.kernel_api import SPARSE_DECODE
-from mlamem.operations import workspace_rows
+from mlamem.operations import operation, workspace_rows
 from mlamem.sweep import DROP_CASE, check_allocation_spec, check_request, check_runs_here
 
 if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.validate/1"
-DEFAULT_TOKENS = (1024, 4096, 8192, 16384, 32768)
+DEFAULT_TOKENS = operation(SPARSE_DECODE).validate_sweep  # what validate runs of the sparse decode
 GRAPHS = "graphs"  # the op of CUDA-graph comparisons: tokens is the capture size, 0 all of them
 
 

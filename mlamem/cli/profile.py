@@ -88,7 +88,7 @@ def profile(
     name = scenario or operations.operation(op).default_scenario
     # a bad file, config or GPU name, or a T past int32, is refused before torch loads
     [part] = plan(Request(
-        "profile", kernel, scenarios=[(name, o.load_scenario(name, o.Changes(model, gpu)))],
+        "profile", kernel, scenarios=[(name, lambda: o.load_scenario(name, o.Changes(model, gpu)))],
         ops=[op], values={op: values or list(operations.operation(op).default_sweep)},
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT), load=o.make_kernel)

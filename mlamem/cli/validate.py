@@ -110,8 +110,7 @@ def _plan(scenarios: tuple, op: str | None, kernel: str, values: dict, paths: st
     return plan(Request(
         "validate", kernel, scenarios=chosen if named else (),
         candidate_scenarios=() if named else chosen, ops=[op] if op else (), values=values,
-        defaults={name: list(VALIDATE_TOKENS if name == operations.SPARSE_DECODE
-                             else operations.operation(name).default_sweep)
+        defaults={name: list(operations.operation(name).validate_sweep)
                   for name in operations.operation_names()},
         paths=o.split_paths(paths), kv_tokens=kv_tokens, fix=o.DROP_CASE), load=o.make_kernel)
 

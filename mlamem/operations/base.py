@@ -112,6 +112,11 @@ class Operation:
         """KV tokens of one call when the user sets none."""
         raise NotImplementedError
 
+    @property
+    def validate_sweep(self) -> tuple[int, ...]:
+        """The values `validate` runs where none are asked (default: default_sweep)."""
+        return self.default_sweep
+
     def kv_format(self, scenario: Scenario) -> str:
         """The cache one call reads at `scenario` (default: the operation's own)."""
         return self.kv_formats[0]

@@ -51,6 +51,7 @@ class SparseDecode(Operation):
     quantity = "T, query tokens of one call"
     key, flag = "tokens", "--tokens"
     default_sweep = (1024, 8192, 16384, 32768)
+    validate_sweep = (1024, 4096, 8192, 16384, 32768)
     default_scenario = "glm5-fp8-tp8"
     kv_formats = ("fp8_ds_mla",)  # whatever the scenario budgets its cache in
 
