@@ -25,7 +25,8 @@ from mlamem.files import loads_json, read_text
 from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE, operation_names
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
 from mlamem.lists import parse_list
-from mlamem.sweep import SweepPart
+from mlamem.paths import PATH_NAMES
+from mlamem.sweep import Request, SweepPart, plan
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
@@ -196,8 +197,6 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
     must be supported; otherwise a part runs the ones of `paths` its kernel has. `fix` says
     what helps when a value asked for does not suit a scenario.
     """
-    from mlamem.sweep import Request, plan
-
     given = {o: v for o, v in values.items() if operations.operation(o).key in keys_given}
     return plan(Request(
         "gate", kernel, scenarios=chosen if named else (),
@@ -213,8 +212,6 @@ def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kerne
     (names or TOML paths as given) and operations that ran, the values of each way of sweeping
     (as asked, before each scenario's filter; empty when no operation swept that way), every
     path a part ran, and the kernel."""
-    from mlamem.paths import PATH_NAMES
-
     ops = [o for o in operation_names() if any(p.op == o for p in parts)]
     names = list(dict.fromkeys(p.source for p in parts))
     by_key = {operations.operation(o).key: values[o] for o in ops}

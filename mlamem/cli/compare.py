@@ -14,6 +14,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
 from mlamem.lists import parse_list
+from mlamem.sweep import Request, plan
 
 
 @app.command()
@@ -90,8 +91,6 @@ def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str, pair,
           kv_tokens: int | None):
     """The one part both kernels run, checked for each of them; `scenario` is (as given,
     loaded)."""
-    from mlamem.sweep import Request, plan
-
     flag = operations.operation(op).flag
     parts = [plan(Request(
         "compare", kernel, scenarios=[scenario], ops=[op],

@@ -16,6 +16,7 @@ from mlamem.cli.app import app
 from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format, write_atomic
+from mlamem.paths import PATH_NAMES
 from mlamem.scenario_names import shipped_names
 
 
@@ -137,8 +138,6 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
           values: dict, values_given: dict, update: bool):
     """The sweep's parts. Defaults: the baseline's own sweep; for a new baseline, every
     shipped scenario, each operation's default values and every path the kernel has."""
-    from mlamem.paths import PATH_NAMES
-
     if op is not None:
         ops = [op]
     elif update:  # every operation the kernel runs; each scenario keeps those it declares

@@ -19,6 +19,7 @@ from mlamem.cli.output import (
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.scenario_names import DEFAULT_SCENARIO
+from mlamem.sweep import Request, plan
 
 
 @app.command()
@@ -45,8 +46,6 @@ def graphs(
     max(second, 1 MiB) x (N - 1)) with its error. Without a GPU the figures are PREDICTED by
     the allocator model, private pools included.
     """
-    from mlamem.sweep import Request, plan
-
     sizes = o.parse_sizes(capture_sizes)
     output_format = o.Format(pick_format(output, output_format and output_format.value,
                                          list(o.Format), what="graphs"))

@@ -16,6 +16,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.scenario_names import DEFAULT_SCENARIO
+from mlamem.sweep import Request, plan
 from mlamem.units import check_fraction, parse_bytes
 
 
@@ -131,8 +132,6 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
     """The sparse decode step the engine replays, checked: kernel, scenario (as given, loaded),
     paths, shape and max_num_batched_tokens: (the scenario, the part, whose scenario has that
     max_num_batched_tokens)."""
-    from mlamem.sweep import Request, plan
-
     chosen = scenario[1]
     [part] = plan(Request(
         "repro-oom", kernel, scenarios=[scenario], paths=o.split_paths(paths),
