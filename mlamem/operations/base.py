@@ -94,6 +94,8 @@ class Operation:
     kv_formats: tuple[str, ...]  # the caches it reads, by kv_cache_dtype name; the first is its own
     sparse = True  # attends a top-k of the KV (the problem carries the scenario's topk)
     workspace_bound = TOKENS_BOUND  # the [serving] field that sizes its workspace's rows
+    reads_scenario_cache = False  # reads the scenario's own KV cache: its formats must agree
+    serving_fields: tuple[str, ...] = ()  # [serving] fields only it uses, which it requires
 
     def __repr__(self) -> str:
         return f"<operation {self.name}>"
@@ -163,6 +165,11 @@ class Operation:
         """Why `rows` cannot run on a workspace path (more than workspace_rows), and `fix`."""
         return (f"T={rows} exceeds {scenario.name}'s {self.workspace_bound}="
                 f"{self.workspace_rows(scenario)}, which sizes the workspace; {fix}")
+
+    def serving_problem(self, scenario: Scenario) -> tuple[str, str] | None:
+        """The [serving] field that keeps `scenario` from driving it, and why (the scenario's
+        validation raises it, naming the field); None where it can."""
+        return None
 
     def check_workspace(self, scenario: Scenario, padded_heads: int) -> None:
         """A workspace that cannot exist (the sparse operations' max_num_batched_tokens tokens
