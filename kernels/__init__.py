@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from mlamem.kernel_api import BufferSpec, Capabilities, KernelContract, SparseDecodeKernel, simulate_run
 from mlamem.kernel_registry import (
-    ALL_OPERATIONS,
     COMPARED_KERNELS,
     DEFAULT_KERNEL,
     REFERENCE_KERNEL,
@@ -40,7 +39,7 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["ALL_OPERATIONS", "COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL",
+__all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "KERNELS", "REFERENCE_KERNEL",
            "REGISTRY", "SHIPPED", "BufferSpec", "Capabilities", "FlashInferMLA", "FlashMLA",
            "FlashMLAVLLM", "KernelEntry", "Reference", "KernelContract", "Registry", "SparseDecodeKernel",
            "TritonDecode", "TritonNativeDecode",

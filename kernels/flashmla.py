@@ -37,7 +37,6 @@ import torch
 from mlamem.kernels.base import (
     DENSE_DECODE,
     KV_FORMATS,
-    OPERATIONS,
     SPARSE_DECODE,
     SPARSE_PREFILL,
     BufferSpec,
@@ -45,6 +44,7 @@ from mlamem.kernels.base import (
     KernelContract,
     OpInputs,
     Problem,
+    operation_names,
 )
 from mlamem.kernels.fp8_ds_mla import BYTES_PER_TOKEN
 
@@ -90,7 +90,7 @@ def capabilities_from_schema(schema: str, heads: tuple[int, ...], kv_formats: tu
 class FlashMLABuild(KernelContract):
     """One FlashMLA build: its op namespaces, schemas and head counts; the calls are shared."""
 
-    operations = OPERATIONS
+    operations = operation_names()  # every shipped operation
     assumed_schemas: dict[str, str]  # op -> schema, where the library cannot be loaded
     assumed_source: str  # says which build's schemas are assumed
     head_table: dict[str, tuple[int, ...]]  # per operation, on SM90 (probed)

@@ -14,13 +14,13 @@ import torch
 from mlamem.kernels.base import (
     DENSE_DECODE,
     KV_FORMATS,
-    OPERATIONS,
     SPARSE_DECODE,
     SPARSE_PREFILL,
     Capabilities,
     KernelContract,
     OpInputs,
     Problem,
+    operation_names,
 )
 from mlamem.kernels.fp8_ds_mla import dequantize
 
@@ -156,7 +156,7 @@ class Reference(KernelContract):
     name = "reference"
     label = "torch reference"
     runs_on_meta = True
-    operations = OPERATIONS
+    operations = operation_names()  # every shipped operation
 
     def unavailable_reason(self) -> str | None:
         """Runs anywhere, but a measurement needs the CUDA allocator."""
@@ -165,7 +165,7 @@ class Reference(KernelContract):
         return None if torch.cuda.is_available() else "no CUDA device"
 
     def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
-        if op not in OPERATIONS:
+        if op not in self.operations:
             raise ValueError(f"{self.label} does not run {op}")
         heads = (64, 128) if op == SPARSE_DECODE else (8, 16, 32, 64, 128)
         return Capabilities(takes_out=False, takes_lse=False, takes_accum_workspace=False,

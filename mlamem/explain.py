@@ -422,9 +422,9 @@ def _profiled(op: str, scenario: Scenario, source: str, kernel_name: str, tokens
     limit = scenario.serving.max_num_batched_tokens
     # the workspace must hold the call's rows, where max_num_batched_tokens sizes it
     wider = tokens if tokens > limit and workspace_rows(scenario, op) == limit else None
-    [part] = plan(Request([(source, scenario)], [op], kernel,
-                          values={op: [tokens]}, strict=True,
-                          paths=["alloc", "workspace"], max_num_batched_tokens=wider))
+    [part] = plan(Request("explain", kernel, scenarios=[(source, scenario)], ops=[op],
+                          values={op: [tokens]}, paths=["alloc", "workspace"],
+                          max_num_batched_tokens=wider))
     command = (f"mlamem profile --scenario {source}"
                + ("" if op == SPARSE_DECODE else f" --op {op}")
                + f" {operation(op).flag} {tokens} --paths alloc,workspace "

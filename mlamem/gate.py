@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 from mlamem import operations
 from mlamem.errors import UserError
 from mlamem.files import loads_json, read_text
-from mlamem.kernel_api import DENSE_DECODE, OPERATIONS, SPARSE_DECODE
+from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE, operation_names
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
 from mlamem.lists import parse_list
-from mlamem.sweep import SweepPart
+from mlamem.paths import PATH_NAMES
+from mlamem.sweep import Request, SweepPart, plan
 from mlamem.units import parse_bytes
 
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
@@ -196,13 +197,14 @@ def plan_sweep(chosen: Sequence[tuple[str, Scenario]], ops: Sequence[str],
     must be supported; otherwise a part runs the ones of `paths` its kernel has. `fix` says
     what helps when a value asked for does not suit a scenario.
     """
-    from mlamem.sweep import Request, plan
-
-    given = [o for o in values if operations.operation(o).key in keys_given]
-    return plan(Request(chosen, ops, kernel, values=values, given=given, keys_given=keys_given,
-                        paths=list(paths) if paths_given else None,
-                        candidate_paths=None if paths_given else list(paths),
-                        named=named, op_given=op_given, fix=fix))
+    given = {o: v for o, v in values.items() if operations.operation(o).key in keys_given}
+    return plan(Request(
+        "gate", kernel, scenarios=chosen if named else (),
+        candidate_scenarios=() if named else chosen, ops=ops if op_given else (),
+        candidate_ops=None if op_given else ops, values=given,
+        defaults={o: v for o, v in values.items() if o not in given}, keys=keys_given,
+        paths=list(paths) if paths_given else None,
+        candidate_paths=None if paths_given else list(paths), fix=fix))
 
 
 def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kernel: str) -> dict:
@@ -210,9 +212,7 @@ def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kerne
     (names or TOML paths as given) and operations that ran, the values of each way of sweeping
     (as asked, before each scenario's filter; empty when no operation swept that way), every
     path a part ran, and the kernel."""
-    from mlamem.paths import PATH_NAMES
-
-    ops = [o for o in OPERATIONS if any(p.op == o for p in parts)]
+    ops = [o for o in operation_names() if any(p.op == o for p in parts)]
     names = list(dict.fromkeys(p.source for p in parts))
     by_key = {operations.operation(o).key: values[o] for o in ops}
     paths = [name for name in PATH_NAMES if any(name in p.paths for p in parts)]
@@ -280,12 +280,14 @@ def _parse(data: dict) -> Baseline:
 
     data = results.read(data, SCHEMA)
     for i, case in enumerate(data["cases"]):
-        if case["op"] not in OPERATIONS:
-            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of {', '.join(OPERATIONS)}")
+        if case["op"] not in operation_names():
+            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of "
+                             f"{', '.join(operation_names())}")
     sweep = data["sweep"]
-    unknown = [o for o in sweep_ops(sweep) if o not in OPERATIONS]
+    unknown = [o for o in sweep_ops(sweep) if o not in operation_names()]
     if unknown:
-        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of {', '.join(OPERATIONS)}")
+        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of "
+                         f"{', '.join(operation_names())}")
     if DENSE_DECODE in sweep_ops(sweep) and "requests" not in sweep:
         raise ValueError("sweep.requests: missing (the sweep covers dense-decode)")
     if sweep_kernel(sweep) not in REGISTRY:

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from mlamem.operations import (  # noqa: F401  (the contract speaks in these; adapters import them here)
     DENSE_DECODE,
     KV_FORMATS,
-    OPERATIONS,
     SPARSE_DECODE,
     SPARSE_PREFILL,
     OpInputs,
     Problem,
     from_kernel_layout,
+    operation_names,
     to_kernel_layout,
     to_kernel_layout_shape,
 )
@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # importing the declarations needs no torch (the CLI's checks
     import torch
 
 
-ALL_OPERATIONS = OPERATIONS  # the registry's name for the shipped operations
 CONTRACT_VERSION = 2  # run/allocations(problem); 1: decode/allocations(q_shape) (see LegacyKernel)
 
 
@@ -45,7 +44,7 @@ class KernelEntry(NamedTuple):
     module: str  # importable module path of the adapter
     cls: str  # the KernelContract subclass in it (or a contract-1 SparseDecodeKernel)
     help: str  # one line for `--kernel` help and listings
-    operations: tuple[str, ...] = ("sparse-decode",)  # what it runs (see OPERATIONS)
+    operations: tuple[str, ...] = ("sparse-decode",)  # what it runs (see operation_names)
     # Set by plug-in discovery, not by the plug-in:
     package: str | None = None  # a plug-in's distribution, "name version"; None when shipped
     problem: str | None = None  # why a plug-in cannot be used, one line; None when it can
@@ -100,7 +99,7 @@ class KernelContract(ABC):
     name: str  # the --kernel name
     label: str  # how reports name it, e.g. "FlashMLA"
     runs_on_meta = False  # True if run itself runs on the meta device (no spec needed)
-    operations: tuple[str, ...] = (SPARSE_DECODE,)  # what it runs, in OPERATIONS order
+    operations: tuple[str, ...] = (SPARSE_DECODE,)  # what it runs, in operation_names() order
 
     @abstractmethod
     def unavailable_reason(self) -> str | None:

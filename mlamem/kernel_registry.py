@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
-from mlamem.kernel_api import ALL_OPERATIONS, KernelEntry, adapted
+from mlamem.kernel_api import KernelEntry, adapted, operation_names
 
 if TYPE_CHECKING:
     from mlamem.kernel_api import KernelContract
@@ -27,9 +27,9 @@ COMPARED_KERNELS = ("flashmla", "flashmla-vllm")  # `mlamem compare`'s default p
 
 SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
     "flashmla": KernelEntry("mlamem.kernels.flashmla", "FlashMLA", "FlashMLA, sgl-flash-mla",
-                            ALL_OPERATIONS),
+                            operation_names()),
     "flashmla-vllm": KernelEntry("mlamem.kernels.flashmla_vllm", "FlashMLAVLLM",
-                                 "vLLM's FlashMLA build, takes out_", ALL_OPERATIONS),
+                                 "vLLM's FlashMLA build, takes out_", operation_names()),
     "triton": KernelEntry("mlamem.kernels.own.triton_decode", "TritonDecode",
                           "mlamem's own, takes out, lse and accumulators, so it can run "
                           "workspace-full"),
@@ -37,7 +37,7 @@ SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
                                  "mlamem's own at the rank's head count (8-128): no padded q, "
                                  "takes out, lse and accumulators"),
     "reference": KernelEntry("mlamem.kernels.reference", "Reference", "plain torch",
-                             ALL_OPERATIONS),
+                             operation_names()),
     "flashinfer": KernelEntry("mlamem.kernels.flashinfer_mla", "FlashInferMLA",
                               "FlashInfer's MLA decode (fa3, bf16 cache), takes out and lse",
                               ("dense-decode",)),
@@ -131,6 +131,6 @@ def load_kernel(name: str) -> type[KernelContract]:
     return load_plugin_adapter(name, entry)
 
 
-__all__ = ["ALL_OPERATIONS", "COMPARED_KERNELS", "DEFAULT_KERNEL", "REFERENCE_KERNEL", "REGISTRY",
+__all__ = ["COMPARED_KERNELS", "DEFAULT_KERNEL", "REFERENCE_KERNEL", "REGISTRY",
            "SHIPPED", "KernelEntry", "Registry", "kernel_help", "kernel_names", "kernel_operations",
            "load_kernel"]

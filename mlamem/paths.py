@@ -99,7 +99,7 @@ class KernelCall:
     """Everything a path passes to the kernel besides q, for one operation."""
 
     run: Callable  # (q, out=None, **staged) -> (out, lse), all in the kernel's layout
-    op: str  # one of kernels.base.OPERATIONS
+    op: str  # a registered operation (operation_names())
     padded_heads: int
     takes_out: bool
     q_dtype: str = "bfloat16"  # the q the kernel reads: bfloat16, or float8_e4m3fn

@@ -9,17 +9,10 @@ from typing import TYPE_CHECKING
 from mlamem import environment, nvml
 from mlamem.errors import UserError
 from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE
-from mlamem.operations import (
-    check_cache,
-    kv_format,
-    operation,
-    padded_heads_for,
-    problem_for,
-    workspace_rows,
-)
-from mlamem.paths import STAGING_PATHS, check_paths, plan
+from mlamem.operations import kv_format, operation, padded_heads_for, problem_for, workspace_rows
+from mlamem.paths import plan
 
-if TYPE_CHECKING:  # the checks import cheaply; run_profile loads torch, the results pydantic
+if TYPE_CHECKING:  # the result types import cheaply; run_profile loads torch, the results pydantic
     from mlamem.kernel_api import Capabilities, KernelContract
     from mlamem.measure import CallMeasurement
     from mlamem.results.profile import ProfileFile, ProfileRow
@@ -30,42 +23,11 @@ SCHEMA = "mlamem.profile/1"
 DEFAULT_TOKENS = (1024, 8192, 16384, 32768)
 
 
-RAISE_LIMIT = "raise max_num_batched_tokens or drop that T"
-DROP_CASE = "drop that T or that scenario"
-
-
-def runnable_tokens(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
-                    op: str = SPARSE_DECODE) -> list[int]:
-    """The values of `tokens` (T, or requests for dense decode) that `scenario` can run on
-    `paths`: a workspace holds at most max_num_batched_tokens (max_batch_size requests). Sweeps
-    over scenarios run each scenario's own."""
-    if not any(p in STAGING_PATHS for p in paths):
-        return list(tokens)
-    return [t for t in tokens if t <= workspace_rows(scenario, op)]
-
-
-def check_request(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
-                  kernel: KernelContract, fix: str = RAISE_LIMIT,
-                  op: str = SPARSE_DECODE) -> None:
-    """Reject what cannot run, before anything is allocated; `fix` names the fields that help."""
-    check_cache(kernel, scenario, op)
-    check_paths(paths, kernel.capabilities(op, kv_format(scenario, op)), kernel.label)
-    too_big = sorted(set(tokens) - set(runnable_tokens(scenario, tokens, paths, op)))
-    if too_big and op == DENSE_DECODE:
-        raise UserError(f"{too_big[0]} requests exceed {scenario.name}'s max_batch_size="
-                        f"{scenario.serving.max_batch_size}, which sizes the workspace; lower "
-                        "them or drop the workspace paths", field=operation(op).key)
-    if too_big:
-        raise UserError(f"T={too_big[0]} exceeds {scenario.name}'s max_num_batched_tokens="
-                        f"{scenario.serving.max_num_batched_tokens}, which sizes the workspace; "
-                        f"{fix}", field=operation(op).key)
-
-
 def scenario_summary(scenario: Scenario, padded_heads: int, op: str = SPARSE_DECODE) -> dict:
     return {
         "name": scenario.name, "model": scenario.model.name, "source": scenario.source,
         "heads_per_rank": scenario.heads_per_rank, "padded_heads": padded_heads,
-        "topk": None if op == DENSE_DECODE else scenario.decode_topk,
+        "topk": scenario.decode_topk if operation(op).sparse else None,
         "d_qk": scenario.d_qk, "d_v": scenario.d_v,
         "max_num_batched_tokens": scenario.serving.max_num_batched_tokens,
         "kv_cache_dtype": scenario.serving.kv_cache_dtype,
@@ -94,8 +56,7 @@ def run_profile(scenario: Scenario, tokens: Sequence[int], paths: Sequence[str],
     from mlamem.memory import CudaMemory, SimulatedMemory
     from mlamem.results.profile import ProfileFile
 
-    kernel = kernel or load_kernel(DEFAULT_KERNEL)()
-    check_request(scenario, tokens, paths, kernel, op=op)
+    kernel = kernel or load_kernel(DEFAULT_KERNEL)()  # the request checked (sweep.plan)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     if reason and require_gpu:
         raise UserError(f"cannot measure ({reason})", field="require_gpu")

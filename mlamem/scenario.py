@@ -37,13 +37,10 @@ from mlamem.sections import (  # noqa: F401 (SECTION_CONFIG: read from here too)
 )
 from mlamem.units import MAX_BYTES, MAX_TOKENS, MiB, format_huge
 
-# The kernel operations a scenario can drive (its top-level `operations` list) and the caches
-# they read: the operation registry's (mlamem.operations).
-OPERATION_NAMES = _operations.OPERATIONS
+# The kernel operations a scenario can drive (its top-level `operations` list, names from
+# `operation_names()`) and the caches they read: the operation registry's (mlamem.operations).
 DEFAULT_OPERATIONS = (_operations.SPARSE_DECODE,)  # what a file without `operations` drives
-SPARSE_OPERATIONS = tuple(n for n, o in _operations.OPERATION_TABLE.items() if o.sparse)  # top-k
 SPARSE_DECODE_KV_DTYPE = _operations.KV_FORMATS[_operations.SPARSE_DECODE][0]
-DENSE_DECODE_KV_DTYPES = _operations.KV_FORMATS[_operations.DENSE_DECODE]
 
 # KV-cache bytes per token per layer, by the engine's kv-cache dtype name.
 KV_CACHE_BYTES_PER_TOKEN = {
@@ -170,7 +167,7 @@ class Scenario:
     parallel: Parallelism
     serving: Serving
     gpu: TargetGPU
-    operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (OPERATION_NAMES)
+    operations: tuple[str, ...] = DEFAULT_OPERATIONS  # kernel operations it drives (operation_names())
     engines: tuple[str, ...] = DEFAULT_ENGINES  # engines serving it (mlamem.engines), first: default
     source: str = ""  # where it was loaded from
     # the engines' own tables the file gives ([vllm], ...), by engine name: see `section`
@@ -193,7 +190,7 @@ class Scenario:
     @property
     def sparse_operations(self) -> tuple[str, ...]:
         """The operations that attend a top-k of the KV (sparse-decode, sparse-prefill)."""
-        return tuple(op for op in self.operations if op in SPARSE_OPERATIONS)
+        return tuple(op for op in self.operations if _operations.operation(op).sparse)
 
     @property
     def heads_per_rank(self) -> int:
@@ -244,7 +241,7 @@ class Scenario:
 
 
 def _check_operations(operations: tuple[str, ...]) -> None:
-    """The top-level `operations`: a non-empty list of distinct OPERATION_NAMES."""
+    """The top-level `operations`: a non-empty list of distinct registered operations."""
     _check_names("operations", "operation", operations, list(_operations.operation_names()),
                  list(DEFAULT_OPERATIONS))
 
@@ -281,37 +278,31 @@ def _check_serving_for_operations(scenario: Scenario) -> None:
         raise FieldError("serving", "synthetic_topk",
                            f"is set but no operation uses it (operations {list(ops)}): remove it, "
                            "or add sparse-decode or sparse-prefill to operations")
-    if "sparse-decode" in ops and "dense-decode" in ops:
-        raise FieldError("top", "operations",
-                           "lists both sparse-decode and dense-decode, which read different caches "
-                           f"({SPARSE_DECODE_KV_DTYPE} vs {' or '.join(DENSE_DECODE_KV_DTYPES)}): "
-                           "keep one and put the other in its own scenario")
-    # A context-reuse scenario (block reuse on, chunked prefill off) states TensorRT-LLM's cache in
-    # kv_cache_dtype; its sparse decode is the vLLM side, on vLLM's own fp8_ds_mla cache.
-    context_reuse = s.block_reuse and not s.chunked_prefill
-    if ("sparse-decode" in ops and s.kv_cache_dtype != SPARSE_DECODE_KV_DTYPE
-            and not context_reuse):
-        raise FieldError("serving", "kv_cache_dtype",
-                           f"is {s.kv_cache_dtype!r}; sparse-decode reads the "
-                           f"{SPARSE_DECODE_KV_DTYPE} cache: set kv_cache_dtype = "
-                           f'"{SPARSE_DECODE_KV_DTYPE}", or operations = ["dense-decode"] for a '
-                           "plain cache")
-    if "dense-decode" in ops:
-        if s.kv_cache_dtype not in DENSE_DECODE_KV_DTYPES:
-            raise FieldError("serving", "kv_cache_dtype",
-                               f"is {s.kv_cache_dtype!r}; dense-decode reads a plain cache of "
-                               f"{m.kv_lora_rank + m.qk_rope_head_dim} values per token: set it "
-                               f"to {' or '.join(repr(d) for d in DENSE_DECODE_KV_DTYPES)}")
-        for name, meaning in (("max_batch_size", "requests per decode step"),
-                              ("decode_context_len", "context tokens of each request")):
-            if getattr(s, name) is None:
-                raise FieldError("serving", name,
-                                   f"is required for dense-decode ({meaning}): set it, or drop "
-                                   "dense-decode from operations")
-    elif s.decode_context_len is not None:
+    _check_one_cache(ops)
+    for op in ops:
+        problem = _operations.operation(op).serving_problem(scenario)
+        if problem is not None:
+            raise FieldError("serving", *problem)
+    users = [n for n in _operations.operation_names()
+             if "decode_context_len" in _operations.operation(n).serving_fields]
+    if s.decode_context_len is not None and not set(users) & set(ops):
         raise FieldError("serving", "decode_context_len",
                            f"is set but no operation uses it (operations {list(ops)}): remove it, "
-                           "or add dense-decode to operations")
+                           f"or add {' or '.join(users)} to operations")
+
+
+def _check_one_cache(ops: tuple[str, ...]) -> None:
+    """The operations that read the scenario's own cache must agree on its format."""
+    readers = [_operations.operation(op) for op in ops]
+    readers = [r for r in readers if r.reads_scenario_cache]
+    for i, first in enumerate(readers):
+        for second in readers[i + 1:]:
+            if not set(first.kv_formats) & set(second.kv_formats):
+                raise FieldError("top", "operations",
+                                   f"lists both {first.name} and {second.name}, which read "
+                                   f"different caches ({' or '.join(first.kv_formats)} vs "
+                                   f"{' or '.join(second.kv_formats)}): keep one and put the "
+                                   "other in its own scenario")
 
 
 # The cache every decode kernel here reads (kernels/fp8_ds_mla.py for sparse decode; a plain
@@ -482,7 +473,7 @@ def file_schema() -> dict:
     tables = engine_tables()
     properties = {
         "name": {"type": "string"}, "description": {"type": "string"},
-        "operations": {"type": "array", "items": {"enum": list(OPERATION_NAMES)}, "minItems": 1,
+        "operations": {"type": "array", "items": {"enum": list(_operations.operation_names())}, "minItems": 1,
                        "uniqueItems": True, "default": list(DEFAULT_OPERATIONS)},
         "engines": {"type": "array", "items": {"enum": engine_names()}, "minItems": 1,
                     "uniqueItems": True, "default": list(DEFAULT_ENGINES)}}
@@ -538,7 +529,7 @@ def from_dict(data: dict, source: str) -> Scenario:
         operations = data.get("operations", list(DEFAULT_OPERATIONS))
         if not (isinstance(operations, list) and all(isinstance(op, str) for op in operations)):
             raise FieldError("top", "operations", "must be a list of names from "
-                                                   f"{list(OPERATION_NAMES)}, got {operations!r}")
+                             f"{list(_operations.operation_names())}, got {operations!r}")
         engines = data.get("engines", list(DEFAULT_ENGINES))
         if not (isinstance(engines, list) and all(isinstance(name, str) for name in engines)):
             raise FieldError("top", "engines", "must be a list of names from "

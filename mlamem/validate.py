@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from mlamem.errors import UserError
 from mlamem.kernel_api import SPARSE_DECODE
-from mlamem.operations import workspace_rows
-from mlamem.profile import DROP_CASE, check_request
+from mlamem.operations import operation, workspace_rows
+from mlamem.sweep import DROP_CASE, check_allocation_spec, check_request, check_runs_here
 
 if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch, the results pydantic
     from mlamem.kernel_api import KernelContract
@@ -21,7 +20,7 @@ if TYPE_CHECKING:  # the checks import cheaply; run_validation loads torch, the 
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.validate/1"
-DEFAULT_TOKENS = (1024, 4096, 8192, 16384, 32768)
+DEFAULT_TOKENS = operation(SPARSE_DECODE).validate_sweep  # what validate runs of the sparse decode
 GRAPHS = "graphs"  # the op of CUDA-graph comparisons: tokens is the capture size, 0 all of them
 
 
@@ -125,17 +124,10 @@ def sweep_cases(sweep) -> list[tuple[Scenario, str, Sequence[int]]]:
 def check_sweep(sweep, paths: Sequence[str], kernel: KernelContract) -> None:
     """Refuse, before any work, a case that cannot run or a machine that cannot measure.
     `sweep`: (scenario, op, values) or (scenario, tokens) items."""
-    if kernel.runs_on_meta:
-        raise UserError(f"validate holds a kernel's allocation spec to the GPU; {kernel.label} "
-                        "has none (it predicts by running itself on the meta device, where "
-                        "cuBLAS's CUDA temporaries do not appear): validate another kernel "
-                        "(`mlamem kernels`)", field="kernel")
+    check_allocation_spec(kernel)
     for scenario, op, tokens in sweep_cases(sweep):
         check_request(scenario, tokens, paths, kernel, fix=DROP_CASE, op=op)
-    reason = kernel.unavailable_reason()
-    if reason is not None:
-        raise UserError(f"validate needs a GPU: it compares against measurements and cannot "
-                        f"measure here ({reason}); run it on a GPU where {kernel.label} runs")
+    check_runs_here(kernel)
 
 
 def run_validation(sweep, paths: Sequence[str], kernel: KernelContract | None = None,

@@ -138,7 +138,7 @@ def _library_refusals(tmp_path):
     """Refusals reached through the library, as the API's callers reach them."""
     from mlamem import files, gate, scenario
     from mlamem.kernels import load_kernel
-    from mlamem.profile import check_request
+    from mlamem.sweep import check_request
 
     glm5 = scenario.load("glm5-fp8-tp8")
     reference = load_kernel("reference")()

@@ -11,6 +11,7 @@ from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA, TritonDecode
 from mlamem.kernels.base import ACCUM_WORKSPACE
 from mlamem.profile import DEFAULT_TOKENS, run_profile
+from mlamem.sweep import Request, plan
 
 H200_RUN = Path(__file__).parent / "fixtures" / "results" / "profile-glm5-h200.json"
 GiB = 1024**3
@@ -60,10 +61,12 @@ def test_kimi_needs_no_padding_so_paths_match():
 
 
 def test_workspace_tokens_above_max_num_batched_tokens_are_refused():
-    """The workspace is sized for max_num_batched_tokens; larger T is a user error naming the
-    field (the CLI words it as --tokens)."""
+    """The workspace is sized for max_num_batched_tokens; larger T is refused by the planner,
+    before run_profile, a user error naming the field (the CLI words it as --tokens)."""
+    glm5 = ("glm5-fp8-tp8", scenario.load("glm5-fp8-tp8"))
     with pytest.raises(UserError, match="raise max_num_batched_tokens") as caught:
-        run_profile(scenario.load("glm5-fp8-tp8"), [65536], ["workspace"], command="t")
+        plan(Request("profile", "flashmla", scenarios=[glm5], ops=["sparse-decode"],
+                     values={"sparse-decode": [65536]}, paths=["workspace"]))
     assert caught.value.field == "tokens"
 
 

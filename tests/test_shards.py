@@ -104,7 +104,7 @@ def test_gate_shards_keep_every_path_of_a_value_together():
     kernel = load_kernel("flashmla")()
     chosen = [(name, scenarios.load(name)) for name in
               ("glm5-fp8-tp8", "kimi-k2-dense-tp4-dp", "deepseek-v32-fp8-tp8")]
-    values = {op: list(spec.default_sweep) for op, spec in operations.OPERATION_TABLE.items()}
+    values = {op: list(operations.operation(op).default_sweep) for op in operations.operation_names()}
     parts = gate.plan_sweep(chosen, list(kernel.operations), values,
                             ["alloc", "workspace"], kernel)
     units = [(p.scenario.name, p.op, v, tuple(p.paths)) for p in parts for v in p.values]

@@ -28,7 +28,7 @@ def toy():
     try:
         yield
     finally:
-        del operations.OPERATION_TABLE[toy_operation.OPERATION.name]
+        operations.unregister(toy_operation.OPERATION.name)
         del REGISTRY[toy_operation.ToyAttendKernel.name]
 
 
@@ -52,3 +52,32 @@ def test_an_operation_not_registered_is_refused_naming_the_registered_ones():
     with pytest.raises(Exception, match="unknown operation 'toy-attend'; expected one of: "
                                         "sparse-decode, dense-decode, sparse-prefill"):
         operations.operation("toy-attend")
+
+
+def test_the_planner_and_the_cli_options_take_a_registered_operation_from_its_object(toy):
+    """The planner sweeps the toy's values under its key and bound, and the CLI's --op, sweep
+    flag and KV flag are the toy's own: nothing outside the Operation names it."""
+    from mlamem.cli import options as o
+    from mlamem.errors import UserError
+    from mlamem.sweep import Request, plan
+
+    glm = scenarios.load("glm5-fp8-tp8")
+    chosen = [("glm5-toy", dataclasses.replace(glm, operations=(*glm.operations, "toy-attend")))]
+    kernel = toy_operation.ToyAttendKernel.name
+    [part] = plan(Request("profile", kernel, scenarios=chosen, ops=["toy-attend"],
+                          values={"toy-attend": [ROWS]}, paths=["alloc", "workspace"]))
+    assert (part.op, part.values, part.kernel.name) == ("toy-attend", [ROWS], kernel)
+    too_many = glm.serving.max_num_batched_tokens + 1
+    with pytest.raises(UserError, match=f"T={too_many} exceeds .*max_num_batched_tokens") as caught:
+        plan(Request("profile", kernel, scenarios=chosen, ops=["toy-attend"],
+                     values={"toy-attend": [too_many]}, paths=["workspace"]))
+    assert caught.value.field == toy_operation.OPERATION.key
+    assert o.check_op_name("toy-attend") == "toy-attend"
+    assert o.parse_sweep("toy-attend", "8,16", None) == [8, 16]
+    with pytest.raises(UserError, match="toy-attend sweeps R, query rows of one call; give "
+                                        "--tokens instead"):
+        o.parse_sweep("toy-attend", None, "16")
+    assert o.kv_length("toy-attend", None, 4096) == 4096
+    with pytest.raises(UserError, match="--context-len applies to --op dense-decode only; drop "
+                                        "it for toy-attend"):
+        o.kv_length("toy-attend", 4096, None)

@@ -14,6 +14,7 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
 from mlamem.lists import parse_list
+from mlamem.sweep import Request, plan
 
 
 @app.command()
@@ -21,7 +22,7 @@ def compare(
     kernels: Annotated[str, typer.Option(
         help="Two comma-separated kernel names to run on the same inputs (`mlamem kernels` "
              "lists them).")] = ",".join(COMPARED_KERNELS),
-    op: o.OpOption = o.OpName["sparse-decode"],
+    op: o.OpOption = operations.SPARSE_DECODE,
     tokens: Annotated[str | None, o.tokens_option("the operation's sweep")] = None,
     requests: o.RequestsOption = None,
     context_len: o.ContextOption = None,
@@ -44,7 +45,6 @@ def compare(
     from mlamem.compare import check_kernels, run_compare
 
     names = _kernel_names(kernels)
-    op = op.value
     values = o.parse_sweep(op, tokens, requests)
     kv_tokens = o.kv_length(op, context_len, kv_len)
     output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
@@ -91,12 +91,10 @@ def _plan(op: str, scenario: tuple, values: list[int] | None, paths: str, pair,
           kv_tokens: int | None):
     """The one part both kernels run, checked for each of them; `scenario` is (as given,
     loaded)."""
-    from mlamem.sweep import Request, plan
-
     flag = operations.operation(op).flag
     parts = [plan(Request(
-        [scenario], [op], kernel,
-        values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
+        "compare", kernel, scenarios=[scenario], ops=[op],
+        values={op: values or list(operations.operation(op).default_sweep)},
         paths=o.split_paths(paths), kv_tokens=kv_tokens,
         fix=f"lower {flag} or drop the workspace paths from --paths"))[0] for kernel in pair]
     return parts[0]

@@ -16,6 +16,7 @@ from mlamem.cli.app import app
 from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format, write_atomic
+from mlamem.paths import PATH_NAMES
 from mlamem.scenario_names import shipped_names
 
 
@@ -27,10 +28,9 @@ def gate(
         help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
     scenario: Annotated[str | None, o.scenario_option(
         "the baseline's (all for a new one)", many=True)] = None,
-    op: Annotated[o.OpName | None, typer.Option(
-        "--op", help="Gate this operation only. Default: the baseline's operations; with "
-                     "--update, every operation the kernel runs that each scenario declares.",
-        show_default=False)] = None,
+    op: Annotated[str | None, o.op_option(
+        "Gate this operation only. Default: the baseline's operations; with --update, every "
+        "operation the kernel runs that each scenario declares.")] = None,
     tokens: Annotated[str | None, o.tokens_option(
         f"the baseline's ({o.DECODE_SWEEP} for a new one), each scenario "
         "the ones its max_num_batched_tokens allows")] = None,
@@ -83,8 +83,8 @@ def gate(
     previous, unreadable = _previous(baseline, update)
     recorded = previous.sweep if previous else None
     decode = o.make_kernel(kernel if kernel is not None else gating.sweep_kernel(recorded or {}))
-    values = {name: values_given.get(spec.key) or gating.sweep_values(recorded, name)
-              for name, spec in operations.OPERATION_TABLE.items()}
+    values = {name: values_given.get(operations.operation(name).key)
+              or gating.sweep_values(recorded, name) for name in operations.operation_names()}
     parts = _plan(scenario, op, paths, decode, recorded, values, values_given, update)
     if chosen_shard is not None:
         units = sum(len(p.values) for p in parts)
@@ -110,8 +110,8 @@ def gate(
 def _values_given(op, tokens: str | None, requests: str | None) -> dict[str, list[int]]:
     """The values asked for, by swept quantity (`tokens`, `requests`)."""
     if op is not None:  # --tokens or --requests, whichever the operation sweeps
-        swept = o.parse_sweep(op.value, tokens, requests)
-        return {} if swept is None else {operations.operation(op.value).key: swept}
+        swept = o.parse_sweep(op, tokens, requests)
+        return {} if swept is None else {operations.operation(op).key: swept}
     return {key: o.parse_tokens(text, flag, symbol) for key, flag, text, symbol in (
         ("tokens", "--tokens", tokens, "T"), ("requests", "--requests", requests, "b"))
         if text is not None}
@@ -138,10 +138,8 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
           values: dict, values_given: dict, update: bool):
     """The sweep's parts. Defaults: the baseline's own sweep; for a new baseline, every
     shipped scenario, each operation's default values and every path the kernel has."""
-    from mlamem.paths import PATH_NAMES
-
     if op is not None:
-        ops = [op.value]
+        ops = [op]
     elif update:  # every operation the kernel runs; each scenario keeps those it declares
         ops = list(kernel.operations)
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from mlamem import operations, render
+from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -19,8 +19,7 @@ from mlamem.cli.output import (
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.scenario_names import DEFAULT_SCENARIO
-
-PURPOSE = "graphs captures the sparse decode"
+from mlamem.sweep import Request, plan
 
 
 @app.command()
@@ -47,8 +46,6 @@ def graphs(
     max(second, 1 MiB) x (N - 1)) with its error. Without a GPU the figures are PREDICTED by
     the allocator model, private pools included.
     """
-    from mlamem.sweep import Request, plan
-
     sizes = o.parse_sizes(capture_sizes)
     output_format = o.Format(pick_format(output, output_format and output_format.value,
                                          list(o.Format), what="graphs"))
@@ -58,9 +55,8 @@ def graphs(
     # a bad file, config or GPU name is refused before torch loads
     loaded = o.load_scenario(scenario, o.Changes(model, gpu))
     decode = o.make_kernel(kernel)
-    [part] = plan(Request([(scenario, loaded)], [operations.SPARSE_DECODE],
-                          decode, paths=o.split_paths(paths), capture_sizes=sizes or [],
-                          capture_field="capture_sizes", purpose=PURPOSE))
+    [part] = plan(Request("graphs", decode, scenarios=[(scenario, loaded)],
+                          paths=o.split_paths(paths), capture_sizes=sizes or []))
     from mlamem.graphs import run_graphs, sizes_to_capture
 
     count = len(sizes_to_capture(part.scenario, sizes))

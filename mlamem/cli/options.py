@@ -69,14 +69,18 @@ def parse_sizes(text: str | None) -> list[int] | None:
     return None if text is None else parse_tokens(text, "--capture-sizes")
 
 
+SWEEP_FLAGS = ("--tokens", "--requests")  # the flags the commands take for a swept quantity
+
+
 def parse_sweep(op: str, tokens: str | None, requests: str | None) -> list[int] | None:
-    """The swept values of `op` from its flag (--requests for dense decode, else --tokens);
-    None when not given (each scenario's defaults)."""
+    """The swept values of `op` from its flag (the operation's `flag`); None when not given
+    (each scenario's defaults). The other flag is refused, naming the operation's."""
     spec = operations.operation(op)
-    text, other = (requests, ("--tokens", tokens)) if spec.flag == "--requests" else (
-        tokens, ("--requests", requests))
-    if other[1] is not None:
-        raise UserError(f"{other[0]}: {op} sweeps {spec.quantity}; give {spec.flag} instead")
+    given = dict(zip(SWEEP_FLAGS, (tokens, requests), strict=True))
+    for flag, text in given.items():
+        if text is not None and flag != spec.flag:
+            raise UserError(f"{flag}: {op} sweeps {spec.quantity}; give {spec.flag} instead")
+    text = given.get(spec.flag)
     return None if text is None else parse_tokens(text, spec.flag, spec.symbol)
 
 
@@ -87,11 +91,13 @@ def split_paths(text: str | None) -> list[str] | None:
 
 
 def kv_length(op: str, context_len: int | None, kv_len: int | None) -> int | None:
-    """The KV length flag that applies to `op`, refusing the one that does not."""
-    for flag, value, wanted in (("--context-len", context_len, "dense-decode"),
-                                ("--kv-len", kv_len, "sparse-prefill")):
-        if value is not None and op != wanted:
-            raise UserError(f"{flag} applies to --op {wanted} only; drop it for {op}")
+    """The KV length flag that applies to `op` (the operation's `kv_flag`), refusing another."""
+    own = operations.operation(op).kv_flag
+    for flag, value in (("--context-len", context_len), ("--kv-len", kv_len)):
+        if value is not None and flag != own:
+            owners = [name for name in operations.operation_names()
+                      if operations.operation(name).kv_flag == flag]
+            raise UserError(f"{flag} applies to --op {' or '.join(owners)} only; drop it for {op}")
     return context_len or kv_len
 
 
@@ -250,9 +256,10 @@ def scenario_option(default: str | None = None, *, many: bool = False, text: str
 
 def _op_scenarios() -> str:
     """Each operation's own default scenario, the sparse decode's first."""
-    first = operations.operation(operations.SPARSE_DECODE).default_scenario
-    return "; ".join([first, *(f"{name}: {op.default_scenario}" for name, op in
-                               operations.OPERATION_TABLE.items() if op.default_scenario != first)])
+    first = operations.operation(operations.operation_names()[0]).default_scenario
+    return "; ".join([first, *(f"{op.name}: {op.default_scenario}" for op in
+                               map(operations.operation, operations.operation_names())
+                               if op.default_scenario != first)])
 
 
 ScenarioOption = Annotated[str, scenario_option()]
@@ -336,11 +343,26 @@ PathsOption = Annotated[str | None, typer.Option(
          "four, see `mlamem kernels`). "
          "Default: every path the kernel supports.")]
 
-OpName = StrEnum("OpName", {name: name for name in operations.OPERATION_TABLE})
-OpOption = Annotated[OpName, typer.Option(
-    "--op", help="The kernel operation: sparse-decode (sweeps T, --tokens), dense-decode "
-                 "(sweeps b requests, --requests, at --context-len) or sparse-prefill (sweeps "
-                 "s_q, --tokens, against --kv-len). `mlamem kernels` lists who runs what.")]
+def check_op_name(name: str | None) -> str | None:
+    """--op: a registered operation, checked when the command runs, so an operation registered
+    after this module was imported is a choice too."""
+    names = operations.operation_names()
+    if name is not None and name not in names:
+        raise typer.BadParameter(f"{name!r} is not one of {', '.join(map(repr, names))}")
+    return name
+
+
+def op_option(text: str, default: str | None = None):
+    """--op, a registered operation's name; `text`: its help."""
+    return typer.Option("--op", callback=check_op_name,
+                        metavar=f"<{'|'.join(operations.operation_names())}>",
+                        **_help(text, default))
+
+
+OpOption = Annotated[str, op_option(
+    "The kernel operation: sparse-decode (sweeps T, --tokens), dense-decode (sweeps b requests, "
+    "--requests, at --context-len) or sparse-prefill (sweeps s_q, --tokens, against --kv-len). "
+    "`mlamem kernels` lists who runs what.")]
 ContextOption = Annotated[int | None, typer.Option(
     "--context-len", min=1, help="dense-decode: context tokens of each request. Default: the "
                                  "scenario's decode_context_len.", show_default=False)]

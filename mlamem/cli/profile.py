@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlamem import operations, render, shards, sweep
+from mlamem import operations, render, shards
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -21,7 +21,30 @@ from mlamem.cli.output import (
 )
 from mlamem.errors import UserError
 from mlamem.files import check_distinct, check_output_path, pick_format
-from mlamem.kernels import DEFAULT_KERNEL, kernel_operations
+from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.profile import run_profile
+from mlamem.sweep import Request, plan
+
+BenchOption = Annotated[bool, typer.Option(
+    help="Also time each measured call: triton's do_bench median, in ms, beside the memory.")]
+ProfileFormat = Annotated[o.Format | None, o.format_option(
+    "mlamem.profile/1", "table (terminal), markdown (the PR table), json",
+    ".txt, .md, .json, .csv", " or csv")]
+RequireGpuOption = Annotated[bool, typer.Option(
+    help="Fail instead of printing predicted figures when nothing can be measured.")]
+BreakdownOption = Annotated[bool, typer.Option(
+    help="Show where the bytes go: every buffer allocated inside each call (padded_q, out, "
+         "lse, o_accum, ...), who allocated it, and whether it lives at the peak.")]
+FramesOption = Annotated[bool, typer.Option(
+    help="Record each allocation's Python frame (file:line function, the innermost outside "
+         "torch, mlamem and the kernel libraries): the breakdown shows it, and names by it "
+         "what no allocation spec names. Costs time per allocation; --snapshot records it "
+         "too.")]
+SnapshotOption = Annotated[Path | None, typer.Option(
+    "--snapshot", parser=o.no_stdout("a snapshot is a binary pickle: give a file "
+                                     "path, e.g. --snapshot calls.pickle"),
+    help="Also write a PyTorch memory snapshot of the measured calls (a "
+         "pickle that opens in https://pytorch.org/memory_viz).")]
 
 
 @app.command()
@@ -32,36 +55,19 @@ def profile(
     gpu: o.GpuOption = None,
     paths: o.PathsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
-    op: o.OpOption = o.OpName["sparse-decode"],
+    op: o.OpOption = operations.SPARSE_DECODE,
     requests: o.RequestsOption = None,
     context_len: o.ContextOption = None,
     kv_len: o.KvLenOption = None,
-    bench: Annotated[bool, typer.Option(
-        help="Also time each measured call: triton's do_bench median, in ms, beside the memory.")
-    ] = False,
-    output_format: Annotated[o.Format | None, o.format_option(
-        "mlamem.profile/1", "table (terminal), markdown (the PR table), json",
-        ".txt, .md, .json, .csv", " or csv")] = None,
+    bench: BenchOption = False,
+    output_format: ProfileFormat = None,
     output: o.OutputOption = None,
-    require_gpu: Annotated[bool, typer.Option(
-        help="Fail instead of printing predicted figures when nothing can be measured.")
-    ] = False,
+    require_gpu: RequireGpuOption = False,
     max_num_batched_tokens: Annotated[int | None, o.max_tokens_option("the workspace")] = None,
     predict: o.PredictOption = False,
-    breakdown: Annotated[bool, typer.Option(
-        help="Show where the bytes go: every buffer allocated inside each call (padded_q, out, "
-             "lse, o_accum, ...), who allocated it, and whether it lives at the peak.")
-    ] = False,
-    frames: Annotated[bool, typer.Option(
-        help="Record each allocation's Python frame (file:line function, the innermost outside "
-             "torch, mlamem and the kernel libraries): the breakdown shows it, and names by it "
-             "what no allocation spec names. Costs time per allocation; --snapshot records it "
-             "too.")] = False,
-    snapshot_file: Annotated[Path | None, typer.Option(
-        "--snapshot", parser=o.no_stdout("a snapshot is a binary pickle: give a file "
-                                         "path, e.g. --snapshot calls.pickle"),
-        help="Also write a PyTorch memory snapshot of the measured calls (a "
-                           "pickle that opens in https://pytorch.org/memory_viz).")] = None,
+    breakdown: BreakdownOption = False,
+    frames: FramesOption = False,
+    snapshot_file: SnapshotOption = None,
     report_dir: Annotated[Path | None, o.report_option("its plots (PNG)")] = None,
     shard: o.ShardOption = None,
 ) -> None:
@@ -74,46 +80,61 @@ def profile(
     wrapper code runs on the meta device against a model of the caching allocator, and every
     figure is labelled PREDICTED.
     """
-    op = op.value
     values = o.parse_sweep(op, tokens, requests)
     kv_tokens = o.kv_length(op, context_len, kv_len)
     chosen_shard = o.parse_shard_option(shard)
-    if chosen_shard is not None and report_dir is not None:
-        raise UserError("--report renders a whole sweep, --shard a part of it: drop --report, "
-                        "then `mlamem report` the shards' JSON files together")
-    if predict and require_gpu:
-        raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
-                        "other refuses to); give one")
+    _check_options(chosen_shard, report_dir, predict, require_gpu)
     output_format = _check_outputs(output_format, output, snapshot_file, report_dir, breakdown)
-    path_list = _check_light(kernel, op, paths)
     name = scenario or operations.operation(op).default_scenario
     # a bad file, config or GPU name, or a T past int32, is refused before torch loads
-    chosen = o.load_scenario(name, o.Changes(model, gpu))
-    _check_tokens(op, chosen, values, path_list, max_num_batched_tokens)
-    decode = o.make_kernel(kernel)
-    part = _plan(op, (name, chosen), values, path_list, decode, kv_tokens,
-                 max_num_batched_tokens)
-    reason = None if predict else decode.unavailable_reason()
-    if require_gpu and reason is not None:
+    [part] = plan(Request(
+        "profile", kernel, scenarios=[(name, lambda: o.load_scenario(name, o.Changes(model, gpu)))],
+        ops=[op], values={op: values or list(operations.operation(op).default_sweep)},
+        paths=o.split_paths(paths), kv_tokens=kv_tokens,
+        max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT), load=o.make_kernel)
+    if require_gpu and not predict and (reason := part.kernel.unavailable_reason()):
         raise UserError(f"--require-gpu: cannot measure ({reason})")
-    result, calls = _run(part, decode, chosen_shard, kv_tokens=kv_tokens, bench=bench,
+    result, calls = _run(part, chosen_shard, kv_tokens=kv_tokens, bench=bench,
                          require_gpu=require_gpu, predict=predict, snapshot=snapshot_file,
                          frames=frames)
+    _emit(result, calls, output_format, output, snapshot_file=snapshot_file,
+          report_dir=report_dir, breakdown=breakdown, bench=bench)
+
+
+def _emit(result, calls: list, output_format: o.Format, output: Path | None, *,
+          snapshot_file: Path | None, report_dir: Path | None, breakdown: bool,
+          bench: bool) -> None:
+    """The result in its format, the snapshot and the report, with their notes."""
     note_predicted(result)
     if bench and not result.measured:
         print("mlamem: note: --bench timed nothing: predicted calls do not run", file=sys.stderr)
     if snapshot_file is not None:
-        from mlamem import snapshot
-
-        snapshot.write(snapshot_file, calls)
-        print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
-              file=sys.stderr)
+        _write_snapshot(snapshot_file, calls)
     write_report(result, report_dir)
     formats = render.BREAKDOWN_FORMATS if breakdown else render.FORMATS
     terminal = None
     if output_format is o.Format.table:
         terminal = render.breakdown_table(result) if breakdown else render.table(result)
     emit(formats[output_format.value](result), output, terminal_table=terminal)
+
+
+def _check_options(chosen_shard, report_dir: Path | None, predict: bool,
+                   require_gpu: bool) -> None:
+    """Options that contradict each other."""
+    if chosen_shard is not None and report_dir is not None:
+        raise UserError("--report renders a whole sweep, --shard a part of it: drop --report, "
+                        "then `mlamem report` the shards' JSON files together")
+    if predict and require_gpu:
+        raise UserError("--predict and --require-gpu contradict each other (one predicts, the "
+                        "other refuses to); give one")
+
+
+def _write_snapshot(snapshot_file: Path, calls: list) -> None:
+    from mlamem import snapshot  # pickle: loaded when a snapshot is written, not at start-up
+
+    snapshot.write(snapshot_file, calls)
+    print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
+          file=sys.stderr)
 
 
 def _check_outputs(output_format: o.Format | None, output: Path | None,
@@ -133,52 +154,9 @@ def _check_outputs(output_format: o.Format | None, output: Path | None,
     return chosen
 
 
-def _check_light(kernel: str, op: str, paths: str | None) -> list[str] | None:
-    """--paths as a list (None: every path the kernel has), and what the registry's light entry
-    refuses before the scenario and torch load: the paths and the operation."""
-    path_list = o.split_paths(paths)
-    sweep.check_path_list(path_list)
-    runs = kernel_operations(kernel)
-    if runs:  # a broken plug-in's entry declares none: loading it says why, in one line
-        sweep.check_kernel_ops(kernel, runs, [op])
-    return path_list
-
-
-def _check_tokens(op: str, scenario, values: list[int] | None, paths: list[str] | None,
-                  max_num_batched_tokens: int | None) -> None:
-    """What the scenario refuses before torch loads: a T past int32 (the head count that
-    bounds T below it needs the kernel)."""
-    from mlamem.scenario import check_decode_tokens  # the scenario model: loaded with `scenario`
-
-    if op == operations.DENSE_DECODE:  # its requests are bounded with their context, later
-        return
-    check_decode_tokens(scenario, None, values or [], field=operations.operation(op).key,
-                        max_tokens=max_num_batched_tokens,
-                        max_tokens_field=None if max_num_batched_tokens is None
-                        else "max_num_batched_tokens", workspace=sweep.bounds_tokens(op, paths))
-
-
-def _plan(op: str, scenario: tuple, values: list[int] | None, paths: list[str] | None, kernel,
-          kv_tokens: int | None, max_num_batched_tokens: int | None):
-    """The one (scenario, operation) part profile runs, checked; `scenario` is (as given,
-    loaded)."""
-    from mlamem.sweep import Request, plan
-
-    [part] = plan(Request(
-        [scenario], [op], kernel,
-        values={op: values or list(operations.operation(op).default_sweep)}, strict=True,
-        paths=paths, kv_tokens=kv_tokens,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_tokens_field=None if max_num_batched_tokens is None else "max_num_batched_tokens",
-        fix=o.RAISE_LIMIT))
-    return part
-
-
-def _run(part, kernel, chosen_shard, *, kv_tokens, bench, require_gpu, predict, snapshot,
+def _run(part, chosen_shard, *, kv_tokens, bench, require_gpu, predict, snapshot,
          frames):
     """Profile the part (the shard's values of it), with progress; (result, measured calls)."""
-    from mlamem.profile import run_profile
-
     calls = []
     symbol = operations.operation(part.op).symbol
     name = part.scenario.name
@@ -187,7 +165,7 @@ def _run(part, kernel, chosen_shard, *, kv_tokens, bench, require_gpu, predict, 
         print(shards.empty_note(chosen_shard, len(part.values)), file=sys.stderr)
     with progress(f"profiling {name}", len(run_tokens) * len(part.paths)) as advance:
         result = run_profile(
-            part.scenario, part.values, part.paths, command=command_line(), kernel=kernel,
+            part.scenario, part.values, part.paths, command=command_line(), kernel=part.kernel,
             require_gpu=require_gpu, predict=predict,
             record_stacks=frames or snapshot is not None,
             on_case=lambda case: advance(f"{name}: {symbol}={case.tokens} {case.path} "

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from mlamem import operations, render
+from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
@@ -16,9 +16,8 @@ from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.scenario_names import DEFAULT_SCENARIO
+from mlamem.sweep import Request, plan
 from mlamem.units import check_fraction, parse_bytes
-
-PURPOSE = "repro-oom replays the engine's sparse decode step"
 
 
 @app.command("repro-oom")
@@ -133,14 +132,10 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
     """The sparse decode step the engine replays, checked: kernel, scenario (as given, loaded),
     paths, shape and max_num_batched_tokens: (the scenario, the part, whose scenario has that
     max_num_batched_tokens)."""
-    from mlamem.sweep import Request, plan
-
     chosen = scenario[1]
     [part] = plan(Request(
-        [scenario], [operations.SPARSE_DECODE], kernel,
-        paths=o.split_paths(paths), max_num_batched_tokens=max_num_batched_tokens,
-        max_tokens_field=None if max_num_batched_tokens is None else "max_num_batched_tokens",
-        purpose=PURPOSE, fix=o.RAISE_LIMIT))
+        "repro-oom", kernel, scenarios=[scenario], paths=o.split_paths(paths),
+        max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT))
     return chosen, part
 
 

@@ -14,8 +14,11 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, progress
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
-from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.gate import shard_parts
+from mlamem.kernels import DEFAULT_KERNEL, kernel_operations
+from mlamem.sweep import Request, plan
 from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
+from mlamem.validate import run_graph_validation, run_validation
 
 
 @app.command()
@@ -28,9 +31,9 @@ def validate(
         "max_num_batched_tokens allows")] = None,
     paths: o.PathsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
-    op: Annotated[o.OpName | None, typer.Option(
-        "--op", help="Validate this operation only. Default: every operation the kernel runs "
-                     "that each scenario drives.", show_default=False)] = None,
+    op: Annotated[str | None, o.op_option(
+        "Validate this operation only. Default: every operation the kernel runs that each "
+        "scenario drives.")] = None,
     requests: o.RequestsOption = None,
     context_len: o.ContextOption = None,
     kv_len: o.KvLenOption = None,
@@ -51,52 +54,43 @@ def validate(
     each capture of the CUDA-graph capture list instead. Exits 1 if any figure differs,
     printing the difference in bytes. Needs a GPU where the kernel runs.
     """
-    from mlamem.validate import check_sweep
-
     chosen_shard = o.parse_shard_option(shard)
-    changes = o.Changes(model, gpu)
-    loaded = o.load_scenarios(scenario, changes)  # bad files are refused before torch loads
-    decode = o.make_kernel(kernel)
+    loaded = o.load_scenarios(scenario, o.Changes(model, gpu))  # refused before torch loads
     if graphs or capture_sizes is not None:
-        _validate_graphs(decode, (scenario, changes), paths, capture_sizes, graphs,
+        _validate_graphs(kernel, (loaded, scenario == "all"), paths, capture_sizes, graphs,
                          given={"--tokens": tokens, "--op": op, "--requests": requests,
                                 "--context-len": context_len, "--kv-len": kv_len,
                                 "--shard": shard},
                          output=output, output_format=output_format)
         return
-    ops = [op.value] if op is not None else list(decode.operations)
-    values, kv_tokens = _values(op, ops, tokens, requests, context_len, kv_len)
+    values, kv_tokens = _values(op, kernel, tokens, requests, context_len, kv_len)
     output_format = _output_format(output, output_format)
-    parts = _plan((loaded, scenario != "all"), ops, decode, values, paths, kv_tokens)
-    for part in parts:
-        check_sweep([(part.scenario, part.op, part.values)], part.paths, decode)
+    parts = _plan((loaded, scenario != "all"), op, kernel, values, paths, kv_tokens)
     if chosen_shard is not None:
-        from mlamem.gate import shard_parts
-
         units = sum(len(p.values) for p in parts)
         parts = shard_parts(parts, chosen_shard)
         if not any(p.values for p in parts):
             print(shards.empty_note(chosen_shard, units), file=sys.stderr)
-    comparisons = _run(parts, decode, kv_tokens)
+    comparisons = _run(parts, kv_tokens)
     _emit_validation(comparisons, command_line(), output, output_format,
                      shard=None if chosen_shard is None else str(chosen_shard))
 
 
-def _values(op, ops: list[str], tokens: str | None, requests: str | None,
-            context_len: int | None, kv_len: int | None) -> tuple[dict | None, int | None]:
-    """The values asked for, per operation (None: each operation's defaults), and the KV
+def _values(op: str | None, kernel: str, tokens: str | None, requests: str | None,
+            context_len: int | None, kv_len: int | None) -> tuple[dict, int | None]:
+    """The values asked for, per operation (none: each operation's defaults), and the KV
     length; --requests, --context-len and --kv-len need --op."""
     if op is not None:
-        swept = o.parse_sweep(op.value, tokens, requests)
-        kv_tokens = o.kv_length(op.value, context_len, kv_len)
-    else:
-        for flag, value in (("--requests", requests), ("--context-len", context_len),
-                            ("--kv-len", kv_len)):
-            if value is not None:
-                raise UserError(f"{flag} needs --op (it applies to one operation)")
-        swept = None if tokens is None else o.parse_tokens(tokens)
-        kv_tokens = None
-    return None if swept is None else {name: swept for name in ops}, kv_tokens
+        swept = o.parse_sweep(op, tokens, requests)
+        return {} if swept is None else {op: swept}, o.kv_length(op, context_len, kv_len)
+    for flag, value in (("--requests", requests), ("--context-len", context_len),
+                        ("--kv-len", kv_len)):
+        if value is not None:
+            raise UserError(f"{flag} needs --op (it applies to one operation)")
+    if tokens is None:
+        return {}, None
+    swept = o.parse_tokens(tokens)
+    return {name: swept for name in kernel_operations(kernel)}, None
 
 
 def _output_format(output: Path | None, output_format: o.ReproFormat | None) -> o.ReproFormat:
@@ -107,31 +101,28 @@ def _output_format(output: Path | None, output_format: o.ReproFormat | None) -> 
     return chosen
 
 
-def _plan(scenarios: tuple, ops: list[str], kernel, values: dict | None, paths: str | None,
+def _plan(scenarios: tuple, op: str | None, kernel: str, values: dict, paths: str | None,
           kv_tokens: int | None):
     """The (scenario, operation) parts: the values asked for, run whole, else each
     operation's defaults that each scenario can run. `scenarios`: ((as given, loaded) pairs,
     whether they were named rather than `all`)."""
-    from mlamem.sweep import Request, plan
-
-    defaults = {name: list(VALIDATE_TOKENS if name == operations.SPARSE_DECODE
-                           else operations.operation(name).default_sweep) for name in ops}
+    chosen, named = scenarios
     return plan(Request(
-        scenarios[0], ops, kernel, values=values or defaults,
-        given=ops if values else (), paths=o.split_paths(paths), kv_tokens=kv_tokens,
-        named=scenarios[1], fix=o.DROP_CASE))
+        "validate", kernel, scenarios=chosen if named else (),
+        candidate_scenarios=() if named else chosen, ops=[op] if op else (), values=values,
+        defaults={name: list(operations.operation(name).validate_sweep)
+                  for name in operations.operation_names()},
+        paths=o.split_paths(paths), kv_tokens=kv_tokens, fix=o.DROP_CASE), load=o.make_kernel)
 
 
-def _run(parts, kernel, kv_tokens: int | None) -> list:
+def _run(parts, kv_tokens: int | None) -> list:
     """Validate every part, with progress."""
-    from mlamem.validate import run_validation
-
     comparisons = []
     with progress("validating", sum(len(p.values) * len(p.paths) for p in parts)) as advance:
         for part in parts:
             symbol = operations.operation(part.op).symbol
             comparisons += run_validation(
-                [(part.scenario, part.op, part.values)], part.paths, kernel=kernel,
+                [(part.scenario, part.op, part.values)], part.paths, kernel=part.kernel,
                 kv_tokens=kv_tokens, on_case=lambda name, t, p, op=part.op, symbol=symbol:
                 advance(f"{name} {op}: {symbol}={t} {p}"))
     return comparisons
@@ -152,32 +143,30 @@ def _emit_validation(comparisons, command: str, output: Path | None,
         raise typer.Exit(1)
 
 
-def _validate_graphs(decode, scenarios: tuple[str, o.Changes], paths: str | None, capture_sizes: str | None,
-                     graphs: bool, *, given: dict, output: Path | None,
-                     output_format: o.ReproFormat | None) -> None:
-    """`validate --graphs`: see `validate`; `scenarios` is (--scenario, the changes to each)."""
-    scenario, changes = scenarios
+def _validate_graphs(kernel: str, scenarios: tuple, paths: str | None,
+                     capture_sizes: str | None, graphs: bool, *, given: dict,
+                     output: Path | None, output_format: o.ReproFormat | None) -> None:
+    """`validate --graphs`: see `validate`; `scenarios` is ((as given, loaded) pairs, whether
+    --scenario was 'all')."""
+    from mlamem.graphs import full_decode_sizes  # pydantic's models: loaded when captures run
+
     if not graphs:
         raise UserError("--capture-sizes applies to --graphs; add --graphs")
     for flag, value in given.items():
         if value is not None:
             raise UserError(f"{flag} does not apply to --graphs (captures sweep "
                             "--capture-sizes); drop it")
-    from mlamem.graphs import full_decode_sizes
-    from mlamem.sweep import Request, plan
-    from mlamem.validate import check_sweep, run_graph_validation
-
     sizes = o.parse_sizes(capture_sizes)
     output_format = _output_format(output, output_format)
-    chosen = o.load_scenarios(scenario, changes)
-    if scenario == "all":
+    chosen, every = scenarios
+    if every:
         chosen = [(name, s) for name, s in chosen if operations.SPARSE_DECODE in
                   operations.scenario_operations(s) and (sizes or full_decode_sizes(s.serving))]
-    parts = plan(Request(chosen, [operations.SPARSE_DECODE], decode, paths=o.split_paths(paths),
-                         capture_sizes=sizes or [], capture_field="capture_sizes"))
-    check_sweep([], parts[0].paths, decode)
+    parts = plan(Request("validate-graphs", kernel, scenarios=chosen,
+                         paths=o.split_paths(paths), capture_sizes=sizes or []),
+                 load=o.make_kernel)
     with progress("validating graphs", len(parts) * len(parts[0].paths)) as advance:
         comparisons = run_graph_validation(
-            [p.scenario for p in parts], parts[0].paths, decode, sizes,
+            [p.scenario for p in parts], parts[0].paths, parts[0].kernel, sizes,
             on_path=lambda name, path: advance(f"{name}: {path} captured"))
     _emit_validation(comparisons, command_line(), output, output_format)

@@ -16,14 +16,15 @@ from __future__ import annotations
 from mlamem.errors import UserError
 from mlamem.operations import dense_decode, sparse_decode, sparse_prefill
 from mlamem.operations.base import (
-    OPERATION_TABLE,
     Operation,
     OpInputs,
     Problem,
     Scenario,
     decode_token_limit,
     operation,
+    operation_names,
     register,
+    unregister,
 )
 from mlamem.operations.sparse_decode import KV_POOL_TOPK_MULTIPLE, kv_pool_tokens
 
@@ -32,13 +33,7 @@ for _module in _SHIPPED:
     register(_module.OPERATION)
 
 SPARSE_DECODE, DENSE_DECODE, SPARSE_PREFILL = (m.OPERATION.name for m in _SHIPPED)
-OPERATIONS = tuple(OPERATION_TABLE)  # the shipped operations, in order
-KV_FORMATS = {name: op.kv_formats for name, op in OPERATION_TABLE.items()}  # the shipped ones'
-
-
-def operation_names() -> tuple[str, ...]:
-    """Every registered operation, in order (the shipped ones, then any registered since)."""
-    return tuple(OPERATION_TABLE)
+KV_FORMATS = {m.OPERATION.name: m.OPERATION.kv_formats for m in _SHIPPED}  # the shipped ones'
 
 
 def scenario_operations(scenario: Scenario) -> tuple[str, ...]:
@@ -139,10 +134,10 @@ def padded_heads_for(kernel, scenario: Scenario, op: str = SPARSE_DECODE) -> int
     return call_capabilities(kernel, scenario, op).padded_heads(scenario.heads_per_rank)
 
 
-__all__ = ["DENSE_DECODE", "KV_FORMATS", "KV_POOL_TOPK_MULTIPLE", "OPERATIONS", "OPERATION_TABLE",
-           "SPARSE_DECODE", "SPARSE_PREFILL", "OpInputs", "Operation", "Problem", "call_capabilities",
-           "check_cache", "check_kv_tokens", "check_supported", "check_workspace",
-           "decode_token_limit", "default_kv_tokens", "describe_call", "from_kernel_layout",
-           "kv_format", "kv_pool_tokens", "operation", "operation_names", "padded_heads_for",
-           "problem_for", "reads_cache", "register", "scenario_operations", "to_kernel_layout",
-           "to_kernel_layout_shape", "workspace_rows"]
+__all__ = ["DENSE_DECODE", "KV_FORMATS", "KV_POOL_TOPK_MULTIPLE", "SPARSE_DECODE", "SPARSE_PREFILL",
+           "OpInputs", "Operation", "Problem", "call_capabilities", "check_cache", "check_kv_tokens",
+           "check_supported", "check_workspace", "decode_token_limit", "default_kv_tokens",
+           "describe_call", "from_kernel_layout", "kv_format", "kv_pool_tokens", "operation",
+           "operation_names", "padded_heads_for", "problem_for", "reads_cache", "register",
+           "scenario_operations", "to_kernel_layout", "to_kernel_layout_shape", "unregister",
+           "workspace_rows"]

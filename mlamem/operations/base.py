@@ -14,6 +14,7 @@ from typing import Any
 from mlamem.errors import UserError
 from mlamem.units import MAX_BYTES, MAX_TOKENS
 
+TOKENS_BOUND = "max_num_batched_tokens"  # the token workspaces' bound
 Scenario = Any  # mlamem.scenario.Scenario, which imports the operations (so not imported here)
 
 
@@ -85,18 +86,31 @@ class Operation:
     default_scenario: str  # the shipped scenario `profile --op` runs without --scenario
     kv_formats: tuple[str, ...]  # the caches it reads, by kv_cache_dtype name; the first is its own
     sparse = True  # attends a top-k of the KV (the problem carries the scenario's topk)
+    workspace_bound = TOKENS_BOUND  # the [serving] field that sizes its workspace's rows
+    reads_scenario_cache = False  # reads the scenario's own KV cache: its formats must agree
+    serving_fields: tuple[str, ...] = ()  # [serving] fields only it uses, which it requires
 
     def __repr__(self) -> str:
         return f"<operation {self.name}>"
 
     # -- sizes --
+    @property
+    def tokens_workspace(self) -> bool:
+        """Its rows are tokens, and max_num_batched_tokens sizes its workspace."""
+        return self.workspace_bound == TOKENS_BOUND
+
     def workspace_rows(self, scenario: Scenario) -> int:
         """Rows the engine's workspace holds for this operation."""
-        return scenario.serving.max_num_batched_tokens
+        return getattr(scenario.serving, self.workspace_bound)
 
     def default_kv_tokens(self, scenario: Scenario) -> int:
         """KV tokens of one call when the user sets none."""
         raise NotImplementedError
+
+    @property
+    def validate_sweep(self) -> tuple[int, ...]:
+        """The values `validate` runs where none are asked (default: default_sweep)."""
+        return self.default_sweep
 
     def kv_format(self, scenario: Scenario) -> str:
         """The cache one call reads at `scenario` (default: the operation's own)."""
@@ -140,6 +154,16 @@ class Operation:
             raise UserError(f"{kv_tokens} exceeds {scenario.name}'s max_model_len={longest}, the "
                             f"longest sequence it serves; lower it", field=self.kv_key)
 
+    def workspace_refusal(self, scenario: Scenario, rows: int, fix: str) -> str:
+        """Why `rows` cannot run on a workspace path (more than workspace_rows), and `fix`."""
+        return (f"T={rows} exceeds {scenario.name}'s {self.workspace_bound}="
+                f"{self.workspace_rows(scenario)}, which sizes the workspace; {fix}")
+
+    def serving_problem(self, scenario: Scenario) -> tuple[str, str] | None:
+        """The [serving] field that keeps `scenario` from driving it, and why (the scenario's
+        validation raises it, naming the field); None where it can."""
+        return None
+
     def check_workspace(self, scenario: Scenario, padded_heads: int) -> None:
         """A workspace that cannot exist (the sparse operations' max_num_batched_tokens tokens
         are checked by scenario.check_decode_tokens)."""
@@ -149,19 +173,29 @@ class Operation:
         return f"topk {scenario_summary['topk']}, {self.symbol} rows"
 
 
-OPERATION_TABLE: dict[str, Operation] = {}  # name -> operation, in registration order
+_REGISTERED: dict[str, Operation] = {}  # name -> operation, in registration order
 
 
 def register(op: Operation) -> Operation:
     """Add an operation to the registry (the shipped ones: `mlamem.operations`)."""
-    OPERATION_TABLE[op.name] = op
+    _REGISTERED[op.name] = op
     return op
+
+
+def unregister(name: str) -> None:
+    """Remove a registered operation (a test's, registered for its run)."""
+    del _REGISTERED[name]
+
+
+def operation_names() -> tuple[str, ...]:
+    """Every registered operation, in order (the shipped ones, then any registered since)."""
+    return tuple(_REGISTERED)
 
 
 def operation(name: str) -> Operation:
     """The registered operation `name`; a UserError naming the known ones."""
     try:
-        return OPERATION_TABLE[name]
+        return _REGISTERED[name]
     except KeyError:
         raise UserError(f"unknown operation {name!r}; expected one of: "
-                        f"{', '.join(OPERATION_TABLE)}", field="op") from None
+                        f"{', '.join(_REGISTERED)}", field="op") from None

@@ -38,9 +38,29 @@ class DenseDecode(Operation):
     default_scenario = "kimi-k2-dense-tp4-dp"
     kv_formats = ("bf16", "fp8")  # plain caches of d_qk = 576 values per token
     sparse = False
+    workspace_bound = "max_batch_size"
+    reads_scenario_cache = True
+    serving_fields = ("max_batch_size", "decode_context_len")
+    _MEANINGS = {"max_batch_size": "requests per decode step",
+                 "decode_context_len": "context tokens of each request"}
 
-    def workspace_rows(self, scenario: Scenario) -> int:
-        return scenario.serving.max_batch_size
+    def serving_problem(self, scenario: Scenario) -> tuple[str, str] | None:
+        """A plain cache, and the batch and context it runs."""
+        s, m = scenario.serving, scenario.model
+        if s.kv_cache_dtype not in self.kv_formats:
+            return ("kv_cache_dtype", f"is {s.kv_cache_dtype!r}; {self.name} reads a plain cache "
+                    f"of {m.kv_lora_rank + m.qk_rope_head_dim} values per token: set it to "
+                    f"{' or '.join(repr(d) for d in self.kv_formats)}")
+        for name in self.serving_fields:
+            if getattr(s, name) is None:
+                return (name, f"is required for {self.name} ({self._MEANINGS[name]}): set it, or "
+                        f"drop {self.name} from operations")
+        return None
+
+    def workspace_refusal(self, scenario: Scenario, rows: int, fix: str) -> str:
+        return (f"{rows} requests exceed {scenario.name}'s max_batch_size="
+                f"{scenario.serving.max_batch_size}, which sizes the workspace; lower them or "
+                "drop the workspace paths")
 
     def default_kv_tokens(self, scenario: Scenario) -> int:
         return scenario.serving.decode_context_len

@@ -51,11 +51,24 @@ class SparseDecode(Operation):
     quantity = "T, query tokens of one call"
     key, flag = "tokens", "--tokens"
     default_sweep = (1024, 8192, 16384, 32768)
+    validate_sweep = (1024, 4096, 8192, 16384, 32768)
     default_scenario = "glm5-fp8-tp8"
     kv_formats = ("fp8_ds_mla",)  # whatever the scenario budgets its cache in
+    reads_scenario_cache = True
 
     def default_kv_tokens(self, scenario: Scenario) -> int:
         return kv_pool_tokens(scenario)
+
+    def serving_problem(self, scenario: Scenario) -> tuple[str, str] | None:
+        """Its fp8_ds_mla cache. A context-reuse scenario (block reuse on, chunked prefill off)
+        states TensorRT-LLM's cache in kv_cache_dtype; its sparse decode is the vLLM side, on
+        vLLM's own fp8_ds_mla cache."""
+        s, cache = scenario.serving, self.kv_formats[0]
+        if s.kv_cache_dtype == cache or (s.block_reuse and not s.chunked_prefill):
+            return None
+        return ("kv_cache_dtype", f"is {s.kv_cache_dtype!r}; {self.name} reads the {cache} "
+                f'cache: set kv_cache_dtype = "{cache}", or operations = ["dense-decode"] for a '
+                "plain cache")
 
     def kernel_shape(self, rows_shape):
         return (1, *rows_shape)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mlamem.gate import Change, GateResult, Tolerance
-from mlamem.kernel_api import OPERATIONS
+from mlamem.kernel_api import operation_names
 from mlamem.operations import operation
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
@@ -68,7 +68,7 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
     lines += ["", f"Compared {result.compared_figures} figures over {result.compared_cases} cases "
                   f"(scenario, operation, swept value, path); tolerances: {tolerances}."]
     if result.changes:  # one table per operation, its swept value under its own symbol
-        for op in [o for o in OPERATIONS if any(c.op == o for c in result.changes)]:
+        for op in [o for o in operation_names() if any(c.op == o for c in result.changes)]:
             spec = operation(op)
             lines += ["", f"**{op}**: {spec.quantity}", "",
                       f"| verdict | scenario | {spec.symbol} | path | metric | buffer | baseline | "
