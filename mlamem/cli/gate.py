@@ -83,7 +83,7 @@ def gate(
     overrides, chosen_shard = _checked_flags(tolerance, allow_env_change, shard, update)
     values_given = _values_given(op, tokens, requests)
     previous, unreadable = _previous(baseline, update)
-    recorded = previous.sweep if previous else None
+    recorded = gating.recorded_sweep(previous) if previous else None
     decode = o.make_kernel(kernel if kernel is not None else gating.sweep_kernel(recorded or {}))
     values = {name: values_given.get(spec.key) or gating.sweep_values(recorded, name)
               for name, spec in operations.OPERATION_TABLE.items()}
@@ -185,10 +185,8 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
 def _check_here(previous, kernel, predict: bool, baseline: Path) -> None:
     """Refuse, before the sweep runs, a machine the baseline's figures cannot be compared on."""
     reason = "--predict was given" if predict else kernel.unavailable_reason()
-    here = dataclasses.replace(
-        previous, measured=reason is None, sweep={**previous.sweep, "kernel": kernel.name},
-        environment=dataclasses.asdict(environment.capture()))
-    gating.check_comparable(gating.environment_differences(previous, here), baseline)
+    here = (reason is None, kernel.name, dataclasses.asdict(environment.capture()))
+    gating.check_comparable(gating.differences_between(gating.origin(previous), here), baseline)
 
 
 def _run(parts, values: dict, kernel, predict: bool):
@@ -209,7 +207,7 @@ def _finish(previous, current, overrides: dict, baseline: Path, update: bool,
     tolerances = {**gating.default_tolerances(), **overrides}
     result = None if previous is None else gating.compare(previous, current, tolerances)
     if update:
-        write_atomic(baseline, current.to_json(), "baseline", parents=True)
+        write_atomic(baseline, render.baseline_json(current), "baseline", parents=True)
     text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
                                 updated=update,
                                 shard=None if chosen_shard is None else str(chosen_shard))

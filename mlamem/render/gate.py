@@ -1,12 +1,18 @@
-"""`mlamem gate`: the Markdown diff against a baseline."""
+"""`mlamem gate`: the Markdown diff against a baseline, and the baseline file's text."""
 
 from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
 
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.kernel_api import OPERATIONS
 from mlamem.operations import operation
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
+
+if TYPE_CHECKING:
+    from mlamem.results.baseline import BaselineFile
 
 _METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",
                   "allocated_in_call": "allocated in call", "buffer": "buffer bytes",
@@ -37,6 +43,11 @@ def _tolerance_text(tolerance: Tolerance) -> str:
 
 def _bytes_cell(value: int | None) -> str:
     return "-" if value is None else format_bytes(value)
+
+
+def baseline_json(baseline: BaselineFile) -> str:
+    """The baseline file's text, as --update writes it."""
+    return json.dumps(baseline.to_json(), indent=2) + "\n"
 
 
 def _title(result: GateResult | None, updated: bool) -> str:

@@ -53,6 +53,10 @@ class ResultFile(Model):
                 data = cls.MIGRATIONS[step](data)
         return data
 
+    def to_json(self) -> dict:
+        """The file's JSON object: plain data, fields by their names in the file (`schema`)."""
+        return self.model_dump(mode="json", by_alias=True)
+
 
 def no_second_copy(items: list, key: tuple[str, ...], where: str,
                    only: Callable[[Any], bool] | None = None) -> None:
