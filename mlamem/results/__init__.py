@@ -12,7 +12,7 @@ from typing import Any
 
 from mlamem.results.legacy import LEGACY_KERNEL_FIELDS
 
-__all__ = ["CSV", "LEGACY_KERNEL_FIELDS", "MODELS", "model_for", "read"]
+__all__ = ["CSV", "LEGACY_KERNEL_FIELDS", "MODELS", "model_for", "parse", "read"]
 
 # Schema name -> the model's class name in mlamem.results.models.
 MODELS = {
@@ -54,3 +54,9 @@ def read(data: dict, schema: str) -> dict:
     from mlamem.results.base import check
 
     return check(model_for(schema), data)
+
+
+def parse(data: dict, schema: str) -> Any:
+    """`data`, a file's JSON object, migrated and checked as `read` does: its model (e.g. a
+    `ProfileFile` for `mlamem.profile/1`)."""
+    return model_for(schema).parse(data)

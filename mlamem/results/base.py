@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -43,6 +43,20 @@ class ResultFile(Model):
 
     VERSION: ClassVar[int] = 1
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {}
+    # the top-level keys its files have always begun with, where that is not the model's order
+    KEY_ORDER: ClassVar[tuple[str, ...]] = ()
+
+    def file_dict(self) -> dict:
+        """The file's JSON object: every field given, by its JSON name (`schema`); a field left
+        unset (a buffer's `frame` where no stacks were traced) is not written."""
+        data = self.model_dump(by_alias=True, exclude_unset=True)
+        return {**{key: data[key] for key in self.KEY_ORDER if key in data}, **data}
+
+    @classmethod
+    def parse(cls, data: dict) -> Self:
+        """A file's JSON object, migrated and checked, as the model; ValueError (one line,
+        `FIELD: what is wrong`) when it does not match."""
+        return _validated(cls, cls.migrate(data))
 
     @classmethod
     def migrate(cls, data: dict) -> dict:
@@ -106,8 +120,18 @@ def field_name(loc: tuple[Any, ...]) -> str:
 def check(model: type[ResultFile], data: dict) -> dict:
     """`data` migrated and validated by `model`; ValueError(one line) if it does not match."""
     migrated = model.migrate(data)
-    try:  # as its JSON: a result built in memory (tuples for lists) reads as its file would
-        model.model_validate(json.loads(json.dumps(migrated)))
+    _validated(model, migrated)
+    return migrated
+
+
+def _validated(model: type[ResultFile], data: dict) -> ResultFile:
+    try:
+        return model.model_validate(_as_json(data))
     except ValidationError as exc:
         raise ValueError(error_line(exc)) from None
-    return migrated
+
+
+def _as_json(data: dict) -> dict:
+    """`data` as its JSON reads back: a result built in memory (tuples for lists) checks as its
+    file would."""
+    return json.loads(json.dumps(data))
