@@ -47,7 +47,7 @@ def _bytes_cell(value: int | None) -> str:
 
 def baseline_json(baseline: BaselineFile) -> str:
     """The baseline file's text, as --update writes it."""
-    return json.dumps(baseline.to_json(), indent=2) + "\n"
+    return json.dumps(baseline.file_dict(), indent=2) + "\n"
 
 
 def _title(result: GateResult | None, updated: bool) -> str:
