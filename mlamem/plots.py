@@ -18,7 +18,7 @@ from mlamem.engines import load_engine
 from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.profile import ProfileResult
 from mlamem.render.escape import escaped
-from mlamem.repro import ReproResult
+from mlamem.results.repro import ReproFile
 from mlamem.units import GiB, MiB, format_bytes, gib
 
 DPI = 120
@@ -169,7 +169,7 @@ def _verdict_note(case: dict) -> str:
     return case["verdict"]
 
 
-def repro_budget(result: ReproResult) -> bytes:
+def repro_budget(result: ReproFile) -> bytes:
     """One bar per case, of the segments its engine's view names (vLLM: weights, workspace,
     rest of init, KV cache, free), and the step's need."""
     engine = load_engine(result.engine)

@@ -31,7 +31,8 @@ from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
-from mlamem.repro import ReproResult
+from mlamem.repro import read_result as read_repro
+from mlamem.results.repro import ReproFile
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 from mlamem.validate import Comparison
@@ -61,7 +62,7 @@ class ValidationResult:
                    created=data["created"])
 
 
-Result = ProfileResult | ReproResult | ValidationResult | CompareResult | GraphsResult
+Result = ProfileResult | ReproFile | ValidationResult | CompareResult | GraphsResult
 
 
 class Section:
@@ -135,10 +136,10 @@ class ProfileSection(Section):
 
 
 class ReproSection(Section):
-    kind, schema, result_type, items = "repro-oom", REPRO_SCHEMA, ReproResult, "cases"
-    read = staticmethod(ReproResult.from_dict)
+    kind, schema, result_type, items = "repro-oom", REPRO_SCHEMA, ReproFile, "cases"
+    read = staticmethod(read_repro)
 
-    def check(self, result: ReproResult) -> str | None:
+    def check(self, result: ReproFile) -> str | None:
         """Also the engine, whose cases each name by the engine's own key."""
         if not result.cases:
             return f"{self.items!r} is empty"
@@ -151,14 +152,14 @@ class ReproSection(Section):
                 return f"cases[{i}].{key}: expected a string"
         return None
 
-    def body(self, r: ReproResult, figure, tag: str) -> list[str]:
+    def body(self, r: ReproFile, figure, tag: str) -> list[str]:
         lines = [render.repro_markdown(r)]
         if load_engine(r.engine).view.budget_plot:  # the engine's segments, one bar per case
             lines += figure("budget", f"Memory budget per path{tag}",
                             lambda plots: plots.repro_budget(r))
         return lines
 
-    def summary(self, r: ReproResult, tag: str) -> list[str]:
+    def summary(self, r: ReproFile, tag: str) -> list[str]:
         verdicts = "; ".join(f"{render.case_label(c, r.engine)}: {render.verdict_text(c)}"
                              for c in r.cases)
         return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from mlamem import environment
+from mlamem import environment, results
 from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import NVML_FIELDS, Budget, Engine, Verdict, charged_per_process
 from mlamem.errors import UserError
@@ -36,6 +36,7 @@ from mlamem.memory import SimulatedMemory
 from mlamem.non_torch import NonTorchSetup, calibrated, find_setup
 from mlamem.paths import check_paths
 from mlamem.profile import scenario_summary
+from mlamem.results.repro import ReproFile
 from mlamem.scenario import Scenario, to_dict
 from mlamem.units import format_bytes
 
@@ -45,39 +46,11 @@ WORKER = (sys.executable, "-P", "-m", "mlamem.engines")  # -P: the installed mla
 CASE_TIMEOUT_S = 600
 
 
-@dataclass(frozen=True)
-class ReproResult:
-    """The JSON schema `mlamem.repro-oom/1`: one entry in `cases` per case of the engine (its
-    paths, its reserve variants, ...)."""
-
-    command: str
-    measured: bool
-    not_measured_reason: str | None  # why the verdicts are predicted
-    scenario: dict
-    kernel: dict
-    budget: dict  # gpu_memory_bytes, utilization, max_num_batched_tokens, requested_bytes
-    environment: environment.Environment
-    cases: list[dict]  # the engine's case_type.to_dict() (vLLM: with max_safe_*)
-    notes: list[str] = field(default_factory=list)
-    # required, keyword-only to keep the file's key order; older files get them when migrated
-    engine: str = field(kw_only=True)  # the engine emulated (mlamem.engines.REGISTRY)
-    non_torch: dict | None = None  # the host setup the model took non-torch memory from
-    schema: str = SCHEMA
-    created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ReproResult:
-        """Read back `to_dict()`, a saved mlamem.repro-oom/1 file, checked by its model
-        (`mlamem.results`; older files' `mode` becomes `engine` there); ValueError (one line
-        naming the field) if malformed."""
-        from mlamem import results
-
-        data = results.read(data, SCHEMA)
-        return cls(**{**data, "environment": environment.Environment.from_dict(data["environment"]),
-                      "cases": [dict(case) for case in data["cases"]]})
+def read_result(data: dict | ReproFile) -> ReproFile:
+    """A saved mlamem.repro-oom/1 file's object (or a result already read), checked by its
+    model (older files' `mode` becomes `engine`); ValueError (one line naming the field) if
+    malformed."""
+    return data if isinstance(data, ReproFile) else results.parse(data, SCHEMA)
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,
@@ -174,7 +147,7 @@ def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> 
 def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,
               kernel: KernelContract | None = None, predict: bool = False,
               engine: str | None = None, worker: Sequence[str] = WORKER,
-              on_progress: Callable[[str], None] | None = None) -> ReproResult:
+              on_progress: Callable[[str], None] | None = None) -> ReproFile:
     """Emulate the rank once per case of `engine` (default: the scenario's first), then, where
     the engine searches it, each case's largest safe token budget."""
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
@@ -350,7 +323,7 @@ def host_setup(kernel_name: str, *, predict: bool = False) -> NonTorchSetup:
 
 
 def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, sm_count,
-            setup) -> ReproResult:
+            setup) -> ReproFile:
     capabilities = kernel.capabilities()
     padded_heads = capabilities.padded_heads(scenario.heads_per_rank)
     summary = {**scenario_summary(scenario, padded_heads),
@@ -363,15 +336,15 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
     else:
         notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
                      f"launches) and the physical memory are modelled as {setup.describe()}")
-    return ReproResult(
-        command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
-        engine=engine.name, non_torch=dataclasses.asdict(setup),
-        kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
-                "version": kernel.version(),
-                **dataclasses.asdict(capabilities)},
-        budget=_budget_dict(budget, scenario),
-        environment=environment.capture(), cases=cases, notes=notes,
-        created=environment.now_utc())
+    return results.parse({
+        "command": command, "measured": reason is None, "not_measured_reason": reason,
+        "scenario": summary,
+        "kernel": {"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
+                   "version": kernel.version(), **dataclasses.asdict(capabilities)},
+        "budget": _budget_dict(budget, scenario),
+        "environment": dataclasses.asdict(environment.capture()), "cases": cases,
+        "notes": notes, "engine": engine.name, "non_torch": dataclasses.asdict(setup),
+        "schema": SCHEMA, "created": environment.now_utc()}, SCHEMA)
 
 
 # A physical device this much larger than the target gets the note below (an H200 scenario's
@@ -457,11 +430,11 @@ NOT_PREDICTED_SCENARIO = ("weights_note",)
 
 
 def prediction_differences(measured: dict, predicted: dict) -> list[str]:
-    """Every field of every case on which a predicted repro-oom result (`to_dict()` or a saved
-    file) differs from a measured one, as 'case: field: measured != predicted'; [] if equal.
+    """Every field of every case on which a predicted repro-oom result (a `ReproFile` or a saved
+    file's object) differs from a measured one, as 'case: field: measured != predicted'; [] if equal.
     The fields of NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP and the scenario's
     NOT_PREDICTED_SCENARIO are skipped."""
-    measured, predicted = (ReproResult.from_dict(r).to_dict() for r in (measured, predicted))
+    measured, predicted = (read_result(r).file_dict() for r in (measured, predicted))
     for result in (measured, predicted):
         result["scenario"] = {k: v for k, v in result["scenario"].items()
                               if k not in NOT_PREDICTED_SCENARIO}

@@ -228,7 +228,7 @@ def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits):
                            "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
                            "cuda_graphs")}),
                        ["alloc", "workspace"], command="test", predict=True)
-    predicted = result.to_dict()
+    predicted = result.file_dict()
     assert prediction_differences(measured, predicted) == []
     for m, p in zip(measured["cases"], predicted["cases"], strict=True):
         assert m["graph_estimate_source"] == p["graph_estimate_source"] == "device"

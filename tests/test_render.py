@@ -18,8 +18,9 @@ from mlamem import render
 from mlamem.cli import app, main
 from mlamem.profile import ProfileResult
 from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
-from mlamem.repro import ReproResult
+from mlamem.repro import read_result
 from mlamem.results.models import ProfileRow as ProfileRowModel
+from mlamem.results.repro import ReproFile
 from mlamem.validate import Comparison
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
@@ -34,14 +35,14 @@ def _profile(name: str = "profile-glm5-h200.json") -> ProfileResult:
     return ProfileResult.from_dict(_load(name))
 
 
-def _repro(name: str, **changes) -> ReproResult:
-    return dataclasses.replace(ReproResult.from_dict(_load(name)), **changes)
+def _repro(name: str, **changes) -> ReproFile:
+    return read_result({**_load(name), **changes})
 
 
-def _predicted_repro(name: str) -> ReproResult:
+def _predicted_repro(name: str) -> ReproFile:
     """A saved measured result relabelled as predicted: the renderers read only `measured`."""
-    result = _repro(name, **PREDICTED)
-    return dataclasses.replace(result, cases=[{**c, "measured": False} for c in result.cases])
+    data = _load(name)
+    return _repro(name, **PREDICTED, cases=[{**c, "measured": False} for c in data["cases"]])
 
 
 def _workspace_full(result: ProfileResult) -> ProfileResult:
@@ -253,20 +254,21 @@ def test_repro_header_names_the_scenario_gpu_only_for_its_memory():
     result = _repro("repro-oom-glm5-h200.json")
     default = " ".join(render.repro_markdown(result).split())
     assert "target: 79.647 GiB (H100 SXM 80GB memory) at utilization 0.85" in default
-    override = dataclasses.replace(result, command="mlamem repro-oom --gpu-memory 70GiB",
-                                   budget={**result.budget, "gpu_memory_bytes": 70 * 2**30,
-                                           "scenario_gpu_memory_bytes": 81559 * 2**20})
+    budget = _load("repro-oom-glm5-h200.json")["budget"]
+    override = _repro("repro-oom-glm5-h200.json", command="mlamem repro-oom --gpu-memory 70GiB",
+                      budget={**budget, "gpu_memory_bytes": 70 * 2**30,
+                              "scenario_gpu_memory_bytes": 81559 * 2**20})
     text = " ".join(render.repro_markdown(override).split())
     assert "target: 70.000 GiB (--gpu-memory; the scenario's GPU is H100 SXM 80GB)" in text
 
 
 def test_oom_without_a_size_is_explained_under_the_table():
     """An OOM whose failed request is unknown (e.g. in init) is spelled out below the table."""
-    result = _repro("repro-oom-glm5-h200.json")
-    case = {**result.cases[0], "phase": "init", "oom_requested_bytes": None, "oom_buffer": None,
+    cases = _load("repro-oom-glm5-h200.json")["cases"]
+    case = {**cases[0], "phase": "init", "oom_requested_bytes": None, "oom_buffer": None,
             "free_bytes_at_oom": None, "kv_cache_bytes": None}
     text = " ".join(console_text(render.repro_table(
-        dataclasses.replace(result, cases=[case, *result.cases[1:]]))).split())
+        _repro("repro-oom-glm5-h200.json", cases=[case, *cases[1:]]))).split())
     assert "alloc: OOM in init: an unattributed allocation" in text
 
 

@@ -94,6 +94,9 @@ class ReproFile(ResultFile):
     """`mlamem repro-oom --format json`: one case per case of the engine."""
 
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_repro}
+    KEY_ORDER: ClassVar[tuple[str, ...]] = (
+        "command", "measured", "not_measured_reason", "scenario", "kernel", "budget",
+        "environment", "cases", "notes", "engine", "non_torch", "schema", "created")
 
     schema_: Literal["mlamem.repro-oom/1"] = Field(alias="schema", description="`mlamem.repro-oom/1`")
     command: str = Field(description="the command line that made it")
@@ -117,7 +120,9 @@ class ReproFile(ResultFile):
     @model_validator(mode="after")
     def _one_copy_of_each_case(self) -> ReproFile:
         # a case is named by its engine's key: a path (vLLM, SGLang) or a reserve variant
-        no_second_copy(self.cases, ("path", "variant"), "cases")
+        # (TRT-LLM); another engine's key is its own, unknown here
+        no_second_copy(self.cases, ("path", "variant"), "cases",
+                       only=lambda case: "path" in case or "variant" in case)
         return self
 
 
