@@ -21,13 +21,10 @@ MIN_SHARE = 0.75  # ... making up at least this share of the class's own fields
 # branches. Each entry is "module.Class".
 PENDING = {
     # h-results-b's commands (repro-oom, graphs, plan, gate/baseline)
-    "mlamem.repro.ReproResult",
     "mlamem.graphs.GraphPath",
     "mlamem.graphs.GraphsResult",
     "mlamem.graph_capture.Capture",
     "mlamem.plan.Plan",
-    "mlamem.gate.CaseFigures",
-    "mlamem.gate.Baseline",
     # runtime records and specs that repeat a model, in no branch's brief: the lead decides
     "mlamem.attribution.BufferUse",  # results.Buffer
     "mlamem.context_reserve.Reserve",  # results.Reserve
