@@ -20,6 +20,7 @@ from mlamem.profile import ProfileResult
 from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
 from mlamem.repro import read_result
 from mlamem.results.models import ProfileRow as ProfileRowModel
+from mlamem.results.plan import PlanFile
 from mlamem.results.repro import ReproFile
 from mlamem.validate import Comparison
 
@@ -58,7 +59,7 @@ def _comparisons() -> list[Comparison]:
             for c in _load("validate-h200.json")["comparisons"]]
 
 
-def _plan(*args: str) -> dict:
+def _plan(*args: str) -> PlanFile:
     from mlamem import plan, scenario
 
     name = args[0] if args else "glm5-fp8-tp8"
@@ -213,18 +214,18 @@ def test_repro_states_its_budget_rule():
 
 def test_plan_states_its_budget_rule():
     """plan says its budget rule, and for a context-reuse scenario how repro-oom's differs."""
-    rows = dict(render.plan_rows(_plan("kimi-k2-context-reuse")["plans"][0],
-                                 _plan("kimi-k2-context-reuse")["scenario"]))
+    kimi = _plan("kimi-k2-context-reuse")
+    rows = dict(render.plan_rows(kimi.plans[0], kimi.scenario))
     assert rows["KV budget"] == ("25.820 GiB = utilization 0.9 x total 139.800 GiB - weights "
                                  "100.000 GiB (vLLM's rule; no profile peak, no non-torch memory)")
     assert "profile peak" in rows["repro-oom's KV budget"]
-    assert "repro-oom's KV budget" not in dict(render.plan_rows(_plan()["plans"][0],
-                                                                _plan()["scenario"]))
+    glm = _plan()
+    assert "repro-oom's KV budget" not in dict(render.plan_rows(glm.plans[0], glm.scenario))
     from mlamem import plan, scenario
 
     trt = plan.run_plan(scenario.load("kimi-k2-context-reuse"), {"free_fraction": 0.9}, None,
                         command="mlamem plan")
-    assert "TRT-LLM's rule" in dict(render.plan_rows(trt["plans"][0], trt["scenario"]))[
+    assert "TRT-LLM's rule" in dict(render.plan_rows(trt.plans[0], trt.scenario))[
         "KV budget"]
 
 

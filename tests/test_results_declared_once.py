@@ -24,7 +24,6 @@ PENDING = {
     "mlamem.graphs.GraphPath",
     "mlamem.graphs.GraphsResult",
     "mlamem.graph_capture.Capture",
-    "mlamem.plan.Plan",
     # runtime records and specs that repeat a model, in no branch's brief: the lead decides
     "mlamem.attribution.BufferUse",  # results.Buffer
     "mlamem.context_reserve.Reserve",  # results.Reserve
