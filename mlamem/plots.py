@@ -15,9 +15,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from mlamem.engines import load_engine
-from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.profile import ProfileResult
 from mlamem.render.escape import escaped
+from mlamem.results.graphs import GraphPath, GraphsFile
 from mlamem.results.repro import ReproFile
 from mlamem.units import GiB, MiB, format_bytes, gib
 
@@ -261,7 +261,7 @@ def _tick_sizes(sizes: list[int]) -> list[int]:
     return sorted({s for s in sizes if s & (s - 1) == 0} | {min(sizes), max(sizes)})
 
 
-def graph_pool_vs_size(result: GraphsResult) -> bytes:
+def graph_pool_vs_size(result: GraphsFile) -> bytes:
     """Per path, the pool after each capture (cumulative, capture order: largest T first) and
     the peak inside each capture (lighter), with vLLM's estimates as dashed (allocator) and
     dotted (device, measured) lines; MiB, or GiB from 1 GiB up."""

@@ -10,7 +10,6 @@ out: the same inputs give the same bytes (the date shown is the one each result 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,13 +24,14 @@ from mlamem.environment import Environment
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, read_json, safe_name, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
-from mlamem.graphs import GraphsResult
+from mlamem.graphs import read_result as read_graphs
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.profile import ProfileResult
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
 from mlamem.repro import read_result as read_repro
+from mlamem.results.graphs import GraphsFile
 from mlamem.results.repro import ReproFile
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
@@ -62,7 +62,7 @@ class ValidationResult:
                    created=data["created"])
 
 
-Result = ProfileResult | ReproFile | ValidationResult | CompareResult | GraphsResult
+Result = ProfileResult | ReproFile | ValidationResult | CompareResult | GraphsFile
 
 
 class Section:
@@ -166,18 +166,18 @@ class ReproSection(Section):
 
 
 class GraphsSection(Section):
-    kind, schema, result_type, items = "graphs", GRAPHS_SCHEMA, GraphsResult, "paths"
-    read = staticmethod(GraphsResult.from_dict)
+    kind, schema, result_type, items = "graphs", GRAPHS_SCHEMA, GraphsFile, "paths"
+    read = staticmethod(read_graphs)
 
-    def title(self, r: GraphsResult) -> str:
+    def title(self, r: GraphsFile) -> str:
         return f"{self.scenario(r)}, {r.kernel['label']}"
 
-    def body(self, r: GraphsResult, figure, tag: str) -> list[str]:
+    def body(self, r: GraphsFile, figure, tag: str) -> list[str]:
         return [render.graphs_markdown(r),
                 *figure("pool", f"CUDA-graph pool per capture size{tag}",
                         lambda plots: plots.graph_pool_vs_size(r))]
 
-    def summary(self, r: GraphsResult, tag: str) -> list[str]:
+    def summary(self, r: GraphsFile, tag: str) -> list[str]:
         return [f"- graphs {r.scenario['name']}, {r.kernel['label']}{tag}: {_graphs_verdict(r)}"]
 
 
@@ -372,7 +372,7 @@ def _kernels_cell(env: Environment) -> str:
                      if version is not None) or "-"
 
 
-def _graphs_verdict(r: GraphsResult) -> str:
+def _graphs_verdict(r: GraphsFile) -> str:
     """The pool per path and how far off vLLM's estimate is (device-wide where known:
     measured, or modelled from the host setup)."""
     pools = " / ".join(f"{'failed' if p.pool_bytes is None else format_bytes(p.pool_bytes)} "
@@ -440,12 +440,13 @@ def check_report_dir(folder: Path) -> None:
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 
 
-def write_result_report(result: ProfileResult | GraphsResult, folder: Path) -> list[Path]:
+def write_result_report(result: ProfileResult | GraphsFile, folder: Path) -> list[Path]:
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
     name = safe_name(result.scenario["name"]) + ("" if result.measured else ".predicted") + ".json"
-    write_atomic(folder / name, json.dumps(result.to_dict(), indent=2) + "\n", "report_dir")
+    text = render.graphs_json(result) if isinstance(result, GraphsFile) else render.to_json(result)
+    write_atomic(folder / name, text, "report_dir")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]

@@ -21,8 +21,6 @@ MIN_SHARE = 0.75  # ... making up at least this share of the class's own fields
 # branches. Each entry is "module.Class".
 PENDING = {
     # h-results-b's commands (repro-oom, graphs, plan, gate/baseline)
-    "mlamem.graphs.GraphPath",
-    "mlamem.graphs.GraphsResult",
     "mlamem.graph_capture.Capture",
     # runtime records and specs that repeat a model, in no branch's brief: the lead decides
     "mlamem.attribution.BufferUse",  # results.Buffer
