@@ -244,21 +244,20 @@ def _parse(data: dict) -> BaselineFile:
     """A baseline file's object, checked by its model (`mlamem.results`: every field's type,
     older files' defaults), then what only a registry knows: the operations and the kernel."""
     from mlamem import results  # pydantic: only when a baseline is read
-    from mlamem.results.baseline import BaselineFile
 
-    data = results.read(data, SCHEMA)
-    for i, case in enumerate(data["cases"]):
-        if case["op"] not in OPERATIONS:
-            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of {', '.join(OPERATIONS)}")
-    sweep = data["sweep"]
-    unknown = [o for o in sweep_ops(sweep) if o not in OPERATIONS]
+    baseline = results.parse(data, SCHEMA)
+    for i, case in enumerate(baseline.cases):
+        if case.op not in OPERATIONS:
+            raise ValueError(f"cases[{i}].op: {case.op!r} is not one of {', '.join(OPERATIONS)}")
+    sweep = baseline.sweep
+    unknown = [o for o in sweep.ops if o not in OPERATIONS]
     if unknown:
         raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of {', '.join(OPERATIONS)}")
-    if DENSE_DECODE in sweep_ops(sweep) and "requests" not in sweep:
+    if DENSE_DECODE in sweep.ops and "requests" not in sweep.model_fields_set:
         raise ValueError("sweep.requests: missing (the sweep covers dense-decode)")
-    if sweep_kernel(sweep) not in REGISTRY:
-        raise ValueError(f"sweep.kernel: {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
-    return BaselineFile.model_validate(data)
+    if sweep.kernel not in REGISTRY:
+        raise ValueError(f"sweep.kernel: {sweep.kernel!r} is not one of {', '.join(REGISTRY)}")
+    return baseline
 
 
 def recorded_sweep(baseline: BaselineFile) -> dict:
