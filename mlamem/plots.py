@@ -169,6 +169,32 @@ def _verdict_note(case: dict) -> str:
     return case["verdict"]
 
 
+def _step_need_bar(ax, case, need: int, y: float, seen: set[str]) -> float:
+    """The step's need as a bar from the end of init and the KV cache, past the torch cap
+    hatched, with its headroom or shortfall: where the bar ends (GiB)."""
+    start = gib(case["init_bytes"] + case["kv_cache_bytes"])
+    limit = gib(case["torch_limit_bytes"])
+    fitting = min(gib(need), limit - start)
+    label = "full step's need (activations + decode call)"
+    ax.barh(y - 0.17, fitting, left=start, height=0.3, color=BUDGET_COLORS["need"],
+            label=label if label not in seen else None)
+    seen.add(label)
+    if gib(need) > limit - start:
+        label = "need beyond the cap"
+        ax.barh(y - 0.17, gib(need) - (limit - start), left=limit, height=0.3,
+                color=BUDGET_COLORS["short"], hatch="//", edgecolor="white",
+                label=label if label not in seen else None)
+        seen.add(label)
+    ax.text(start - 0.3, y - 0.17, f"step {gib(need):.2f}", ha="right",
+            va="center", fontsize=9)
+    margin = limit - start - gib(need)
+    ax.text(max(limit, start + gib(need)) + 0.4, y - 0.17,
+            f"headroom {margin:.3f}" if margin >= 0 else f"short by {-margin:.3f}",
+            ha="left", va="center", fontsize=9,
+            color="black" if margin >= 0 else BUDGET_COLORS["short"])
+    return start + gib(need)
+
+
 def repro_budget(result: ReproFile) -> bytes:
     """One bar per case, of the segments its engine's view names (vLLM: weights, workspace,
     rest of init, KV cache, free), and the step's need."""
@@ -197,27 +223,7 @@ def repro_budget(result: ReproFile) -> bytes:
             right = max(right, left)
             need = view.step_need(case)
             if need is not None:
-                start = gib(case["init_bytes"] + case["kv_cache_bytes"])
-                limit = gib(case["torch_limit_bytes"])
-                fitting = min(gib(need), limit - start)
-                label = "full step's need (activations + decode call)"
-                ax.barh(y - 0.17, fitting, left=start, height=0.3, color=BUDGET_COLORS["need"],
-                        label=label if label not in seen else None)
-                seen.add(label)
-                if gib(need) > limit - start:
-                    label = "need beyond the cap"
-                    ax.barh(y - 0.17, gib(need) - (limit - start), left=limit, height=0.3,
-                            color=BUDGET_COLORS["short"], hatch="//", edgecolor="white",
-                            label=label if label not in seen else None)
-                    seen.add(label)
-                right = max(right, start + gib(need))
-                ax.text(start - 0.3, y - 0.17, f"step {gib(need):.2f}", ha="right",
-                        va="center", fontsize=9)
-                margin = limit - start - gib(need)
-                ax.text(max(limit, start + gib(need)) + 0.4, y - 0.17,
-                        f"headroom {margin:.3f}" if margin >= 0 else f"short by {-margin:.3f}",
-                        ha="left", va="center", fontsize=9,
-                        color="black" if margin >= 0 else BUDGET_COLORS["short"])
+                right = max(right, _step_need_bar(ax, case, need, y, seen))
         caps = {case["torch_limit_bytes"] for case in cases if case.get("torch_limit_bytes")}
         for k, cap in enumerate(sorted(caps)):
             ax.axvline(gib(cap), color="black", linestyle="--", linewidth=1.2,
