@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlamem import results
+from mlamem import environment, results
 from mlamem.errors import UserError
 from mlamem.files import read_json
+from mlamem.gate import differences_between
+from mlamem.results.diff import DiffFile
 
 SCHEMA = "mlamem.diff/1"
 KINDS = {"mlamem.profile/1": "profile", "mlamem.repro-oom/1": "repro-oom",
@@ -126,10 +128,9 @@ def pair(a: list[Unit], b: list[Unit]) -> list[tuple[Unit | None, Unit | None]]:
     return pairs + [(u, None) for u in left_a] + [(None, u) for u in left_b]
 
 
-def diff(path_a: Path, path_b: Path, *, command: str, fail_on_growth: int | None = None) -> dict:
-    """A against B (a dict of `mlamem.results.models.DiffFile`)."""
-    from mlamem import environment
-    from mlamem.gate import differences_between
+def diff(path_a: Path, path_b: Path, *, command: str,
+         fail_on_growth: int | None = None) -> DiffFile:
+    """A against B: its results model."""
 
     a, b = read_side(path_a), read_side(path_b)
     if a.kind != b.kind:
@@ -140,11 +141,11 @@ def diff(path_a: Path, path_b: Path, *, command: str, fail_on_growth: int | None
     units = [_unit(x, y) for x, y in pair(a.units, b.units)]
     growths = [u["peak_change_bytes"] for u in units if u["peak_change_bytes"] is not None]
     growth = max(growths, default=None)
-    return {"schema": SCHEMA, "command": command, "created": environment.now_utc(),
-            "kind": a.kind, "a": str(path_a), "b": str(path_b), "environment": changes,
-            "units": units, "peak_growth_bytes": growth, "fail_on_growth_bytes": fail_on_growth,
-            "failed": fail_on_growth is not None and growth is not None
-            and growth > fail_on_growth}
+    return DiffFile.model_validate({
+        "schema": SCHEMA, "command": command, "created": environment.now_utc(),
+        "kind": a.kind, "a": str(path_a), "b": str(path_b), "environment": changes,
+        "units": units, "peak_growth_bytes": growth, "fail_on_growth_bytes": fail_on_growth,
+        "failed": fail_on_growth is not None and growth is not None and growth > fail_on_growth})
 
 
 def _unit(a: Unit | None, b: Unit | None) -> dict:

@@ -32,6 +32,7 @@ from mlamem.paths import wrapper_allocations
 
 if TYPE_CHECKING:
     from mlamem.kernel_api import KernelContract
+    from mlamem.results.explain import ExplainFile
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.explain/1"
@@ -301,7 +302,7 @@ def load(path: Path) -> tuple[dict, list[dict], int]:
 
 def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_given: bool,
             command: str, kernel_names: list[str] | None = None,
-            loaded: tuple[dict, list[dict], int] | None = None) -> dict:
+            loaded: tuple[dict, list[dict], int] | None = None) -> ExplainFile:
     """The snapshot at `path` explained (a dict of `mlamem.results.models.ExplainFile`).
     `scenario` (as given: `scenario_source`) gives the call's dimensions and, when
     `scenario_given`, its head count. `loaded`: `load(path)`, where the caller read it first."""
@@ -331,7 +332,9 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     if peak.source == "segments":
         notes.append("the snapshot has no trace: the peak is what its segments hold, with no "
                      "calls to find")
-    return {
+    from mlamem.results.explain import ExplainFile  # pydantic: once a snapshot is explained
+
+    return ExplainFile.model_validate({
         "schema": SCHEMA, "command": command, "snapshot": str(path),
         "created": environment.now_utc(), "device": device, "trace_events": len(events),
         "scenario": scenario.name, "scenario_given": scenario_given,
@@ -339,7 +342,7 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
         "reserved_bytes": sum(s["total_size"] for s in data["segments"]),
         "by_frame": _by_frame(peak.live), "by_segment": _by_segment(peak.live, spans),
         "calls": [_call(c, at_peak, ops, padded) for c in calls], "notes": notes,
-    }
+    })
 
 
 def _kernels(names: list[str] | None) -> list[tuple[str, KernelContract]]:

@@ -32,6 +32,7 @@ from mlamem.units import parse_bytes
 if TYPE_CHECKING:  # the profiler (and torch) load only when a sweep runs
     from mlamem.kernel_api import KernelContract
     from mlamem.measure import CallMeasurement
+    from mlamem.results.baseline import BaselineFile
     from mlamem.results.profile import ProfileFile
     from mlamem.scenario import Scenario
     from mlamem.shards import Shard
@@ -108,67 +109,32 @@ def parse_tolerances(text: str) -> dict[str, Tolerance]:
     return {**every, **{metric: tolerance for metric, tolerance in chosen if metric is not None}}
 
 
-@dataclass(frozen=True)
-class CaseFigures:
-    """The gated figures of one (scenario, op, swept value, path); None where the call failed."""
-
-    scenario: str
-    op: str = field(default=SPARSE_DECODE, kw_only=True)  # the kernel operation
-    tokens: int  # the swept value: T, b requests (dense decode) or s_q (sparse prefill)
-    requests: int | None = field(default=None, kw_only=True)  # dense decode: b (= tokens)
-    kv_tokens: int | None = field(default=None, kw_only=True)  # KV tokens each query saw
-    path: str
-    peak_allocated_bytes: int | None
-    peak_reserved_bytes: int | None
-    bytes_allocated_in_call: int | None
-    buffers: dict[str, int]  # buffer name -> requested bytes (summed over same-named allocations)
-    failure: str | None = None  # one line when the call failed (OOM or otherwise)
-
-    @property
-    def key(self) -> tuple[str, str, int, str]:
-        return self.scenario, self.op, self.tokens, self.path
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """A sweep's gated figures and where they were made: the JSON schema `mlamem.baseline/1`."""
-
-    command: str
-    measured: bool  # False: predicted by the allocator model
-    not_measured_reason: str | None  # why the figures are predicted
-    environment: dict  # mlamem.environment.Environment as a dict
-    sweep: dict  # "scenarios" (names or TOML paths as given), "ops", "tokens" (T and s_q),
-    #              "requests" (b), "paths", "kernel"
-    cases: list[CaseFigures]
-    schema: str = SCHEMA
-
-    def to_json(self) -> str:
-        return json.dumps({"schema": self.schema, **dataclasses.asdict(self)}, indent=2) + "\n"
-
-
-def baseline_from(results: Sequence[ProfileFile], sweep: dict, command: str) -> Baseline:
+def baseline_from(results: Sequence[ProfileFile], sweep: dict, command: str) -> BaselineFile:
     """The gated figures of profile results (one per scenario, all measured or all predicted)."""
+    from mlamem.results.baseline import BaselineFile  # pydantic: once a sweep has run
+
     cases = []
     for result in results:
         for row in result.rows:
             buffers: dict[str, int] = {}
             for b in row.buffers:
                 buffers[b.name] = buffers.get(b.name, 0) + b.requested_bytes
-            cases.append(CaseFigures(
-                scenario=row.scenario, op=row.op, tokens=row.tokens, requests=row.requests,
-                kv_tokens=row.kv_tokens, path=row.path,
-                peak_allocated_bytes=row.peak_allocated_bytes,
-                peak_reserved_bytes=row.peak_reserved_bytes,
-                bytes_allocated_in_call=row.bytes_allocated_in_call, buffers=buffers,
-                failure=row.failure))
-    return Baseline(command=command, measured=all(r.measured for r in results),
-                    not_measured_reason=results[0].not_measured_reason,
-                    environment=results[0].environment.model_dump(), sweep=sweep,
-                    cases=cases)
+            cases.append({
+                "scenario": row.scenario, "op": row.op, "tokens": row.tokens,
+                "requests": row.requests, "kv_tokens": row.kv_tokens, "path": row.path,
+                "peak_allocated_bytes": row.peak_allocated_bytes,
+                "peak_reserved_bytes": row.peak_reserved_bytes,
+                "bytes_allocated_in_call": row.bytes_allocated_in_call, "buffers": buffers,
+                "failure": row.failure})
+    return BaselineFile.model_validate({
+        "schema": SCHEMA, "command": command, "measured": all(r.measured for r in results),
+        "not_measured_reason": results[0].not_measured_reason,
+        "environment": results[0].environment.model_dump(), "sweep": sweep,
+        "cases": cases})
 
 
 def sweep_ops(sweep: dict) -> list[str]:
-    """The operations a recorded sweep covers."""
+    """The operations a recorded sweep covers (`sweep`: a baseline's, as in its file)."""
     return list(sweep["ops"])
 
 
@@ -222,7 +188,8 @@ def sweep_record(parts: Sequence[SweepPart], values: dict[str, list[int]], kerne
 
 def run_sweep(parts: Sequence[SweepPart], sweep: dict, *, command: str,
               kernel: KernelContract, predict: bool = False,
-              on_case: Callable[[str, str, CallMeasurement], None] | None = None) -> Baseline:
+              on_case: Callable[[str, str, CallMeasurement], None] | None = None
+              ) -> BaselineFile:
     """Profile every part (measured on a GPU, else predicted) and keep the gated figures.
     `on_case(scenario, op, case)` sees each call as it finishes."""
     from mlamem.profile import run_profile
@@ -250,7 +217,7 @@ def sweep_kernel(sweep: dict | None) -> str:
 
 # Reading a baseline: every problem is one line naming the file and what to do.
 
-def load(path: Path) -> Baseline:
+def load(path: Path) -> BaselineFile:
     """Read and check a baseline file; UserError (exit 2) if missing, corrupt or wrong schema."""
     fix = "make one with an update run"  # the CLI adds its command
     if not path.exists():
@@ -273,32 +240,32 @@ def load(path: Path) -> Baseline:
                         field="baseline") from None
 
 
-def _parse(data: dict) -> Baseline:
+def _parse(data: dict) -> BaselineFile:
     """A baseline file's object, checked by its model (`mlamem.results`: every field's type,
     older files' defaults), then what only a registry knows: the operations and the kernel."""
-    from mlamem import results
+    from mlamem import results  # pydantic: only when a baseline is read
 
-    data = results.read(data, SCHEMA)
-    for i, case in enumerate(data["cases"]):
-        if case["op"] not in operation_names():
-            raise ValueError(f"cases[{i}].op: {case['op']!r} is not one of "
-                             f"{', '.join(operation_names())}")
-    sweep = data["sweep"]
-    unknown = [o for o in sweep_ops(sweep) if o not in operation_names()]
+    baseline = results.parse(data, SCHEMA)
+    for i, case in enumerate(baseline.cases):
+        if case.op not in operation_names():
+            raise ValueError(f"cases[{i}].op: {case.op!r} is not one of {', '.join(operation_names())}")
+    sweep = baseline.sweep
+    unknown = [o for o in sweep.ops if o not in operation_names()]
     if unknown:
-        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of "
-                         f"{', '.join(operation_names())}")
-    if DENSE_DECODE in sweep_ops(sweep) and "requests" not in sweep:
+        raise ValueError(f"sweep.ops: {unknown[0]!r} is not one of {', '.join(operation_names())}")
+    if DENSE_DECODE in sweep.ops and "requests" not in sweep.model_fields_set:
         raise ValueError("sweep.requests: missing (the sweep covers dense-decode)")
-    if sweep_kernel(sweep) not in REGISTRY:
-        raise ValueError(f"sweep.kernel: {sweep_kernel(sweep)!r} is not one of {', '.join(REGISTRY)}")
-    return Baseline(command=data["command"], measured=data["measured"],
-                    not_measured_reason=data["not_measured_reason"],
-                    environment=data["environment"], sweep=sweep,
-                    cases=[CaseFigures(**case) for case in data["cases"]])
+    if sweep.kernel not in REGISTRY:
+        raise ValueError(f"sweep.kernel: {sweep.kernel!r} is not one of {', '.join(REGISTRY)}")
+    return baseline
 
 
-def check_covered(baseline: Baseline, parts: Sequence[SweepPart]) -> None:
+def recorded_sweep(baseline: BaselineFile) -> dict:
+    """A baseline's sweep as its file holds it (the keys an older file lacks stay absent)."""
+    return baseline.sweep.model_dump(exclude_unset=True)
+
+
+def check_covered(baseline: BaselineFile, parts: Sequence[SweepPart]) -> None:
     """Every case about to be swept must have baseline figures to compare with."""
     known = {case.key for case in baseline.cases}
     for part in parts:
@@ -324,11 +291,16 @@ class EnvironmentDifference:
     blocking: bool  # the comparison would be meaningless without --allow-env-change
 
 
-def environment_differences(baseline: Baseline, current: Baseline) -> list[EnvironmentDifference]:
+def environment_differences(baseline: BaselineFile, current: BaselineFile
+                            ) -> list[EnvironmentDifference]:
     """Fields that differ between a baseline and this run (`differences_between`)."""
-    return differences_between(
-        (baseline.measured, sweep_kernel(baseline.sweep), baseline.environment),
-        (current.measured, sweep_kernel(current.sweep), current.environment))
+    return differences_between(origin(baseline), origin(current))
+
+
+def origin(baseline: BaselineFile) -> tuple[bool, str, dict]:
+    """What makes a baseline's figures comparable: (measured, kernel, environment)."""
+    return (baseline.measured, baseline.sweep.kernel,
+            baseline.environment.model_dump(exclude_unset=True))
 
 
 def differences_between(before: tuple[bool, str, dict], now: tuple[bool, str, dict]
@@ -444,7 +416,7 @@ def _verdict(difference: int, allowed: int) -> str | None:
     return "within tolerance" if difference else None
 
 
-def compare(baseline: Baseline, current: Baseline,
+def compare(baseline: BaselineFile, current: BaselineFile,
             tolerances: dict[str, Tolerance]) -> GateResult:
     """Compare every gated figure of `current` with `baseline`; cases it lacks are counted."""
     before = {case.key: case for case in baseline.cases}

@@ -19,11 +19,11 @@ captures here are the same two, in a fresh pool, so the rule is applied to them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-from mlamem import environment
+from mlamem import environment, results
 from mlamem.engine_specs.vllm import (  # noqa: F401 (re-exported: vLLM's capture rules)
     DEFAULT_MAX_GRAPH_SIZE,
     FULL_MODES,
@@ -48,70 +48,16 @@ from mlamem.graph_capture import (  # noqa: F401 (re-exported: the capture lives
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import padded_heads_for
 from mlamem.paths import check_paths, plan
+from mlamem.results.graphs import GraphPath, GraphsFile
 from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.graphs/1"
 
 
-# What one path holds
-
-
-@dataclass
-class GraphPath:
-    """One path captured at every size of the list."""
-
-    path: str
-    staged: list[str]
-    captures: list[Capture]
-    pool_bytes: int | None = None  # reserved growth over all captures: the pool
-    held_bytes: int | None = None  # allocated after all captures, outputs released
-    device_bytes: int | None = None  # mem_get_info growth over all captures (measured, or modelled)
-    unexplained_device_bytes: int | None = None  # device - pool: instantiation, modules
-    estimates: list[Estimate] = field(default_factory=list)
-    failure: str | None = None  # the first capture that failed, in one line
-
-    @property
-    def complete(self) -> bool:
-        return self.failure is None
-
-
-@dataclass(frozen=True)
-class GraphsResult:
-    """The JSON schema `mlamem.graphs/1`."""
-
-    command: str
-    measured: bool
-    not_measured_reason: str | None
-    scenario: dict
-    kernel: dict
-    op: str
-    capture_sizes: list[int]  # largest first, as captured
-    capture_sizes_source: str
-    serving: dict  # max_num_seqs, max_cudagraph_capture_size, cudagraph_mode, ...
-    environment: environment.Environment
-    paths: list[GraphPath]
-    notes: list[str] = field(default_factory=list)
-    schema: str = SCHEMA
-    created: str | None = None
-
-    def to_dict(self) -> dict:
-        from mlamem.measure import without_record
-
-        return {**without_record(self), "environment": self.environment.model_dump()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> GraphsResult:
-        """Read back a saved mlamem.graphs/1 file, checked by its model (`mlamem.results`);
-        ValueError (one line naming the field) if malformed."""
-        from mlamem import results
-        from mlamem.results.shared import Environment
-
-        data = results.read(data, SCHEMA)
-        paths = [GraphPath(**{**p, "captures": [Capture(**c) for c in p["captures"]],
-                              "estimates": [Estimate(**e) for e in p["estimates"]]})
-                 for p in data["paths"]]
-        return cls(**{**data, "paths": paths,
-                      "environment": Environment(**data["environment"])})
+def read_result(data: dict) -> GraphsFile:
+    """A saved mlamem.graphs/1 file's object, checked by its model (`mlamem.results`);
+    ValueError (one line naming the field) if malformed."""
+    return results.parse(data, SCHEMA)
 
 
 # Measuring
@@ -121,29 +67,39 @@ def measure_path(memory, scenario: Scenario, kernel, path: str, sizes: Sequence[
                  sm_count: int, seed: int = 0,
                  on_capture: Callable[[Capture], None] | None = None) -> GraphPath:
     """Capture `path`'s call at every size (largest first) into one pool; see the module."""
+    from mlamem.measure import without_record  # torch: a reader of saved results needs none
+
     capabilities = kernel.capabilities(SPARSE_DECODE)
     staged = plan(path, scenario.heads_per_rank, capabilities, kernel.label).staged
-    result = GraphPath(path=path, staged=list(staged), captures=[])
     with memory:
         call = CallGraphs.make(memory, scenario, kernel, path, max(sizes), sm_count=sm_count,
                                seed=seed)
         memory.empty_cache()
         start, device_start = memory.stats(), memory.device_used_bytes()
         with memory.graphs() as graphs:
-            result.captures, _ = capture_all(memory, graphs, call, sizes, on_capture)
+            captures, _ = capture_all(memory, graphs, call, sizes, on_capture)
             end, device_end = memory.stats(), memory.device_used_bytes()
         del call
-    failed = next((c for c in result.captures if c.failure is not None), None)
+    figures = {"path": path, "staged": list(staged),
+               "captures": [without_record(c) for c in captures]}
+    failed = next((c for c in captures if c.failure is not None), None)
     if failed is not None:
-        result.failure = f"T={failed.tokens}: {failed.failure}"
-        return result
-    result.pool_bytes = end.reserved - start.reserved
-    result.held_bytes = end.allocated - start.allocated
-    if device_end is not None and device_start is not None:
-        result.device_bytes = device_end - device_start
-        result.unexplained_device_bytes = result.device_bytes - result.pool_bytes
-    result.estimates = estimates(result.captures, result.pool_bytes, result.device_bytes)
-    return result
+        return _graph_path({**figures, "failure": f"T={failed.tokens}: {failed.failure}"})
+    pool = end.reserved - start.reserved
+    device = (None if device_end is None or device_start is None
+              else device_end - device_start)
+    return _graph_path({
+        **figures, "pool_bytes": pool, "held_bytes": end.allocated - start.allocated,
+        "device_bytes": device,
+        "unexplained_device_bytes": None if device is None else device - pool,
+        "estimates": [dataclasses.asdict(e) for e in estimates(captures, pool, device)]})
+
+
+def _graph_path(figures: dict) -> GraphPath:
+    """One path's figures as its model; those a failed path lacks are null (estimates: none)."""
+    empty = {"pool_bytes": None, "held_bytes": None, "device_bytes": None,
+             "unexplained_device_bytes": None, "estimates": [], "failure": None}
+    return GraphPath.model_validate({**empty, **figures})
 
 
 def estimates(captures: Sequence[Capture], pool_bytes: int,
@@ -160,7 +116,7 @@ def estimates(captures: Sequence[Capture], pool_bytes: int,
 
 def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel=None,
                sizes: Sequence[int] | None = None, predict: bool = False,
-               on_capture: Callable[[str, Capture], None] | None = None) -> GraphsResult:
+               on_capture: Callable[[str, Capture], None] | None = None) -> GraphsFile:
     """Measure (or predict, without a GPU or with `predict`) every path over the capture list:
     the scenario's FULL decode graphs unless `sizes` is given."""
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
@@ -180,10 +136,10 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     # predicted: one model for the process, as measured: what the first path's launches and
     # first capture load outside the allocator, a later path finds loaded
     model = None if reason is None else SimulatedMemory(non_torch=host_setup(kernel.name, predict=True))
-    results = []
+    measured_paths = []
     for path in paths:
         memory = CudaMemory() if model is None else model
-        results.append(measure_path(
+        measured_paths.append(measure_path(
             memory, scenario, kernel, path, chosen, sm_count=sm_count,
             on_capture=None if on_capture is None else functools.partial(on_capture, path)))
     padded = padded_heads_for(kernel, scenario)
@@ -206,15 +162,15 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     if serving.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL"):
         notes.append("PIECEWISE graphs (mixed batches) run attention eagerly: they hold none of "
                      "the call's memory")
-    return GraphsResult(
-        command=command, measured=reason is None, not_measured_reason=reason,
-        scenario=scenario_summary(scenario, padded),
-        kernel={"name": kernel.name, "label": kernel.label, "version": kernel.version(),
-                "sm_count": sm_count},
-        op=SPARSE_DECODE, capture_sizes=chosen, capture_sizes_source=source,
-        serving={"max_num_seqs": serving.max_num_seqs,
-                 "max_cudagraph_capture_size": serving.max_cudagraph_capture_size,
-                 "cudagraph_mode": serving.cudagraph_mode,
-                 "num_speculative_tokens": serving.num_speculative_tokens},
-        environment=environment.capture(), paths=results, notes=notes,
-        created=environment.now_utc())
+    return GraphsFile.model_validate({
+        "command": command, "measured": reason is None, "not_measured_reason": reason,
+        "scenario": scenario_summary(scenario, padded),
+        "kernel": {"name": kernel.name, "label": kernel.label, "version": kernel.version(),
+                   "sm_count": sm_count},
+        "op": SPARSE_DECODE, "capture_sizes": list(chosen), "capture_sizes_source": source,
+        "serving": {"max_num_seqs": serving.max_num_seqs,
+                    "max_cudagraph_capture_size": serving.max_cudagraph_capture_size,
+                    "cudagraph_mode": serving.cudagraph_mode,
+                    "num_speculative_tokens": serving.num_speculative_tokens},
+        "environment": environment.capture().model_dump(), "paths": measured_paths,
+        "notes": notes, "schema": SCHEMA, "created": environment.now_utc()})

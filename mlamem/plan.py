@@ -36,6 +36,7 @@ from mlamem.lists import parse_list
 from mlamem.units import MAX_TOKENS
 
 if TYPE_CHECKING:
+    from mlamem.results.plan import OnePlan, PlanFile
     from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.plan/1"
@@ -89,33 +90,10 @@ def request_for(scenario: Scenario, **overrides) -> PlanRequest:
     return PlanRequest(**values)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """One rank's plan (the JSON schema `mlamem.plan/1` lists one per sweep value)."""
-
-    request: dict
-    weights_bytes: int
-    budget_bytes: int  # what the KV cache (and any reserve) may use
-    k_bytes_per_token: int
-    w_bytes_per_token: int
-    gather_bytes_per_token: int
-    kv_len_cap_tokens: int
-    gate_on: bool
-    gate_reason: str
-    pool_tokens_without_reserve: int
-    fp8_reserve: Reserve  # the PR's reserve: w only
-    full_reserve: Reserve  # everything charged: w + BF16 gather
-    vllm: dict | None  # sparse scenarios: per-call needs, prefill workspace, headroom, fits
-    engine_knobs: dict | None = None  # sparse scenarios: each engine's fraction for vLLM's pool
-    engine_limits: dict | None = None  # --engine: its largest safe knobs, per path (predicted)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = None,
-              engine: str | None = None, tokens_given: bool = True) -> Plan:
+              engine: str | None = None, tokens_given: bool = True) -> OnePlan:
     """The plan for one rank; see the module docstring."""
+    from mlamem.results.plan import OnePlan  # pydantic: once a plan is made
     weights = scenario.parallel.weights_bytes
     total = request.gpu_memory_bytes
     if request.utilization is not None:
@@ -132,19 +110,20 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
     l_cap = kv_len_cap(request.max_batch_size, request.max_num_tokens, request.max_seq_len)
     applies, reason = reserve_gate(request.block_reuse, request.chunked_prefill)
     pool_without = budget // k
-    return Plan(
-        request=dataclasses.asdict(request), weights_bytes=weights, budget_bytes=budget,
-        k_bytes_per_token=k, w_bytes_per_token=w, gather_bytes_per_token=gather,
-        kv_len_cap_tokens=l_cap, gate_on=applies, gate_reason=reason,
-        pool_tokens_without_reserve=pool_without,
-        fp8_reserve=reserve(budget, k, w, l_cap, applies, pool_without),
-        full_reserve=reserve(budget, k, w + gather, l_cap, applies, pool_without),
-        vllm=_vllm_side(scenario, request, headroom, kernel) if scenario.model.index_topk
+    return OnePlan.model_validate({
+        "request": dataclasses.asdict(request), "weights_bytes": weights,
+        "budget_bytes": budget, "k_bytes_per_token": k, "w_bytes_per_token": w,
+        "gather_bytes_per_token": gather, "kv_len_cap_tokens": l_cap, "gate_on": applies,
+        "gate_reason": reason, "pool_tokens_without_reserve": pool_without,
+        "fp8_reserve": dataclasses.asdict(reserve(budget, k, w, l_cap, applies, pool_without)),
+        "full_reserve": dataclasses.asdict(
+            reserve(budget, k, w + gather, l_cap, applies, pool_without)),
+        "vllm": _vllm_side(scenario, request, headroom, kernel) if scenario.model.index_topk
         else None,
-        engine_knobs=engine_knobs(scenario, request, kernel)
+        "engine_knobs": engine_knobs(scenario, request, kernel)
         if scenario.model.index_topk and request.utilization is not None else None,
-        engine_limits=None if engine is None else engine_limits(scenario, request, engine, kernel,
-                                                                     tokens_given))
+        "engine_limits": None if engine is None
+        else engine_limits(scenario, request, engine, kernel, tokens_given)})
 
 
 def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:
@@ -250,8 +229,8 @@ def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
 
 
 def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str,
-             kernel: str | None = None, engine: str | None = None) -> dict:
-    """The JSON document `mlamem.plan/1`: one plan, or one per value of the swept variable.
+             kernel: str | None = None, engine: str | None = None) -> PlanFile:
+    """The result `mlamem.plan/1`: one plan, or one per value of the swept variable.
 
     `overrides` are PlanRequest fields (None keeps the scenario's); `sweep` is 'NAME=V1,V2'.
     """
@@ -264,9 +243,10 @@ def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command:
         from mlamem.repro import scenario_engine
         scenario_engine(scenario, engine)
     tokens_given = swept == "max_num_tokens" or overrides.get("max_num_tokens") is not None
-    plans = [make_plan(scenario, request, kernel, engine, tokens_given).to_dict()
-             for request in requests]
-    return {
+    plans = [make_plan(scenario, request, kernel, engine, tokens_given) for request in requests]
+    from mlamem.results.plan import PlanFile  # pydantic: once a plan is made
+
+    return PlanFile.model_validate({
         "schema": SCHEMA, "command": command,
         "scenario": {"name": scenario.name, "model": scenario.model.name,
                      "heads_per_rank": scenario.heads_per_rank,
@@ -277,7 +257,7 @@ def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command:
         "sweep": None if swept is None else {"name": sweep.partition("=")[0].strip(),
                                              "values": values},
         "plans": plans,
-    }
+    })
 
 
 def parse_sweep(text: str) -> tuple[str, list]:

@@ -16,9 +16,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from mlamem.engine_registry import engine_spec
-from mlamem.graphs import GraphPath, GraphsResult
 from mlamem.render.escape import escaped
-from mlamem.repro import ReproResult
+from mlamem.results.graphs import GraphPath, GraphsFile
+from mlamem.results.repro import ReproFile
 from mlamem.units import GiB, MiB, format_bytes, gib
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def _need_bar(ax, y: float, case: dict, need: int, seen: set[str]) -> float:
     return start + gib(need)
 
 
-def repro_budget(result: ReproResult) -> bytes:
+def repro_budget(result: ReproFile) -> bytes:
     """One bar per case, of the segments its engine's view names (vLLM: weights, workspace,
     rest of init, KV cache, free), and the step's need."""
     engine = engine_spec(result.engine)
@@ -275,7 +275,7 @@ def _tick_sizes(sizes: list[int]) -> list[int]:
     return sorted({s for s in sizes if s & (s - 1) == 0} | {min(sizes), max(sizes)})
 
 
-def graph_pool_vs_size(result: GraphsResult) -> bytes:
+def graph_pool_vs_size(result: GraphsFile) -> bytes:
     """Per path, the pool after each capture (cumulative, capture order: largest T first) and
     the peak inside each capture (lighter), with vLLM's estimates as dashed (allocator) and
     dotted (device, measured) lines; MiB, or GiB from 1 GiB up."""

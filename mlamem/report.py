@@ -23,20 +23,22 @@ from mlamem.engine_registry import engine_names, engine_spec
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, read_json, safe_name, write_atomic
 from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
-from mlamem.graphs import GraphsResult
+from mlamem.graphs import read_result as read_graphs
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import operation
 from mlamem.profile import SCHEMA as PROFILE_SCHEMA
 from mlamem.repro import SCHEMA as REPRO_SCHEMA
-from mlamem.repro import ReproResult
+from mlamem.repro import read_result as read_repro
 from mlamem.results.compare import CompareFile
+from mlamem.results.graphs import GraphsFile
 from mlamem.results.profile import ProfileFile
+from mlamem.results.repro import ReproFile
 from mlamem.results.shared import Environment
 from mlamem.results.validate import ValidateFile
 from mlamem.units import format_bytes, gib
 from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 
-Result = ProfileFile | ReproResult | ValidateFile | CompareFile | GraphsResult
+Result = ProfileFile | ReproFile | ValidateFile | CompareFile | GraphsFile
 
 
 class Section:
@@ -113,10 +115,10 @@ class ProfileSection(Section):
 
 
 class ReproSection(Section):
-    kind, schema, result_type, items = "repro-oom", REPRO_SCHEMA, ReproResult, "cases"
-    read = staticmethod(ReproResult.from_dict)
+    kind, schema, result_type, items = "repro-oom", REPRO_SCHEMA, ReproFile, "cases"
+    read = staticmethod(read_repro)
 
-    def check(self, result: ReproResult) -> str | None:
+    def check(self, result: ReproFile) -> str | None:
         """Also the engine, whose cases each name by the engine's own key."""
         if not result.cases:
             return f"{self.items!r} is empty"
@@ -129,32 +131,32 @@ class ReproSection(Section):
                 return f"cases[{i}].{key}: expected a string"
         return None
 
-    def body(self, r: ReproResult, figure, tag: str) -> list[str]:
+    def body(self, r: ReproFile, figure, tag: str) -> list[str]:
         lines = [render.repro_markdown(r)]
         if engine_spec(r.engine).view.budget_plot:  # the engine's segments, one bar per case
             lines += figure("budget", f"Memory budget per path{tag}",
                             lambda plots: plots.repro_budget(r))
         return lines
 
-    def summary(self, r: ReproResult, tag: str) -> list[str]:
+    def summary(self, r: ReproFile, tag: str) -> list[str]:
         verdicts = "; ".join(f"{render.case_label(c, r.engine)}: {render.verdict_text(c)}"
                              for c in r.cases)
         return [f"- repro-oom {r.scenario['name']}, {r.kernel['label']}{tag}: {verdicts}"]
 
 
 class GraphsSection(Section):
-    kind, schema, result_type, items = "graphs", GRAPHS_SCHEMA, GraphsResult, "paths"
-    read = staticmethod(GraphsResult.from_dict)
+    kind, schema, result_type, items = "graphs", GRAPHS_SCHEMA, GraphsFile, "paths"
+    read = staticmethod(read_graphs)
 
-    def title(self, r: GraphsResult) -> str:
+    def title(self, r: GraphsFile) -> str:
         return f"{self.scenario(r)}, {r.kernel['label']}"
 
-    def body(self, r: GraphsResult, figure, tag: str) -> list[str]:
+    def body(self, r: GraphsFile, figure, tag: str) -> list[str]:
         return [render.graphs_markdown(r),
                 *figure("pool", f"CUDA-graph pool per capture size{tag}",
                         lambda plots: plots.graph_pool_vs_size(r))]
 
-    def summary(self, r: GraphsResult, tag: str) -> list[str]:
+    def summary(self, r: GraphsFile, tag: str) -> list[str]:
         return [f"- graphs {r.scenario['name']}, {r.kernel['label']}{tag}: {_graphs_verdict(r)}"]
 
 
@@ -349,7 +351,7 @@ def _kernels_cell(env: Environment) -> str:
                      if version is not None) or "-"
 
 
-def _graphs_verdict(r: GraphsResult) -> str:
+def _graphs_verdict(r: GraphsFile) -> str:
     """The pool per path and how far off vLLM's estimate is (device-wide where known:
     measured, or modelled from the host setup)."""
     pools = " / ".join(f"{'failed' if p.pool_bytes is None else format_bytes(p.pool_bytes)} "
@@ -417,14 +419,13 @@ def check_report_dir(folder: Path) -> None:
     check_output_path(folder / REPORT_NAME if folder.is_dir() else folder, "report_dir")
 
 
-def write_result_report(result: ProfileFile | GraphsResult, folder: Path) -> list[Path]:
+def write_result_report(result: ProfileFile | GraphsFile, folder: Path) -> list[Path]:
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
     folder.mkdir(exist_ok=True)
     name = (safe_name(section_for(result).scenario(result)) + ("" if result.measured else ".predicted")
             + ".json")
-    data = result.file_dict() if isinstance(result, ProfileFile) else result.to_dict()
-    write_atomic(folder / name, json.dumps(data, indent=2) + "\n", "report_dir")
+    write_atomic(folder / name, json.dumps(result.file_dict(), indent=2) + "\n", "report_dir")
     output = folder / REPORT_NAME
     report = build([Saved(name, result)], figure_prefix=output.stem)
     return [folder / name, *write(report, output)]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from mlamem import environment
+from mlamem import environment, results
 from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import NVML_FIELDS, Budget, Engine, Verdict, charged_per_process
 from mlamem.errors import UserError
@@ -37,6 +37,7 @@ from mlamem.non_torch import NonTorchSetup, calibrated, find_setup
 from mlamem.operations import padded_heads_for
 from mlamem.paths import check_paths
 from mlamem.profile import scenario_summary
+from mlamem.results.repro import ReproFile
 from mlamem.scenario import Scenario, to_dict
 from mlamem.units import format_bytes
 
@@ -46,40 +47,11 @@ WORKER = (sys.executable, "-P", "-m", "mlamem.engines")  # -P: the installed mla
 CASE_TIMEOUT_S = 600
 
 
-@dataclass(frozen=True)
-class ReproResult:
-    """The JSON schema `mlamem.repro-oom/1`: one entry in `cases` per case of the engine (its
-    paths, its reserve variants, ...)."""
-
-    command: str
-    measured: bool
-    not_measured_reason: str | None  # why the verdicts are predicted
-    scenario: dict
-    kernel: dict
-    budget: dict  # gpu_memory_bytes, utilization, max_num_batched_tokens, requested_bytes
-    environment: environment.Environment
-    cases: list[dict]  # the engine's case_type.to_dict() (vLLM: with max_safe_*)
-    notes: list[str] = field(default_factory=list)
-    # required, keyword-only to keep the file's key order; older files get them when migrated
-    engine: str = field(kw_only=True)  # the engine emulated (its name in the engine registry)
-    non_torch: dict | None = None  # the host setup the model took non-torch memory from
-    schema: str = SCHEMA
-    created: str | None = field(kw_only=True)  # when it was made: UTC, ISO 8601 (None: not recorded)
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "environment": self.environment.model_dump()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ReproResult:
-        """Read back `to_dict()`, a saved mlamem.repro-oom/1 file, checked by its model
-        (`mlamem.results`; older files' `mode` becomes `engine` there); ValueError (one line
-        naming the field) if malformed."""
-        from mlamem import results
-        from mlamem.results.shared import Environment
-
-        data = results.read(data, SCHEMA)
-        return cls(**{**data, "environment": Environment(**data["environment"]),
-                      "cases": [dict(case) for case in data["cases"]]})
+def read_result(data: dict | ReproFile) -> ReproFile:
+    """A saved mlamem.repro-oom/1 file's object (or a result already read), checked by its
+    model (older files' `mode` becomes `engine`); ValueError (one line naming the field) if
+    malformed."""
+    return data if isinstance(data, ReproFile) else results.parse(data, SCHEMA)
 
 
 def largest_fitting(fits: Callable[[int], bool], guess: int,
@@ -176,73 +148,102 @@ def check_local_gpu(budget: Budget, local_total_bytes: int, local_name: str) -> 
 def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, command: str,
               kernel: KernelContract | None = None, predict: bool = False,
               engine: str | None = None, worker: Sequence[str] = WORKER,
-              on_progress: Callable[[str], None] | None = None) -> ReproResult:
+              on_progress: Callable[[str], None] | None = None) -> ReproFile:
     """Emulate the rank once per case of `engine` (default: the scenario's first), then, where
     the engine searches it, each case's largest safe token budget."""
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     chosen = scenario_engine(scenario, engine)
     check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
-    measured = reason is None
-    setup = host_setup(kernel.name, predict=not measured)
-    if measured:  # the CLI checks this before any output; here for callers of the library
+    setup = host_setup(kernel.name, predict=reason is not None)
+    if reason is None:  # the CLI checks this before any output; here for callers of the library
         check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
-    sm_count = local_sm_count() if measured else scenario.gpu.sm_count
-    progress = on_progress or (lambda _: None)
-    key_field = chosen.case_type.key_field
-
-    def request(key: str, at: Budget) -> dict:
-        return {"engine": chosen.name, "scenario": to_dict(scenario), "source": scenario.source,
-                key_field: key, "kernel": kernel.name, "budget": at.to_dict()}
-
-    def predicted(key: str, at: Budget, host: NonTorchSetup) -> dict:
-        return chosen.emulate(SimulatedMemory(non_torch=host), scenario, kernel, at, key,
-                              sm_count=sm_count).to_dict()
-
-    cases, on_target = [], {}
-    spare = setup.gpu_memory_bytes - budget.gpu_memory_bytes >= SPARE_NOTED
-    for key in chosen.case_keys(list(paths)):
-        progress(f"{chosen.view.case_label({key_field: key})}: emulating the rank")
-        case = predicted(key, budget, setup)
-        host = setup
-        if measured:  # the model searches from this host's measured non-torch memory
-            modelled = case["non_torch_bytes"]
-            case = run_case(request(key, budget), worker)
-            if case.get("non_torch_bytes") is not None:
-                host = calibrated(setup, modelled, case["non_torch_bytes"],
-                                  device_wide=not charged_per_process(case))
-        knob = chosen.searched_knob
-        if knob is not None:
-            pinned = chosen.pinned(budget, case)
-            case.update(_largest_safe(case, key, pinned, knob, host,
-                                      measured=measured, predicted=predicted, request=request,
-                                      worker=worker, progress=progress))
-            if spare:
-                on_target[key] = _largest_safe_on_target(
-                    key, pinned, knob, dataclasses.replace(
-                        host, gpu_memory_bytes=budget.gpu_memory_bytes), predicted,
-                    case["max_safe_tokens"])
-            if pinned != budget:  # the fraction follows the tokens where none is given
-                progress(f"{key}: searching the largest safe {knob} with the fraction re-derived")
-                case["max_safe_tokens_rederived"], _ = largest_fitting(
-                    lambda t, key=key, host=host, knob=knob: predicted(
-                        key, dataclasses.replace(budget, **{knob: t}), host)["verdict"]
-                    == Verdict.FITS, getattr(budget, knob))
-        if chosen.searched_fraction is not None:
-            progress(f"{key}: searching the largest safe {chosen.searched_fraction} on the model")
-            case.update(_largest_safe_fraction(
-                case, budget, chosen.searched_fraction,
-                lambda at, key=key, host=host: predicted(key, at, host)["verdict"]))
-        cases.append(case)
+    sm_count = scenario.gpu.sm_count if reason is not None else local_sm_count()
+    run = _Run(scenario, budget, kernel, chosen, setup, sm_count, measured=reason is None,
+               worker=worker, progress=on_progress or (lambda _: None))
+    cases = [run.case(key) for key in chosen.case_keys(list(paths))]
     notes = chosen.notes(cases)
-    if spare:
-        notes.append(spare_memory_note(setup.gpu, budget.gpu_memory_bytes, on_target,
+    if run.spare:
+        notes.append(spare_memory_note(setup.gpu, budget.gpu_memory_bytes, run.on_target,
                                        chosen.step_knob_name))
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
                       "verdicts do not depend on it, only the KV-cache size does")
     return _result(scenario, budget, kernel, chosen, cases, notes, command=command,
                    reason=reason, sm_count=sm_count, setup=setup)
+
+
+@dataclass
+class _Run:
+    """One repro-oom run's cases: each emulated on the model (and, measured, run in its own
+    process), then its limits searched; `on_target` collects each case's largest safe knob
+    with the target as the physical device, where the host's memory is larger."""
+
+    scenario: Scenario
+    budget: Budget
+    kernel: KernelContract
+    engine: type[Engine]
+    setup: NonTorchSetup
+    sm_count: int
+    measured: bool
+    worker: Sequence[str]
+    progress: Callable[[str], None]
+    on_target: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def spare(self) -> bool:
+        return self.setup.gpu_memory_bytes - self.budget.gpu_memory_bytes >= SPARE_NOTED
+
+    def request(self, key: str, at: Budget) -> dict:
+        return {"engine": self.engine.name, "scenario": to_dict(self.scenario),
+                "source": self.scenario.source, self.engine.case_type.key_field: key,
+                "kernel": self.kernel.name, "budget": at.to_dict()}
+
+    def predicted(self, key: str, at: Budget, host: NonTorchSetup) -> dict:
+        return self.engine.emulate(SimulatedMemory(non_torch=host), self.scenario, self.kernel,
+                                   at, key, sm_count=self.sm_count).to_dict()
+
+    def case(self, key: str) -> dict:
+        """One case: its verdict (measured or predicted), then its limits."""
+        chosen, budget, progress = self.engine, self.budget, self.progress
+        progress(f"{chosen.view.case_label({chosen.case_type.key_field: key})}: emulating the rank")
+        case = self.predicted(key, budget, self.setup)
+        host = self.setup
+        if self.measured:  # the model searches from this host's measured non-torch memory
+            modelled = case["non_torch_bytes"]
+            case = run_case(self.request(key, budget), self.worker)
+            if case.get("non_torch_bytes") is not None:
+                host = calibrated(self.setup, modelled, case["non_torch_bytes"],
+                                  device_wide=not charged_per_process(case))
+        if chosen.searched_knob is not None:
+            self._search_knob(case, key, host)
+        if chosen.searched_fraction is not None:
+            progress(f"{key}: searching the largest safe {chosen.searched_fraction} on the model")
+            case.update(_largest_safe_fraction(
+                case, budget, chosen.searched_fraction,
+                lambda at: self.predicted(key, at, host)["verdict"]))
+        return case
+
+    def _search_knob(self, case: dict, key: str, host: NonTorchSetup) -> None:
+        """The case's largest safe value of the engine's searched knob: as pinned, on the
+        target as the physical device (where the host is larger), and with the fraction
+        re-derived (where none is given)."""
+        knob, budget = self.engine.searched_knob, self.budget
+        pinned = self.engine.pinned(budget, case)
+        case.update(_largest_safe(case, key, pinned, knob, host, measured=self.measured,
+                                  predicted=self.predicted, request=self.request,
+                                  worker=self.worker, progress=self.progress))
+        if self.spare:
+            self.on_target[key] = _largest_safe_on_target(
+                key, pinned, knob, dataclasses.replace(
+                    host, gpu_memory_bytes=budget.gpu_memory_bytes), self.predicted,
+                case["max_safe_tokens"])
+        if pinned != budget:  # the fraction follows the tokens where none is given
+            self.progress(f"{key}: searching the largest safe {knob} with the fraction re-derived")
+            case["max_safe_tokens_rederived"], _ = largest_fitting(
+                lambda t: self.predicted(key, dataclasses.replace(budget, **{knob: t}),
+                                         host)["verdict"] == Verdict.FITS,
+                getattr(budget, knob))
 
 
 def _largest_safe(case: dict, key: str, budget: Budget, knob: str, host: NonTorchSetup, *,
@@ -323,7 +324,7 @@ def host_setup(kernel_name: str, *, predict: bool = False) -> NonTorchSetup:
 
 
 def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, sm_count,
-            setup) -> ReproResult:
+            setup) -> ReproFile:
     capabilities = kernel.capabilities()
     summary = {**scenario_summary(scenario, padded_heads_for(kernel, scenario)),
                "weights_note": scenario.parallel.weights_note,
@@ -335,15 +336,15 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
     else:
         notes.append(f"non-torch memory (CUDA context, libraries, modules loaded by first "
                      f"launches) and the physical memory are modelled as {setup.describe()}")
-    return ReproResult(
-        command=command, measured=reason is None, not_measured_reason=reason, scenario=summary,
-        engine=engine.name, non_torch=dataclasses.asdict(setup),
-        kernel={"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
-                "version": kernel.version(),
-                **dataclasses.asdict(capabilities)},
-        budget=_budget_dict(budget, scenario),
-        environment=environment.capture(), cases=cases, notes=notes,
-        created=environment.now_utc())
+    return results.parse({
+        "command": command, "measured": reason is None, "not_measured_reason": reason,
+        "scenario": summary,
+        "kernel": {"name": kernel.name, "label": kernel.label, "sm_count": sm_count,
+                   "version": kernel.version(), **dataclasses.asdict(capabilities)},
+        "budget": _budget_dict(budget, scenario),
+        "environment": environment.capture().model_dump(), "cases": cases,
+        "notes": notes, "engine": engine.name, "non_torch": dataclasses.asdict(setup),
+        "schema": SCHEMA, "created": environment.now_utc()}, SCHEMA)
 
 
 # A physical device this much larger than the target gets the note below (an H200 scenario's
@@ -429,11 +430,11 @@ NOT_PREDICTED_SCENARIO = ("weights_note",)
 
 
 def prediction_differences(measured: dict, predicted: dict) -> list[str]:
-    """Every field of every case on which a predicted repro-oom result (`to_dict()` or a saved
-    file) differs from a measured one, as 'case: field: measured != predicted'; [] if equal.
+    """Every field of every case on which a predicted repro-oom result (a `ReproFile` or a saved
+    file's object) differs from a measured one, as 'case: field: measured != predicted'; [] if equal.
     The fields of NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP and the scenario's
     NOT_PREDICTED_SCENARIO are skipped."""
-    measured, predicted = (ReproResult.from_dict(r).to_dict() for r in (measured, predicted))
+    measured, predicted = (read_result(r).file_dict() for r in (measured, predicted))
     for result in (measured, predicted):
         result["scenario"] = {k: v for k, v in result["scenario"].items()
                               if k not in NOT_PREDICTED_SCENARIO}

@@ -17,7 +17,7 @@ from mlamem.engines.vllm import VLLM
 from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
 from mlamem.memory import SimulatedMemory
-from mlamem.repro import ReproResult, run_case, run_repro, scenario_engine
+from mlamem.repro import read_result, run_case, run_repro, scenario_engine
 from mlamem.testing import check_bad_input, no_gpu, scenario_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -190,8 +190,8 @@ def test_old_results_map_mode_to_the_engine(mode, engine):
     data.pop("mode", None)
     if mode is not None:
         data["mode"] = mode
-    result = ReproResult.from_dict(data)
-    assert result.engine == engine and "mode" not in result.to_dict()
+    result = read_result(data)
+    assert result.engine == engine and "mode" not in result.file_dict()
 
 
 def test_a_new_result_names_its_engine():
@@ -199,9 +199,9 @@ def test_a_new_result_names_its_engine():
     kimi = scenarios.load("kimi-k2-context-reuse")
     budget = Budget(kimi.gpu.memory_bytes, kimi.gpu.gpu_memory_utilization, 8192)
     result = run_repro(kimi, budget, ["alloc"], command="test", predict=True)
-    data = json.loads(json.dumps(result.to_dict()))
+    data = json.loads(json.dumps(result.file_dict()))
     assert data["engine"] == "trtllm-context-reuse" and "mode" not in data
-    assert ReproResult.from_dict(data).to_dict() == data
+    assert read_result(data).file_dict() == data
 
 
 def test_requests_name_their_engine():

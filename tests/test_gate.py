@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import gate, operations
+from mlamem import gate, operations, render
 from mlamem import scenario as scenarios
 from mlamem.cli import main
 from mlamem.errors import UserError
@@ -22,20 +22,28 @@ MiB = 1024**2
 
 
 def _case(path="alloc", allocated=1000, reserved=2048, in_call=1000, buffers=None, failure=None):
-    return gate.CaseFigures(scenario="s", tokens=8, path=path, peak_allocated_bytes=allocated,
-                            peak_reserved_bytes=reserved, bytes_allocated_in_call=in_call,
-                            buffers={"out": 1000} if buffers is None else buffers, failure=failure)
+    return {"scenario": "s", "op": "sparse-decode", "tokens": 8, "path": path,
+            "peak_allocated_bytes": allocated, "peak_reserved_bytes": reserved,
+            "bytes_allocated_in_call": in_call,
+            "buffers": {"out": 1000} if buffers is None else buffers, "failure": failure}
 
 
 SWEEP = {"scenarios": ["s"], "ops": ["sparse-decode"], "tokens": [8], "paths": [], "kernel": "flashmla"}
 
 
-def _baseline(*cases, measured=False, kernels=None, **environment):
-    env = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
-           "mlamem": "0.1.0", "kernels": {"flashmla": None, "triton": None, **(kernels or {})},
-           **environment}
-    return gate.Baseline(command="test", measured=measured, not_measured_reason=None,
-                         environment=env, sweep=dict(SWEEP), cases=list(cases))
+def _baseline(*cases, measured=False, kernels=None, kernel="flashmla", **environment):
+    env = {"gpu": None, "compute_capability": None, "sm_count": None, "gpu_memory_bytes": None,
+           "driver": None, "cuda": None, "torch": "2.13.0", "mlamem": "0.1.0", "python": "3.12",
+           "allocator_conf": None,
+           "kernels": {"flashmla": None, "triton": None, **(kernels or {})}, **environment}
+    return _read(env, kernel, cases, measured)
+
+
+def _read(env: dict, kernel: str, cases, measured=False):
+    """A baseline as `gate.load` reads its file."""
+    return gate._parse({"schema": gate.SCHEMA, "command": "test", "measured": measured,
+                        "not_measured_reason": None, "environment": env,
+                        "sweep": {**SWEEP, "kernel": kernel}, "cases": list(cases)})
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -108,8 +116,8 @@ def test_environment_blocks_only_what_makes_figures_incomparable():
     assert blocking == {"compute_capability", "sm_count"}
     triton_36, triton_37 = (_baseline(_case(), kernels={"triton": v}) for v in ("3.6.0", "3.7.0"))
     assert gate.environment_differences(triton_36, triton_37) == []  # FlashMLA sweeps ignore it
-    for b in (triton_36, triton_37):
-        b.sweep["kernel"] = "triton"
+    triton_36, triton_37 = (_baseline(_case(), kernels={"triton": v}, kernel="triton")
+                            for v in ("3.6.0", "3.7.0"))
     assert [(d.name, d.blocking) for d in gate.environment_differences(triton_36, triton_37)] == [
         ("kernels.triton", True)]
     newer_torch = _baseline(_case(), torch="2.14.0")
@@ -124,21 +132,22 @@ def test_environment_blocks_only_what_makes_figures_incomparable():
 def test_environment_of_an_old_baseline_reads_its_kernel_fields():
     """A baseline from before `kernels` has `flash_mla` and `triton`: they compare as
     kernels.flashmla and kernels.triton; a legacy field contradicting `kernels` is refused."""
-    old = {"gpu": None, "compute_capability": None, "sm_count": None, "torch": "2.13.0",
-           "mlamem": "0.1.0", "flash_mla": "1.0.0", "triton": "3.6.0"}
-    old_baseline = gate.Baseline(command="test", measured=False, not_measured_reason=None,
-                                 environment=old, sweep=dict(SWEEP), cases=[_case()])
+    old = {"gpu": None, "compute_capability": None, "sm_count": None, "gpu_memory_bytes": None,
+           "driver": None, "cuda": None, "torch": "2.13.0", "mlamem": "0.1.0", "python": "3.12",
+           "allocator_conf": None, "flash_mla": "1.0.0", "triton": "3.6.0"}
+    old_baseline = _read(old, "flashmla", [_case()])
     same = _baseline(_case(), kernels={"flashmla": "1.0.0", "triton": "3.7.0"})
     assert gate.environment_differences(old_baseline, same) == []
     newer = _baseline(_case(), kernels={"flashmla": "1.1.0"})
     assert [(d.name, d.baseline, d.current, d.blocking)
             for d in gate.environment_differences(old_baseline, newer)] == [
         ("kernels.flashmla", "1.0.0", "1.1.0", True)]
-    old_baseline.sweep["kernel"] = same.sweep["kernel"] = "triton"
+    old_baseline = _read(old, "triton", [_case()])
+    same = _baseline(_case(), kernels={"flashmla": "1.0.0", "triton": "3.7.0"}, kernel="triton")
     assert [d.name for d in gate.environment_differences(old_baseline, same)] == ["kernels.triton"]
     old["kernels"] = {"flashmla": "0.9.0"}
-    with pytest.raises(UserError, match="flash_mla '1.0.0' contradicts kernels.flashmla"):
-        gate.environment_differences(old_baseline, same)
+    with pytest.raises(ValueError, match="flash_mla '1.0.0' contradicts kernels.flashmla"):
+        _read(old, "triton", [_case()])
 
 
 # The command, end to end on the allocator model.
@@ -281,13 +290,13 @@ def test_committed_predicted_baselines_pass(name, capsys):
     """The predicted figures of every shipped scenario, in every operation it declares that the
     baseline's kernel runs, equal the committed baseline's: a bare gate reruns its sweep."""
     baseline = gate.load(BASELINES / name)
-    kernel = gate.sweep_kernel(baseline.sweep)
+    kernel = baseline.sweep.kernel
     if load_kernel(kernel)().version() is not None:  # the baselines were made without it
         pytest.skip(f"kernel {kernel} is installed here; its predicted baseline assumes it is not")
     assert main(["gate", "--baseline", str(BASELINES / name)]) == 0
     out = capsys.readouterr().out
     assert "Every figure equals the baseline." in out and "not in this sweep" not in out
-    ops = set(gate.sweep_ops(baseline.sweep))
+    ops = set(baseline.sweep.ops)
     adapter = load_kernel(kernel)()
     for scenario in scenarios.shipped_names():
         chosen = scenarios.load(scenario)
@@ -355,8 +364,8 @@ def test_an_old_baseline_without_op_reads_as_sparse_decode_and_passes(tmp_path, 
     path = tmp_path / "old.json"
     path.write_text(json.dumps(_old_format(json.loads(COMMITTED.read_text())), indent=2))
     old = gate.load(path)
-    assert gate.sweep_ops(old.sweep) == ["sparse-decode"] and len(old.cases) == 28
-    assert gate.sweep_kernel(old.sweep) == "flashmla"
+    assert old.sweep.ops == ["sparse-decode"] and len(old.cases) == 28
+    assert old.sweep.kernel == "flashmla"
     assert {c.op for c in old.cases} == {"sparse-decode"} and old.cases[0].kv_tokens is None
     assert main(["gate", "--baseline", str(path)]) == 0
     out = capsys.readouterr().out
@@ -365,7 +374,7 @@ def test_an_old_baseline_without_op_reads_as_sparse_decode_and_passes(tmp_path, 
     assert main(["gate", "--baseline", str(path), "--update", "--predict"]) == 0
     assert "case(s) are new in this sweep" in capsys.readouterr().out
     updated = gate.load(path)
-    assert gate.sweep_ops(updated.sweep) == ["sparse-decode", "sparse-prefill"]
+    assert updated.sweep.ops == ["sparse-decode", "sparse-prefill"]
     assert {(c.scenario, c.op, c.tokens, c.path): c for c in updated.cases
             if c.op == "sparse-decode"}.keys() == {c.key for c in old.cases}
 
@@ -397,7 +406,7 @@ def test_a_baseline_of_every_operation_round_trips_and_passes(every_op_file, cap
         ("glm5-fp8-tp8", "sparse-prefill", 1024, None, 8192, "workspace"),
         ("kimi-k2-dense-tp4-dp", "dense-decode", 16, 16, 8192, "alloc"),
         ("kimi-k2-dense-tp4-dp", "dense-decode", 16, 16, 8192, "workspace")]
-    assert gate.load(every_op_file).to_json() == every_op_file.read_text()
+    assert render.baseline_json(gate.load(every_op_file)) == every_op_file.read_text()
     capsys.readouterr()
     assert _gate("--baseline", str(every_op_file)) == 0
     out = capsys.readouterr().out

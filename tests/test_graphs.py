@@ -12,9 +12,9 @@ from mlamem.engines.vllm import VLLMBudget
 from mlamem.errors import UserError
 from mlamem.graphs import (
     MIN_PER_GRAPH_BYTES,
-    GraphsResult,
     capture_sizes,
     full_decode_sizes,
+    read_result,
     run_graphs,
     sizes_to_capture,
     vllm_estimate,
@@ -101,9 +101,9 @@ def test_predicted_pool_is_the_largest_capture_not_the_sum():
     assert [c.pool_growth_bytes for c in alloc.captures[1:]] == [0, 0, 0]
     assert alloc.pool_bytes == alloc.captures[0].pool_growth_bytes
     assert alloc.held_bytes == 1024  # the first graph's RNG seed and offset, 2 x 512 B blocks
-    names = [b["name"] for b in alloc.captures[0].buffers]
+    names = [b.name for b in alloc.captures[0].buffers]
     assert names[:3] == ["graph_rng_state", "graph_rng_state", "padded_q"]
-    assert "padded_q" not in [b["name"] for b in workspace.captures[0].buffers]
+    assert "padded_q" not in [b.name for b in workspace.captures[0].buffers]
     assert workspace.pool_bytes < alloc.pool_bytes
     allocator, device = alloc.estimates  # the device's as modelled from the host setup
     assert allocator.estimate_bytes == alloc.pool_bytes + 3 * MIN_PER_GRAPH_BYTES
@@ -130,7 +130,7 @@ ALLOCATOR_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "pool_growth_
 def test_prediction_equals_the_h200_captures_to_the_byte(name):
     """reports/graphs-h200 (`python3 scripts/gpu_check.py --suite graphs`): every allocator figure
     of every capture, and each path's pool, predicted here as measured there."""
-    measured = GraphsResult.from_dict(json.loads((GRAPHS_H200 / name).read_text()))
+    measured = read_result(json.loads((GRAPHS_H200 / name).read_text()))
     assert measured.measured and all(c.replay_equal for p in measured.paths for c in p.captures)
     predicted = run_graphs(scenarios.load(measured.scenario["name"]),
                            [p.path for p in measured.paths], command="test",
@@ -159,7 +159,7 @@ def test_predicted_device_growth_is_the_h200s(name):
     and 41 live graphs, the first launches' modules) equals the measured one capture by
     capture, and so do each path's device growth and vLLM's device estimate, its actual and
     error; only the Triton alloc path is its kernel's unrecorded module apart."""
-    measured = GraphsResult.from_dict(json.loads((GRAPHS_H200 / name).read_text()))
+    measured = read_result(json.loads((GRAPHS_H200 / name).read_text()))
     predicted = run_graphs(scenarios.load(measured.scenario["name"]),
                            [p.path for p in measured.paths], command="test",
                            kernel=load_kernel(measured.kernel["name"])(),
@@ -228,7 +228,7 @@ def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits):
                            "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
                            "cuda_graphs")}),
                        ["alloc", "workspace"], command="test", predict=True)
-    predicted = result.to_dict()
+    predicted = result.file_dict()
     assert prediction_differences(measured, predicted) == []
     for m, p in zip(measured["cases"], predicted["cases"], strict=True):
         assert m["graph_estimate_source"] == p["graph_estimate_source"] == "device"
@@ -260,10 +260,13 @@ def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
 def test_a_capture_embeds_its_record_and_saves_without_it():
     """Each capture carries the measure function's record; the saved result does not."""
     glm = scenarios.load("glm5-fp8-tp8")
-    result = run_graphs(glm, ["alloc"], command="test", sizes=[8, 1], predict=True)
-    first = result.paths[0].captures[0]
+    seen = []
+    result = run_graphs(glm, ["alloc"], command="test", sizes=[8, 1], predict=True,
+                        on_capture=lambda path, capture: seen.append(capture))
+    first = seen[0]
     assert first.call is not None and first.call.failure is None
     assert first.peak_allocated_bytes == first.call.peak_allocated_bytes
-    saved = result.to_dict()
+    assert result.paths[0].captures[0].peak_allocated_bytes == first.peak_allocated_bytes
+    saved = result.file_dict()
     assert all("call" not in c for c in saved["paths"][0]["captures"])
-    assert GraphsResult.from_dict(json.loads(json.dumps(saved))).to_dict() == saved
+    assert read_result(json.loads(json.dumps(saved))).file_dict() == saved

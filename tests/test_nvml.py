@@ -188,13 +188,12 @@ def test_an_unlisted_process_is_charged_device_wide_and_every_output_says_so(ins
     """A container: NVML lists the host's pids only. The charge falls back to the device-wide
     reading; the case's nvml_visibility, a note and the budget line name the fallback, in the
     table, the Markdown and the JSON."""
-    import dataclasses
     import json
     from pathlib import Path
 
     from mlamem import render
     from mlamem.render.common import console_text
-    from mlamem.repro import ReproResult, non_torch_notes
+    from mlamem.repro import non_torch_notes, read_result
     install(fake_pynvml([(os.getpid() + 1, OTHERS), (os.getpid() + 2, OWN)],
                         used=lambda: OTHERS + OWN + OUTSIDE))
     memory = _cuda_memory(monkeypatch)
@@ -209,12 +208,11 @@ def test_an_unlisted_process_is_charged_device_wide_and_every_output_says_so(ins
                     "the start moves it, and the cap, KV cache and limits with it")
     saved = json.loads((Path(__file__).parent / "fixtures" / "results"
                         / "repro-oom-glm5-h200.json").read_text())
-    result = ReproResult.from_dict(saved)
     read = {k: case[k] for k in ("non_torch_bytes", "non_torch_process_bytes",
                                  "non_torch_device_bytes", "other_processes_bytes",
                                  "nvml_visibility")}
-    cases = [{**c, **read} for c in result.cases]
-    result = dataclasses.replace(result, cases=cases, notes=[*result.notes, note])
+    cases = [{**c, **read} for c in saved["cases"]]
+    result = read_result({**saved, "cases": cases, "notes": [*saved["notes"], note]})
     budget_line = ("non-torch memory (CUDA context, libraries): 1.001 GiB, read device-wide: "
                    "NVML gives no figure of this process's own (not listed: pid namespace)")
     for text in (console_text(render.repro_table(result)), render.repro_markdown(result)):

@@ -80,8 +80,8 @@ def test_glm_vllm_side_uses_the_allocator_model():
     """The per-call needs are the profile's predicted peaks; alloc exceeds the 0.85 headroom."""
     glm = scenarios.load("glm5-fp8-tp8")
     vllm = plans.make_plan(glm, plans.request_for(glm)).vllm
-    assert vllm["per_call_need_bytes"]["alloc"] == 13_178_504_192  # 12.273 GiB, as measured
-    assert vllm["per_call_fits"] == {"alloc": False, "workspace": True}
+    assert vllm.per_call_need_bytes["alloc"] == 13_178_504_192  # 12.273 GiB, as measured
+    assert vllm.per_call_fits == {"alloc": False, "workspace": True}
 
 
 def test_vllm_side_with_vllms_own_build_stages_out(capsys):

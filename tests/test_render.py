@@ -5,7 +5,6 @@ JSON, PREDICTED wherever the figures are, the budget rule of plan and repro-oom,
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
 import re
@@ -17,9 +16,11 @@ import pytest
 from mlamem import render
 from mlamem.cli import app, main
 from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
-from mlamem.repro import ReproResult
+from mlamem.repro import read_result
 from mlamem.results.models import ProfileFile
 from mlamem.results.models import ProfileRow as ProfileRowModel
+from mlamem.results.plan import PlanFile
+from mlamem.results.repro import ReproFile
 from mlamem.results.validate import Comparison, ValidateFile
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
@@ -34,14 +35,14 @@ def _profile(name: str = "profile-glm5-h200.json") -> ProfileFile:
     return ProfileFile.parse(_load(name))
 
 
-def _repro(name: str, **changes) -> ReproResult:
-    return dataclasses.replace(ReproResult.from_dict(_load(name)), **changes)
+def _repro(name: str, **changes) -> ReproFile:
+    return read_result({**_load(name), **changes})
 
 
-def _predicted_repro(name: str) -> ReproResult:
+def _predicted_repro(name: str) -> ReproFile:
     """A saved measured result relabelled as predicted: the renderers read only `measured`."""
-    result = _repro(name, **PREDICTED)
-    return dataclasses.replace(result, cases=[{**c, "measured": False} for c in result.cases])
+    data = _load(name)
+    return _repro(name, **PREDICTED, cases=[{**c, "measured": False} for c in data["cases"]])
 
 
 def _workspace_full(result: ProfileFile) -> ProfileFile:
@@ -56,7 +57,7 @@ def _comparisons() -> list[Comparison]:
     return ValidateFile.parse(_load("validate-h200.json")).comparisons
 
 
-def _plan(*args: str) -> dict:
+def _plan(*args: str) -> PlanFile:
     from mlamem import plan, scenario
 
     name = args[0] if args else "glm5-fp8-tp8"
@@ -213,18 +214,18 @@ def test_repro_states_its_budget_rule():
 
 def test_plan_states_its_budget_rule():
     """plan says its budget rule, and for a context-reuse scenario how repro-oom's differs."""
-    rows = dict(render.plan_rows(_plan("kimi-k2-context-reuse")["plans"][0],
-                                 _plan("kimi-k2-context-reuse")["scenario"]))
+    kimi = _plan("kimi-k2-context-reuse")
+    rows = dict(render.plan_rows(kimi.plans[0], kimi.scenario))
     assert rows["KV budget"] == ("25.820 GiB = utilization 0.9 x total 139.800 GiB - weights "
                                  "100.000 GiB (vLLM's rule; no profile peak, no non-torch memory)")
     assert "profile peak" in rows["repro-oom's KV budget"]
-    assert "repro-oom's KV budget" not in dict(render.plan_rows(_plan()["plans"][0],
-                                                                _plan()["scenario"]))
+    glm = _plan()
+    assert "repro-oom's KV budget" not in dict(render.plan_rows(glm.plans[0], glm.scenario))
     from mlamem import plan, scenario
 
     trt = plan.run_plan(scenario.load("kimi-k2-context-reuse"), {"free_fraction": 0.9}, None,
                         command="mlamem plan")
-    assert "TRT-LLM's rule" in dict(render.plan_rows(trt["plans"][0], trt["scenario"]))[
+    assert "TRT-LLM's rule" in dict(render.plan_rows(trt.plans[0], trt.scenario))[
         "KV budget"]
 
 
@@ -254,20 +255,21 @@ def test_repro_header_names_the_scenario_gpu_only_for_its_memory():
     result = _repro("repro-oom-glm5-h200.json")
     default = " ".join(render.repro_markdown(result).split())
     assert "target: 79.647 GiB (H100 SXM 80GB memory) at utilization 0.85" in default
-    override = dataclasses.replace(result, command="mlamem repro-oom --gpu-memory 70GiB",
-                                   budget={**result.budget, "gpu_memory_bytes": 70 * 2**30,
-                                           "scenario_gpu_memory_bytes": 81559 * 2**20})
+    budget = _load("repro-oom-glm5-h200.json")["budget"]
+    override = _repro("repro-oom-glm5-h200.json", command="mlamem repro-oom --gpu-memory 70GiB",
+                      budget={**budget, "gpu_memory_bytes": 70 * 2**30,
+                              "scenario_gpu_memory_bytes": 81559 * 2**20})
     text = " ".join(render.repro_markdown(override).split())
     assert "target: 70.000 GiB (--gpu-memory; the scenario's GPU is H100 SXM 80GB)" in text
 
 
 def test_oom_without_a_size_is_explained_under_the_table():
     """An OOM whose failed request is unknown (e.g. in init) is spelled out below the table."""
-    result = _repro("repro-oom-glm5-h200.json")
-    case = {**result.cases[0], "phase": "init", "oom_requested_bytes": None, "oom_buffer": None,
+    cases = _load("repro-oom-glm5-h200.json")["cases"]
+    case = {**cases[0], "phase": "init", "oom_requested_bytes": None, "oom_buffer": None,
             "free_bytes_at_oom": None, "kv_cache_bytes": None}
     text = " ".join(console_text(render.repro_table(
-        dataclasses.replace(result, cases=[case, *result.cases[1:]]))).split())
+        _repro("repro-oom-glm5-h200.json", cases=[case, *cases[1:]]))).split())
     assert "alloc: OOM in init: an unattributed allocation" in text
 
 

@@ -16,11 +16,12 @@ import pytest
 from mlamem import plots, render, scenario
 from mlamem.cli import main
 from mlamem.errors import UserError
-from mlamem.graphs import GraphsResult, run_graphs, vllm_estimate
+from mlamem.graphs import read_result, run_graphs, vllm_estimate
 from mlamem.kernels import load_kernel
 from mlamem.render.common import signed_bytes
 from mlamem.render.graphs import TABLE_WIDTH
 from mlamem.report import build, load, write_result_report
+from mlamem.results.graphs import Estimate, GraphsFile
 from mlamem.units import MiB, format_bytes
 
 SIZES = [512, 256, 8, 1]
@@ -28,38 +29,42 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def predicted() -> GraphsResult:
+def predicted() -> GraphsFile:
     return run_graphs(scenario.load("glm5-fp8-tp8"), ["alloc", "workspace"], sizes=SIZES,
                       command="mlamem graphs --capture-sizes 512,256,8,1 --predict",
                       predict=True)
 
 
 @pytest.fixture(scope="module")
-def three_paths() -> GraphsResult:
+def three_paths() -> GraphsFile:
     return run_graphs(scenario.load("glm5-fp8-tp8"), ["alloc", "workspace", "workspace-full"],
                       kernel=load_kernel("triton")(), sizes=SIZES, command="mlamem graphs",
                       predict=True)
 
 
-def as_measured(result: GraphsResult, unequal_tokens: int = 8) -> GraphsResult:
+def _replace(model, **changes):
+    return model.model_copy(update=changes)
+
+
+def as_measured(result: GraphsFile, unequal_tokens: int = 8) -> GraphsFile:
     """The predicted result in a measured result's shape: each capture's device growth is its
     pool growth plus 2 MiB (instantiation), the replay at `unequal_tokens` differs, and the
     device estimate is vLLM's rule on those samples."""
     paths = []
     for path in result.paths:
-        captures = [dataclasses.replace(c, device_growth_bytes=c.pool_growth_bytes + 2 * MiB,
+        captures = [_replace(c, device_growth_bytes=c.pool_growth_bytes + 2 * MiB,
                                         replay_equal=c.tokens != unequal_tokens)
                     for c in path.captures]
         device = sum(c.device_growth_bytes for c in captures)
-        estimate = vllm_estimate("device", [c.device_growth_bytes for c in captures[:2]],
-                                 device, len(captures))
-        paths.append(dataclasses.replace(
+        estimate = Estimate.model_validate(dataclasses.asdict(vllm_estimate(
+            "device", [c.device_growth_bytes for c in captures[:2]], device, len(captures))))
+        paths.append(_replace(
             path, captures=captures, device_bytes=device,
             unexplained_device_bytes=device - path.pool_bytes,
             estimates=[*path.estimates, estimate]))
-    environment = result.environment.model_copy(update={"gpu": "NVIDIA H200",
-                                                        "compute_capability": "9.0"})
-    return dataclasses.replace(result, measured=True, not_measured_reason=None, paths=paths,
+    environment = _replace(result.environment, gpu="NVIDIA H200",
+                                      compute_capability="9.0")
+    return _replace(result, measured=True, not_measured_reason=None, paths=paths,
                                environment=environment)
 
 
@@ -168,11 +173,11 @@ def test_csv_has_one_row_per_capture_per_path(predicted):
 
 @pytest.mark.parametrize("shape", ["predicted", "measured"])
 def test_json_round_trips(predicted, shape):
-    """graphs_json reads back through GraphsResult.from_dict to the same dictionary."""
+    """graphs_json reads back through GraphsFile.from_dict to the same dictionary."""
     result = predicted if shape == "predicted" else as_measured(predicted)
     text = render.graphs_json(result)
     assert text.endswith("}\n")
-    assert GraphsResult.from_dict(json.loads(text)).to_dict() == result.to_dict()
+    assert read_result(json.loads(text)).file_dict() == result.file_dict()
 
 
 def test_measured_result_shows_device_figures_and_replay_marks(three_paths):
@@ -199,12 +204,12 @@ def test_a_failed_capture_stops_its_path_in_every_view(predicted):
     """An OOM at T=256: that cell says OOM with the request, later sizes are '-', the path's
     totals n/a, and the failure is named."""
     alloc = predicted.paths[0]
-    oom = dataclasses.replace(alloc.captures[1], peak_allocated_bytes=None, failure="OOM",
+    oom = _replace(alloc.captures[1], peak_allocated_bytes=None, failure="OOM",
                               oom=True, oom_requested_bytes=64 * MiB)
-    failed = dataclasses.replace(alloc, captures=[alloc.captures[0], oom], pool_bytes=None,
+    failed = _replace(alloc, captures=[alloc.captures[0], oom], pool_bytes=None,
                                  held_bytes=None, estimates=[],
                                  failure="T=256: OutOfMemoryError: CUDA out of memory")
-    result = dataclasses.replace(predicted, paths=[failed, predicted.paths[1]])
+    result = _replace(predicted, paths=[failed, predicted.paths[1]])
     rows = {int(row[0]): row for row in _size_rows(render.GRAPHS_FORMATS["table"](result))}
     assert rows[256][1:5] == ["OOM", "(64.000", "MiB)", "-"]
     assert rows[8][1:3] == ["-", "-"]
@@ -223,7 +228,7 @@ def test_plot_is_a_deterministic_png(predicted, three_paths):
         assert plots.graph_pool_vs_size(result) == first
 
 
-def _saved(tmp_path: Path, result: GraphsResult) -> Path:
+def _saved(tmp_path: Path, result: GraphsFile) -> Path:
     path = tmp_path / "graphs.predicted.json"
     path.write_text(render.graphs_json(result))
     return path
@@ -261,7 +266,7 @@ def test_report_summary_uses_the_device_estimate_when_measured(tmp_path, predict
 
 def test_report_rejects_a_graphs_file_without_paths(tmp_path, predicted):
     """A graphs file with no paths is refused with the file and the reason."""
-    data = {**predicted.to_dict(), "paths": []}
+    data = {**predicted.file_dict(), "paths": []}
     path = tmp_path / "empty.json"
     path.write_text(json.dumps(data))
     with pytest.raises(UserError, match=r"not a valid mlamem.graphs/1 result \('paths' is empty"):
@@ -277,5 +282,5 @@ def test_graphs_report_folder_holds_the_json_report_and_plot(tmp_path, predicted
         "glm5-fp8-tp8.predicted.json", "report-graphs-glm5-fp8-tp8-predicted-pool.png",
         "report.md"]
     saved = json.loads((folder / "glm5-fp8-tp8.predicted.json").read_text())
-    assert GraphsResult.from_dict(saved).to_dict() == predicted.to_dict()
+    assert read_result(saved).file_dict() == predicted.file_dict()
     assert "## graphs: glm5-fp8-tp8, FlashMLA (PREDICTED)" in (folder / "report.md").read_text()

@@ -122,7 +122,7 @@ def test_prediction_equals_the_h200_run(name, monkeypatch):
                        ("gpu_memory_bytes", "utilization", "max_num_batched_tokens")})
     predicted = run_repro(chosen, budget, ["alloc", "workspace"], command="test", predict=True)
     assert measured["measured"] and not predicted.measured
-    assert prediction_differences(measured, predicted.to_dict()) == []
+    assert prediction_differences(measured, predicted) == []
 
 
 def test_h200_limits_as_the_issue_states():
@@ -280,8 +280,8 @@ def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
     workspace, full = result.cases
     assert result.kernel["name"] == "triton"
     assert full["verdict"] == "fits"
-    assert {b["allocated_by"] for b in full["buffers"]} == {"engine"}
-    assert "o_accum" in {b["name"] for b in workspace["buffers"]}
+    assert {b.allocated_by for b in full["buffers"]} == {"engine"}
+    assert "o_accum" in {b.name for b in workspace["buffers"]}
     extra = full["workspace_bytes"] - workspace["workspace_bytes"]
     lse = BufferSpec("lse", (64 * budget.max_num_batched_tokens,), torch.float32, "returned")
     assert lse.nbytes < extra < lse.nbytes + 64 * 2**20  # lse plus tens of MB of accumulators

@@ -17,17 +17,11 @@ from mlamem.results import models
 MIN_SHARED = 4  # field names shared with one model ...
 MIN_SHARE = 0.75  # ... making up at least this share of the class's own fields
 
-# Twins still being folded into their models: the lead empties this after merging the
-# branches that fold them. Each entry is "module.Class".
+# Twins still being folded into their models: the lead empties this after merging issue 39's
+# branches. Each entry is "module.Class".
 PENDING = {
     # h-results-b's commands (repro-oom, graphs, plan, gate/baseline)
-    "mlamem.repro.ReproResult",
-    "mlamem.graphs.GraphPath",
-    "mlamem.graphs.GraphsResult",
     "mlamem.graph_capture.Capture",
-    "mlamem.plan.Plan",
-    "mlamem.gate.CaseFigures",
-    "mlamem.gate.Baseline",
     # runtime records and specs that repeat a model, in no branch's brief: the lead decides
     "mlamem.attribution.BufferUse",  # results.Buffer
     "mlamem.context_reserve.Reserve",  # results.Reserve

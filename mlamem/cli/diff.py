@@ -52,4 +52,4 @@ def diff(
 
     doc = compared(file_a, file_b, command=command_line(), fail_on_growth=limit)
     emit(render.DIFF_FORMATS[chosen](doc), output)
-    return 1 if doc["failed"] else 0
+    return 1 if doc.failed else 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -19,45 +18,55 @@ from mlamem.files import check_output_path, pick_format, write_atomic
 from mlamem.paths import PATH_NAMES
 from mlamem.scenario_names import shipped_names
 
+BaselineOption = Annotated[Path, typer.Option(
+    parser=o.no_stdout("the baseline is read and rewritten in place: give a file path, "
+                       "e.g. --baseline ci/mlamem-baseline.json"),
+    help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")]
+GateScenarioOption = Annotated[str | None, o.scenario_option(
+    "the baseline's (all for a new one)", many=True)]
+GateOpOption = Annotated[str | None, o.op_option(
+    "Gate this operation only. Default: the baseline's operations; with --update, every "
+    "operation the kernel runs that each scenario declares.")]
+GateTokensOption = Annotated[str | None, o.tokens_option(
+    f"the baseline's ({o.DECODE_SWEEP} for a new one), each scenario "
+    "the ones its max_num_batched_tokens allows")]
+GateRequestsOption = Annotated[str | None, o.requests_option(
+    f"the baseline's ({o.DENSE_SWEEP} for a new one)")]
+GatePathsOption = Annotated[str | None, typer.Option(
+    help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
+         "for a new one).")]
+GateKernelOption = Annotated[o.KernelName | None, o.kernel_option(
+    f"the baseline's ({gating.DEFAULT_KERNEL} for a new one)")]
+ToleranceOption = Annotated[str | None, typer.Option(
+    help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
+         "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
+         "Default: 0, byte-exact, for predicted and measured baselines alike (measured "
+         "figures do not move between runs: reports/baselines/noise-h200.md).")]
+UpdateOption = Annotated[bool, typer.Option(
+    help="Write this run's figures as the new baseline (atomically), showing what changed.")]
+AllowEnvChangeOption = Annotated[bool, typer.Option(
+    help="Compare even across a different GPU architecture, kernel version, or measured "
+         "against predicted.")]
+ShardOption = Annotated[str | None, typer.Option(
+    "--shard", metavar="I/N", help="Gate shard I of N of the sweep, e.g. 2/4 (its units "
+    "dealt as profile --shard deals them): compare only its cases and exit by them, so CI "
+    "passes when every shard passes. Not with --update.", show_default=False)]
+
 
 @app.command()
 def gate(
-    baseline: Annotated[Path, typer.Option(
-        parser=o.no_stdout("the baseline is read and rewritten in place: give a file path, "
-                           "e.g. --baseline ci/mlamem-baseline.json"),
-        help="The baseline file (JSON schema mlamem.baseline/1); --update writes it.")],
-    scenario: Annotated[str | None, o.scenario_option(
-        "the baseline's (all for a new one)", many=True)] = None,
-    op: Annotated[str | None, o.op_option(
-        "Gate this operation only. Default: the baseline's operations; with --update, every "
-        "operation the kernel runs that each scenario declares.")] = None,
-    tokens: Annotated[str | None, o.tokens_option(
-        f"the baseline's ({o.DECODE_SWEEP} for a new one), each scenario "
-        "the ones its max_num_batched_tokens allows")] = None,
-    requests: Annotated[str | None, o.requests_option(
-        f"the baseline's ({o.DENSE_SWEEP} for a new one)")] = None,
-    paths: Annotated[str | None, typer.Option(
-        help="Comma-separated paths. Default: the baseline's (every path the kernel supports "
-             "for a new one).")] = None,
-    kernel: Annotated[o.KernelName | None, o.kernel_option(
-        f"the baseline's ({gating.DEFAULT_KERNEL} for a new one)")] = None,
-    tolerance: Annotated[str | None, typer.Option(
-        help="Growth that still passes: 0 (byte-exact), 1MiB, 0.5%, or per metric, e.g. "
-             "peak_reserved=2MiB,buffer=0 (metrics: " + ", ".join(gating.METRICS) + "). "
-             "Default: 0, byte-exact, for predicted and measured baselines alike (measured "
-             "figures do not move between runs: reports/baselines/noise-h200.md).")
-    ] = None,
-    update: Annotated[bool, typer.Option(
-        help="Write this run's figures as the new baseline (atomically), showing what changed.")
-    ] = False,
-    allow_env_change: Annotated[bool, typer.Option(
-        help="Compare even across a different GPU architecture, kernel version, or measured "
-             "against predicted.")] = False,
+    baseline: BaselineOption,
+    scenario: GateScenarioOption = None,
+    op: GateOpOption = None,
+    tokens: GateTokensOption = None,
+    requests: GateRequestsOption = None,
+    paths: GatePathsOption = None,
+    kernel: GateKernelOption = None,
+    tolerance: ToleranceOption = None,
+    update: UpdateOption = False,
+    allow_env_change: AllowEnvChangeOption = False,
     predict: Annotated[bool, o.predict_option(" (to gate against a predicted baseline)")] = False,
-    shard: Annotated[str | None, typer.Option(
-        "--shard", metavar="I/N", help="Gate shard I of N of the sweep, e.g. 2/4 (its units "
-        "dealt as profile --shard deals them): compare only its cases and exit by them, so CI "
-        "passes when every shard passes. Not with --update.", show_default=False)] = None,
+    shard: ShardOption = None,
 ) -> None:
     """Fail CI when per-call memory grows: compare a profile sweep with a baseline file.
 
@@ -69,29 +78,15 @@ def gate(
     baseline from a different environment. Prints a Markdown diff, also appended to
     $GITHUB_STEP_SUMMARY when set.
     """
-    for flag, given in (("--tolerance", tolerance is not None),
-                        ("--allow-env-change", allow_env_change)):
-        if update and given:
-            raise UserError(f"{flag} has no effect with --update, which writes this run's "
-                            "figures whatever they are; drop one of them")
-    overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
-    chosen_shard = o.parse_shard_option(shard)
-    if update and chosen_shard is not None:
-        raise UserError("--update writes the whole sweep's baseline, --shard gates a part of it: "
-                        "drop --shard to update")
+    overrides, chosen_shard = _checked_flags(tolerance, allow_env_change, shard, update)
     values_given = _values_given(op, tokens, requests)
     previous, unreadable = _previous(baseline, update)
-    recorded = previous.sweep if previous else None
+    recorded = gating.recorded_sweep(previous) if previous else None
     decode = o.make_kernel(kernel if kernel is not None else gating.sweep_kernel(recorded or {}))
     values = {name: values_given.get(operations.operation(name).key)
               or gating.sweep_values(recorded, name) for name in operations.operation_names()}
-    parts = _plan(scenario, op, paths, decode, recorded, values, values_given, update)
-    if chosen_shard is not None:
-        units = sum(len(p.values) for p in parts)
-        parts = gating.shard_parts(parts, chosen_shard)
-        if not any(p.values for p in parts):
-            print(shards.empty_note(chosen_shard, units, "it compares nothing and passes"),
-                  file=sys.stderr)
+    parts = _sharded(_plan(scenario, op, paths, decode, recorded, values, values_given, update),
+                     chosen_shard)
     compared = previous is not None and not update and not allow_env_change
     if not update:
         gating.check_covered(previous, parts)
@@ -105,6 +100,34 @@ def gate(
         gating.check_comparable(gating.environment_differences(previous, current), baseline)
     note_predicted(current)
     _finish(previous, current, overrides, baseline, update, chosen_shard)
+
+
+def _checked_flags(tolerance: str | None, allow_env_change: bool, shard: str | None,
+                   update: bool):
+    """(the tolerances given, the shard given), refusing the flags --update makes moot."""
+    for flag, given in (("--tolerance", tolerance is not None),
+                        ("--allow-env-change", allow_env_change)):
+        if update and given:
+            raise UserError(f"{flag} has no effect with --update, which writes this run's "
+                            "figures whatever they are; drop one of them")
+    overrides = gating.parse_tolerances(tolerance) if tolerance is not None else {}
+    chosen_shard = o.parse_shard_option(shard)
+    if update and chosen_shard is not None:
+        raise UserError("--update writes the whole sweep's baseline, --shard gates a part of it: "
+                        "drop --shard to update")
+    return overrides, chosen_shard
+
+
+def _sharded(parts, chosen_shard):
+    """The parts of the shard asked for (all without --shard); a note when it holds none."""
+    if chosen_shard is None:
+        return parts
+    units = sum(len(p.values) for p in parts)
+    parts = gating.shard_parts(parts, chosen_shard)
+    if not any(p.values for p in parts):
+        print(shards.empty_note(chosen_shard, units, "it compares nothing and passes"),
+              file=sys.stderr)
+    return parts
 
 
 def _values_given(op, tokens: str | None, requests: str | None) -> dict[str, list[int]]:
@@ -160,10 +183,8 @@ def _plan(scenario: str | None, op, paths: str | None, kernel, recorded: dict | 
 def _check_here(previous, kernel, predict: bool, baseline: Path) -> None:
     """Refuse, before the sweep runs, a machine the baseline's figures cannot be compared on."""
     reason = "--predict was given" if predict else kernel.unavailable_reason()
-    here = dataclasses.replace(
-        previous, measured=reason is None, sweep={**previous.sweep, "kernel": kernel.name},
-        environment=environment.capture().model_dump())
-    gating.check_comparable(gating.environment_differences(previous, here), baseline)
+    here = (reason is None, kernel.name, environment.capture().model_dump())
+    gating.check_comparable(gating.differences_between(gating.origin(previous), here), baseline)
 
 
 def _run(parts, values: dict, kernel, predict: bool):
@@ -184,7 +205,7 @@ def _finish(previous, current, overrides: dict, baseline: Path, update: bool,
     tolerances = {**gating.default_tolerances(), **overrides}
     result = None if previous is None else gating.compare(previous, current, tolerances)
     if update:
-        write_atomic(baseline, current.to_json(), "baseline", parents=True)
+        write_atomic(baseline, render.baseline_json(current), "baseline", parents=True)
     text = render.gate_markdown(result, baseline=str(baseline), measured=current.measured,
                                 updated=update,
                                 shard=None if chosen_shard is None else str(chosen_shard))

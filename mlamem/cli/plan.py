@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from mlamem import plan as plans
 from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
@@ -15,6 +16,33 @@ from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.units import parse_bytes
 
+GpuMemoryOption = Annotated[str | None, o.gpu_memory_option("GPU memory, e.g. 141GB or 80GiB.")]
+UtilizationOption = Annotated[float | None, o.utilization_option(
+    "vLLM-style budget: utilization x total - weights.")]
+FreeFractionOption = Annotated[float | None, typer.Option(
+    help="TRT-LLM-style budget: free_gpu_memory_fraction x (total - weights).")]
+MaxNumTokensOption = Annotated[int | None, typer.Option(
+    help="Tokens per step (default: the scenario's max_num_batched_tokens).")]
+MaxBatchSizeOption = Annotated[int | None, typer.Option(help="Requests per step.")]
+MaxSeqLenOption = Annotated[int | None, typer.Option(help="Longest sequence (vLLM max_model_len).")]
+BlockReuseOption = Annotated[bool | None, typer.Option(
+    "--block-reuse/--no-block-reuse", help="Prefix (KV block) reuse.")]
+ChunkedPrefillOption = Annotated[bool | None, typer.Option(
+    "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill.")]
+PlanKernelOption = Annotated[o.KernelName, o.kernel_option(
+    text="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
+         "e.g. flashmla-vllm, vLLM's own build, which stages out.")]
+PlanEngineOption = Annotated[str | None, typer.Option(
+    help="Also each path's largest safe knobs under this engine, one the scenario declares "
+         "(vllm: max_num_batched_tokens; sglang: chunked_prefill_size and "
+         "mem_fraction_static), searched on the allocator model as `repro-oom --engine "
+         "NAME --predict` searches them, CUDA graphs off.", metavar="NAME",
+    show_default=False)]
+SweepOption = Annotated[str | None, typer.Option(
+    help="One variable over several values, as a table: e.g. "
+         "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
+         "gpu-memory, utilization, free-fraction).")]
+
 
 @app.command()
 def plan(
@@ -23,34 +51,17 @@ def plan(
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
-    gpu_memory: Annotated[str | None, o.gpu_memory_option("GPU memory, e.g. 141GB or 80GiB.")
-    ] = None,
-    utilization: Annotated[float | None, o.utilization_option(
-        "vLLM-style budget: utilization x total - weights.")] = None,
-    free_fraction: Annotated[float | None, typer.Option(
-        help="TRT-LLM-style budget: free_gpu_memory_fraction x (total - weights).")] = None,
-    max_num_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per step (default: the scenario's max_num_batched_tokens).")] = None,
-    max_batch_size: Annotated[int | None, typer.Option(help="Requests per step.")] = None,
-    max_seq_len: Annotated[int | None, typer.Option(
-        help="Longest sequence (vLLM max_model_len).")] = None,
-    block_reuse: Annotated[bool | None, typer.Option(
-        "--block-reuse/--no-block-reuse", help="Prefix (KV block) reuse.")] = None,
-    chunked_prefill: Annotated[bool | None, typer.Option(
-        "--chunked-prefill/--no-chunked-prefill", help="Chunked prefill.")] = None,
-    kernel: Annotated[o.KernelName, o.kernel_option(
-        text="The sparse decode kernel of the vLLM side's per-call need (sparse scenarios), "
-             "e.g. flashmla-vllm, vLLM's own build, which stages out.")] = DEFAULT_KERNEL,
-    engine: Annotated[str | None, typer.Option(
-        help="Also each path's largest safe knobs under this engine, one the scenario declares "
-             "(vllm: max_num_batched_tokens; sglang: chunked_prefill_size and "
-             "mem_fraction_static), searched on the allocator model as `repro-oom --engine "
-             "NAME --predict` searches them, CUDA graphs off.", metavar="NAME",
-        show_default=False)] = None,
-    sweep: Annotated[str | None, typer.Option(
-        help="One variable over several values, as a table: e.g. "
-             "max-seq-len=32768,131072,786432 (also max-batch-size, max-num-tokens, "
-             "gpu-memory, utilization, free-fraction).")] = None,
+    gpu_memory: GpuMemoryOption = None,
+    utilization: UtilizationOption = None,
+    free_fraction: FreeFractionOption = None,
+    max_num_tokens: MaxNumTokensOption = None,
+    max_batch_size: MaxBatchSizeOption = None,
+    max_seq_len: MaxSeqLenOption = None,
+    block_reuse: BlockReuseOption = None,
+    chunked_prefill: ChunkedPrefillOption = None,
+    kernel: PlanKernelOption = DEFAULT_KERNEL,
+    engine: PlanEngineOption = None,
+    sweep: SweepOption = None,
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.plan/1")] = None,
     output: o.PlainOutputOption = None,
 ) -> None:
@@ -62,33 +73,19 @@ def plan(
     sparse scenarios it adds the vLLM side: the mixed-batch per-call need at max_num_tokens and
     the bf16 prefill workspace, against the headroom the engine leaves. Pure arithmetic: no GPU.
     """
-    from mlamem import plan as plans
-
     output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
                                               list(o.ReproFormat), what="plan"))
-    given = {"gpu-memory": gpu_memory, "utilization": utilization, "free-fraction": free_fraction,
-             "max-num-tokens": max_num_tokens, "max-batch-size": max_batch_size,
-             "max-seq-len": max_seq_len}
-    if sweep is not None:
-        plans.parse_sweep(sweep)  # a bad --sweep is refused before torch loads
-    swept = (sweep or "").partition("=")[0].strip()
-    if given.get(swept) is not None:
-        raise UserError(f"--sweep varies {swept}, and --{swept} {given[swept]} sets it too; "
-                        "drop one of them")
-    if utilization is not None and free_fraction is not None:
-        raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
-                        "not both")
+    _check_flags(sweep, utilization, free_fraction, {
+        "gpu-memory": gpu_memory, "utilization": utilization, "free-fraction": free_fraction,
+        "max-num-tokens": max_num_tokens, "max-batch-size": max_batch_size,
+        "max-seq-len": max_seq_len})
     if output is not None:
         check_output_path(output)
     changes = o.Changes(model, gpu, weights_per_rank)
     chosen = o.load_one(scenario, serve, changes)
     o.check_weights_fit(chosen, gpu_memory, from_file=serve is None and changes.model is None
                         and weights_per_rank is None)
-    try:
-        memory_bytes = None if gpu_memory is None else parse_bytes(gpu_memory)
-    except ValueError as exc:
-        raise UserError(f"--gpu-memory: {exc}") from None
-    overrides = dict(gpu_memory_bytes=memory_bytes, utilization=utilization,
+    overrides = dict(gpu_memory_bytes=_memory_bytes(gpu_memory), utilization=utilization,
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
@@ -100,3 +97,26 @@ def plan(
         note_allocator_conf()  # the vLLM side's per-call need comes from the allocator model
     terminal = render.plan_table(result) if output_format is o.ReproFormat.table else None
     emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
+
+
+def _check_flags(sweep: str | None, utilization: float | None, free_fraction: float | None,
+                 given: dict) -> None:
+    """Refuse, before torch loads, a bad --sweep, a --sweep of a value given too, and both
+    budgets."""
+    if sweep is not None:
+        plans.parse_sweep(sweep)
+    swept = (sweep or "").partition("=")[0].strip()
+    if given.get(swept) is not None:
+        raise UserError(f"--sweep varies {swept}, and --{swept} {given[swept]} sets it too; "
+                        "drop one of them")
+    if utilization is not None and free_fraction is not None:
+        raise UserError("give one of --utilization (vLLM) and --free-fraction (TRT-LLM), "
+                        "not both")
+
+
+def _memory_bytes(gpu_memory: str | None) -> int | None:
+    """--gpu-memory in bytes (None when not given)."""
+    try:
+        return None if gpu_memory is None else parse_bytes(gpu_memory)
+    except ValueError as exc:
+        raise UserError(f"--gpu-memory: {exc}") from None

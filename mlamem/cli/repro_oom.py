@@ -19,6 +19,36 @@ from mlamem.scenario_names import DEFAULT_SCENARIO
 from mlamem.sweep import Request, plan
 from mlamem.units import check_fraction, parse_bytes
 
+GpuMemoryOption = Annotated[str | None, o.gpu_memory_option(
+    "The target GPU's memory to emulate, e.g. 80GiB or 81079MiB; at most the local GPU's.")]
+UtilizationOption = Annotated[float | None, o.utilization_option(
+    "The engine's --gpu-memory-utilization, in (0, 1].")]
+StepTokensOption = Annotated[int | None, o.max_tokens_option(
+    "the workspace, the profile pass and the full step (SGLang: its --chunked-prefill-size)",
+    "the scenario's; SGLang: the [sglang] table's, else SGLang's for the GPU")]
+MemFractionStaticOption = Annotated[float | None, typer.Option(
+    help="--engine sglang: SGLang's --mem-fraction-static, in (0, 1) (default: the [sglang] "
+         "table's, else SGLang's reserve rule for the target GPU).", show_default=False)]
+ReproEngineOption = Annotated[str | None, typer.Option(
+    help=f"The engine to emulate ({', '.join(SHIPPED)}): one the scenario declares "
+         "in `engines` (default: its first).", metavar="NAME", show_default=False)]
+CudaGraphsOption = Annotated[o.Switch | None, typer.Option(
+    "--cuda-graphs", help="on: the engine's CUDA-graph phases too. vLLM: the graph estimate "
+                          "before KV sizing (its two largest FULL decode graphs, "
+                          "extrapolated), then every capture after the KV cache, then the "
+                          "step. SGLang: its decode graphs after the pool, largest first, "
+                          "then the step. Default: the scenario's [vllm].cuda_graphs where "
+                          "it records it (a scenario from a serve command does), else off.",
+    show_default=False)]
+ReproCaptureSizesOption = Annotated[str | None, o.capture_sizes_option(
+    "the scenario's FULL decode graphs (`mlamem graphs --help`); SGLang takes its batch sizes "
+    "from [sglang].cuda_graph_bs", " (with --cuda-graphs on, vLLM)")]
+ExpectOomOption = Annotated[list[str] | None, typer.Option(
+    "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
+                         "variant none, fp8, full) runs out of memory (repeatable).")]
+ExpectFitOption = Annotated[list[str] | None, typer.Option(
+    "--expect-fit", help="Exit 1 unless this case (path or variant) fits (repeatable).")]
+
 
 @app.command("repro-oom")
 def repro_oom(
@@ -27,44 +57,20 @@ def repro_oom(
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
-    gpu_memory: Annotated[str | None, o.gpu_memory_option(
-        "The target GPU's memory to emulate, e.g. 80GiB or 81079MiB; at most the local GPU's.")
-    ] = None,
-    utilization: Annotated[float | None, o.utilization_option(
-        "The engine's --gpu-memory-utilization, in (0, 1].")] = None,
-    max_num_batched_tokens: Annotated[int | None, o.max_tokens_option(
-        "the workspace, the profile pass and the full step (SGLang: its --chunked-prefill-size)",
-        "the scenario's; SGLang: the [sglang] table's, else SGLang's for the GPU")] = None,
-    mem_fraction_static: Annotated[float | None, typer.Option(
-        help="--engine sglang: SGLang's --mem-fraction-static, in (0, 1) (default: the [sglang] "
-             "table's, else SGLang's reserve rule for the target GPU).", show_default=False)
-    ] = None,
+    gpu_memory: GpuMemoryOption = None,
+    utilization: UtilizationOption = None,
+    max_num_batched_tokens: StepTokensOption = None,
+    mem_fraction_static: MemFractionStaticOption = None,
     paths: o.PathsOption = None,
     kernel: o.KernelOption = DEFAULT_KERNEL,
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.repro-oom/1")] = None,
     output: o.PlainOutputOption = None,
     predict: Annotated[bool, o.predict_option()] = False,
-    engine: Annotated[str | None, typer.Option(
-        help=f"The engine to emulate ({', '.join(SHIPPED)}): one the scenario declares "
-             "in `engines` (default: its first).", metavar="NAME", show_default=False)] = None,
-    cuda_graphs: Annotated[o.Switch | None, typer.Option(
-        "--cuda-graphs", help="on: the engine's CUDA-graph phases too. vLLM: the graph estimate "
-                              "before KV sizing (its two largest FULL decode graphs, "
-                              "extrapolated), then every capture after the KV cache, then the "
-                              "step. SGLang: its decode graphs after the pool, largest first, "
-                              "then the step. Default: the scenario's [vllm].cuda_graphs where "
-                              "it records it (a scenario from a serve command does), else off.",
-        show_default=False)
-    ] = None,
-    capture_sizes: Annotated[str | None, o.capture_sizes_option(
-        "the scenario's FULL decode graphs (`mlamem graphs --help`); SGLang takes its batch sizes "
-        "from [sglang].cuda_graph_bs", " (with --cuda-graphs on, vLLM)")] = None,
-    expect_oom: Annotated[list[str] | None, typer.Option(
-        "--expect-oom", help="Exit 1 unless this case (a path; trtllm-context-reuse: a reserve "
-                             "variant none, fp8, full) runs out of memory (repeatable).")] = None,
-    expect_fit: Annotated[list[str] | None, typer.Option(
-        "--expect-fit", help="Exit 1 unless this case (path or variant) fits (repeatable).")
-    ] = None,
+    engine: ReproEngineOption = None,
+    cuda_graphs: CudaGraphsOption = None,
+    capture_sizes: ReproCaptureSizesOption = None,
+    expect_oom: ExpectOomOption = None,
+    expect_fit: ExpectFitOption = None,
 ) -> None:
     """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
 
@@ -86,8 +92,36 @@ def repro_oom(
     reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
     Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
     """
-    output_format = o.ReproFormat(pick_format(output, output_format and output_format.value,
-                                              list(o.ReproFormat), what="repro-oom"))
+    output_format = _output_format(output, output_format)
+    sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
+                         utilization, mem_fraction_static)
+    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
+    from mlamem.repro import check_target, run_repro  # torch: after every refusal
+
+    decode = o.make_kernel(kernel)
+    chosen, part = _plan(loaded, decode, paths, max_num_batched_tokens)
+    emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
+    budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
+                     _graphs_on(cuda_graphs, part.scenario, emulated, sizes),
+                     max_num_batched_tokens, mem_fraction_static)
+    check_target(budget, decode, predict)
+    with progress(f"repro-oom {part.scenario.name}", None) as advance:
+        result = run_repro(chosen, budget, part.paths, command=command_line(),
+                           kernel=decode, predict=predict, engine=emulated.name,
+                           on_progress=advance)
+    _show(result, output_format, output)
+    _check_expected(result, emulated, expect_oom, expect_fit)
+
+
+def _output_format(output, output_format: o.ReproFormat | None) -> o.ReproFormat:
+    """--format as given, else the one --output's suffix names, else a table."""
+    return o.ReproFormat(pick_format(output, output_format and output_format.value,
+                                     list(o.ReproFormat), what="repro-oom"))
+
+
+def _check_flags(expect_oom, expect_fit, output, capture_sizes: str | None, cuda_graphs,
+                 utilization: float | None, mem_fraction_static: float | None):
+    """The flags checked before any file is read or torch loads: the capture sizes given."""
     both = sorted(set(expect_oom or []) & set(expect_fit or []))
     if both:
         raise UserError(f"--expect-oom and --expect-fit both name {both[0]}; a case cannot both "
@@ -97,35 +131,20 @@ def repro_oom(
     sizes = o.parse_sizes(capture_sizes)
     if sizes is not None and cuda_graphs is o.Switch.off:
         raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
-    # bad values, then bad files and weights that do not fit, are refused before torch loads
     for value, field, one in ((utilization, "utilization", True),
                               (mem_fraction_static, "mem_fraction_static", False)):
         if value is not None:
             check_fraction(value, field, one_allowed=one)
-    changes = o.Changes(model, gpu, weights_per_rank)
+    return sizes
+
+
+def _load(scenario: str | None, serve: str | None, changes: o.Changes,
+          gpu_memory: str | None) -> tuple:
+    """The scenario (as given, loaded), its weights checked against the memory."""
     loaded = o.load_one(scenario, serve, changes)
     o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
-                        and weights_per_rank is None)
-    from mlamem.repro import check_target, run_repro
-
-    decode = o.make_kernel(kernel)
-    given = scenario or (DEFAULT_SCENARIO if serve is None else loaded.name)
-    chosen, part = _plan((given, loaded), decode, paths, max_num_batched_tokens)
-    emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
-    graphs_on = _graphs_on(cuda_graphs, part.scenario, emulated)
-    if sizes is not None and not graphs_on:
-        raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
-    budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
-                     graphs_on, max_num_batched_tokens, mem_fraction_static)
-    check_target(budget, decode, predict)
-    with progress(f"repro-oom {part.scenario.name}", None) as advance:
-        result = run_repro(chosen, budget, part.paths, command=command_line(),
-                           kernel=decode, predict=predict, engine=emulated.name,
-                           on_progress=advance)
-    note_predicted(result, "verdicts")
-    terminal = render.repro_table(result) if output_format is o.ReproFormat.table else None
-    emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
-    _check_expected(result, emulated, expect_oom, expect_fit)
+                        and changes.weights_per_rank is None)
+    return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded
 
 
 def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: int | None):
@@ -141,7 +160,7 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
 
 def _engine(part, engine: str | None, expect_oom, expect_fit, graphs_on: bool):
     """The engine emulated, checking the cases --expect-oom and --expect-fit name."""
-    from mlamem.repro import scenario_engine
+    from mlamem.repro import scenario_engine  # torch
 
     emulated = scenario_engine(part.scenario, engine)
     cases = emulated.case_keys(part.paths)
@@ -156,9 +175,16 @@ def _engine(part, engine: str | None, expect_oom, expect_fit, graphs_on: bool):
     return emulated
 
 
-def _graphs_on(switch: o.Switch | None, chosen, emulated) -> bool:
+def _graphs_on(switch: o.Switch | None, chosen, emulated, sizes) -> bool:
     """--cuda-graphs as given, else the scenario's [vllm].cuda_graphs under vLLM where the
-    scenario records it (one stderr note says so), else off."""
+    scenario records it (one stderr note says so), else off; --capture-sizes needs it on."""
+    graphs_on = _graphs_switch(switch, chosen, emulated)
+    if sizes is not None and not graphs_on:
+        raise UserError("--capture-sizes applies to --cuda-graphs on; add it")
+    return graphs_on
+
+
+def _graphs_switch(switch: o.Switch | None, chosen, emulated) -> bool:
     if switch is not None:
         return switch is o.Switch.on
     recorded = getattr(chosen.sections.get("vllm"), "cuda_graphs", None)
@@ -190,6 +216,13 @@ def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None,
     if graphs_on:
         emulated.check_graphs(chosen, budget)
     return budget
+
+
+def _show(result, output_format: o.ReproFormat, output) -> None:
+    """The result in the format asked for, on stdout or into --output."""
+    note_predicted(result, "verdicts")
+    terminal = render.repro_table(result) if output_format is o.ReproFormat.table else None
+    emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
 
 
 def _check_expected(result, emulated, expect_oom, expect_fit) -> None:

@@ -14,7 +14,7 @@ _EXPORTS = {
     "diff": ["DIFF_FORMATS", "diff_markdown"],
     "escape": ["escaped", "markdown_code", "markdown_row"],
     "explain": ["EXPLAIN_FORMATS", "explain_markdown"],
-    "gate": ["gate_markdown"],
+    "gate": ["baseline_json", "gate_markdown"],
     "graphs": ["GRAPHS_FORMATS", "error_percent_text", "estimate_of", "estimate_sources",
                "graphs_csv", "graphs_json", "graphs_markdown", "graphs_table"],
     "plan": ["PLAN_FORMATS", "plan_markdown", "plan_rows", "plan_table"],

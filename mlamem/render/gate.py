@@ -1,12 +1,18 @@
-"""`mlamem gate`: the Markdown diff against a baseline."""
+"""`mlamem gate`: the Markdown diff against a baseline, and the baseline file's text."""
 
 from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
 
 from mlamem.gate import Change, GateResult, Tolerance
 from mlamem.kernel_api import operation_names
 from mlamem.operations import operation
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.units import format_bytes
+
+if TYPE_CHECKING:
+    from mlamem.results.baseline import BaselineFile
 
 _METRIC_LABELS = {"peak_allocated": "peak allocated", "peak_reserved": "peak reserved",
                   "allocated_in_call": "allocated in call", "buffer": "buffer bytes",
@@ -39,6 +45,21 @@ def _bytes_cell(value: int | None) -> str:
     return "-" if value is None else format_bytes(value)
 
 
+def baseline_json(baseline: BaselineFile) -> str:
+    """The baseline file's text, as --update writes it."""
+    return json.dumps(baseline.file_dict(), indent=2) + "\n"
+
+
+def _title(result: GateResult | None, updated: bool) -> str:
+    if updated:
+        return "baseline updated"
+    if not result.passed:
+        return f"FAILED, {len(result.regressions)} figure(s) grew beyond the tolerance"
+    if result.improvements:
+        return f"passed, {len(result.improvements)} figure(s) improved"
+    return "passed"
+
+
 def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
                   updated: bool = False, shard: str | None = None) -> str:
     """The gate's verdict and a table of every figure that moved, for stdout and the CI summary.
@@ -47,15 +68,7 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
     `shard` ("I/N") when this run gated one shard of the sweep.
     """
     kind = "measured" if measured else "PREDICTED by the allocator model"
-    if updated:
-        title = "baseline updated"
-    elif not result.passed:
-        title = f"FAILED, {len(result.regressions)} figure(s) grew beyond the tolerance"
-    elif result.improvements:
-        title = f"passed, {len(result.improvements)} figure(s) improved"
-    else:
-        title = "passed"
-    lines = [f"### mlamem gate: {title}", ""]
+    lines = [f"### mlamem gate: {_title(result, updated)}", ""]
     if updated:
         lines.append(f"Wrote {markdown_code(baseline)}, figures {kind}." + (
             " Changes from the previous baseline:" if result and result.changes else ""))
@@ -67,20 +80,33 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
     tolerances = ", ".join(f"{m} {_tolerance_text(t)}" for m, t in result.tolerances.items())
     lines += ["", f"Compared {result.compared_figures} figures over {result.compared_cases} cases "
                   f"(scenario, operation, swept value, path); tolerances: {tolerances}."]
-    if result.changes:  # one table per operation, its swept value under its own symbol
-        for op in [o for o in operation_names() if any(c.op == o for c in result.changes)]:
-            spec = operation(op)
-            lines += ["", f"**{op}**: {spec.quantity}", "",
-                      f"| verdict | scenario | {spec.symbol} | path | metric | buffer | baseline | "
-                      "now | change |", "|---|---|---|---|---|---|---|---|---|"]
-            for c in sorted((c for c in result.changes if c.op == op),
-                            key=lambda c: _VERDICT_ORDER[c.verdict]):
-                lines.append(markdown_row([
-                    c.verdict, c.scenario, c.tokens, c.path, _METRIC_LABELS[c.metric],
-                    c.buffer or "", _bytes_cell(c.baseline_bytes), _bytes_cell(c.current_bytes),
-                    _change_text(c)]))
-    else:
-        lines += ["", "Every figure equals the baseline."]
+    lines += _change_tables(result.changes) if result.changes else [
+        "", "Every figure equals the baseline."]
+    notes = _notes(result, baseline=baseline, updated=updated, shard=shard)
+    if notes:
+        lines += ["", *(f"- {note}" for note in notes)]
+    return "\n".join(lines) + "\n"
+
+
+def _change_tables(changes: list[Change]) -> list[str]:
+    """One table per operation, its swept value under its own symbol, regressions first."""
+    lines = []
+    for op in [o for o in operation_names() if any(c.op == o for c in changes)]:
+        spec = operation(op)
+        lines += ["", f"**{op}**: {spec.quantity}", "",
+                  f"| verdict | scenario | {spec.symbol} | path | metric | buffer | baseline | "
+                  "now | change |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in sorted((c for c in changes if c.op == op),
+                        key=lambda c: _VERDICT_ORDER[c.verdict]):
+            lines.append(markdown_row([
+                c.verdict, c.scenario, c.tokens, c.path, _METRIC_LABELS[c.metric],
+                c.buffer or "", _bytes_cell(c.baseline_bytes), _bytes_cell(c.current_bytes),
+                _change_text(c)]))
+    return lines
+
+
+def _notes(result: GateResult, *, baseline: str, updated: bool, shard: str | None) -> list[str]:
+    """What to do next, the environment fields that differ, and the cases not compared."""
     notes = []
     update = markdown_code(f"mlamem gate --baseline {baseline} --update")
     if result.improvements and not updated:
@@ -103,8 +129,4 @@ def gate_markdown(result: GateResult | None, *, baseline: str, measured: bool,
         where = f"this shard ({shard}; the other shards compare theirs)" if shard else "this sweep"
         notes.append(f"{result.not_swept} baseline case(s) were not in {where} and were not "
                      "compared.")
-    if notes:
-        lines += ["", *(f"- {note}" for note in notes)]
-    return "\n".join(lines) + "\n"
-
-
+    return notes

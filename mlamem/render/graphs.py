@@ -8,7 +8,6 @@ import json
 from rich.console import Group
 from rich.table import Table
 
-from mlamem.graphs import Capture, Estimate, GraphPath, GraphsResult
 from mlamem.render.common import (
     compact_table,
     console_text,
@@ -20,13 +19,14 @@ from mlamem.render.common import (
 )
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.results import CSV
+from mlamem.results.graphs import Capture, Estimate, GraphPath, GraphsFile
 from mlamem.units import format_bytes
 
 TABLE_WIDTH = 100  # three paths side by side need more than common.WIDTH
 CSV_COLUMNS = CSV["mlamem.graphs/1"][2]  # documented in docs/schemas/csv.md
 
 
-def _label(result: GraphsResult) -> str:
+def _label(result: GraphsFile) -> str:
     env = result.environment
     if result.measured:
         return f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}"
@@ -35,7 +35,7 @@ def _label(result: GraphsResult) -> str:
             + (" + the host's non-torch memory" if has_device(result) else ""))
 
 
-def _capture_list(result: GraphsResult) -> str:
+def _capture_list(result: GraphsFile) -> str:
     sizes = result.capture_sizes
     captures = (f"1 capture of T = {sizes[0]} tokens" if len(sizes) == 1 else
                 f"{len(sizes)} captures of T = {sizes[0]} down to {sizes[-1]} tokens")
@@ -57,7 +57,7 @@ def error_percent_text(estimate: Estimate | None) -> str:
     return f"{estimate.error_percent:+.1f}%"
 
 
-def has_device(result: GraphsResult) -> bool:
+def has_device(result: GraphsFile) -> bool:
     """Whether the result has device-wide figures: measured (mem_get_info), or predicted with
     the host setup's memory outside the allocator."""
     return any(p.device_bytes is not None for p in result.paths)
@@ -90,7 +90,7 @@ def estimate_of(path: GraphPath, source: str) -> Estimate | None:
     return next((e for e in path.estimates if e.source == source), None)
 
 
-def estimate_sources(result: GraphsResult) -> list[str]:
+def estimate_sources(result: GraphsFile) -> list[str]:
     """The estimates any path has: allocator, then device (measured, or modelled)."""
     return [s for s in ("allocator", "device")
             if any(estimate_of(p, s) is not None for p in result.paths)]
@@ -120,11 +120,11 @@ def all_replays_equal(path: GraphPath) -> bool | None:
     return True if marks and all(marks) else None
 
 
-def _failures(result: GraphsResult) -> list[str]:
+def _failures(result: GraphsFile) -> list[str]:
     return [f"{p.path} path stopped at {p.failure}" for p in result.paths if p.failure]
 
 
-def _captures_table(result: GraphsResult) -> Table:
+def _captures_table(result: GraphsFile) -> Table:
     out = compact_table(escaped(f"mlamem graphs: {result.scenario['name']}"
                                 f"{predicted_tag(result.measured)}, {result.kernel['label']}"))
     out.add_column("T", justify="right", no_wrap=True)
@@ -145,7 +145,7 @@ def _captures_table(result: GraphsResult) -> Table:
     return out
 
 
-def _totals_table(result: GraphsResult) -> Table:
+def _totals_table(result: GraphsFile) -> Table:
     out = compact_table(f"Totals over the list{predicted_tag(result.measured)}")
     out.add_column("", justify="left", no_wrap=True)
     for path in result.paths:
@@ -168,7 +168,7 @@ def _totals_table(result: GraphsResult) -> Table:
     return out
 
 
-def graphs_table(result: GraphsResult) -> Group:
+def graphs_table(result: GraphsFile) -> Group:
     """The paths side by side, one row per capture size (largest first), then the totals and
     vLLM's estimate, then what was measured where and the notes."""
     rules = [_rule_text(p, e) for p in result.paths for e in p.estimates]
@@ -183,11 +183,11 @@ def graphs_table(result: GraphsResult) -> Group:
                  with_notes(_totals_table(result), [escaped(note) for note in notes]))
 
 
-def render_graphs_table(result: GraphsResult) -> str:
+def render_graphs_table(result: GraphsFile) -> str:
     return console_text(graphs_table(result), width=TABLE_WIDTH)
 
 
-def _summary_markdown(result: GraphsResult) -> list[str]:
+def _summary_markdown(result: GraphsFile) -> list[str]:
     sources = estimate_sources(result)
     device = has_device(result)
     head = ["path", "staged", "pool", "largest capture's peak", "held"]
@@ -212,7 +212,7 @@ def _summary_markdown(result: GraphsResult) -> list[str]:
     return lines
 
 
-def _captures_markdown(result: GraphsResult) -> list[str]:
+def _captures_markdown(result: GraphsFile) -> list[str]:
     device, replays = has_device(result), result.measured
     head = ["T"]
     for path in result.paths:
@@ -233,7 +233,7 @@ def _captures_markdown(result: GraphsResult) -> list[str]:
     return lines
 
 
-def graphs_markdown(result: GraphsResult) -> str:
+def graphs_markdown(result: GraphsFile) -> str:
     """A PR section: the summary per path (pool, vLLM's estimate and its error), then every
     capture, the notes and the command."""
     s, tag = result.scenario, predicted_tag(result.measured)
@@ -249,11 +249,11 @@ def graphs_markdown(result: GraphsResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def graphs_json(result: GraphsResult) -> str:
-    return json.dumps(result.to_dict(), indent=2) + "\n"
+def graphs_json(result: GraphsFile) -> str:
+    return json.dumps(result.file_dict(), indent=2) + "\n"
 
 
-def graphs_csv(result: GraphsResult) -> str:
+def graphs_csv(result: GraphsFile) -> str:
     """One line per (path, capture), in capture order (docs/schemas/csv.md); every
     cell a plain value, as in profile's CSV: empty for null, `true`, `alloc`, 209715200."""
     import pandas as pd  # only CSV needs it

@@ -4,6 +4,7 @@ result's engine declares (its spec's `view`, `mlamem.engine_specs`: no rank modu
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from rich.console import Group
 
@@ -11,11 +12,13 @@ from mlamem.engine_registry import engine_spec
 from mlamem.engine_specs import View, charged_per_process
 from mlamem.render.common import compact_table, console_text, limits_text, predicted_tag, with_notes
 from mlamem.render.escape import escaped, markdown_code, markdown_row
-from mlamem.repro import ReproResult
 from mlamem.units import format_bytes
 
+if TYPE_CHECKING:
+    from mlamem.results.repro import ReproFile
 
-def _repro_label(result: ReproResult) -> str:
+
+def _repro_label(result: ReproFile) -> str:
     env = result.environment
     if result.measured:
         return (f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}, "
@@ -24,7 +27,7 @@ def _repro_label(result: ReproResult) -> str:
             f"{result.kernel['label']} allocation spec, {result.kernel['sm_count']} SMs")
 
 
-def _budget_lines(result: ReproResult, markdown: bool = False) -> list[str]:
+def _budget_lines(result: ReproFile, markdown: bool = False) -> list[str]:
     """The budget's lines, the scenario's text in them escaped (the engine's rule is its own)."""
     b, s = result.budget, result.scenario
     first = result.cases[0] if result.cases else {}
@@ -54,11 +57,11 @@ def _charged_reading(case: dict) -> str:
     return f", read device-wide: NVML gives no figure of this process's own ({case['nvml_visibility']})"
 
 
-def _view(result: ReproResult) -> View:
+def _view(result: ReproFile) -> View:
     return engine_spec(result.engine).view
 
 
-def _budget_rule(result: ReproResult) -> str:
+def _budget_rule(result: ReproFile) -> str:
     """Which rule sized the KV cache (context reuse: the KV budget), with its figures."""
     return _view(result).budget_rule(result.budget, result.cases)
 
@@ -94,7 +97,7 @@ def _short_verdict(case: dict) -> str:
     return case["verdict"].upper() if case["verdict"] == "oom" else case["verdict"]
 
 
-def repro_table(result: ReproResult) -> Group:
+def repro_table(result: ReproFile) -> Group:
     """One row per case: its verdict, then the engine's columns (vLLM: the failed allocation,
     the KV cache the engine chose, the headroom, the largest safe T)."""
     engine = engine_spec(result.engine)
@@ -116,7 +119,7 @@ def repro_table(result: ReproResult) -> Group:
     return with_notes(out, caption)
 
 
-def repro_markdown(result: ReproResult) -> str:
+def repro_markdown(result: ReproFile) -> str:
     """The reproduction as a PR section: budget, one row per case, how any limit was found."""
     engine = engine_spec(result.engine)
     view, key = engine.view, engine.key_field
@@ -136,7 +139,7 @@ def repro_markdown(result: ReproResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _limits_lines(result: ReproResult) -> list[str]:
+def _limits_lines(result: ReproFile) -> list[str]:
     """Per searched case, how its largest safe step tokens were found; with an engine's searched
     fraction (SGLang), each largest safe knob as a flag with the one it holds with."""
     engine = engine_spec(result.engine)
@@ -157,8 +160,8 @@ def _limits_lines(result: ReproResult) -> list[str]:
     return lines
 
 
-def repro_json(result: ReproResult) -> str:
-    return json.dumps(result.to_dict(), indent=2) + "\n"
+def repro_json(result: ReproFile) -> str:
+    return json.dumps(result.file_dict(), indent=2) + "\n"
 
 
 REPRO_FORMATS = {"table": lambda r: console_text(repro_table(r)), "markdown": repro_markdown,

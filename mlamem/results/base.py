@@ -6,7 +6,14 @@ import json
 from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 Migrate = Callable[[dict], dict]
 
@@ -22,6 +29,26 @@ _EXPECTED = {
 }
 
 
+class _InGivenOrder(BaseModel):
+    """Dumped with its keys in the order they were given (a file's, or the code that filled
+    it): an open object's keys differ by kind, so no declared order can keep them."""
+
+    _given: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_order(cls, data: Any, handler: Callable[[Any], Any]) -> Any:
+        model = handler(data)
+        if isinstance(data, dict):
+            model._given = tuple(data)
+        return model
+
+    @model_serializer(mode="wrap")
+    def _in_given_order(self, handler: Callable[[Any], dict]) -> dict:
+        dumped = handler(self)
+        return {**{k: dumped[k] for k in self._given if k in dumped}, **dumped}
+
+
 class Model(BaseModel):
     """A JSON object of a result file: types checked strictly (no "1" for 1, no true for 1),
     unknown keys refused."""
@@ -29,11 +56,24 @@ class Model(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class Open(BaseModel):
+class Open(_InGivenOrder):
     """An object whose listed keys are checked and whose other keys pass as they are (a
-    scenario, kernel or engine case: their fields differ by kind)."""
+    scenario, kernel or engine case: their fields differ by kind). Read by key, as in its
+    file (`case["verdict"]`, `case.get("max_safe_tokens")`), since which keys it has depends
+    on its kind."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_fields_set or key in (self.model_extra or {})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self else default
 
 
 class ResultFile(Model):
@@ -66,6 +106,7 @@ class ResultFile(Model):
             if step in cls.MIGRATIONS:
                 data = cls.MIGRATIONS[step](data)
         return data
+
 
 
 def no_second_copy(items: list, key: tuple[str, ...], where: str,

@@ -57,6 +57,11 @@ class CaseFigures(Model):
     buffers: dict[str, Bytes] = Field(description="buffer name -> requested bytes")
     failure: str | None = Field(description="the failed call's error line (null unless it failed)")
 
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        """(scenario, op, tokens, path): what names the case."""
+        return self.scenario, self.op, self.tokens, self.path
+
 
 def _legacy_baseline(data: dict) -> dict:
     """Baselines from before operations and --kernel: every case is sparse decode, by flashmla."""

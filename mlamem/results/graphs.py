@@ -104,6 +104,10 @@ class GraphsFile(ResultFile):
     """`mlamem graphs --format json`: per path, one call captured at every size of the list."""
 
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_graphs}
+    KEY_ORDER: ClassVar[tuple[str, ...]] = (
+        "command", "measured", "not_measured_reason", "scenario", "kernel", "op",
+        "capture_sizes", "capture_sizes_source", "serving", "environment", "paths", "notes",
+        "schema", "created")
 
     schema_: Literal["mlamem.graphs/1"] = Field(alias="schema", description="`mlamem.graphs/1`")
     command: str = Field(description="the command line that made it")

@@ -95,6 +95,9 @@ class ReproFile(ResultFile):
     """`mlamem repro-oom --format json`: one case per case of the engine."""
 
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_repro}
+    KEY_ORDER: ClassVar[tuple[str, ...]] = (
+        "command", "measured", "not_measured_reason", "scenario", "kernel", "budget",
+        "environment", "cases", "notes", "engine", "non_torch", "schema", "created")
 
     schema_: Literal["mlamem.repro-oom/1"] = Field(alias="schema", description="`mlamem.repro-oom/1`")
     command: str = Field(description="the command line that made it")
