@@ -243,8 +243,8 @@ def test_a_marked_body_stopped_by_a_test_outcome_stops_only_that_test(pytester):
 
 
 @pytest.mark.parametrize(("expect", "fix"), [
-    ('"scores"', "(expect='scores'): give a mapping of buffer names"),
-    ("[1, 2]", "(expect=[1, 2]): give a mapping of buffer names"),
+    ('"scores"', "limit_gpu_memory: expect='scores': give a mapping of buffer names"),
+    ("[1, 2]", "limit_gpu_memory: expect=[1, 2]: give a mapping of buffer names"),
     ('{"a": "lots"}', "expect['a'] = 'lots': expected bytes"),
     ('{"a": -1}', "expect['a'] = -1: expected bytes"),
 ])
