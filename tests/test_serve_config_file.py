@@ -1,4 +1,5 @@
-"""serve_command/config_file.py: a `--config FILE` is read under a bound, whatever it holds."""
+"""A pasted serve command's structured input read under a bound, whatever it holds: a `--config
+FILE` (serve_command/config_file.py) and the JSON values of vLLM's flags."""
 
 import pytest
 
@@ -51,3 +52,10 @@ def test_an_alias_that_expands_a_little_is_read(tmp_path):
     path.write_text("base: &b {cudagraph_mode: NONE}\ncompilation-config: *b\n")
     assert config_file.load(path) == {"base": {"cudagraph_mode": "NONE"},
                                       "compilation-config": {"cudagraph_mode": "NONE"}}
+
+
+@pytest.mark.parametrize("flag", ["--compilation-config", "--speculative-config.method"])
+def test_json_in_a_flag_nested_deeper_than_the_parser_reaches_is_one_line(flag):
+    """A JSON value of 100k nested lists: one line naming the flag, not a RecursionError."""
+    deep = "[" * 100_000 + "]" * 100_000
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} {flag} '{deep}'"], "--")
