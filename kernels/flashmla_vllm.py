@@ -79,7 +79,9 @@ def _wheel_version(path: Path) -> str:
     else from an installed vllm; "vllm ?" when neither says."""
     metadata = path.parent / "METADATA"
     if metadata.is_file():
-        for line in metadata.read_text(errors="replace").splitlines():
+        with open(metadata, errors="replace") as handle:
+            head = handle.read(1 << 16)  # Version is among the first lines
+        for line in head.splitlines():
             if line.startswith("Version:"):
                 return f"vllm {line.split(':', 1)[1].strip()}"
     try:

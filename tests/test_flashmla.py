@@ -41,13 +41,17 @@ def _library_folder(tmp_path, monkeypatch, size: int):
 
 
 def test_the_vllm_library_is_hashed_in_chunks(tmp_path, monkeypatch):
-    """A 64 MiB library is hashed without holding it: Python's peak stays under 8 MiB."""
+    """A 64 MiB library is hashed, and a 64 MiB METADATA beside it read for its version,
+    without holding either: Python's peak stays under 8 MiB."""
     import hashlib
     import tracemalloc
 
     from mlamem.kernels.flashmla_vllm import FlashMLAVLLM
 
     library = _library_folder(tmp_path, monkeypatch, 64 << 20)
+    with open(tmp_path / "METADATA", "wb") as handle:  # the wheel's, kept beside it
+        handle.write(b"Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n")
+        handle.truncate(64 << 20)
     tracemalloc.start()
     try:
         version = FlashMLAVLLM().version()
@@ -56,7 +60,7 @@ def test_the_vllm_library_is_hashed_in_chunks(tmp_path, monkeypatch):
         tracemalloc.stop()
     with open(library, "rb") as handle:
         expected = hashlib.file_digest(handle, "sha256").hexdigest()
-    assert version.endswith(f"sha256:{expected[:16]}")
+    assert version == f"vllm 0.33.0 sha256:{expected[:16]}"
     assert peak < 8 << 20
 
 
