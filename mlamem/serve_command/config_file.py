@@ -48,9 +48,8 @@ def _check_size(path: Path, root) -> None:
                         field="serve")
     sizes: dict[int, int] = {}  # id(node) -> its nodes, aliases expanded; -1 while counting
     if _expanded(root, sizes) > MAX_NODES:
-        raise UserError(f"{path}: its aliases expand to more than {MAX_NODES} values; write "
-                        "the options out (a config file sets a few hundred at most)",
-                        field="serve")
+        raise UserError(f"{path}: more than {MAX_NODES} values, aliases expanded; write the "
+                        "options out (a config file sets a few hundred at most)", field="serve")
 
 
 def _expanded(node, sizes: dict[int, int]) -> int:
