@@ -59,3 +59,10 @@ def test_json_in_a_flag_nested_deeper_than_the_parser_reaches_is_one_line(flag):
     """A JSON value of 100k nested lists: one line naming the flag, not a RecursionError."""
     deep = "[" * 100_000 + "]" * 100_000
     check_bad_input(["scenarios", "--serve", f"vllm serve {DS} {flag} '{deep}'"], "--")
+
+
+def test_a_character_yaml_refuses_is_one_line(tmp_path):
+    """A NUL byte (YAML's reader refuses it as it takes the stream): not YAML, one line."""
+    path = tmp_path / "nul.yaml"
+    path.write_bytes(b"\x00")
+    check_bad_input(["scenarios", "--serve", f"vllm serve {DS} --config {path}"], "not YAML")

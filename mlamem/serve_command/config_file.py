@@ -25,16 +25,23 @@ def load(path: Path):
     than MAX_KEYS top-level keys, one line naming the file."""
     import yaml  # only where a config file is read
 
-    loader = yaml.SafeLoader(read_text(path, "YAML config file", "serve"))
+    text = read_text(path, "YAML config file", "serve")
+    try:
+        return _bounded_load(path, yaml.SafeLoader, text)
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"{path}: not YAML ({first})", field="serve") from None
+
+
+def _bounded_load(path: Path, loader_class, text: str):
+    """The document composed, its size checked (`_check_size`), then built."""
+    loader = loader_class(text)  # reads the stream: a character YAML refuses is a YAMLError
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         _check_size(path, node)
         return loader.construct_document(node)
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        first = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{path}: not YAML ({first})", field="serve") from None
     finally:
         loader.dispose()
 
