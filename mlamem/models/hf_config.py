@@ -194,7 +194,7 @@ def load_config(path: str | Path) -> ModelConfig:
     text = read_text(path, "model config (a Hugging Face config.json)", field="model")
     try:
         raw = loads_json(text)
-    except ValueError as error:  # a decode error, or NaN/Infinity
+    except ValueError as error:  # a decode error, NaN/Infinity or nesting too deep
         raise UserError(f"{path}: not a config.json ({error})", field="model") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a config.json holds one JSON object, not a "
