@@ -23,7 +23,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
-from mlamem import environment, results
+from mlamem import environment
 from mlamem.engine_specs.vllm import (  # noqa: F401 (re-exported: vLLM's capture rules)
     DEFAULT_MAX_GRAPH_SIZE,
     FULL_MODES,
@@ -52,12 +52,6 @@ from mlamem.results.graphs import GraphPath, GraphsFile
 from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.graphs/1"
-
-
-def read_result(data: dict) -> GraphsFile:
-    """A saved mlamem.graphs/1 file's object, checked by its model (`mlamem.results`);
-    ValueError (one line naming the field) if malformed."""
-    return results.parse(data, SCHEMA)
 
 
 # Measuring
