@@ -42,12 +42,15 @@ from typing import Any, Self
 
 import torch
 
+from mlamem import snapshot
 from mlamem.attribution import BufferUse, ExpectedBuffer
 from mlamem.errors import UserError
+from mlamem.files import write_atomic
 from mlamem.kernel_api import BufferSpec
 from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import call_figures
+from mlamem.units import format_bytes
 
 NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
 
@@ -179,8 +182,6 @@ class Tracker:
 
     def summary(self) -> str:
         """One line: the peaks and the allocations inside (or the failure)."""
-        from mlamem.units import format_bytes
-
         self._check_ended("summary")
         tag = "" if self.measured else " (PREDICTED)"
         if self.failure is not None and self.peak_allocated_bytes is None:
@@ -200,7 +201,6 @@ class Tracker:
         and the expected buffers never allocated. `width`: the columns to fit, one record per
         allocation if too few; None: as wide as the rows (80 at least), no frame cut."""
         from mlamem.render.common import compact_table, console_text, natural_width, with_notes
-        from mlamem.units import format_bytes
 
         self._check_ended("table")
         if width is not None and (isinstance(width, bool) or not isinstance(width, int)
@@ -237,9 +237,6 @@ class Tracker:
         """Write a PyTorch memory snapshot of the measured code (a pickle for
         https://pytorch.org/memory_viz): torch's trace with Python stacks on a GPU, the allocator
         model's events in the same layout when predicted."""
-        from mlamem import snapshot
-        from mlamem.files import write_atomic
-
         if self.trace is None:
             raise RuntimeError("nothing measured yet: call save_snapshot after the block ends")
         write_atomic(Path(path), pickle.dumps(snapshot.build([self])), field="save_snapshot")

@@ -48,6 +48,7 @@ from mlamem.graph_capture import (  # noqa: F401 (re-exported: the capture lives
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import padded_heads_for
 from mlamem.paths import check_paths, plan
+from mlamem.profile import scenario_summary
 from mlamem.results.graphs import GraphPath, GraphsFile
 from mlamem.scenario import Scenario
 
@@ -116,7 +117,6 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count
     from mlamem.memory import CudaMemory, SimulatedMemory
-    from mlamem.profile import scenario_summary
     from mlamem.repro import host_setup
 
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()

@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.errors import UserError
+from mlamem.files import loads_json, read_text
 
 
 @dataclass(frozen=True)
@@ -186,8 +187,6 @@ def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
 
 def load_config(path: str | Path) -> ModelConfig:
     """config.json, or a folder holding one."""
-    from mlamem.files import loads_json, read_text
-
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
