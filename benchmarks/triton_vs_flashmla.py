@@ -182,11 +182,13 @@ def bench_64_heads(tokens: int, pool: str, kv, sweep: bool, sm_count: int) -> li
     from mlamem.kernels import FlashMLA
     from mlamem.kernels.own.triton_decode import sparse_mla_decode_triton, split_plan
     from mlamem.kernels.own.triton_sparse_decode import DEFAULT_CONFIG
+    from mlamem.operations.sparse_decode import run_kernel
 
     q, indices = make_query(tokens, HEADS, POOLS[pool])
     print(f"\n64 heads, s_q={tokens}, pool {pool} ({POOLS[pool]} tokens): triton plan "
           f"{split_plan(1, tokens, HEADS, TOPK, sm_count)}")
-    flashmla = functools.partial(FlashMLA().decode, q, kv, indices, sm_scale=SM_SCALE, d_v=512)
+    flashmla = functools.partial(run_kernel, FlashMLA(), q, kv, indices, sm_scale=SM_SCALE,
+                                 d_v=512)
     (reference, _), allocated = allocated_in(flashmla)
     rows = [timing_row("FlashMLA", tokens, HEADS, pool, median_ms(flashmla), allocated)]
     for config in configs_for(HEADS, sweep):
@@ -249,16 +251,18 @@ def lse_errors() -> list[dict]:
     """Largest |lse - the fp32 reference's| of each kernel, and between the two, at two shapes."""
     from mlamem.kernels import FlashMLA, TritonDecode
     from mlamem.kernels.reference import sparse_mla_decode_reference
+    from mlamem.operations.sparse_decode import run_kernel
     from mlamem.testing import random_decode_inputs
 
+    decodes = {"flashmla": functools.partial(run_kernel, FlashMLA()),
+               "triton": functools.partial(run_kernel, TritonDecode()),
+               "reference": sparse_mla_decode_reference}
     rows = []
     for tokens, heads, topk in LSE_SHAPES:
         q, kv, indices = random_decode_inputs(tokens, heads, topk, seed=0, invalid_fraction=0,
                                               device="cuda")
         lse = {name: decode(q, kv, indices, sm_scale=SM_SCALE, d_v=512)[1].float()
-               for name, decode in (("flashmla", FlashMLA().decode),
-                                    ("triton", TritonDecode().decode),
-                                    ("reference", sparse_mla_decode_reference))}
+               for name, decode in decodes.items()}
         rows.append({"tokens": tokens, "heads": heads, "topk": topk}
                     | {f"{a}_vs_{b}": (lse[a] - lse[b]).abs().max().item()
                        for a, b in (("flashmla", "reference"), ("triton", "reference"),

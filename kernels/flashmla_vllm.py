@@ -44,6 +44,7 @@ VLLM_SCHEMAS = {
     "fwd_kvcache_mla_fp8": "_flashmla_extension_C::fwd_kvcache_mla_fp8(Tensor q, Tensor kcache, int head_size_v, Tensor seqlens_k, Tensor block_table, float softmax_scale, bool is_causal, Tensor tile_scheduler_metadata, Tensor num_splits, Tensor? descale_q, Tensor? descale_k) -> Tensor[]",  # noqa: E501
 }
 VLLM_HEADS = {SPARSE_DECODE: HEAD_COUNTS, DENSE_DECODE: ALL_HEADS, SPARSE_PREFILL: ALL_HEADS}
+MAX_LIBRARY_BYTES = 512 << 20  # vllm 0.33.0's _flashmla_C is about 4 MB; past this, no library
 
 
 def library_path(name: str = LIBRARY) -> Path | None:
@@ -78,7 +79,9 @@ def _wheel_version(path: Path) -> str:
     else from an installed vllm; "vllm ?" when neither says."""
     metadata = path.parent / "METADATA"
     if metadata.is_file():
-        for line in metadata.read_text(errors="replace").splitlines():
+        with open(metadata, errors="replace") as handle:
+            head = handle.read(1 << 16)  # Version is among the first lines
+        for line in head.splitlines():
             if line.startswith("Version:"):
                 return f"vllm {line.split(':', 1)[1].strip()}"
     try:
@@ -87,9 +90,21 @@ def _wheel_version(path: Path) -> str:
         return "vllm ?"
 
 
+def _too_large(path: Path) -> str | None:
+    """Why the library is not one (past MAX_LIBRARY_BYTES), in a line naming the variable."""
+    size = path.stat().st_size
+    if size <= MAX_LIBRARY_BYTES:
+        return None
+    return (f"{path} is {size} bytes, no FlashMLA library (about 4 MB; at most "
+            f"{MAX_LIBRARY_BYTES} read); point {FOLDER_VARIABLE} at the folder of the .so files "
+            "taken out of the vllm wheel")
+
+
 @functools.cache
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The library's sha256, read in chunks."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 class FlashMLAVLLM(FlashMLABuild):
@@ -107,6 +122,8 @@ class FlashMLAVLLM(FlashMLABuild):
             where = os.environ.get(FOLDER_VARIABLE)
             found = f"no {LIBRARY} in {where}" if where else "vLLM's FlashMLA build not found"
             return f"{found}; {INSTALL_HINT}"
+        if (too_large := _too_large(path)) is not None:
+            return too_large
         if not torch.cuda.is_available():
             return "no CUDA device"
         major, minor = torch.cuda.get_device_capability(self.device)
@@ -118,7 +135,7 @@ class FlashMLAVLLM(FlashMLABuild):
     def version(self) -> str | None:
         """The vllm version (when installed) and the library's sha256, so two builds differ."""
         path = library_path()
-        if path is None:
+        if path is None or _too_large(path) is not None:
             return None
         return f"{_wheel_version(path)} sha256:{_sha256(path)[:16]}"
 

@@ -42,12 +42,15 @@ from typing import Any, Self
 
 import torch
 
+from mlamem import snapshot
 from mlamem.attribution import BufferUse, ExpectedBuffer
 from mlamem.errors import UserError
+from mlamem.files import write_atomic
 from mlamem.kernel_api import BufferSpec
 from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
 from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.profile import call_figures
+from mlamem.units import format_bytes
 
 NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
 
@@ -62,6 +65,9 @@ def expected_from(expect: Mapping[str, Expectation] | None) -> list[ExpectedBuff
     """The buffers `expect` names, in its order (attribution matches allocations to them in
     order, by requested bytes): bytes (int), (shape, dtype), a BufferSpec (allocated by the
     kernel) or an ExpectedBuffer (its own allocated_by). TypeError for anything else."""
+    if expect is not None and not isinstance(expect, Mapping):
+        raise TypeError(f"expect={expect!r}: give a mapping of buffer names to bytes (an int), "
+                        "(shape, torch dtype), a BufferSpec or an ExpectedBuffer")
     buffers = []
     for name, value in (expect or {}).items():
         if isinstance(value, ExpectedBuffer):
@@ -84,17 +90,19 @@ def memory_for(device: str | torch.device | None) -> CudaMemory | SimulatedMemor
     """The backend for `device`: a CUDA device measures, "meta" predicts, both with Python stacks
     in the trace (each allocation's frame; save_snapshot's). None means CUDA; NoCudaError
     without it."""
-    if device is None:
-        device = "cuda"
-    device = torch.device(device)
-    if device.type == "meta":
+    try:
+        resolved = torch.device("cuda" if device is None else device)
+    except (RuntimeError, TypeError):  # a name torch has no device for ("META"), or no name
+        resolved = None
+    if resolved is None or resolved.type not in ("cuda", "meta"):
+        shown = str(device) if isinstance(device, torch.device) else device
+        raise ValueError(f"device {shown!r}: expected cuda (measure) or meta (predict)")
+    if resolved.type == "meta":
         return SimulatedMemory(record_stacks=True)
-    if device.type != "cuda":
-        raise ValueError(f"device {str(device)!r}: expected cuda (measure) or meta (predict)")
     if not torch.cuda.is_available():
         raise NoCudaError('no CUDA device here to measure on; pass device="meta" to predict a '
                           "function whose tensors are on the meta device")
-    return CudaMemory(device if device.index is not None else None, record_stacks=True)
+    return CudaMemory(resolved if resolved.index is not None else None, record_stacks=True)
 
 
 _active: list[Tracker] = []  # the tracker measuring now (at most one)
@@ -174,8 +182,7 @@ class Tracker:
 
     def summary(self) -> str:
         """One line: the peaks and the allocations inside (or the failure)."""
-        from mlamem.units import format_bytes
-
+        self._check_ended("summary")
         tag = "" if self.measured else " (PREDICTED)"
         if self.failure is not None and self.peak_allocated_bytes is None:
             requested = ("" if self.oom_requested_bytes is None
@@ -194,8 +201,12 @@ class Tracker:
         and the expected buffers never allocated. `width`: the columns to fit, one record per
         allocation if too few; None: as wide as the rows (80 at least), no frame cut."""
         from mlamem.render.common import compact_table, console_text, natural_width, with_notes
-        from mlamem.units import format_bytes
 
+        self._check_ended("table")
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int)
+                                  or width < 1):
+            wrong = ValueError if isinstance(width, int) and not isinstance(width, bool) else TypeError
+            raise wrong(f"width={width!r}: give the columns to fit (an int >= 1), or None")
         tag = "" if self.measured else " (PREDICTED)"
         out = compact_table(f"mlamem: allocations inside{tag}")
         named = [b for b in self.buffers if b.frame is not None and b.name != b.frame]
@@ -217,13 +228,15 @@ class Tracker:
         width = natural_width(out) if width is None else width
         return console_text(with_notes(out, notes), width).rstrip("\n")
 
+    def _check_ended(self, method: str) -> None:
+        """The figures exist only once the block has ended: RuntimeError before."""
+        if self.call is None:
+            raise RuntimeError(f"nothing measured yet: call {method} after the block ends")
+
     def save_snapshot(self, path: str | Path) -> None:
         """Write a PyTorch memory snapshot of the measured code (a pickle for
         https://pytorch.org/memory_viz): torch's trace with Python stacks on a GPU, the allocator
         model's events in the same layout when predicted."""
-        from mlamem import snapshot
-        from mlamem.files import write_atomic
-
         if self.trace is None:
             raise RuntimeError("nothing measured yet: call save_snapshot after the block ends")
         write_atomic(Path(path), pickle.dumps(snapshot.build([self])), field="save_snapshot")

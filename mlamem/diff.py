@@ -14,9 +14,11 @@ from pathlib import Path
 
 from mlamem import environment, results
 from mlamem.errors import UserError
+from mlamem.explain import live_by_name, load
 from mlamem.files import read_json
 from mlamem.gate import differences_between
 from mlamem.results.diff import DiffFile
+from mlamem.scenario_names import DEFAULT_SCENARIO
 
 SCHEMA = "mlamem.diff/1"
 KINDS = {"mlamem.profile/1": "profile", "mlamem.repro-oom/1": "repro-oom",
@@ -102,8 +104,6 @@ def _snapshot_side(path: Path) -> Side:
     names, other allocations by their frames (`mlamem.explain.live_by_name`, in the default
     scenario's dimensions)."""
     from mlamem import scenario
-    from mlamem.explain import live_by_name, load
-    from mlamem.scenario_names import DEFAULT_SCENARIO
 
     data, events, _ = load(path)
     peak, named = live_by_name(data, events, scenario.load(DEFAULT_SCENARIO))

@@ -4,11 +4,11 @@ first import on (importing the CLI may take seconds)."""
 import signal
 import sys
 
+from mlamem import interrupt
+
 
 def main() -> int:
     """Import the CLI and run it; Ctrl-C before the CLI takes over ends the process at once."""
-    from mlamem import interrupt
-
     signal.signal(signal.SIGINT, interrupt.exit_at_once)
     from mlamem.cli import main as run
 

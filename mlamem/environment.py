@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from mlamem import nvml
+from mlamem.kernel_registry import kernel_names, load_kernel
 from mlamem.results.legacy import LEGACY_KERNEL_FIELDS  # files from before `kernels`
 from mlamem.version import __version__
 
@@ -54,8 +55,6 @@ def capture() -> Environment:
 def installed_kernel_versions() -> dict[str, str | None]:
     """Registered kernel name -> its adapter's version(), in registry order; None where the
     kernel's library is absent or the adapter cannot say (any exception)."""
-    from mlamem.kernel_registry import kernel_names, load_kernel
-
     versions: dict[str, str | None] = {}
     for name in kernel_names():
         try:

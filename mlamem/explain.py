@@ -24,11 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlamem import snapshot
+from mlamem import environment, snapshot, sweep
 from mlamem.allocator import round_size
+from mlamem.attribution import expected_buffers
 from mlamem.frames import frame_label
-from mlamem.operations import padded_heads_for
-from mlamem.paths import wrapper_allocations
+from mlamem.operations import (
+    SPARSE_DECODE,
+    default_kv_tokens,
+    kv_format,
+    operation,
+    operation_names,
+    padded_heads_for,
+    problem_for,
+    scenario_operations,
+    workspace_rows,
+)
+from mlamem.paths import plan, wrapper_allocations
+from mlamem.profile import run_profile
 
 if TYPE_CHECKING:
     from mlamem.kernel_api import KernelContract
@@ -164,10 +176,6 @@ def shapes(scenario: Scenario, kernels: list[tuple[str, KernelContract]],
     count: `heads` (the scenario's, q at its heads per rank), else every head count it runs
     (q padded from fewer heads, and q at the padded heads). Where both paths allocate the same
     buffers (a kernel with no out= and no q to pad) the call is either's (EITHER_PATH)."""
-    from mlamem.attribution import expected_buffers
-    from mlamem.operations import kv_format, problem_for
-    from mlamem.paths import plan
-
     found: list[Shape] = []
     seen: dict[tuple, int] = {}  # (kernel, heads, buffer names) -> its index in found
     for name, kernel in kernels:
@@ -205,7 +213,6 @@ def op_scenarios(scenario: Scenario, source: str, scenario_given: bool
     """(operation, scenario, as given) for each operation matched: those `scenario` drives,
     and, where no scenario was given, every other registered one at its own default scenario."""
     from mlamem import scenario as scenarios
-    from mlamem.operations import operation, operation_names, scenario_operations
 
     driven = scenario_operations(scenario)
     found = []
@@ -306,9 +313,6 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     """The snapshot at `path` explained (a dict of `mlamem.results.models.ExplainFile`).
     `scenario` (as given: `scenario_source`) gives the call's dimensions and, when
     `scenario_given`, its head count. `loaded`: `load(path)`, where the caller read it first."""
-    from mlamem import environment
-    from mlamem.operations import operation_names
-
     data, events, device = loaded or load(path)
     peak = replay(events) or segment_peak(data["segments"])
     spans = segment_spans(data, events)
@@ -403,8 +407,6 @@ def _implied(op: str, rows: int, heads: int, scenario: Scenario, name_op: bool) 
     """One implied shape: its rows as `tokens` (as the profile's rows hold them) and under the
     operation's own key, a KV length the scenario's (the call's bytes do not depend on it), and
     its operation where the call fits more than one (`name_op`)."""
-    from mlamem.operations import default_kv_tokens, operation
-
     shape = {"tokens": rows, "heads": heads, operation(op).key: rows}
     if operation(op).kv_key is not None:
         shape[operation(op).kv_key] = default_kv_tokens(scenario, op)
@@ -417,15 +419,12 @@ def _profiled(op: str, scenario: Scenario, source: str, kernel_name: str, tokens
     """The predicted profile of the alloc and workspace paths of `op` at `tokens` rows: the
     command that reproduces it, the heads per rank, and its rows by path."""
     from mlamem.kernels import load_kernel
-    from mlamem.operations import SPARSE_DECODE, operation, workspace_rows
-    from mlamem.profile import run_profile
-    from mlamem.sweep import Request, plan
 
     kernel = load_kernel(kernel_name)()
     limit = scenario.serving.max_num_batched_tokens
     # the workspace must hold the call's rows, where max_num_batched_tokens sizes it
     wider = tokens if tokens > limit and workspace_rows(scenario, op) == limit else None
-    [part] = plan(Request("explain", kernel, scenarios=[(source, scenario)], ops=[op],
+    [part] = sweep.plan(sweep.Request("explain", kernel, scenarios=[(source, scenario)], ops=[op],
                           values={op: [tokens]}, paths=["alloc", "workspace"],
                           max_num_batched_tokens=wider))
     command = (f"mlamem profile --scenario {source}"

@@ -233,8 +233,12 @@ def _not_finite(constant: str):
 
 
 def loads_json(text: str):
-    """JSON as mlamem reads it: NaN and Infinity refused (ValueError, as a decode error is)."""
-    return json.loads(text, parse_constant=_not_finite)
+    """JSON as mlamem reads it: NaN and Infinity, and nesting deeper than Python's parser
+    recurses, refused (ValueError, as a decode error is)."""
+    try:
+        return json.loads(text, parse_constant=_not_finite)
+    except RecursionError:
+        raise ValueError("nested deeper than mlamem reads") from None
 
 
 # Characters no text taken from a file may bring to a terminal, a table or a heading: C0 (a

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlamem import operations
+from mlamem import operations, results
+from mlamem.environment import kernel_versions
 from mlamem.errors import UserError
 from mlamem.files import loads_json, read_text
 from mlamem.kernel_api import DENSE_DECODE, SPARSE_DECODE, operation_names
 from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
 from mlamem.lists import parse_list
 from mlamem.paths import PATH_NAMES
+from mlamem.profile import run_profile
 from mlamem.sweep import Request, SweepPart, plan
 from mlamem.units import parse_bytes
 
@@ -192,8 +194,6 @@ def run_sweep(parts: Sequence[SweepPart], sweep: dict, *, command: str,
               ) -> BaselineFile:
     """Profile every part (measured on a GPU, else predicted) and keep the gated figures.
     `on_case(scenario, op, case)` sees each call as it finishes."""
-    from mlamem.profile import run_profile
-
     results = [run_profile(p.scenario, p.values, p.paths, command=command, kernel=kernel,
                            predict=predict, op=p.op,
                            on_case=on_case and (lambda case, p=p: on_case(p.scenario.name, p.op,
@@ -243,8 +243,6 @@ def load(path: Path) -> BaselineFile:
 def _parse(data: dict) -> BaselineFile:
     """A baseline file's object, checked by its model (`mlamem.results`: every field's type,
     older files' defaults), then what only a registry knows: the operations and the kernel."""
-    from mlamem import results  # pydantic: only when a baseline is read
-
     baseline = results.parse(data, SCHEMA)
     for i, case in enumerate(baseline.cases):
         if case.op not in operation_names():
@@ -336,8 +334,6 @@ def _kernel_version(env: dict, kernel: str) -> str | None:
     """`kernel`'s version in a saved environment (None where not recorded), read as
     `Environment.from_dict` reads it (an old baseline's per-kernel fields count), without
     needing the environment's other fields."""
-    from mlamem.environment import kernel_versions  # here: gate imports no NVML
-
     try:
         return kernel_versions(env).get(kernel)
     except ValueError as exc:  # a legacy field contradicting `kernels`: not a comparable file

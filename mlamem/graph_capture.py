@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mlamem.attribution import ExpectedBuffer
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.scenario import Scenario
 
@@ -84,8 +85,6 @@ def capture_all(memory, graphs, call: CallGraphs, sizes: Sequence[int],
                 on_capture: Callable[[Capture], None] | None = None):
     """Capture the call at every size, in order, into `graphs`' pool; stops at a failure.
     Returns the captures and the failure (measure.Failure) of the last, or None."""
-    from mlamem.attribution import ExpectedBuffer
-
     captures: list[Capture] = []
     failure = None
     for tokens in sizes:

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 
-from mlamem import environment, results
+from mlamem import environment
 from mlamem.engine_specs.vllm import (  # noqa: F401 (re-exported: vLLM's capture rules)
     DEFAULT_MAX_GRAPH_SIZE,
     FULL_MODES,
@@ -48,16 +48,11 @@ from mlamem.graph_capture import (  # noqa: F401 (re-exported: the capture lives
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import padded_heads_for
 from mlamem.paths import check_paths, plan
+from mlamem.profile import scenario_summary
 from mlamem.results.graphs import GraphPath, GraphsFile
 from mlamem.scenario import Scenario
 
 SCHEMA = "mlamem.graphs/1"
-
-
-def read_result(data: dict) -> GraphsFile:
-    """A saved mlamem.graphs/1 file's object, checked by its model (`mlamem.results`);
-    ValueError (one line naming the field) if malformed."""
-    return results.parse(data, SCHEMA)
 
 
 # Measuring
@@ -122,7 +117,6 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count
     from mlamem.memory import CudaMemory, SimulatedMemory
-    from mlamem.profile import scenario_summary
     from mlamem.repro import host_setup
 
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()

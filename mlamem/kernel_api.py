@@ -26,6 +26,7 @@ from mlamem.operations import (  # noqa: F401  (the contract speaks in these; ad
     OpInputs,
     Problem,
     from_kernel_layout,
+    operation,
     operation_names,
     to_kernel_layout,
     to_kernel_layout_shape,
@@ -132,8 +133,6 @@ class KernelContract(ABC):
     def make_inputs(self, problem: Problem, heads: int, device, seed: int = 0):
         """Valid synthetic inputs for `problem`: the operation's own (`Operation.make_inputs`);
         an adapter whose inputs need preparing (FlashInfer's planned wrapper) adds to them."""
-        from mlamem.operations import operation
-
         return operation(problem.op).make_inputs(problem, heads, device, seed)
 
 

@@ -20,6 +20,8 @@ import re
 from typing import TYPE_CHECKING, NamedTuple
 
 from mlamem.errors import UserError
+from mlamem.kernel_api import KernelEntry, adapted, contract_mismatch
+from mlamem.operations import operation_names
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -62,9 +64,6 @@ def package_of(entry_point: EntryPoint) -> str:
 
 def _checked(entry_point: EntryPoint, package: str) -> KernelEntry:
     """The plug-in's entry, its package recorded; a broken one with its problem instead."""
-    from mlamem.kernel_api import KernelEntry
-    from mlamem.operations import operation_names
-
     fix = f"fix or uninstall {package.split()[0]}"
     broken = KernelEntry(module=entry_point.module, cls=entry_point.attr or "",
                          help=f"plug-in from {package}, broken", operations=(), package=package)
@@ -93,7 +92,6 @@ def load_plugin_adapter(name: str, entry: KernelEntry) -> type[KernelContract]:
     entry point. A contract-1 class comes back adapted (`kernel_api.LegacyKernel`)."""
     import importlib
 
-    from mlamem.kernel_api import adapted, contract_mismatch
 
     if entry.problem is not None:
         raise PluginError(name, entry.problem)

@@ -16,6 +16,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 from mlamem.kernel_api import KernelEntry, adapted, operation_names
+from mlamem.kernel_plugins import discover, load_plugin_adapter
 
 if TYPE_CHECKING:
     from mlamem.kernel_api import KernelContract
@@ -58,7 +59,6 @@ class Registry(MutableMapping[str, KernelEntry]):
 
     def _loaded(self) -> dict[str, KernelEntry]:
         if self._entries is None:
-            from mlamem.kernel_plugins import discover
 
             self._entries = dict(self._shipped)  # what a plug-in's module sees while it loads
             found = discover(taken=set(self._shipped))
@@ -126,7 +126,6 @@ def load_kernel(name: str) -> type[KernelContract]:
         raise ValueError(f"unknown kernel {name!r}; expected one of {', '.join(REGISTRY)}") from None
     if entry.package is None:
         return adapted(getattr(importlib.import_module(entry.module), entry.cls))
-    from mlamem.kernel_plugins import load_plugin_adapter
 
     return load_plugin_adapter(name, entry)
 

@@ -29,6 +29,7 @@ from mlamem.kernel_api import (
     from_kernel_layout,
     to_kernel_layout,
 )
+from mlamem.kernel_registry import REGISTRY, load_kernel
 
 if TYPE_CHECKING:  # checking paths needs no torch; allocating does, and imports it there
     import torch
@@ -222,8 +223,6 @@ def full_staging_kernels(op: str = SPARSE_DECODE) -> list[str]:
     """The registered kernels that take everything workspace-full stages (FULL_STAGING) for
     `op`, in registry order. It loads every adapter that runs `op` (an adapter that fails to
     is left out), so only the error path of `check_paths` asks."""
-    from mlamem.kernel_registry import REGISTRY, load_kernel
-
     names = []
     for name, entry in list(REGISTRY.items()):
         if op not in entry.operations:

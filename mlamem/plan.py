@@ -31,9 +31,11 @@ from mlamem.context_reserve import (  # noqa: F401 (re-exported: the reserve sit
     reserve_gate,
     staging_bytes_per_token,
 )
+from mlamem.engines import engine_names, load_engine
 from mlamem.errors import UserError
 from mlamem.lists import parse_list
-from mlamem.units import MAX_TOKENS
+from mlamem.profile import run_profile
+from mlamem.units import MAX_TOKENS, parse_bytes
 
 if TYPE_CHECKING:
     from mlamem.results.plan import OnePlan, PlanFile
@@ -136,7 +138,6 @@ def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int,
     """Per-call needs at max_num_tokens (allocator model, `kernel_name`'s sparse decode: the
     default kernel when None) and the prefill workspace."""
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
-    from mlamem.profile import run_profile
 
     tokens = request.max_num_tokens
     at = dataclasses.replace(scenario, serving=dataclasses.replace(
@@ -157,7 +158,6 @@ def engine_knobs(scenario: Scenario, request: PlanRequest, kernel_name: str | No
     request's utilization (its emulation on the allocator model, as `repro-oom --predict`
     runs it), then each registered engine's fraction that gives that pool, as its own rule
     multiplies it (`Engine.knob_for_pool`)."""
-    from mlamem.engines import engine_names, load_engine
     from mlamem.engines.base import RankMemory
     from mlamem.engines.vllm import VLLM, VLLMBudget
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
@@ -262,8 +262,6 @@ def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command:
 
 def parse_sweep(text: str) -> tuple[str, list]:
     """'max-seq-len=32768,131072' -> ('max_seq_len', [32768, 131072]); each value once."""
-    from mlamem.units import parse_bytes
-
     name, sep, values = text.partition("=")
     name = name.strip()
     if not sep or name not in SWEEPABLE:

@@ -18,17 +18,11 @@ from pathlib import Path
 from types import ModuleType
 
 from mlamem import render, shards
-from mlamem.compare import SCHEMA as COMPARE_SCHEMA
 from mlamem.engine_registry import engine_names, engine_spec
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, read_json, safe_name, write_atomic
-from mlamem.graphs import SCHEMA as GRAPHS_SCHEMA
-from mlamem.graphs import read_result as read_graphs
 from mlamem.kernel_api import SPARSE_DECODE
 from mlamem.operations import operation
-from mlamem.profile import SCHEMA as PROFILE_SCHEMA
-from mlamem.repro import SCHEMA as REPRO_SCHEMA
-from mlamem.repro import read_result as read_repro
 from mlamem.results.compare import CompareFile
 from mlamem.results.graphs import GraphsFile
 from mlamem.results.profile import ProfileFile
@@ -36,7 +30,6 @@ from mlamem.results.repro import ReproFile
 from mlamem.results.shared import Environment
 from mlamem.results.validate import ValidateFile
 from mlamem.units import format_bytes, gib
-from mlamem.validate import SCHEMA as VALIDATE_SCHEMA
 
 Result = ProfileFile | ReproFile | ValidateFile | CompareFile | GraphsFile
 
@@ -78,7 +71,7 @@ class Section:
 
 
 class ProfileSection(Section):
-    kind, schema, result_type, items = "profile", PROFILE_SCHEMA, ProfileFile, "rows"
+    kind, schema, result_type, items = "profile", ProfileFile.schema_name(), ProfileFile, "rows"
     read = staticmethod(ProfileFile.parse)
 
     def scenario(self, r: ProfileFile) -> str:
@@ -115,8 +108,8 @@ class ProfileSection(Section):
 
 
 class ReproSection(Section):
-    kind, schema, result_type, items = "repro-oom", REPRO_SCHEMA, ReproFile, "cases"
-    read = staticmethod(read_repro)
+    kind, schema, result_type, items = "repro-oom", ReproFile.schema_name(), ReproFile, "cases"
+    read = staticmethod(ReproFile.parse)
 
     def check(self, result: ReproFile) -> str | None:
         """Also the engine, whose cases each name by the engine's own key."""
@@ -145,8 +138,8 @@ class ReproSection(Section):
 
 
 class GraphsSection(Section):
-    kind, schema, result_type, items = "graphs", GRAPHS_SCHEMA, GraphsFile, "paths"
-    read = staticmethod(read_graphs)
+    kind, schema, result_type, items = "graphs", GraphsFile.schema_name(), GraphsFile, "paths"
+    read = staticmethod(GraphsFile.parse)
 
     def title(self, r: GraphsFile) -> str:
         return f"{self.scenario(r)}, {r.kernel['label']}"
@@ -161,7 +154,7 @@ class GraphsSection(Section):
 
 
 class ValidateSection(Section):
-    kind, schema, result_type, items = "validate", VALIDATE_SCHEMA, ValidateFile, "comparisons"
+    kind, schema, result_type, items = "validate", ValidateFile.schema_name(), ValidateFile, "comparisons"
     read = staticmethod(ValidateFile.parse)
 
     def scenario(self, r: ValidateFile) -> str:
@@ -184,7 +177,7 @@ class ValidateSection(Section):
 
 
 class CompareSection(Section):
-    kind, schema, result_type, items = "compare", COMPARE_SCHEMA, CompareFile, "rows"
+    kind, schema, result_type, items = "compare", CompareFile.schema_name(), CompareFile, "rows"
     read = staticmethod(CompareFile.parse)
 
     def scenario(self, r: CompareFile) -> str:

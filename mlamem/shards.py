@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from mlamem import results
 from mlamem.errors import UserError
 
 Unit = TypeVar("Unit")
@@ -163,7 +164,6 @@ def _check_shard(name: str, document: dict) -> Shard:
     if document.get("shard") is None:
         raise UserError(f"{name} is not a shard (its `shard` is null); merge takes the files "
                         "that a sweep's shard I/N wrote, all N of one sweep")
-    from mlamem import results
 
     try:
         results.read(document, schema)  # checked by its model; the merge joins the file as read

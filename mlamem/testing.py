@@ -14,6 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mlamem import nvml
+from mlamem.non_torch import load_setups
+from mlamem.shards import ITEMS, Shard, units_of
+
 if TYPE_CHECKING:
     import torch
 
@@ -167,9 +171,7 @@ def recorded_host_or_skip(kernel: str | None = None) -> None:
     import pytest
     import torch
 
-    from mlamem import nvml
     from mlamem.kernels import DEFAULT_KERNEL
-    from mlamem.non_torch import load_setups
 
     kernel = kernel or DEFAULT_KERNEL
     handle = nvml.nvml_query("nvmlDeviceGetHandleByIndex", 0)
@@ -201,8 +203,6 @@ def split_into_shards(document: dict, count: int) -> list[dict]:
     I/N` runs of its sweep write: its units dealt by `mlamem.shards.Shard`, each file's command
     with `--shard I/N` added and its `shard` set. Tests the merge on real results, such as the
     committed measured ones, where the sweep cannot run again."""
-    from mlamem.shards import ITEMS, Shard, units_of
-
     key = ITEMS[document["schema"]]
     units = units_of(document[key])
     shards = []

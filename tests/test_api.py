@@ -305,3 +305,52 @@ def test_import_mlamem_imports_no_torch():
     code = ("import sys, mlamem; assert 'torch' not in sys.modules; mlamem.track; "
             "assert 'torch' in sys.modules")
     subprocess.run([sys.executable, "-P", "-c", code], check=True, timeout=120)
+
+
+def _one_line_at_the_call(raised: pytest.ExceptionInfo, argument: str) -> None:
+    """The error names the argument in one line and comes from mlamem.api, not from inside
+    torch or rich."""
+    assert argument in str(raised.value) and "\n" not in str(raised.value)
+    assert raised.traceback[-1].path.name == "api.py"
+
+
+@pytest.mark.parametrize("expect", ["scores", [("scores", 4096)], 4096])
+def test_an_expect_that_is_no_mapping_is_one_line(expect):
+    """expect= as a string, a list or a number: TypeError naming expect and the forms."""
+    for start in (lambda: mlamem.track(expect=expect, device="meta"),
+                  lambda: mlamem.profile_call(lambda: None, expect=expect, device="meta")):
+        with pytest.raises(TypeError, match="give a mapping of buffer names") as raised:
+            start()
+        _one_line_at_the_call(raised, f"expect={expect!r}")
+
+
+@pytest.mark.parametrize("device", ["META", "Cuda", "bogus", "cuda:x", 2.5, [0]])
+def test_a_device_torch_cannot_name_is_one_line(device):
+    """device="META" (or any other name torch has no device for): ValueError naming device
+    and the two accepted, not torch's RuntimeError listing every backend."""
+    for start in (lambda: mlamem.track(device=device),
+                  lambda: mlamem.profile_call(lambda: None, device=device)):
+        with pytest.raises(ValueError, match="expected cuda .* or meta") as raised:
+            start()
+        _one_line_at_the_call(raised, f"device {device!r}")
+
+
+def test_the_figures_before_the_block_ends_are_one_line():
+    """table() and summary() before the block: RuntimeError saying to call them after it, as
+    save_snapshot says."""
+    tracker = mlamem.track(device="meta")
+    for method in (tracker.table, tracker.summary):
+        with pytest.raises(RuntimeError, match=f"nothing measured yet: call {method.__name__} "
+                                               "after the block ends") as raised:
+            method()
+        _one_line_at_the_call(raised, method.__name__)
+
+
+@pytest.mark.parametrize("width", ["x", 80.0, True, 0, -3])
+def test_a_table_width_that_is_no_column_count_is_one_line(width):
+    """table(width=...) takes a count of columns >= 1 (or None): anything else is one line."""
+    with mlamem.track(device="meta") as tracker:
+        torch.empty(16, device="meta")
+    with pytest.raises((TypeError, ValueError), match="give the columns to fit") as raised:
+        tracker.table(width=width)
+    _one_line_at_the_call(raised, f"width={width!r}")

@@ -14,13 +14,13 @@ from mlamem.graphs import (
     MIN_PER_GRAPH_BYTES,
     capture_sizes,
     full_decode_sizes,
-    read_result,
     run_graphs,
     sizes_to_capture,
     vllm_estimate,
 )
 from mlamem.kernels import load_kernel
 from mlamem.repro import run_repro
+from mlamem.results.graphs import GraphsFile
 from mlamem.testing import scenario_as_run
 
 MiB = 1 << 20
@@ -130,7 +130,7 @@ ALLOCATOR_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "pool_growth_
 def test_prediction_equals_the_h200_captures_to_the_byte(name):
     """reports/graphs-h200 (`python3 scripts/gpu_check.py --suite graphs`): every allocator figure
     of every capture, and each path's pool, predicted here as measured there."""
-    measured = read_result(json.loads((GRAPHS_H200 / name).read_text()))
+    measured = GraphsFile.parse(json.loads((GRAPHS_H200 / name).read_text()))
     assert measured.measured and all(c.replay_equal for p in measured.paths for c in p.captures)
     predicted = run_graphs(scenarios.load(measured.scenario["name"]),
                            [p.path for p in measured.paths], command="test",
@@ -159,7 +159,7 @@ def test_predicted_device_growth_is_the_h200s(name):
     and 41 live graphs, the first launches' modules) equals the measured one capture by
     capture, and so do each path's device growth and vLLM's device estimate, its actual and
     error; only the Triton alloc path is its kernel's unrecorded module apart."""
-    measured = read_result(json.loads((GRAPHS_H200 / name).read_text()))
+    measured = GraphsFile.parse(json.loads((GRAPHS_H200 / name).read_text()))
     predicted = run_graphs(scenarios.load(measured.scenario["name"]),
                            [p.path for p in measured.paths], command="test",
                            kernel=load_kernel(measured.kernel["name"])(),
@@ -269,4 +269,4 @@ def test_a_capture_embeds_its_record_and_saves_without_it():
     assert result.paths[0].captures[0].peak_allocated_bytes == first.peak_allocated_bytes
     saved = result.file_dict()
     assert all("call" not in c for c in saved["paths"][0]["captures"])
-    assert read_result(json.loads(json.dumps(saved))).file_dict() == saved
+    assert GraphsFile.parse(json.loads(json.dumps(saved))).file_dict() == saved

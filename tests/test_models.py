@@ -284,3 +284,25 @@ def test_a_layout_the_ranks_cannot_hold_names_its_field(tp, dp, field):
     with pytest.raises(UserError) as error:
         weights_per_rank(shipped_config("glm-5"), tp=tp, dp=dp)
     assert error.value.field == field
+
+
+def _nested_config(path, depth: int = 100_000):
+    """A config.json nested deeper than Python's JSON parser recurses."""
+    path.write_text('{"a": ' * depth + "1" + "}" * depth)
+    return path
+
+
+def test_a_deeply_nested_config_json_is_one_line(tmp_path):
+    """100k levels of nesting: UserError naming the file, not a RecursionError."""
+    config = _nested_config(tmp_path / "config.json")
+    for given in (config, tmp_path):
+        with pytest.raises(UserError, match=r"config\.json: not a config\.json \(nested deeper"):
+            load_config(given)
+
+
+def test_a_deeply_nested_config_json_is_one_line_from_the_cli(tmp_path):
+    from mlamem.testing import check_bad_input
+
+    config = _nested_config(tmp_path / "config.json")
+    check_bad_input(["repro-oom", "--model", config], "nested deeper")
+    check_bad_input(["scenarios", "--serve", f"vllm serve {tmp_path}"], "nested deeper")

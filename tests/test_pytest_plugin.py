@@ -209,3 +209,59 @@ def test_a_session_without_marks_imports_no_torch(pytester):
             assert "torch" not in sys.modules
     """)
     pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_a_marked_body_stopped_by_a_test_outcome_stops_only_that_test(pytester):
+    """An `async def` test (pytest without an async plugin fails or skips it), and bodies that
+    call pytest.skip or pytest.fail, leave no figures: each is that one test's outcome, and the
+    session runs on with no INTERNALERROR."""
+    pytester.makepyfile("""
+        import pytest
+        import torch
+
+        @pytest.mark.limit_gpu_memory("1MiB", device="meta")
+        async def test_async():
+            torch.empty(10, device="meta")
+
+        @pytest.mark.max_gpu_allocations(0, device="meta")
+        def test_skips():
+            pytest.skip("not today")
+
+        @pytest.mark.limit_gpu_memory("1MiB", device="meta")
+        def test_fails():
+            pytest.fail("by itself")
+
+        def test_after():
+            pass
+    """)
+    result = pytester.runpytest("-rs")
+    outcomes = result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert outcomes.get("passed") == 1 and outcomes.get("failed", 0) + outcomes.get("skipped", 0) == 3
+    result.stdout.fnmatch_lines(["*by itself*"])
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+@pytest.mark.parametrize(("expect", "fix"), [
+    ('"scores"', "limit_gpu_memory: expect='scores': give a mapping of buffer names"),
+    ("[1, 2]", "limit_gpu_memory: expect=[1, 2]: give a mapping of buffer names"),
+    ('{"a": "lots"}', "expect['a'] = 'lots': expected bytes"),
+    ('{"a": -1}', "expect['a'] = -1: expected bytes"),
+])
+def test_a_bad_expect_is_one_line(pytester, expect, fix):
+    """A bad expect= errors that one test in setup, naming the fix, with no traceback."""
+    pytester.makepyfile(f"""
+        import pytest
+
+        @pytest.mark.limit_gpu_memory("1MiB", device="meta", expect={expect})
+        def test_marked():
+            pass
+
+        def test_after():
+            pass
+    """)
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1, passed=1)
+    result.stdout.fnmatch_lines([f"*{fix.replace('[', '[[]')}*"])  # [ opens a class in fnmatch
+    result.stdout.no_fnmatch_line("*Traceback*")
+    result.stdout.no_fnmatch_line("*During handling of the above exception*")

@@ -150,8 +150,7 @@ def test_report_reads_the_saved_toy_through_its_spec_alone(saved_toy, toy_site, 
     assert "### Toy engine: glm5-fp8-tp8" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="report imports the result classes of mlamem.profile, "
-                   "repro, validate and graphs, which import torch at the top; the torch-free "
-                   "result models lift this")
 def test_report_of_the_saved_toy_imports_no_torch(saved_toy, toy_site, tmp_path):
+    """`mlamem report` of a saved result reads it through the result models and the engine's
+    spec: torch never loads."""
     assert not report_in_a_fresh_process(toy_site, saved_toy, tmp_path / "report.md")["torch"]

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from mlamem.version import version_text
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -55,7 +57,6 @@ def stderr() -> Console:
 
 def _show_version(asked: bool) -> None:
     if asked:
-        from mlamem.version import version_text
 
         typer.echo(version_text())
         raise typer.Exit(0)

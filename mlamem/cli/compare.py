@@ -10,6 +10,7 @@ from mlamem import operations, render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, progress
+from mlamem.compare import check_kernels, run_compare
 from mlamem.errors import UserError
 from mlamem.files import check_output_path, pick_format
 from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
@@ -42,8 +43,6 @@ def compare(
     reference. Needs a GPU where both kernels run. Example: `mlamem compare --op
     sparse-prefill` holds sgl-flash-mla and vLLM's FlashMLA build to the reference.
     """
-    from mlamem.compare import check_kernels, run_compare
-
     names = _kernel_names(kernels)
     values = o.parse_sweep(op, tokens, requests)
     kv_tokens = o.kv_length(op, context_len, kv_len)

@@ -11,6 +11,8 @@ from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit
+from mlamem.explain import explain as explained
+from mlamem.explain import load
 from mlamem.files import check_distinct, check_output_path, pick_format
 from mlamem.scenario_names import DEFAULT_SCENARIO, check_exists
 
@@ -41,8 +43,6 @@ def explain(
     if output is not None:
         check_distinct({"SNAPSHOT": snapshot_file, "--output": output})
         check_output_path(output)
-    from mlamem.explain import explain as explained
-    from mlamem.explain import load
 
     source = scenario or DEFAULT_SCENARIO
     check_exists(source)  # an unknown name, then a bad snapshot, before the scenario model loads

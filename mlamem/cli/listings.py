@@ -22,6 +22,7 @@ from mlamem.cli.options import (
 from mlamem.cli.output import terminal_width
 from mlamem.errors import UserError
 from mlamem.gpus import GPUS
+from mlamem.kernel_list import WIDTH, kernels_json, list_kernels, render_kernels
 from mlamem.scenario_names import shipped_names
 
 
@@ -102,7 +103,6 @@ def list_registered_kernels(
     runs here or why not (with the install hint). A * marks capabilities assumed because the
     kernel's library cannot be loaded here."""
     load_torch()  # the adapters import torch
-    from mlamem.kernel_list import WIDTH, kernels_json, list_kernels, render_kernels
 
     if output_format is KernelsFormat.json:
         sys.stdout.write(kernels_json(list_kernels()))

@@ -23,6 +23,7 @@ from mlamem.errors import UserError
 from mlamem.gpus import GPUS
 from mlamem.kernels import REGISTRY, SHIPPED, KernelEntry, load_kernel
 from mlamem.lists import parse_list
+from mlamem.models import overrides
 from mlamem.scenario_names import DEFAULT_SCENARIO, check_exists, shipped_names
 from mlamem.units import parse_bytes
 
@@ -157,7 +158,6 @@ def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
     weights = parse_size(changes.weights_per_rank, "weights_per_rank")
     check_exists(name)
     from mlamem import scenario
-    from mlamem.models import overrides
 
     return overrides.apply(scenario.load(name), model=changes.model, gpu=changes.gpu,
                            weights_bytes=weights)
@@ -168,8 +168,6 @@ def check_weights_fit(scenario: Scenario, gpu_memory: str | None, from_file: boo
     where they exceed the target GPU's memory: --gpu-memory's where given (a zero is left to
     the budget's own check), else the scenario's [gpu]. The line names what set the weights:
     the scenario file's field where they are `from_file`, else --weights-per-rank."""
-    from mlamem.models import overrides
-
     memory = parse_size(gpu_memory, "gpu_memory_bytes")
     line = overrides.weights_fit_line(scenario, memory or None)
     if not line:

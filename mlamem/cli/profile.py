@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlamem import operations, render, shards
+from mlamem import operations, render, shards, snapshot
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -130,8 +130,6 @@ def _check_options(chosen_shard, report_dir: Path | None, predict: bool,
 
 
 def _write_snapshot(snapshot_file: Path, calls: list) -> None:
-    from mlamem import snapshot  # pickle: loaded when a snapshot is written, not at start-up
-
     snapshot.write(snapshot_file, calls)
     print(f"mlamem: wrote snapshot {snapshot_file} (open it in https://pytorch.org/memory_viz)",
           file=sys.stderr)

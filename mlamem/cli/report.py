@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from mlamem.cli.app import app, stderr
-from mlamem.cli.options import load_torch, stdout_or_path
+from mlamem.cli.options import stdout_or_path
 from mlamem.files import check_distinct, check_output_path, pick_format, read_json
 
 
@@ -37,9 +37,8 @@ def report(
         pick_format(output, None, ["markdown"], what="report")
         check_distinct({**{str(path): path for path in results}, "--output": output})
         check_output_path(output)
-    documents = [(str(path), read_json(path)) for path in results]  # a bad file before torch
-    load_torch()  # checking saved results loads the profiler and the repro emulation
-    from mlamem import report as reporting
+    documents = [(str(path), read_json(path)) for path in results]  # a bad file first
+    from mlamem import report as reporting  # the result models (pydantic) and matplotlib; no torch
 
     saved = reporting.load_all(documents, output)
     built = reporting.build(saved, figure_prefix=None if output is None else output.stem)

@@ -227,7 +227,7 @@ def _json(flag: str):
     def read(text: str) -> dict:
         try:
             value = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
             raise argparse.ArgumentTypeError(f"{flag} takes JSON, got {text!r}") from None
         if not isinstance(value, dict):
             raise argparse.ArgumentTypeError(f"{flag} takes a JSON object, got {text!r}")
@@ -369,7 +369,7 @@ def flexible(words: list[str]) -> list[str]:
 def _dotted_value(text: str):
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         try:
             return human_int(text)
         except argparse.ArgumentTypeError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from mlamem import nvml, scenario
 from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import Verdict
 
@@ -16,7 +17,6 @@ from mlamem.engines.base import Verdict
 def run_request(request: dict) -> dict:
     """One case from a JSON request, measured on this GPU; a kernel that cannot run here makes
     an `error` case saying why."""
-    from mlamem import nvml, scenario
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.measure import local_sm_count
     from mlamem.memory import CudaMemory

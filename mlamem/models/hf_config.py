@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.errors import UserError
+from mlamem.files import loads_json, read_text
 
 
 @dataclass(frozen=True)
@@ -186,15 +187,13 @@ def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
 
 def load_config(path: str | Path) -> ModelConfig:
     """config.json, or a folder holding one."""
-    from mlamem.files import loads_json, read_text
-
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     text = read_text(path, "model config (a Hugging Face config.json)", field="model")
     try:
         raw = loads_json(text)
-    except ValueError as error:  # a decode error, or NaN/Infinity
+    except ValueError as error:  # a decode error, NaN/Infinity or nesting too deep
         raise UserError(f"{path}: not a config.json ({error})", field="model") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: a config.json holds one JSON object, not a "

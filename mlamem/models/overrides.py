@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mlamem import gpus
 from mlamem.errors import UserError
 from mlamem.models.hf_config import ModelConfig, load_config
 from mlamem.models.weights import fit_line, weights_per_rank
@@ -87,7 +88,6 @@ def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = Non
     """`scenario` with [model] from the config.json at `model` (a file or its folder) and the
     weights counted from it at the scenario's layout, retargeted to the GPU named `gpu`, and
     with `weights_bytes` per rank as a labelled override; each None keeps the scenario's own."""
-    from mlamem import gpus
     from mlamem import scenario as _scenario  # pydantic: loaded where a scenario is
 
     if model is None and weights_bytes is None:

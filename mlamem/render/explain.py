@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Group
 
+from mlamem.operations import operation
 from mlamem.render.common import compact_table, console_text, with_notes
 from mlamem.render.escape import escaped, markdown_code
 from mlamem.units import format_bytes
@@ -23,8 +24,6 @@ def _bytes(value: int | None) -> str:
 def _shape(call: FoundCall, shape: ImpliedShape) -> str:
     """One implied shape in the operation's symbols: `T=1024 at 64 heads`, `b=16 (context
     8192) at 64 heads`, `sparse-prefill s_q=1024 at 64 heads` where the call fits several."""
-    from mlamem.operations import operation
-
     op = operation(shape.op or call.op or "sparse-decode")
     text = f"{op.symbol}={shape.tokens}"
     if op.kv_key == "context_len" and shape.context_len is not None:

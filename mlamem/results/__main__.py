@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from mlamem.results import CSV, MODELS, model_for
+from mlamem.results import CSV, MODELS, model_for, models
 from mlamem.scenario import file_schema
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
@@ -42,8 +42,6 @@ SCENARIO_PAGE = "scenario.schema.json"
 
 def csv_columns() -> str:
     """The Markdown page of the CSV files' columns, from the models' field descriptions."""
-    from mlamem.results import models
-
     lines = ["# CSV columns", "",
              "Generated from the result models by `python -m mlamem.results --write-schemas`; do "
              "not edit.", "",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Callable
 from typing import Any, ClassVar, Self
 
@@ -91,6 +92,11 @@ class ResultFile(Model):
         unset (a buffer's `frame` where no stacks were traced) is not written."""
         data = self.model_dump(by_alias=True, exclude_unset=True)
         return {**{key: data[key] for key in self.KEY_ORDER if key in data}, **data}
+
+    @classmethod
+    def schema_name(cls) -> str:
+        """The schema its files name, e.g. `mlamem.profile/1` (its `schema` field's one value)."""
+        return typing.get_args(cls.model_fields["schema_"].annotation)[0]
 
     @classmethod
     def parse(cls, data: dict) -> Self:
