@@ -30,11 +30,12 @@ from pathlib import Path
 
 import torch
 
-from mlamem import nvml, scenario
 from mlamem.kernels import FlashMLA
 from mlamem.kernels.base import SPARSE_DECODE
-from mlamem.measure import local_sm_count, measure_one, plan_call
-from mlamem.memory import CudaMemory
+from mlamem.runtime import nvml
+from mlamem.runtime.measure import local_sm_count, measure_one, plan_call
+from mlamem.runtime.memory import CudaMemory
+from mlamem.spec import scenario
 
 
 def timed(memory, call, cold: bool, around=contextlib.nullcontext) -> float:

@@ -1,15 +1,15 @@
 """Kernel adapters, one module each; each declares its capabilities and sits beside the reference.
 
-The registry (`SHIPPED`, `REGISTRY`, `load_kernel`, ...) is `mlamem.kernel_registry` and the
-contract `mlamem.kernel_api`, both in the spec layer below the adapters; plug-ins and callers
+The registry (`SHIPPED`, `REGISTRY`, `load_kernel`, ...) is `mlamem.spec.kernel_registry` and the
+contract `mlamem.spec.kernel_api`, both in the spec layer below the adapters; plug-ins and callers
 import them from here as before. The adapter classes themselves (`FlashMLA`, `TritonDecode`,
 ...) and `KERNELS` (shipped name -> class) load on first access (PEP 562), through the registry.
 """
 
 from __future__ import annotations
 
-from mlamem.kernel_api import BufferSpec, Capabilities, KernelContract, SparseDecodeKernel, simulate_run
-from mlamem.kernel_registry import (
+from mlamem.spec.kernel_api import BufferSpec, Capabilities, KernelContract, SparseDecodeKernel, simulate_run
+from mlamem.spec.kernel_registry import (
     COMPARED_KERNELS,
     DEFAULT_KERNEL,
     REFERENCE_KERNEL,

@@ -1,4 +1,4 @@
-"""The fp8_ds_mla cache format, where adapters and scripts import it from: `mlamem.fp8_ds_mla`
+"""The fp8_ds_mla cache format, where adapters and scripts import it from: `mlamem.spec.fp8_ds_mla`
 (the runtime layer, which the synthetic inputs use too)."""
 
-from mlamem.fp8_ds_mla import *  # noqa: F403
+from mlamem.spec.fp8_ds_mla import *  # noqa: F403

@@ -1,6 +1,6 @@
-"""Plug-in kernels, where they were imported from: `mlamem.kernel_plugins` (spec layer)."""
+"""Plug-in kernels, where they were imported from: `mlamem.spec.kernel_plugins` (spec layer)."""
 
-from mlamem.kernel_plugins import (  # noqa: F401
+from mlamem.spec.kernel_plugins import (  # noqa: F401
     GROUP,
     Discovery,
     PluginError,

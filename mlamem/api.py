@@ -42,15 +42,15 @@ from typing import Any, Self
 
 import torch
 
-from mlamem import snapshot
-from mlamem.attribution import BufferUse, ExpectedBuffer
-from mlamem.errors import UserError
-from mlamem.files import write_atomic
-from mlamem.kernel_api import BufferSpec
-from mlamem.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
-from mlamem.memory import CudaMemory, SimulatedMemory
-from mlamem.profile import call_figures
-from mlamem.units import format_bytes
+from mlamem.commands.profile import call_figures
+from mlamem.runtime import snapshot
+from mlamem.runtime.attribution import BufferUse, ExpectedBuffer
+from mlamem.runtime.measure import OUT_OF_MEMORY, CallRecord, Measuring, RecordField, measure_one
+from mlamem.runtime.memory import CudaMemory, SimulatedMemory
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import write_atomic
+from mlamem.spec.kernel_api import BufferSpec
+from mlamem.spec.units import format_bytes
 
 NAMED_BY_EXPECT = "user"  # allocated_by of a buffer named by bytes or (shape, dtype) in `expect`
 

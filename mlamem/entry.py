@@ -4,7 +4,7 @@ first import on (importing the CLI may take seconds)."""
 import signal
 import sys
 
-from mlamem import interrupt
+from mlamem.runtime import interrupt
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlamem.units import format_bytes, parse_bytes
+from mlamem.spec.units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

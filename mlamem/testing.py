@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlamem import nvml
-from mlamem.non_torch import load_setups
-from mlamem.shards import ITEMS, Shard, units_of
+from mlamem.commands.shards import ITEMS, Shard, units_of
+from mlamem.runtime import nvml
+from mlamem.runtime.non_torch import load_setups
 
 if TYPE_CHECKING:
     import torch
@@ -190,7 +190,7 @@ def scenario_as_run(name: str, budget: Mapping[str, Any]) -> Any:
     81559 MiB before 2026-12-05, CUDA's 81079 since)."""
     import dataclasses
 
-    from mlamem import scenario
+    from mlamem.spec import scenario
 
     shipped = scenario.load(name)
     memory = budget.get("scenario_gpu_memory_bytes", budget["gpu_memory_bytes"])
@@ -200,7 +200,7 @@ def scenario_as_run(name: str, budget: Mapping[str, Any]) -> Any:
 
 def split_into_shards(document: dict, count: int) -> list[dict]:
     """A saved profile or validate result (a JSON document) as the `count` files that `--shard
-    I/N` runs of its sweep write: its units dealt by `mlamem.shards.Shard`, each file's command
+    I/N` runs of its sweep write: its units dealt by `mlamem.commands.shards.Shard`, each file's command
     with `--shard I/N` added and its `shard` set. Tests the merge on real results, such as the
     committed measured ones, where the sweep cannot run again."""
     key = ITEMS[document["schema"]]

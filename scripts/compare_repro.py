@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from mlamem.repro import NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP, prediction_differences
+from mlamem.commands.repro import NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP, prediction_differences
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Where a rank's non-torch device memory (CUDA context, libraries, module loads) comes from.
 
-Non-torch memory, read two ways (mlamem.memory.NonTorchReading): "process", this process's own
+Non-torch memory, read two ways (mlamem.runtime.memory.NonTorchReading): "process", this process's own
 NVML figure less torch's reserved memory (what a measured repro-oom case charges, and what the
 model's context_bytes and modules are); "device", NVML's used memory of the device, less what
 other processes used before this one touched CUDA, less reserved (the engines' reading; the
@@ -36,12 +36,13 @@ def _engine_case(scenario_name: str, path: str) -> dict:
     """An emulated repro-oom case with non-torch memory read at every allocator-stats call."""
     import inspect
 
-    from mlamem import nvml, scenario
+    from mlamem.commands.repro import scenario_engine
     from mlamem.engines.base import Budget
     from mlamem.kernels import FlashMLA
-    from mlamem.measure import local_sm_count
-    from mlamem.memory import CudaMemory, read_non_torch
-    from mlamem.repro import scenario_engine
+    from mlamem.runtime import nvml
+    from mlamem.runtime.measure import local_sm_count
+    from mlamem.runtime.memory import CudaMemory, read_non_torch
+    from mlamem.spec import scenario
 
     used_before_cuda = nvml.used_by_uuid()
     chosen = scenario.load(scenario_name)
@@ -75,11 +76,12 @@ def _first_calls(kernel_name: str, tokens: str) -> dict:
     """Non-torch memory around a kernel's first calls at the GLM-5 shape."""
     import torch
 
-    from mlamem import nvml, scenario
-    from mlamem.inputs import make_inputs
     from mlamem.kernels import KERNELS
-    from mlamem.memory import CudaMemory
     from mlamem.operations.sparse_decode import run_kernel
+    from mlamem.runtime import nvml
+    from mlamem.runtime.inputs import make_inputs
+    from mlamem.runtime.memory import CudaMemory
+    from mlamem.spec import scenario
 
     used_before_cuda = nvml.used_by_uuid()
     glm = scenario.load("glm5-fp8-tp8")
@@ -126,13 +128,14 @@ def _step_ops(scenario_name: str) -> dict:
     allocator model sees them (aten op names)."""
     import torch
 
-    from mlamem import nvml, scenario
     from mlamem.kernels import FlashMLA
     from mlamem.operations.sparse_decode import run_kernel
+    from mlamem.runtime import nvml
+    from mlamem.spec import scenario
 
     used_before_cuda = nvml.used_by_uuid()
     chosen = scenario.load(scenario_name)
-    from mlamem.memory import CudaMemory
+    from mlamem.runtime.memory import CudaMemory
 
     memory = CudaMemory(used_before_cuda=used_before_cuda)
     kernel = FlashMLA()
@@ -180,8 +183,8 @@ def _physical(step_ops: str) -> dict:
     so every allocation is a cudaMalloc)."""
     import torch
 
-    from mlamem import nvml
-    from mlamem.memory import CudaMemory
+    from mlamem.runtime import nvml
+    from mlamem.runtime.memory import CudaMemory
 
     used_before_cuda = nvml.used_by_uuid()
     memory = CudaMemory(used_before_cuda=used_before_cuda)
@@ -243,12 +246,13 @@ def _graph_captures(kernel_name: str, order: str | None = None, warmup: str | No
                 "toml": "\n".join(toml)}
     import torch
 
-    from mlamem import nvml, scenario
-    from mlamem.graph_capture import CallGraphs
-    from mlamem.graphs import sizes_to_capture
+    from mlamem.commands.graphs import sizes_to_capture
     from mlamem.kernels import load_kernel
-    from mlamem.measure import local_sm_count
-    from mlamem.memory import CudaMemory
+    from mlamem.runtime import nvml
+    from mlamem.runtime.graph_capture import CallGraphs
+    from mlamem.runtime.measure import local_sm_count
+    from mlamem.runtime.memory import CudaMemory
+    from mlamem.spec import scenario
 
     used_before_cuda = nvml.used_by_uuid()
     glm = scenario.load("glm5-fp8-tp8")

@@ -1,5 +1,5 @@
 """Write SGLang's `python -m sglang.launch_server` flag table
-(mlamem/engine_specs/sglang-0.5.23-flags.json) from the wheel's own sources, read as text with
+(mlamem/spec/engines/sglang-0.5.23-flags.json) from the wheel's own sources, read as text with
 ast (SGLang is not imported):
 
 - sglang/srt/server_args.py: the namespace classes `_INPUT_NAMESPACES` lists (each declared in
@@ -28,7 +28,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "mlamem" / "engine_specs" / "sglang-0.5.23-flags.json"
+OUT = Path(__file__).resolve().parents[1] / "mlamem" / "spec" / "engines" / "sglang-0.5.23-flags.json"
 FIELDS = "sglang/srt/arg_groups/fields/"
 
 

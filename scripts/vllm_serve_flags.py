@@ -1,4 +1,4 @@
-"""Write vLLM's `vllm serve` flag table (mlamem/engine_specs/vllm-0.33.0-flags.json) from the
+"""Write vLLM's `vllm serve` flag table (mlamem/spec/engines/vllm-0.33.0-flags.json) from the
 wheel's own sources, read as text with ast (vLLM is not imported):
 
 - vllm/engine/arg_utils.py: every `add_argument` call of EngineArgs.add_cli_args (its names and
@@ -18,7 +18,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "mlamem" / "engine_specs" / "vllm-0.33.0-flags.json"
+OUT = Path(__file__).resolve().parents[1] / "mlamem" / "spec" / "engines" / "vllm-0.33.0-flags.json"
 
 
 def fields(tree: ast.Module, classes: tuple[str, ...]) -> dict[str, str]:

@@ -20,7 +20,7 @@ def seed(request) -> int:
 
 @pytest.fixture(scope="session")
 def regressed_alloc_path():
-    """The alloc path keeping an extra padded copy of q; patch it into `mlamem.paths.PATHS`."""
+    """The alloc path keeping an extra padded copy of q; patch it into `mlamem.runtime.paths.PATHS`."""
     spec = importlib.util.spec_from_file_location("regressed_paths",
                                                   FIXTURES / "regressed_paths.py")
     module = importlib.util.module_from_spec(spec)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlamem.allocator import AllocatorOutOfMemory, CachingAllocatorModel, round_size, segment_size
+from mlamem.runtime.allocator import AllocatorOutOfMemory, CachingAllocatorModel, round_size, segment_size
 
 MiB = 1 << 20
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 import mlamem
-from mlamem import scenario
-from mlamem.attribution import UNATTRIBUTED, ExpectedBuffer, expected_buffers
 from mlamem.kernels import FlashMLA, TritonDecode
 from mlamem.kernels.base import SPARSE_DECODE, BufferSpec
-from mlamem.measure import measure_call, runner
-from mlamem.memory import SimulatedMemory
 from mlamem.operations import kv_format, problem_for, workspace_rows
-from mlamem.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
 from mlamem.results.profile import ProfileRow
-from mlamem.units import MiB
+from mlamem.runtime.attribution import UNATTRIBUTED, ExpectedBuffer, expected_buffers
+from mlamem.runtime.measure import measure_call, runner
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.runtime.paths import PATHS, KernelCall, plan, reserve_workspace, wrapper_allocations
+from mlamem.spec import scenario
+from mlamem.spec.units import MiB
 
 PADDED_Q = (1024, 64, 576)  # T x padded heads x d_qk, bfloat16: 72 MiB
 
@@ -49,7 +49,7 @@ def decode_expect(kernel, chosen, tokens: int, path: str, sm_count: int) -> dict
 
 def decode_step(kernel, chosen, tokens: int, path: str, *, memory, sm_count: int, seed: int = 0):
     """The sparse decode call `mlamem profile` measures at (tokens, path), built as
-    mlamem.measure builds it on `memory`'s device (the kernel, or on meta its allocation spec):
+    mlamem.runtime.measure builds it on `memory`'s device (the kernel, or on meta its allocation spec):
     (step, expect), where step() runs the path on inputs and a workspace made here."""
     op = SPARSE_DECODE
     capabilities = kernel.capabilities(op, kv_format(chosen, op))

@@ -26,10 +26,10 @@ import gc, json, sys
 sys.path.insert(0, {str(TESTS)!r})
 import torch
 import mlamem
-from mlamem import scenario
+from mlamem.spec import scenario
 from mlamem.kernels import FlashMLA
-from mlamem.measure import local_sm_count
-from mlamem.memory import CudaMemory
+from mlamem.runtime.measure import local_sm_count
+from mlamem.runtime.memory import CudaMemory
 from test_api import decode_step
 
 glm = scenario.load({SCENARIO!r})
@@ -82,7 +82,7 @@ def test_profile_call_names_each_allocation_by_its_frame_as_predicted():
     from test_api import scores_then_copy
 
     import mlamem
-    from mlamem.attribution import UNATTRIBUTED
+    from mlamem.runtime.attribution import UNATTRIBUTED
 
     shapes = ((4096, 1024), (1024, 640))
     runs = {}
@@ -114,7 +114,7 @@ def test_profile_frames_measured_and_predicted():
     assert [b["name"] for b in measured["buffers"]] == [b["name"] for b in predicted["buffers"]]
     padded_q, *kernel = measured["buffers"]
     assert padded_q["frame"] == predicted["buffers"][0]["frame"]
-    assert padded_q["frame"].startswith("mlamem/paths.py:")
+    assert padded_q["frame"].startswith("mlamem/runtime/paths.py:")
     assert all(b["frame"].startswith("flash_mla/") for b in kernel), kernel
 
 
@@ -122,10 +122,10 @@ _CONFTEST = f"""
 import sys
 sys.path.insert(0, {str(TESTS)!r})
 import pytest
-from mlamem import scenario
+from mlamem.spec import scenario
 from mlamem.kernels import TritonDecode
-from mlamem.measure import local_sm_count
-from mlamem.memory import CudaMemory
+from mlamem.runtime.measure import local_sm_count
+from mlamem.runtime.memory import CudaMemory
 from test_api import decode_step
 
 GLM = scenario.load({SCENARIO!r})
@@ -152,7 +152,7 @@ _MARKED_TESTS = f"""
 import pytest
 from conftest import GLM
 from mlamem.kernels import TritonDecode
-from mlamem.measure import local_sm_count
+from mlamem.runtime.measure import local_sm_count
 from test_api import decode_expect
 
 ALLOC_EXPECT = decode_expect(TritonDecode(), GLM, {TOKENS}, "alloc", local_sm_count())

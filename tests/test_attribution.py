@@ -3,10 +3,10 @@
 import pickle
 from pathlib import Path
 
-from mlamem import scenario
-from mlamem.attribution import UNATTRIBUTED, ExpectedBuffer, attribute
+from mlamem.commands.profile import run_profile
 from mlamem.kernels.flashmla import flashmla_allocations
-from mlamem.profile import run_profile
+from mlamem.runtime.attribution import UNATTRIBUTED, ExpectedBuffer, attribute
+from mlamem.spec import scenario
 
 GiB = 1024**3
 FIXTURE = Path(__file__).parent / "fixtures" / "glm5-t1024-h200.snapshot.pickle"

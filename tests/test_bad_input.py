@@ -164,7 +164,7 @@ SHARD_CASES = [  # --shard I/N: the same in profile, validate and gate
 ]
 
 
-LIST_CASES = [  # a comma list: empty, an empty item, an item twice (mlamem.lists, every list alike)
+LIST_CASES = [  # a comma list: empty, an empty item, an item twice (mlamem.spec.lists, every list alike)
     pytest.param(["--paths", ""], "--paths: '' lists nothing; list at least one path",
                  id="paths-empty"),
     pytest.param(["--paths", "alloc,,workspace"], "has an empty item", id="paths-empty-item"),
@@ -911,8 +911,8 @@ def test_output_extension_names_the_format(tmp_path, name, same_as):
 
 def test_decode_dims_are_the_cache_layout():
     """The head dims a scenario must have are those of the fp8_ds_mla cache the kernels read."""
-    from mlamem import scenario
     from mlamem.kernels import fp8_ds_mla
+    from mlamem.spec import scenario
 
     assert (scenario.DECODE_LATENT, scenario.DECODE_ROPE) == (fp8_ds_mla.NOPE_DIM,
                                                               fp8_ds_mla.ROPE_DIM)

@@ -2,8 +2,9 @@
 
 import json
 
-from mlamem import environment, render
+from mlamem import render
 from mlamem.results.compare import CompareFile
+from mlamem.runtime import environment
 
 
 def test_a_compare_result_writes_its_files_keys_in_their_order():

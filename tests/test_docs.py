@@ -188,8 +188,8 @@ def _flat(table: dict, prefix: str = "") -> dict:
 def test_a_documented_difference_list_is_every_field_that_differs(listed):
     """The page's command, built as `scenarios --serve` builds it, differs from the shipped
     scenario in exactly the fields the page lists, the words aside."""
-    from mlamem import scenario
-    from mlamem.serve_command import from_command
+    from mlamem.spec import scenario
+    from mlamem.spec.serve_command import from_command
 
     lead, command, gpu, gib, shipped = listed
     text = (ROOT / "docs" / "scenarios.md").read_text()

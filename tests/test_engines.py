@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import scenario as scenarios
+from mlamem.commands.repro import read_result, run_case, run_repro, scenario_engine
 from mlamem.engines import engine_names, engine_spec, load_engine, request_engine
 from mlamem.engines.base import Budget, Engine, Phase, Verdict
 from mlamem.engines.vllm import VLLM
-from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
-from mlamem.memory import SimulatedMemory
-from mlamem.repro import read_result, run_case, run_repro, scenario_engine
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import check_bad_input, no_gpu, scenario_file
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -274,7 +274,7 @@ def test_the_note_says_vllms_graph_estimate_stays_device_wide(others, said):
     """With CUDA graphs, a case's note says the estimate reads the device as vLLM does, and the
     others' use then (unknown where NVML does not list this process); a case that read nothing
     (crashed) has no note."""
-    from mlamem.repro import non_torch_notes
+    from mlamem.commands.repro import non_torch_notes
     case = {"path": "workspace", "nvml_visibility": "this process", "non_torch_bytes": 500 * MiB,
             "non_torch_process_bytes": 500 * MiB, "non_torch_device_bytes": 501 * MiB,
             "other_processes_bytes": 0, "graph_estimate_other_processes_bytes": others}

@@ -18,10 +18,10 @@ HELD_OUT = (2048, 6144)  # T values no shipped sweep or fixture has
 # GLM-5's 8 heads per rank to 64), between buffers of its own.
 _RECORD = f"""
 import sys, torch
-from mlamem import scenario
+from mlamem.spec import scenario
 from mlamem.kernels import FlashMLA
-from mlamem.measure import local_sm_count, plan_call
-from mlamem.memory import CudaMemory
+from mlamem.runtime.measure import local_sm_count, plan_call
+from mlamem.runtime.memory import CudaMemory
 
 glm, kernel, memory, sms = scenario.load("glm5-fp8-tp8"), FlashMLA(), CudaMemory(), local_sm_count()
 

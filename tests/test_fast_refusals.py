@@ -25,7 +25,7 @@ REFUSED = [
     ["gate", "--baseline", "/nonexistent/baseline.json"],
     ["repro-oom", "--gpu", "H300"],
     ["repro-oom", "--model", "/nonexistent/config.json"],
-    ["repro-oom", "--model", str(resources.files("mlamem.models") / "glm-5.json")],  # weights > GPU
+    ["repro-oom", "--model", str(resources.files("mlamem.spec.models") / "glm-5.json")],  # weights > GPU
     ["graphs", "--weights-per-rank", "40"],  # not an option: its figures do not depend on them
     ["repro-oom", "--weights-per-rank", "0"],
     ["repro-oom", "--serve", "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla "

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlamem import render
-from mlamem.errors import UserError
-from mlamem.files import CONTROL_CHARACTERS, safe_name
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import CONTROL_CHARACTERS, safe_name
 from mlamem.testing import check_bad_input, scenario_file
 
 ROOT = Path(__file__).parent
@@ -150,7 +150,7 @@ def test_output_dash_refused_where_not_stdout(tmp_path, args, fix):
 
 def test_a_report_folder_under_dev_shm_is_a_folder(tmp_path):
     """--report's folder is judged by its file type, not a /dev prefix: /dev/shm is tmpfs."""
-    from mlamem.report import check_report_dir
+    from mlamem.render.report import check_report_dir
 
     shm = Path("/dev/shm")
     if not shm.is_dir():
@@ -209,7 +209,7 @@ def _full_disk(monkeypatch, free: int) -> None:
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr("mlamem.files.shutil.disk_usage", lambda path: usage(1 << 40, 1 << 40, free))
+    monkeypatch.setattr("mlamem.spec.files.shutil.disk_usage", lambda path: usage(1 << 40, 1 << 40, free))
 
 
 def test_a_full_disk_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
@@ -217,7 +217,7 @@ def test_a_full_disk_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     fix, exit 2, before the sweep runs (no progress line), nothing written; enough free is
     taken as before."""
     from mlamem.cli import main
-    from mlamem.files import MIN_FREE_BYTES
+    from mlamem.spec.files import MIN_FREE_BYTES
 
     output = tmp_path / "p.json"
     _full_disk(monkeypatch, MIN_FREE_BYTES - 1)
@@ -368,7 +368,7 @@ def test_text_from_other_results_is_escaped(tmp_path, capsys, fixture, edit, com
 def test_a_refusal_quoting_a_file_is_one_clean_line(tmp_path, monkeypatch):
     """A baseline made with a kernel version holding a newline and terminal sequences: the
     gate's refusal (here FlashMLA 1.0.0 is installed) quotes it in one line, without them."""
-    from mlamem import environment
+    from mlamem.runtime import environment
 
     monkeypatch.setattr(environment, "installed_kernel_versions", lambda: {"flashmla": "1.0.0"})
     hostile = _hostile_copy(tmp_path, GATE_BASELINE,

@@ -16,8 +16,7 @@ import sys
 import pytest
 import torch
 
-from mlamem import scenario
-from mlamem.errors import UserError
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import REGISTRY, load_kernel
 from mlamem.kernels.base import Problem, to_kernel_layout
 from mlamem.kernels.flashinfer_mla import (
@@ -27,8 +26,9 @@ from mlamem.kernels.flashinfer_mla import (
     FlashInferInputs,
     FlashInferMLA,
 )
-from mlamem.paths import available_paths, check_paths
-from mlamem.profile import run_profile
+from mlamem.runtime.paths import available_paths, check_paths
+from mlamem.spec import scenario
+from mlamem.spec.errors import UserError
 from mlamem.testing import check_bad_input, kernel_or_skip
 
 DENSE = "dense-decode"
@@ -200,7 +200,7 @@ available = kernel_or_skip
 @needs_flashinfer
 def test_prediction_equals_measurement():
     """Every buffer and the totals, allocated and reserved, predicted = measured, both paths."""
-    from mlamem.validate import run_validation
+    from mlamem.commands.validate import run_validation
 
     comparisons = run_validation([(scenario.load(KIMI), DENSE, (16, 256))],
                                  ["alloc", "workspace"], kernel=FlashInferMLA())
@@ -211,7 +211,7 @@ def test_prediction_equals_measurement():
 @pytest.mark.gpu
 @needs_flashinfer
 def test_flashinfer_and_flashmla_within_tolerance_of_the_reference():
-    from mlamem.compare import run_compare
+    from mlamem.commands.compare import run_compare
 
     rel_l2, lse_abs = TOLERANCE
     result, _ = run_compare(scenario.load(KIMI), DENSE, [16], ["alloc", "workspace"],

@@ -7,13 +7,13 @@ import sys
 import pytest
 import torch
 
-from mlamem import scenario
-from mlamem.inputs import make_inputs
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import FlashMLA, Reference
-from mlamem.measure import measure_call
-from mlamem.memory import CudaMemory, SimulatedMemory
 from mlamem.operations.sparse_decode import run_kernel
-from mlamem.profile import run_profile
+from mlamem.runtime.inputs import make_inputs
+from mlamem.runtime.measure import measure_call
+from mlamem.runtime.memory import CudaMemory, SimulatedMemory
+from mlamem.spec import scenario
 from mlamem.testing import needs_flashmla
 
 pytestmark = [needs_flashmla, pytest.mark.gpu]

@@ -1,4 +1,4 @@
-"""mlamem.frames: an allocation's frame, the same string from the allocator trace's stacks
+"""mlamem.runtime.frames: an allocation's frame, the same string from the allocator trace's stacks
 and from the interpreter's stack a predicted allocation takes."""
 
 import sys
@@ -6,8 +6,8 @@ import sys
 import torch
 from torch._C._profiler import gather_traceback, symbolize_tracebacks
 
-from mlamem.frames import NO_FRAMES, frame_label, python_frames
-from mlamem.memory import SimulatedMemory
+from mlamem.runtime.frames import NO_FRAMES, frame_label, python_frames
+from mlamem.runtime.memory import SimulatedMemory
 
 
 def _both_stacks():

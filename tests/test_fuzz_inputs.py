@@ -122,7 +122,7 @@ def test_diff_results(data):
                     "--fail-on-growth", "0B"])
 
 
-CONFIG = (ROOT.parent / "mlamem" / "models" / "glm-5.json").read_text()
+CONFIG = (ROOT.parent / "mlamem" / "spec" / "models" / "glm-5.json").read_text()
 
 
 @FUZZ

@@ -5,12 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import gate, operations, render
-from mlamem import scenario as scenarios
+from mlamem import operations, render
 from mlamem.cli import main
-from mlamem.errors import UserError
+from mlamem.commands import gate
 from mlamem.kernels import kernel_operations, load_kernel
-from mlamem.paths import PATHS
+from mlamem.runtime.paths import PATHS
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import check_bad_input, no_gpu, one_line_error
 
 # copies of reports/baselines/predicted*.json (.ci/run checks they are equal)
@@ -255,7 +256,7 @@ def test_predictions_block_only_on_two_known_kernel_versions(baseline_file, tmp_
                                                              capsys):
     """A predicted baseline made without FlashMLA installed (version None) passes where it is
     installed, as CI's baseline on a GPU machine; two known versions that differ still block."""
-    from mlamem import environment
+    from mlamem.runtime import environment
 
     installed = {"flashmla": "1.0.0"}
     monkeypatch.setattr(environment, "installed_kernel_versions", lambda: dict(installed))

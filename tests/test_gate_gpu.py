@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mlamem.cli import main
-from mlamem.paths import PATHS
+from mlamem.runtime.paths import PATHS
 from mlamem.testing import needs_flashmla
 
 pytestmark = [needs_flashmla, pytest.mark.gpu]

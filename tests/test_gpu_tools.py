@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mlamem.kernel_api import KernelContract
+from mlamem.spec.kernel_api import KernelContract
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = sorted((ROOT / "benchmarks").glob("*.py")) + [ROOT / "scripts" / "decode_call.py"]

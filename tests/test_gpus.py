@@ -1,13 +1,13 @@
-"""mlamem/gpus.py: GPUs by name, each figure with its source; a scenario moved to another GPU."""
+"""mlamem/spec/gpus.py: GPUs by name, each figure with its source; a scenario moved to another GPU."""
 
 import json
 import re
 
 import pytest
 
-from mlamem import gpus, scenario
 from mlamem.cli import main
-from mlamem.errors import UserError
+from mlamem.spec import gpus, scenario
+from mlamem.spec.errors import UserError
 
 
 def test_every_gpu_names_its_sources():

@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import scenario as scenarios
-from mlamem.engines.vllm import VLLMBudget
-from mlamem.errors import UserError
-from mlamem.graphs import (
+from mlamem.commands.graphs import (
     MIN_PER_GRAPH_BYTES,
     capture_sizes,
     full_decode_sizes,
@@ -18,9 +15,12 @@ from mlamem.graphs import (
     sizes_to_capture,
     vllm_estimate,
 )
+from mlamem.commands.repro import run_repro
+from mlamem.engines.vllm import VLLMBudget
 from mlamem.kernels import load_kernel
-from mlamem.repro import run_repro
 from mlamem.results.graphs import GraphsFile
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import scenario_as_run
 
 MiB = 1 << 20
@@ -114,7 +114,7 @@ def test_predicted_pool_is_the_largest_capture_not_the_sum():
 
 def _first_capture_bytes() -> int:
     """The host setup's outside-allocator memory of a process's first CUDA-graph capture."""
-    from mlamem.non_torch import GRAPH_CAPTURE, find_setup
+    from mlamem.runtime.non_torch import GRAPH_CAPTURE, find_setup
 
     (module,) = find_setup("flashmla").loaded_by(GRAPH_CAPTURE)
     return module.bytes
@@ -183,7 +183,7 @@ def test_the_h200_graph_steps_are_at_9_36_and_41_live_graphs_whatever_the_order(
     capture, the device grew outside the pool only at the capture that first brought a pool of
     the process to 9, 36 or 41 live graphs, 2 MiB each, and in this process's own NVML figure
     alike; the data the model charges them from (non_torch.toml) says the same."""
-    from mlamem.non_torch import graph_step_launch, load_setups
+    from mlamem.runtime.non_torch import graph_step_launch, load_setups
 
     lines = (GRAPH_MEMORY_H200 / "graph-captures-flashmla.log").read_text().splitlines()
     runs = json.loads(lines[-1])["runs"]
@@ -220,7 +220,7 @@ def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits):
     and the captures' device growth included, and the limits too. Kimi-K2 at 64 heads pads
     nothing, so no fill runs before the graphs: the first capture's RNG prologue loads the
     fill's 28 MiB module, inside vLLM's estimate."""
-    from mlamem.repro import prediction_differences
+    from mlamem.commands.repro import prediction_differences
 
     measured = json.loads((GRAPH_MEMORY_H200 / name).read_text())
     result = run_repro(scenario_as_run(scenario, measured["budget"]),
@@ -240,7 +240,7 @@ def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
     """An engine that leaves the graphs nothing (its KV cache takes all but 1 MiB under the
     cap) gets `oom` in phase `capture`, with the buffer the capture could not place."""
     from mlamem.engines.vllm import VLLM
-    from mlamem.memory import SimulatedMemory
+    from mlamem.runtime.memory import SimulatedMemory
 
     class NoRoomForGraphs(VLLM):
         def size_kv_cache(self) -> int:

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from mlamem import scenario as scenarios
-from mlamem.graphs import measure_path
+from mlamem.commands.graphs import measure_path
+from mlamem.commands.validate import compare_graphs
+from mlamem.spec import scenario as scenarios
 from mlamem.testing import kernel_or_skip, recorded_host_or_skip
-from mlamem.validate import compare_graphs
 
 SIZES = [512, 496, 256, 8, 1]
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
@@ -56,7 +56,7 @@ def test_repro_with_graphs_measured_equals_predicted(name, tmp_path):
     device-wide graph figures and vLLM's estimate from them included."""
     import torch
 
-    from mlamem.repro import prediction_differences
+    from mlamem.commands.repro import prediction_differences
 
     if torch.cuda.is_initialized():
         pytest.skip(NEIGHBOUR)
@@ -79,8 +79,8 @@ def test_repro_with_graphs_measured_equals_predicted(name, tmp_path):
 def _both(kernel, scenario, path, sizes):
     import torch
 
-    from mlamem.measure import local_sm_count
-    from mlamem.memory import CudaMemory, SimulatedMemory
+    from mlamem.runtime.measure import local_sm_count
+    from mlamem.runtime.memory import CudaMemory, SimulatedMemory
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -1,4 +1,4 @@
-"""Decode inputs (mlamem/inputs.py): on the meta device, the same tensors and the same allocator
+"""Decode inputs (mlamem/runtime/inputs.py): on the meta device, the same tensors and the same allocator
 requests as a real build, without drawing or quantizing any value."""
 
 import subprocess
@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from mlamem import fp8_ds_mla, inputs, scenario
-from mlamem.memory import SimulatedMemory
+from mlamem.runtime import inputs
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import fp8_ds_mla, scenario
 
 META = torch.device("meta")
 

@@ -30,12 +30,12 @@ import pytest
 import torch
 
 from mlamem import operations
-from mlamem import scenario as scenarios
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import SHIPPED, Capabilities, load_kernel
 from mlamem.kernels.base import KV_FORMATS, SPARSE_DECODE, KernelContract, operation_names
 from mlamem.kernels.flashmla import FlashMLABuild, schema_op
-from mlamem.paths import available_paths
-from mlamem.profile import run_profile
+from mlamem.runtime.paths import available_paths
+from mlamem.spec import scenario as scenarios
 
 ROOT = Path(__file__).parent.parent
 GiB = 1024**3
@@ -263,8 +263,8 @@ ALLOWED = {
         "old result files' field names (flash_mla, triton), read into kernels.<name>",
     ("mlamem/results/legacy.py", "KERNEL_BEFORE_FLAG ="):
         "the kernel old baselines ran, before --kernel was recorded: a fact about those files",
-    ("mlamem/kernel_registry.py", ""): "the registry itself: the one table naming every kernel",
-    ("mlamem/frames.py", "LIBRARIES = frozenset"):
+    ("mlamem/spec/kernel_registry.py", ""): "the registry itself: the one table naming every kernel",
+    ("mlamem/runtime/frames.py", "LIBRARIES = frozenset"):
         "the Python packages whose frames are machinery, not a caller's: package names",
     ("mlamem/version.py", '("flashinfer", "flashinfer-python")'):
         "the distributions --version reads from metadata: distribution names",
@@ -363,10 +363,10 @@ def test_no_code_outside_kernels_names_a_kernel():
 def test_a_contract_1_adapter_runs_through_the_shim_on_the_cpu():
     """A class written against contract 1 (decode, allocations(q_shape)) is run, sized and asked
     through contract 2 by `adapted`, and answers as the shipped reference does."""
-    from mlamem.kernel_api import SparseDecodeKernel, adapted
     from mlamem.kernels.flashmla import flashmla_allocations
     from mlamem.kernels.reference import sparse_mla_decode_reference
     from mlamem.operations.sparse_decode import run_kernel
+    from mlamem.spec.kernel_api import SparseDecodeKernel, adapted
 
     class OldReference(SparseDecodeKernel):
         name, label = "old-reference", "Old reference"
@@ -400,7 +400,7 @@ def test_a_contract_1_adapter_runs_through_the_shim_on_the_cpu():
 
 
 def test_a_class_of_another_contract_is_refused_in_one_line():
-    from mlamem.kernel_api import adapted
+    from mlamem.spec.kernel_api import adapted
 
     class Future(KernelContract):
         contract = 3

@@ -1,4 +1,4 @@
-"""`mlamem kernels` (mlamem.kernel_list): every registered kernel, listed from its adapter (CPU)."""
+"""`mlamem kernels` (mlamem.commands.kernel_list): every registered kernel, listed from its adapter (CPU)."""
 
 import importlib.util
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mlamem import kernel_list
+from mlamem.commands import kernel_list
 from mlamem.kernels import REGISTRY, Capabilities, KernelEntry, kernel_names
 from mlamem.kernels.base import SPARSE_DECODE, KernelContract
 from mlamem.results.kernels import KernelListing, KernelOperationListing
@@ -127,7 +127,7 @@ def test_rendering_fits_the_width_and_marks_assumed_schemas():
 
 
 def test_importing_the_listing_imports_no_adapter_nor_torch():
-    code = ("import sys, mlamem.kernel_list; "
+    code = ("import sys, mlamem.commands.kernel_list; "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.kernels.')))")
     out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

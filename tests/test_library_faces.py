@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlamem.cli import flag_for
-from mlamem.errors import UserError
+from mlamem.spec.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # The CLI's doors and the test helpers that run it as a user would (`mlamem.testing.check_bad_input`);
@@ -19,8 +19,8 @@ FACES = {"mlamem/entry.py", "mlamem/__main__.py", "mlamem/testing.py"}
 # The engines' spec modules, which parse an engine's own command line (`--serve "vllm serve ..."`):
 # their errors name that command's flags (vLLM's, TensorRT-LLM's, SGLang's), which are the input,
 # not mlamem's options.
-ENGINE_COMMAND_PARSERS = {"mlamem/engine_specs/vllm.py", "mlamem/engine_specs/trtllm.py",
-                          "mlamem/engine_specs/sglang.py"}
+ENGINE_COMMAND_PARSERS = {"mlamem/spec/engines/vllm.py", "mlamem/spec/engines/trtllm.py",
+                          "mlamem/spec/engines/sglang.py"}
 FLAG = re.compile(r"(?<![\w-])--([a-z]|$)")  # `--x`, or `--` before a formatted name
 # Another program's command line (an install hint, a cited nvidia-smi query) and notes (output
 # that tells where a figure came from, not an error) keep their flags.
@@ -78,7 +78,7 @@ def flag_counts() -> Counter:
 
 def test_the_scan_sees_library_modules():
     names = {str(p.relative_to(ROOT)) for p in library_modules()}
-    assert {"mlamem/gate.py", "mlamem/engines/base.py", "kernels/plugins.py"} <= names
+    assert {"mlamem/commands/gate.py", "mlamem/engines/base.py", "kernels/plugins.py"} <= names
     assert not names & FACES
 
 
@@ -136,9 +136,10 @@ def test_a_field_error_keeps_its_field_across_processes():
 
 def _library_refusals(tmp_path):
     """Refusals reached through the library, as the API's callers reach them."""
-    from mlamem import files, gate, scenario
+    from mlamem.commands import gate
+    from mlamem.commands.sweep import check_request
     from mlamem.kernels import load_kernel
-    from mlamem.sweep import check_request
+    from mlamem.spec import files, scenario
 
     glm5 = scenario.load("glm5-fp8-tp8")
     reference = load_kernel("reference")()

@@ -31,7 +31,7 @@ def test_a_broken_contract_fails(tmp_path):
         shutil.copytree(CHECKOUT / folder, tmp_path / folder,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(CHECKOUT / "pyproject.toml", tmp_path)
-    units = tmp_path / "mlamem" / "units.py"
+    units = tmp_path / "mlamem" / "spec" / "units.py"
     units.write_text(units.read_text() + "\nimport mlamem.kernels.own.tiles  # noqa\n")
     done = lint(tmp_path)
     assert done.returncode == 1

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from mlamem import scenario
 from mlamem.kernels import FlashMLA, Reference
-from mlamem.measure import measure_call
-from mlamem.memory import SimulatedMemory
+from mlamem.runtime.measure import measure_call
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario
 
 GiB = 1024**3
 
@@ -33,8 +33,8 @@ def test_reference_kernel_runs_the_same_protocol_on_meta():
 
 def test_measure_one_is_one_record_with_the_failure():
     """One call, predicted: peaks, named buffers and failure None; an OOM is a Failure."""
-    from mlamem.attribution import ExpectedBuffer
-    from mlamem.measure import measure_one
+    from mlamem.runtime.attribution import ExpectedBuffer
+    from mlamem.runtime.measure import measure_one
 
     memory = SimulatedMemory(limit_bytes=GiB)
     with memory:
@@ -52,7 +52,7 @@ def test_measure_one_is_one_record_with_the_failure():
 def test_measure_one_raises_other_errors_when_asked_and_interrupts_always():
     """raise_errors: an error that is no OOM propagates; an interrupt always does, and the
     watch is closed (the model's trace is off)."""
-    from mlamem.measure import measure_one
+    from mlamem.runtime.measure import measure_one
 
     def bad():
         raise ValueError("bad shape")
@@ -72,9 +72,9 @@ def test_measure_one_raises_other_errors_when_asked_and_interrupts_always():
 
 def _shipped_calls():
     """(scenario, kernel, op) for every shipped kernel and scenario pair that has the call."""
-    from mlamem.kernel_registry import SHIPPED
     from mlamem.kernels import load_kernel
     from mlamem.operations import reads_cache, scenario_operations
+    from mlamem.spec.kernel_registry import SHIPPED
 
     for name in scenario.shipped_names():
         at = scenario.load(name)
@@ -92,8 +92,8 @@ def test_padded_heads_have_one_function():
     from pathlib import Path
 
     import mlamem
-    from mlamem.measure import plan_call
     from mlamem.operations import kv_format, padded_heads_for
+    from mlamem.runtime.measure import plan_call
 
     root = Path(mlamem.__file__).parent
     padding = set()
@@ -116,9 +116,9 @@ def test_padded_heads_have_one_function():
 def test_the_plan_expects_what_the_simulated_call_allocates(path):
     """For every shipped kernel and scenario: the simulated call allocates the plan's expected
     buffers, each once, and nothing else (the torch reference's own temporaries aside)."""
-    from mlamem.measure import plan_call
     from mlamem.operations import call_capabilities, workspace_rows
-    from mlamem.paths import missing_for_full_staging
+    from mlamem.runtime.measure import plan_call
+    from mlamem.runtime.paths import missing_for_full_staging
 
     for at, kernel, op in _shipped_calls():
         if path == "workspace-full" and missing_for_full_staging(call_capabilities(kernel, at, op)):
@@ -138,9 +138,9 @@ def test_graph_captures_and_the_decode_step_run_the_plan():
     """A graph capture's call at each size is the plan at that size (its expected buffers);
     the engine's step expects its activations, then the plan's buffers."""
     from mlamem.engines.decode_rank import activation_specs
-    from mlamem.graph_capture import CallGraphs
-    from mlamem.measure import plan_call
     from mlamem.operations import SPARSE_DECODE
+    from mlamem.runtime.graph_capture import CallGraphs
+    from mlamem.runtime.measure import plan_call
 
     glm, kernel, memory = scenario.load("glm5-fp8-tp8"), FlashMLA(), SimulatedMemory()
     with memory:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mlamem.memory import SimulatedMemory
+from mlamem.runtime.memory import SimulatedMemory
 
 
 def test_meta_views_allocate_nothing():
@@ -44,7 +44,7 @@ def test_a_tensor_death_runs_no_python(monkeypatch):
 
 def test_out_of_memory_is_recognised_in_one_place():
     """torch's OOM, and FlashMLA's stable-ABI RuntimeError, with or without num_ooms."""
-    from mlamem.memory import is_out_of_memory
+    from mlamem.runtime.memory import is_out_of_memory
 
     abi = RuntimeError('torch_call_dispatcher(... "aten::new_empty" ...) failed')
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB"))

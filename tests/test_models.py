@@ -6,10 +6,10 @@ from importlib import resources
 
 import pytest
 
-from mlamem.errors import UserError
-from mlamem.models import count_weights, load_config, shipped_config, weights_fit, weights_per_rank
-from mlamem.models.hf_config import parse_config
-from mlamem.models.weights import placement
+from mlamem.spec.errors import UserError
+from mlamem.spec.models import count_weights, load_config, shipped_config, weights_fit, weights_per_rank
+from mlamem.spec.models.hf_config import parse_config
+from mlamem.spec.models.weights import placement
 
 # deepseek-ai/DeepSeek-V3 on the Hugging Face Hub (https://huggingface.co/api/models/deepseek-ai/DeepSeek-V3,
 # "safetensors"): {"BF16": 3918786560, "F8_E4M3": 680571043840, "F32": 41555600}, total 684531386000;
@@ -18,7 +18,7 @@ V3_BF16, V3_FP8, V3_FP32 = 3918786560, 680571043840, 41555600
 
 
 def shipped_raw() -> dict:
-    return json.loads(resources.files("mlamem.models").joinpath("deepseek-v3.2.json").read_text())
+    return json.loads(resources.files("mlamem.spec.models").joinpath("deepseek-v3.2.json").read_text())
 
 
 def deepseek_v3():
@@ -140,7 +140,7 @@ GLM52_INDEXERS = ["full"] * 3 + (["shared"] * 3 + ["full"]) * 18 + ["shared"] * 
 
 
 def glm52():
-    raw = json.loads(resources.files("mlamem.models").joinpath("glm-5.json").read_text())
+    raw = json.loads(resources.files("mlamem.spec.models").joinpath("glm-5.json").read_text())
     return parse_config(raw | {"indexer_types": GLM52_INDEXERS})
 
 
@@ -241,7 +241,7 @@ def test_glms_indexer_pattern_drops_the_shared_layers_indexers():
 
 @pytest.mark.parametrize("pattern", [["full"] * 77, ["full"] * 77 + ["dense"], "full"])
 def test_an_indexer_pattern_that_is_not_one_kind_per_layer_names_the_field(pattern):
-    raw = json.loads(resources.files("mlamem.models").joinpath("glm-5.json").read_text())
+    raw = json.loads(resources.files("mlamem.spec.models").joinpath("glm-5.json").read_text())
     with pytest.raises(UserError) as error:
         parse_config(raw | {"indexer_types": pattern})
     assert error.value.field == "config.indexer_types"

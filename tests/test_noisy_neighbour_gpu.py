@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from mlamem import nvml
+from mlamem.runtime import nvml
 from mlamem.testing import needs_flashmla
 
 pytestmark = needs_flashmla
@@ -138,13 +138,13 @@ def test_repro_oom_beside_a_neighbour(tmp_path, record_property):
     NVML figure), and its own NVML step peak stays reserved + the model's non-torch; its
     device-wide readings are recorded (record_property), not compared. Where NVML does not list
     the process, the fallback's figures are left out of the comparison and the rest skipped."""
-    from mlamem import scenario as scenarios
+    from mlamem.commands.repro import host_setup
     from mlamem.engines.base import Budget
     from mlamem.engines.vllm import VLLM
     from mlamem.kernels import FlashMLA
-    from mlamem.measure import local_sm_count
-    from mlamem.memory import SimulatedMemory
-    from mlamem.repro import host_setup
+    from mlamem.runtime.measure import local_sm_count
+    from mlamem.runtime.memory import SimulatedMemory
+    from mlamem.spec import scenario as scenarios
 
     quiet, noisy = _twice(lambda tag: _mlamem(
         "repro-oom", "-s", SCENARIO, "--paths", "workspace",

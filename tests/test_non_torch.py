@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from mlamem.allocator import AllocatorOutOfMemory
-from mlamem.memory import SimulatedMemory
-from mlamem.non_torch import GRAPH_CAPTURE, LazyModule, calibrated, find_setup, load_setups
+from mlamem.runtime.allocator import AllocatorOutOfMemory
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.runtime.non_torch import GRAPH_CAPTURE, LazyModule, calibrated, find_setup, load_setups
 
 MiB = 1 << 20
 
@@ -80,7 +80,7 @@ def test_a_prediction_does_not_read_the_local_gpu(monkeypatch):
     (seen on an H100 on 2026-12-05: predicted DeepSeek-V3.2 found no room for its KV cache)."""
     from types import SimpleNamespace
 
-    from mlamem.repro import host_setup
+    from mlamem.commands.repro import host_setup
 
     h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=85017493504)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

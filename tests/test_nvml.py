@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from mlamem import nvml
+from mlamem.runtime import nvml
 
 GIB = 1024**3
 OWN = 3 * GIB  # this process's memory in the fake's lists
@@ -145,7 +145,7 @@ OUTSIDE = 1 << 20  # what NVML counts as used outside any process
 def _cuda_memory(monkeypatch):
     """A CudaMemory without __init__ (which needs a GPU), reading NVML through the fake door,
     with RESERVED bytes reserved by torch and OTHERS used by the others at start."""
-    from mlamem.memory import CudaMemory, MemoryStats
+    from mlamem.runtime.memory import CudaMemory, MemoryStats
     memory = object.__new__(CudaMemory)
     memory.nvml_handle, memory.used_by_others = "handle", OTHERS
     monkeypatch.setattr(memory, "stats", lambda device=True: MemoryStats(
@@ -165,8 +165,8 @@ def _recorded(memory):
 def test_a_listed_process_is_charged_its_own_figure(install, monkeypatch):
     """NVML lists this process: the cap and the KV sizing charge its own memory less reserved;
     the device-wide reading (less the others' use at start) is recorded beside it, labelled."""
+    from mlamem.commands.repro import non_torch_notes
     from mlamem.engines.base import non_torch_now
-    from mlamem.repro import non_torch_notes
     install(fake_pynvml([(os.getpid() + 1, OTHERS), (os.getpid(), OWN)],
                         used=lambda: OTHERS + OWN + OUTSIDE))
     memory = _cuda_memory(monkeypatch)
@@ -192,8 +192,8 @@ def test_an_unlisted_process_is_charged_device_wide_and_every_output_says_so(ins
     from pathlib import Path
 
     from mlamem import render
+    from mlamem.commands.repro import non_torch_notes, read_result
     from mlamem.render.common import console_text
-    from mlamem.repro import non_torch_notes, read_result
     install(fake_pynvml([(os.getpid() + 1, OTHERS), (os.getpid() + 2, OWN)],
                         used=lambda: OTHERS + OWN + OUTSIDE))
     memory = _cuda_memory(monkeypatch)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from mlamem import operations
-from mlamem import scenario as scenarios
 from mlamem.cli import main
-from mlamem.errors import UserError
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import DEFAULT_KERNEL, load_kernel
-from mlamem.paths import available_paths
-from mlamem.profile import run_profile
+from mlamem.runtime.paths import available_paths
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import scenario_file
 
 KERNELS_H200 = Path(__file__).parent / "fixtures" / "reports" / "kernels-h200"

@@ -16,14 +16,14 @@ Across the two builds, sparse decode gives bit-identical out but lse differing i
 import pytest
 import torch
 
-from mlamem import scenario
-from mlamem.compare import run_compare
+from mlamem.commands.compare import run_compare
+from mlamem.commands.profile import run_profile
+from mlamem.commands.validate import run_validation
 from mlamem.kernels import load_kernel
 from mlamem.kernels.base import Problem, to_kernel_layout
 from mlamem.kernels.flashmla import ALL_HEADS
-from mlamem.profile import run_profile
+from mlamem.spec import scenario
 from mlamem.testing import check_bad_input, kernel_or_skip
-from mlamem.validate import run_validation
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

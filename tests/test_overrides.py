@@ -1,4 +1,4 @@
-"""mlamem/models/overrides.py and the options that drive it: --model, --gpu and --weights-per-rank
+"""mlamem/spec/models/overrides.py and the options that drive it: --model, --gpu and --weights-per-rank
 on every command that runs a scenario, and the one line for weights that do not fit."""
 
 import json
@@ -6,13 +6,13 @@ from importlib import resources
 
 import pytest
 
-from mlamem import gpus, scenario
 from mlamem.cli import main
-from mlamem.models import overrides, shipped_config, weights_per_rank
+from mlamem.spec import gpus, scenario
+from mlamem.spec.models import overrides, shipped_config, weights_per_rank
 from mlamem.testing import check_bad_input
 
 GiB = 1024**3
-CONFIGS = resources.files("mlamem.models")
+CONFIGS = resources.files("mlamem.spec.models")
 GLM5 = str(CONFIGS / "glm-5.json")  # the shipped GLM-5 config
 DS = str(CONFIGS / "deepseek-v3.2.json")
 # each command that runs a scenario, with what keeps its run small

@@ -6,13 +6,12 @@ import functools
 import pytest
 import torch
 
-from mlamem import scenario
-from mlamem.errors import UserError
-from mlamem.inputs import make_inputs
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import FlashMLA, Reference, TritonDecode
 from mlamem.kernels.base import OpInputs
 from mlamem.operations import SPARSE_DECODE, problem_for
-from mlamem.paths import (
+from mlamem.runtime.inputs import make_inputs
+from mlamem.runtime.paths import (
     PATHS,
     KernelCall,
     Workspace,
@@ -23,7 +22,8 @@ from mlamem.paths import (
     reserve_workspace,
     workspace_path,
 )
-from mlamem.profile import run_profile
+from mlamem.spec import scenario
+from mlamem.spec.errors import UserError
 
 META = torch.device("meta")
 ALL_PATHS = ["alloc", "workspace", "workspace-full"]

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from mlamem import plan as plans
-from mlamem import scenario as scenarios
 from mlamem.cli import main
+from mlamem.commands import plan as plans
+from mlamem.spec import scenario as scenarios
 
 GiB = 1024**3
 
@@ -126,10 +126,10 @@ def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
     does not declare SGLang is one line."""
     import dataclasses
 
+    from mlamem.commands.repro import host_setup
     from mlamem.engines.sglang import SGLang
     from mlamem.kernels import load_kernel
-    from mlamem.memory import SimulatedMemory
-    from mlamem.repro import host_setup
+    from mlamem.runtime.memory import SimulatedMemory
 
     scenario = scenarios.load(name)
     if "sglang" not in scenario.engines:

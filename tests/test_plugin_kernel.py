@@ -292,7 +292,7 @@ def test_a_package_whose_entry_points_do_not_parse_is_one_line(toy_site, garbled
 def test_a_contract_1_plug_in_runs_through_the_shim(toy):
     """The toy is written against contract 1 (decode, allocations(q_shape)): the registry hands
     back a contract-2 class whose allocations(problem) are the toy's own."""
-    from mlamem.kernel_api import CONTRACT_VERSION, LegacyKernel, Problem
+    from mlamem.spec.kernel_api import CONTRACT_VERSION, LegacyKernel, Problem
 
     cls = load_kernel("toy")
     assert issubclass(cls, LegacyKernel) and cls.contract == CONTRACT_VERSION

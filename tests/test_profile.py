@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import scenario
-from mlamem.errors import UserError
+from mlamem.commands.profile import DEFAULT_TOKENS, run_profile
+from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import FlashMLA, TritonDecode
 from mlamem.kernels.base import ACCUM_WORKSPACE
-from mlamem.profile import DEFAULT_TOKENS, run_profile
-from mlamem.sweep import Request, plan
+from mlamem.spec import scenario
+from mlamem.spec.errors import UserError
 
 H200_RUN = Path(__file__).parent / "fixtures" / "results" / "profile-glm5-h200.json"
 GiB = 1024**3
@@ -140,16 +140,17 @@ def test_frames_name_where_each_buffer_was_allocated(tmp_path, capsys):
     import subprocess
     import sys
 
-    from mlamem import kernel_api, paths
     from mlamem.cli import main
+    from mlamem.runtime import paths
+    from mlamem.spec import kernel_api
 
     args = ["profile", "--predict", "--tokens", "1024", "--breakdown"]
     saved = tmp_path / "framed.json"
     subprocess.run([sys.executable, "-m", "mlamem", *args, "--frames", "--output", str(saved)],
                    check=True, capture_output=True, cwd=tmp_path)
     framed = json.loads(saved.read_text())
-    padded_q = f"mlamem/paths.py:{_line_of(paths.alloc_path, 'q.new_zeros')} alloc_path"
-    spec = ("mlamem/kernel_api.py:"
+    padded_q = f"mlamem/runtime/paths.py:{_line_of(paths.alloc_path, 'q.new_zeros')} alloc_path"
+    spec = ("mlamem/spec/kernel_api.py:"
             f"{_line_of(kernel_api.allocate_missing, 'torch.empty(spec.shape')} allocate_missing")
     alloc, workspace = framed["rows"]
     assert [(b["name"], b["frame"]) for b in alloc["buffers"]] == [
@@ -184,6 +185,6 @@ def test_a_prediction_has_no_per_process_figure_nor_nvml_note(glm5_prediction):
     ("no NVML process list", "this process's own figure is absent (no NVML process list)"),
 ])
 def test_the_nvml_note_names_both_figures_or_the_fallback(visibility, says):
-    from mlamem.profile import nvml_note
+    from mlamem.commands.profile import nvml_note
     note = nvml_note(visibility)
     assert "device-wide used memory's delta (all processes)" in note and says in note

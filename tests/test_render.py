@@ -15,8 +15,8 @@ import pytest
 
 from mlamem import render
 from mlamem.cli import app, main
+from mlamem.commands.repro import read_result
 from mlamem.render.common import WIDTH, console_text, count_text, signed_bytes
-from mlamem.repro import read_result
 from mlamem.results.models import ProfileFile
 from mlamem.results.models import ProfileRow as ProfileRowModel
 from mlamem.results.plan import PlanFile
@@ -58,7 +58,8 @@ def _comparisons() -> list[Comparison]:
 
 
 def _plan(*args: str) -> PlanFile:
-    from mlamem import plan, scenario
+    from mlamem.commands import plan
+    from mlamem.spec import scenario
 
     name = args[0] if args else "glm5-fp8-tp8"
     sweep = args[1] if len(args) > 1 else None
@@ -221,7 +222,8 @@ def test_plan_states_its_budget_rule():
     assert "profile peak" in rows["repro-oom's KV budget"]
     glm = _plan()
     assert "repro-oom's KV budget" not in dict(render.plan_rows(glm.plans[0], glm.scenario))
-    from mlamem import plan, scenario
+    from mlamem.commands import plan
+    from mlamem.spec import scenario
 
     trt = plan.run_plan(scenario.load("kimi-k2-context-reuse"), {"free_fraction": 0.9}, None,
                         command="mlamem plan")

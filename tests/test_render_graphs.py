@@ -13,16 +13,18 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from mlamem import plots, render, scenario
+from mlamem import render
 from mlamem.cli import main
-from mlamem.errors import UserError
-from mlamem.graphs import read_result, run_graphs, vllm_estimate
+from mlamem.commands.graphs import read_result, run_graphs, vllm_estimate
 from mlamem.kernels import load_kernel
+from mlamem.render import plots
 from mlamem.render.common import signed_bytes
 from mlamem.render.graphs import TABLE_WIDTH
-from mlamem.report import build, load, write_result_report
+from mlamem.render.report import build, load, write_result_report
 from mlamem.results.graphs import Estimate, GraphsFile
-from mlamem.units import MiB, format_bytes
+from mlamem.spec import scenario
+from mlamem.spec.errors import UserError
+from mlamem.spec.units import MiB, format_bytes
 
 SIZES = [512, 256, 8, 1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -138,7 +138,7 @@ def test_profile_report_runs_and_reports_in_one_step(tmp_path):
 def test_committed_h200_report_is_what_the_tool_makes():
     """reports/report-h200/report.md is the tool's render of the committed H200 results (their
     copies in tests/fixtures/reports, which .ci/run checks equal reports/)."""
-    from mlamem import report
+    from mlamem.render import report
 
     committed = REPORTS / "report-h200" / "report.md"
     inputs = [committed.parent.parent / p for p in (
@@ -155,9 +155,10 @@ def test_committed_h200_report_is_what_the_tool_makes():
 
 def test_validation_json_with_environment_reads_back(tmp_path):
     """A validate result saved now records its environment and date, and the report shows them."""
-    from mlamem import environment, render
-    from mlamem.report import load
-    from mlamem.validate import comparison
+    from mlamem import render
+    from mlamem.commands.validate import comparison
+    from mlamem.render.report import load
+    from mlamem.runtime import environment
 
     comparisons = [comparison("glm5-fp8-tp8", 1024, "alloc", "total", metric, 5, 5,
                               "sparse-decode") for metric in ("allocated", "reserved")]
@@ -175,9 +176,9 @@ def test_validation_json_with_environment_reads_back(tmp_path):
 def test_environment_records_every_registered_kernel_and_reads_old_files(monkeypatch):
     """capture() records each registered kernel's version in registry order (None where its
     adapter fails); files from before `kernels` read their flash_mla and triton fields into it."""
-    from mlamem import environment
     from mlamem.kernels import REGISTRY, KernelEntry, kernel_names
-    from mlamem.report import load
+    from mlamem.render.report import load
+    from mlamem.runtime import environment
 
     monkeypatch.setitem(REGISTRY, "missing", KernelEntry("mlamem.no_such_module", "X", "gone"))
     env = environment.capture()

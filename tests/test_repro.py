@@ -7,17 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlamem import scenario as scenarios
-from mlamem.allocator import AllocatorOutOfMemory
 from mlamem.cli import main
-from mlamem.engines.base import Budget
-from mlamem.engines.decode_rank import activation_specs, kv_block_bytes
-from mlamem.engines.vllm import VLLM, kv_cache_bytes
-from mlamem.errors import UserError
-from mlamem.kernels import FlashMLA, TritonDecode
-from mlamem.kernels.base import BufferSpec, simulate_run
-from mlamem.memory import SimulatedMemory, is_out_of_memory
-from mlamem.repro import (
+from mlamem.commands.repro import (
     check_local_gpu,
     host_setup,
     largest_fitting,
@@ -25,6 +16,15 @@ from mlamem.repro import (
     run_case,
     run_repro,
 )
+from mlamem.engines.base import Budget
+from mlamem.engines.decode_rank import activation_specs, kv_block_bytes
+from mlamem.engines.vllm import VLLM, kv_cache_bytes
+from mlamem.kernels import FlashMLA, TritonDecode
+from mlamem.kernels.base import BufferSpec, simulate_run
+from mlamem.runtime.allocator import AllocatorOutOfMemory
+from mlamem.runtime.memory import SimulatedMemory, is_out_of_memory
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import no_gpu, scenario_as_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -109,8 +109,8 @@ def test_prediction_equals_the_h200_run(name, monkeypatch):
     byte (only what a prediction cannot give is skipped, by name). These runs (2026-12-02)
     charged the device-wide non-torch reading, as a case does where NVML does not list its
     process: the model charges the same, the record's context and process_bytes together."""
-    from mlamem import repro
-    from mlamem.non_torch import calibrated
+    from mlamem.commands import repro
+    from mlamem.runtime.non_torch import calibrated
 
     setup = host_setup("flashmla", predict=True)
     monkeypatch.setattr(repro, "host_setup", lambda kernel, predict=False: calibrated(

@@ -4,14 +4,14 @@
 import pytest
 import torch
 
-from mlamem import scenario as scenarios
 from mlamem.cli import main
+from mlamem.commands.repro import host_setup, run_repro
 from mlamem.engines.base import Budget, charged_per_process
 from mlamem.engines.vllm import VLLM
 from mlamem.kernels import FlashMLA
-from mlamem.memory import SimulatedMemory
-from mlamem.non_torch import calibrated
-from mlamem.repro import host_setup, run_repro
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.runtime.non_torch import calibrated
+from mlamem.spec import scenario as scenarios
 from mlamem.testing import needs_flashmla, one_line_error, recorded_host_or_skip
 
 pytestmark = needs_flashmla

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlamem.cli import main
-from mlamem.repro import prediction_differences
+from mlamem.commands.repro import prediction_differences
 
 RUNS = Path(__file__).parent / "fixtures" / "reports" / "repro-oom-h100"
 ARGS = {"repro-glm5": [], "repro-glm5-sglang": ["--engine", "sglang"],

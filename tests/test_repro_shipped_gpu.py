@@ -15,8 +15,8 @@ import sys
 import pytest
 import torch
 
-from mlamem import scenario as scenarios
-from mlamem.repro import prediction_differences
+from mlamem.commands.repro import prediction_differences
+from mlamem.spec import scenario as scenarios
 from mlamem.testing import recorded_host_or_skip
 
 NEIGHBOUR = ("this pytest process holds a CUDA context, a neighbour that moves repro-oom's "
@@ -79,9 +79,9 @@ def test_every_shipped_scenario_measured_equals_predicted(name, kernel, engine, 
 def _charged_by_visibility(measured: dict) -> None:
     """Each case that reached KV sizing charged this process's own non-torch memory where NVML
     listed it, else the device-wide reading, which its note then names: what the model's charge
-    (context + modules, mlamem/non_torch.py) equals field by field."""
-    from mlamem import nvml
+    (context + modules, mlamem/runtime/non_torch.py) equals field by field."""
     from mlamem.engines import load_engine
+    from mlamem.runtime import nvml
     key_field = load_engine(measured["engine"]).case_type.key_field
     for case in measured["cases"]:
         if case.get("nvml_visibility") is None:  # failed before KV sizing: nothing read

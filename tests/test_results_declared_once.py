@@ -21,15 +21,15 @@ MIN_SHARE = 0.75  # ... making up at least this share of the class's own fields
 # input or working state the result is made from, not a second declaration of the result. A
 # command's own dataclass never belongs here. Each entry is "module.Class": the model it feeds.
 RECORDED = {
-    "mlamem.graph_capture.Capture": "results.Capture: a capture as it runs, holding its call record",
-    "mlamem.attribution.BufferUse": "results.Buffer: attribution's named allocation",
-    "mlamem.context_reserve.Reserve": "results.Reserve: TRT-LLM's reserve arithmetic",
+    "mlamem.runtime.graph_capture.Capture": "results.Capture: a capture as it runs, holding its call record",
+    "mlamem.runtime.attribution.BufferUse": "results.Buffer: attribution's named allocation",
+    "mlamem.spec.context_reserve.Reserve": "results.Reserve: TRT-LLM's reserve arithmetic",
     "mlamem.engines.base.Knob": "results.EngineKnob: an engine's budget knob",
     "mlamem.engines.base.RankMemory": "results.RankFigures: a rank's memory after KV sizing",
-    "mlamem.engine_specs.vllm.Estimate": "results.Estimate: vLLM's graph estimate rule",
-    "mlamem.engine_specs.vllm.VLLMSection": "results.Serving: the scenario's [vllm] table",
-    "mlamem.kernel_api.Capabilities": "results.Kernel: what an adapter declares",
-    "mlamem.non_torch.NonTorchSetup": "results.NonTorch: the non-torch data's host",
+    "mlamem.spec.engines.vllm.Estimate": "results.Estimate: vLLM's graph estimate rule",
+    "mlamem.spec.engines.vllm.VLLMSection": "results.Serving: the scenario's [vllm] table",
+    "mlamem.spec.kernel_api.Capabilities": "results.Kernel: what an adapter declares",
+    "mlamem.runtime.non_torch.NonTorchSetup": "results.NonTorch: the non-torch data's host",
 }
 
 

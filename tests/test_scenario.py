@@ -5,9 +5,9 @@ from importlib import resources
 
 import pytest
 
-from mlamem import scenario
-from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
+from mlamem.spec import scenario
+from mlamem.spec.errors import UserError
 from mlamem.testing import scenario_file
 
 

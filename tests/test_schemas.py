@@ -115,8 +115,9 @@ def _stdout_json(*args: str) -> dict:
 
 
 def _validate_document() -> dict:
-    from mlamem import environment, render
+    from mlamem import render
     from mlamem.results.validate import ValidateFile
+    from mlamem.runtime import environment
 
     saved = json.loads((FIXTURES / "validate-h200.json").read_text())
     comparisons = ValidateFile.parse(saved).comparisons
@@ -193,8 +194,9 @@ def _bench_document() -> dict:
 def _compare_document() -> dict:
     """A compare result as the GPU writes it, built from its models (comparing needs a GPU);
     the figures are placeholders, the shape is the point."""
-    from mlamem import environment, render
+    from mlamem import render
     from mlamem.results.compare import CompareFile, CompareRow, ReferenceDifference
+    from mlamem.runtime import environment
 
     error = ReferenceDifference(out_max_abs=0.004, out_rel_l2=0.002, lse_max_abs=5e-6)
     result = CompareFile(

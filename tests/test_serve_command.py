@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlamem import gpus, scenario
 from mlamem.cli import main
-from mlamem.engine_specs import sglang
-from mlamem.errors import UserError
-from mlamem.models import shipped_config, weights_per_rank
-from mlamem.serve_command import from_command, split_command
+from mlamem.spec import gpus, scenario
+from mlamem.spec.engines import sglang
+from mlamem.spec.errors import UserError
+from mlamem.spec.models import shipped_config, weights_per_rank
+from mlamem.spec.serve_command import from_command, split_command
 from mlamem.testing import check_bad_input
 
 GiB = 1024**3
@@ -284,7 +284,7 @@ def test_pyyaml_is_imported_only_for_a_config_file(tmp_path):
                 f"trtllm-serve {DS} --tp_size 8 --max_seq_len 4096"]
     for command, imported in [*((c, "False") for c in commands),
                               (f"{commands[0]} --config {tmp_path / 'c.yaml'}", "True")]:
-        code = ("import sys; from mlamem.serve_command import from_command; "
+        code = ("import sys; from mlamem.spec.serve_command import from_command; "
                 f"from_command({command!r}, gpu_name='H200 SXM 141GB', weights_bytes=2**30); "
                 "print('yaml' in sys.modules)")
         done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
@@ -687,7 +687,7 @@ def test_sglang_launch_server_field_by_field():
     assert s.parallel.weights_gib_per_rank == vllm.parallel.weights_gib_per_rank
 
 
-SMI_H200_MIB = 143771  # nvidia-smi's memory.total of an H200 (mlamem/gpus.py)
+SMI_H200_MIB = 143771  # nvidia-smi's memory.total of an H200 (mlamem/spec/gpus.py)
 
 
 def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
@@ -1037,7 +1037,7 @@ def test_a_model_that_is_no_folder_and_no_shipped_hub_name_asks_for_model(model)
 def test_a_shipped_hub_name_in_any_case_uses_its_config_and_says_so():
     built = from_command(VLLM_BASE.replace(DS, "DEEPSEEK-AI/deepseek-v3.2"), gpu_name="H200 SXM 141GB")
     assert built.scenario.model == from_command(VLLM_BASE, gpu_name="H200 SXM 141GB").scenario.model
-    assert ("model DEEPSEEK-AI/deepseek-v3.2: the shipped config mlamem/models/deepseek-v3.2.json "
+    assert ("model DEEPSEEK-AI/deepseek-v3.2: the shipped config mlamem/spec/models/deepseek-v3.2.json "
             "(deepseek-ai/DeepSeek-V3.2)") in built.notes
 
 

@@ -46,7 +46,7 @@ def test_a_config_of_more_keys_than_any_engine_has_flags_is_one_line(engine, tmp
 
 def test_an_alias_that_expands_a_little_is_read(tmp_path):
     """Aliases are YAML: one shared table stays fine."""
-    from mlamem.serve_command import config_file
+    from mlamem.spec.serve_command import config_file
 
     path = tmp_path / "ok.yaml"
     path.write_text("base: &b {cudagraph_mode: NONE}\ncompilation-config: *b\n")

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from mlamem import scenario as scenarios
 from mlamem.cli.main import main
+from mlamem.commands.repro import host_setup, run_repro
 from mlamem.engines.sglang import SGLang, SGLangBudget
-from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
-from mlamem.memory import SimulatedMemory
-from mlamem.repro import host_setup, run_repro
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import check_bad_input, scenario_file
 
 GiB = 1 << 30
@@ -78,7 +78,7 @@ def test_a_given_chunk_feeds_the_reserve_rule_as_the_serve_command_does():
     --max-num-batched-tokens) is the one SGLang's reserve rule reads: DeepSeek-V3.2 TP8 on the
     H200 at 16384 derives 0.801, as `--serve "... --chunked-prefill-size 16384"` does (not the
     default chunk's 0.886)."""
-    from mlamem.serve_command import from_command
+    from mlamem.spec.serve_command import from_command
 
     ds = scenarios.load("deepseek-v32-fp8-tp8")
     case = emulate(ds, 16384)
@@ -205,7 +205,7 @@ def test_the_same_pool_under_each_engines_knob():
     SGLang's own emulation at the same step tokens, gives at least that pool (less than one step,
     0.001 of the memory free before the model, more), and one step less gives less; TRT-LLM's is
     the pool over what is free after init and the profile."""
-    from mlamem import plan
+    from mlamem.commands import plan
 
     glm = scenarios.load("glm5-fp8-tp8")
     table = plan.engine_knobs(glm, plan.request_for(glm))

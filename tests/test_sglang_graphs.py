@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from mlamem import scenario as scenarios
 from mlamem.cli import main
-from mlamem.engine_specs import sglang as rules
+from mlamem.commands.repro import host_setup
 from mlamem.engines.sglang import SGLang, SGLangBudget
-from mlamem.errors import UserError
 from mlamem.kernels import FlashMLA
-from mlamem.memory import SimulatedMemory
-from mlamem.repro import host_setup
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.engines import sglang as rules
+from mlamem.spec.errors import UserError
 from mlamem.testing import scenario_file
 
 MiB = 1 << 20

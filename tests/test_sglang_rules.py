@@ -1,11 +1,11 @@
-"""SGLang 0.5.23's memory rules (mlamem/engine_specs/sglang.py) against derivations done by
+"""SGLang 0.5.23's memory rules (mlamem/spec/engines/sglang.py) against derivations done by
 hand from its source (sglang/srt/arg_groups/memory_hook.py, handle_gpu_memory_settings and
 reserve_for_graph_mb; arg_groups/cuda_graph_hook.py; model_executor/pool_configurator.py)."""
 
 import pytest
 
-from mlamem.engine_specs import sglang as rules
-from mlamem.errors import UserError
+from mlamem.spec.engines import sglang as rules
+from mlamem.spec.errors import UserError
 
 H100_MIB = 81559  # nvidia-smi memory.total of an H100 SXM 80GB (the seed PR quotes it)
 H200_MIB = 143771  # nvidia-smi memory.total of the H200 we measure on

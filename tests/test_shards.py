@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from mlamem import environment, gate, operations, render
-from mlamem import scenario as scenarios
+from mlamem import operations, render
 from mlamem.cli import main
-from mlamem.errors import UserError
+from mlamem.commands import gate
+from mlamem.commands.shards import PER_RUN, Shard, interleave, merge, normalised, parse_shard
 from mlamem.kernels import load_kernel
 from mlamem.results.validate import Comparison, ValidateFile
-from mlamem.shards import PER_RUN, Shard, interleave, merge, normalised, parse_shard
+from mlamem.runtime import environment
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 from mlamem.testing import needs_flashmla, no_gpu, split_into_shards
 
 ROOT = Path(__file__).parent.parent
@@ -76,7 +78,7 @@ def test_parse_shard_refuses(text):
 ])
 def test_a_shards_command_gives_the_sweeps(command, sweep):
     """--shard and the files a run writes (--output, --snapshot) are dropped, either spelling."""
-    from mlamem.shards import sweep_command
+    from mlamem.commands.shards import sweep_command
 
     assert sweep_command(command) == sweep
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from mlamem.cli import main
-from mlamem.shards import merge, normalised
+from mlamem.commands.shards import merge, normalised
 from mlamem.testing import needs_flashmla
 
 pytestmark = [needs_flashmla, pytest.mark.gpu]

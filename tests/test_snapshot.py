@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
 
-from mlamem import snapshot
 from mlamem.cli import main
-from mlamem.errors import UserError
+from mlamem.runtime import snapshot
+from mlamem.spec.errors import UserError
 
 
 def test_snapshot_opens_with_torch_memory_viz(tmp_path):

@@ -8,8 +8,8 @@ import ast
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
-ALLOWED = {("mlamem/kernel_registry.py", "load_kernel"),
-           ("mlamem/kernel_plugins.py", "load_plugin_adapter")}
+ALLOWED = {("mlamem/spec/kernel_registry.py", "load_kernel"),
+           ("mlamem/spec/kernel_plugins.py", "load_plugin_adapter")}
 
 
 def string_imports(path: Path) -> list[tuple[str, int]]:

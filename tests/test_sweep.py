@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from mlamem import scenario as scenarios
-from mlamem.errors import UserError
+from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import load_kernel
-from mlamem.sweep import Request, plan
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.errors import UserError
 
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from mlamem import scenario
+from mlamem.spec import scenario
 from mlamem.testing import random_decode_inputs, relative_l2, scenario_file, seed_for
 
 

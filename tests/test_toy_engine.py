@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from mlamem.cli import main
-from mlamem.engine_registry import engine_names, engine_spec, load_engine, rediscover
-from mlamem.errors import UserError
-from mlamem.units import GiB
+from mlamem.spec.engine_registry import engine_names, engine_spec, load_engine, rediscover
+from mlamem.spec.errors import UserError
+from mlamem.spec.units import GiB
 
 MiB = 1 << 20
 TESTS = Path(__file__).resolve().parent
@@ -63,7 +63,7 @@ def test_the_entry_point_registers_the_toy_after_the_shipped_engines(toy):
 
 
 @pytest.mark.parametrize(("value", "problem"), [
-    ("toy_engine_spec:VIEW", "is no mlamem.engine_specs.EngineSpec named 'toy'"),
+    ("toy_engine_spec:VIEW", "is no mlamem.spec.engines.EngineSpec named 'toy'"),
     ("toy_engine_spec:NOSUCH", "does not load (AttributeError"),
     ("vllm_spec_nosuch:SPEC", "does not load (ModuleNotFoundError")])
 def test_a_broken_entry_point_is_one_line_naming_it(toy_site, value, problem):

@@ -9,9 +9,9 @@ import pytest
 import toy_operation
 
 from mlamem import operations
-from mlamem import scenario as scenarios
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import REGISTRY, load_kernel
-from mlamem.profile import run_profile
+from mlamem.spec import scenario as scenarios
 
 ROWS, HEADS = 1024, 64  # GLM-5's 8 heads per rank, padded to the toy kernel's 64
 PADDED_Q = ROWS * HEADS * 576 * 2  # bf16 q padded by the wrapper (alloc path)
@@ -58,8 +58,8 @@ def test_the_planner_and_the_cli_options_take_a_registered_operation_from_its_ob
     """The planner sweeps the toy's values under its key and bound, and the CLI's --op, sweep
     flag and KV flag are the toy's own: nothing outside the Operation names it."""
     from mlamem.cli import options as o
-    from mlamem.errors import UserError
-    from mlamem.sweep import Request, plan
+    from mlamem.commands.sweep import Request, plan
+    from mlamem.spec.errors import UserError
 
     glm = scenarios.load("glm5-fp8-tp8")
     chosen = [("glm5-toy", dataclasses.replace(glm, operations=(*glm.operations, "toy-attend")))]

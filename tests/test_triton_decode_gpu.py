@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from mlamem import scenario
+from mlamem.commands.profile import run_profile
 from mlamem.kernels import FlashMLA, TritonDecode, TritonNativeDecode
 from mlamem.kernels.flashmla import flashmla_allocations
 from mlamem.kernels.own.triton_decode import (
@@ -19,10 +19,10 @@ from mlamem.kernels.own.triton_decode import (
     split_plan,
 )
 from mlamem.kernels.reference import sparse_mla_decode_reference
-from mlamem.measure import local_sm_count
 from mlamem.operations import Problem
 from mlamem.operations.sparse_decode import run_kernel
-from mlamem.profile import run_profile
+from mlamem.runtime.measure import local_sm_count
+from mlamem.spec import scenario
 from mlamem.testing import needs_flashmla, random_decode_inputs, relative_l2
 
 _reason = TritonDecode().unavailable_reason()
@@ -123,10 +123,10 @@ def test_allocations_are_flashmlas_or_none(s_q):
 # (and measured alone): most likely an earlier test left a live block in a cached segment.
 _MEASURE = """
 import json, sys
-from mlamem import scenario
+from mlamem.spec import scenario
 from mlamem.kernels import FlashMLA, TritonDecode
-from mlamem.measure import local_sm_count, measure_call
-from mlamem.memory import CudaMemory, SimulatedMemory
+from mlamem.runtime.measure import local_sm_count, measure_call
+from mlamem.runtime.memory import CudaMemory, SimulatedMemory
 path = sys.argv[1]
 glm = scenario.load("glm5-fp8-tp8")
 kwargs = {"sm_count": local_sm_count(), "max_tokens": glm.serving.max_num_batched_tokens}
@@ -221,9 +221,9 @@ def test_native_allocations_are_its_spec_or_none(s_q):
 
 _MEASURE_NATIVE = """
 import json
-from mlamem import scenario
+from mlamem.spec import scenario
 from mlamem.kernels import TritonNativeDecode
-from mlamem.profile import run_profile
+from mlamem.commands.profile import run_profile
 rows = {}
 for name in ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8"):
     s = scenario.load(name)

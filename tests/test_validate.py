@@ -1,10 +1,10 @@
 """validate's comparison: exact to the byte, one difference per figure that moved."""
 
-from mlamem import scenario
+from mlamem.commands.validate import compare
 from mlamem.kernels import FlashMLA
-from mlamem.measure import measure_call
-from mlamem.memory import SimulatedMemory
-from mlamem.validate import compare
+from mlamem.runtime.measure import measure_call
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario
 
 
 def test_validate_compare_reports_byte_differences():

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from toy_engine_spec import SPEC
 
-from mlamem.attribution import ExpectedBuffer
 from mlamem.engines.base import Case, Engine, NoKVRoom, Step
+from mlamem.runtime.attribution import ExpectedBuffer
 
 MiB = 1 << 20
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlamem.engine_specs import Column, EngineSpec, View
-from mlamem.sections import check_positive
+from mlamem.spec.engines import Column, EngineSpec, View
+from mlamem.spec.sections import check_positive
 
 
 @dataclass(frozen=True)

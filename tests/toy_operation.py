@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from mlamem.kernel_api import BufferSpec, Capabilities, KernelContract, KernelEntry
 from mlamem.operations import Operation, OpInputs, Problem
 from mlamem.operations.base import generator
+from mlamem.spec.kernel_api import BufferSpec, Capabilities, KernelContract, KernelEntry
 
 SCRATCH_INT32_PER_ROW = 2
 

@@ -10,12 +10,12 @@ from mlamem import operations, render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, progress
-from mlamem.compare import check_kernels, run_compare
-from mlamem.errors import UserError
-from mlamem.files import check_output_path, pick_format
+from mlamem.commands.compare import check_kernels, run_compare
+from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import COMPARED_KERNELS, REFERENCE_KERNEL, REGISTRY
-from mlamem.lists import parse_list
-from mlamem.sweep import Request, plan
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_output_path, pick_format
+from mlamem.spec.lists import parse_list
 
 
 @app.command()

@@ -11,9 +11,9 @@ from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit
-from mlamem.errors import UserError
-from mlamem.files import check_distinct, check_output_path, pick_format
-from mlamem.units import parse_bytes
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_distinct, check_output_path, pick_format
+from mlamem.spec.units import parse_bytes
 
 
 @app.command()
@@ -48,7 +48,7 @@ def diff(
         check_output_path(output)
     if any(p.suffix.lower() in (".pickle", ".pkl") for p in (file_a, file_b)):
         o.load_torch()
-    from mlamem.diff import diff as compared
+    from mlamem.commands.diff import diff as compared
 
     doc = compared(file_a, file_b, command=command_line(), fail_on_growth=limit)
     emit(render.DIFF_FORMATS[chosen](doc), output)

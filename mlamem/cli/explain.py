@@ -11,10 +11,10 @@ from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit
-from mlamem.explain import explain as explained
-from mlamem.explain import load
-from mlamem.files import check_distinct, check_output_path, pick_format
-from mlamem.scenario_names import DEFAULT_SCENARIO, check_exists
+from mlamem.commands.explain import explain as explained
+from mlamem.commands.explain import load
+from mlamem.spec.files import check_distinct, check_output_path, pick_format
+from mlamem.spec.scenario_names import DEFAULT_SCENARIO, check_exists
 
 
 @app.command()

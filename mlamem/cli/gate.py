@@ -8,15 +8,17 @@ from typing import Annotated
 
 import typer
 
-from mlamem import environment, operations, render, shards
-from mlamem import gate as gating
+from mlamem import operations, render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import append_step_summary, command_line, note_predicted, progress
-from mlamem.errors import UserError
-from mlamem.files import check_output_path, pick_format, write_atomic
-from mlamem.paths import PATH_NAMES
-from mlamem.scenario_names import shipped_names
+from mlamem.commands import gate as gating
+from mlamem.commands import shards
+from mlamem.runtime import environment
+from mlamem.runtime.paths import PATH_NAMES
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_output_path, pick_format, write_atomic
+from mlamem.spec.scenario_names import shipped_names
 
 BaselineOption = Annotated[Path, typer.Option(
     parser=o.no_stdout("the baseline is read and rewritten in place: give a file path, "

@@ -16,10 +16,10 @@ from mlamem.cli.output import (
     progress,
     write_report,
 )
-from mlamem.files import check_output_path, pick_format
+from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.scenario_names import DEFAULT_SCENARIO
-from mlamem.sweep import Request, plan
+from mlamem.spec.files import check_output_path, pick_format
+from mlamem.spec.scenario_names import DEFAULT_SCENARIO
 
 
 @app.command()
@@ -57,7 +57,7 @@ def graphs(
     decode = o.make_kernel(kernel)
     [part] = plan(Request("graphs", decode, scenarios=[(scenario, loaded)],
                           paths=o.split_paths(paths), capture_sizes=sizes or []))
-    from mlamem.graphs import run_graphs, sizes_to_capture
+    from mlamem.commands.graphs import run_graphs, sizes_to_capture
 
     count = len(sizes_to_capture(part.scenario, sizes))
     with progress(f"graphs {part.scenario.name}", count * len(part.paths)) as advance:

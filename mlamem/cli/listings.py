@@ -20,10 +20,10 @@ from mlamem.cli.options import (
     load_torch,
 )
 from mlamem.cli.output import terminal_width
-from mlamem.errors import UserError
-from mlamem.gpus import GPUS
-from mlamem.kernel_list import WIDTH, kernels_json, list_kernels, render_kernels
-from mlamem.scenario_names import shipped_names
+from mlamem.commands.kernel_list import WIDTH, kernels_json, list_kernels, render_kernels
+from mlamem.spec.errors import UserError
+from mlamem.spec.gpus import GPUS
+from mlamem.spec.scenario_names import shipped_names
 
 
 class ListFormat(StrEnum):
@@ -60,7 +60,7 @@ def list_scenarios(
         return
     if output_format is not ListFormat.table:
         raise UserError("--format applies to the listing; --serve prints TOML")
-    from mlamem.scenario import to_toml
+    from mlamem.spec.scenario import to_toml
 
     sys.stdout.write(to_toml(load_served(serve, Changes(model, gpu, weights_per_rank))))
 

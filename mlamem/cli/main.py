@@ -10,9 +10,9 @@ import typer
 
 from mlamem.cli.app import app
 from mlamem.cli.options import list_every_kernel
-from mlamem.errors import Interrupted, UserError
-from mlamem.interrupt import Guard
 from mlamem.render.escape import escaped
+from mlamem.runtime.interrupt import Guard
+from mlamem.spec.errors import Interrupted, UserError
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from mlamem import shards
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import emit
-from mlamem.files import check_distinct, check_output_path, pick_format, read_json
+from mlamem.commands import shards
+from mlamem.spec.files import check_distinct, check_output_path, pick_format, read_json
 
 
 @app.command()

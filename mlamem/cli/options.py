@@ -17,19 +17,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from mlamem import operations, shards
+from mlamem import operations
 from mlamem.cli.app import stderr
-from mlamem.errors import UserError
-from mlamem.gpus import GPUS
+from mlamem.commands import shards
 from mlamem.kernels import REGISTRY, SHIPPED, KernelEntry, load_kernel
-from mlamem.lists import parse_list
-from mlamem.models import overrides
-from mlamem.scenario_names import DEFAULT_SCENARIO, check_exists, shipped_names
-from mlamem.units import parse_bytes
+from mlamem.spec.errors import UserError
+from mlamem.spec.gpus import GPUS
+from mlamem.spec.lists import parse_list
+from mlamem.spec.models import overrides
+from mlamem.spec.scenario_names import DEFAULT_SCENARIO, check_exists, shipped_names
+from mlamem.spec.units import parse_bytes
 
 if TYPE_CHECKING:
-    from mlamem.kernel_api import KernelContract
-    from mlamem.scenario import Scenario
+    from mlamem.spec.kernel_api import KernelContract
+    from mlamem.spec.scenario import Scenario
 
 
 class Switch(StrEnum):
@@ -132,7 +133,7 @@ SERVE_GPU = "H200 SXM 141GB"  # --serve's GPU when --gpu is not given: this proj
 def load_served(command: str, changes: Changes = Changes()) -> Scenario:
     """The scenario a pasted serve command makes (serve_command.from_command) with `changes`
     (--gpu default SERVE_GPU); its notes (unmodelled flags, CUDA graphs, defaults) on stderr."""
-    from mlamem.serve_command import from_command
+    from mlamem.spec.serve_command import from_command
 
     built = from_command(command, gpu_name=changes.gpu or SERVE_GPU, model=changes.model,
                          weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"))
@@ -157,7 +158,7 @@ def load_scenario(name: str, changes: Changes = Changes()) -> Scenario:
     read, not at start-up, nor for a name or path that names none."""
     weights = parse_size(changes.weights_per_rank, "weights_per_rank")
     check_exists(name)
-    from mlamem import scenario
+    from mlamem.spec import scenario
 
     return overrides.apply(scenario.load(name), model=changes.model, gpu=changes.gpu,
                            weights_bytes=weights)

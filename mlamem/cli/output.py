@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from mlamem.cli.app import columns, stderr
-from mlamem.files import write_atomic
 from mlamem.render.escape import escaped
+from mlamem.spec.files import write_atomic
 
 
 def command_line() -> str:
@@ -60,7 +60,7 @@ def note_allocator_conf() -> None:
 
 def check_report_dir(report_dir: Path | None) -> None:
     if report_dir is not None:
-        from mlamem import report as reporting  # the repro emulation and plots: only for --report
+        from mlamem.render import report as reporting  # the repro emulation and plots: only for --report
 
         reporting.check_report_dir(report_dir)
 
@@ -68,7 +68,7 @@ def check_report_dir(report_dir: Path | None) -> None:
 def write_report(result, report_dir: Path | None) -> None:
     """--report: the result JSON, report.md and its plots, into `report_dir`."""
     if report_dir is not None:
-        from mlamem import report as reporting
+        from mlamem.render import report as reporting
 
         for path in reporting.write_result_report(result, report_dir):
             stderr().print(f"mlamem: wrote {path}", highlight=False)

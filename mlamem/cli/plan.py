@@ -6,15 +6,15 @@ from typing import Annotated
 
 import typer
 
-from mlamem import plan as plans
 from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_allocator_conf
-from mlamem.errors import UserError
-from mlamem.files import check_output_path, pick_format
+from mlamem.commands import plan as plans
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.units import parse_bytes
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_output_path, pick_format
+from mlamem.spec.units import parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option("GPU memory, e.g. 141GB or 80GiB.")]
 UtilizationOption = Annotated[float | None, o.utilization_option(

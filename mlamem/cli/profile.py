@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from mlamem import operations, render, shards, snapshot
+from mlamem import operations, render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import (
@@ -19,11 +19,13 @@ from mlamem.cli.output import (
     progress,
     write_report,
 )
-from mlamem.errors import UserError
-from mlamem.files import check_distinct, check_output_path, pick_format
+from mlamem.commands import shards
+from mlamem.commands.profile import run_profile
+from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.profile import run_profile
-from mlamem.sweep import Request, plan
+from mlamem.runtime import snapshot
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_distinct, check_output_path, pick_format
 
 BenchOption = Annotated[bool, typer.Option(
     help="Also time each measured call: triton's do_bench median, in ms, beside the memory.")]

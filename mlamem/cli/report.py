@@ -10,7 +10,7 @@ import typer
 
 from mlamem.cli.app import app, stderr
 from mlamem.cli.options import stdout_or_path
-from mlamem.files import check_distinct, check_output_path, pick_format, read_json
+from mlamem.spec.files import check_distinct, check_output_path, pick_format, read_json
 
 
 @app.command()
@@ -38,7 +38,7 @@ def report(
         check_distinct({**{str(path): path for path in results}, "--output": output})
         check_output_path(output)
     documents = [(str(path), read_json(path)) for path in results]  # a bad file first
-    from mlamem import report as reporting  # the result models (pydantic) and matplotlib; no torch
+    from mlamem.render import report as reporting  # the result models (pydantic) and matplotlib; no torch
 
     saved = reporting.load_all(documents, output)
     built = reporting.build(saved, figure_prefix=None if output is None else output.stem)

@@ -11,13 +11,13 @@ from mlamem import render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
-from mlamem.engine_registry import SHIPPED
-from mlamem.errors import UserError
-from mlamem.files import check_output_path, pick_format
+from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.scenario_names import DEFAULT_SCENARIO
-from mlamem.sweep import Request, plan
-from mlamem.units import check_fraction, parse_bytes
+from mlamem.spec.engine_registry import SHIPPED
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_output_path, pick_format
+from mlamem.spec.scenario_names import DEFAULT_SCENARIO
+from mlamem.spec.units import check_fraction, parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option(
     "The target GPU's memory to emulate, e.g. 80GiB or 81079MiB; at most the local GPU's.")]
@@ -96,7 +96,7 @@ def repro_oom(
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
-    from mlamem.repro import check_target, run_repro  # torch: after every refusal
+    from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
 
     decode = o.make_kernel(kernel)
     chosen, part = _plan(loaded, decode, paths, max_num_batched_tokens)
@@ -160,7 +160,7 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
 
 def _engine(part, engine: str | None, expect_oom, expect_fit, graphs_on: bool):
     """The engine emulated, checking the cases --expect-oom and --expect-fit name."""
-    from mlamem.repro import scenario_engine  # torch
+    from mlamem.commands.repro import scenario_engine  # torch
 
     emulated = scenario_engine(part.scenario, engine)
     cases = emulated.case_keys(part.paths)

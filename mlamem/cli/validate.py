@@ -8,17 +8,19 @@ from typing import Annotated
 
 import typer
 
-from mlamem import environment, operations, render, shards
+from mlamem import operations, render
 from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, progress
-from mlamem.errors import UserError
-from mlamem.files import check_output_path, pick_format
-from mlamem.gate import shard_parts
+from mlamem.commands import shards
+from mlamem.commands.gate import shard_parts
+from mlamem.commands.sweep import Request, plan
+from mlamem.commands.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
+from mlamem.commands.validate import run_graph_validation, run_validation
 from mlamem.kernels import DEFAULT_KERNEL, kernel_operations
-from mlamem.sweep import Request, plan
-from mlamem.validate import DEFAULT_TOKENS as VALIDATE_TOKENS
-from mlamem.validate import run_graph_validation, run_validation
+from mlamem.runtime import environment
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_output_path, pick_format
 
 
 @app.command()
@@ -148,7 +150,7 @@ def _validate_graphs(kernel: str, scenarios: tuple, paths: str | None,
                      output: Path | None, output_format: o.ReproFormat | None) -> None:
     """`validate --graphs`: see `validate`; `scenarios` is ((as given, loaded) pairs, whether
     --scenario was 'all')."""
-    from mlamem.graphs import full_decode_sizes  # pydantic's models: loaded when captures run
+    from mlamem.commands.graphs import full_decode_sizes  # pydantic's models: loaded when captures run
 
     if not graphs:
         raise UserError("--capture-sizes applies to --graphs; add --graphs")

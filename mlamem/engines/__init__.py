@@ -1,12 +1,12 @@
 """Inference engines' ranks, one module each, emulated one rank at a time to reproduce runtime
-OOMs; each engine's torch-free half is its spec module (`mlamem.engine_specs`).
+OOMs; each engine's torch-free half is its spec module (`mlamem.spec.engines`).
 
 The registry (`engine_names`, `engine_spec`, `load_engine`, `DEFAULT_ENGINES`, ...) is
-`mlamem.engine_registry`, in the spec layer below the engines (the scenario names its engines);
+`mlamem.spec.engine_registry`, in the spec layer below the engines (the scenario names its engines);
 it is re-exported here.
 """
 
-from mlamem.engine_registry import (
+from mlamem.spec.engine_registry import (
     DEFAULT_ENGINES,
     ENGINE_OF_MODE,
     GROUP,

@@ -34,20 +34,20 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from mlamem.attribution import ExpectedBuffer
-from mlamem.engine_specs import (  # noqa: F401 (re-exported: the ranks' results read through the specs)
+from mlamem.kernels import BufferSpec, KernelContract
+from mlamem.runtime.attribution import ExpectedBuffer
+from mlamem.runtime.measure import CallRecord, Failure, classify_failure, measure_one, without_record
+from mlamem.runtime.memory import CudaMemory, SimulatedMemory
+from mlamem.spec.engines import (  # noqa: F401 (re-exported: the ranks' results read through the specs)
     Column,
     EngineSpec,
     Verdict,
     View,
     charged_per_process,
 )
-from mlamem.errors import UserError
-from mlamem.kernels import BufferSpec, KernelContract
-from mlamem.measure import CallRecord, Failure, classify_failure, measure_one, without_record
-from mlamem.memory import CudaMemory, SimulatedMemory
-from mlamem.scenario import Scenario
-from mlamem.units import check_fraction
+from mlamem.spec.errors import UserError
+from mlamem.spec.scenario import Scenario
+from mlamem.spec.units import check_fraction
 
 
 class Phase(StrEnum):

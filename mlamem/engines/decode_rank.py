@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from mlamem.allocator import round_size
-from mlamem.attribution import ExpectedBuffer
 from mlamem.engines.base import Case, Engine, Step, allocate_specs
-from mlamem.graph_capture import CallGraphs
-from mlamem.inputs import fill_query, make_inputs
-from mlamem.kernel_api import OpInputs
 from mlamem.kernels import BufferSpec
-from mlamem.measure import plan_call
 from mlamem.operations import SPARSE_DECODE
-from mlamem.scenario import Scenario
+from mlamem.runtime.allocator import round_size
+from mlamem.runtime.attribution import ExpectedBuffer
+from mlamem.runtime.graph_capture import CallGraphs
+from mlamem.runtime.inputs import fill_query, make_inputs
+from mlamem.runtime.measure import plan_call
+from mlamem.spec.kernel_api import OpInputs
+from mlamem.spec.scenario import Scenario
 
 
 def kv_block_bytes(scenario: Scenario) -> int:

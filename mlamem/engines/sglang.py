@@ -35,18 +35,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from mlamem.engine_specs.sglang import (
-    SPEC,
-    SGLangSection,
-    decode_capture_batches,
-    dsa_fp8_cell_bytes,
-    fraction_cell,
-    fraction_for_pool,
-    graph_alignment,
-    kv_pool_bytes,
-    max_num_reqs,
-    resolve,
-)
 from mlamem.engines.base import (
     Budget,
     Knob,
@@ -59,12 +47,24 @@ from mlamem.engines.decode_rank import (
     DecodeCase,
     DecodeRank,
 )
-from mlamem.errors import UserError
-from mlamem.gpus import GPUS
-from mlamem.graph_capture import capture_all
-from mlamem.non_torch import graph_steps_note
-from mlamem.scenario import Scenario
-from mlamem.units import check_fraction, format_bytes
+from mlamem.runtime.graph_capture import capture_all
+from mlamem.runtime.non_torch import graph_steps_note
+from mlamem.spec.engines.sglang import (
+    SPEC,
+    SGLangSection,
+    decode_capture_batches,
+    dsa_fp8_cell_bytes,
+    fraction_cell,
+    fraction_for_pool,
+    graph_alignment,
+    kv_pool_bytes,
+    max_num_reqs,
+    resolve,
+)
+from mlamem.spec.errors import UserError
+from mlamem.spec.gpus import GPUS
+from mlamem.spec.scenario import Scenario
+from mlamem.spec.units import check_fraction, format_bytes
 
 MiB = 1 << 20
 BACKEND = "flashmla_kv"  # SGLang 0.5.23's DSA backend over an fp8 cache on Hopper (overrides.py)

@@ -20,9 +20,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mlamem import context_reserve
-from mlamem.attribution import ExpectedBuffer
-from mlamem.engine_specs.trtllm import SPEC, VARIANTS
 from mlamem.engines.base import (
     Case,
     Engine,
@@ -32,9 +29,12 @@ from mlamem.engines.base import (
     Step,
     allocate_specs,
 )
-from mlamem.errors import UserError
 from mlamem.kernels import BufferSpec
-from mlamem.scenario import Scenario
+from mlamem.runtime.attribution import ExpectedBuffer
+from mlamem.spec import context_reserve
+from mlamem.spec.engines.trtllm import SPEC, VARIANTS
+from mlamem.spec.errors import UserError
+from mlamem.spec.scenario import Scenario
 
 
 def is_context_reuse(scenario: Scenario) -> bool:

@@ -13,7 +13,7 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   whole blocks;
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
 - step: one full step at max_num_batched_tokens through the path under test.
-The graphs hold the attention call only (mlamem/graphs.py), its q a static input buffer; which
+The graphs hold the attention call only (mlamem/commands/graphs.py), its q a static input buffer; which
 sizes vLLM captures, and its estimate, are vLLM's rules (engine_specs/vllm.py), set in the
 scenario's `[vllm]` table. The budget's own options are the CUDA graphs (`VLLMBudget`), and
 repro-oom searches each path's largest safe max_num_batched_tokens.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from mlamem.engine_specs.vllm import SPEC, sizes_to_capture, vllm_estimate
 from mlamem.engines.base import (
     Budget,
     Knob,
@@ -40,9 +39,10 @@ from mlamem.engines.decode_rank import (
     activation_specs,
     kv_block_bytes,
 )
-from mlamem.graph_capture import capture_all
-from mlamem.non_torch import graph_steps_note
-from mlamem.units import format_bytes
+from mlamem.runtime.graph_capture import capture_all
+from mlamem.runtime.non_torch import graph_steps_note
+from mlamem.spec.engines.vllm import SPEC, sizes_to_capture, vllm_estimate
+from mlamem.spec.units import format_bytes
 
 
 def kv_cache_bytes(budget: Budget, non_kv_bytes: int, block_bytes: int) -> int:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 
-from mlamem import nvml, scenario
 from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import Verdict
+from mlamem.runtime import nvml
+from mlamem.spec import scenario
 
 
 def run_request(request: dict) -> dict:
     """One case from a JSON request, measured on this GPU; a kernel that cannot run here makes
     an `error` case saying why."""
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
-    from mlamem.measure import local_sm_count
-    from mlamem.memory import CudaMemory
+    from mlamem.runtime.measure import local_sm_count
+    from mlamem.runtime.memory import CudaMemory
 
     used_before_cuda = nvml.used_by_uuid()  # before this process creates a CUDA context
     engine = load_engine(request_engine(request))

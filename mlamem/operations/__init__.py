@@ -13,7 +13,6 @@ The functions below are the operations' methods by name, for callers that hold a
 
 from __future__ import annotations
 
-from mlamem.errors import UserError
 from mlamem.operations import dense_decode, sparse_decode, sparse_prefill
 from mlamem.operations.base import (
     Operation,
@@ -27,6 +26,7 @@ from mlamem.operations.base import (
     unregister,
 )
 from mlamem.operations.sparse_decode import KV_POOL_TOPK_MULTIPLE, kv_pool_tokens
+from mlamem.spec.errors import UserError
 
 _SHIPPED = (sparse_decode, dense_decode, sparse_prefill)  # one line per shipped operation
 for _module in _SHIPPED:

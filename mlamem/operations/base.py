@@ -2,7 +2,7 @@
 inputs besides q (`OpInputs`). Each operation is one module of `mlamem.operations` holding one
 `Operation`; `mlamem.operations` is the registry.
 
-An operation's methods take the scenario (`mlamem.scenario.Scenario`) as it is: the scenario
+An operation's methods take the scenario (`mlamem.spec.scenario.Scenario`) as it is: the scenario
 reads the operation names and cache formats from here, so nothing here imports it.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mlamem.errors import UserError
-from mlamem.units import MAX_BYTES, MAX_TOKENS
+from mlamem.spec.errors import UserError
+from mlamem.spec.units import MAX_BYTES, MAX_TOKENS
 
 TOKENS_BOUND = "max_num_batched_tokens"  # the token workspaces' bound
-Scenario = Any  # mlamem.scenario.Scenario, which imports the operations (so not imported here)
+Scenario = Any  # mlamem.spec.scenario.Scenario, which imports the operations (so not imported here)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ Kernel layout: q (b, 1, h_q, 576) (bf16, or fp8 e4m3 over an fp8 cache), a paged
 
 from __future__ import annotations
 
-from mlamem.errors import UserError
 from mlamem.operations.base import (
     Operation,
     OpInputs,
@@ -18,7 +17,8 @@ from mlamem.operations.base import (
     decode_token_limit,
     generator,
 )
-from mlamem.units import MAX_BYTES, MAX_TOKENS, format_huge
+from mlamem.spec.errors import UserError
+from mlamem.spec.units import MAX_BYTES, MAX_TOKENS, format_huge
 
 
 def random_fp8_(cache, generator: dict):

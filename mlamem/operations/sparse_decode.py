@@ -25,7 +25,7 @@ def sparse_decode_inputs(pool: int, block: int, topk: int, tokens: int, heads: i
     at `invalid_fraction` of them (each query keeps one), then q (tokens, heads, d_qk) bf16."""
     import torch
 
-    from mlamem import fp8_ds_mla  # the cache format's quantizer: torch, as drawing inputs is
+    from mlamem.spec import fp8_ds_mla  # the cache format's quantizer: torch, as drawing inputs is
     cache_shape = (pool // block, block, 1, fp8_ds_mla.BYTES_PER_TOKEN)
     if device.type == "meta":  # no values: skip drawing and quantizing them on the CPU
         kv_cache = torch.empty(cache_shape, dtype=torch.uint8, device=device)

@@ -13,7 +13,7 @@ from rich.constrain import Constrain
 from rich.table import Table
 from rich.text import Text
 
-from mlamem.units import format_bytes, gib
+from mlamem.spec.units import format_bytes, gib
 
 WIDTH = 80  # every terminal table fits this many columns
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
 from mlamem.render.escape import escaped, markdown_code
-from mlamem.units import format_bytes
+from mlamem.spec.units import format_bytes
 
 if TYPE_CHECKING:
     from mlamem.results.diff import DiffFile, DiffUnit

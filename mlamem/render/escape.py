@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from mlamem.files import CONTROL_CHARACTERS
+from mlamem.spec.files import CONTROL_CHARACTERS
 
 _BREAKS = re.compile(r"[\n\r\t\v\f\x85\u2028\u2029]+")  # line breaks and tabs: one space
 

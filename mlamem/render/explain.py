@@ -11,7 +11,7 @@ from rich.console import Group
 from mlamem.operations import operation
 from mlamem.render.common import compact_table, console_text, with_notes
 from mlamem.render.escape import escaped, markdown_code
-from mlamem.units import format_bytes
+from mlamem.spec.units import format_bytes
 
 if TYPE_CHECKING:
     from mlamem.results.explain import ExplainFile, FoundCall, ImpliedShape

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from mlamem.gate import Change, GateResult, Tolerance
-from mlamem.kernel_api import operation_names
+from mlamem.commands.gate import Change, GateResult, Tolerance
 from mlamem.operations import operation
 from mlamem.render.escape import escaped, markdown_code, markdown_row
-from mlamem.units import format_bytes
+from mlamem.spec.kernel_api import operation_names
+from mlamem.spec.units import format_bytes
 
 if TYPE_CHECKING:
     from mlamem.results.baseline import BaselineFile

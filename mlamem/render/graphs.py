@@ -20,7 +20,7 @@ from mlamem.render.common import (
 from mlamem.render.escape import escaped, markdown_code, markdown_row
 from mlamem.results import CSV
 from mlamem.results.graphs import Capture, Estimate, GraphPath, GraphsFile
-from mlamem.units import format_bytes
+from mlamem.spec.units import format_bytes
 
 TABLE_WIDTH = 100  # three paths side by side need more than common.WIDTH
 CSV_COLUMNS = CSV["mlamem.graphs/1"][2]  # documented in docs/schemas/csv.md

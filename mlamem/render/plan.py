@@ -16,7 +16,7 @@ from mlamem.render.common import (
     with_notes,
 )
 from mlamem.render.escape import escaped, markdown_code, markdown_row
-from mlamem.units import format_bytes, gib
+from mlamem.spec.units import format_bytes, gib
 
 if TYPE_CHECKING:
     from mlamem.results.plan import EngineLimits, OnePlan, PlanFile, PlanScenario, Reserve

@@ -18,7 +18,7 @@ from mlamem.render.common import (
     with_notes,
 )
 from mlamem.render.escape import escaped, markdown_code
-from mlamem.units import format_bytes, gib
+from mlamem.spec.units import format_bytes, gib
 
 if TYPE_CHECKING:
     from mlamem.results.profile import ProfileFile, ProfileRow

@@ -1,5 +1,5 @@
 """`mlamem repro-oom`: verdicts per case (a path, a reserve variant, ...), in the columns the
-result's engine declares (its spec's `view`, `mlamem.engine_specs`: no rank module)."""
+result's engine declares (its spec's `view`, `mlamem.spec.engines`: no rank module)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from rich.console import Group
 
-from mlamem.engine_registry import engine_spec
-from mlamem.engine_specs import View, charged_per_process
 from mlamem.render.common import compact_table, console_text, limits_text, predicted_tag, with_notes
 from mlamem.render.escape import escaped, markdown_code, markdown_row
-from mlamem.units import format_bytes
+from mlamem.spec.engine_registry import engine_spec
+from mlamem.spec.engines import View, charged_per_process
+from mlamem.spec.units import format_bytes
 
 if TYPE_CHECKING:
     from mlamem.results.repro import ReproFile

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from rich.console import Group
 
+from mlamem.commands.validate import SCHEMA
 from mlamem.render.common import compact_table, console_text, signed_bytes, with_notes
 from mlamem.render.escape import escaped, markdown_code, markdown_row
-from mlamem.units import format_bytes
-from mlamem.validate import SCHEMA
+from mlamem.spec.units import format_bytes
 
 if TYPE_CHECKING:
     from mlamem.results.shared import Environment

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from mlamem.results import CSV, MODELS, model_for, models
-from mlamem.scenario import file_schema
+from mlamem.spec.scenario import file_schema
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 

@@ -1,4 +1,4 @@
-"""What older result files wrote differently, shared by the migrate steps and mlamem.environment
+"""What older result files wrote differently, shared by the migrate steps and mlamem.runtime.environment
 (a module of its own, importing nothing, so neither loads pydantic or the other to read it)."""
 
 # Files written before an environment's `kernels`: their per-kernel version fields, each read

@@ -6,7 +6,6 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from mlamem.engine_registry import engine_names, engine_spec
 from mlamem.results.base import Migrate, Model, Open, ResultFile, no_second_copy
 from mlamem.results.shared import (
     ENGINE_OF_MODE,
@@ -18,6 +17,7 @@ from mlamem.results.shared import (
     _filled,
     _with_environment,
 )
+from mlamem.spec.engine_registry import engine_names, engine_spec
 
 
 class Budget(Open):

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from mlamem.results.base import Model, Open
 from mlamem.results.legacy import LEGACY_KERNEL_FIELDS
-from mlamem.units import MAX_BYTES
+from mlamem.spec.units import MAX_BYTES
 
 SPARSE_DECODE = "sparse-decode"  # the operation of every file from before operations
 ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # repro, before `engine`

@@ -1,0 +1,770 @@
+"""SGLang, as the spec layer knows it (no torch): its scenario table `[sglang]` (`SGLangSection`),
+its rules at SGLang 0.5.23, its `python -m sglang.launch_server` / `sglang serve` parser and how
+its saved results read (`SPEC`); its rank is `mlamem.engines.sglang`.
+
+SGLang 0.5.23's own memory rules, without torch, each read from its source (the wheel,
+`pip download --no-deps sglang==0.5.23`; paths under sglang/srt/):
+
+- the GPU-dependent defaults of `--chunked-prefill-size` and the decode graphs' largest batch,
+  and the reserve that derives `--mem-fraction-static` when it is not given
+  (arg_groups/memory_hook.py, handle_gpu_memory_settings, reserve_for_graph_mb);
+- the decode and prefill CUDA-graph batch-size lists
+  (arg_groups/cuda_graph_hook.py, generate_decode_cuda_graph_batch_sizes,
+  generate_prefill_cuda_graph_batch_sizes), and the decode list the runner captures: filtered by
+  the request pool's size (model_executor/runner/base_cuda_graph_runner.py,
+  get_batch_sizes_to_capture; the pool's size from mem_cache/kv_cache_configurator.py,
+  KVCacheConfigurator.resolve_max_num_reqs), each graph at bs x the tokens per request
+  (model_runner.py, decode_num_tokens_per_req: 1, or the draft tokens under speculation),
+  captured largest first into the global graph pool (runner/decode_cuda_graph_runner.py,
+  _capture_one_stream; runner_backend/full_cuda_graph_backend.py, capture_session);
+- the KV pool: free memory after the weights, less the memory free before the model loaded
+  times (1 - fraction) (mem_cache/kv_cache_configurator.py,
+  KVCacheConfigurator._profile_available_bytes);
+- the KV cell of a DSA model's fp8 cache, the indexer's keys included
+  (model_executor/pool_configurator.py, DefaultPoolConfigurator._compute_cell_size and
+  _compute_dsa_indexer_cell_size; mem_cache/kv_cache_configurator.py,
+  calculate_mla_kv_cache_dim).
+
+SGLang measures GPU memory in MiB as `nvidia-smi --query-gpu=memory.total` prints it
+(utils/common.py, get_nvgpu_memory_capacity), so `gpu_memory_mib` here is nvidia-smi's figure.
+
+The serve command: `python -m sglang.launch_server ...` (or `sglang serve ...`) as SGLang 0.5.23's
+parser reads it.
+
+Every flag of SGLang 0.5.23's server is in sglang-0.5.23-flags.json (written from the wheel by
+scripts/sglang_serve_flags.py), with its aliases and choices; prepare_server_args
+(srt/server_args.py) builds a plain argparse parser, so `--x=y` and abbreviations work as there.
+`sglang serve MODEL` takes the model as its first word (cli/serve.py,
+_normalize_positional_model_path) and drops `--model-type` (_extract_model_type_override). The
+flags mlamem models have their types here; any other that the command sets is named in the notes.
+
+The scenario is SGLang's rank (engines/sglang.py): a DSA model's sparse decode over the fp8
+cache (`--kv-cache-dtype fp8_e4m3`), its [sglang] table holding the command's memory flags.
+Defaults follow SGLang 0.5.23: arg_groups/memory_hook.py handle_gpu_memory_settings (the chunked
+prefill size by the GPU's memory, mem_fraction_static by the reserve rule), read from
+the rules above; arg_groups/parallel_hook.py handle_deprecated_dp_attention
+(`--dp-size N --enable-dp-attention` is `--attn-dp-size N`); arg_groups/cuda_graph_hook.py
+(--disable-cuda-graph turns both phases' graphs off). The decode graphs' settings
+(--cuda-graph-max-bs-decode, --cuda-graph-bs-decode) go to the [sglang] table; a command whose
+decode graphs are on says to run repro-oom with --cuda-graphs on.
+
+`--config FILE` is read as SGLang 0.5.23 reads it: `with_config_file`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+from mlamem.spec.engines import Column, EngineSpec, Verdict, View
+from mlamem.spec.engines.decode_view import (
+    budget_segments,
+    failed_alloc_cell,
+    gain_cell,
+    gib_cell,
+    kv_cell,
+    safe_cell,
+    step_need_bytes,
+)
+from mlamem.spec.errors import UserError
+from mlamem.spec.models import hf_config
+from mlamem.spec.sections import FieldError, check_positive, section_model
+from mlamem.spec.serve_command import config_file
+from mlamem.spec.serve_command.parsed import EngineParser, Parsed
+from mlamem.spec.units import MAX_TOKENS as MAX_INT  # a count's bound (int32)
+
+GiB_MIB = 1024  # SGLang writes its reserve terms in MiB, GiB as 1024
+FLOOR_MIB = 10 * GiB_MIB  # the reserve's floor on a GPU of over 60 GiB
+MLA_PREFILL_GRAPH_MIB = 1.5 * GiB_MIB  # "MLA backend overhead is much higher than expected"
+DEEPEP_MIB = 2 * GiB_MIB  # DeepEP's all-to-all buffers in the decode graph
+DEEPEP_PREFILL_GRAPH_MIB = 1 * GiB_MIB  # DeepEP under breakable prefill graphs (bridge pool)
+MLA_PREFILL_GRAPH_MAX_TOKENS = 8192  # an MLA model's prefill graphs capture at most this
+FP8_QUANT_BLOCK = 128  # DSATokenToKVPool.quant_block_size: one fp32 scale per 128 latent values
+ROPE_STORAGE_BYTES = 2  # DSATokenToKVPool.rope_storage_dtype: RoPE kept in bf16
+
+# (below this many MiB, chunked_prefill_size, decode max_bs for TP < 4, for TP >= 4); the last
+# row is every larger GPU (handle_gpu_memory_settings' comments name the GPUs of each row)
+CAPACITY_ROWS = ((20 * GiB_MIB, 2048, 8, 8),  # T4, 4080
+                 (35 * GiB_MIB, 4096, 48, 160),  # A10, 4090, 5090
+                 (60 * GiB_MIB, 4096, 32, 160),  # A100 40GB, L40
+                 (90 * GiB_MIB, 8192, 256, 512),  # H100, A100 80GB
+                 (160 * GiB_MIB, 8192, 256, 512),  # H20, H200
+                 (None, 16384, 512, 512))  # B200, MI300
+
+
+# a TOML (or JSON) list of batch sizes, kept as a tuple
+BatchSizes = Annotated[tuple[int, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
+
+
+@section_model
+class SGLangSection:
+    """The scenario's `[sglang]` table: SGLang's memory flags, None where SGLang derives them."""
+
+    mem_fraction_static: float | None = None  # --mem-fraction-static; None: the reserve rule
+    chunked_prefill_size: int | None = None  # --chunked-prefill-size; None: the GPU's default
+    max_running_requests: int | None = None  # --max-running-requests; caps the default max_bs
+    index_head_dim: int = 128  # the DSA indexer's key width (config.json index_head_dim)
+    # the decode CUDA graphs (repro-oom --cuda-graphs on)
+    cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: the GPU's default
+    cuda_graph_bs: BatchSizes | None = None  # --cuda-graph-bs-decode; None: SGLang's list
+    speculative_num_draft_tokens: int | None = None  # tokens per request in a decode graph
+    #                                                   (speculative decoding); None: 1
+
+    def __post_init__(self) -> None:
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise FieldError("sglang", "mem_fraction_static", "must be in (0, 1)")
+        for name in ("chunked_prefill_size", "max_running_requests", "cuda_graph_max_bs",
+                     "speculative_num_draft_tokens"):
+            if getattr(self, name) is not None:
+                check_positive(self, "sglang", name)
+        check_positive(self, "sglang", "index_head_dim")
+        if self.cuda_graph_bs is not None and (not self.cuda_graph_bs
+                                               or min(self.cuda_graph_bs) < 1):
+            raise FieldError("sglang", "cuda_graph_bs",
+                             f"expected positive batch sizes, got {list(self.cuda_graph_bs)}")
+
+    @property
+    def decode_max_bs(self) -> int | None:
+        """The decode graphs' largest batch as given: the list's largest, else
+        cuda_graph_max_bs (handle_gpu_memory_settings sets max_bs = max(bs) for a given list)."""
+        return max(self.cuda_graph_bs) if self.cuda_graph_bs else self.cuda_graph_max_bs
+
+
+def capacity_defaults(gpu_memory_mib: float, tp_size: int) -> tuple[int, int]:
+    """SGLang's default chunked_prefill_size and decode graphs' max batch for this GPU."""
+    for below, chunk, small_tp, large_tp in CAPACITY_ROWS:
+        if below is None or gpu_memory_mib < below:
+            return chunk, small_tp if tp_size < 4 else large_tp
+    raise AssertionError("the last row has no bound")
+
+
+def decode_graph_batch_sizes(max_bs: int, speculative: bool = False) -> list[int]:
+    """The decode batch sizes SGLang captures, ascending, for a largest batch `max_bs`."""
+    if speculative:  # less padding at small batches
+        sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8),
+                 *range(272, max_bs + 1, 16)]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+                 *range(512, max_bs + 1, 32)]
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def prefill_graph_batch_sizes(max_tokens: int) -> list[int]:
+    """The prefill token counts SGLang captures, ascending, up to `max_tokens`."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+             *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
+    return [s for s in sizes if s <= max_tokens]
+
+
+def max_num_reqs(kv_tokens: int, context_len: int, max_running_requests: int | None,
+                 attn_dp_size: int = 1) -> int:
+    """resolve_max_num_reqs: the request pool's size per attention-DP worker, from the KV pool's
+    tokens: --max-running-requests // DP where given, else int(tokens / context_len x 512)
+    clamped to 2048..4096; at most tokens // 2 either way."""
+    if max_running_requests is not None:
+        return min(max(1, max_running_requests // attn_dp_size), kv_tokens // 2)
+    return min(max(min(int(kv_tokens / context_len * 512), 4096), 2048), kv_tokens // 2)
+
+
+def graph_alignment(tp_size: int, attn_dp_size: int) -> int:
+    """get_cuda_graph_batch_size_alignment without two-batch overlap or context parallel: the
+    attention-TP size where the graphs need a gathered buffer, which attention DP brings
+    (utils/common.py, require_mlp_tp_gather, at the default moe_dense_tp_size and no all-to-all
+    backend), else 1."""
+    return tp_size // attn_dp_size if attn_dp_size > 1 else 1
+
+
+def decode_capture_batches(max_bs: int, requests: int, *, given: tuple[int, ...] | None = None,
+                           speculative: bool = False, tokens_per_request: int = 1,
+                           alignment: int = 1) -> list[int]:
+    """The decode batch sizes the runner captures, in its order (largest first):
+    get_batch_sizes_to_capture on the list (given, else SGLang's for `max_bs`): the request
+    pool (`requests`, max_num_reqs) rounded up to `alignment` is added where the list goes past
+    it, then only sizes within it whose tokens (bs x tokens per request) are a multiple of
+    `alignment` stay."""
+    pool = -(-requests // alignment) * alignment
+    sizes = list(given) if given else decode_graph_batch_sizes(max_bs, speculative)
+    if max(sizes) > pool:
+        sizes.append(pool)
+    return sorted({s for s in sizes if s <= pool and s * tokens_per_request % alignment == 0},
+                  reverse=True)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """SGLang's settings after handle_gpu_memory_settings, with the reserve's terms in MiB."""
+
+    chunked_prefill_size: int
+    decode_max_bs: int
+    decode_batch_sizes: tuple[int, ...]  # empty with decode graphs off
+    prefill_batch_sizes: tuple[int, ...]  # empty with prefill graphs off
+    activation_mib: float  # 512 + 1.5 x max(chunked_prefill_size, 2048)
+    parallel_mib: float  # TP x PP / 8 GiB
+    graph_mib: float  # reserve_for_graph_mb (DeepEP's prefill-graph term among them)
+    deepep_mib: float  # reserve_for_deepep_a2a_mb: on top of the floor
+    reserved_mib: float  # the sum, floored at 10 GiB on a GPU of over 60 GiB, DeepEP's on top
+    mem_fraction_static: float  # given, or (gpu - reserved) / gpu rounded to 3 places
+    fraction_given: bool
+
+
+def resolve(gpu_memory_mib: float, *, tp_size: int, pp_size: int = 1, attn_dp_size: int = 1,
+            chunked_prefill_size: int | None = None, cuda_graph_max_bs: int | None = None,
+            max_running_requests: int | None = None, mem_fraction_static: float | None = None,
+            decode_graphs: bool = True, prefill_graphs: bool = True, mla: bool = True,
+            speculative: bool = False, deepep: bool = False) -> Resolved:
+    """handle_gpu_memory_settings for an aggregated (not disaggregated) server on CUDA. An MLA
+    model never takes the post-capture KV sizing (overrides.py, post_capture_kv_sizing_planned),
+    so the reserve is the pre-capture one. Prefill graphs are SGLang's default on CUDA (the
+    breakable backend, default_prefill_backend); `prefill_graphs=False` stands for
+    `--cuda-graph-backend-prefill disabled`; `deepep` for `--moe-a2a-backend deepep`, which adds
+    a prefill-graph term (reserve_for_graph_mb) and a decode-graph one over the floor
+    (reserve_for_deepep_a2a_mb)."""
+    if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
+        raise UserError(f"{mem_fraction_static} is outside (0, 1)", field="sglang.mem_fraction_static")
+    chunk_default, max_bs_default = capacity_defaults(gpu_memory_mib, tp_size)
+    chunk = chunk_default if chunked_prefill_size is None else chunked_prefill_size
+    max_bs = max_bs_default if cuda_graph_max_bs is None else cuda_graph_max_bs
+    if cuda_graph_max_bs is None and max_running_requests is not None:
+        max_bs = min(max_bs, max_running_requests)  # only a default max_bs follows the requests
+    prefill_max = min(MLA_PREFILL_GRAPH_MAX_TOKENS, chunk) if mla else chunk
+    decode_sizes = decode_graph_batch_sizes(max_bs, speculative) if decode_graphs else []
+    prefill_sizes = prefill_graph_batch_sizes(prefill_max) if prefill_graphs else []
+
+    activation = 512 + max(chunk, 2048) * 1.5
+    parallel = tp_size * pp_size / 8 * GiB_MIB
+    graph = max_bs * 2 if decode_graphs else 0.0
+    if attn_dp_size > 1:  # attention-DP pads more, and more again past 300
+        graph += max_bs * attn_dp_size * 3 + (max_bs * attn_dp_size * 1.5 if max_bs > 300 else 0)
+    if prefill_graphs:
+        graph += MLA_PREFILL_GRAPH_MIB if mla else len(prefill_sizes) * 8
+        if deepep:  # reserve_for_graph_mb: BREAKABLE prefill and moe_a2a_backend "deepep"
+            graph += DEEPEP_PREFILL_GRAPH_MIB
+    reserved = activation + parallel + graph
+    if gpu_memory_mib > 60 * GiB_MIB:
+        reserved = max(reserved, FLOOR_MIB)
+    deepep_mib = DEEPEP_MIB if deepep and decode_graphs else 0.0
+    reserved += deepep_mib
+    fraction = (mem_fraction_static if mem_fraction_static is not None
+                else round((gpu_memory_mib - reserved) / gpu_memory_mib, 3))
+    return Resolved(chunk, max_bs, tuple(decode_sizes), tuple(prefill_sizes), activation, parallel,
+                    graph, deepep_mib, reserved, fraction, mem_fraction_static is not None)
+
+
+def dsa_fp8_cell_bytes(*, kv_lora_rank: int, qk_rope_head_dim: int, index_head_dim: int,
+                       num_layers: int, index_kpool: int = 1) -> int:
+    """Bytes per token of a DSA model's fp8 KV cache on one rank: per layer the fp8 latent, its
+    fp32 scales per 128 values and the bf16 RoPE part, plus the indexer's fp8 keys with their
+    scales (uint8 storage), for every layer."""
+    if kv_lora_rank % FP8_QUANT_BLOCK:
+        raise UserError(f"kv_lora_rank {kv_lora_rank} is not a multiple of {FP8_QUANT_BLOCK}, as "
+                        "SGLang's fp8 DSA cache needs", field="model.kv_lora_rank")
+    latent = kv_lora_rank + kv_lora_rank // FP8_QUANT_BLOCK * 4 + qk_rope_head_dim * ROPE_STORAGE_BYTES
+    indexer = -(-(index_head_dim + index_head_dim // FP8_QUANT_BLOCK * 4) // index_kpool)
+    return (latent + indexer) * num_layers
+
+
+def kv_pool_bytes(free_after_weights_bytes: int, free_before_model_bytes: int,
+                  mem_fraction_static: float) -> int:
+    """_profile_available_bytes: the free memory after the weights less the memory free before
+    the model loaded times (1 - fraction), in SGLang's own arithmetic (GB floats, then bytes).
+    Zero or less means SGLang refuses to start (its "Loaded weights leave no GPU memory")."""
+    gb = 1 << 30
+    rest = free_after_weights_bytes / gb - free_before_model_bytes / gb * (1 - mem_fraction_static)
+    return int(rest * gb)
+
+
+def fraction_for_pool(pool_bytes: int, free_after_weights_bytes: int,
+                      free_before_model_bytes: int) -> float:
+    """The smallest mem_fraction_static (3 places, as SGLang's suggestion rounds) whose pool is at
+    least `pool_bytes`."""
+    needed = 1 - (free_after_weights_bytes - pool_bytes) / free_before_model_bytes
+    fraction = max(0.001, -(-round(needed * 1e6) // 1000) / 1000)
+    while kv_pool_bytes(free_after_weights_bytes, free_before_model_bytes, fraction) < pool_bytes:
+        fraction = round(fraction + 0.001, 3)
+    return fraction
+
+
+# -- the serve command --
+
+PROGS = ("python -m sglang.launch_server", "sglang serve")
+
+
+@cache
+def flag_table() -> dict[str, dict]:
+    """Every flag of the server's parser (`sglang-0.5.23-flags.json`): its kind, aliases, nargs and
+    choices; read on first use, so loading a scenario does not parse the table."""
+    return json.loads(resources.files("mlamem.spec.engines").joinpath("sglang-0.5.23-flags.json")
+                      .read_text())["flags"]
+
+
+# the page SGLang sets for a DSA model on CUDA, whatever --page-size says: 64 x the indexer's
+# key pooling, 1 for DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py,
+# _deepseek_family_overrides)
+PAGE_SIZE = 64
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def sglang_int(text: str) -> int:
+    """A count as SGLang writes it (utils/common.py, human_readable_int): SI suffixes k, M, G, T
+    (25.6k is 25600), IEC suffixes Ki, Mi, Gi, Ti (1Ki is 1024, no decimals), case-sensitive."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", text.strip())
+    try:
+        if match is None:
+            return int(text.strip())
+        number, suffix = match.groups()
+        if suffix in _IEC:
+            return int(number) * _IEC[suffix]
+        return int(float(number) * _SI[suffix])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count such as 4096, 32k or 2Ki") from None
+
+
+# the flags mlamem models: their types (None: a flag without a value, or one whose choices the
+# table holds); dest is the flag without dashes, with underscores
+MODELLED = {"--model-path": str, "--tp-size": int, "--dp-size": int, "--attn-dp-size": int,
+            "--enable-dp-attention": None, "--mem-fraction-static": float,
+            "--chunked-prefill-size": int, "--max-running-requests": int, "--kv-cache-dtype": None,
+            "--context-length": sglang_int, "--page-size": int,
+            "--cuda-graph-max-bs-decode": int, "--cuda-graph-bs-decode": int,
+            "--cuda-graph-backend-decode": None, "--cuda-graph-backend-prefill": None,
+            "--disable-cuda-graph": None, "--disable-decode-cuda-graph": None,
+            "--disable-prefill-cuda-graph": None, "--dsa-decode-backend": None,
+            "--dsa-prefill-backend": None}
+DSA_BACKEND = "flashmla_kv"  # what SGLang picks for a DSA model's fp8 cache on Hopper
+# the scenario's fields as SGLang's flags set them
+FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--attn-dp-size",
+               "max_model_len": "--context-length",
+               "max_num_batched_tokens": "--chunked-prefill-size",
+               "mem_fraction_static": "--mem-fraction-static",
+               "chunked_prefill_size": "--chunked-prefill-size",
+               "max_running_requests": "--max-running-requests",
+               "cuda_graph_max_bs": "--cuda-graph-max-bs-decode",
+               "cuda_graph_bs": "--cuda-graph-bs-decode"}
+_KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action": "store_true"},
+          "value": {}}
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = EngineParser(prog=prog, add_help=False, allow_abbrev=True)
+    for flag, entry in flag_table().items():
+        kind = dict(_KINDS[entry["kind"]])
+        for key in ("nargs", "choices"):
+            if entry[key] is not None:
+                kind[key] = entry[key]
+        if MODELLED.get(flag) is not None:
+            kind["type"] = MODELLED[flag]
+        dest = flag.lstrip("-").replace("-", "_")
+        p.add_argument(flag, *entry["aliases"], dest=dest, default=argparse.SUPPRESS, **kind)
+    return p
+
+
+def _cli_words(words: list[str]) -> list[str]:
+    """`sglang serve`'s rewrite: a first word that is no flag is --model-path; --model-type
+    (its backend selector) is dropped, and kept as `--model-type` for the notes."""
+    if words and not words[0].startswith("-"):
+        words = ["--model-path", *words]
+    kept, skip = [], False
+    for index, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word == "--model-type":
+            skip, kept = index + 1 < len(words), [*kept, "--model-type=given"]
+        elif word.startswith("--model-type="):
+            kept.append("--model-type=given")
+        else:
+            kept.append(word)
+    return kept
+
+
+# the flags SGLang 0.5.23's ConfigArgumentMerger refuses in a config file (neither store_true nor
+# one value): the DeprecatedStoreTrueAction pair (srt/server_args.py ServerArgs.add_cli_args) and
+# LoRAPathAction (nargs "*", srt/arg_groups/fields/lora.py); every BooleanOptionalAction flag
+# (kind "bool" in the table), its --no- form too, joins them in _config_keys
+_CONFIG_REFUSED_ACTIONS = {"--disable-cuda-graph": "DeprecatedStoreTrueAction",
+                           "--enable-dp-attention": "DeprecatedStoreTrueAction",
+                           "--lora-paths": "LoRAPathAction"}
+_CONFIG_FIX = {"--enable-dp-attention": "give --attn-dp-size N in the file (or put the flag on "
+                                        "the command)",
+               "--disable-cuda-graph": "give cuda-graph-backend-decode: disabled and "
+                                       "cuda-graph-backend-prefill: disabled in the file (or put "
+                                       "the flag on the command)"}
+
+
+def _config_key(option: str) -> str:
+    """A long option as ConfigArgumentMerger's _config_keys names it: no dashes in front, '_'
+    for '-'."""
+    return option[2:].replace("-", "_")
+
+
+def _config_tables() -> tuple[dict[str, tuple[str, str]], set[str]]:
+    """(the keys a config file may not hold -> (their flag, its action), the store_true keys)."""
+    refused, store_true = {}, set()
+    for flag, entry in flag_table().items():
+        names = [flag, *entry["aliases"]]
+        if entry["kind"] == "bool":
+            names += [f"--no-{name[2:]}" for name in names]
+            refused |= {_config_key(n): (flag, "BooleanOptionalAction") for n in names}
+        elif flag in _CONFIG_REFUSED_ACTIONS:
+            refused |= {_config_key(n): (flag, _CONFIG_REFUSED_ACTIONS[flag]) for n in names}
+        elif entry["kind"] == "flag":
+            store_true |= {_config_key(n) for n in names}
+    return refused, store_true
+
+
+CONFIG_REFUSED, CONFIG_STORE_TRUE = _config_tables()
+
+
+def _abbreviates_config(word: str) -> bool:
+    """Whether `word` sets --config other than as the separate word `--config`: `--config=FILE`
+    or an abbreviation argparse resolves to it (`--conf FILE`)."""
+    option = word.partition("=")[0]
+    if word == "--config" or len(option) < 3 or not "--config".startswith(option):
+        return False
+    names = [n for flag, e in flag_table().items() for n in (flag, *e["aliases"])]
+    return option == "--config" or [n for n in names if n.startswith(option)] == ["--config"]
+
+
+def with_config_file(words: list[str], prog: str) -> list[str]:
+    """`words` with a `--config FILE`'s flags pulled in, as SGLang 0.5.23 does
+    (srt/server_args.py prepare_server_args, srt/utils/server_args_config_parser.py
+    ConfigArgumentMerger.merge_config_with_args): only the word `--config` followed by a .yaml or
+    .yml file (the suffix in any case) is merged; the file's flags go before all of the command's
+    words, so the command's own flags win. A key becomes `--KEY` as written (tp-size; tp_size is
+    no flag there); true is the bare flag of a store_true flag and nothing where false, `--KEY
+    true|false` for any other; a list its items (none where empty), a table its JSON, anything
+    else its text; an empty file is no flags. The flags it takes no value for in a file
+    (BooleanOptionalAction, --enable-dp-attention, --disable-cuda-graph, --lora-paths) are
+    refused, as SGLang refuses them. With `--config=FILE` SGLang reads no file: refused here."""
+    for word in words:
+        if _abbreviates_config(word):
+            raise UserError(f"{prog} {word}: SGLang 0.5.23 merges a config file only from the "
+                            "separate words `--config FILE` and ignores this one: write "
+                            "`--config FILE`", field="serve")
+    if words.count("--config") > 1:
+        raise UserError(f"{prog} --config: more than one config file", field="serve")
+    if "--config" not in words:
+        return words
+    index = words.index("--config")
+    if index == len(words) - 1:
+        raise UserError(f"{prog} --config: no file follows it", field="serve")
+    path = Path(words[index + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise UserError(f"{prog} --config {path}: SGLang reads a .yaml or .yml file",
+                        field="serve")
+    config = config_file.load(path)
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: an SGLang config file is a table of flags", field="serve")
+    pulled = []
+    for key, value in config.items():
+        if not isinstance(key, str):
+            raise config_file.key_error(path, key, "SGLang")
+        if key.replace("-", "_") in CONFIG_REFUSED:
+            flag, action = CONFIG_REFUSED[key.replace("-", "_")]
+            fix = _CONFIG_FIX.get(flag, f"put {flag} on the command")
+            raise UserError(f"{path}: {key}: SGLang 0.5.23 refuses {flag} ({action}) in a config "
+                            f"file: {fix}", field="serve")
+        if isinstance(value, bool):
+            if key.replace("-", "_") in CONFIG_STORE_TRUE:
+                flags = [f"--{key}"] if value else []
+            else:
+                flags = [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            flags = [f"--{key}", *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            flags = [f"--{key}", config_file.as_json(path, key, value)]
+        else:
+            flags = [f"--{key}", str(value)]
+        dashed = f"--{key.replace('_', '-')}"
+        if flags and "_" in key and (dashed in flag_table() or any(dashed in e["aliases"]
+                                                            for e in flag_table().values())):
+            raise UserError(f"{path}: {key}: SGLang 0.5.23 passes it as --{key}, which its parser "
+                            f"does not know: write {key.replace('_', '-')}", field="serve")
+        pulled += flags
+    return pulled + words[:index] + words[index + 2:]
+
+
+def _names_model(words: list[str]) -> bool:
+    """Whether `sglang serve` finds the model among the command's words before the config file
+    is read (cli/utils.py try_get_model_path)."""
+    return any((w in ("--model-path", "--model") and i + 1 < len(words))
+               or w.startswith(("--model-path=", "--model=")) for i, w in enumerate(words))
+
+
+def _check_memory_flags(given: dict, prog: str) -> None:
+    """Refuse chunked prefill off, a count below 1 and a fraction outside (0, 1)."""
+    chunk = given.get("chunked_prefill_size")
+    if chunk is not None and chunk < 0:
+        raise UserError(f"{prog} --chunked-prefill-size {chunk}: chunked prefill off is not "
+                        "modelled (mlamem's step is one chunk); give a chunk size", field="serve")
+    for flag, key in (("--chunked-prefill-size", "chunked_prefill_size"),
+                      ("--max-running-requests", "max_running_requests")):
+        if given.get(key, 1) < 1:
+            raise UserError(f"{prog} {flag} {given[key]}: must be at least 1", field="serve")
+    fraction = given.get("mem_fraction_static")
+    if fraction is not None and not 0 < fraction < 1:
+        raise UserError(f"{prog} --mem-fraction-static {fraction}: must be in (0, 1)",
+                        field="serve")
+
+
+def _notes(given: dict, unmodelled: list[str], tp: int, replicas: int) -> list[str]:
+    """The command's notes: the flags not modelled, DP replicas, the page, other backends."""
+    notes = []
+    if replicas > 1:
+        notes.append(f"--dp-size {replicas}: {replicas} replicas of the model, each on {tp} ranks; "
+                     "one rank is the same in each")
+    page = given.get("page_size", PAGE_SIZE)
+    notes.append(f"block_size {PAGE_SIZE}: the page SGLang sets for a DSA model"
+                 + (f" (it overrides --page-size {page})" if page != PAGE_SIZE else ""))
+    for flag, key in (("--dsa-decode-backend", "dsa_decode_backend"),
+                      ("--dsa-prefill-backend", "dsa_prefill_backend")):
+        if given.get(key, DSA_BACKEND) != DSA_BACKEND:
+            notes.append(f"{flag} {given[key]}: mlamem runs {DSA_BACKEND}'s FlashMLA sparse "
+                         "decode, SGLang's for a DSA model's fp8 cache on Hopper")
+    if unmodelled:
+        notes.insert(0, "not modelled: " + ", ".join(unmodelled))
+    return notes
+
+
+def parse(words: list[str], prog: str) -> Parsed:
+    model_type = False
+    if prog == "sglang serve":
+        words = _cli_words(words)
+        model_type = "--model-type=given" in words
+        words = [w for w in words if w != "--model-type=given"]
+        if "--config" in words and not _names_model(words):
+            raise UserError(f"{prog} --config: the model must be on the command: SGLang's serve "
+                            "looks for --model-path before it reads the config file "
+                            "(cli/serve.py); put the model on the command", field="serve")
+    words = with_config_file(words, prog)
+    given = vars(parser(prog).parse_args(words))
+    model = given.pop("model_path", None)
+    if model is None:
+        raise UserError(f"{prog}: the command names no model (--model-path)", field="serve")
+    unmodelled = sorted({f"--{d.replace('_', '-')}" for d in given
+                         if f"--{d.replace('_', '-')}" not in MODELLED}
+                        | ({"--model-type"} if model_type else set()))
+    tp, attention_dp, replicas = _layout(given, prog)
+    _check_memory_flags(given, prog)
+    chunk = given.get("chunked_prefill_size")
+    table = {key: given[key] for key in ("mem_fraction_static", "chunked_prefill_size",
+                                         "max_running_requests") if key in given}
+    notes = _notes(given, unmodelled, tp, replicas)
+    serving = {"max_num_batched_tokens": chunk, "max_model_len": given.get("context_length"),
+               "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
+               "block_size": PAGE_SIZE}
+    graphs = _graphs(given)
+    if "cuda_graph_bs_decode" in given:
+        table["cuda_graph_bs"] = given["cuda_graph_bs_decode"]
+    elif graphs["max_bs"] is not None:
+        table["cuda_graph_max_bs"] = graphs["max_bs"]
+    sections = {"sglang": table} if table else {}
+    return Parsed(model=model, tensor_parallel=tp, attention_data_parallel=attention_dp, tp=tp,
+                  serving=serving, memory_fraction=given.get("mem_fraction_static", 0.0),
+                  engines=["sglang"], operations=["sparse-decode"], sections=sections,
+                  notes=notes, cuda_graphs=graphs["decode"], prog=prog, flags=FIELD_FLAGS,
+                  engine_settings={"graphs": graphs})
+
+
+# utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the first the config sets wins
+_SGLANG_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def default_context_length(config: hf_config.ModelConfig) -> tuple[int, str] | None:
+    """SGLang 0.5.23's context length without --context-length, and the key it comes from
+    (utils/hf_transformers/common.py get_context_length, as configs/model_config.py
+    _derive_context_length takes it): the first key set, times rope_scaling's factor unless
+    the scaling names its original length or is llama3; None where no key is set (SGLang then
+    takes 2048)."""
+    key = next((k for k in _SGLANG_LENGTH_KEYS if config.length_field(k) is not None), None)
+    if key is None:
+        return None
+    factor = config.rope_factor or 1
+    if config.rope_original_length is not None or config.rope_type == "llama3":
+        factor = 1
+    length = int(factor * config.length_field(key))
+    return length, key if factor == 1 else f"{key} x rope factor {factor:g}"
+
+
+def fill_max_model_len(parsed: Parsed, config: hf_config.ModelConfig) -> None:
+    """--context-length, or SGLang's default from the model's config (one line where there is
+    none); a length above the model's is refused, as SGLang refuses it without
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (a note then)."""
+    derived = default_context_length(config)
+    given = parsed.serving["max_model_len"]
+    if given is None and derived is None:
+        raise UserError(f"{parsed.prog}: the command sets no --context-length and the model's "
+                        "config sets none of max_position_embeddings and the other keys SGLang "
+                        "reads: add --context-length", field="serve")
+    if given is None:
+        parsed.serving["max_model_len"] = derived[0]
+        parsed.notes.append(f"max_model_len {derived[0]}: SGLang 0.5.23's context length, the "
+                            f"model's {derived[1]} (config.json)")
+    elif derived is not None and given > derived[0]:
+        parsed.notes.append(f"--context-length {given} is above the model's {derived[0]} "
+                            f"({derived[1]}): SGLang 0.5.23 refuses it unless "
+                            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+
+
+def _layout(given: dict, prog: str) -> tuple[int, int, int]:
+    """(tp_size, attention-DP groups, replicas) after handle_deprecated_dp_attention."""
+    tp, dp, attention_dp = (given.get(key, 1) for key in ("tp_size", "dp_size", "attn_dp_size"))
+    for flag, value in (("--tp-size", tp), ("--dp-size", dp), ("--attn-dp-size", attention_dp)):
+        if value < 1:
+            raise UserError(f"{prog} {flag} {value}: must be at least 1", field="serve")
+    if given.get("enable_dp_attention") and attention_dp == 1:
+        attention_dp, dp = dp, 1
+    return tp, attention_dp, dp
+
+
+def _kv_dtype(value: str | None, prog: str) -> str:
+    if value == "fp8_e4m3":
+        return "fp8_ds_mla"  # SGLang's fp8 DSA cache: the fp8_ds_mla token layout
+    why = ("SGLang's 'auto' keeps a bf16 cache for a DSA model on Hopper" if value in (None, "auto")
+           else f"a {value} cache")
+    given = "sets no --kv-cache-dtype" if value is None else f"--kv-cache-dtype {value}"
+    raise UserError(f"{prog} {given}: {why}, which SGLang decodes with FA3 (or "
+                    "another backend than flashmla_kv), and mlamem has no adapter for it; "
+                    "mlamem models SGLang's fp8 DSA cache: use --kv-cache-dtype fp8_e4m3",
+                    field="serve")
+
+
+def _graphs(given: dict) -> dict:
+    """The CUDA-graph settings that size SGLang's reserve, as cuda_graph_hook folds them."""
+    decode = prefill = not given.get("disable_cuda_graph", False)
+    decode = decode and not given.get("disable_decode_cuda_graph", False)
+    prefill = prefill and not given.get("disable_prefill_cuda_graph", False)
+    if "cuda_graph_backend_decode" in given:
+        decode = given["cuda_graph_backend_decode"] != "disabled"
+    if "cuda_graph_backend_prefill" in given:
+        prefill = given["cuda_graph_backend_prefill"] != "disabled"
+    sizes = given.get("cuda_graph_bs_decode")
+    if sizes is not None and min(sizes) < 1:
+        raise UserError(f"--cuda-graph-bs-decode: expected positive batch sizes, got {sizes}",
+                        field="serve")
+    if sizes is not None and max(sizes) > MAX_INT:
+        raise UserError(f"--cuda-graph-bs-decode: expected batch sizes at most {MAX_INT}, got "
+                        f"{max(sizes)}", field="serve")
+    max_bs = max(sizes) if sizes else given.get("cuda_graph_max_bs_decode")
+    if max_bs is not None and max_bs < 1:
+        raise UserError(f"--cuda-graph-max-bs-decode {max_bs}: must be at least 1", field="serve")
+    if max_bs is not None and max_bs > MAX_INT:  # the scenario's bound, before the rules' lists
+        raise UserError(f"--cuda-graph-max-bs-decode {max_bs}: must be at most {MAX_INT}",
+                        field="serve")
+    return {"decode": decode, "prefill": prefill, "max_bs": max_bs}
+
+
+def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, smi_mib: float) -> None:
+    """What SGLang decides by the model and the GPU (`gpu_name`, with nvidia-smi's total in MiB):
+    the indexer's key width, the chunked prefill size and, without --mem-fraction-static, the
+    fraction its reserve rule gives (with the command's CUDA graphs)."""
+    graphs = parsed.engine_settings["graphs"]
+    parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
+    if gpu_name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
+        parsed.notes.append(f"{gpu_name}: SGLang decodes a DSA model's fp8 cache with trtllm "
+                            f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
+    table = parsed.sections["sglang"]
+    resolved = resolve(  # nvidia-smi's total, as SGLang reads it
+        smi_mib, tp_size=parsed.tensor_parallel,
+        attn_dp_size=parsed.attention_data_parallel,
+        chunked_prefill_size=table.get("chunked_prefill_size"),
+        cuda_graph_max_bs=graphs["max_bs"],
+        max_running_requests=table.get("max_running_requests"),
+        mem_fraction_static=table.get("mem_fraction_static"),
+        decode_graphs=graphs["decode"], prefill_graphs=graphs["prefill"])
+    if parsed.serving["max_num_batched_tokens"] is None:
+        parsed.serving["max_num_batched_tokens"] = resolved.chunked_prefill_size
+        parsed.notes.append(f"max_num_batched_tokens {resolved.chunked_prefill_size}: SGLang "
+                            f"0.5.23's chunked_prefill_size on the {gpu_name}")
+    default_graphs = graphs == {"decode": True, "prefill": True, "max_bs": None}
+    if not resolved.fraction_given and not default_graphs:
+        # the [sglang] table has no graph settings: keep the fraction they give
+        table["mem_fraction_static"] = resolved.mem_fraction_static
+        parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang's "
+                            f"reserve rule ({resolved.reserved_mib:g} MiB) on the {gpu_name} "
+                            "with the command's CUDA graphs")
+    parsed.memory_fraction = resolved.mem_fraction_static
+    parsed.notes.append(f"gpu_memory_utilization {resolved.mem_fraction_static}: SGLang's "
+                        "mem_fraction_static (" + ("given" if resolved.fraction_given else
+                                                   f"its reserve rule, {resolved.reserved_mib:g} "
+                                                   f"MiB, on the {gpu_name}")
+                        + "); SGLang's rank reads [sglang]")
+    state = ", ".join(f"{phase} {'on' if graphs[phase] else 'off'}" for phase in
+                      ("decode", "prefill"))
+    parsed.notes.append(f"CUDA graphs ({state}): " + (
+        "the decode graphs are captured after the pool: run repro-oom with --cuda-graphs on"
+        if graphs["decode"] else "no decode graphs: repro-oom runs without --cuda-graphs")
+        + "; the prefill graphs size the reserve only")
+
+
+# -- how its saved results read --
+
+def fraction_cell(case: dict) -> str:
+    fraction = case.get("max_safe_mem_fraction_static")
+    return "n/a" if fraction is None else ("none" if fraction == 0 else f"{fraction:.3f}")
+
+
+def _budget_rule(budget: dict, cases: list[dict]) -> str:
+    fractions = sorted({f"{c['mem_fraction_static']} ({c['fraction_source']})" for c in cases
+                        if c.get("mem_fraction_static") is not None})
+    graphs = "; then the decode CUDA graphs, out of what is left" if budget.get("cuda_graphs") else ""
+    return ("KV pool rule (SGLang's): free after init - free before the model x (1 - "
+            f"mem_fraction_static {', '.join(fractions) or 'n/a'}), in whole pages of the DSA "
+            f"fp8 cell; no profile pass{graphs}; chunked_prefill_size "
+            f"{budget['max_num_batched_tokens']}")
+
+
+VIEW = View(
+    heading="Runtime OOM reproduction (SGLang)",
+    cases_named="--paths",
+    table_title="{scenario}, SGLang{predicted}; GiB",
+    table_columns=(
+        Column("failed\nalloc", failed_alloc_cell, name=True),
+        Column("free at\nOOM", lambda c: gib_cell(c.get("free_bytes_at_oom"))
+               if c["verdict"] == Verdict.OOM else ""),
+        Column("KV\npool", lambda c: gib_cell(c.get("kv_cache_bytes"))),
+        Column("head-\nroom", lambda c: gib_cell(c.get("headroom_bytes"))
+               if c["verdict"] == Verdict.FITS else ""),
+        Column("+if out\nstaged", gain_cell),
+        Column("max safe\nchunk", safe_cell),
+        Column("max safe\nfraction", fraction_cell)),
+    markdown_columns=(
+        Column("backend", lambda c: c.get("backend") or "n/a"),
+        Column("KV pool", kv_cell),
+        Column("mem_fraction_static", lambda c: f"{c.get('mem_fraction_static')} "
+                                                f"({c.get('fraction_source')})"),
+        Column("headroom", lambda c: f"{gib_cell(c.get('headroom_bytes'))} GiB"
+               if c["verdict"] == Verdict.FITS else "-"),
+        Column("+ if out staged", lambda c: gain_cell(c) + (
+            " GiB" if c.get("out_staging_gain_bytes") is not None else "")),
+        Column("largest safe chunked_prefill_size (fraction pinned)", safe_cell),
+        Column("largest safe chunked_prefill_size alone (fraction re-derived)",
+               lambda c: safe_cell({"max_safe_tokens": c.get("max_safe_tokens_rederived")})),
+        Column("largest safe mem_fraction_static at the chunk (model)", fraction_cell)),
+    row_name=lambda c: c["path"],
+    case_label=lambda c: f"{c['path']} path",
+    verdict_in_notes=lambda c: (c["verdict"] not in (Verdict.FITS, Verdict.OOM)
+                                or c["verdict"] == Verdict.OOM
+                                and (c.get("oom_requested_bytes") is None
+                                     or c["phase"] == "capture")),
+    budget_rule=_budget_rule,
+    budget_segments=budget_segments,
+    step_need=step_need_bytes,
+    step_tokens="chunked_prefill_size")
+
+
+SPEC = EngineSpec(name="sglang", rank="mlamem.engines.sglang:SGLang", view=VIEW, key_field="path",
+                  section=SGLangSection, reads_utilization=False,
+                  searched_fraction="mem_fraction_static", step_knob_name="chunked_prefill_size")

@@ -1,0 +1,207 @@
+"""A Hugging Face config.json read by its field names, for the model types of the shipped families."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import loads_json, read_text
+
+
+@dataclass(frozen=True)
+class ModelType:
+    indexer: bool  # its layers carry the DSA indexer
+    mtp_embeddings: bool  # each MTP layer stores its own embedding and head (GLM's share the main model's)
+
+
+# Kimi-K2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM) under its own model_type.
+MODEL_TYPES = {"deepseek_v32": ModelType(indexer=True, mtp_embeddings=True),
+               "glm_moe_dsa": ModelType(indexer=True, mtp_embeddings=False),
+               "kimi_k2": ModelType(indexer=False, mtp_embeddings=True),
+               "deepseek_v3": ModelType(indexer=False, mtp_embeddings=True)}
+SHIPPED = {"deepseek-v3.2": "deepseek-v3.2.json", "glm-5": "glm-5.json", "kimi-k2": "kimi-k2.json"}
+
+_INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+         "v_head_dim", "n_routed_experts", "n_shared_experts", "first_k_dense_replace")
+_INDEXER = ("index_topk", "index_n_heads", "index_head_dim")
+# every key vLLM 0.33.0 or SGLang 0.5.23 reads a model's context length from
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+               "model_max_length", "max_target_positions", "max_sequence_length", "max_seq_length",
+               "seq_len")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    n_routed_experts: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    moe_layer_freq: int = 1
+    num_nextn_predict_layers: int = 0
+    tie_word_embeddings: bool = False
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    fp8_block: tuple[int, int] | None = None  # block fp8 with fp32 weight_scale_inv, else bf16
+    # GLM's indexer_types: per decoder layer, whether it holds its own indexer ("full") or reuses the one
+    # before it ("shared", no indexer tensors); None: every layer holds one
+    indexer_layers: tuple[bool, ...] | None = None
+    # the context-length keys the config sets (max_position_embeddings, ...), in LENGTH_KEYS'
+    # order: the engines derive their default context from them
+    length_fields: tuple[tuple[str, int], ...] = ()
+    rope_type: str | None = None  # rope_scaling's (or rope_parameters') rope_type, or type
+    rope_factor: float | None = None  # its factor
+    rope_original_length: int | None = None  # its original_max_position_embeddings
+
+    def length_field(self, name: str) -> int | None:
+        return dict(self.length_fields).get(name)
+
+    @property
+    def has_indexer(self) -> bool:
+        return self.index_n_heads > 0
+
+    @property
+    def mtp_embeddings(self) -> bool:
+        return MODEL_TYPES[self.model_type].mtp_embeddings
+
+    def layer_has_indexer(self, i: int) -> bool:
+        """Layer i's own indexer; MTP layers (past the pattern) hold one whenever the model has an indexer."""
+        if not self.has_indexer:
+            return False
+        return self.indexer_layers is None or i >= len(self.indexer_layers) or self.indexer_layers[i]
+
+
+# the largest value a config's count may take: the layer and expert counts bound the tensors the
+# count enumerates, the rest fit the int32 an engine keeps them in
+_LARGEST = {"num_hidden_layers": 4096, "n_routed_experts": 65536, "num_nextn_predict_layers": 64}
+# the counts a model may set to 0: no shared experts, no dense layers first, no MTP layers; every
+# other size or count is at least 1 (a 0 would divide by zero or make an empty tensor)
+_ZERO_ALLOWED = ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers")
+_INT32 = (1 << 31) - 1
+
+
+def bad(name: str, text: str) -> UserError:
+    """A config.json field's error: the field by its own name, first (`config.json: NAME ...`)."""
+    return UserError(f"{name} {text}", field=f"config.{name}")
+
+
+def _int(raw: dict, name: str) -> int:
+    if raw.get(name) is None:
+        raise bad(name, "is missing")
+    value = raw[name]
+    least, largest = (0 if name in _ZERO_ALLOWED else 1), _LARGEST.get(name, _INT32)
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= largest:
+        raise bad(name, f"needs an integer in {least}..{largest}, got {value!r}")
+    return value
+
+
+def parse_config(raw: dict) -> ModelConfig:
+    """The fields mlamem reads; an unknown model_type or a missing field is one error naming it."""
+    model_type = raw.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+        raise bad("model_type", f"{model_type!r} is not known; known: {', '.join(MODEL_TYPES)}")
+    fields = {name: _int(raw, name) for name in _INTS}
+    if MODEL_TYPES[model_type].indexer:
+        fields |= {name: _int(raw, name) for name in _INDEXER}
+        fields["indexer_layers"] = _indexer_layers(raw.get("indexer_types"), fields["num_hidden_layers"])
+    for name in ("moe_layer_freq", "num_nextn_predict_layers"):
+        if name in raw:
+            fields[name] = _int(raw, name)
+    tied = raw.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise bad("tie_word_embeddings", f"needs true or false, got {tied!r}")
+    fields["length_fields"] = tuple((name, _positive(raw, name)) for name in LENGTH_KEYS
+                                    if raw.get(name) is not None)
+    return ModelConfig(model_type=model_type, tie_word_embeddings=tied,
+                       fp8_block=_fp8_block(raw.get("quantization_config")), **fields,
+                       **_rope(raw))
+
+
+def _positive(raw: dict, name: str, table: str = "") -> int:
+    value = raw[name]
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= _INT32:
+        raise bad(table + name, f"needs an integer in 1..{_INT32}, got {value!r}")
+    return value
+
+
+def _rope(raw: dict) -> dict:
+    """rope_scaling (transformers 4) or rope_parameters (5): its type, factor and original
+    length, which scale the context the engines derive."""
+    name = "rope_scaling" if raw.get("rope_scaling") is not None else "rope_parameters"
+    rope = raw.get(name)
+    if rope is None:
+        return {}
+    if not isinstance(rope, dict):
+        raise bad(name, f"needs a JSON object or null, got {rope!r}")
+    kind = rope.get("rope_type", rope.get("type"))
+    factor, original = rope.get("factor"), rope.get("original_max_position_embeddings")
+    if kind is not None and not isinstance(kind, str):
+        raise bad(f"{name}.rope_type", f"needs a string, got {kind!r}")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float)
+                               or not 0 < factor < 1e6):
+        raise bad(f"{name}.factor", f"needs a number in (0, 1e6), got {factor!r}")
+    if original is not None:
+        _positive(rope, "original_max_position_embeddings", f"{name}.")
+    return {"rope_type": kind, "rope_factor": None if factor is None else float(factor),
+            "rope_original_length": original}
+
+
+def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:
+    if types is None:
+        return None
+    if not (isinstance(types, list) and len(types) == layers and set(types) <= {"full", "shared"}):
+        raise bad("indexer_types", f"needs one of 'full' or 'shared' per decoder layer ({layers}), "
+                  f"got {types!r}")
+    return tuple(kind == "full" for kind in types)
+
+
+def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise bad("quantization_config", f"needs a JSON object, got {quant!r}")
+    if quant.get("quant_method") != "fp8":
+        raise bad("quantization_config.quant_method", f"{quant.get('quant_method')!r} is not "
+                  "modelled; mlamem reads block fp8")
+    block = quant.get("weight_block_size")
+    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
+        raise bad("quantization_config.weight_block_size",
+                  f"needs two positive integers, got {block!r}")
+    return block[0], block[1]
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """config.json, or a folder holding one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    text = read_text(path, "model config (a Hugging Face config.json)", field="model")
+    try:
+        raw = loads_json(text)
+    except ValueError as error:  # a decode error, NaN/Infinity or nesting too deep
+        raise UserError(f"{path}: not a config.json ({error})", field="model") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a config.json holds one JSON object, not a "
+                        f"{type(raw).__name__}", field="model")
+    return parse_config(raw)
+
+
+def shipped_config(name: str) -> ModelConfig:
+    if name not in SHIPPED:
+        raise UserError(f"unknown shipped model {name!r}; known: {', '.join(SHIPPED)}", field="model")
+    return parse_config(json.loads(resources.files("mlamem.spec.models").joinpath(SHIPPED[name]).read_text()))

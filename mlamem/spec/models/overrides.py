@@ -1,0 +1,118 @@
+"""A scenario with the model, GPU and weights a user names: the config's [model] table and its
+weights per rank at a layout, shared by `--serve` (serve_command) and the commands' --model,
+--gpu and --weights-per-rank (`apply`), and the one line that says one rank's weights do not fit.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlamem.spec import gpus
+from mlamem.spec.errors import UserError
+from mlamem.spec.models.hf_config import ModelConfig, load_config
+from mlamem.spec.models.weights import fit_line, weights_per_rank
+
+if TYPE_CHECKING:
+    from mlamem.spec.scenario import Scenario
+
+OVERRIDE_NOTE = "override: given as --weights-per-rank, not counted from the model's config"
+
+
+def override_gib(weights_bytes: int) -> float:
+    """A labelled override of one rank's weights, in GiB: more than 0 (a rank holds weights)."""
+    if weights_bytes <= 0:
+        raise UserError(f"{weights_bytes} B: one rank holds weights; give its size, e.g. 40GiB",
+                        field="weights_per_rank")
+    return weights_bytes / 1024**3
+
+
+def config_name(path: str | Path) -> str:
+    """A config's display name: its folder's (`GLM-5/` or `GLM-5/config.json`), else the file's
+    stem (the shipped `glm-5.json`)."""
+    path = Path(path).resolve()
+    if path.is_dir() or path.name == "config.json":
+        return (path if path.is_dir() else path.parent).name
+    return path.stem
+
+
+def model_table(config: ModelConfig, name: str) -> dict:
+    """The scenario's [model] table from a config: the attention's dimensions by their names."""
+    return {"name": name + (" FP8" if config.fp8_block else ""),
+            "num_attention_heads": config.num_attention_heads,
+            "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
+            "qk_rope_head_dim": config.qk_rope_head_dim,
+            "qk_nope_head_dim": config.qk_nope_head_dim, "v_head_dim": config.v_head_dim,
+            **({"index_topk": config.index_topk} if config.has_indexer else {}),
+            "hidden_size": config.hidden_size}
+
+
+# model_table's keys whose config.json field has another name
+CONFIG_NAMES = {"num_layers": "num_hidden_layers"}
+_MODEL_FIELD = re.compile(r"\[model\]\.(\w+)|\bmodel\.(\w+)")
+
+
+def scenario_from_config(data: dict, source: str) -> Scenario:
+    """`scenario.from_dict(data, source)` for data whose [model] is a config.json's
+    (model_table): a rule the config breaks is one line in the config's own field names, with
+    no scenario file's name the user never wrote."""
+    from mlamem.spec import scenario as _scenario
+
+    try:
+        return _scenario.from_dict(data, source)
+    except UserError as error:
+        text = error.message.removeprefix(f"{source}: ").removesuffix("; fix that field")
+        if not _MODEL_FIELD.search(text):
+            raise
+        named = _MODEL_FIELD.sub(lambda m: CONFIG_NAMES.get(m[1] or m[2], m[1] or m[2]), text)
+        raise UserError(f"the model's {named}", field="model") from None
+
+
+def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool,
+                    source: str = "the model's config") -> tuple[float, str]:
+    """One rank's weights in GiB (to the byte) at `tp` ranks with attention-DP `dp`, and the note
+    saying they are counted from `source`."""
+    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp) / 1024**3
+    return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
+                           + (", MTP layers included (speculative decoding)" if mtp else ""))
+
+
+def speculates(scenario: Scenario) -> bool:
+    """vLLM's [vllm] table asks for speculative tokens, so a rank loads the MTP layers."""
+    return getattr(scenario.sections.get("vllm"), "num_speculative_tokens", 0) > 0
+
+
+def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = None,
+          weights_bytes: int | None = None) -> Scenario:
+    """`scenario` with [model] from the config.json at `model` (a file or its folder) and the
+    weights counted from it at the scenario's layout, retargeted to the GPU named `gpu`, and
+    with `weights_bytes` per rank as a labelled override; each None keeps the scenario's own."""
+    from mlamem.spec import scenario as _scenario  # pydantic: loaded where a scenario is
+
+    if model is None and weights_bytes is None:
+        return gpus.retarget(scenario, gpu)
+    data = _scenario.to_dict(scenario)
+    parallel = data["parallel"]
+    if model is not None:
+        config = load_config(model)
+        data["model"] = model_table(config, config_name(model))
+        if weights_bytes is None:
+            parallel["weights_gib_per_rank"], parallel["weights_note"] = counted_weights(
+                config, tp=parallel["tensor_parallel"], dp=parallel["attention_data_parallel"],
+                mtp=speculates(scenario), source=str(model))
+    if weights_bytes is not None:
+        parallel["weights_gib_per_rank"] = override_gib(weights_bytes)
+        parallel["weights_note"] = OVERRIDE_NOTE
+    build = _scenario.from_dict if model is None else scenario_from_config
+    return gpus.retarget(build(data, scenario.source or scenario.name), gpu)
+
+
+def weights_fit_line(scenario: Scenario, gpu_bytes: int | None = None) -> str | None:
+    """None when one rank's weights (the scenario's, counted or given) fit its GPU, or
+    `gpu_bytes` of an emulated one; else the one line that says they do not."""
+    p = scenario.parallel
+    gpu = scenario.gpu.name if gpu_bytes is None else "emulated GPU"
+    return fit_line(scenario.model.name, p.weights_bytes, tp=p.tensor_parallel,
+                    dp=p.attention_data_parallel, gpu=gpu,
+                    gpu_bytes=scenario.gpu.memory_bytes if gpu_bytes is None else gpu_bytes)

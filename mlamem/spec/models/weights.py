@@ -1,0 +1,161 @@
+"""The parameters and bytes of a model's checkpoint, tensor by tensor, from its config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from mlamem.spec.errors import UserError
+from mlamem.spec.models.hf_config import ModelConfig
+from mlamem.spec.units import gib
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    rows: int
+    cols: int = 1
+    quantized: bool = False  # block fp8 with fp32 scales when the checkpoint is; bf16 otherwise
+    mtp: bool = False  # an MTP layer's: in the checkpoint, loaded only with speculative decoding
+    fp32: bool = False
+
+    @property
+    def params(self) -> int:
+        return self.rows * self.cols
+
+
+# How vLLM 0.33.0 places each tensor (vllm/model_executor/models/deepseek_v2.py): these are ReplicatedLinear,
+# norms or the router, whole on every rank; the routed experts split across the expert group; the rest
+# (vocab, q_b/kv_b/o projections, dense and shared MLPs) shard by tensor parallelism.
+_REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "indexer.", "mlp.gate", "mlp.e_score_correction_bias",
+               "eh_proj")
+
+
+def placement(tensor: Tensor) -> str:
+    if ".mlp.experts." in tensor.name:
+        return "experts"
+    last = tensor.name.split(".", 2)[-1] if tensor.name.startswith("layers.") else tensor.name
+    replicated = tensor.cols == 1 or last in _REPLICATED or last.startswith("indexer.")
+    return "replicated" if replicated else "tp"
+
+
+@dataclass(frozen=True)
+class WeightCount:
+    tensors: tuple[Tensor, ...]
+    fp8_block: tuple[int, int] | None
+
+    def params(self, *, mtp: bool = False) -> int:
+        return sum(t.params for t in self.tensors if t.mtp == mtp)
+
+    def bytes(self, *, mtp: bool = False) -> int:
+        return sum(self._bytes(t) for t in self.tensors if t.mtp == mtp)
+
+    def bytes_per_rank(self, *, tp: int, expert_ranks: int, mtp: bool = False) -> int:
+        """One rank's share: `tp` ranks shard attention's and the MLPs' projections (each data-parallel
+        attention group holds its own copy), `expert_ranks` (tp x dp under expert or data parallelism)
+        split the routed experts."""
+        split = {"replicated": 1, "tp": tp, "experts": expert_ranks}
+        return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors if t.mtp == mtp)
+
+    def scales(self, *, mtp: bool = False) -> int:
+        """The fp32 weight_scale_inv entries, one per fp8 block (Hugging Face counts them as parameters)."""
+        return sum(self._scales(t) for t in self.tensors if t.mtp == mtp)
+
+    def _scales(self, tensor: Tensor) -> int:
+        if not (tensor.quantized and self.fp8_block):
+            return 0
+        block_rows, block_cols = self.fp8_block
+        return ceil(tensor.rows / block_rows) * ceil(tensor.cols / block_cols)
+
+    def _bytes(self, tensor: Tensor) -> int:
+        if not (tensor.quantized and self.fp8_block):
+            return (4 if tensor.fp32 else 2) * tensor.params
+        return tensor.params + 4 * self._scales(tensor)
+
+
+def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
+    c, h = config, config.hidden_size
+    p = f"layers.{i}."
+    heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
+
+    def t(name: str, rows: int, cols: int = 1, quantized: bool = True, fp32: bool = False) -> Tensor:
+        return Tensor(p + name, rows, cols, quantized and cols > 1, mtp, fp32)
+
+    tensors = [t("input_layernorm", h), t("post_attention_layernorm", h),
+               t("q_a_proj", c.q_lora_rank, h), t("q_a_layernorm", c.q_lora_rank),
+               t("q_b_proj", heads * qk, c.q_lora_rank),
+               t("kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, h),
+               t("kv_a_layernorm", c.kv_lora_rank),
+               t("kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
+               t("o_proj", h, heads * c.v_head_dim)]
+    if c.layer_has_indexer(i):
+        tensors += [t("indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank),
+                    t("indexer.wk", c.index_head_dim, h), t("indexer.k_norm", 2 * c.index_head_dim),
+                    t("indexer.weights_proj", c.index_n_heads, h, quantized=False)]
+    moe = i >= c.first_k_dense_replace and i % c.moe_layer_freq == 0
+    if not moe:
+        dense = c.intermediate_size
+        return tensors + [t("mlp.gate_proj", dense, h), t("mlp.up_proj", dense, h),
+                          t("mlp.down_proj", h, dense)]
+    inner = c.moe_intermediate_size
+    tensors += [t("mlp.gate", c.n_routed_experts, h, quantized=False),
+                t("mlp.e_score_correction_bias", c.n_routed_experts, fp32=True)]
+    tensors += [t(f"mlp.experts.{n}", c.n_routed_experts * inner, h) for n in ("gate_proj", "up_proj")]
+    tensors += [t("mlp.experts.down_proj", c.n_routed_experts * h, inner)]
+    shared = c.n_shared_experts * inner
+    return tensors + [t(f"mlp.shared_experts.{n}", shared, h) for n in ("gate_proj", "up_proj")] + [
+        t("mlp.shared_experts.down_proj", h, shared)]
+
+
+def count_weights(config: ModelConfig) -> WeightCount:
+    """Every tensor of the checkpoint, the MTP layers' marked apart.
+
+    Experts are grouped per layer (rows = experts x rows): the fp8 blocks tile each expert alike, as every
+    expert dimension is a multiple of the block.
+    """
+    h, v = config.hidden_size, config.vocab_size
+    tensors = [Tensor("embed_tokens", v, h), Tensor("norm", h)]
+    if not config.tie_word_embeddings:
+        tensors.append(Tensor("lm_head", v, h))
+    tensors += [t for i in range(config.num_hidden_layers) for t in _layer(config, i, mtp=False)]
+    for k in range(config.num_nextn_predict_layers):
+        i = config.num_hidden_layers + k
+        tensors += _layer(config, i, mtp=True)
+        # an MTP layer stores its projection and norms; DeepSeek's (not GLM's) its own embedding and head too
+        own = (("embed_tokens", v, h), ("shared_head.head", v, h)) if config.mtp_embeddings else ()
+        tensors += [Tensor(f"layers.{i}.{name}", rows, cols, False, True) for name, rows, cols in (
+            *own, ("eh_proj", h, 2 * h), ("enorm", h, 1), ("hnorm", h, 1), ("shared_head.norm", h, 1))]
+    return WeightCount(tuple(tensors), config.fp8_block)
+
+
+def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False) -> int:
+    """One rank's bytes under a scenario's layout: `tp` ranks in all, attention data-parallel over `dp` groups
+    of tp // dp ranks (vLLM's DP ranks, each with its own TP), the routed experts split over all `tp` ranks
+    (vLLM flattens TP across DP for the MoE: FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp); the MTP
+    layers' share added when speculative decoding loads them."""
+    if tp < 1:
+        raise UserError(f"needs a positive rank count, got {tp}", field="tensor_parallel")
+    if dp < 1 or tp % dp:
+        raise UserError(f"needs a divisor of tensor_parallel {tp}, got {dp}", field="attention_data_parallel")
+    weights = count_weights(config)
+    layout = {"tp": tp // dp, "expert_ranks": tp}
+    return weights.bytes_per_rank(**layout) + (weights.bytes_per_rank(**layout, mtp=True) if mtp else 0)
+
+
+def weights_fit(model: str, config: ModelConfig, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
+                mtp: bool = False) -> str | None:
+    """None when one rank's weights fit in `gpu_bytes`; else the one line that says they do not."""
+    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp)
+    return fit_line(model, per_rank, tp=tp, dp=dp, gpu=gpu, gpu_bytes=gpu_bytes, mtp=mtp)
+
+
+def fit_line(model: str, per_rank: int, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
+             mtp: bool = False) -> str | None:
+    """None when `per_rank` bytes (counted or given) fit in `gpu_bytes`; else the one line that says
+    they do not."""
+    if per_rank <= gpu_bytes:
+        return None
+    layout = f"TP{tp}" + (f" with attention-DP {dp}" if dp > 1 else "")
+    layout += " with its MTP layers" if mtp else ""
+    return (f"{model}'s weights are {gib(per_rank):.1f} GiB per rank at {layout}, more than the {gpu}'s "
+            f"{gib(gpu_bytes):.1f} GiB")

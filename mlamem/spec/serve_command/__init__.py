@@ -1,0 +1,227 @@
+"""A scenario from the command that started the server: `vllm serve MODEL ...` (vLLM 0.33.0's flags),
+`trtllm-serve MODEL ...` (TensorRT-LLM's tensorrt_llm/commands/serve.py) or
+`python -m sglang.launch_server ...` / `sglang serve ...` (SGLang 0.5.23's flags), with the model's
+config.json and a GPU by name.
+
+`from_command` splits the command as a shell does, sets `NAME=VALUE` prefixes aside (named in
+the notes' `not modelled:` line), parses the flags with the engine's own names (each engine's
+spec module: engine_specs/vllm.py, trtllm.py, sglang.py), and builds the scenario through
+`scenario.from_dict`, so the scenario model validates it. What the command sets that mlamem
+does not model is named in the notes, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlamem.spec import gpus, scenario
+from mlamem.spec.engines import sglang, trtllm, vllm
+from mlamem.spec.errors import UserError
+from mlamem.spec.models import hf_config
+from mlamem.spec.models.overrides import (
+    OVERRIDE_NOTE,
+    config_name,
+    counted_weights,
+    model_table,
+    override_gib,
+    scenario_from_config,
+)
+from mlamem.spec.models.weights import fit_line, weights_fit
+from mlamem.spec.serve_command.parsed import Parsed
+
+# Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
+# a model argument that is a hub name of a shipped config (mlamem/models): that config
+HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
+             "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2"}
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)$", re.IGNORECASE)  # --hf-token, --api-key
+
+
+@dataclass(frozen=True)
+class Built:
+    scenario: scenario.Scenario
+    notes: tuple[str, ...]  # unmodelled flags, CUDA graphs, where figures come from
+    cuda_graphs: bool  # the engine captures CUDA graphs (repro-oom --cuda-graphs on)
+
+
+def split_command(command: str) -> list[str]:
+    """The command's words, `NAME=VALUE` environment prefixes (and `env`) left out."""
+    return _split(command)[1]
+
+
+def _split(command: str) -> tuple[list[str], list[str]]:
+    """The names of the command's `NAME=VALUE` environment prefixes, and its other words (`env`
+    left out). A command pasted over several lines reads as the shell reads it:
+    backslash-newline joins the lines."""
+    try:
+        words = shlex.split(re.sub(r"\\\r?\n", "", command))
+    except ValueError as error:
+        raise UserError(f"cannot split the command: {error}", field="serve") from None
+    names = []
+    while words and (_ENV.match(words[0]) or words[0] == "env"):
+        if words[0] != "env":
+            names.append(words[0].partition("=")[0])
+        words = words[1:]
+    return names, words
+
+
+def redacted(words: list[str]) -> str:
+    """The command as one line for the scenario's description, with the values of flags that
+    hold secrets (--hf-token, --api-key, ...) left out."""
+    shown, hide = [], False
+    for word in words:
+        flag, eq, _ = word.partition("=")
+        if hide or (eq and _SECRET.match(flag)):
+            word = f"{flag}=..." if eq and not hide else "..."
+        hide = not eq and bool(_SECRET.match(word))
+        shown.append(word)
+    return shlex.join(shown)
+
+
+def parse_command(command: str) -> Parsed:
+    """The command parsed by its engine's flags; its environment prefixes, which mlamem does not
+    model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
+    env, words = _split(command)
+    parsed = _parse_words(words)
+    if env:
+        named = ", ".join(f"{name} (environment)" for name in env)
+        lines = [i for i, note in enumerate(parsed.notes) if note.startswith("not modelled: ")]
+        if lines:
+            parsed.notes[lines[0]] += ", " + named
+        else:
+            parsed.notes.insert(0, "not modelled: " + named)
+    return parsed
+
+
+def _parse_words(words: list[str]) -> Parsed:
+    program = Path(words[0]).name if words else ""
+    if program == "vllm" and words[1:2] == ["serve"]:
+        return vllm.parse(words[2:])
+    if program == "trtllm-serve":
+        return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
+    if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
+        return sglang.parse(words[3:], sglang.PROGS[0])
+    if program == "sglang" and words[1:2] == ["serve"]:
+        return sglang.parse(words[2:], sglang.PROGS[1])
+    raise UserError(f"expected `vllm serve MODEL ...`, `trtllm-serve MODEL ...`, `python -m "
+                    f"sglang.launch_server ...` or `sglang serve MODEL ...`, got "
+                    f"{' '.join(words[:3])!r}", field="serve")
+
+
+def model_config(argument: str, override: str | None,
+                 notes: list[str]) -> tuple[hf_config.ModelConfig, str]:
+    """The model's config and its display name: `override` (a config.json or its folder), the
+    command's model as a local folder, or a shipped model's exact hub name (a note names it)."""
+    if override is not None:
+        return hf_config.load_config(override), config_name(override)
+    if (Path(argument) / "config.json").is_file():
+        return hf_config.load_config(argument), config_name(argument)
+    hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
+    if hub is not None:  # a shipped model's exact hub name, in any case
+        shipped = HUB_NAMES[hub]
+        notes.append(f"model {argument}: the shipped config mlamem/spec/models/"
+                     f"{hf_config.SHIPPED[shipped]} ({hub})")
+        return hf_config.shipped_config(shipped), hub.split("/")[-1]
+    raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
+                    f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
+
+
+def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
+            target: gpus.GPU) -> tuple[float, str]:
+    """One rank's weights in GiB and their note: the override, else counted from the config;
+    either is refused in one line where it exceeds the GPU."""
+    layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
+              "mtp": parsed.engine_settings.get("loads_mtp", False)}
+    gpu = {"gpu": target.name, "gpu_bytes": target.memory_mib * 1024**2}
+    if override_bytes is not None:
+        gib = override_gib(override_bytes)
+        line = fit_line(name, override_bytes, tp=layout["tp"], dp=layout["dp"], **gpu)
+        if line:
+            raise UserError(f"{line}: give the weights one rank holds, or a larger GPU",
+                            field="weights_per_rank")
+        return gib, OVERRIDE_NOTE
+    line = weights_fit(name, config, **gpu, **layout)
+    if line:
+        raise UserError(f"{line}: serve on more ranks, or give the weights per rank",
+                        field="weights_per_rank")
+    gib, note = counted_weights(config, **layout)
+    return round(gib, 3), note  # the printed TOML's figure
+
+
+def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
+    """What the command leaves to the engine and the engine decides by the GPU or the model."""
+    if parsed.engines == ["sglang"]:
+        if not config.has_indexer:
+            raise UserError("the model has no DSA indexer (dense MLA): SGLang runs flashmla_kv, "
+                            "the decode mlamem drives, only for a DSA model", field="model")
+        sglang.fill_defaults(parsed, config, target.name, target.smi_mib)
+        return
+    tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
+    if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
+        parsed.serving["max_num_batched_tokens"] = tokens
+        parsed.notes.append(f"max_num_batched_tokens {tokens}: vLLM 0.33.0's default on the "
+                            f"{target.name}")
+        if "max_num_seqs" not in parsed.sections.get("vllm", {}) and seqs != 1024:
+            parsed.sections.setdefault("vllm", {})["max_num_seqs"] = seqs
+    if config.has_indexer:
+        return
+    if "trtllm-context-reuse" in parsed.engines:
+        parsed.serving["synthetic_topk"] = 2048
+        parsed.notes.append("synthetic_topk 2048: drives vLLM's sparse decode beside TensorRT-LLM "
+                            "on this dense model, as kimi-k2-context-reuse does")
+        return
+    _dense_decode_batch(parsed, seqs, target)
+
+
+def _dense_decode_batch(parsed: Parsed, default_seqs: int, target: gpus.GPU) -> None:
+    """vLLM's dense decode step: --max-num-seqs requests (vLLM's default by the GPU), each at
+    the longest context vLLM admits."""
+    given = parsed.engine_settings["max_num_seqs"]  # --max-num-seqs
+    parsed.serving["max_batch_size"] = default_seqs if given is None else given
+    if given is None:
+        parsed.notes.append(f"max_batch_size {default_seqs}: vLLM 0.33.0's max_num_seqs default "
+                            f"on the {target.name} (EngineArgs.get_batch_defaults)")
+    parsed.serving["decode_context_len"] = parsed.serving["max_model_len"]
+    parsed.notes.append(f"decode_context_len {parsed.serving['max_model_len']}: --max-model-len, "
+                        "the longest context vLLM admits per request (the synthetic batch's worst "
+                        "case; profile --context-len takes a shorter one)")
+
+def from_command(command: str, *, gpu_name: str, model: str | None = None,
+                 weights_bytes: int | None = None) -> Built:
+    """The scenario a serve command, its model's config and a GPU make."""
+    target = gpus.gpu(gpu_name)
+    parsed = parse_command(command)
+    config, name = model_config(parsed.model, model, parsed.notes)
+    fill_max_len = {"vllm": vllm.fill_max_model_len,  # the engine's default from the config
+                    "sglang": sglang.fill_max_model_len}.get(parsed.engines[0])
+    if fill_max_len is not None:
+        fill_max_len(parsed, config)
+    if parsed.engines == ["vllm"]:
+        vllm.for_model(parsed, dense=not config.has_indexer)
+    gib, note = weights(config, name, parsed, weights_bytes, target)
+    _fill_defaults(parsed, config, target)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    data = {"name": f"{slug}-tp{parsed.tensor_parallel}",
+            "description": f"From `{redacted(split_command(command))}` on {target.name}",
+            "operations": parsed.operations, "engines": parsed.engines,
+            "model": model_table(config, name),
+            "parallel": {"tensor_parallel": parsed.tensor_parallel,
+                         "attention_data_parallel": parsed.attention_data_parallel,
+                         "weights_gib_per_rank": gib, "weights_note": note},
+            "serving": parsed.serving,
+            "gpu": {"name": target.name, "memory_mib": target.memory_mib,
+                    "gpu_memory_utilization": parsed.memory_fraction,
+                    "sm_count": target.sm_count},
+            **parsed.sections}
+    try:
+        built = scenario_from_config(data, f"{parsed.prog} command")
+    except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
+        field = re.search(r"\]\.(\w+)", error.message)
+        flag = parsed.flags.get(field.group(1)) if field else None
+        raise UserError(f"{parsed.prog} {flag}: {error.message}" if flag else error.message,
+                        field="serve") from None
+    notes = [*parsed.notes, f"weights: {note}", f"gpu: {target.memory_note()}"]
+    return Built(built, tuple(notes), parsed.cuda_graphs)
