@@ -15,7 +15,7 @@ import pytest
 
 from mlamem import render
 from mlamem.cli import main
-from mlamem.commands.graphs import read_result, run_graphs, vllm_estimate
+from mlamem.commands.graphs import run_graphs, vllm_estimate
 from mlamem.kernels import load_kernel
 from mlamem.render import plots
 from mlamem.render.common import signed_bytes
@@ -179,7 +179,7 @@ def test_json_round_trips(predicted, shape):
     result = predicted if shape == "predicted" else as_measured(predicted)
     text = render.graphs_json(result)
     assert text.endswith("}\n")
-    assert read_result(json.loads(text)).file_dict() == result.file_dict()
+    assert GraphsFile.parse(json.loads(text)).file_dict() == result.file_dict()
 
 
 def test_measured_result_shows_device_figures_and_replay_marks(three_paths):
@@ -284,5 +284,5 @@ def test_graphs_report_folder_holds_the_json_report_and_plot(tmp_path, predicted
         "glm5-fp8-tp8.predicted.json", "report-graphs-glm5-fp8-tp8-predicted-pool.png",
         "report.md"]
     saved = json.loads((folder / "glm5-fp8-tp8.predicted.json").read_text())
-    assert read_result(saved).file_dict() == predicted.file_dict()
+    assert GraphsFile.parse(saved).file_dict() == predicted.file_dict()
     assert "## graphs: glm5-fp8-tp8, FlashMLA (PREDICTED)" in (folder / "report.md").read_text()

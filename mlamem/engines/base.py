@@ -233,7 +233,7 @@ class Engine(ABC):
     """
 
     name: ClassVar[str]  # its name in the engine registry
-    spec: ClassVar[EngineSpec]  # its spec (engine_specs): its view, knobs' names, table
+    spec: ClassVar[EngineSpec]  # its spec (spec/engines): its view, knobs' names, table
     case_type: ClassVar[type[Case]]
     budget_type: ClassVar[type[Budget]] = Budget  # its knobs and options
     captures_graphs: ClassVar[bool] = False  # has CUDA-graph phases (its budget's cuda_graphs)

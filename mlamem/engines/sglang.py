@@ -13,9 +13,9 @@ as SGLang runs them:
 - KV sizing: free after init - free before the model x (1 - mem_fraction_static), the fraction
   given or derived by SGLang's reserve rule for the target GPU; tokens = that // the DSA fp8
   cell (latent, scales, RoPE and the indexer's keys, per layer), in whole pages
-  (engine_specs/sglang.py);
+  (spec/engines/sglang.py);
 - capture (CUDA graphs on, `SGLangBudget.cuda_graphs`): the decode graphs, after the pool, out
-  of what the fraction left: the batch sizes of engine_specs/sglang.py (SGLang's list, or
+  of what the fraction left: the batch sizes of spec/engines/sglang.py (SGLang's list, or
   `[sglang].cuda_graph_bs`, up to `cuda_graph_max_bs`, within the request pool the KV pool
   gives), largest first, each at bs x tokens per request, into one pool that lives on. Each
   graph holds the attention call only (as vLLM's, engines/vllm.py), its q a static buffer:
@@ -92,7 +92,7 @@ def smi_memory_mib(scenario: Scenario, gpu_memory_bytes: int) -> tuple[float, st
 
 def resolved(scenario: Scenario, gpu_memory_bytes: int, mem_fraction_static: float | None,
              chunked_prefill_size: int | None = None):
-    """SGLang's settings for this rank: engine_specs.sglang.resolve on the scenario's parallel layout
+    """SGLang's settings for this rank: spec.engines.sglang.resolve on the scenario's parallel layout
     and `[sglang]` table, the GPU's memory as SGLang reads it (`smi_memory_mib`), CUDA graphs
     as SGLang's defaults capture them (they size the reserve); `chunked_prefill_size` is the
     step's (the budget's), else the table's, else the GPU's default: a derived fraction follows
@@ -256,7 +256,7 @@ class SGLang(DecodeRank):
         return max(tokens, largest * graph_tokens_per_request(self.scenario))
 
     def rules(self):
-        """engine_specs.sglang.resolve for this rank's budget."""
+        """spec.engines.sglang.resolve for this rank's budget."""
         return resolved(self.scenario, self.budget.gpu_memory_bytes,
                         self.budget.mem_fraction_static, self.budget.max_num_batched_tokens)
 

@@ -14,7 +14,7 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
 - step: one full step at max_num_batched_tokens through the path under test.
 The graphs hold the attention call only (mlamem/commands/graphs.py), its q a static input buffer; which
-sizes vLLM captures, and its estimate, are vLLM's rules (engine_specs/vllm.py), set in the
+sizes vLLM captures, and its estimate, are vLLM's rules (spec/engines/vllm.py), set in the
 scenario's `[vllm]` table. The budget's own options are the CUDA graphs (`VLLMBudget`), and
 repro-oom searches each path's largest safe max_num_batched_tokens.
 """

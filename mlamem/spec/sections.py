@@ -1,6 +1,6 @@
 """A scenario's sections as classes: `section_model` makes one (a frozen pydantic dataclass,
 strict), `FieldError` is a bad field's one line and `check_positive` a count's bound. The
-scenario (`scenario.py`) and the engines' own tables (`engine_specs/`) build on these; they sit
+scenario (`scenario.py`) and the engines' own tables (`spec/engines/`) build on these; they sit
 below both, as the scenario reads the engines' tables."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ config.json and a GPU by name.
 
 `from_command` splits the command as a shell does, sets `NAME=VALUE` prefixes aside (named in
 the notes' `not modelled:` line), parses the flags with the engine's own names (each engine's
-spec module: engine_specs/vllm.py, trtllm.py, sglang.py), and builds the scenario through
+spec module: spec/engines/vllm.py, trtllm.py, sglang.py), and builds the scenario through
 `scenario.from_dict`, so the scenario model validates it. What the command sets that mlamem
 does not model is named in the notes, never dropped.
 """
