@@ -45,7 +45,7 @@ def test_registry_imports_no_engine_module():
     """Listing the engines and validating a scenario import neither torch nor an engine's rank:
     only the engines' spec modules (their scenario tables)."""
     code = ("import sys; from mlamem.engines import engine_names; engine_names(); "
-            "from mlamem import scenario; scenario.load('kimi-k2-context-reuse'); "
+            "from mlamem.spec import scenario; scenario.load('kimi-k2-context-reuse'); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('mlamem.engines.')))")
     done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                           check=True)

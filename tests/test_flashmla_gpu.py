@@ -82,7 +82,7 @@ def test_measured_breakdown_adds_up_and_names_every_buffer():
     for row in result.rows:
         assert row.measured
         assert row.missing_buffers == []
-        assert "unattributed" not in [b["name"] for b in row.buffers]
+        assert "unattributed" not in [b.name for b in row.buffers]
         assert row.breakdown_peak_bytes == row.peak_allocated_bytes
 
 

@@ -233,7 +233,7 @@ for name in ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8"):
                              predict=predict)
         rows[f"{name} {predict}"] = [[r.path, r.failure, r.outputs_equal, r.peak_allocated_bytes,
                                       r.peak_reserved_bytes, r.allocations_in_call,
-                                      [b["name"] for b in r.buffers]] for r in result.rows]
+                                      [b.name for b in r.buffers]] for r in result.rows]
 print(json.dumps(rows))
 """
 
