@@ -207,3 +207,15 @@ def test_a_compare_result_gets_its_section_and_verdict(capsys):
             "lse by up to 9.54e-07") in text
     assert "## compare: glm5-fp8-tp8, flashmla vs flashmla-vllm, sparse-decode" in text
     assert "| 32768 | workspace | lse differs (max 9.54e-07) |" in text
+
+
+@pytest.mark.parametrize("twice", [["{f}", "{f}"], ["{f}", "{d}/../results/{name}"]])
+def test_a_result_given_twice_is_one_line(twice):
+    """`report a.json a.json` (or the same file by two names) would print its sections twice:
+    refused in one line, before anything is read; `merge` of a shard given twice alike."""
+    from mlamem.testing import check_bad_input
+
+    saved = RESULTS / "repro-oom-glm5-h200.json"
+    args = [a.format(f=saved, d=saved.parent, name=saved.name) for a in twice]
+    check_bad_input(["report", *args], fix="is given twice; give each result file once")
+    check_bad_input(["merge", *args], fix="is given twice; give each shard file once")

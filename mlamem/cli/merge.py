@@ -11,7 +11,13 @@ from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import emit
 from mlamem.commands import shards
-from mlamem.spec.files import check_distinct, check_output_path, pick_format, read_json
+from mlamem.spec.files import (
+    check_distinct,
+    check_given_once,
+    check_output_path,
+    pick_format,
+    read_json,
+)
 
 
 @app.command()
@@ -30,6 +36,7 @@ def merge(
     the command is the sweep's (--shard and --output dropped), created the latest shard's.
     Mixed schemas, a missing or repeated shard, or shards of different sweeps: one line, exit 2.
     """
+    check_given_once(shard_files, "shard file")
     if output is not None:
         pick_format(output, None, ["json"], what="merge")
         check_distinct({**{str(path): path for path in shard_files}, "--output": output})

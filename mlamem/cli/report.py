@@ -10,7 +10,13 @@ import typer
 
 from mlamem.cli.app import app, stderr
 from mlamem.cli.options import stdout_or_path
-from mlamem.spec.files import check_distinct, check_output_path, pick_format, read_json
+from mlamem.spec.files import (
+    check_distinct,
+    check_given_once,
+    check_output_path,
+    pick_format,
+    read_json,
+)
 
 
 @app.command()
@@ -33,6 +39,7 @@ def report(
     headroom, the validation, and kernel comparisons. Predicted figures are labelled PREDICTED
     on every table and plot. The same inputs give the same bytes, Markdown and PNGs alike.
     """
+    check_given_once(results, "result file")
     if output is not None:
         pick_format(output, None, ["markdown"], what="report")
         check_distinct({**{str(path): path for path in results}, "--output": output})

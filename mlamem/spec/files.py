@@ -70,6 +70,16 @@ def check_distinct(outputs: dict[str, Path | None]) -> None:
         seen[key] = option
 
 
+def check_given_once(paths: list[Path], what: str) -> None:
+    """Input files, each named once: a file given twice would count twice (a report's sections,
+    a merge's units). A UserError naming the first one repeated."""
+    seen: set[Path] = set()
+    for path in paths:
+        if path.resolve() in seen:
+            raise UserError(f"{path} is given twice; give each {what} once")
+        seen.add(path.resolve())
+
+
 def _suffix_for(format_name: str) -> str:
     return next(s for s, f in FORMAT_BY_SUFFIX.items() if f == format_name)
 
