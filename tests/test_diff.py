@@ -106,6 +106,19 @@ def test_a_profile_against_a_snapshot_is_one_line(paths_profiles, capsys):
     assert "compare two of one kind" in capsys.readouterr().err
 
 
+def test_a_growth_limit_with_no_case_paired_is_one_line(paths_profiles, tmp_path):
+    """--fail-on-growth over two results that pair no case gates nothing: refused in one line
+    (it passed, exit 0, before); without the limit the diff still shows both sides."""
+    from mlamem.testing import check_bad_input
+
+    a, _ = paths_profiles
+    other = tmp_path / "deepseek.json"
+    assert main(["profile", "--predict", "-s", "deepseek-v32-fp8-tp8", "--tokens", "1024",
+                 "--format", "json", "--output", str(other)]) == 0
+    check_bad_input(["diff", a, other, "--fail-on-growth", "0"], fix="nothing to gate")
+    assert main(["diff", str(a), str(other)]) == 0
+
+
 def test_repro_oom_cases_pair_by_path_with_their_verdicts(tmp_path, capsys):
     """The H200's repro-oom against a predicted run: each path's step peak in both, the
     verdicts in the labels, and the environment that differs named (measured, the GPU)."""

@@ -142,6 +142,9 @@ def diff(path_a: Path, path_b: Path, *, command: str,
     units = [_unit(x, y) for x, y in pair(a.units, b.units)]
     growths = [u["peak_change_bytes"] for u in units if u["peak_change_bytes"] is not None]
     growth = max(growths, default=None)
+    if fail_on_growth is not None and growth is None:
+        raise UserError(f"no case of {path_a} pairs with one of {path_b}, so a growth limit has "
+                        "nothing to gate; diff two results of one sweep", field="fail_on_growth")
     return DiffFile.model_validate({
         "schema": SCHEMA, "command": command, "created": environment.now_utc(),
         "kind": a.kind, "a": str(path_a), "b": str(path_b), "environment": changes,
