@@ -114,7 +114,6 @@ class ResultFile(Model):
         return data
 
 
-
 def no_second_copy(items: list, key: tuple[str, ...], where: str,
                    only: Callable[[Any], bool] | None = None) -> None:
     """ValueError naming the first of `items` (those `only` takes, if given) whose `key` fields

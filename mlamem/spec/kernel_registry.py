@@ -45,7 +45,6 @@ SHIPPED: dict[str, KernelEntry] = {  # an in-tree kernel is one entry here
 }
 
 
-
 class Registry(MutableMapping[str, KernelEntry]):
     """The shipped kernels, then the installed plug-ins: the entry-point scan runs once, on
     the first access that needs it (not when this module is imported, nor to look up a
