@@ -16,6 +16,7 @@ from mlamem.commands.graphs import (
     vllm_estimate,
 )
 from mlamem.commands.repro import run_repro
+from mlamem.commands.validate import compare_graphs
 from mlamem.engines.vllm import VLLMBudget
 from mlamem.kernels import load_kernel
 from mlamem.results.graphs import GraphsFile
@@ -142,6 +143,9 @@ def test_prediction_equals_the_h200_captures_to_the_byte(name):
         for mc, pc in zip(m.captures, p.captures, strict=True):
             assert [getattr(mc, f) for f in ALLOCATOR_FIELDS] == [
                 getattr(pc, f) for f in ALLOCATOR_FIELDS], (m.path, mc.tokens)
+        # validate's comparison of a graph path (`validate --graphs`) agrees with this one
+        differing = [c for c in compare_graphs(measured.scenario["name"], m, p) if not c.agrees]
+        assert not differing, differing
 
 
 # the Triton kernel's own module, loaded by its first (eager) launch: non_torch.toml has no

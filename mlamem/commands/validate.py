@@ -80,13 +80,13 @@ def compare_graphs(scenario: str, measured, predicted) -> list[Comparison]:
         for i in range(max(len(pred), len(meas))):
             pb = pred[i] if i < len(pred) else None
             mb = meas[i] if i < len(meas) else None
-            name = (mb or pb)["name"]
-            if pb and mb and pb["name"] != mb["name"]:
-                name = f"{pb['name']} (predicted) / {mb['name']} (measured)"
-            rows += [row(m.tokens, name, "allocated", pb and pb["block_bytes"],
-                         mb and mb["block_bytes"]),
-                     row(m.tokens, name, "reserved", pb and pb["segment_bytes"],
-                         mb and mb["segment_bytes"])]
+            name = (mb or pb).name
+            if pb and mb and pb.name != mb.name:
+                name = f"{pb.name} (predicted) / {mb.name} (measured)"
+            rows += [row(m.tokens, name, "allocated", pb and pb.block_bytes,
+                         mb and mb.block_bytes),
+                     row(m.tokens, name, "reserved", pb and pb.segment_bytes,
+                         mb and mb.segment_bytes)]
     rows += [row(0, "total", "allocated", predicted.held_bytes, measured.held_bytes),
              row(0, "total", "reserved", predicted.pool_bytes, measured.pool_bytes)]
     return rows
