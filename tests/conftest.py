@@ -26,3 +26,16 @@ def regressed_alloc_path():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.alloc_path_keeping_a_padded_copy
+
+
+@pytest.fixture
+def vllm_cache_as_measured(monkeypatch):
+    """vLLM's KV cache as mlamem's rank sized it when the committed GPU runs were measured
+    (2026-12-02 to 12-05): the 656-B fp8_ds_mla cell alone, before the DSA indexer's keys
+    (132 B per token per layer, spec.engines.vllm.kv_bytes_per_token_per_layer) joined it. A
+    prediction of one of those runs predicts the rank as it ran; new runs measure the rank
+    with the indexer's keys (scripts/gpu_check.py)."""
+    from mlamem.spec.engines import vllm
+
+    monkeypatch.setattr(vllm, "kv_bytes_per_token_per_layer",
+                        lambda scenario: scenario.kv_cache_bytes_per_token_per_layer)

@@ -218,7 +218,7 @@ H200_GRAPH_REPROS = [("repro-graphs-glm5.json", "glm5-fp8-tp8", [31744, 38880]),
 
 
 @pytest.mark.parametrize(("name", "scenario", "limits"), H200_GRAPH_REPROS)
-def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits):
+def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits, vllm_cache_as_measured):
     """reports/graph-memory-h200's `mlamem repro-oom --cuda-graphs on` runs (2026-12-05), each
     case its own process: predicted, every field equals the measured one, vLLM's device estimate
     and the captures' device growth included, and the limits too. Kimi-K2 at 64 heads pads

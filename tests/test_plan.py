@@ -168,11 +168,11 @@ def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
 
 def test_plan_engine_vllm_gives_repro_oom_limits(capsys):
     """At GLM-5's defaults, vLLM's largest safe max_num_batched_tokens per path are
-    repro-oom's (31680 and 38769)."""
+    repro-oom's (31680 and 38776)."""
     limits = _plan_json(["--engine", "vllm"], capsys)["plans"][0]["engine_limits"]
     assert [(c["case"], c["verdict"], c["max_safe_tokens"], c["max_safe_fraction"])
             for c in limits["cases"]] == [("alloc", "oom", 31680, None),
-                                          ("workspace", "fits", 38769, None)]
+                                          ("workspace", "fits", 38776, None)]
 
 
 def test_plan_engine_in_every_format_and_a_sweep(capsys):

@@ -17,13 +17,14 @@ from mlamem.commands.repro import (
     run_repro,
 )
 from mlamem.engines.base import Budget
-from mlamem.engines.decode_rank import activation_specs, kv_block_bytes
+from mlamem.engines.decode_rank import activation_specs
 from mlamem.engines.vllm import VLLM, kv_cache_bytes
 from mlamem.kernels import FlashMLA, TritonDecode
 from mlamem.kernels.base import BufferSpec, simulate_run
 from mlamem.runtime.allocator import AllocatorOutOfMemory
 from mlamem.runtime.memory import SimulatedMemory, is_out_of_memory
 from mlamem.spec import scenario as scenarios
+from mlamem.spec.engines.vllm import kv_block_bytes
 from mlamem.spec.errors import UserError
 from mlamem.testing import no_gpu, scenario_as_run
 
@@ -53,7 +54,8 @@ def test_kv_cache_arithmetic_by_hand():
 
 def test_engine_case_adds_up_for_glm5(glm):
     """The predicted glm5 case: block size, profile peak and KV size, each worked by hand."""
-    assert kv_block_bytes(glm) == 3_274_752
+    # 64 tokens x 78 layers x (656 B fp8_ds_mla + 132 B indexer keys), one cache group
+    assert kv_block_bytes(glm) == 3_933_696
     # hidden_states + residual (32768 x 6144 x 2 B each) + q (32768 x 8 x 576 x 2 B)
     # + attn_output (32768 x 8 x 512 x 2 B) = 2 x 402,653,184 + 301,989,888 + 268,435,456
     assert sum(s.nbytes for s in activation_specs(glm, 32768)) == 1_375_731_712
@@ -67,9 +69,10 @@ def test_engine_case_adds_up_for_glm5(glm):
     assert case.init_bytes == 47_786_885_120
     # 0.85 x 81079 MiB = 72,264,869,478 B requested, less init and the profile peak
     # (49,162,616,832; no non-torch memory in this simulated memory) leaves 23,102,252,646 B:
-    # 7054.7 blocks of 3,274,752 B, so 7054 blocks of 64 tokens
-    assert case.kv_cache_bytes == 7054 * 3_274_752 == 23_100_100_608
-    assert case.kv_cache_tokens == 7054 * 64 == 451_456
+    # 5872.9 blocks of 3,933,696 B, so 5872 blocks of 64 tokens (max_model_len 131072 is
+    # whole blocks: the count vLLM logs is every block's 64 tokens)
+    assert case.kv_cache_bytes == 5872 * 3_933_696 == 23_098_662_912
+    assert case.kv_cache_tokens == 5872 * 64 == 375_808
     assert case.headroom_bytes == case.torch_limit_bytes - case.step_peak_bytes > 0
 
 
@@ -104,7 +107,7 @@ H200_RUNS = FIXTURES / "reports" / "non-torch-h200"
 
 @pytest.mark.parametrize("name", ["glm5-fp8-tp8", "deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp",
                                   "kimi-k2-context-reuse"])
-def test_prediction_equals_the_h200_run(name, monkeypatch):
+def test_prediction_equals_the_h200_run(name, monkeypatch, vllm_cache_as_measured):
     """Every verdict, KV size, headroom and largest safe T of a fresh H200 run, predicted to the
     byte (only what a prediction cannot give is skipped, by name). These runs (2026-12-02)
     charged the device-wide non-torch reading, as a case does where NVML does not list its

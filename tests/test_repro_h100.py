@@ -33,7 +33,8 @@ def _measured(gpu: str, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ARGS)
-def test_the_h200_emulating_the_h100_equals_the_prediction(name, tmp_path, capsys):
+def test_the_h200_emulating_the_h100_equals_the_prediction(name, tmp_path, capsys,
+                                                          vllm_cache_as_measured):
     """vLLM eager, SGLang and vLLM's CUDA graphs: every field a prediction gives, the limits
     (each confirmed as N fits, N + 1 runs out of memory) included."""
     measured = _measured("h200", name)
@@ -42,7 +43,8 @@ def test_the_h200_emulating_the_h100_equals_the_prediction(name, tmp_path, capsy
 
 
 @pytest.mark.parametrize("name", ARGS)
-def test_the_h100_itself_differs_only_in_the_limits_the_note_gives(name, tmp_path, capsys):
+def test_the_h100_itself_differs_only_in_the_limits_the_note_gives(name, tmp_path, capsys,
+                                                                  vllm_cache_as_measured):
     """On the H100 the lazily loaded CUDA modules come out of the engine's memory, not spare
     memory: every field but the largest safe values equals the prediction, and the prediction's
     note, the same search with the target as the physical device, gives each measured limit or

@@ -53,7 +53,8 @@ def test_the_seed_command_differs_from_glm5_only_in_what_the_command_sets(glm5):
         del data["parallel"]["weights_note"]
     assert ours.pop("engines") == ["vllm"] and shipped.pop("engines") == ["vllm", "sglang"]
     assert ours.pop("vllm") == {"max_num_seqs": 256, "cudagraph_mode": "FULL_AND_PIECEWISE",
-                                "num_speculative_tokens": 0, "cuda_graphs": True}
+                                "num_speculative_tokens": 0, "cuda_graphs": True,
+                                "index_head_dim": 128}
     assert ours == shipped
     assert scenario.load("glm5-fp8-tp8").section("vllm").max_num_seqs == 1024  # vLLM's default
     assert built.cuda_graphs and any(n.startswith("CUDA graphs: on") for n in built.notes)
@@ -481,7 +482,7 @@ def test_repro_oom_limits_of_the_eager_seed(glm5, tmp_path, capsys):
                  "H100 SXM 80GB", "--weights-per-rank", "40GiB"]) == 0
     path.write_text(capsys.readouterr().out)
     limits = [case["max_safe_tokens"] for case in _predicted(["-s", str(path)], capsys)]
-    assert limits == [31680, 38769]
+    assert limits == [31680, 38776]  # the KV cache in blocks of 788-B tokens (indexer keys)
 
 
 _WORDS = ["-tp", "8", "-dp", "2", "--enable-expert-parallel", "--max-model-len", "4k", "-cc",
@@ -1062,7 +1063,7 @@ def test_repro_oom_and_plan_take_the_command_as_scenarios_serve_makes_it(capsys)
     graphs default: the eager seed gives the shipped scenario's verdicts and limits, and plan
     its budget."""
     served = _predicted(["--serve", HUB_SEED + " --enforce-eager", *SEED_TARGET], capsys)
-    assert served == _predicted([], capsys)  # glm5-fp8-tp8: graphs off, 31680 and 38769
+    assert served == _predicted([], capsys)  # glm5-fp8-tp8: graphs off, 31680 and 38776
     assert main(["plan", "--serve", HUB_SEED, *SEED_TARGET, "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert "note: weights: override: given as --weights-per-rank" in err
@@ -1073,7 +1074,7 @@ def test_repro_oom_and_plan_take_the_command_as_scenarios_serve_makes_it(capsys)
                  "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert "CUDA graphs on: the scenario's [vllm].cuda_graphs" in err
-    assert json.loads(out)["cases"][0]["max_safe_tokens"] == 31516  # graphs on (docs/scenarios.md)
+    assert json.loads(out)["cases"][0]["max_safe_tokens"] == 31512  # graphs on (docs/scenarios.md)
 
 
 @pytest.mark.parametrize("command", ["repro-oom", "plan"])

@@ -26,12 +26,6 @@ from mlamem.spec.kernel_api import OpInputs
 from mlamem.spec.scenario import Scenario
 
 
-def kv_block_bytes(scenario: Scenario) -> int:
-    """Bytes of one KV-cache block across all layers of a rank."""
-    return (scenario.serving.block_size * scenario.kv_cache_bytes_per_token_per_layer
-            * scenario.model.num_layers)
-
-
 def activation_specs(scenario: Scenario, tokens: int) -> list[BufferSpec]:
     """The step's tensors alive around attention: the profile pass allocates these and no more.
 

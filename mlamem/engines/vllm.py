@@ -10,7 +10,9 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
   setup's outside-allocator memory of the first capture included, memory.SimulatedMemory);
 - KV sizing: `utilization x total - (init + profile peak + non-torch + graph estimate)`, in
-  whole blocks;
+  whole blocks of every layer's MLA cell and, for a DSA model, its indexer's keys (one cache
+  group: spec.engines.vllm.kv_block_bytes), its tokens the count vLLM logs
+  (`logged_kv_tokens`);
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
 - step: one full step at max_num_batched_tokens through the path under test.
 The graphs hold the attention call only (mlamem/commands/graphs.py), its q a static input buffer; which
@@ -33,15 +35,16 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
-from mlamem.engines.decode_rank import (
-    DecodeCase,
-    DecodeRank,
-    activation_specs,
-    kv_block_bytes,
-)
+from mlamem.engines.decode_rank import DecodeCase, DecodeRank, activation_specs
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
-from mlamem.spec.engines.vllm import SPEC, sizes_to_capture, vllm_estimate
+from mlamem.spec.engines.vllm import (
+    SPEC,
+    kv_block_bytes,
+    logged_kv_tokens,
+    sizes_to_capture,
+    vllm_estimate,
+)
 from mlamem.spec.units import format_bytes
 
 
@@ -207,16 +210,20 @@ class VLLM(DecodeRank):
         non_kv = case.init_bytes + case.profile_peak_bytes + case.non_torch_bytes
         case.kv_cache_bytes = kv_cache_bytes(budget, non_kv + (case.graph_estimate_bytes or 0),
                                              block)
-        case.kv_cache_tokens = case.kv_cache_bytes // block * self.scenario.serving.block_size
+        case.kv_cache_tokens = self.logged_tokens(case.kv_cache_bytes // block)
         if case.graph_estimate_bytes is not None:
             without = kv_cache_bytes(budget, non_kv, block) // block
-            case.graph_kv_tokens_lost = (without * self.scenario.serving.block_size
-                                         - case.kv_cache_tokens)
+            case.graph_kv_tokens_lost = self.logged_tokens(without) - case.kv_cache_tokens
         if case.kv_cache_bytes == 0:
             raise NoKVRoom(f"no memory left for the KV cache: init {case.init_bytes} B + profile "
                            f"peak {case.profile_peak_bytes} B + non-torch {case.non_torch_bytes} "
                            f"B exceed utilization x total = {budget.requested_bytes} B")
         return case.kv_cache_bytes
+
+    def logged_tokens(self, blocks: int) -> int:
+        """The KV tokens vLLM logs for `blocks` blocks (spec.engines.vllm.logged_kv_tokens)."""
+        serving = self.scenario.serving
+        return logged_kv_tokens(blocks, serving.block_size, serving.max_model_len)
 
 
 def _signed(value: int) -> str:

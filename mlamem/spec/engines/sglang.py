@@ -74,6 +74,7 @@ from mlamem.spec.engines.decode_view import (
     safe_cell,
     step_need_bytes,
 )
+from mlamem.spec.engines.dsa_cache import indexer_key_bytes
 from mlamem.spec.errors import UserError
 from mlamem.spec.models import hf_config
 from mlamem.spec.sections import FieldError, check_positive, section_model
@@ -268,8 +269,7 @@ def dsa_fp8_cell_bytes(*, kv_lora_rank: int, qk_rope_head_dim: int, index_head_d
         raise UserError(f"kv_lora_rank {kv_lora_rank} is not a multiple of {FP8_QUANT_BLOCK}, as "
                         "SGLang's fp8 DSA cache needs", field="model.kv_lora_rank")
     latent = kv_lora_rank + kv_lora_rank // FP8_QUANT_BLOCK * 4 + qk_rope_head_dim * ROPE_STORAGE_BYTES
-    indexer = -(-(index_head_dim + index_head_dim // FP8_QUANT_BLOCK * 4) // index_kpool)
-    return (latent + indexer) * num_layers
+    return (latent + indexer_key_bytes(index_head_dim, index_kpool)) * num_layers
 
 
 def kv_pool_bytes(free_after_weights_bytes: int, free_before_model_bytes: int,

@@ -46,6 +46,7 @@ from mlamem.spec.engines.decode_view import (
     safe_cell,
     step_need_bytes,
 )
+from mlamem.spec.engines.dsa_cache import indexer_key_bytes
 from mlamem.spec.errors import UserError
 from mlamem.spec.sections import FieldError, check_positive, section_model
 from mlamem.spec.serve_command import config_file
@@ -68,12 +69,17 @@ class VLLMSection:
     max_cudagraph_capture_size: int | None = None  # None: vLLM's rule from max_num_seqs
     cudagraph_mode: str = "FULL_AND_PIECEWISE"  # -O2's mode; one of CUDAGRAPH_MODES
     num_speculative_tokens: int = 0  # MTP / speculative tokens per decode step (k)
+    # a DSA model's indexer key width (config.json index_head_dim); None: 128, GLM-5's and
+    # DeepSeek-V3.2's
+    index_head_dim: int | None = None
     # the serve command captures CUDA graphs (no --enforce-eager): repro-oom's --cuda-graphs
     # default; None (a scenario written by hand) leaves it off
     cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "vllm", "max_num_seqs")
+        if self.index_head_dim is not None:
+            check_positive(self, "vllm", "index_head_dim")
         if self.max_cudagraph_capture_size is not None:
             check_positive(self, "vllm", "max_cudagraph_capture_size")
         if not 0 <= self.num_speculative_tokens <= 64:
@@ -204,6 +210,43 @@ def vllm_estimate(source: str, samples: Sequence[int], actual: int, graphs: int)
     return Estimate(source, first, second, per_graph, graphs, estimate, actual,
                     estimate - actual, round(100 * (estimate - actual) / actual, 2)
                     if actual else None)
+
+
+# -- the KV cache (v1/core/kv_cache_planning.py, v1/kv_cache_interface.py) --
+
+DEFAULT_INDEX_HEAD_DIM = 128  # [vllm].index_head_dim unset: GLM-5's and DeepSeek-V3.2's
+
+def kv_bytes_per_token_per_layer(scenario: Scenario) -> int:
+    """vLLM 0.33.0's KV-cache bytes per token in one layer: the MLA cell (656 B for fp8_ds_mla)
+    and, for a DSA model, the indexer's key cache (132 B at index_head_dim 128: dsa_cache).
+
+    Both are MLAAttentionSpecs of one block size (model_executor/layers/attention/
+    mla_attention.py get_kv_cache_spec; models/deepseek_v2.py DeepseekV32IndexerCache
+    .get_kv_cache_spec), so get_kv_cache_groups puts every layer of both in one group, a
+    UniformTypeKVCacheSpecs whose page is the sum of its layers' pages (kv_cache_interface.py
+    UniformTypeKVCacheSpecs.page_size_bytes)."""
+    cell = scenario.kv_cache_bytes_per_token_per_layer
+    if scenario.model.index_topk is None:  # dense MLA: no indexer
+        return cell
+    return cell + indexer_key_bytes(settings(scenario).index_head_dim or DEFAULT_INDEX_HEAD_DIM)
+
+
+def kv_block_bytes(scenario: Scenario) -> int:
+    """Bytes of one KV-cache block over the rank's layers: kv_cache_planning.py
+    _get_kv_cache_bytes_per_block, the group's page; at block_size 64 the backends' stride
+    alignments (MultipleOf(64): flashmla_sparse.py customize_spec, indexer.py's kernel block
+    size 64) add nothing (kv_cache_interface.py KVCacheSpec.get_block_stride_alignment)."""
+    return (scenario.serving.block_size * scenario.model.num_layers
+            * kv_bytes_per_token_per_layer(scenario))
+
+
+def logged_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> int:
+    """The count vLLM logs as "GPU KV cache size: N tokens": the blocks over those one request of
+    max_model_len takes, times max_model_len, truncated (v1/core/kv_cache_utils.py
+    get_kv_cache_capacity and get_max_concurrency_for_kv_cache_config, with
+    FullAttentionSpec.max_memory_usage_bytes's cdiv(max_model_len, block_size) pages)."""
+    per_request = -(-max_model_len // block_size)
+    return int(num_blocks / per_request * max_model_len)
 
 
 # -- the serve command --
@@ -483,13 +526,16 @@ def _check_kv_memory(size: int | None) -> None:
                         "--gpu-memory-utilization", field="serve")
 
 
-def for_model(parsed: Parsed, dense: bool) -> None:
+def for_model(parsed: Parsed, dense: bool, index_head_dim: int | None = None) -> None:
     """The cache, the operations and the backend's note, by the model: vLLM's sparse MLA
-    (FLASHMLA_SPARSE, fp8_ds_mla) for a DSA model, its dense MLA decode for a dense one."""
+    (FLASHMLA_SPARSE, fp8_ds_mla, beside the indexer's keys of `index_head_dim`) for a DSA
+    model, its dense MLA decode for a dense one."""
     given = parsed.engine_settings
     backend = given["attention_backend"]
     if not dense:
         parsed.serving["kv_cache_dtype"] = _kv_dtype(given["kv_cache_dtype"])
+        if index_head_dim is not None:
+            parsed.sections.setdefault("vllm", {})["index_head_dim"] = index_head_dim
         if backend not in (None, "FLASHMLA_SPARSE"):
             parsed.notes.append(f"--attention-backend {backend}: mlamem runs FlashMLA's sparse "
                                 "kernels (FLASHMLA_SPARSE) for this model")

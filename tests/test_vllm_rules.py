@@ -1,0 +1,94 @@
+"""vLLM's rules in the spec layer (spec/engines/vllm.py): the KV cache's groups, bytes and the
+token count it logs, each held to the vLLM 0.33.0 source line it cites."""
+
+import dataclasses
+
+import pytest
+
+from mlamem.engines.vllm import VLLM
+from mlamem.kernels import FlashMLA
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.engines import vllm as rules
+from mlamem.spec.engines.dsa_cache import indexer_key_bytes
+from mlamem.spec.engines.sglang import dsa_fp8_cell_bytes
+
+GiB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def glm():
+    return scenarios.load("glm5-fp8-tp8")
+
+
+@pytest.fixture(scope="module")
+def deepseek():
+    return scenarios.load("deepseek-v32-fp8-tp8")
+
+
+def with_vllm(scenario, **table):
+    """The scenario with its [vllm] table's fields replaced."""
+    section = dataclasses.replace(rules.settings(scenario), **table)
+    return dataclasses.replace(scenario, sections={**scenario.sections, "vllm": section})
+
+
+def test_indexer_key_bytes_follow_deepseek_v2_indexer():
+    """Indexer.__init__: head_dim + head_dim // 128 * 4 bytes (fp8 keys, one fp32 scale per
+    128), at two widths; SGLang's kpool divides it, rounding up."""
+    assert indexer_key_bytes(128) == 128 + 128 // 128 * 4 == 132
+    assert indexer_key_bytes(256) == 256 + 2 * 4 == 264
+    assert indexer_key_bytes(128, index_kpool=4) == 33
+
+
+def test_sglang_cell_unchanged_by_the_shared_indexer_formula():
+    """SGLang's DSA cell still counts 656 + 132 B per layer (GLM-5: 78 layers)."""
+    assert dsa_fp8_cell_bytes(kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128,
+                              num_layers=78) == 78 * (656 + 132) == 61_464
+
+
+def test_dsa_bytes_per_token_count_the_indexer_cache(glm, deepseek):
+    """A DSA model's vLLM KV cache holds the fp8_ds_mla cell and the indexer's keys in one group
+    (UniformTypeKVCacheSpecs: the page is the sum of the layers' pages), at two shapes."""
+    assert rules.kv_bytes_per_token_per_layer(glm) == 656 + 132
+    assert rules.kv_block_bytes(glm) == 64 * 78 * 788 == 3_933_696
+    wide = with_vllm(deepseek, index_head_dim=256)
+    wide = dataclasses.replace(wide, serving=dataclasses.replace(wide.serving, block_size=128))
+    assert rules.kv_bytes_per_token_per_layer(wide) == 656 + 264
+    assert rules.kv_block_bytes(wide) == 128 * deepseek.model.num_layers * 920
+
+
+def test_dense_mla_has_no_indexer_cache():
+    """A dense-MLA model (Kimi-K2) keeps only its MLA cache: no indexer."""
+    kimi = scenarios.load("kimi-k2-dense-tp4-dp")
+    assert rules.kv_bytes_per_token_per_layer(kimi) == kimi.kv_cache_bytes_per_token_per_layer
+
+
+def test_logged_tokens_follow_get_kv_cache_capacity():
+    """get_kv_cache_capacity: int(num_blocks / cdiv(max_model_len, block_size) x max_model_len):
+    whole blocks when max_model_len is a multiple of the block size, fewer otherwise."""
+    assert rules.logged_kv_tokens(6782, 64, 202_752) == 6782 * 64 == 434_048
+    assert rules.logged_kv_tokens(100, 64, 100) == 5000  # 100 blocks / 2 per request x 100
+    assert rules.logged_kv_tokens(7, 64, 130) == int(7 / 3 * 130) == 303
+
+
+def test_public_glm5_h200_log_is_788_bytes_per_token():
+    """vllm-project/vllm#44545 (GLM-5 FP8, 8xH200, fp8 cache): 434,048 tokens in 24.85 GiB.
+    The blocks vLLM makes of any 24.845-24.855 GiB at 78 x 788 B per token give that count,
+    and at 78 x 656 B (the cell alone) none does."""
+    def tokens(available: int, per_token: int) -> int:
+        return rules.logged_kv_tokens(available // (64 * per_token), 64, 202_752)
+    low, high = int(24.845 * GiB), int(24.855 * GiB)
+    assert tokens(low, 78 * 788) <= 434_048 <= tokens(high, 78 * 788)
+    assert tokens(high, 78 * 656) > tokens(low, 78 * 656) > 434_048 * 1.19
+
+
+def test_rank_sizes_the_cache_in_788_byte_tokens(glm):
+    """The predicted vLLM rank's KV cache: whole blocks of 64 x 78 x 788 B, its tokens the
+    count vLLM logs."""
+    case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(),
+                        VLLM.make_budget(gpu_memory_bytes=glm.gpu.memory_bytes,
+                                         utilization=glm.gpu.gpu_memory_utilization,
+                                         max_num_batched_tokens=32768),
+                        "workspace", sm_count=132)
+    assert case.kv_cache_bytes % 3_933_696 == 0
+    assert case.kv_cache_tokens == case.kv_cache_bytes // 3_933_696 * 64
