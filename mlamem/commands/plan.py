@@ -33,6 +33,7 @@ from mlamem.spec.context_reserve import (  # noqa: F401 (re-exported: the reserv
     reserve_gate,
     staging_bytes_per_token,
 )
+from mlamem.spec.engines import vllm as vllm_rules
 from mlamem.spec.errors import UserError
 from mlamem.spec.lists import parse_list
 from mlamem.spec.units import MAX_TOKENS, parse_bytes
@@ -107,7 +108,7 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
     if budget <= 0:
         raise UserError(f"the weights ({weights} B) leave no KV budget on a {total} B GPU; "
                         "raise the GPU memory or the utilization", field="gpu_memory_bytes")
-    k, w, gather = (kv_bytes_per_token(scenario), staging_bytes_per_token(scenario),
+    k, w, gather = (plan_kv_bytes_per_token(scenario, request), staging_bytes_per_token(scenario),
                     gather_bytes_per_token(scenario))
     l_cap = kv_len_cap(request.max_batch_size, request.max_num_tokens, request.max_seq_len)
     applies, reason = reserve_gate(request.block_reuse, request.chunked_prefill)
@@ -126,6 +127,15 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
         if scenario.model.index_topk and request.utilization is not None else None,
         "engine_limits": None if engine is None
         else engine_limits(scenario, request, engine, kernel, tokens_given)})
+
+
+def plan_kv_bytes_per_token(scenario: Scenario, request: PlanRequest) -> int:
+    """k: under vLLM's budget (a utilization), vLLM's bytes per token, a DSA model's indexer
+    keys included (spec.engines.vllm.kv_bytes_per_token_per_layer); under TRT-LLM's (a free
+    fraction), the cell alone, as TRT-LLM PR #16399's arithmetic counts it."""
+    if request.utilization is None:
+        return kv_bytes_per_token(scenario)
+    return scenario.model.num_layers * vllm_rules.kv_bytes_per_token_per_layer(scenario)
 
 
 def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:

@@ -48,13 +48,20 @@ REPRO_RULE = ("utilization, as TRT-LLM's free_gpu_memory_fraction, x (total - no
               "weights - profile peak), after a profile run: another budget, so other reserves")
 
 
+def _indexer_part(plan: OnePlan, scenario: PlanScenario) -> str:
+    """', + N B indexer keys' where k holds vLLM's DSA indexer cache beside the cell."""
+    extra = plan.k_bytes_per_token // scenario.num_layers - scenario.kv_bytes_per_token_per_layer
+    return f" + {extra} B indexer keys" if extra else ""
+
+
 def plan_rows(plan: OnePlan, scenario: PlanScenario) -> list[tuple[str, str]]:
     """(quantity, value) lines of one plan, in reading order."""
     request = plan.request
     rows = [
         ("k: KV bytes per token", f"{plan.k_bytes_per_token} B ({scenario.num_layers} "
                                   f"layers x {scenario.kv_bytes_per_token_per_layer} B, "
-                                  f"{scenario.kv_cache_dtype})"),
+                                  f"{scenario.kv_cache_dtype}"
+                                  + _indexer_part(plan, scenario) + ")"),
         ("w: fp8 staging per attended token", f"{plan.w_bytes_per_token} B "
                                               f"({scenario.heads_per_rank} heads x "
                                               "(qk_nope + qk_rope + v_head) x 1 B)"),
