@@ -92,3 +92,35 @@ def test_rank_sizes_the_cache_in_788_byte_tokens(glm):
                         "workspace", sm_count=132)
     assert case.kv_cache_bytes % 3_933_696 == 0
     assert case.kv_cache_tokens == case.kv_cache_bytes // 3_933_696 * 64
+
+
+OLDER_COMMAND = ("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8 --swap-space 16 "
+                 "--max-num-partial-prefills 2 --disable-log-requests --max-seq-len-to-capture "
+                 "8192 --num-lookahead-slots 0")
+
+
+def test_older_versions_flags_are_taken_and_named():
+    """Flags vLLM 0.10-0.22 took and 0.33.0 dropped (--swap-space, --max-num-partial-prefills,
+    ...) are read, with or without a value, and named in one note with their versions, not
+    refused as unknown."""
+    from mlamem.spec.serve_command import from_command
+
+    built = from_command(OLDER_COMMAND, gpu_name="H200 SXM 141GB")
+    [note] = [n for n in built.notes if n.startswith("flags of older vLLM versions")]
+    for flag in ("--swap-space (0.10.2, 0.11.0, 0.16.0)", "--max-num-partial-prefills",
+                 "--disable-log-requests", "--max-seq-len-to-capture (0.10.2)",
+                 "--num-lookahead-slots"):
+        assert flag in note
+    plain = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                         gpu_name="H200 SXM 141GB").scenario
+    assert dataclasses.replace(built.scenario, description="") == dataclasses.replace(
+        plain, description="")
+
+
+def test_older_flags_table_holds_only_flags_0_33_0_lacks():
+    """vllm-older-flags.json (scripts/vllm_older_flags.py) names no flag of 0.33.0's table."""
+    current = rules.flag_table()
+    names = set(current) | {a for f in current.values() for a in f["aliases"]}
+    older = rules.older_flag_table()
+    assert "--swap-space" in older and "--max-num-partial-prefills" in older
+    assert not names & set(older)

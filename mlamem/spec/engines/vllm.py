@@ -345,6 +345,20 @@ _KINDS = {"bool": {"action": argparse.BooleanOptionalAction}, "flag": {"action":
           "optional": {"nargs": "?"}, "list": {"nargs": "+"}, "value": {}}
 
 
+@cache
+def older_flag_table() -> dict[str, dict]:
+    """The flags older versions' `vllm serve` takes and 0.33.0's lacks (vllm-older-flags.json,
+    written from their wheels by scripts/vllm_older_flags.py): each with the versions that have
+    it."""
+    return json.loads(resources.files("mlamem.spec.engines").joinpath("vllm-older-flags.json")
+                      .read_text())["flags"]
+
+
+# an older version's flag takes a value or none, as its kind allows, so either form parses
+_OLDER_KINDS = {"bool": _KINDS["bool"], "flag": {"nargs": "?"}, "optional": {"nargs": "?"},
+                "list": {"nargs": "*"}, "value": {"nargs": "?"}}
+
+
 def parser() -> argparse.ArgumentParser:
     p = EngineParser(prog=PROG, add_help=False, allow_abbrev=True)
     p.add_argument("model_tag", nargs="?")
@@ -354,7 +368,18 @@ def parser() -> argparse.ArgumentParser:
             kind["type"] = MODELLED[flag]
         dest = flag.lstrip("-").replace("-", "_")
         p.add_argument(flag, *entry["aliases"], dest=dest, default=argparse.SUPPRESS, **kind)
+    for flag, entry in older_flag_table().items():
+        p.add_argument(flag, *entry["aliases"], dest=flag.lstrip("-").replace("-", "_"),
+                       default=argparse.SUPPRESS, **_OLDER_KINDS[entry["kind"]])
     return p
+
+
+def older_flags_note(flags: list[str]) -> str:
+    """One note naming the given flags that only older versions take, with those versions."""
+    table = older_flag_table()
+    named = [f"{flag} ({', '.join(table[flag]['versions'])})" for flag in flags]
+    return ("flags of older vLLM versions, not modelled (vLLM 0.33.0 has none of them and "
+            "refuses them): " + ", ".join(named))
 
 
 _NAME = re.compile(r"(?<=--)[^.]*")  # between the leading -- and the first dot
@@ -500,6 +525,10 @@ def parse(words: list[str]):
     if given.get("enable_expert_parallel"):
         notes.append(f"--enable-expert-parallel: the routed experts' bytes split over the "
                      f"{tp * dp} ranks as without it (whole experts instead of slices)")
+    older = [flag for flag in unmodelled if flag in older_flag_table()]
+    unmodelled = [flag for flag in unmodelled if flag not in older]
+    if older:
+        notes.insert(0, older_flags_note(older))
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
     fraction = given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
