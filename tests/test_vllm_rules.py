@@ -12,6 +12,7 @@ from mlamem.spec import scenario as scenarios
 from mlamem.spec.engines import vllm as rules
 from mlamem.spec.engines.dsa_cache import indexer_key_bytes
 from mlamem.spec.engines.sglang import dsa_fp8_cell_bytes
+from mlamem.spec.errors import UserError
 
 GiB = 1024**3
 
@@ -124,3 +125,47 @@ def test_older_flags_table_holds_only_flags_0_33_0_lacks():
     older = rules.older_flag_table()
     assert "--swap-space" in older and "--max-num-partial-prefills" in older
     assert not names & set(older)
+
+
+@pytest.mark.parametrize(("version", "fraction", "estimate"), [
+    ("0.10.2", 0.9, "none"), ("0.16.0", 0.9, "none"), ("0.18.0", 0.9, "opt-in"),
+    ("0.19.1", 0.9, "opt-in"), ("0.20.0", 0.92, "applied"), ("0.22.1rc1.dev69+gf69ede495", 0.92,
+                                                            "applied"), (None, 0.92, "applied")])
+def test_version_rules_follow_each_wheel(version, fraction, estimate):
+    """config/cache.py's default utilization: 0.9 in 0.10.2, 0.11.0, 0.16.0, 0.18.0 and 0.19.0,
+    0.92 from 0.20.0 (and in 0.22.0, 0.33.0); envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:
+    "1" from 0.20.0, "0" in 0.18.0-0.19.0, no profile_cudagraph_memory in 0.16.0. The default
+    is vLLM 0.33.0."""
+    found = rules.version_rules(version)
+    assert (found.gpu_memory_utilization, found.graph_estimate) == (fraction, estimate)
+    assert found.version == (version or "0.33.0")
+
+
+@pytest.mark.parametrize("version", ["0.9.2", "0.34.0", "1.0", "latest", ""])
+def test_versions_outside_those_read_are_refused(version):
+    with pytest.raises(UserError, match=r"mlamem reads vLLM's rules of 0\.10 to 0\.33") as error:
+        rules.version_rules(version)
+    assert error.value.field == "engine_version"
+
+
+def test_an_older_version_takes_its_default_utilization():
+    """--engine-version 0.19.1 without --gpu-memory-utilization: 0.9, said in the notes with
+    the graph estimate's difference; the default stays 0.33.0's 0.92."""
+    from mlamem.spec.serve_command import from_command
+
+    command = "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8"
+    old = from_command(command, gpu_name="H200 SXM 141GB", engine_version="0.19.1")
+    new = from_command(command, gpu_name="H200 SXM 141GB")
+    assert old.scenario.gpu.gpu_memory_utilization == 0.9
+    assert new.scenario.gpu.gpu_memory_utilization == 0.92
+    assert "gpu_memory_utilization 0.9: vLLM 0.19.1's default" in old.notes
+    assert any("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1" in n for n in old.notes)
+    assert "gpu_memory_utilization 0.92: vLLM 0.33.0's default" in new.notes
+
+
+def test_engine_version_applies_to_vllm_commands_only():
+    from mlamem.spec.serve_command import from_command
+
+    with pytest.raises(UserError, match="mlamem reads versions of vLLM only"):
+        from_command("python -m sglang.launch_server --model-path zai-org/GLM-5-FP8 --tp 8 "
+                     "--kv-cache-dtype fp8_e4m3", gpu_name="H200 SXM 141GB", engine_version="0.5.9")

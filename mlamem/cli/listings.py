@@ -14,6 +14,7 @@ from mlamem.cli.app import app
 from mlamem.cli.options import (
     SERVE_GPU,
     Changes,
+    EngineVersionOption,
     format_option,
     load_scenario,
     load_served,
@@ -46,6 +47,7 @@ def list_scenarios(
     weights_per_rank: Annotated[str | None, typer.Option(
         "--weights-per-rank", help="With --serve: one rank's weights (e.g. 40GiB), a labelled "
         "override of the count from the model's config.")] = None,
+    engine_version: EngineVersionOption = None,
     output_format: Annotated[ListFormat, format_option(
         None, "The listing's format (without --serve): table or json", None)] = ListFormat.table,
 ) -> None:
@@ -53,7 +55,8 @@ def list_scenarios(
     command makes."""
     if serve is None:
         given = [flag for flag, value in (("--model", model), ("--weights-per-rank",
-                 weights_per_rank), ("--gpu", None if gpu == SERVE_GPU else gpu)) if value]
+                 weights_per_rank), ("--gpu", None if gpu == SERVE_GPU else gpu),
+                 ("--engine-version", engine_version)) if value]
         if given:
             raise UserError(f"{given[0]} applies to --serve; add it")
         _list_shipped(output_format)
@@ -62,7 +65,7 @@ def list_scenarios(
         raise UserError("--format applies to the listing; --serve prints TOML")
     from mlamem.spec.scenario import to_toml
 
-    sys.stdout.write(to_toml(load_served(serve, Changes(model, gpu, weights_per_rank))))
+    sys.stdout.write(to_toml(load_served(serve, Changes(model, gpu, weights_per_rank, engine_version))))
 
 
 def _list_shipped(output_format: ListFormat) -> None:

@@ -115,6 +115,7 @@ class Changes:
     model: str | None = None
     gpu: str | None = None
     weights_per_rank: str | None = None
+    engine_version: str | None = None  # --engine-version: the rules --serve's command takes
 
 
 def parse_size(text: str | None, field: str) -> int | None:
@@ -136,7 +137,8 @@ def load_served(command: str, changes: Changes = Changes()) -> Scenario:
     from mlamem.spec.serve_command import from_command
 
     built = from_command(command, gpu_name=changes.gpu or SERVE_GPU, model=changes.model,
-                         weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"))
+                         weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"),
+                         engine_version=changes.engine_version)
     for note in built.notes:
         typer.echo(f"note: {note}", err=True)
     return built.scenario
@@ -149,6 +151,8 @@ def load_one(name: str | None, serve: str | None, changes: Changes = Changes()) 
         raise UserError("--serve and --scenario both name the scenario; give one")
     if serve is not None:
         return load_served(serve, changes)
+    if changes.engine_version is not None:
+        raise UserError("--engine-version applies to --serve's command; add --serve, or drop it")
     return load_scenario(name or DEFAULT_SCENARIO, changes)
 
 
@@ -281,6 +285,10 @@ GpuOption = Annotated[str | None, typer.Option(
     "--gpu", metavar="NAME", help=f"The target GPU by name, one of {', '.join(GPUS)}: its memory "
     "and SM count replace the scenario's [gpu] (the utilization is kept). Default: the "
     "scenario's GPU.", show_default=False)]
+EngineVersionOption = Annotated[str | None, typer.Option(
+    "--engine-version", metavar="VERSION", help="The vLLM version --serve's command ran, e.g. "
+    "0.19.1: its defaults (gpu_memory_utilization 0.9 before 0.20.0) replace 0.33.0's, and its "
+    "notes name what else differs. Default: vLLM 0.33.0, SGLang 0.5.23.", show_default=False)]
 WeightsOption = Annotated[str | None, typer.Option(
     "--weights-per-rank", metavar="SIZE", help="One rank's weights, e.g. 40GiB: a labelled "
     "override of the scenario's (or --model's count).", show_default=False)]

@@ -51,6 +51,7 @@ def plan(
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
+    engine_version: o.EngineVersionOption = None,
     gpu_memory: GpuMemoryOption = None,
     utilization: UtilizationOption = None,
     free_fraction: FreeFractionOption = None,
@@ -81,7 +82,7 @@ def plan(
         "max-seq-len": max_seq_len})
     if output is not None:
         check_output_path(output)
-    changes = o.Changes(model, gpu, weights_per_rank)
+    changes = o.Changes(model, gpu, weights_per_rank, engine_version)
     chosen = o.load_one(scenario, serve, changes)
     o.check_weights_fit(chosen, gpu_memory, from_file=serve is None and changes.model is None
                         and weights_per_rank is None)

@@ -57,6 +57,7 @@ def repro_oom(
     model: o.ModelOption = None,
     gpu: o.GpuOption = None,
     weights_per_rank: o.WeightsOption = None,
+    engine_version: o.EngineVersionOption = None,
     gpu_memory: GpuMemoryOption = None,
     utilization: UtilizationOption = None,
     max_num_batched_tokens: StepTokensOption = None,
@@ -90,12 +91,11 @@ def repro_oom(
     TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
     default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
     reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
-    Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise.
-    """
+    Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise."""
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
-    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
+    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version), gpu_memory)
     from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
 
     decode = o.make_kernel(kernel)

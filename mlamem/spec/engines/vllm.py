@@ -249,6 +249,57 @@ def logged_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> in
     return int(num_blocks / per_request * max_model_len)
 
 
+# -- engine versions: the rules that differ among the vLLM versions users run --
+
+DEFAULT_VERSION = "0.33.0"  # the version mlamem's rules follow unless --engine-version says
+OLDEST_VERSION = (0, 10)  # the oldest series whose rules were read (0.10.2's wheel)
+FRACTION_092_FROM = (0, 20)  # config/cache.py: 0.9 in 0.10.2-0.19.0, 0.92 from 0.20.0
+GRAPH_ESTIMATE_FROM = (0, 20)  # envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "1" from 0.20.0
+GRAPH_ESTIMATE_OPT_IN_FROM = (0, 18)  # ... "0" (opt-in) in 0.18.0-0.19.0; none in 0.16.0
+
+
+@dataclass(frozen=True)
+class VersionRules:
+    """What differs by vLLM version, each read from that version's wheel."""
+
+    version: str
+    # CacheConfig.gpu_memory_utilization's default (config/cache.py)
+    gpu_memory_utilization: float
+    # whether CUDA-graph memory is estimated and set aside before the KV cache is sized
+    # (v1/worker/gpu_worker.py determine_available_memory, profile_cudagraph_memory, under
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS of envs.py): "applied", "opt-in" (env var, off
+    # by default) or "none"
+    graph_estimate: str
+
+
+def version_rules(version: str | None) -> VersionRules:
+    """The rules of vLLM `version` (e.g. 0.19.1; None: DEFAULT_VERSION); UserError outside the
+    versions read (0.10 to 0.33)."""
+    version = DEFAULT_VERSION if version is None else version
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?([.+\-]?[0-9A-Za-z.+\-]*)", version.strip())
+    series = (int(match[1]), int(match[2])) if match else None
+    if series is None or not OLDEST_VERSION <= series <= (0, 33):
+        raise UserError(f"{version!r}: mlamem reads vLLM's rules of 0.10 to 0.33 "
+                        f"(the default is {DEFAULT_VERSION}); give one such as 0.19.1",
+                        field="engine_version")
+    estimate = ("applied" if series >= GRAPH_ESTIMATE_FROM else
+                "opt-in" if series >= GRAPH_ESTIMATE_OPT_IN_FROM else "none")
+    return VersionRules(version.strip().lstrip("v"),
+                        0.92 if series >= FRACTION_092_FROM else 0.9, estimate)
+
+
+def version_notes(rules: VersionRules, graphs: bool) -> list[str]:
+    """Where an older version's rules differ from what mlamem's rank runs, in words."""
+    notes = [f"engine version: vLLM {rules.version} (--engine-version; mlamem's default is "
+             f"{DEFAULT_VERSION})"]
+    if graphs and rules.graph_estimate != "applied":
+        how = ("estimates CUDA-graph memory only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1"
+               if rules.graph_estimate == "opt-in" else "does not estimate CUDA-graph memory")
+        notes.append(f"vLLM {rules.version} {how} before sizing the KV cache; mlamem's rank sets "
+                     "its estimate aside as 0.20.0 and later do, so its KV cache is smaller by it")
+    return notes
+
+
 # -- the serve command --
 
 PROG = "vllm serve"
@@ -263,7 +314,6 @@ def flag_table() -> dict[str, dict]:
 
 
 GiB = 1024**3
-GPU_MEMORY_UTILIZATION = 0.92  # config/cache.py CacheConfig.gpu_memory_utilization's default
 
 
 def _json(flag: str):
@@ -500,7 +550,8 @@ def _has_no_form(key: str) -> bool:
     return entry is not None and entry["kind"] == "bool"
 
 
-def parse(words: list[str]):
+def parse(words: list[str], version: str | None = None):
+    rules = version_rules(version)
     words = with_config_file(words)
     given = vars(parser().parse_args(flexible(words)))
     model = given.pop("model_tag", None) or given.pop("model", None)
@@ -519,7 +570,10 @@ def parse(words: list[str]):
                "kv_cache_dtype": None,  # by the model: for_model
                "block_size": given.get("block_size", 64)}
     if "gpu_memory_utilization" not in given:
-        notes.append(f"gpu_memory_utilization {GPU_MEMORY_UTILIZATION}: vLLM 0.33.0's default")
+        notes.append(f"gpu_memory_utilization {rules.gpu_memory_utilization}: vLLM "
+                     f"{rules.version}'s default")
+    if version is not None:
+        notes += version_notes(rules, graphs)
     if "block_size" not in given:
         notes.append("block_size 64: vLLM takes the attention backend's; FlashMLA's is 64")
     if given.get("enable_expert_parallel"):
@@ -531,7 +585,7 @@ def parse(words: list[str]):
         notes.insert(0, older_flags_note(older))
     if unmodelled:
         notes.insert(0, "not modelled: " + ", ".join(unmodelled))
-    fraction = given.get("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
+    fraction = given.get("gpu_memory_utilization", rules.gpu_memory_utilization)
     return Parsed(model=model, tensor_parallel=tp * dp, attention_data_parallel=dp, tp=tp,
                   serving=serving, memory_fraction=fraction, engines=["vllm"],
                   operations=["sparse-decode", "sparse-prefill"], sections=sections, notes=notes,

@@ -81,11 +81,12 @@ def redacted(words: list[str]) -> str:
     return shlex.join(shown)
 
 
-def parse_command(command: str) -> Parsed:
-    """The command parsed by its engine's flags; its environment prefixes, which mlamem does not
-    model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
+def parse_command(command: str, engine_version: str | None = None) -> Parsed:
+    """The command parsed by its engine's flags, by the rules of `engine_version` (None: the
+    engine's default, vLLM 0.33.0 or SGLang 0.5.23); its environment prefixes, which mlamem does
+    not model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
     env, words = _split(command)
-    parsed = _parse_words(words)
+    parsed = _parse_words(words, engine_version)
     if env:
         named = ", ".join(f"{name} (environment)" for name in env)
         lines = [i for i, note in enumerate(parsed.notes) if note.startswith("not modelled: ")]
@@ -96,10 +97,14 @@ def parse_command(command: str) -> Parsed:
     return parsed
 
 
-def _parse_words(words: list[str]) -> Parsed:
+def _parse_words(words: list[str], engine_version: str | None = None) -> Parsed:
     program = Path(words[0]).name if words else ""
     if program == "vllm" and words[1:2] == ["serve"]:
-        return vllm.parse(words[2:])
+        return vllm.parse(words[2:], engine_version)
+    if engine_version is not None and engine_version != sglang.VERSION:
+        raise UserError(f"--engine-version {engine_version}: mlamem reads versions of vLLM only; "
+                        f"for this engine it follows SGLang {sglang.VERSION} or TensorRT-LLM's "
+                        "rules as shipped: drop --engine-version", field="engine_version")
     if program == "trtllm-serve":
         return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
     if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
@@ -190,10 +195,11 @@ def _dense_decode_batch(parsed: Parsed, default_seqs: int, target: gpus.GPU) -> 
                         "case; profile --context-len takes a shorter one)")
 
 def from_command(command: str, *, gpu_name: str, model: str | None = None,
-                 weights_bytes: int | None = None) -> Built:
-    """The scenario a serve command, its model's config and a GPU make."""
+                 weights_bytes: int | None = None, engine_version: str | None = None) -> Built:
+    """The scenario a serve command, its model's config and a GPU make, by the rules of
+    `engine_version` (None: vLLM 0.33.0, SGLang 0.5.23)."""
     target = gpus.gpu(gpu_name)
-    parsed = parse_command(command)
+    parsed = parse_command(command, engine_version)
     config, name = model_config(parsed.model, model, parsed.notes)
     fill_max_len = {"vllm": vllm.fill_max_model_len,  # the engine's default from the config
                     "sglang": sglang.fill_max_model_len}.get(parsed.engines[0])
