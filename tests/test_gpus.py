@@ -16,6 +16,16 @@ def test_every_gpu_names_its_sources():
         assert g.cuda_mib is None or g.cuda_mib < g.smi_mib
 
 
+@pytest.mark.parametrize(("name", "smi_mib", "sm_count"), [
+    ("H20 141GB", 143771, 78), ("H20", 97871, 78), ("GH200 480GB", 97871, 132),
+    ("H800", 81559, 132), ("H200 NVL", 143771, 132)])
+def test_boards_users_of_these_kernels_run(name, smi_mib, sm_count):
+    """The Hopper boards users serve MLA models on, nvidia-smi's memory and the SM count each
+    from a public record: the 141 GB H20 (NVIDIA H20-3e) beside the 96 GB one."""
+    board = gpus.gpu(name)
+    assert (board.smi_mib, board.sm_count, board.memory_mib) == (smi_mib, sm_count, smi_mib)
+
+
 def test_retarget_keeps_the_scenario_but_its_gpu():
     shipped = scenario.load("glm5-fp8-tp8")
     assert gpus.retarget(shipped, None) is shipped
@@ -30,7 +40,8 @@ def test_retarget_keeps_the_scenario_but_its_gpu():
 @pytest.mark.parametrize(("given", "name"), [
     ("H200 SXM 141GB", "H200 SXM 141GB"), ("h200 sxm 141gb", "H200 SXM 141GB"),
     (" H200  SXM 141GB ", "H200 SXM 141GB"), ("H200 SXM", "H200 SXM 141GB"),
-    ("a100", "A100 80GB"), ("h100 pcie", "H100 PCIe"), ("H20", "H20"), ("b200", "B200")])
+    ("a100", "A100 80GB"), ("h100 pcie", "H100 PCIe"), ("H20", "H20"), ("b200", "B200"),
+    ("h20 141gb", "H20 141GB"), ("GH200", "GH200 480GB")])
 def test_a_gpu_is_named_in_any_case_and_spacing_or_by_a_short_form_one_name_begins(given, name):
     assert gpus.gpu(given).name == name
 

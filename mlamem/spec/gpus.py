@@ -71,6 +71,14 @@ GPUS = {g.name: g for g in (
     GPU("H20", 97871, 78, SMI_LOG + "'NVIDIA H20, 97871 MiB'",
         TORCH_LOG + "'NVIDIA H20', total_memory=97285MB, multi_processor_count=78",
         cuda_mib=97285, cuda_source=TORCH_LOG + "total_memory=97285MB"),
+    GPU("H20 141GB", 143771, 78, "a public record of 8 x H20-3e (nvidia-smi names the 141 GB H20 "
+        "'NVIDIA H20-3e'): gpu_name 'NVIDIA H20-3e', gpu_memory_mib 143771; another: 'GPU: "
+        "NVIDIA H20-3e, 143771 MiB/GPU'",
+        "a public record: 'device': 'NVIDIA H20-3e', 'compute_capability': (9, 0), 'sm_count': "
+        "78 (the 96 GB H20's 78 too)"),
+    GPU("GH200 480GB", 97871, 132, "a public note: '`nvidia-smi` reports `NVIDIA GH200 480GB, "
+        "97871 MiB`' (the 96 GB HBM3 board; 480GB is the superchip's memory with Grace's)",
+        "a public record: 'The GPU is an NVIDIA GH200 480GB (sm_90, 132 SMs)'"),
     GPU("H200 SXM 141GB", 143771, 132, _H200_MEASURED,
         "this project's H200: reports/native-h200/bench.log 'gpu NVIDIA H200, sm_count 132'",
         cuda_mib=143155, cuda_source=_H200_MEASURED, measured_mib=143155),
