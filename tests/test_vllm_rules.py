@@ -169,3 +169,19 @@ def test_engine_version_applies_to_vllm_commands_only():
     with pytest.raises(UserError, match="mlamem reads versions of vLLM only"):
         from_command("python -m sglang.launch_server --model-path zai-org/GLM-5-FP8 --tp 8 "
                      "--kv-cache-dtype fp8_e4m3", gpu_name="H200 SXM 141GB", engine_version="0.5.9")
+
+
+@pytest.mark.parametrize(("flags", "given"), [
+    ("", "sets no --kv-cache-dtype"), ("--kv-cache-dtype auto", "--kv-cache-dtype auto"),
+    ("--kv-cache-dtype bfloat16", "--kv-cache-dtype bfloat16")])
+def test_a_bf16_dsa_cache_is_one_line_naming_what_is_missing_and_the_flag(flags, given):
+    """vLLM runs a DSA model's bf16 cache through FlashMLA's sparse prefill kernel for decode
+    too (flashmla_sparse.py _forward_bf16_kv), which mlamem's vLLM rank does not run: one line
+    naming it and --kv-cache-dtype fp8_ds_mla."""
+    from mlamem.spec.serve_command import from_command
+
+    with pytest.raises(UserError) as error:
+        from_command(f"vllm serve zai-org/GLM-5-FP8 -tp 8 {flags}", gpu_name="H200 SXM 141GB")
+    message = str(error.value)
+    assert "\n" not in message and given in message
+    assert "_forward_bf16_kv" in message and "--kv-cache-dtype fp8_ds_mla" in message

@@ -697,11 +697,20 @@ def fill_max_model_len(parsed: Parsed, config) -> None:
                             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
 
 
+# what vLLM 0.33.0 runs for a DSA model's bf16 cache, which mlamem's vLLM rank does not
+BF16_DSA_MISSING = ("vLLM decodes a DSA model's bf16 cache with FlashMLA's sparse prefill kernel "
+                    "(v1/attention/backends/mla/flashmla_sparse.py _forward_bf16_kv, "
+                    "flash_mla_sparse_fwd), a decode step mlamem's vLLM rank does not model")
+
+
 def _kv_dtype(value: str | None) -> str:
-    if value is None:
-        raise UserError(f"{PROG}: the command sets no --kv-cache-dtype (vLLM's 'auto' keeps the "
-                        "model's bf16); mlamem models the fp8_ds_mla cache of vLLM's sparse MLA: "
-                        "add --kv-cache-dtype fp8_ds_mla", field="serve")
+    if value in (None, "auto", "bfloat16"):
+        given = ("the command sets no --kv-cache-dtype" if value is None
+                 else f"--kv-cache-dtype {value}")
+        why = " (vLLM's 'auto' keeps the model's bf16)" if value != "bfloat16" else ""
+        raise UserError(f"{PROG}: {given}{why}: "
+                        f"{BF16_DSA_MISSING}; to run it, add --kv-cache-dtype fp8_ds_mla",
+                        field="serve")
     if value not in KV_DTYPES:
         raise UserError(f"{PROG} --kv-cache-dtype {value}: mlamem models the fp8_ds_mla cache of "
                         f"vLLM's sparse MLA; use one of {', '.join(KV_DTYPES)}", field="serve")
