@@ -73,7 +73,8 @@ def test_logged_tokens_follow_get_kv_cache_capacity():
 
 
 def test_public_glm5_h200_log_is_788_bytes_per_token():
-    """vllm-project/vllm#44545 (GLM-5 FP8, 8xH200, fp8 cache): 434,048 tokens in 24.85 GiB.
+    """github.com/vllm-project/vllm/issues/44545 (GLM-5 FP8, 8xH200, fp8 cache): 434,048
+    tokens in 24.85 GiB.
     The blocks vLLM makes of any 24.845-24.855 GiB at 78 x 788 B per token give that count,
     and at 78 x 656 B (the cell alone) none does."""
     def tokens(available: int, per_token: int) -> int:
