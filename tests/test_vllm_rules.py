@@ -115,8 +115,21 @@ def test_older_versions_flags_are_taken_and_named():
         assert flag in note
     plain = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
                          gpu_name="H200 SXM 141GB").scenario
-    assert dataclasses.replace(built.scenario, description="") == dataclasses.replace(
-        plain, description="")
+    # --max-seq-len-to-capture is 0.10.2's alone: the command ran 0.10.2 or older, whose
+    # default utilization is 0.9; the rest is the plain command's scenario
+    assert "engine version: vLLM 0.10.2 (or older" in " ".join(built.notes)
+    assert built.scenario.gpu.gpu_memory_utilization == 0.9
+    assert dataclasses.replace(built.scenario, description="", gpu=plain.gpu) == (
+        dataclasses.replace(plain, description=""))
+
+
+def test_an_older_flag_pins_the_newest_version_that_takes_it():
+    """--swap-space is in 0.10.2, 0.11.0 and 0.16.0's parsers, not 0.18.0's: 0.16.0 or older;
+    flags every version read takes pin nothing older than the newest of them."""
+    assert rules.pinned_version(["--swap-space"]) == "0.16.0"
+    assert rules.pinned_version(["--swap-space", "--task"]) == "0.11.0"
+    assert rules.pinned_version(["--max-num-partial-prefills"]) == "0.22.0"
+    assert rules.pinned_version([]) is None
 
 
 def test_older_flags_table_holds_only_flags_0_33_0_lacks():

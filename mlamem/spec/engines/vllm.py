@@ -288,9 +288,25 @@ def version_rules(version: str | None) -> VersionRules:
                         0.92 if series >= FRACTION_092_FROM else 0.9, estimate)
 
 
-def version_notes(rules: VersionRules, graphs: bool) -> list[str]:
-    """Where an older version's rules differ from what mlamem's rank runs, in words."""
-    notes = [f"engine version: vLLM {rules.version} (--engine-version; mlamem's default is "
+def _series(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def pinned_version(flags: list[str]) -> str | None:
+    """The newest version read whose parser takes every one of `flags` (flags of older versions
+    only): a command with --swap-space ran vLLM 0.16.0 or older. None without such flags."""
+    table = older_flag_table()
+    newest = [max(table[flag]["versions"], key=_series) for flag in flags]
+    return min(newest, key=_series) if newest else None
+
+
+def version_notes(rules: VersionRules, graphs: bool, inferred_from: list[str] | None = None
+                  ) -> list[str]:
+    """The version taken, and where its rules differ from what mlamem's rank runs, in words."""
+    how = ("--engine-version" if inferred_from is None else
+           f"or older, the newest version read whose parser takes {', '.join(inferred_from)}; "
+           "--engine-version sets it")
+    notes = [f"engine version: vLLM {rules.version} ({how}; mlamem's default is "
              f"{DEFAULT_VERSION})"]
     if graphs and rules.graph_estimate != "applied":
         how = ("estimates CUDA-graph memory only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1"
@@ -551,7 +567,6 @@ def _has_no_form(key: str) -> bool:
 
 
 def parse(words: list[str], version: str | None = None):
-    rules = version_rules(version)
     words = with_config_file(words)
     given = vars(parser().parse_args(flexible(words)))
     model = given.pop("model_tag", None) or given.pop("model", None)
@@ -559,6 +574,10 @@ def parse(words: list[str], version: str | None = None):
         raise UserError(f"{PROG}: the command names no model", field="serve")
     unmodelled = sorted(f"--{d.replace('_', '-')}" for d in given
                         if f"--{d.replace('_', '-')}" not in MODELLED)
+    older = [flag for flag in unmodelled if flag in older_flag_table()]
+    unmodelled = [flag for flag in unmodelled if flag not in older]
+    inferred = pinned_version(older) if version is None else None
+    rules = version_rules(version or inferred)
     tp, dp = given.get("tensor_parallel_size", 1), given.get("data_parallel_size", 1)
     for flag, value in (("--tensor-parallel-size", tp), ("--data-parallel-size", dp)):
         if value < 1:
@@ -572,15 +591,13 @@ def parse(words: list[str], version: str | None = None):
     if "gpu_memory_utilization" not in given:
         notes.append(f"gpu_memory_utilization {rules.gpu_memory_utilization}: vLLM "
                      f"{rules.version}'s default")
-    if version is not None:
-        notes += version_notes(rules, graphs)
+    if version is not None or inferred is not None:
+        notes += version_notes(rules, graphs, inferred_from=older if inferred else None)
     if "block_size" not in given:
         notes.append("block_size 64: vLLM takes the attention backend's; FlashMLA's is 64")
     if given.get("enable_expert_parallel"):
         notes.append(f"--enable-expert-parallel: the routed experts' bytes split over the "
                      f"{tp * dp} ranks as without it (whole experts instead of slices)")
-    older = [flag for flag in unmodelled if flag in older_flag_table()]
-    unmodelled = [flag for flag in unmodelled if flag not in older]
     if older:
         notes.insert(0, older_flags_note(older))
     if unmodelled:
