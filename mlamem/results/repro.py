@@ -11,6 +11,7 @@ from mlamem.results.shared import (
     ENGINE_OF_MODE,
     Buffer,
     Bytes,
+    CommandLine,
     Environment,
     Kernel,
     Scenario,
@@ -100,7 +101,7 @@ class ReproFile(ResultFile):
         "environment", "cases", "notes", "engine", "non_torch", "schema", "created")
 
     schema_: Literal["mlamem.repro-oom/1"] = Field(alias="schema", description="`mlamem.repro-oom/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     measured: bool = Field(
         description="false: every verdict is PREDICTED by the emulation on the allocator model")
     not_measured_reason: str | None = Field(description="why nothing was measured (null when measured)")

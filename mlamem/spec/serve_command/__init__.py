@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlamem.spec import gpus, scenario
+from mlamem.spec import gpus, redaction, scenario
 from mlamem.spec.engines import sglang, trtllm, vllm
 from mlamem.spec.errors import UserError
 from mlamem.spec.models import hf_config
@@ -30,6 +30,7 @@ from mlamem.spec.models.overrides import (
     scenario_from_config,
 )
 from mlamem.spec.models.weights import fit_line, weights_fit
+from mlamem.spec.serve_command import config_file
 from mlamem.spec.serve_command.parsed import Parsed
 
 # Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
@@ -37,7 +38,6 @@ from mlamem.spec.serve_command.parsed import Parsed
 HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
              "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2"}
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)$", re.IGNORECASE)  # --hf-token, --api-key
 
 
 @dataclass(frozen=True)
@@ -68,24 +68,29 @@ def _split(command: str) -> tuple[list[str], list[str]]:
     return names, words
 
 
-def redacted(words: list[str]) -> str:
-    """The command as one line for the scenario's description, with the values of flags that
-    hold secrets (--hf-token, --api-key, ...) left out."""
-    shown, hide = [], False
-    for word in words:
-        flag, eq, _ = word.partition("=")
-        if hide or (eq and _SECRET.match(flag)):
-            word = f"{flag}=..." if eq and not hide else "..."
-        hide = not eq and bool(_SECRET.match(word))
-        shown.append(word)
-    return shlex.join(shown)
+def secrets(command: str) -> list[str]:
+    """The secret values a command holds (redaction.secret_values), those of its `--config`
+    files too: kept out of every error its parsing raises."""
+    values = redaction.secret_values(command)
+    words = _split(command)[1]
+    engine = redaction.engine_of(words)
+    files = {"--config", "--extra_llm_api_options"}  # trtllm-serve's second name for it
+    paths = [after for word, after in zip(words, words[1:], strict=False) if word in files]
+    paths += [word.partition("=")[2] for word in words if word.partition("=")[0] in files]
+    for path in paths:
+        try:
+            values += redaction.table_secrets(config_file.load(Path(path)), engine)
+        except UserError:  # the engine's parser says what is wrong with the file
+            continue
+    return values
 
 
 def parse_command(command: str) -> Parsed:
     """The command parsed by its engine's flags; its environment prefixes, which mlamem does not
     model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
     env, words = _split(command)
-    parsed = _parse_words(words)
+    with redaction.errors_without(secrets(command)):
+        parsed = _parse_words(words)
     if env:
         named = ", ".join(f"{name} (environment)" for name in env)
         lines = [i for i, note in enumerate(parsed.notes) if note.startswith("not modelled: ")]
@@ -204,8 +209,10 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     gib, note = weights(config, name, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    words = split_command(command)
+    shown = shlex.join(redaction.redacted_words(words, redaction.engine_of(words))[0])
     data = {"name": f"{slug}-tp{parsed.tensor_parallel}",
-            "description": f"From `{redacted(split_command(command))}` on {target.name}",
+            "description": f"From `{shown}` on {target.name}",
             "operations": parsed.operations, "engines": parsed.engines,
             "model": model_table(config, name),
             "parallel": {"tensor_parallel": parsed.tensor_parallel,
