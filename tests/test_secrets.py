@@ -7,8 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 
 from mlamem.cli import main
+from mlamem.cli.app import app
+from mlamem.spec import redaction
+from mlamem.spec.engines import sglang, trtllm, vllm
 from mlamem.spec.errors import UserError
 from mlamem.spec.serve_command import from_command
 
@@ -130,3 +134,82 @@ def test_a_report_of_an_older_result_hides_its_recorded_secret(tmp_path, capsys)
     assert main(["report", str(old)]) == 0
     out, err = capsys.readouterr()
     assert "mlamem profile --serve" in out and _leaks(out, err) == []
+
+
+def test_click_errors_quoting_mlamem_arguments_hide_secrets(capsys):
+    """A word click cannot place is quoted in its error: a secret among them is hidden."""
+    assert main(["scenarios", "--serve", f"vllm serve {DS}", "HF_TOKEN=hf_strayENVSECRET"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("mlamem: error: Got unexpected extra") and "HF_TOKEN=..." in err
+    assert _leaks(out, err) == []
+
+
+def _table_names(engine: str) -> dict[str, bool]:
+    """The engine's option names (aliases too) -> whether it takes a value."""
+    if engine == "trtllm":
+        return {name: kind is not None for names, kind in trtllm.OPTIONS.items() for name in names}
+    table = {"vllm": vllm.flag_table, "sglang": sglang.flag_table}[engine]()
+    return {name: entry["kind"] not in ("bool", "flag") for flag, entry in table.items()
+            for name in (flag, *entry["aliases"])}
+
+
+_SAYS = re.compile(r"secret|password|passwd|credential")
+# flags whose name ends in token but whose value is no credential (SGLang 0.5.23's help)
+NO_CREDENTIAL = {("sglang", "--bucket-time-to-first-token"): "latency buckets, in seconds",
+                 ("sglang", "--kt-max-deferred-experts-per-token"): "a count of experts"}
+
+
+def _says_credential(name: str) -> bool:
+    """Token or key as the name's last word (what the value is: --hf-token, --api-key; not
+    --dbo-decode-token-threshold), or secret, password or credential anywhere in it."""
+    last = re.split(r"[-_]+", name.lower())[-1]
+    return last in ("token", "key", "apikey") or bool(_SAYS.search(name.lower()))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_every_credential_flag_of_the_engines_tables_is_listed(engine):
+    """Every flag of the engine's table (aliases too) that takes a value and whose name says
+    token or key, or secret, password or credential, is in CREDENTIAL_FLAGS (or named above as
+    no credential); every listed flag is in its engine's table."""
+    names = _table_names(engine)
+    listed = {flag for e, flag, _ in redaction.CREDENTIAL_FLAGS if e == engine}
+    said = {name for name, takes in names.items() if takes and _says_credential(name)}
+    assert said - {flag for e, flag in NO_CREDENTIAL if e == engine} == listed
+    assert listed <= set(names) and all(names[flag] for flag in listed)
+    assert engine != "trtllm" or not listed  # trtllm-serve reads HF_TOKEN, no flag
+
+
+def test_no_option_of_mlamem_is_hidden():
+    """mlamem's own options are neither credential flags nor prefixes of one: their values show."""
+    group = typer.main.get_command(app)
+    options = {opt for command in group.commands.values() for param in command.params
+               for opt in getattr(param, "opts", []) if opt.startswith("--")}
+    assert len(options) > 40 and [o for o in options if redaction.hides(o, None)] == []
+
+
+@pytest.mark.parametrize(("command", "shown"), [
+    ("vllm serve m --api-key a b c --port 1", "vllm serve m --api-key ... ... ... --port 1"),
+    ("vllm serve --hf-token hf_x m", "vllm serve --hf-token ... m"),
+    ("vllm serve m --hf-token", "vllm serve m --hf-token"),
+    ("vllm serve m --tokenizer t --ssl-keyfile k --max-num-batched-tokens 8k "
+     "-cc.pass_config.fuse=true", None),
+    (f"{SGLANG} --ssl-keyfile k --speculative-token-map p --api-key a b", f"{SGLANG} --ssl-keyfile "
+     "k --speculative-token-map p --api-key ... b"),
+    ("trtllm-serve m --tokenizer t --hf_token x", "trtllm-serve m --tokenizer t --hf_token ..."),
+    ("VLLM_USE_V1=1 HF_HUB_TOKEN='a b' vllm serve m", "VLLM_USE_V1=1 HF_HUB_TOKEN=... vllm serve m"),
+    ("vllm serve m --hf-token 'unclosed", "vllm serve m --hf-token ..."),
+])
+def test_what_a_pasted_command_shows(command, shown):
+    """Values are hidden as the engine's parser takes them (vLLM's --api-key takes several,
+    SGLang's one); a path, a count or a tokenizer is no secret."""
+    assert redaction.redacted_command(command) == (command if shown is None else shown)
+
+
+def test_a_recorded_command_line_is_redacted_once_and_for_all():
+    """Redacting a recorded line twice changes nothing; a line without secrets is kept as is."""
+    line = "mlamem plan --serve 'HF_TOKEN=x vllm serve m --api-key a b' --gpu 'H100 SXM 80GB'"
+    once = redaction.redacted_command_line(line)
+    assert once == "mlamem plan --serve 'HF_TOKEN=... vllm serve m --api-key ... ...' --gpu 'H100 SXM 80GB'"
+    assert redaction.redacted_command_line(once) == once
+    plain = "mlamem profile  --tokens 1024"
+    assert redaction.redacted_command_line(plain) == plain

@@ -47,18 +47,19 @@ CREDENTIAL_FLAGS = (
 # each engine's flag table (spec/engines/), and the programs that start it
 FLAG_TABLES = {"vllm": "vllm-0.33.0-flags.json", "sglang": "sglang-0.5.23-flags.json"}
 CREDENTIALS = frozenset(flag for _, flag, _ in CREDENTIAL_FLAGS)
-# a name part that says the value is a secret (HF_TOKEN, --auth-token, OPENAI_API_KEY, ...)
-SECRET_WORDS = frozenset(("token", "key", "apikey", "secret", "password", "passwd",
-                          "credential", "credentials", "auth"))
+# what a name says of its value: a secret where its last part is one of SECRET_NOUNS (HF_TOKEN,
+# --auth-token, OPENAI_API_KEY; not --dbo-decode-token-threshold) or any part one of SECRET_WORDS
+SECRET_NOUNS = frozenset(("token", "key", "apikey", "auth"))
+SECRET_WORDS = frozenset(("secret", "password", "passwd", "credential", "credentials"))
 _ENV_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
 MIN_SCRUBBED = 4  # shorter values are not taken out of messages: they would garble the words
 
 
 def says_secret(name: str) -> bool:
-    """Whether a flag's or variable's name has a part that says it holds a secret
-    (`--hf-token`, `HF_TOKEN`, `apiKey`; not `--max-num-batched-tokens`, `--tokenizer`)."""
+    """Whether a flag's or variable's name says it holds a secret (`--hf-token`, `HF_TOKEN`,
+    `apiKey`, `AWS_SECRET_ACCESS_KEY`; not `--max-num-batched-tokens`, `--tokenizer`)."""
     parts = re.split(r"[-_.]+", re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower())
-    return any(part in SECRET_WORDS for part in parts)
+    return parts[-1] in SECRET_NOUNS or any(part in SECRET_WORDS for part in parts)
 
 
 @cache
