@@ -11,10 +11,12 @@ import typer
 
 from mlamem.cli import main
 from mlamem.cli.app import app
+from mlamem.commands.shards import merge
 from mlamem.spec import redaction
 from mlamem.spec.engines import sglang, trtllm, vllm
 from mlamem.spec.errors import UserError
 from mlamem.spec.serve_command import from_command
+from mlamem.testing import split_into_shards
 
 DS = "deepseek-ai/DeepSeek-V3.2"
 VLLM = f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 --max-num-batched-tokens 8192"
@@ -213,3 +215,12 @@ def test_a_recorded_command_line_is_redacted_once_and_for_all():
     assert redaction.redacted_command_line(once) == once
     plain = "mlamem profile  --tokens 1024"
     assert redaction.redacted_command_line(plain) == plain
+
+
+def test_merging_older_shards_hides_their_recorded_secret():
+    """`merge` writes the sweep's command from the shards' own (raw JSON): hidden there too."""
+    whole = json.loads((RESULTS / "validate-h200.json").read_text())
+    parts = split_into_shards({**whole, "command": "mlamem validate --format json HF_TOKEN="
+                                                   "hf_shardSECRET"}, 2)
+    merged = merge([(f"validate-{i}.json", part) for i, part in enumerate(parts)])
+    assert merged["command"] == "mlamem validate --format json HF_TOKEN=..."
