@@ -3,6 +3,7 @@ parsers take them, are hidden from results, scenarios, notes, reports and errors
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -224,3 +225,14 @@ def test_merging_older_shards_hides_their_recorded_secret():
                                                    "hf_shardSECRET"}, 2)
     merged = merge([(f"validate-{i}.json", part) for i, part in enumerate(parts)])
     assert merged["command"] == "mlamem validate --format json HF_TOKEN=..."
+
+
+def test_the_redaction_loads_no_heavy_library():
+    """Hiding a command's secrets (on every error line) imports no torch, pydantic or yaml."""
+    code = ("import sys; from mlamem.spec import redaction; "
+            "print(redaction.redacted_command('vllm serve m --hf-tok x'), "
+            "redaction.argv_secrets(['plan', '--serve', 'vllm serve m --api-key k'])); "
+            "print(sorted({'torch', 'pydantic', 'yaml', 'typer'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == "vllm serve m --hf-tok ... ['k']\n[]\n"
