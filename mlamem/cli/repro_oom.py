@@ -17,6 +17,7 @@ from mlamem.spec.engine_registry import SHIPPED
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
+from mlamem.spec.server_log import read_log
 from mlamem.spec.units import check_fraction, parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option(
@@ -71,6 +72,7 @@ def repro_oom(
     capture_sizes: ReproCaptureSizesOption = None,
     expect_oom: ExpectOomOption = None,
     expect_fit: ExpectFitOption = None,
+    log: o.LogOption = None,
 ) -> None:
     """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
 
@@ -95,6 +97,7 @@ def repro_oom(
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
+    server_log = read_log(log) if log is not None else None
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
     from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
 
@@ -109,8 +112,22 @@ def repro_oom(
         result = run_repro(chosen, budget, part.paths, command=command_line(),
                            kernel=decode, predict=predict, engine=emulated.name,
                            on_progress=advance)
+        if server_log is not None:
+            advance("reading the server log beside the rank")
+            result = _with_log(result, server_log, emulated, part, decode, budget, serve)
     _show(result, output_format, output)
     _check_expected(result, emulated, expect_oom, expect_fit)
+
+
+def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | None):
+    """The result with the server log's ledger, each case predicted beside it."""
+    from mlamem.commands.log_ledger import Rank, log_ledger  # torch
+    from mlamem.commands.repro import host_setup  # torch
+
+    rank = Rank(emulated, part.scenario, kernel, budget, host_setup(kernel.name, predict=True),
+                part.scenario.gpu.sm_count)
+    keys = [c[emulated.case_type.key_field] for c in result.cases]
+    return result.model_copy(update={"log": log_ledger(server_log, rank, keys, serve)})
 
 
 def _output_format(output, output_format: o.ReproFormat | None) -> o.ReproFormat:
