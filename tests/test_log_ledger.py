@@ -95,7 +95,7 @@ def test_ledger_puts_the_logs_figures_beside_mlamems(tmp_path, capsys):
     assert weights["difference_bytes"] == round(40.5 * GiB) - 40 * GiB
     assert rows["KV cache"]["log_line"] == 2
     assert rows["non-torch"]["log_bytes"] is None
-    assert rows["non-torch"]["source"].startswith("mlamem only")
+    assert rows["non-torch"]["source"] == "mlamem only"
 
 
 def test_table_shows_the_ledger_and_the_command(tmp_path, capsys):
@@ -137,3 +137,23 @@ def test_with_flag_leaves_secrets_out():
     """The printed command goes through `redacted`: a token's value is not printed."""
     out = with_flag("vllm serve m --hf-token hf_secret", "--max-num-batched-tokens", 7)
     assert "hf_secret" not in out and "--max-num-batched-tokens 7" in out
+
+
+def field_script():
+    spec = importlib.util.spec_from_file_location("field_table", ROOT / "scripts" / "field_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_field_table_is_current_and_each_modelled_verdict_is_the_users():
+    """reports/field's table is what scripts/field_table.py prints now; in every record mlamem
+    models, its verdict with the log, on every path, is the user's outcome."""
+    script = field_script()
+    assert script.main(["--check"]) == 0
+    for record_file in sorted((ROOT / "reports" / "field").glob("oom-*.json")):
+        record = json.loads(record_file.read_text())
+        if record["not_modelled"]:
+            continue
+        for path in script._ledger(record, ROOT / "reports" / "field" / record["log"])["paths"]:
+            assert path["verdict_with_log"] == record["outcome"], record_file.name

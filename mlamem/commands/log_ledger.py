@@ -38,7 +38,7 @@ COMPONENTS = (("weights", "weights", "weights_bytes"),
               ("KV cache", "kv_cache", "kv_cache_bytes"))
 STEP_FLAGS = {"vllm": vllm.FIELD_FLAGS["max_num_batched_tokens"],
               "sglang": sglang.FIELD_FLAGS["max_num_batched_tokens"]}
-BOTH, MLAMEM_ONLY = "log and mlamem", "mlamem only (the log does not print it)"
+BOTH, MLAMEM_ONLY = "log", "mlamem only"  # where the row's figures come from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
         explained.update(_explain(rank, key, case, oom, serve))
         rows.append({"component": NOT_MODELLED, "log_bytes": None, "log_line": None,
                      "mlamem_bytes": None, "difference_bytes": explained["held_bytes"],
-                     "source": f"the OOM message (line {oom.line_number})"})
+                     "source": f"OOM line {oom.line_number}"})
     return {"case": key, "rows": rows, "step_tokens": tokens, **explained}
 
 

@@ -14,7 +14,7 @@ from mlamem.spec.units import format_bytes
 if TYPE_CHECKING:
     from mlamem.results.ledger import LogPath, ServerLogLedger
 
-HEADERS = ("component", "log", "mlamem", "log - mlamem", "from")
+HEADERS = ("component", "log", "mlamem", "log - mlamem", "figures from")
 
 
 def _amount(value: int | None) -> str:
@@ -55,9 +55,14 @@ def oom_lines(path: LogPath, ledger: ServerLogLedger) -> list[str]:
         lines.append(f"{path.case}: largest safe step tokens for this rank: {path.max_safe_tokens}"
                      + (f"; largest safe {path.fraction_knob}: {path.max_safe_fraction}"
                         if path.fraction_knob else ""))
-    if path.command_that_fits:
-        lines.append(f"{path.case}: the command that fits: {path.command_that_fits}")
     return lines
+
+
+def commands_text(ledger: ServerLogLedger) -> str:
+    """Each case's command that fits, one unwrapped line each, ready to paste (a table's notes
+    are wrapped, so these follow the table)."""
+    return "".join(f"{path.case}: the command that fits:\n{path.command_that_fits}\n"
+                   for path in ledger.paths if path.command_that_fits)
 
 
 def ledger_table(ledger: ServerLogLedger) -> Group:
@@ -66,7 +71,7 @@ def ledger_table(ledger: ServerLogLedger) -> Group:
     for path in ledger.paths:
         table = compact_table(f"the ledger, {escaped(path.case)}: {escaped(ledger.source)}")
         for header in HEADERS:
-            table.add_column(header, justify="left" if header in ("component", "from") else "right",
+            table.add_column(header, justify="left" if header in ("component", "figures from") else "right",
                              overflow="fold")
         for row in path.rows:
             table.add_row(*map(escaped, _cells(row)))
@@ -84,8 +89,7 @@ def ledger_markdown(ledger: ServerLogLedger) -> str:
                   "|" + "---|" * len(HEADERS)]
         lines += [markdown_row(_cells(row)) for row in path.rows]
         explained = oom_lines(path, ledger)
-        lines += [""] + [f"- {escaped(line, markdown=True)}" for line in explained
-                         if "the command that fits" not in line]
+        lines += [""] + [f"- {escaped(line, markdown=True)}" for line in explained]
         if path.command_that_fits:
             lines.append(f"- the command that fits: {markdown_code(path.command_that_fits)}")
     return "\n".join(lines) + "\n"

@@ -49,8 +49,9 @@ class LedgerRow(Model):
     log_line: int | None = Field(description="the line number of the log's figure")
     mlamem_bytes: Bytes | None = Field(description="mlamem's figure for this rank")
     difference_bytes: int | None = Field(description="log - mlamem, where both are known")
-    source: str = Field(description="`log and mlamem`, `mlamem only (the log does not print it)`, "
-                                    "or `the OOM message` (the row nothing else explains)")
+    source: str = Field(description="`log` (the log's figure beside mlamem's), `mlamem only` "
+                                    "(the log does not print it: mlamem's figure), or `OOM line "
+                                    "N` (the row nothing else explains, from that message)")
 
 
 class LogPath(Model):
