@@ -157,3 +157,17 @@ def test_field_table_is_current_and_each_modelled_verdict_is_the_users():
             continue
         for path in script._ledger(record, ROOT / "reports" / "field" / record["log"])["paths"]:
             assert path["verdict_with_log"] == record["outcome"], record_file.name
+
+
+def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
+    """`plan --log` carries the ledger of the rank repro-oom emulates: the same held memory,
+    safe values and commands as repro-oom's at the same command."""
+    log = tmp_path / "seed-oom.log"
+    log.write_text(SEED_OOM)
+    args = ["plan", "--serve", seed_serve(), "--gpu", "H100 SXM 80GB", "--weights-per-rank",
+            "40GiB", "--log", str(log), "--format", "json"]
+    assert main(args) == 0
+    plan_log = json.loads(capsys.readouterr().out)["log"]
+    keys = ("case", "held_bytes", "failing_buffer", "max_safe_tokens", "command_that_fits")
+    assert [{k: p[k] for k in keys} for p in plan_log["paths"]] == [
+        {k: p[k] for k in keys} for p in seed_ledger["paths"]]

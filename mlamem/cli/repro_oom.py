@@ -124,8 +124,10 @@ def _run(chosen, part, budget, kernel, predict: bool, emulated, server_log, serv
         return _with_log(result, server_log, emulated, part, kernel, budget, serve, advance)
 
 
-def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | None, advance):
-    """The result with the server log's ledger (`--log`), each case predicted beside it."""
+def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | None, advance,
+              keys: list[str] | None = None):
+    """The result with the server log's ledger (`--log`), each case predicted beside it; with
+    no result, the ledger of `keys`."""
     if server_log is None:
         return result
     from mlamem.commands.log_ledger import Rank, log_ledger  # torch
@@ -134,8 +136,24 @@ def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | N
     advance("reading the server log beside the rank")
     rank = Rank(emulated, part.scenario, kernel, budget, host_setup(kernel.name, predict=True),
                 part.scenario.gpu.sm_count)
+    if result is None:
+        return log_ledger(server_log, rank, keys, serve)
     keys = [c[emulated.case_type.key_field] for c in result.cases]
     return result.model_copy(update={"log": log_ledger(server_log, rank, keys, serve)})
+
+
+def ledger_for(loaded, serve: str | None, server_log, engine: str | None = None):
+    """`plan --log`: the server log's ledger beside the rank `repro-oom --predict` emulates for
+    the scenario (its engine, else the first it declares), at the scenario's own settings."""
+    decode = o.make_kernel(DEFAULT_KERNEL)
+    _, part = _plan((loaded.name, loaded), decode, None, None)
+    emulated = _engine(part, engine, None, None, False)
+    graphs_on = _graphs_on(None, part.scenario, emulated, None)
+    budget = _budget(emulated, part.scenario, None, None, None, graphs_on, None, None)
+    keys = emulated.case_keys(part.paths)
+    result = _with_log(None, server_log, emulated, part, decode, budget, serve, lambda _: None,
+                       keys)
+    return result
 
 
 def _output_format(output, output_format: o.ReproFormat | None) -> o.ReproFormat:

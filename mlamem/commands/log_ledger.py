@@ -74,6 +74,12 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -
         rank.host, gpu_memory_bytes=total, assumed="the target GPU as the physical device"))
     notes = [f"mlamem's figures: each case predicted on the allocator model with a {total / GiB:.2f}"
              " GiB device as the physical one (the OOM message's total, else the target's)"]
+    if log.engine is not None and log.engine != rank.engine.name.split("-")[0]:
+        notes.append(f"the log's lines are {log.engine}'s; mlamem emulates {rank.engine.name} "
+                     "(--engine): the figures compare one engine's rank with another's")
+    if log.version is not None:
+        notes.append(f"the log names {log.engine} {log.version}; mlamem's rules are those of the "
+                     "engine version its spec cites (mlamem/spec/engines/)")
     if len(log.ooms) > 1:
         notes.append(f"{len(log.ooms)} different OOM messages: the first (line "
                      f"{oom.line_number}) is explained")
@@ -94,6 +100,7 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
                  "fraction_knob": None, "command_that_fits": None}
     if oom is not None and oom.free_bytes is not None:
         explained.update(_explain(rank, key, case, oom, serve))
+    if explained["held_bytes"] is not None:
         rows.append({"component": NOT_MODELLED, "log_bytes": None, "log_line": None,
                      "mlamem_bytes": None, "difference_bytes": explained["held_bytes"],
                      "source": f"OOM line {oom.line_number}"})
