@@ -14,6 +14,7 @@ the driver holds), and repro's own searches give the largest safe step tokens an
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from mlamem.commands.repro import (
     largest_fitting,
@@ -30,6 +31,8 @@ from mlamem.spec.serve_command import with_flag
 from mlamem.spec.server_log import OutOfMemory, ServerLog
 
 MiB, GiB = 2**20, 2**30
+# runtime/allocator.py AllocatorOutOfMemory's message, in a predicted case's failure line
+FREE_UNDER_LIMIT = re.compile(r"with (\d+) bytes free under the limit")
 # the ledger's components: (name, the log's figure, the case's field)
 COMPONENTS = (("weights", "weights", "weights_bytes"),
               ("non-torch", "non_torch", "non_torch_bytes"),
@@ -170,7 +173,10 @@ def _model_free_at(rank: Rank, key: str, case: dict, requested: int) -> int | No
     case neither fails at nor allocates a buffer of that size."""
     margin = rank.host.unallocatable_bytes
     if case["verdict"] == Verdict.OOM and same_size(case.get("oom_requested_bytes"), requested):
-        return (case["free_bytes_at_oom"] or 0) + margin
+        # the allocator model's own figure: free under the binding limit (the cap, or the
+        # physical device less its non-torch memory), where free_bytes_at_oom is the cap's
+        model_free = FREE_UNDER_LIMIT.search(case.get("failure") or "")
+        return (int(model_free[1]) if model_free else case["free_bytes_at_oom"] or 0) + margin
     if case["verdict"] != Verdict.FITS or _buffer_of_size(case, requested) is None:
         return None
     held_mib, _ = largest_fitting(
