@@ -171,3 +171,29 @@ def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
     keys = ("case", "held_bytes", "failing_buffer", "max_safe_tokens", "command_that_fits")
     assert [{k: p[k] for k in keys} for p in plan_log["paths"]] == [
         {k: p[k] for k in keys} for p in seed_ledger["paths"]]
+
+
+def test_with_the_held_memory_the_model_has_the_logs_free_memory(seed_ledger):
+    """The memory held is what closes the gap: with it beside the rank, the model's free memory
+    at the failed request, as torch counts it, is the message's 5.29 GiB (within the 2 MiB
+    steps the allocator and the search move in), on both paths."""
+    import dataclasses
+
+    from mlamem.commands.log_ledger import FREE_UNDER_LIMIT, Rank
+    from mlamem.commands.repro import host_setup
+    from mlamem.engines import load_engine
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
+    from mlamem.spec.serve_command import from_command
+
+    scenario = from_command(seed_serve(), gpu_name="H100 SXM 80GB", weights_bytes=40 * GiB).scenario
+    engine = load_engine("vllm")
+    budget = engine.make_budget(gpu_memory_bytes=scenario.gpu.memory_bytes, utilization=0.85,
+                                max_num_batched_tokens=32768)
+    host = dataclasses.replace(host_setup(DEFAULT_KERNEL, predict=True),
+                               gpu_memory_bytes=round(79.19 * GiB))
+    rank = Rank(engine, scenario, load_kernel(DEFAULT_KERNEL)(), budget, host, scenario.gpu.sm_count)
+    for path in seed_ledger["paths"]:
+        case = rank.case(path["case"], path["held_bytes"])
+        assert case["oom_buffer"] == "o_accum"
+        free = int(FREE_UNDER_LIMIT.search(case["failure"])[1]) + host.unallocatable_bytes
+        assert abs(free - round(5.29 * GiB)) <= 4 * 2**20, path["case"]
