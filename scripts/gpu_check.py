@@ -175,6 +175,9 @@ SUITES = {
              *both("mlamem repro-oom @repro-glm5"),
              *both(f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
                    "--weights-per-rank 40GiB @repro-seed-eager"),
+             # the seed's OOM line (--log): the ledger beside the measured rank, its safe values
+             f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
+             "--weights-per-rank 40GiB --log docs/examples/server.log @repro-seed-log",
              *both("mlamem repro-oom --engine sglang @repro-glm5-sglang"),
              *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs")],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "

@@ -174,6 +174,14 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                    reason=reason, sm_count=sm_count, setup=setup)
 
 
+def predict_case(engine: type[Engine], scenario: Scenario, kernel: KernelContract,
+                 budget: Budget, key: str, host: NonTorchSetup, sm_count: int) -> dict:
+    """Case `key` of `engine` predicted on the allocator model, on the physical device and
+    non-torch memory of `host`, as a result's case dict."""
+    return engine.emulate(SimulatedMemory(non_torch=host), scenario, kernel, budget, key,
+                          sm_count=sm_count).to_dict()
+
+
 @dataclass
 class _Run:
     """One repro-oom run's cases: each emulated on the model (and, measured, run in its own
@@ -201,8 +209,7 @@ class _Run:
                 "kernel": self.kernel.name, "budget": at.to_dict()}
 
     def predicted(self, key: str, at: Budget, host: NonTorchSetup) -> dict:
-        return self.engine.emulate(SimulatedMemory(non_torch=host), self.scenario, self.kernel,
-                                   at, key, sm_count=self.sm_count).to_dict()
+        return predict_case(self.engine, self.scenario, self.kernel, at, key, host, self.sm_count)
 
     def case(self, key: str) -> dict:
         """One case: its verdict (measured or predicted), then its limits."""
@@ -220,7 +227,7 @@ class _Run:
             self._search_knob(case, key, host)
         if chosen.searched_fraction is not None:
             progress(f"{key}: searching the largest safe {chosen.searched_fraction} on the model")
-            case.update(_largest_safe_fraction(
+            case.update(largest_safe_fraction(
                 case, budget, chosen.searched_fraction,
                 lambda at: self.predicted(key, at, host)["verdict"]))
         return case
@@ -235,7 +242,7 @@ class _Run:
                                   predicted=self.predicted, request=self.request,
                                   worker=self.worker, progress=self.progress))
         if self.spare:
-            self.on_target[key] = _largest_safe_on_target(
+            self.on_target[key] = largest_safe_on_target(
                 key, pinned, knob, dataclasses.replace(
                     host, gpu_memory_bytes=budget.gpu_memory_bytes), self.predicted,
                 case["max_safe_tokens"])
@@ -267,7 +274,7 @@ def _largest_safe(case: dict, key: str, budget: Budget, knob: str, host: NonTorc
     return {"max_safe_tokens": found, "max_safe_method": method}
 
 
-def _largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: NonTorchSetup,
+def largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: NonTorchSetup,
                             predicted, guess: int) -> int:
     """A case's largest safe `knob` on the model with the target GPU as the physical device
     (`target_host`): the CUDA modules loaded after the KV cache is sized take its memory."""
@@ -277,7 +284,7 @@ def _largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: No
     return found
 
 
-def _largest_safe_fraction(case: dict, budget: Budget, knob: str,
+def largest_safe_fraction(case: dict, budget: Budget, knob: str,
                            verdict_at: Callable[[Budget], str]) -> dict:
     """max_safe_<knob>: the largest value of the budget's fraction `knob`, in thousandths as
     engines take it, at which the case fits on the model (0 where none does). A larger

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from mlamem.results.base import Model, Open, ResultFile
+from mlamem.results.ledger import ServerLogLedger
 from mlamem.results.shared import Bytes, CommandLine
 
 
@@ -173,5 +174,8 @@ class PlanFile(ResultFile):
     scenario: PlanScenario
     sweep: PlanSweep | None = Field(description="null without `--sweep`")
     plans: list[OnePlan]
+    log: ServerLogLedger | None = Field(
+        None, description="`--log`: the user's server log beside the rank repro-oom --predict "
+                          "emulates for the scenario (absent without it)")
 
 

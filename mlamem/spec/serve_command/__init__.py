@@ -85,6 +85,26 @@ def secrets(command: str) -> list[str]:
     return values
 
 
+def with_flag(command: str, flag: str, value: object) -> str:
+    """The command with `flag` (e.g. `--max-num-batched-tokens`, given with dashes or
+    underscores, as `FLAG V` or `FLAG=V`) set to `value`: changed where given, else added at
+    the end; one line, its secrets left out (`redaction.redacted_command`), ready to paste."""
+    try:
+        words = shlex.split(re.sub(r"\\\r?\n", "", command))
+    except ValueError as error:
+        raise UserError(f"cannot split the command: {error}", field="serve") from None
+    spellings = {flag, "--" + flag[2:].replace("-", "_")}
+    for i, word in enumerate(words):
+        name, eq, _ = word.partition("=")
+        if eq and name in spellings:
+            words[i] = f"{name}={value}"
+            return redaction.redacted_command(shlex.join(words))
+        if word in spellings and i + 1 < len(words):
+            words[i + 1] = str(value)
+            return redaction.redacted_command(shlex.join(words))
+    return redaction.redacted_command(shlex.join([*words, flag, str(value)]))
+
+
 def parse_command(command: str) -> Parsed:
     """The command parsed by its engine's flags; its environment prefixes, which mlamem does not
     model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
