@@ -39,7 +39,7 @@ def config_name(path: str | Path) -> str:
 
 def model_table(config: ModelConfig, name: str) -> dict:
     """The scenario's [model] table from a config: the attention's dimensions by their names."""
-    return {"name": name + (" FP8" if config.fp8_block else ""),
+    return {"name": name + (f" {config.quantization.label}" if config.quantization else ""),
             "num_attention_heads": config.num_attention_heads,
             "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
             "qk_rope_head_dim": config.qk_rope_head_dim,

@@ -1,0 +1,218 @@
+"""How a checkpoint stores its quantized Linear weights, from config.json's `quantization_config`.
+
+One `Quantization` per checkpoint: the scheme (block or per-tensor fp8, int4 packed by
+compressed-tensors, AWQ or GPTQ, NVFP4), its group size, and the modules it leaves unquantized.
+`weight_bytes` counts one Linear weight of `rows` x `cols` (out x in) with every tensor the
+checkpoint stores for it (the packed weight, its scales, zero points and shape), as vLLM 0.33.0
+creates them (`model_executor/layers/quantization/`, named per scheme below); `quantizes` says
+whether a module is one the checkpoint quantizes, by the matching rule of the scheme's config.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from math import ceil
+
+from mlamem.spec.errors import UserError
+
+# the schemes, by what `weight_bytes` stores for one Linear weight (out x in, `copies` checkpoint tensors):
+# fp8-block   fp8 weight, fp32 weight_scale_inv per block (DeepSeek's own fp8; fp8.py, Fp8LinearMethod)
+# fp8-tensor  fp8 weight, fp32 weight_scale (and input_scale when static) per tensor (fp8.py; modelopt.py
+#             "FP8")
+# fp8-channel fp8 weight, fp32 weight_scale per output row (compressed_tensors_w8a8_fp8.py, CHANNEL)
+# int-pack    int32 weight_packed (32 // bits values each), weight_scale in the model's dtype per group,
+#             weight_shape (two int32 in the checkpoint; vLLM holds them as int64), int32 packed
+#             weight_zero_point when asymmetric (compressed_tensors_wNa16.py and
+#             compressed_tensors_w4a8_fp8.py, create_weights)
+# awq         int32 qweight (in, out // 8), int32 qzeros and fp16 scales per group (auto_awq.py)
+# gptq        int32 qweight (in // 8, out), int32 qzeros and fp16 scales per group, int32 g_idx (auto_gptq.py)
+# nvfp4       fp4 weight two to a byte, fp8 weight_scale per 16, fp32 weight_scale_2 and input_scale per
+#             tensor (modelopt.py NVFP4; compressed_tensors_w4a4_nvfp4.py's global scales likewise)
+SCHEMES = ("fp8-block", "fp8-tensor", "fp8-channel", "int-pack", "awq", "gptq", "nvfp4")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    scheme: str
+    label: str  # what the model's display name adds: "FP8", "INT4", "NVFP4", "W4A8", ...
+    bits: int = 8  # bits per weight
+    group: int = 0  # weights per scale along the input dimension; 0: one scale per row (int) or none
+    block: tuple[int, int] | None = None  # fp8-block's (rows, cols) per scale
+    symmetric: bool = True  # no zero points
+    static_input: bool = False  # a per-tensor input scale is stored (static activations)
+    ignore: tuple[str, ...] = ()  # the modules left unquantized, in the config's own notation
+    match: str = "exact"  # how `ignore` matches: exact or `re:` (compressed-tensors), substring, wildcard
+    targets: tuple[str, ...] = ()  # compressed-tensors' targets other than "Linear": only these quantize
+
+    def quantizes(self, module: str) -> bool:
+        """Whether the checkpoint quantizes the Linear `module` (its Hugging Face name)."""
+        if self.targets and not any(_matches(module, target, "exact") for target in self.targets):
+            return False
+        return not any(_matches(module, pattern, self.match) for pattern in self.ignore)
+
+    def weight_bytes(self, rows: int, cols: int, copies: int = 1) -> int:
+        """The bytes the checkpoint stores for a quantized weight of `rows` x `cols` (out x in), which
+        is `copies` tensors of rows // copies rows each (the routed experts, counted together)."""
+        out = rows // copies
+        if self.scheme == "fp8-block":
+            return rows * cols + 4 * self.block_scales(rows, cols)
+        if self.scheme == "fp8-tensor":
+            return rows * cols + copies * 4 * (2 if self.static_input else 1)
+        if self.scheme == "fp8-channel":
+            return rows * cols + 4 * rows + (copies * 4 if self.static_input else 0)
+        if self.scheme == "nvfp4":
+            return copies * (out * ceil(cols / 2) + out * ceil(cols / 16) + 8)
+        groups = cols // self.group if self.group else 1
+        if self.scheme == "awq":
+            return copies * (cols * self._packed(out) + groups * self._packed(out) + 2 * groups * out)
+        if self.scheme == "gptq":
+            g_idx = 4 * cols
+            return copies * (self._packed(cols) * out + groups * self._packed(out) + 2 * groups * out + g_idx)
+        zeros = 0 if self.symmetric else self._packed(out) * groups
+        return copies * (out * self._packed(cols) + 2 * out * groups + 8 + zeros)
+
+    def block_scales(self, rows: int, cols: int) -> int:
+        """fp8-block's fp32 weight_scale_inv entries for a weight of `rows` x `cols`."""
+        if self.block is None:
+            return 0
+        return ceil(rows / self.block[0]) * ceil(cols / self.block[1])
+
+    def _packed(self, values: int) -> int:
+        """Bytes of `values` packed into int32 words of 32 // bits each."""
+        return 4 * ceil(values * self.bits / 32)
+
+
+def _matches(module: str, pattern: str, mode: str) -> bool:
+    if mode == "substring":  # auto_awq.py get_quant_method: is_layer_skipped(match_mode="substring")
+        return pattern in module
+    if mode == "wildcard":  # modelopt.py is_layer_excluded: exact, substring, then fnmatch wildcards
+        return pattern == module or pattern in module or fnmatch(module, pattern)
+    if pattern.startswith("re:"):  # compressed-tensors' is_equal_or_regex_match: re.match after `re:`
+        return re.match(pattern[3:], module) is not None
+    return module == pattern
+
+
+def bad(name: str, text: str) -> UserError:
+    """A quantization_config field's error, by its own name (`quantization_config.NAME ...`)."""
+    name = f"quantization_config.{name}"
+    return UserError(f"{name} {text}", field=f"config.{name}")
+
+
+def parse_quantization(quant: object) -> Quantization | None:
+    """config.json's `quantization_config` (None: a bf16 checkpoint), or one error naming the field.
+    modelopt's hf_quant_config.json form, {"quantization": {...}}, reads the same."""
+    if quant is None:
+        return None
+    if not isinstance(quant, dict):
+        raise UserError(f"quantization_config needs a JSON object, got {quant!r}",
+                        field="config.quantization_config")
+    if isinstance(quant.get("quantization"), dict) and "quant_method" not in quant:
+        quant = {"quant_method": "modelopt", **quant["quantization"]}
+    method = quant.get("quant_method")
+    readers = {"fp8": _fp8, "compressed-tensors": _compressed_tensors, "awq": _awq, "gptq": _gptq,
+               "modelopt": _modelopt}
+    if method not in readers:
+        raise bad("quant_method", f"{method!r} is not modelled; mlamem reads {', '.join(readers)}")
+    return readers[method](quant)
+
+
+def _names(quant: dict, key: str) -> tuple[str, ...]:
+    names = quant.get(key) or []
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise bad(key, f"needs a list of module names, got {names!r}")
+    return tuple(names)
+
+
+def _int(quant: dict, key: str, *, allowed: tuple[int, ...] = ()) -> int:
+    value = quant.get(key)
+    wrong = value not in allowed if allowed else isinstance(value, int) and value < 1
+    if isinstance(value, bool) or not isinstance(value, int) or wrong:
+        wanted = f"one of {allowed}" if allowed else "a positive integer"
+        raise bad(key, f"needs {wanted}, got {value!r}")
+    return value
+
+
+def _block(value: object, key: str) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in value)):
+        raise bad(key, f"needs two positive integers, got {value!r}")
+    return value[0], value[1]
+
+
+def _fp8(quant: dict) -> Quantization:
+    """vLLM 0.33.0 fp8.py Fp8Config.from_config: weight_block_size (block), else per tensor;
+    ignored_layers or modules_to_not_convert, matched exactly."""
+    ignore = _names(quant, "ignored_layers") or _names(quant, "modules_to_not_convert")
+    static = quant.get("activation_scheme") == "static"
+    block = quant.get("weight_block_size")
+    if block is None:
+        return Quantization("fp8-tensor", "FP8", static_input=static, ignore=ignore)
+    return Quantization("fp8-block", "FP8", block=_block(block, "weight_block_size"), ignore=ignore)
+
+
+def _awq(quant: dict) -> Quantization:
+    """auto_awq.py AWQConfig.from_config: w_bit or bits, q_group_size or group_size, zero_point."""
+    bits = _int(quant, "w_bit" if "w_bit" in quant else "bits", allowed=(4, 8))
+    group = _int(quant, "q_group_size" if "q_group_size" in quant else "group_size")
+    return Quantization("awq", f"INT{bits} AWQ", bits=bits, group=group, symmetric=False,
+                        ignore=_names(quant, "modules_to_not_convert"), match="substring")
+
+
+def _gptq(quant: dict) -> Quantization:
+    """auto_gptq.py GPTQConfig.from_config: bits, group_size (-1: one group per row)."""
+    bits = _int(quant, "bits", allowed=(2, 3, 4, 8))
+    group = quant.get("group_size")
+    group = 0 if group == -1 else _int(quant, "group_size")
+    return Quantization("gptq", f"INT{bits} GPTQ", bits=bits, group=group, symmetric=bool(quant.get("sym")))
+
+
+def _modelopt(quant: dict) -> Quantization:
+    """modelopt.py ModelOptQuantConfigBase: quant_algo, group_size, exclude_modules (or ignore)
+    matched as wildcards (is_layer_excluded)."""
+    algo = str(quant.get("quant_algo", "")).upper()
+    ignore = _names(quant, "ignore" if "ignore" in quant else "exclude_modules")
+    schemes = {"FP8": ("fp8-tensor", "FP8"), "FP8_PER_CHANNEL_PER_TOKEN": ("fp8-channel", "FP8"),
+               "NVFP4": ("nvfp4", "NVFP4")}
+    if algo == "FP8_PB_WO":
+        return Quantization("fp8-block", "FP8", block=(128, 128), ignore=ignore, match="wildcard")
+    if algo not in schemes:
+        raise bad("quant_algo", f"{algo!r} is not modelled; mlamem reads {', '.join(schemes)}, FP8_PB_WO")
+    scheme, label = schemes[algo]
+    fp4 = scheme == "nvfp4"
+    return Quantization(scheme, label, bits=4 if fp4 else 8, group=16 if fp4 else 0,
+                        static_input=scheme != "fp8-channel", ignore=ignore, match="wildcard")
+
+
+def _compressed_tensors(quant: dict) -> Quantization:
+    """compressed_tensors.py CompressedTensorsConfig.from_config: one config group's weights (and
+    input_activations: W4A8 when they are 8 bits), its format, and `ignore` (exact, or `re:`)."""
+    groups = quant.get("config_groups")
+    if not (isinstance(groups, dict) and len(groups) == 1 and isinstance(next(iter(groups.values())), dict)):
+        raise bad("config_groups", f"needs one config group (mlamem models one scheme a checkpoint), "
+                  f"got {groups!r}")
+    group = next(iter(groups.values()))
+    weights, inputs = group.get("weights"), group.get("input_activations")
+    if not isinstance(weights, dict):
+        raise bad("config_groups.weights", f"needs a JSON object, got {weights!r}")
+    form = group.get("format") or quant.get("format")
+    targets = tuple(t for t in group.get("targets") or ["Linear"] if t != "Linear")
+    common = {"ignore": _names(quant, "ignore"), "targets": targets}
+    bits, kind, strategy = weights.get("num_bits"), weights.get("type"), weights.get("strategy")
+    if form == "nvfp4-pack-quantized":
+        return Quantization("nvfp4", "NVFP4", bits=4, group=16, **common)
+    if form == "pack-quantized" and kind == "int" and bits in (4, 8):
+        size = 0 if strategy == "channel" else _int(weights, "group_size")
+        acts = f"A{inputs['num_bits']}" if isinstance(inputs, dict) and inputs.get("num_bits") == 8 else ""
+        return Quantization("int-pack", f"W{bits}{acts}" if acts else f"INT{bits}", bits=bits, group=size,
+                            symmetric=weights.get("symmetric", True) is not False, **common)
+    if form in ("float-quantized", "naive-quantized") and kind == "float" and bits == 8:
+        static = isinstance(inputs, dict) and inputs.get("dynamic") is False
+        if strategy == "block":
+            block = _block(weights.get("block_structure"), "config_groups.weights.block_structure")
+            return Quantization("fp8-block", "FP8", block=block, **common)
+        if strategy in ("tensor", "channel"):
+            return Quantization(f"fp8-{strategy}", "FP8", static_input=static, **common)
+    raise bad("format", f"{form!r} with {bits}-bit {kind} weights by {strategy} is not modelled; mlamem "
+              "reads pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
