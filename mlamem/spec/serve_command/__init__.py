@@ -32,10 +32,8 @@ from mlamem.spec.models.overrides import (
 from mlamem.spec.models.weights import fit_line, weights_fit
 from mlamem.spec.serve_command.parsed import Parsed
 
-# Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
-# a model argument that is a hub name of a shipped config (mlamem/models): that config
-HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
-             "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2"}
+# a model argument that is a hub name of a shipped config (mlamem/spec/models): that config
+HUB_NAMES = hf_config.HUB_NAMES
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)$", re.IGNORECASE)  # --hf-token, --api-key
 
@@ -120,13 +118,29 @@ def model_config(argument: str, override: str | None,
     if (Path(argument) / "config.json").is_file():
         return hf_config.load_config(argument), config_name(argument)
     hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
-    if hub is not None:  # a shipped model's exact hub name, in any case
+    local = hub is None and _hub_name_of_folder(argument)
+    hub = hub or local
+    if hub:  # a shipped model's exact hub name, in any case, or a folder of that name
         shipped = HUB_NAMES[hub]
-        notes.append(f"model {argument}: the shipped config mlamem/spec/models/"
-                     f"{hf_config.SHIPPED[shipped]} ({hub})")
+        how = (f"no config.json there, so read by the folder's name as {hub}'s shipped config"
+               if local else "the shipped config")
+        notes.append(f"model {argument}: {how} mlamem/spec/models/{hf_config.SHIPPED[shipped]}"
+                     + (" (--model FOLDER reads the checkpoint's own)" if local else f" ({hub})"))
         return hf_config.shipped_config(shipped), hub.split("/")[-1]
     raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
+
+
+def _hub_name_of_folder(argument: str) -> str | None:
+    """The hub name a local path names by its last folder (`/models/GLM-5.1-FP8`, any case) or by a
+    Hugging Face cache folder in it (`models--zai-org--GLM-5.1-FP8/snapshots/...`), if shipped."""
+    parts = Path(argument).parts
+    cached = [part[len("models--"):].replace("--", "/", 1) for part in parts if part.startswith("models--")]
+    by_last = {name.split("/")[-1].lower(): name for name in HUB_NAMES}
+    by_name = {name.lower(): name for name in HUB_NAMES}
+    if cached:
+        return by_name.get(cached[-1].lower())
+    return by_last.get(parts[-1].lower()) if parts else None
 
 
 def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
