@@ -13,16 +13,19 @@ from mlamem.spec.serve_command import from_command
 GiB = 1024**3
 H200 = "H200 SXM 141GB"
 DSA = "-tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 131072"
+DENSE = "-tp 8 --kv-cache-dtype fp8 --max-model-len 32768"
 
 
 @pytest.mark.parametrize(("model", "shipped"), [
     ("/models/GLM-5.1-FP8", "glm-5.1"), ("/models/glm-5.1-fp8/", "glm-5.1"),
-    ("/data/DeepSeek-V3.2-Exp", "deepseek-v3.2-exp"),
+    ("/data/DeepSeek-V3.2-Exp", "deepseek-v3.2-exp"), ("~/models/GLM-5", "glm-5"),
+    ("./checkpoints/Kimi-K2-Thinking", "kimi-k2-thinking"), ("data/hf/DeepSeek-R1", "deepseek-r1"),
     ("/root/.cache/huggingface/hub/models--zai-org--GLM-5.1-FP8/snapshots/0123abc", "glm-5.1"),
 ])
 def test_a_local_folder_without_its_config_is_read_by_its_name_with_a_note(model, shipped):
-    built = from_command(f"vllm serve {model} {DSA}", gpu_name=H200, weights_bytes=40 * GiB)
     config = shipped_config(shipped)
+    flags = DSA if config.has_indexer else DENSE
+    built = from_command(f"vllm serve {model} {flags}", gpu_name=H200, weights_bytes=40 * GiB)
     assert (built.scenario.model.num_attention_heads, built.scenario.model.num_layers) == (
         config.num_attention_heads, config.num_hidden_layers)
     notes = " | ".join(built.notes)

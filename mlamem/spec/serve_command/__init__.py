@@ -133,14 +133,16 @@ def model_config(argument: str, override: str | None,
 
 def _hub_name_of_folder(argument: str) -> str | None:
     """The hub name a local path names by its last folder (`/models/GLM-5.1-FP8`, any case) or by a
-    Hugging Face cache folder in it (`models--zai-org--GLM-5.1-FP8/snapshots/...`), if shipped."""
+    Hugging Face cache folder in it (`models--zai-org--GLM-5.1-FP8/snapshots/...`), if shipped. A
+    path is what no hub id is: absolute, from ~ or ., or of three parts or more; `org/name` is
+    another organisation's checkpoint and a bare name no path, so neither is read by name."""
     parts = Path(argument).parts
     cached = [part[len("models--"):].replace("--", "/", 1) for part in parts if part.startswith("models--")]
-    by_last = {name.split("/")[-1].lower(): name for name in HUB_NAMES}
-    by_name = {name.lower(): name for name in HUB_NAMES}
     if cached:
-        return by_name.get(cached[-1].lower())
-    return by_last.get(parts[-1].lower()) if parts else None
+        return {name.lower(): name for name in HUB_NAMES}.get(cached[-1].lower())
+    if not (argument.startswith(("/", "~", ".")) or len(parts) > 2):
+        return None
+    return {name.split("/")[-1].lower(): name for name in HUB_NAMES}.get(parts[-1].lower())
 
 
 def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
