@@ -9,6 +9,7 @@ import pytest
 from mlamem.spec.errors import UserError
 from mlamem.spec.models import checkpoints, count_weights, shipped_config, weights_per_rank
 from mlamem.spec.models.hf_config import HUB_NAMES, SHIPPED, parse_config
+from mlamem.spec.models.overrides import counted_weights
 from mlamem.spec.models.quantization import parse_quantization
 from mlamem.spec.models.weights import hf_module
 
@@ -130,6 +131,8 @@ def test_kimi_k25_reads_its_language_model_under_text_config():
     k25, thinking = shipped_config("kimi-k2.5"), shipped_config("kimi-k2-thinking")
     assert k25.vision and not thinking.vision
     assert count_weights(k25).bytes() == count_weights(thinking).bytes()
+    assert counted_weights(k25, tp=8, dp=1, mtp=False)[1].endswith(", the vision tower not counted")
+    assert "vision" not in counted_weights(thinking, tp=8, dp=1, mtp=False)[1]
     with pytest.raises(UserError) as error:
         parse_config({"model_type": "kimi_k25", "text_config": {"model_type": "kimi_k2", "vocab_size": 0}})
     assert error.value.field == "config.text_config.vocab_size"

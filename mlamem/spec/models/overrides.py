@@ -75,7 +75,8 @@ def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool,
     saying they are counted from `source`."""
     gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp) / 1024**3
     return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
-                           + (", MTP layers included (speculative decoding)" if mtp else ""))
+                 + (", MTP layers included (speculative decoding)" if mtp else "")
+                 + (", the vision tower not counted" if config.vision else ""))
 
 
 def speculates(scenario: Scenario) -> bool:
