@@ -1,5 +1,5 @@
 """Print mlamem's weight count against each published checkpoint size (checkpoints.json) as a
-Markdown table; with --write, recount each record's counted_bytes first.
+Markdown table; with --write, recount each record's counted first.
 
     python scripts/checkpoint_sizes.py [--write]
 """
@@ -14,7 +14,7 @@ from mlamem.spec.models import checkpoints
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="recount counted_bytes in checkpoints.json")
+    parser.add_argument("--write", action="store_true", help="recount counted in checkpoints.json")
     args = parser.parse_args()
     items = checkpoints.records()
     if args.write:

@@ -108,15 +108,23 @@ def test_the_kimi_k2_family_leaves_the_same_small_tensors_uncounted():
     whatever the experts' format; so the int4 layout is counted to the byte."""
     by_repo = {r["repo"]: r for r in checkpoints.records()}
     for repo in ("moonshotai/Kimi-K2-Instruct-0905", "moonshotai/Kimi-K2-Thinking"):
-        assert by_repo[repo]["published_bytes"] - checkpoints.count(by_repo[repo]) == 61 * 256
+        assert by_repo[repo]["published"] - checkpoints.count(by_repo[repo]) == 61 * 256
 
 
 @pytest.mark.parametrize("record", checkpoints.records(), ids=lambda r: r["repo"])
 def test_each_published_checkpoint_size_is_counted_within_1_percent(record):
     counted = checkpoints.count(record)
-    assert record["counted_bytes"] == counted, "run python scripts/checkpoint_sizes.py --write"
-    assert abs(counted - record["published_bytes"]) < 0.01 * record["published_bytes"]
-    assert record["source"] and record["published"] and record["quantization"]
+    assert record["counted"] == counted, "run python scripts/checkpoint_sizes.py --write"
+    assert abs(counted - record["published"]) < 0.01 * record["published"]
+    assert record["source"] and record["what"] and record["quantization"]
+
+
+def test_nvfp4_checkpoints_match_the_hubs_parameter_count_to_its_rounding():
+    """nvidia's NVFP4 DeepSeek-R1 checkpoints, by the Hub's parameter count (0.1B rounding): with
+    attention in bf16 (FP4), then with its o_proj in NVFP4 too (FP4-v2), the MTP layer in bf16."""
+    for record in checkpoints.records():
+        if record.get("unit") == "parameters":
+            assert abs(checkpoints.count(record) - record["published"]) <= 0.05e9
 
 
 def test_the_checkpoint_table_regenerates_from_the_records():
@@ -191,3 +199,11 @@ def test_a_quantization_config_it_cannot_read_is_one_line_naming_the_field(quant
     with pytest.raises(UserError) as error:
         parse_quantization(quant)
     assert error.value.field == field and "\n" not in str(error.value)
+
+
+def test_the_hubs_parameter_count_adds_elements_not_bytes():
+    """Two fp4 values are one U8 element, eight int4 one I32; each scale one element."""
+    nvfp4 = parse_quantization({"quant_method": "modelopt", "quant_algo": "NVFP4"})
+    assert nvfp4.weight_elements(OUT, IN) == OUT * IN // 2 + OUT * IN // 16 + 2
+    assert parse_quantization(compressed_tensors()).weight_elements(OUT, IN) == (
+        OUT * IN // 8 + OUT * IN // 32 + 2)

@@ -2,9 +2,10 @@
 
 Each record names a Hub checkpoint, the shipped config that describes it (with its own
 `quantization_config` where the checkpoint is a quantization of a shipped model), whether it holds
-the MTP layers, a published size (`published_bytes`, what `published` says it is, from `source`)
-and mlamem's count (`counted_bytes`). `python scripts/checkpoint_sizes.py` prints the table;
-`--write` recounts `counted_bytes`. tests/test_quantized_weights.py holds each within 1%.
+the MTP layers, a published figure (`published`: bytes, or the Hub's parameter count where `unit`
+is "parameters"; `what` says what it is, `source` where it comes from) and mlamem's count
+(`counted`). `python scripts/checkpoint_sizes.py` prints the table; `--write` recounts `counted`.
+tests/test_quantized_weights.py holds each within 1%.
 """
 
 from __future__ import annotations
@@ -25,25 +26,27 @@ def records() -> list[dict]:
 
 
 def count(record: dict) -> int:
-    """mlamem's bytes for the record's checkpoint: its shipped config, with the record's
-    quantization_config where it gives one, the MTP layers where the checkpoint holds them."""
+    """mlamem's count for the record's checkpoint, in the record's unit (bytes, or the Hub's
+    parameters where `unit` says so): its shipped config, with the record's quantization_config
+    where it gives one, the MTP layers where the checkpoint holds them."""
     config = shipped_config(record["config"])
     if "quantization_config" in record:
         config = replace(config, quantization=parse_quantization(record["quantization_config"]))
     weights = count_weights(config)
-    return weights.bytes() + (weights.bytes(mtp=True) if record["mtp"] else 0)
+    measure = weights.elements if record.get("unit") == "parameters" else weights.bytes
+    return measure() + (measure(mtp=True) if record["mtp"] else 0)
 
 
 def recounted(items: list[dict]) -> list[dict]:
-    return [{**record, "counted_bytes": count(record)} for record in items]
+    return [{**record, "counted": count(record)} for record in items]
 
 
 def table(items: list[dict]) -> str:
     """The records as a Markdown table: repo, quantization, published bytes, counted bytes, difference."""
-    lines = ["| checkpoint | quantization | published (B) | mlamem's count (B) | difference |",
+    lines = ["| checkpoint | quantization | published | mlamem's count | difference |",
              "|---|---|---:|---:|---:|"]
     for r in items:
-        published, counted = r["published_bytes"], r["counted_bytes"]
-        lines.append(f"| `{r['repo']}` | {r['quantization']} | {published:,} | {counted:,} | "
-                     f"{counted - published:+,} B ({(counted - published) / published:+.3%}) |")
+        published, counted, unit = r["published"], r["counted"], r.get("unit", "bytes")
+        lines.append(f"| `{r['repo']}` | {r['quantization']} | {published:,} {unit} | {counted:,} | "
+                     f"{counted - published:+,} ({(counted - published) / published:+.3%}) |")
     return "\n".join(lines)

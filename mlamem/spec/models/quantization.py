@@ -55,23 +55,33 @@ class Quantization:
     def weight_bytes(self, rows: int, cols: int, copies: int = 1) -> int:
         """The bytes the checkpoint stores for a quantized weight of `rows` x `cols` (out x in), which
         is `copies` tensors of rows // copies rows each (the routed experts, counted together)."""
-        out = rows // copies
+        return sum(count * size for count, size in self.stored(rows, cols, copies))
+
+    def weight_elements(self, rows: int, cols: int, copies: int = 1) -> int:
+        """The elements of those tensors, what the Hub's parameter count adds up (two fp4 in one
+        U8 element, eight int4 in one I32)."""
+        return sum(count for count, _ in self.stored(rows, cols, copies))
+
+    def stored(self, rows: int, cols: int, copies: int = 1) -> tuple[tuple[int, int], ...]:
+        """The tensors stored for the weight, as (elements, bytes each), all copies together."""
+        out, per_tensor = rows // copies, ((copies, 4),) * (2 if self.static_input else 1)
         if self.scheme == "fp8-block":
-            return rows * cols + 4 * self.block_scales(rows, cols)
+            return (rows * cols, 1), (self.block_scales(rows, cols), 4)
         if self.scheme == "fp8-tensor":
-            return rows * cols + copies * 4 * (2 if self.static_input else 1)
+            return (rows * cols, 1), *per_tensor
         if self.scheme == "fp8-channel":
-            return rows * cols + 4 * rows + (copies * 4 if self.static_input else 0)
-        if self.scheme == "nvfp4":
-            return copies * (out * ceil(cols / 2) + out * ceil(cols / 16) + 8)
+            return (rows * cols, 1), (rows, 4), *per_tensor[1:]
+        if self.scheme == "nvfp4":  # weight, weight_scale, weight_scale_2 and input_scale
+            return (rows * ceil(cols / 2), 1), (rows * ceil(cols / 16), 1), (2 * copies, 4)
         groups = cols // self.group if self.group else 1
-        if self.scheme == "awq":
-            return copies * (cols * self._packed(out) + groups * self._packed(out) + 2 * groups * out)
-        if self.scheme == "gptq":
-            g_idx = 4 * cols
-            return copies * (self._packed(cols) * out + groups * self._packed(out) + 2 * groups * out + g_idx)
-        zeros = 0 if self.symmetric else self._packed(out) * groups
-        return copies * (out * self._packed(cols) + 2 * out * groups + 8 + zeros)
+        scales = (copies * groups * out, 2)
+        if self.scheme == "awq":  # qweight (in, out / 8), qzeros, scales
+            return (copies * cols * self._words(out), 4), (copies * groups * self._words(out), 4), scales
+        if self.scheme == "gptq":  # qweight (in / 8, out), qzeros, scales, g_idx
+            return ((copies * self._words(cols) * out, 4), (copies * groups * self._words(out), 4), scales,
+                    (copies * cols, 4))
+        zeros = () if self.symmetric else ((copies * self._words(out) * groups, 4),)
+        return (copies * out * self._words(cols), 4), scales, (2 * copies, 4), *zeros
 
     def block_scales(self, rows: int, cols: int) -> int:
         """fp8-block's fp32 weight_scale_inv entries for a weight of `rows` x `cols`."""
@@ -79,9 +89,9 @@ class Quantization:
             return 0
         return ceil(rows / self.block[0]) * ceil(cols / self.block[1])
 
-    def _packed(self, values: int) -> int:
-        """Bytes of `values` packed into int32 words of 32 // bits each."""
-        return 4 * ceil(values * self.bits / 32)
+    def _words(self, values: int) -> int:
+        """The int32 words that hold `values` packed, 32 // bits to a word."""
+        return ceil(values * self.bits / 32)
 
 
 def _matches(module: str, pattern: str, mode: str) -> bool:

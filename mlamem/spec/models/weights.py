@@ -86,6 +86,12 @@ class WeightCount:
         split = {"replicated": 1, "tp": tp, "experts": expert_ranks}
         return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors if t.mtp == mtp)
 
+    def elements(self, *, mtp: bool = False) -> int:
+        """Every stored tensor's elements, what the Hub's parameter count adds up: a quantized weight's
+        packed words, scales and zero points (Quantization.weight_elements), the rest's parameters."""
+        return sum(self.quantization.weight_elements(t.rows, t.cols, t.copies) if self.stored_quantized(t)
+                   else t.params for t in self.tensors if t.mtp == mtp)
+
     def scales(self, *, mtp: bool = False) -> int:
         """The fp32 weight_scale_inv entries, one per fp8 block (Hugging Face counts them as parameters)."""
         return sum(self._scales(t) for t in self.tensors if t.mtp == mtp)
