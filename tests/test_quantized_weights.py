@@ -2,6 +2,7 @@
 three, and the published checkpoint sizes (mlamem/spec/models/checkpoints.json) each count is held to."""
 
 import json
+from dataclasses import replace
 from importlib import resources
 
 import pytest
@@ -207,3 +208,18 @@ def test_the_hubs_parameter_count_adds_elements_not_bytes():
     assert nvfp4.weight_elements(OUT, IN) == OUT * IN // 2 + OUT * IN // 16 + 2
     assert parse_quantization(compressed_tensors()).weight_elements(OUT, IN) == (
         OUT * IN // 8 + OUT * IN // 32 + 2)
+
+
+def test_sglangs_w4afp8_stores_the_experts_in_int4_and_every_other_linear_in_block_fp8():
+    """SGLang 0.5.23 w4afp8.py: W4AFp8MoEMethod's int8 weight (two int4 a byte), fp32
+    weight_scale_inv per 128 inputs and bf16 input_scale per expert tensor; Fp8LinearMethod's block
+    fp8 for the rest. DeepSeek-R1 so stored: its block fp8 checkpoint less the experts' difference."""
+    w4afp8 = parse_quantization({"quant_method": "w4afp8"})
+    assert w4afp8.label == "W4AFP8"
+    assert w4afp8.weight_bytes(OUT, IN, expert=True) == OUT * IN // 2 + 4 * OUT * IN // 128 + 2
+    assert w4afp8.weight_bytes(OUT, IN) == OUT * IN + 4 * (OUT // 128) * (IN // 128)
+    fp8 = count_weights(shipped_config("deepseek-r1"))
+    mixed = count_weights(replace(shipped_config("deepseek-r1"), quantization=w4afp8))
+    expert = OUT * IN  # each of 58 MoE layers' 256 experts x 3 weights of 2048 x 7168
+    per_expert_weight = (expert + 4 * 16 * 56) - (expert // 2 + 4 * expert // 128 + 2)
+    assert fp8.bytes() - mixed.bytes() == 58 * 256 * 3 * per_expert_weight

@@ -30,7 +30,11 @@ from mlamem.spec.errors import UserError
 # gptq        int32 qweight (in // 8, out), int32 qzeros and fp16 scales per group, int32 g_idx (auto_gptq.py)
 # nvfp4       fp4 weight two to a byte, fp8 weight_scale per 16, fp32 weight_scale_2 and input_scale per
 #             tensor (modelopt.py NVFP4; compressed_tensors_w4a4_nvfp4.py's global scales likewise)
-SCHEMES = ("fp8-block", "fp8-tensor", "fp8-channel", "int-pack", "awq", "gptq", "nvfp4")
+# w4afp8      SGLang 0.5.23's (srt/layers/quantization/w4afp8.py, W4AFp8Config; vLLM 0.33.0 has none):
+#             the routed experts int4 two to an int8, fp32 weight_scale_inv per 128 along the input,
+#             a bf16 input_scale per tensor (W4AFp8MoEMethod.create_weights); every other Linear
+#             block fp8 128 x 128 (Fp8LinearMethod)
+SCHEMES = ("fp8-block", "fp8-tensor", "fp8-channel", "int-pack", "awq", "gptq", "nvfp4", "w4afp8")
 
 
 @dataclass(frozen=True)
@@ -52,20 +56,24 @@ class Quantization:
             return False
         return not any(_matches(module, pattern, self.match) for pattern in self.ignore)
 
-    def weight_bytes(self, rows: int, cols: int, copies: int = 1) -> int:
+    def weight_bytes(self, rows: int, cols: int, copies: int = 1, *, expert: bool = False) -> int:
         """The bytes the checkpoint stores for a quantized weight of `rows` x `cols` (out x in), which
         is `copies` tensors of rows // copies rows each (the routed experts, counted together)."""
-        return sum(count * size for count, size in self.stored(rows, cols, copies))
+        return sum(count * size for count, size in self.stored(rows, cols, copies, expert=expert))
 
-    def weight_elements(self, rows: int, cols: int, copies: int = 1) -> int:
+    def weight_elements(self, rows: int, cols: int, copies: int = 1, *, expert: bool = False) -> int:
         """The elements of those tensors, what the Hub's parameter count adds up (two fp4 in one
         U8 element, eight int4 in one I32)."""
-        return sum(count for count, _ in self.stored(rows, cols, copies))
+        return sum(count for count, _ in self.stored(rows, cols, copies, expert=expert))
 
-    def stored(self, rows: int, cols: int, copies: int = 1) -> tuple[tuple[int, int], ...]:
-        """The tensors stored for the weight, as (elements, bytes each), all copies together."""
+    def stored(self, rows: int, cols: int, copies: int = 1, *,
+               expert: bool = False) -> tuple[tuple[int, int], ...]:
+        """The tensors stored for the weight, as (elements, bytes each), all copies together;
+        `expert`: a routed expert's (w4afp8 stores those apart)."""
         out, per_tensor = rows // copies, ((copies, 4),) * (2 if self.static_input else 1)
-        if self.scheme == "fp8-block":
+        if self.scheme == "w4afp8" and expert:  # int8 weight, fp32 weight_scale_inv, bf16 input_scale
+            return (rows * ceil(cols / 2), 1), (rows * ceil(cols / self.group), 4), (copies, 2)
+        if self.scheme in ("fp8-block", "w4afp8"):
             return (rows * cols, 1), (self.block_scales(rows, cols), 4)
         if self.scheme == "fp8-tensor":
             return (rows * cols, 1), *per_tensor
@@ -122,7 +130,7 @@ def parse_quantization(quant: object) -> Quantization | None:
         quant = {"quant_method": "modelopt", **quant["quantization"]}
     method = quant.get("quant_method")
     readers = {"fp8": _fp8, "compressed-tensors": _compressed_tensors, "awq": _awq, "gptq": _gptq,
-               "modelopt": _modelopt}
+               "modelopt": _modelopt, "w4afp8": _w4afp8}
     if method not in readers:
         raise bad("quant_method", f"{method!r} is not modelled; mlamem reads {', '.join(readers)}")
     return readers[method](quant)
@@ -160,6 +168,12 @@ def _fp8(quant: dict) -> Quantization:
     if block is None:
         return Quantization("fp8-tensor", "FP8", static_input=static, ignore=ignore)
     return Quantization("fp8-block", "FP8", block=_block(block, "weight_block_size"), ignore=ignore)
+
+
+def _w4afp8(quant: dict) -> Quantization:
+    """SGLang 0.5.23 W4AFp8Config.from_config: the block is 128 x 128 and the group 128 whatever the
+    config says, and no layer is ignored (it reads neither)."""
+    return Quantization("w4afp8", "W4AFP8", bits=4, group=128, block=(128, 128))
 
 
 def _awq(quant: dict) -> Quantization:

@@ -51,8 +51,12 @@ def hf_module(tensor: Tensor) -> str:
     return f"model.layers.{layer}." + rest.replace("mlp.experts.", "mlp.experts.0.")
 
 
+def _expert(tensor: Tensor) -> bool:
+    return ".mlp.experts." in tensor.name
+
+
 def placement(tensor: Tensor) -> str:
-    if ".mlp.experts." in tensor.name:
+    if _expert(tensor):
         return "experts"
     last = tensor.name.split(".", 2)[-1] if tensor.name.startswith("layers.") else tensor.name
     replicated = tensor.cols == 1 or last in _REPLICATED or last.startswith("indexer.")
@@ -89,8 +93,8 @@ class WeightCount:
     def elements(self, *, mtp: bool = False) -> int:
         """Every stored tensor's elements, what the Hub's parameter count adds up: a quantized weight's
         packed words, scales and zero points (Quantization.weight_elements), the rest's parameters."""
-        return sum(self.quantization.weight_elements(t.rows, t.cols, t.copies) if self.stored_quantized(t)
-                   else t.params for t in self.tensors if t.mtp == mtp)
+        return sum(self.quantization.weight_elements(t.rows, t.cols, t.copies, expert=_expert(t))
+                   if self.stored_quantized(t) else t.params for t in self.tensors if t.mtp == mtp)
 
     def scales(self, *, mtp: bool = False) -> int:
         """The fp32 weight_scale_inv entries, one per fp8 block (Hugging Face counts them as parameters)."""
@@ -104,7 +108,7 @@ class WeightCount:
     def _bytes(self, tensor: Tensor) -> int:
         if not self.stored_quantized(tensor):
             return (4 if tensor.fp32 else 2) * tensor.params
-        return self.quantization.weight_bytes(tensor.rows, tensor.cols, tensor.copies)
+        return self.quantization.weight_bytes(tensor.rows, tensor.cols, tensor.copies, expert=_expert(tensor))
 
 
 def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
