@@ -195,6 +195,9 @@ def test_int4_kimi_at_tp8_fits_an_h100_where_fp8_kimi_does_not():
      "config.quantization_config.format"),
     ({"quant_method": "fp8", "weight_block_size": [128, True]},
      "config.quantization_config.weight_block_size"),
+    ({**compressed_tensors(), "ignore": ["re:("]}, "config.quantization_config.ignore"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": 16, "weights": {}}}},
+     "config.quantization_config.config_groups.targets"),
 ])
 def test_a_quantization_config_it_cannot_read_is_one_line_naming_the_field(quant, field):
     with pytest.raises(UserError) as error:

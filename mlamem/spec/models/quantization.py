@@ -47,12 +47,12 @@ class Quantization:
     symmetric: bool = True  # no zero points
     static_input: bool = False  # a per-tensor input scale is stored (static activations)
     ignore: tuple[str, ...] = ()  # the modules left unquantized, in the config's own notation
-    match: str = "exact"  # how `ignore` matches: exact or `re:` (compressed-tensors), substring, wildcard
+    match: str = "exact"  # how `ignore` matches: exact, regex (compressed-tensors), substring, wildcard
     targets: tuple[str, ...] = ()  # compressed-tensors' targets other than "Linear": only these quantize
 
     def quantizes(self, module: str) -> bool:
         """Whether the checkpoint quantizes the Linear `module` (its Hugging Face name)."""
-        if self.targets and not any(_matches(module, target, "exact") for target in self.targets):
+        if self.targets and not any(_matches(module, target, "regex") for target in self.targets):
             return False
         return not any(_matches(module, pattern, self.match) for pattern in self.ignore)
 
@@ -107,9 +107,9 @@ def _matches(module: str, pattern: str, mode: str) -> bool:
         return pattern in module
     if mode == "wildcard":  # modelopt.py is_layer_excluded: exact, substring, then fnmatch wildcards
         return pattern == module or pattern in module or fnmatch(module, pattern)
-    if pattern.startswith("re:"):  # compressed-tensors' is_equal_or_regex_match: re.match after `re:`
+    if mode == "regex" and pattern.startswith("re:"):  # compressed-tensors' is_equal_or_regex_match
         return re.match(pattern[3:], module) is not None
-    return module == pattern
+    return module == pattern  # fp8.py: is_layer_skipped's exact match
 
 
 def bad(name: str, text: str) -> UserError:
@@ -136,11 +136,22 @@ def parse_quantization(quant: object) -> Quantization | None:
     return readers[method](quant)
 
 
-def _names(quant: dict, key: str) -> tuple[str, ...]:
+def _names(quant: dict, key: str, name: str = "") -> tuple[str, ...]:
     names = quant.get(key) or []
     if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-        raise bad(key, f"needs a list of module names, got {names!r}")
+        raise bad(name or key, f"needs a list of module names, got {names!r}")
     return tuple(names)
+
+
+def _patterns(quant: dict, key: str, name: str = "") -> tuple[str, ...]:
+    """compressed-tensors' module names, each exact or a regular expression after `re:`."""
+    names = _names(quant, key, name)
+    for pattern in names:
+        try:
+            re.compile(pattern[3:] if pattern.startswith("re:") else "")
+        except re.error as error:
+            raise bad(name or key, f"{pattern!r} is no regular expression ({error})") from None
+    return names
 
 
 def _int(quant: dict, key: str, *, allowed: tuple[int, ...] = ()) -> int:
@@ -221,8 +232,8 @@ def _compressed_tensors(quant: dict) -> Quantization:
     if not isinstance(weights, dict):
         raise bad("config_groups.weights", f"needs a JSON object, got {weights!r}")
     form = group.get("format") or quant.get("format")
-    targets = tuple(t for t in group.get("targets") or ["Linear"] if t != "Linear")
-    common = {"ignore": _names(quant, "ignore"), "targets": targets}
+    targets = tuple(t for t in _patterns(group, "targets", "config_groups.targets") if t != "Linear")
+    common = {"ignore": _patterns(quant, "ignore"), "targets": targets, "match": "regex"}
     bits, kind, strategy = weights.get("num_bits"), weights.get("type"), weights.get("strategy")
     if form == "nvfp4-pack-quantized":
         return Quantization("nvfp4", "NVFP4", bits=4, group=16, **common)
