@@ -8,6 +8,7 @@ import pytest
 
 from mlamem.spec.errors import UserError
 from mlamem.spec.models import shipped_config, weights_per_rank
+from mlamem.spec.models.hf_config import hub_config
 from mlamem.spec.serve_command import from_command
 
 GiB = 1024**3
@@ -68,3 +69,16 @@ def test_kimi_k2_thinking_counts_its_int4_experts():
     s = built.scenario
     assert (s.model.name, s.operations) == ("Kimi-K2-Thinking INT4", ("dense-decode",))
     assert s.parallel.weights_gib_per_rank == round(76_182_662_656 / GiB, 3)
+
+
+@pytest.mark.parametrize(("hub", "label"), [("zai-org/GLM-5", ""), ("zai-org/GLM-5-FP8", " FP8"),
+                                            ("zai-org/GLM-5.1", ""), ("zai-org/GLM-5.1-FP8", " FP8")])
+def test_glms_bf16_checkpoints_are_counted_in_bf16(hub, label):
+    """zai-org/GLM-5 and GLM-5.1 are the bf16 weights, -FP8 the block fp8 ones: the same fields,
+    without the quantization_config for the bf16 ones, which the note says."""
+    built = from_command(f"vllm serve {hub} {DSA}", gpu_name=H200, weights_bytes=40 * GiB)
+    assert built.scenario.model.name == hub.split("/")[-1] + label
+    assert any("(bf16 weights)" in note for note in built.notes) is (label == "")
+    if label == "":  # every tensor in bf16: about twice the fp8 checkpoint's bytes
+        fp8 = weights_per_rank(shipped_config("glm-5"), tp=8)
+        assert 1.9 * fp8 < weights_per_rank(hub_config(hub), tp=8) < 2 * fp8

@@ -40,7 +40,12 @@ HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": 
              "deepseek-ai/DeepSeek-R1-0528": "deepseek-r1", "deepseek-ai/DeepSeek-V3.1": "deepseek-v3.1",
              "deepseek-ai/DeepSeek-V3.1-Terminus": "deepseek-v3.1",
              "deepseek-ai/DeepSeek-V3.2-Exp": "deepseek-v3.2-exp", "zai-org/GLM-5.1-FP8": "glm-5.1",
-             "moonshotai/Kimi-K2-Thinking": "kimi-k2-thinking", "moonshotai/Kimi-K2.5": "kimi-k2.5"}
+             "moonshotai/Kimi-K2-Thinking": "kimi-k2-thinking", "moonshotai/Kimi-K2.5": "kimi-k2.5",
+             "zai-org/GLM-5.1": "glm-5.1"}
+# the bf16 checkpoints among them: the FP8 config's fields without its quantization_config (zai-org
+# publishes GLM's bf16 weights under the plain name, the FP8 ones under -FP8; NVIDIA's NeMo pages
+# train from zai-org/GLM-5 and zai-org/GLM-5.1)
+BF16_HUB_NAMES = ("zai-org/GLM-5", "zai-org/GLM-5.1")
 
 _INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
@@ -226,6 +231,12 @@ def load_config(path: str | Path) -> ModelConfig:
         raise UserError(f"{path}: a config.json holds one JSON object, not a "
                         f"{type(raw).__name__}", field="model")
     return parse_config(raw)
+
+
+def hub_config(hub: str) -> ModelConfig:
+    """The shipped config of a hub name of HUB_NAMES, in bf16 for a bf16 checkpoint's."""
+    config = shipped_config(HUB_NAMES[hub])
+    return replace(config, quantization=None) if hub in BF16_HUB_NAMES else config
 
 
 def shipped_config(name: str) -> ModelConfig:

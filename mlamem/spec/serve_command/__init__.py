@@ -124,9 +124,10 @@ def model_config(argument: str, override: str | None,
         shipped = HUB_NAMES[hub]
         how = (f"no config.json there, so read by the folder's name as {hub}'s shipped config"
                if local else "the shipped config")
-        notes.append(f"model {argument}: {how} mlamem/spec/models/{hf_config.SHIPPED[shipped]}"
+        bf16 = " without its quantization_config (bf16 weights)" if hub in hf_config.BF16_HUB_NAMES else ""
+        notes.append(f"model {argument}: {how} mlamem/spec/models/{hf_config.SHIPPED[shipped]}{bf16}"
                      + (" (--model FOLDER reads the checkpoint's own)" if local else f" ({hub})"))
-        return hf_config.shipped_config(shipped), hub.split("/")[-1]
+        return hf_config.hub_config(hub), hub.split("/")[-1]
     raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
 
