@@ -1027,9 +1027,12 @@ def test_mtp_layers_count_only_for_a_method_that_drafts_with_them(spec, mtp):
         not mtp and '"num_speculative_tokens": 0' not in spec)
 
 
-@pytest.mark.parametrize("model", ["~/models/GLM-5", "someorg/Kimi-K2", "deepseek-v3.2", "GLM-5"])
+@pytest.mark.parametrize("model", ["someorg/Kimi-K2", "deepseek-v3.2", "GLM-5", "someorg/GLM-5",
+                                   "~/models/Kimi-K2"])
 def test_a_model_that_is_no_folder_and_no_shipped_hub_name_asks_for_model(model):
-    """Only a shipped model's exact hub name uses its config; a last path part is not enough."""
+    """A shipped model's exact hub name uses its config, and so does a local path whose last folder
+    is one (tests/test_shipped_models_serve.py); another org's checkpoint, a bare name or a folder
+    of another name is not enough."""
     check_bad_input(["scenarios", "--serve", VLLM_BASE.replace(DS, model)],
                     "is no local folder with a config.json and no shipped model")
 

@@ -33,10 +33,8 @@ from mlamem.spec.models.weights import fit_line, weights_fit
 from mlamem.spec.serve_command import config_file
 from mlamem.spec.serve_command.parsed import Parsed
 
-# Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
-# a model argument that is a hub name of a shipped config (mlamem/models): that config
-HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
-             "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2"}
+# a model argument that is a hub name of a shipped config (mlamem/spec/models): that config
+HUB_NAMES = hf_config.HUB_NAMES
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
@@ -145,13 +143,32 @@ def model_config(argument: str, override: str | None,
     if (Path(argument) / "config.json").is_file():
         return hf_config.load_config(argument), config_name(argument)
     hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
-    if hub is not None:  # a shipped model's exact hub name, in any case
+    local = hub is None and _hub_name_of_folder(argument)
+    hub = hub or local
+    if hub:  # a shipped model's exact hub name, in any case, or a folder of that name
         shipped = HUB_NAMES[hub]
-        notes.append(f"model {argument}: the shipped config mlamem/spec/models/"
-                     f"{hf_config.SHIPPED[shipped]} ({hub})")
-        return hf_config.shipped_config(shipped), hub.split("/")[-1]
+        how = (f"no config.json there, so read by the folder's name as {hub}'s shipped config"
+               if local else "the shipped config")
+        bf16 = " without its quantization_config (bf16 weights)" if hub in hf_config.BF16_HUB_NAMES else ""
+        notes.append(f"model {argument}: {how} mlamem/spec/models/{hf_config.SHIPPED[shipped]}{bf16}"
+                     + (" (--model FOLDER reads the checkpoint's own)" if local else f" ({hub})"))
+        return hf_config.hub_config(hub), hub.split("/")[-1]
     raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
+
+
+def _hub_name_of_folder(argument: str) -> str | None:
+    """The hub name a local path names by its last folder (`/models/GLM-5.1-FP8`, any case) or by a
+    Hugging Face cache folder in it (`models--zai-org--GLM-5.1-FP8/snapshots/...`), if shipped. A
+    path is what no hub id is: absolute, from ~ or ., or of three parts or more; `org/name` is
+    another organisation's checkpoint and a bare name no path, so neither is read by name."""
+    parts = Path(argument).parts
+    cached = [part[len("models--"):].replace("--", "/", 1) for part in parts if part.startswith("models--")]
+    if cached:
+        return {name.lower(): name for name in HUB_NAMES}.get(cached[-1].lower())
+    if not (argument.startswith(("/", "~", ".")) or len(parts) > 2):
+        return None
+    return {name.split("/")[-1].lower(): name for name in HUB_NAMES}.get(parts[-1].lower())
 
 
 def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
