@@ -3,7 +3,11 @@ to a file that exists and, where the link names a heading, to a heading of that 
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,21 +108,47 @@ def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):
     assert anchors(tmp_path / "other.md") == {"a-heading"}
 
 
-# A shown run: a fenced block that starts with the command (`$ [COLUMNS=N] mlamem ...`) and shows
-# lines of its output, "..." where lines are left out. Those on the CPU-only commands' pages are
-# rerun and compared: predicted runs and plan need no GPU.
-RUN = re.compile(r"^```(?:console)?\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
-RUN_PAGES = ["repro-oom.md", "plan.md", "../README.md"]  # the README's tour too
+# A shown session: a fenced block that starts with a command (`$ ...`). Each `$` command (lines
+# joined until its quotes close) is run by bash, in order, in one temporary folder, and the lines
+# under it are its output, "..." where lines are left out. Every page's sessions are rerun, on the
+# CPU (CUDA hidden, so every figure is PREDICTED), with the interpreter's own `mlamem` and
+# `python`: the README's from an empty folder, as a newcomer runs the tour after its setup
+# command; docs/'s beside links to the checkout's files, which their commands name.
+SESSION = re.compile(r"^```(?:console)?\n(\$ .*?)^```$", re.M | re.S)
 
 
-def shown_runs(text: str) -> list[tuple[int | None, list[str], list[str]]]:
-    """(terminal width or None, the command's words after `mlamem`, the lines shown) of each
-    shown run whose command needs no GPU (`--predict`, or plan)."""
-    import shlex
+def sessions(text: str) -> list[tuple[int, list[tuple[str, list[str]]]]]:
+    """(the block's first line number, its (command, lines shown) pairs) of each shown session."""
+    found = []
+    for block in SESSION.finditer(text):
+        steps: list[tuple[str, list[str]]] = []
+        pending = None
+        for line in block[1].splitlines():
+            if pending is None and line.startswith("$ "):
+                pending = line[2:]
+            elif pending is not None:
+                pending += "\n" + line
+            else:
+                steps[-1][1].append(line)
+            if pending is not None and _complete(pending):
+                steps.append((pending, []))
+                pending = None
+        found.append((text[:block.start()].count("\n") + 2, steps))
+    return found
 
-    return [(int(width) if width else None, shlex.split(command), shown.splitlines())
-            for width, command, shown in RUN.findall(text)
-            if "--predict" in command.split() or command.startswith("plan")]
+
+def _complete(command: str) -> bool:
+    """Whether a command's quotes are closed (a `python -c '...'` spans lines)."""
+    try:
+        shlex.split(command)
+    except ValueError:
+        return False
+    return True
+
+
+def _assignment(command: str) -> bool:
+    words = shlex.split(command)
+    return len(words) == 1 and re.match(r"[A-Z_]+=", words[0]) is not None
 
 
 def missing_lines(shown: list[str], printed: list[str]) -> list[str]:
@@ -133,27 +163,56 @@ def missing_lines(shown: list[str], printed: list[str]) -> list[str]:
     return missing
 
 
-@pytest.mark.parametrize(("page", "run"), [
-    (name, run) for name in RUN_PAGES
-    for run in range(len(shown_runs((ROOT / "docs" / name).read_text())))])
-def test_a_shown_run_prints_what_the_page_shows(page, run, monkeypatch, capsys):
-    """The page's output lines are the command's, in order, as it prints them now."""
-    from mlamem.cli.main import main
+def run_session(steps: list[tuple[str, list[str]]], folder: Path, *, linked: bool) -> list[str]:
+    """Run a session's commands in `folder` (`linked`: beside links to the checkout's files); the
+    failures, each with what it prints now."""
+    for entry in ROOT.iterdir() if linked else ():
+        if not entry.name.startswith(".") and not (folder / entry.name).exists():
+            (folder / entry.name).symlink_to(entry)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "80",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    assignments, failures = [], []
+    for command, shown in steps:
+        if _assignment(command):  # `SEED="..."`: set for the commands after it
+            assignments.append(command)
+        done = subprocess.run(["bash", "-c", "\n".join([*assignments, command])], cwd=folder,
+                              env=env, capture_output=True, text=True, timeout=600)
+        out, err = done.stdout.splitlines(), done.stderr.splitlines()
+        missing = missing_lines(missing_lines(shown, out), err)  # stdout's in order, then stderr's
+        refused = done.returncode == 2 and any("error:" in line for line in shown)
+        if missing or not (done.returncode == 0 or refused):
+            failures.append(f"$ {command}\n(exit {done.returncode}) no longer prints {missing};"
+                            f" it prints:\n" + "\n".join(out + err))
+    return failures
 
-    width, words, shown = shown_runs((ROOT / "docs" / page).read_text())[run]
-    monkeypatch.setenv("COLUMNS", str(width or 80))
-    assert main(words) == 0
-    printed = capsys.readouterr().out.splitlines()
-    assert not missing_lines(shown, printed), f"docs/{page}: mlamem {' '.join(words)}"
+
+@pytest.mark.parametrize("page", [page for page in PAGES if sessions(page.read_text())],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shown_session_prints_what_the_page_shows(page, tmp_path):
+    """Each command the page shows, run as shown (a page's sessions in order, in one folder: a
+    file one writes, the next reads), exits 0 (2 for a refusal shown) and prints the page's lines
+    in order: a figure that moves fails here, naming the command to rerun."""
+    failures = [f"{page.relative_to(ROOT)}:{line}: {failure}"
+                for line, steps in sessions(page.read_text())
+                for failure in run_session(steps, tmp_path, linked=page != README)]
+    assert not failures, (
+        "rerun these commands (in a new folder, CUDA hidden: CUDA_VISIBLE_DEVICES=) and paste"
+        " what they print into the page:\n" + "\n\n".join(failures))
 
 
-def test_the_run_check_finds_a_changed_figure():
-    """The check above can fail: a figure the page shows that the command no longer prints."""
-    page = "```\n$ mlamem plan --predict\n...\nKV 25.649 GiB\nend\n```\n"
-    [(width, words, shown)] = shown_runs(page)
-    assert (width, words) == (None, ["plan", "--predict"])
-    assert missing_lines(shown, ["x", "KV 25.655 GiB", "end"]) == ["KV 25.649 GiB"]
-    assert missing_lines(shown, ["x", "KV 25.649 GiB", "y", "end"]) == []
+def test_the_session_check_finds_a_changed_figure(tmp_path):
+    """The check above can fail: a figure the page shows that the command no longer prints, a
+    command that fails; a variable set in a session reaches the commands after it."""
+    page = ("```\n$ WORD=\"KV 25.649\"\n$ echo \"$WORD GiB\"\nKV 25.649 GiB\n$ python -c 'print(\n"
+            "1)'\n...\n1\n$ echo KV 25.655 GiB\nKV 25.649 GiB\n$ false\n```\n")
+    [(line, steps)] = sessions(page)
+    assert line == 2 and [command for command, _ in steps] == [
+        'WORD="KV 25.649"', 'echo "$WORD GiB"', "python -c 'print(\n1)'", "echo KV 25.655 GiB",
+        "false"]
+    failures = run_session(steps, tmp_path, linked=False)
+    assert [failure.splitlines()[0] for failure in failures] == ["$ echo KV 25.655 GiB", "$ false"]
+    assert "no longer prints ['KV 25.649 GiB']" in failures[0]
+    assert missing_lines(["...", "a", "...", "c"], ["x", "a", "b", "c"]) == []
 
 
 # docs/scenarios.md's lists of the fields where a pasted command's scenario differs from a shipped
