@@ -215,6 +215,43 @@ def test_the_session_check_finds_a_changed_figure(tmp_path):
     assert missing_lines(["...", "a", "...", "c"], ["x", "a", "b", "c"]) == []
 
 
+# The README's seed table is measured on the H200: each row is the cited results' (the alloc and
+# workspace paths of sgl-flash-mla's profile, the workspace path of vLLM's build's), to the digit.
+SEED_RESULTS = [ROOT / "reports" / "profile-h200" / "glm5-fp8-tp8.json",
+                ROOT / "reports" / "kernels-h200" / "profile-flashmla-vllm-sparse-decode.json"]
+SEED_ROW = re.compile(r"^\| (\d+) \| ([\d.]+) GiB \| ([\d.]+) GiB \| ([\d.]+) GiB \| ([\d.]+) GiB \| "
+                      r"(yes|no) \|$", re.M)
+
+
+def _gib(row_bytes: int) -> str:
+    return f"{row_bytes / 2**30:.3f}"
+
+
+def test_the_seed_table_is_the_cited_h200_results():
+    """Every figure of the README's seed table, and the software it names, is the committed H200
+    results' (a figure typed by hand, or results rerun without the table, fails here)."""
+    import json
+
+    sgl, vllm = (json.loads(path.read_text()) for path in SEED_RESULTS)
+    peak = [{(row["tokens"], row["path"]): row["peak_allocated_bytes"] for row in results["rows"]}
+            for results in (sgl, vllm)]
+    equal = {(row["tokens"], row["path"]): row["outputs_equal"] for row in vllm["rows"]}
+    rows = SEED_ROW.findall(README.read_text())
+    assert [int(row[0]) for row in rows] == [1024, 8192, 16384, 32768]
+    for tokens, *shown in rows:
+        at = int(tokens)
+        assert peak[0][at, "alloc"] == peak[1][at, "alloc"]  # the same bytes with both builds
+        assert shown == [_gib(peak[0][at, "alloc"]), _gib(peak[0][at, "workspace"]),
+                         _gib(peak[1][at, "workspace"]),
+                         _gib(peak[0][at, "alloc"] - peak[1][at, "workspace"]),
+                         "yes" if equal[at, "alloc"] and equal[at, "workspace"] else "no"]
+    text = " ".join(README.read_text().split())
+    software = sgl["environment"]
+    for named in (f"torch {software['torch']}", f"sgl-flash-mla {software['flash_mla']}",
+                  f"driver {software['driver']}"):
+        assert named in text, f"README.md's seed table names other software than {named}"
+
+
 # docs/scenarios.md's lists of the fields where a pasted command's scenario differs from a shipped
 # one: (the words the list follows, how the page gives the command, --gpu, the weights, shipped)
 DIFFERENCE_LISTS = [
