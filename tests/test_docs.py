@@ -108,33 +108,46 @@ def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):
     assert anchors(tmp_path / "other.md") == {"a-heading"}
 
 
-# A shown session: a fenced block that starts with a command (`$ ...`). Each `$` command (lines
-# joined until its quotes close) is run by bash, in order, in one temporary folder, and the lines
-# under it are its output, "..." where lines are left out. Every page's sessions are rerun, on the
-# CPU (CUDA hidden, so every figure is PREDICTED), with the interpreter's own `mlamem` and
-# `python`: the README's from an empty folder, as a newcomer runs the tour after its setup
-# command; docs/'s beside links to the checkout's files, which their commands name.
-SESSION = re.compile(r"^```(?:console)?\n(\$ .*?)^```$", re.M | re.S)
+# A shown session: a fenced block that starts with a command (`$ ...`), or a block of output (a
+# fenced block or a quote of rendered Markdown) right under an HTML comment that holds its
+# commands (`<!-- $ ... -->`, unseen on the rendered page). Each `$` command (lines joined until
+# its quotes close) is run by bash, in order, in one temporary folder, and the lines under it are
+# its output, "..." where lines are left out. Every page's sessions are rerun, on the CPU (CUDA
+# hidden, so every figure is PREDICTED), with the interpreter's own `mlamem` and `python`: the
+# README's from an empty folder, as a newcomer runs the tour after its setup command; docs/'s
+# beside links to the checkout's files, which their commands name.
+SESSION = re.compile(r"^```(?:console)?\n(\$ .*?)^```$"
+                     r"|^<!-- (\$ .*?) -->\n\n?(?:```\w*\n(.*?)^```$|((?:^>[^\n]*\n?)+))", re.M | re.S)
 
 
 def sessions(text: str) -> list[tuple[int, list[tuple[str, list[str]]]]]:
     """(the block's first line number, its (command, lines shown) pairs) of each shown session."""
     found = []
     for block in SESSION.finditer(text):
-        steps: list[tuple[str, list[str]]] = []
-        pending = None
-        for line in block[1].splitlines():
-            if pending is None and line.startswith("$ "):
-                pending = line[2:]
-            elif pending is not None:
-                pending += "\n" + line
-            else:
-                steps[-1][1].append(line)
-            if pending is not None and _complete(pending):
-                steps.append((pending, []))
-                pending = None
-        found.append((text[:block.start()].count("\n") + 2, steps))
+        session, commented, fenced, quoted = block.groups()
+        if commented:  # the commands, then the output block's lines
+            quote = [re.sub(r"^> ?", "", line) for line in (quoted or "").splitlines()]
+            session = "\n".join([commented, *(fenced or "").splitlines(), *quote])
+        found.append((text[:block.start()].count("\n") + 1 + (not commented),
+                      _steps(session.splitlines())))
     return found
+
+
+def _steps(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """A session's lines as (command, lines shown) pairs."""
+    steps: list[tuple[str, list[str]]] = []
+    pending = None
+    for line in lines:
+        if pending is None and line.startswith("$ "):
+            pending = line[2:]
+        elif pending is not None:
+            pending += "\n" + line
+        else:
+            steps[-1][1].append(line)
+        if pending is not None and _complete(pending):
+            steps.append((pending, []))
+            pending = None
+    return steps
 
 
 def _complete(command: str) -> bool:
@@ -213,6 +226,8 @@ def test_the_session_check_finds_a_changed_figure(tmp_path):
     assert [failure.splitlines()[0] for failure in failures] == ["$ echo KV 25.655 GiB", "$ false"]
     assert "no longer prints ['KV 25.649 GiB']" in failures[0]
     assert missing_lines(["...", "a", "...", "c"], ["x", "a", "b", "c"]) == []
+    quoted = "text\n<!-- $ echo '# A'\n$ echo b -->\n\n> # A\n>\n> b\n\nafter\n"
+    assert sessions(quoted) == [(2, [("echo '# A'", []), ("echo b", ["# A", "", "b"])])]
 
 
 # The README's seed table is measured on the H200: each row is the cited results' (the alloc and
