@@ -3,6 +3,7 @@ to a file that exists and, where the link names a heading, to a heading of that 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -245,8 +246,6 @@ def _gib(row_bytes: int) -> str:
 def test_the_seed_table_is_the_cited_h200_results():
     """Every figure of the README's seed table, and the software it names, is the committed H200
     results' (a figure typed by hand, or results rerun without the table, fails here)."""
-    import json
-
     sgl, vllm = (json.loads(path.read_text()) for path in SEED_RESULTS)
     peak = [{(row["tokens"], row["path"]): row["peak_allocated_bytes"] for row in results["rows"]}
             for results in (sgl, vllm)]
@@ -265,6 +264,21 @@ def test_the_seed_table_is_the_cited_h200_results():
     for named in (f"torch {software['torch']}", f"sgl-flash-mla {software['flash_mla']}",
                   f"driver {software['driver']}"):
         assert named in text, f"README.md's seed table names other software than {named}"
+
+
+def test_the_tours_measured_limits_are_the_cited_results():
+    """The README's tour gives the limits `mlamem repro-oom` measured on the H200 and the H100 as
+    the cited results (reports/repro-oom-h100) hold them."""
+    limits = {}
+    for gpu in ("h100", "h200"):
+        results = json.loads((ROOT / "reports" / "repro-oom-h100" / gpu / "repro-glm5.json")
+                             .read_text())
+        assert results["measured"] and results["command"].startswith("mlamem repro-oom")
+        limits[gpu] = [case["max_safe_tokens"] for case in results["cases"]]
+    (alloc, workspace), h100 = limits["h200"], limits["h100"]
+    text = " ".join(README.read_text().split())
+    assert (f"({alloc} fits, {alloc + 1} OOMs; {workspace} fits, {workspace + 1} OOMs)" in text
+            and f"Its limits were lower, {h100[0]} and {h100[1]}:" in text)
 
 
 # docs/scenarios.md's lists of the fields where a pasted command's scenario differs from a shipped
