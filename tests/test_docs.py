@@ -209,9 +209,11 @@ def test_every_shown_session_prints_what_the_page_shows(page, tmp_path):
     failures = [f"{page.relative_to(ROOT)}:{line}: {failure}"
                 for line, steps in sessions(page.read_text())
                 for failure in run_session(steps, tmp_path, linked=page != README)]
+    where = "an empty folder" if page == README else "a folder linking the checkout's files"
     assert not failures, (
-        "rerun these commands (in a new folder, CUDA hidden: CUDA_VISIBLE_DEVICES=) and paste"
-        " what they print into the page:\n" + "\n\n".join(failures))
+        f"rerun the page's commands in order (in {where}, CUDA hidden: CUDA_VISIBLE_DEVICES=,"
+        " COLUMNS=80 unless given) and paste what they print into the page; each below prints"
+        " in full:\n" + "\n\n".join(failures))
 
 
 def test_the_session_check_finds_a_changed_figure(tmp_path):
