@@ -76,7 +76,8 @@ def explain_markdown(doc: ExplainFile) -> str:
     lines += [f"| {_address(r.address)} | {_bytes(r.segment_bytes)} | "
               f"{format_bytes(r.live_bytes)} | {r.allocations} |" for r in doc.by_segment]
     lines += ["", f"MLA calls found ({len(doc.calls)}, scenario "
-              f"{markdown_code(doc.scenario)}):", ""]
+              f"{markdown_code(doc.scenario)}):" if doc.calls else
+              f"MLA calls: none found (scenario {markdown_code(doc.scenario)}).", ""]
     if doc.calls:
         lines += ["| # | event | op | kernel | path | implies | buffers | live at peak | "
                   "workspace path saves |", "|---:|---:|---|---|---|---|---|---:|---|"]
@@ -110,7 +111,8 @@ def explain_table(doc: ExplainFile) -> Group:
     for r in doc.by_segment:
         segments.add_row(_address(r.address), _bytes(r.segment_bytes),
                          format_bytes(r.live_bytes), str(r.allocations))
-    calls = compact_table(f"MLA calls found ({escaped(doc.scenario)})")
+    calls = compact_table(f"MLA calls found ({escaped(doc.scenario)})" if doc.calls else
+                          f"MLA calls: none found ({escaped(doc.scenario)})")
     for name in ("#", "event", "op", "path", "implies", "at peak", "workspace saves"):
         calls.add_column(name, justify="right" if name in ("#", "event", "at peak") else "left")
     for i, call in enumerate(doc.calls, 1):
