@@ -362,7 +362,7 @@ def live_by_name(data: dict, events: list[dict], scenario: Scenario) -> tuple[Pe
 def load(path: Path) -> tuple[dict, list[dict], int]:
     """The snapshot, the device trace with the most events and that device's index."""
     data = snapshot.read(path)
-    traces = data["device_traces"] or [[]]
+    traces = data.get("device_traces") or [[]]
     device = max(range(len(traces)), key=lambda i: len(traces[i]))
     return data, traces[device], device
 
