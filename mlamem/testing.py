@@ -238,10 +238,10 @@ def _synthetic_stacks(rng: random.Random, count: int) -> list[list[dict]]:
             for _ in range(count)]
 
 
-def synthetic_snapshot(events: int, *, seed: int = 0, segments: int = 8,
+def synthetic_snapshot(events: int, *, seed: int = 0, segments: int = 8, size_count: int = 400,
                        calls: Sequence[Sequence[int]] = (), call_every: int = 10_000) -> dict:
     """A memory snapshot in the layout `torch.cuda.memory._dump_snapshot` writes, of about
-    `events` trace events: allocations of a mix of sizes (a few hundred distinct, 512 B to
+    `events` trace events: allocations of a mix of sizes (`size_count` drawn, 512 B to
     64 MiB, small ones most often), each with a stack of a few frames (a new list per
     allocation, shared with its free events, the frame dicts shared, as torch's are), freed
     after a while (free_requested, then free_completed), in `segments` segments of
@@ -251,7 +251,7 @@ def synthetic_snapshot(events: int, *, seed: int = 0, segments: int = 8,
     rng = random.Random(seed)
     stacks = _synthetic_stacks(rng, 64)
     sizes = sorted({rng.choice((4, 8, 256, 1024, 4096)) if i % 5 == 0 else
-                    int(512 * 2 ** rng.uniform(0, 17)) for i in range(400)})
+                    int(512 * 2 ** rng.uniform(0, 17)) for i in range(size_count)})
     trace: list[dict] = [{"action": "segment_alloc", "addr": s * SEGMENT_BYTES * 2,
                           "size": SEGMENT_BYTES, "stream": 0, "frames": []}
                          for s in range(1, segments + 1)]
