@@ -68,14 +68,14 @@ def main() -> int:
         data = synthetic_snapshot(args.events, calls=flashmla_calls(folder))
         events = len(data["device_traces"][0])
         shot.write_bytes(pickle.dumps(data))
+        file_bytes = shot.stat().st_size
         del data
         made = time.perf_counter() - made
         wall, rss, code = explain_in_child(shot, folder / "explain.json")
         doc = json.loads((folder / "explain.json").read_text()) if code == 0 else {}
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}")
-    print(f"snapshot: {events} events, {shot.stat().st_size if args.keep else 0} B kept, "
-          f"made in {made:.1f} s")
+    print(f"snapshot: {events} events, {file_bytes / 2**20:.0f} MiB, made in {made:.1f} s")
     print(f"mlamem explain: {wall:.1f} s, peak RSS {rss / 2**20:.0f} MiB, exit {code}, "
           f"{len(doc.get('calls', []))} MLA calls found, peak {doc.get('peak_bytes')} B")
     return 0 if code == 0 and wall <= args.limit_s else 1
