@@ -145,7 +145,7 @@ def test_without_a_trace_the_peak_is_what_the_segments_hold(tmp_path, capsys):
 
 
 def test_a_t_above_the_workspace_and_one_below_the_sm_count_are_found(tmp_path, capsys):
-    """T=50000 (above max_num_batched_tokens, found by bisection) and T=100 (below the 132 SMs,
+    """T=50000 (above max_num_batched_tokens, solved for) and T=100 (below the 132 SMs,
     where the split count depends on T): each found, the first reproduced with a workspace
     wide enough for it."""
     shot = tmp_path / "s.pickle"

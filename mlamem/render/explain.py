@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from rich.console import Group
+from rich.text import Text
 
 from mlamem.operations import operation
 from mlamem.render.common import compact_table, console_text, with_notes
@@ -111,8 +112,10 @@ def explain_table(doc: ExplainFile) -> Group:
     for r in doc.by_segment:
         segments.add_row(_address(r.address), _bytes(r.segment_bytes),
                          format_bytes(r.live_bytes), str(r.allocations))
-    calls = compact_table(f"MLA calls found ({escaped(doc.scenario)})" if doc.calls else
-                          f"MLA calls: none found ({escaped(doc.scenario)})")
+    if not doc.calls:
+        return Group(_peak_line(doc), frames, segments, with_notes(
+            Text(f"MLA calls: none found (scenario {escaped(doc.scenario)})"), _call_notes(doc)))
+    calls = compact_table(f"MLA calls found ({escaped(doc.scenario)})")
     for name in ("#", "event", "op", "path", "implies", "at peak", "workspace saves"):
         calls.add_column(name, justify="right" if name in ("#", "event", "at peak") else "left")
     for i, call in enumerate(doc.calls, 1):
