@@ -1,5 +1,5 @@
 """Helpers for mlamem's tests (and yours): error checks, fixed seeds, random decode inputs,
-scenario files, and skip markers for GPU-only tests.
+scenario files, synthetic memory snapshots of any size, and skip markers for GPU-only tests.
 
 Importing this module imports neither pytest nor torch nor a kernel: the input helpers import
 torch when called, and the markers `needs_flashmla` and `no_gpu` are built (importing pytest and
