@@ -122,7 +122,8 @@ def load_setups() -> list[NonTorchSetup]:
 
 def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = None,
                cuda: str | None = None, gpu_memory_bytes: int | None = None) -> NonTorchSetup:
-    """The setup for `kernel` on this host; the closest one, labelled `assumed`, if none matches.
+    """The setup for `kernel` on this host; the closest one, labelled `assumed`, if none matches:
+    the same GPU's (other software), else the nearest by memory.
 
     Without a GPU named (`gpu` None: no GPU here, or a prediction) the first setup of the
     kernel stands in: the prediction is then the emulation as that host would run it.
@@ -131,8 +132,10 @@ def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = 
     for setup in setups:
         if (setup.kernel, setup.gpu, setup.torch, setup.cuda) == (kernel, gpu, torch_version, cuda):
             return setup
-    same_kernel = [s for s in setups if s.kernel == kernel]
-    chosen = (same_kernel or setups)[0]
+    candidates = [s for s in setups if s.kernel == kernel] or setups
+    same_gpu = [s for s in candidates if s.gpu == gpu]
+    chosen = (same_gpu[0] if same_gpu else candidates[0] if gpu_memory_bytes is None else
+              min(candidates, key=lambda s: abs(s.gpu_memory_bytes - gpu_memory_bytes)))
     if gpu is None:
         why = f"predicted as the {chosen.gpu} of this record would run it"
     else:
