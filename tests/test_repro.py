@@ -25,7 +25,7 @@ from mlamem.runtime.allocator import AllocatorOutOfMemory
 from mlamem.runtime.memory import SimulatedMemory, is_out_of_memory
 from mlamem.spec import scenario as scenarios
 from mlamem.spec.errors import UserError
-from mlamem.testing import no_gpu, scenario_as_run
+from mlamem.testing import no_gpu, one_line_error, scenario_as_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -340,3 +340,43 @@ def test_the_target_gpu_is_the_physical_device_of_the_prediction():
     assert ("no record of the 100.000 GiB target: the nearest record, the NVIDIA H100 80GB "
             "HBM3's, with the target's memory as the physical device") in other.non_torch.assumed
     assert any("the nearest record" in n for n in other.notes)
+
+
+def _predicted_json(args: list[str], tmp_path, capsys) -> dict:
+    output = tmp_path / "predicted.json"
+    assert main(["repro-oom", *args, "--predict", "--format", "json", "--output", str(output)]) == 0
+    capsys.readouterr()
+    return json.loads(output.read_text())
+
+
+@pytest.mark.parametrize("memory", ["150GiB", "1TiB"])
+def test_a_target_larger_than_every_record_is_modelled_with_its_own_memory(memory, tmp_path,
+                                                                          capsys):
+    """--gpu-memory above the recorded H200's (150 GiB, 1 TiB): the target is the physical
+    device, so the KV cache the budget sizes fits in it and both paths reach the step (they ran
+    out of memory on the KV cache itself, at exit 0, while the H200's memory was the device);
+    the non-torch figures are the nearest record's, and the result says so."""
+    result = _predicted_json(["--gpu-memory", memory], tmp_path, capsys)
+    for case in result["cases"]:
+        assert case["oom_buffer"] != "kv_cache" and case["phase"] in ("step", "done"), case
+        assert case["max_safe_tokens"], case
+    assert result["non_torch"]["gpu"] == "NVIDIA H200"  # the nearest record: the largest
+    assert result["non_torch"]["gpu_memory_bytes"] == result["budget"]["gpu_memory_bytes"]
+    assert any("no record of the" in n and "nearest record" in n for n in result["notes"])
+
+
+@pytest.mark.parametrize(("gpu", "words"), [
+    ("B200", "FlashMLA's SM100 kernels (B200, compute capability 10.0) are not modelled"),
+    ("A100", "FlashMLA has no kernel for the A100 80GB (compute capability 8.0)")])
+def test_a_target_without_a_modelled_flashmla_kernel_is_refused_in_one_line(gpu, words, capsys):
+    """FlashMLA on a B200 (SM100: kernels not modelled nor measured here) or an A100 (SM80: no
+    FlashMLA kernel) is refused in one line, exit 2: a B200 was predicted with SM90's
+    accumulators (an OOM of the KV cache on the H200's memory), an A100 at 108 SMs, silently."""
+    assert main(["repro-oom", "--gpu", gpu, "--predict"]) == 2
+    assert words in one_line_error(capsys)
+
+
+def test_an_a100_target_is_refused_for_flashmla_only(tmp_path, capsys):
+    """The refusal is the kernel's: the Triton decode, which runs on an A100, is predicted."""
+    result = _predicted_json(["--gpu", "A100", "--kernel", "triton"], tmp_path, capsys)
+    assert result["kernel"]["sm_count"] == 108
