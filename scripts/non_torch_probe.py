@@ -359,7 +359,8 @@ def _record(kernel_name: str = "flashmla") -> dict:
     context = runs["glm5-fp8-tp8"]["context + import flash_mla"]
     own = "process" if context["process"] is not None else "device"  # NVML lists it, or not
     grew = {name: {op: run[op][own] - run[previous][own]
-                   for previous, op in zip(list(run), list(run)[1:])} for name, run in runs.items()}
+                   for previous, op in zip(list(run), list(run)[1:], strict=False)}
+            for name, run in runs.items()}
     shared = grew["kimi-k2-fp8-tp4-dp"]["flash_mla decode"]  # the decode before any fill
     fill = grew["glm5-fp8-tp8"]["aten.new_zeros"] - shared  # a fill loads both
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
