@@ -123,9 +123,10 @@ class CudaMemory:
     def emulate_target(self, target: NonTorchSetup) -> None:
         """Make this larger GPU measure what the smaller `target` (its physical memory, its
         driver's and cudaMalloc's bytes, its modules) would: the allocator's cap also keeps
-        under the target's memory less the device-wide non-torch memory, read at each
-        `set_limit`, less the target's unallocatable bytes and the modules the record charges
-        at first launches since (`launch`, every op seen through a dispatch mode, entered here
+        under the target's memory less this process's non-torch memory, read at each
+        `set_limit`, and the target's driver bytes beyond it (its record's process_bytes;
+        NVML's device-wide reading where it does not list the process), less the target's
+        unallocatable bytes and the modules the record charges at first launches since (`launch`, every op seen through a dispatch mode, entered here
         for the rest of the process: one case per process). Nothing where the device is no
         larger than the target."""
         if target.gpu_memory_bytes >= self.total_bytes:
@@ -160,11 +161,14 @@ class CudaMemory:
         torch keeps `fraction x total` bytes, so the cap is that product, as torch computes it.
         """
         self._cap = limit_bytes
-        if self.target is not None:
-            reading = self.non_torch_reading()
-            self._device_non_torch = (reading.device_bytes if reading.device_bytes is not None
-                                      else (reading.charged_bytes or self.target.context_bytes)
-                                      + self.target.process_bytes)
+        if self.target is not None:  # as the model keeps to the target: its driver's bytes
+            reading = self.non_torch_reading()  # beyond this process's own, which no other
+            if reading.process_bytes is not None:  # process moves
+                self._device_non_torch = reading.process_bytes + self.target.process_bytes
+            else:  # the device-wide fallback holds the driver's bytes already
+                self._device_non_torch = (reading.device_bytes if reading.device_bytes is not None
+                                          else self.target.context_bytes
+                                          + self.target.process_bytes)
             self._loaded_since = 0
         return self._apply_cap()
 
