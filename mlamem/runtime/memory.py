@@ -126,9 +126,10 @@ class CudaMemory:
         under the target's memory less this process's non-torch memory, read at each
         `set_limit`, and the target's driver bytes beyond it (its record's process_bytes;
         NVML's device-wide reading where it does not list the process), less the target's
-        unallocatable bytes and the modules the record charges at first launches since (`launch`, every op seen through a dispatch mode, entered here
-        for the rest of the process: one case per process). Nothing where the device is no
-        larger than the target."""
+        unallocatable bytes and the modules the record charges at first launches since
+        (`launch`, every op seen through a dispatch mode, entered here for the rest of the
+        process: one case per process). Nothing where the device is no larger than the
+        target."""
         if target.gpu_memory_bytes >= self.total_bytes:
             return
         self.target = target
