@@ -101,6 +101,8 @@ class CudaMemory:
     """The real caching allocator and NVML of one CUDA device."""
 
     measured = True
+    target: NonTorchSetup | None = None  # a smaller target GPU emulated (emulate_target)
+    _watcher: _FirstLaunches | None = None  # its first launches, while this is entered
 
     def __init__(self, device: torch.device | None = None, record_stacks: bool = False,
                  used_before_cuda: dict[str, int] | None = None):
@@ -113,7 +115,6 @@ class CudaMemory:
         # device memory other processes used before this one touched CUDA (nvml.used_by_uuid)
         self.used_by_others = (used_before_cuda or {}).get(uuid, 0)
         self._limited = False
-        self.target: NonTorchSetup | None = None  # a smaller target GPU emulated (emulate_target)
         self.loaded: list = []  # the target record's modules loaded so far (emulated)
         self._cap: int | None = None
         self._device_non_torch = 0  # device-wide non-torch memory at the last set_limit
@@ -127,14 +128,12 @@ class CudaMemory:
         `set_limit`, and the target's driver bytes beyond it (its record's process_bytes;
         NVML's device-wide reading where it does not list the process), less the target's
         unallocatable bytes and the modules the record charges at first launches since
-        (`launch`, every op seen through a dispatch mode, entered here for the rest of the
-        process: one case per process). Nothing where the device is no larger than the
-        target."""
+        (`launch`, every op seen through a dispatch mode while this memory is entered).
+        Nothing where the device is no larger than the target."""
         if target.gpu_memory_bytes >= self.total_bytes:
             return
         self.target = target
-        watcher = _FirstLaunches(self.launch)
-        watcher.__enter__()  # never left: the case's process ends with the case
+        self._watcher = _FirstLaunches(self.launch)
 
     def launch(self, name: str) -> None:
         """A kernel launch (SimulatedMemory.launch): emulating a target, its first one charges
@@ -145,12 +144,17 @@ class CudaMemory:
         if new:
             self.loaded += new
             self._loaded_since += sum(module.bytes for module in new)
-            self._apply_cap()
+            if self._cap is not None:  # else the first set_limit reads them
+                self._apply_cap()
 
     def __enter__(self) -> CudaMemory:
+        if self._watcher is not None:
+            self._watcher.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._watcher is not None:
+            self._watcher.__exit__(*exc)
         if self._limited:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
             self._limited = False
