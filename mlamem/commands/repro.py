@@ -308,7 +308,8 @@ def host_setup(kernel_name: str, *, predict: bool = False, target_bytes: int | N
     CPU, an H100 or an H200 (a smaller local GPU never caps a target it does not run).
     `target_bytes`: the target GPU as the physical device (`non_torch.target_setup`): predicted,
     the record of the target's GPU, else the nearest record with the target's memory; measured,
-    this host's record with the target's memory where the host is larger."""
+    this host's where it is the target, else the target's record, else this host's with the
+    target's memory (a larger GPU keeps to the target's room: CudaMemory.emulate_target)."""
     if predict or not torch.cuda.is_available():
         if target_bytes is None:
             return find_setup(kernel_name)
