@@ -164,11 +164,13 @@ def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
     return path
 
 
-def recorded_host_or_skip(kernel: str | None = None) -> None:
+def recorded_host_or_skip(kernel: str | None = None, target_mib: int | None = None) -> None:
     """Skip a test that holds a measured repro-oom run equal to its prediction where
     mlamem/non_torch.toml has no record of this GPU, torch and CUDA for `kernel` (default: the
     default kernel): a prediction models the recorded host, and elsewhere its limits can differ
-    (reports/repro-oom-h100). The GPU's name comes from NVML: the process opens no CUDA context."""
+    (reports/repro-oom-h100); or where the target, `target_mib`, is larger than this GPU
+    (NVML's total), which repro-oom refuses to measure (an H200 target on an H100). The GPU's
+    name and memory come from NVML: the process opens no CUDA context."""
     import pytest
     import torch
 
@@ -183,6 +185,9 @@ def recorded_host_or_skip(kernel: str | None = None) -> None:
     if host not in {(s.gpu, s.torch, s.cuda) for s in recorded}:
         pytest.skip(f"no non-torch record of {kernel} on {name}, torch {host[1]}, CUDA {host[2]}: "
                     f"predictions model the {recorded[0].gpu if recorded else 'recorded host'}")
+    memory = None if handle is None else nvml.nvml_query("nvmlDeviceGetMemoryInfo", handle)
+    if target_mib is not None and memory is not None and target_mib * 2**20 > memory.total:
+        pytest.skip(f"the {target_mib} MiB target is larger than this {name}: not measured here")
 
 
 def scenario_as_run(name: str, budget: Mapping[str, Any]) -> Any:

@@ -171,7 +171,10 @@ SUITES = {
     "neighbour": [f"{PYTEST} {NEIGHBOUR}"],
     # on an H100: GLM-5's shipped scenario targets CUDA's H100 total (81079 MiB), so repro-oom runs
     # measured on the GPU it names: vLLM eager, the seed's pasted serve command, SGLang, vLLM's graphs
+    # (on an H200 the same commands emulate the H100, keeping to its room); first this GPU's
+    # non_torch.toml record (non_torch_probe.py record: GLM-5's and Kimi-K2's step ops)
     "h100": ["nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv",
+             "python3 scripts/non_torch_probe.py record",
              *both("mlamem repro-oom @repro-glm5"),
              *both(f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
                    "--weights-per-rank 40GiB @repro-seed-eager"),
