@@ -102,6 +102,24 @@ class FlashMLABuild(KernelContract):
         """The torch.ops namespace holding `op_name` (the library is loaded)."""
         raise NotImplementedError
 
+    def target_reason(self, gpu: str, compute_capability: str) -> str | None:
+        """FlashMLA's kernels are SM90's (modelled, probed on the H200) and SM100's, whose split-KV
+        partitions differ (FlashMLA 9241ae3 csrc/api/sparse_decode.h: SM90's get_meta takes
+        max(num_sms / s_q / (h_q / 64), 1), SM100's max(num_sms / s_q, 1) at 64 and 128 heads),
+        not measured here: refused, as any other architecture, which has no FlashMLA kernel."""
+        major = compute_capability.split(".")[0]
+        if major == "9":
+            return None
+        pick = ('pick an SM90 target (--gpu "H100 SXM 80GB", "H200 SXM 141GB") or another kernel '
+                "(`mlamem kernels`)")
+        if major == "10":
+            return (f"{self.label}'s SM100 kernels ({gpu}, compute capability "
+                    f"{compute_capability}) are not modelled: their split-KV accumulators take "
+                    "max(num_sms / s_q, 1) partitions, not SM90's (FlashMLA csrc/api/"
+                    f"sparse_decode.h), and were not measured here; {pick}")
+        return (f"{self.label} has no kernel for the {gpu} (compute capability "
+                f"{compute_capability}): FlashMLA runs on SM90 and SM100 only; {pick}")
+
     def _schema(self, op_name: str) -> tuple[str, bool]:
         """(schema, assumed) for an op: read at run time where the library loads."""
         if self.unavailable_reason() is None:

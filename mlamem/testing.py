@@ -1,5 +1,5 @@
 """Helpers for mlamem's tests (and yours): error checks, fixed seeds, random decode inputs,
-scenario files, and skip markers for GPU-only tests.
+scenario files, synthetic memory snapshots of any size, and skip markers for GPU-only tests.
 
 Importing this module imports neither pytest nor torch nor a kernel: the input helpers import
 torch when called, and the markers `needs_flashmla` and `no_gpu` are built (importing pytest and
@@ -8,6 +8,7 @@ the FlashMLA adapter) on first access.
 
 from __future__ import annotations
 
+import random
 import zlib
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -163,11 +164,13 @@ def scenario_file(folder: Path, base: str = "glm5-fp8-tp8",
     return path
 
 
-def recorded_host_or_skip(kernel: str | None = None) -> None:
+def recorded_host_or_skip(kernel: str | None = None, target_mib: int | None = None) -> None:
     """Skip a test that holds a measured repro-oom run equal to its prediction where
     mlamem/non_torch.toml has no record of this GPU, torch and CUDA for `kernel` (default: the
     default kernel): a prediction models the recorded host, and elsewhere its limits can differ
-    (reports/repro-oom-h100). The GPU's name comes from NVML: the process opens no CUDA context."""
+    (reports/repro-oom-h100); or where the target, `target_mib`, is larger than this GPU
+    (NVML's total), which repro-oom refuses to measure (an H200 target on an H100). The GPU's
+    name and memory come from NVML: the process opens no CUDA context."""
     import pytest
     import torch
 
@@ -182,6 +185,9 @@ def recorded_host_or_skip(kernel: str | None = None) -> None:
     if host not in {(s.gpu, s.torch, s.cuda) for s in recorded}:
         pytest.skip(f"no non-torch record of {kernel} on {name}, torch {host[1]}, CUDA {host[2]}: "
                     f"predictions model the {recorded[0].gpu if recorded else 'recorded host'}")
+    memory = None if handle is None else nvml.nvml_query("nvmlDeviceGetMemoryInfo", handle)
+    if target_mib is not None and memory is not None and target_mib * 2**20 > memory.total:
+        pytest.skip(f"the {target_mib} MiB target is larger than this {name}: not measured here")
 
 
 def scenario_as_run(name: str, budget: Mapping[str, Any]) -> Any:
@@ -215,6 +221,103 @@ def split_into_shards(document: dict, count: int) -> list[dict]:
             part["agrees"] = all(item["difference"] == 0 for item in items)
         shards.append(part)
     return shards
+
+
+SEGMENT_BYTES = 1 << 32  # each synthetic segment's size (4 GiB)
+
+
+def _synthetic_stacks(rng: random.Random, count: int) -> list[list[dict]]:
+    """`count` stacks as torch records them (innermost first): the caching allocator's C++
+    frames, a torch frame, then a few of a user's Python frames; frame dicts are shared among
+    stacks, as torch's snapshot shares them."""
+    native = [{"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc",
+               "filename": "CUDACachingAllocator.cpp", "line": 0},
+              {"name": "at::detail::empty_strided_cuda", "filename": "??", "line": 0}]
+    torch_frames = [{"name": name, "filename": f"/usr/lib/python3/site-packages/torch/{file}",
+                     "line": line} for name, file, line in
+                    [("forward", "nn/modules/linear.py", 125), ("empty", "_refs/__init__.py", 4800),
+                     ("_conv_forward", "nn/modules/conv.py", 549)]]
+    user = [{"name": f"step_{i % 7}", "filename": f"/srv/app/model_{i % 5}.py", "line": 10 + i}
+            for i in range(40)]
+    return [native + [rng.choice(torch_frames)] + rng.sample(user, rng.randint(2, 4))
+            for _ in range(count)]
+
+
+def synthetic_snapshot(events: int, *, seed: int = 0, segments: int = 8, size_count: int = 400,
+                       calls: Sequence[Sequence[int]] = (), call_every: int = 10_000) -> dict:
+    """A memory snapshot in the layout `torch.cuda.memory._dump_snapshot` writes, of about
+    `events` trace events: allocations of a mix of sizes (`size_count` drawn, 512 B to
+    64 MiB, small ones most often), each with a stack of a few frames (a new list per
+    allocation, shared with its free events, the frame dicts shared, as torch's are), freed
+    after a while (free_requested, then free_completed), in `segments` segments of
+    SEGMENT_BYTES, which the trace opens first and the snapshot holds at the end with the
+    blocks live then. Every `call_every` events one of `calls` (each a list of requested
+    bytes, in order: an MLA call's allocations) is allocated, then freed."""
+    rng = random.Random(seed)
+    stacks = _synthetic_stacks(rng, 64)
+    sizes = sorted({rng.choice((4, 8, 256, 1024, 4096)) if i % 5 == 0 else
+                    int(512 * 2 ** rng.uniform(0, 17)) for i in range(size_count)})
+    trace: list[dict] = [{"action": "segment_alloc", "addr": s * SEGMENT_BYTES * 2,
+                          "size": SEGMENT_BYTES, "stream": 0, "frames": []}
+                         for s in range(1, segments + 1)]
+    bump = [s * SEGMENT_BYTES * 2 for s in range(1, segments + 1)]
+    live: dict[int, dict] = {}  # address -> its alloc event
+
+    def alloc(size: int, frames: list[dict]) -> int:
+        segment = rng.randrange(segments)
+        start = (segment + 1) * SEGMENT_BYTES * 2
+        addr = bump[segment]
+        while addr in live:
+            addr += 512
+        bump[segment] = start + (addr - start + -(-size // 512) * 512) % (SEGMENT_BYTES // 2)
+        live[addr] = {"action": "alloc", "addr": addr, "size": size, "stream": 0,
+                      "time_us": len(trace), "frames": frames}
+        trace.append(live[addr])
+        return addr
+
+    def free(addr: int) -> None:
+        event = live.pop(addr)
+        for action in ("free_requested", "free_completed"):
+            trace.append({**event, "action": action, "time_us": len(trace)})
+
+    while len(trace) < events:
+        if calls and len(trace) // call_every != (len(trace) + 20) // call_every:
+            call = rng.choice(calls)
+            frames = [{"name": "flash_mla_with_kvcache", "line": 254,
+                       "filename": "/srv/site/flash_mla/flash_mla_interface.py"},
+                      *rng.choice(stacks)[3:]]
+            for addr in [alloc(size, frames) for size in call]:
+                free(addr)
+        elif len(live) < 256 or (len(live) < 4096 and rng.random() < 0.5):
+            alloc(sizes[min(int(rng.expovariate(4 / len(sizes))), len(sizes) - 1)],
+                  list(rng.choice(stacks)))
+        else:
+            free(rng.choice(list(live)) if rng.random() < 0.1 else next(reversed(live)))
+    return {"segments": _synthetic_segments(live, segments), "device_traces": [trace],
+            "allocator_settings": {}, "external_annotations": []}
+
+
+def _synthetic_segments(live: dict[int, dict], count: int) -> list[dict]:
+    """The segments at the end: each one's live blocks by address, the gaps inactive."""
+    found = []
+    for s in range(1, count + 1):
+        start, blocks = s * SEGMENT_BYTES * 2, []
+        at = start
+        for addr in sorted(a for a in live if start <= a < start + SEGMENT_BYTES):
+            if addr < at:  # over a block kept long, which the ring went past: left out
+                continue
+            if addr > at:
+                blocks.append({"address": at, "size": addr - at, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+            size = -(-live[addr]["size"] // 512) * 512
+            blocks.append({"address": addr, "size": size, "requested_size": live[addr]["size"],
+                           "state": "active_allocated", "frames": live[addr]["frames"]})
+            at = addr + size
+        blocks.append({"address": at, "size": start + SEGMENT_BYTES - at, "requested_size": 0,
+                       "state": "inactive", "frames": []})
+        found.append({"device": 0, "address": start, "total_size": SEGMENT_BYTES, "stream": 0,
+                      "segment_type": "large", "blocks": blocks, "frames": []})
+    return found
 
 
 def __getattr__(name: str) -> Any:

@@ -171,10 +171,16 @@ SUITES = {
     "neighbour": [f"{PYTEST} {NEIGHBOUR}"],
     # on an H100: GLM-5's shipped scenario targets CUDA's H100 total (81079 MiB), so repro-oom runs
     # measured on the GPU it names: vLLM eager, the seed's pasted serve command, SGLang, vLLM's graphs
+    # (on an H200 the same commands emulate the H100, keeping to its room); first this GPU's
+    # non_torch.toml record (non_torch_probe.py record: GLM-5's and Kimi-K2's step ops)
     "h100": ["nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv",
+             "python3 scripts/non_torch_probe.py record",
              *both("mlamem repro-oom @repro-glm5"),
              *both(f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
                    "--weights-per-rank 40GiB @repro-seed-eager"),
+             # the seed's OOM line (--log): the ledger beside the measured rank, its safe values
+             f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
+             "--weights-per-rank 40GiB --log docs/examples/server.log @repro-seed-log",
              *both("mlamem repro-oom --engine sglang @repro-glm5-sglang"),
              *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs")],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "

@@ -13,6 +13,9 @@ lines:
     python3 scripts/non_torch_probe.py graph-captures KERNEL [ORDER WARMUP]
                                                   # CUDA-graph captures: every order, fresh
                                                   # processes; TOML records, then JSON
+    python3 scripts/non_torch_probe.py record     # this GPU's [[setup]] record for
+                                                  # non_torch.toml (step-ops of GLM-5 and
+                                                  # Kimi-K2, fresh processes), then JSON
 
 Needs a CUDA GPU (and flash_mla for the flashmla probes). Its figures feed
 `mlamem/non_torch.toml`.
@@ -336,7 +339,60 @@ def _fresh(probe: list[str]) -> dict:
     return json.loads(lines[-1]) if lines else {"probe": probe, "failed": done.stderr[-800:]}
 
 
-PROBES = {"engine": _engine_case, "first-calls": _first_calls, "step-ops": _step_ops,
+def _record(kernel_name: str = "flashmla") -> dict:
+    """This GPU's `[[setup]]` record for mlamem/non_torch.toml, from step-ops of GLM-5 (8 heads,
+    padded: a fill first) and Kimi-K2 (64 heads: the decode first), each a fresh process: the
+    context (after importing the kernel library, as a repro-oom case has it), the driver's bytes
+    beyond this process, and the modules each first launch loads. What step-ops does not read
+    (the CUDA-graph modules, unallocatable_bytes) is carried from this GPU's record, else the
+    nearest one, and says so."""
+    import dataclasses
+    import datetime
+
+    import torch
+
+    from mlamem.kernels import load_kernel
+    from mlamem.runtime.non_torch import find_setup
+
+    runs = {name: dict(_fresh(["step-ops", name])["log"]) for name in
+            ("glm5-fp8-tp8", "kimi-k2-fp8-tp4-dp")}
+    context = runs["glm5-fp8-tp8"]["context + import flash_mla"]
+    own = "process" if context["process"] is not None else "device"  # NVML lists it, or not
+    grew = {name: {op: run[op][own] - run[previous][own]
+                   for previous, op in zip(list(run), list(run)[1:], strict=False)}
+            for name, run in runs.items()}
+    shared = grew["kimi-k2-fp8-tp4-dp"]["flash_mla decode"]  # the decode before any fill
+    fill = grew["glm5-fp8-tp8"]["aten.new_zeros"] - shared  # a fill loads both
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    carried = find_setup(kernel_name, props.name, torch.__version__, torch.version.cuda,
+                         props.total_memory)
+    command = f"python3 scripts/non_torch_probe.py record {kernel_name}"
+    lines = [f"# {command}, {datetime.date.today().isoformat()}; carried from "
+             f"{carried.gpu}'s record: unallocatable_bytes and the CUDA-graph modules",
+             "[[setup]]", f'gpu = "{props.name}"', f"gpu_memory_bytes = {props.total_memory}",
+             f'torch = "{torch.__version__}"', f'cuda = "{torch.version.cuda}"',
+             f'kernel = "{kernel_name}"',
+             f'kernel_version = "{load_kernel(kernel_name)().version()}"',
+             f"process_bytes = {context['device'] - context[own]}",
+             f"context_bytes = {context[own]}  # {own} reading",
+             f"unallocatable_bytes = {carried.unallocatable_bytes}  # carried: not read here",
+             f'command = "{command}"',
+             f'measured_on = "{datetime.date.today().isoformat()}"']
+    modules = [("random (randint)", grew["glm5-fp8-tp8"]["aten.randint"], ["aten.randint"]),
+               ("loaded by a fill or FlashMLA's decode, whichever is first", shared,
+                ["aten.new_zeros", "aten.zero_", "aten.fill_", f"{kernel_name}.decode"]),
+               ("fill", fill, ["aten.new_zeros", "aten.zero_", "aten.fill_"]),
+               *((m.name, m.bytes, list(m.loaded_by)) for m in carried.modules
+                 if any(launch.startswith("torch.cuda.graph") for launch in m.loaded_by))]
+    for name, size, loaded_by in modules:
+        lines += ["", "[[setup.modules]]", f'name = "{name}"', f"bytes = {size}",
+                  f"loaded_by = {json.dumps(loaded_by)}"]
+    return {"probe": "record", "kernel": kernel_name, "fill_check_bytes":
+            grew["kimi-k2-fp8-tp4-dp"].get("aten.fill_"), "carried_from":
+            dataclasses.asdict(carried)["gpu"], "toml": "\n".join(lines)}
+
+
+PROBES = {"record": _record, "engine": _engine_case, "first-calls": _first_calls, "step-ops": _step_ops,
           "physical": _physical, "graph-captures": _graph_captures}
 ALL = [("step-ops", "glm5-fp8-tp8"), ("step-ops", "kimi-k2-fp8-tp4-dp"),
        ("first-calls", "flashmla", "1024"), ("first-calls", "flashmla", "32768"),

@@ -3,7 +3,12 @@ to a file that exists and, where the link names a heading, to a heading of that 
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,21 +109,60 @@ def test_the_link_check_finds_a_broken_link_and_heading(tmp_path):
     assert anchors(tmp_path / "other.md") == {"a-heading"}
 
 
-# A shown run: a fenced block that starts with the command (`$ [COLUMNS=N] mlamem ...`) and shows
-# lines of its output, "..." where lines are left out. Those on the CPU-only commands' pages are
-# rerun and compared: predicted runs and plan need no GPU.
-RUN = re.compile(r"^```(?:console)?\n\$ (?:COLUMNS=(\d+) )?mlamem (.+?)\n(.*?)^```$", re.M | re.S)
-RUN_PAGES = ["repro-oom.md", "plan.md", "../README.md"]  # the README's tour too
+# A shown session: a fenced block that starts with a command (`$ ...`), or a block of output (a
+# fenced block or a quote of rendered Markdown) right under an HTML comment that holds its
+# commands (`<!-- $ ... -->`, unseen on the rendered page). Each `$` command (lines joined until
+# its quotes close) is run by bash, in order, in one temporary folder, and the lines under it are
+# its output, "..." where lines are left out. Every page's sessions are rerun, on the CPU (CUDA
+# hidden, so every figure is PREDICTED), with the interpreter's own `mlamem` and `python`: the
+# README's from an empty folder, as a newcomer runs the tour after its setup command; docs/'s
+# beside links to the checkout's files, which their commands name.
+SESSION = re.compile(r"^```(?:console)?\n(\$ .*?)^```$"
+                     r"|^<!-- (\$ .*?) -->\n\n?(?:```\w*\n(.*?)^```$|((?:^>[^\n]*\n?)+))", re.M | re.S)
 
 
-def shown_runs(text: str) -> list[tuple[int | None, list[str], list[str]]]:
-    """(terminal width or None, the command's words after `mlamem`, the lines shown) of each
-    shown run whose command needs no GPU (`--predict`, or plan)."""
-    import shlex
+def sessions(text: str) -> list[tuple[int, list[tuple[str, list[str]]]]]:
+    """(the block's first line number, its (command, lines shown) pairs) of each shown session."""
+    found = []
+    for block in SESSION.finditer(text):
+        session, commented, fenced, quoted = block.groups()
+        if commented:  # the commands, then the output block's lines
+            quote = [re.sub(r"^> ?", "", line) for line in (quoted or "").splitlines()]
+            session = "\n".join([commented, *(fenced or "").splitlines(), *quote])
+        found.append((text[:block.start()].count("\n") + 1 + (not commented),
+                      _steps(session.splitlines())))
+    return found
 
-    return [(int(width) if width else None, shlex.split(command), shown.splitlines())
-            for width, command, shown in RUN.findall(text)
-            if "--predict" in command.split() or command.startswith("plan")]
+
+def _steps(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """A session's lines as (command, lines shown) pairs."""
+    steps: list[tuple[str, list[str]]] = []
+    pending = None
+    for line in lines:
+        if pending is None and line.startswith("$ "):
+            pending = line[2:]
+        elif pending is not None:
+            pending += "\n" + line
+        else:
+            steps[-1][1].append(line)
+        if pending is not None and _complete(pending):
+            steps.append((pending, []))
+            pending = None
+    return steps
+
+
+def _complete(command: str) -> bool:
+    """Whether a command's quotes are closed (a `python -c '...'` spans lines)."""
+    try:
+        shlex.split(command)
+    except ValueError:
+        return False
+    return True
+
+
+def _assignment(command: str) -> bool:
+    words = shlex.split(command)
+    return len(words) == 1 and re.match(r"[A-Z_]+=", words[0]) is not None
 
 
 def missing_lines(shown: list[str], printed: list[str]) -> list[str]:
@@ -133,27 +177,110 @@ def missing_lines(shown: list[str], printed: list[str]) -> list[str]:
     return missing
 
 
-@pytest.mark.parametrize(("page", "run"), [
-    (name, run) for name in RUN_PAGES
-    for run in range(len(shown_runs((ROOT / "docs" / name).read_text())))])
-def test_a_shown_run_prints_what_the_page_shows(page, run, monkeypatch, capsys):
-    """The page's output lines are the command's, in order, as it prints them now."""
-    from mlamem.cli.main import main
+def run_session(steps: list[tuple[str, list[str]]], folder: Path, *, linked: bool) -> list[str]:
+    """Run a session's commands in `folder` (`linked`: beside links to the checkout's files); the
+    failures, each with what it prints now."""
+    for entry in ROOT.iterdir() if linked else ():
+        if not entry.name.startswith(".") and not (folder / entry.name).exists():
+            (folder / entry.name).symlink_to(entry)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "COLUMNS": "80",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    assignments, failures = [], []
+    for command, shown in steps:
+        if _assignment(command):  # `SEED="..."`: set for the commands after it
+            assignments.append(command)
+        done = subprocess.run(["bash", "-c", "\n".join([*assignments, command])], cwd=folder,
+                              env=env, capture_output=True, text=True, timeout=600)
+        out, err = done.stdout.splitlines(), done.stderr.splitlines()
+        missing = missing_lines(missing_lines(shown, out), err)  # stdout's in order, then stderr's
+        refused = done.returncode == 2 and any("error:" in line for line in shown)
+        if missing or not (done.returncode == 0 or refused):
+            failures.append(f"$ {command}\n(exit {done.returncode}) no longer prints {missing};"
+                            f" it prints:\n" + "\n".join(out + err))
+    return failures
 
-    width, words, shown = shown_runs((ROOT / "docs" / page).read_text())[run]
-    monkeypatch.setenv("COLUMNS", str(width or 80))
-    assert main(words) == 0
-    printed = capsys.readouterr().out.splitlines()
-    assert not missing_lines(shown, printed), f"docs/{page}: mlamem {' '.join(words)}"
+
+@pytest.mark.parametrize("page", [page for page in PAGES if sessions(page.read_text())],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shown_session_prints_what_the_page_shows(page, tmp_path):
+    """Each command the page shows, run as shown (a page's sessions in order, in one folder: a
+    file one writes, the next reads), exits 0 (2 for a refusal shown) and prints the page's lines
+    in order: a figure that moves fails here, naming the command to rerun."""
+    failures = [f"{page.relative_to(ROOT)}:{line}: {failure}"
+                for line, steps in sessions(page.read_text())
+                for failure in run_session(steps, tmp_path, linked=page != README)]
+    where = "an empty folder" if page == README else "a folder linking the checkout's files"
+    assert not failures, (
+        f"rerun the page's commands in order (in {where}, CUDA hidden: CUDA_VISIBLE_DEVICES=,"
+        " COLUMNS=80 unless given) and paste what they print into the page; each below prints"
+        " in full:\n" + "\n\n".join(failures))
 
 
-def test_the_run_check_finds_a_changed_figure():
-    """The check above can fail: a figure the page shows that the command no longer prints."""
-    page = "```\n$ mlamem plan --predict\n...\nKV 25.649 GiB\nend\n```\n"
-    [(width, words, shown)] = shown_runs(page)
-    assert (width, words) == (None, ["plan", "--predict"])
-    assert missing_lines(shown, ["x", "KV 25.655 GiB", "end"]) == ["KV 25.649 GiB"]
-    assert missing_lines(shown, ["x", "KV 25.649 GiB", "y", "end"]) == []
+def test_the_session_check_finds_a_changed_figure(tmp_path):
+    """The check above can fail: a figure the page shows that the command no longer prints, a
+    command that fails; a variable set in a session reaches the commands after it."""
+    page = ("```\n$ WORD=\"KV 25.649\"\n$ echo \"$WORD GiB\"\nKV 25.649 GiB\n$ python -c 'print(\n"
+            "1)'\n...\n1\n$ echo KV 25.655 GiB\nKV 25.649 GiB\n$ false\n```\n")
+    [(line, steps)] = sessions(page)
+    assert line == 2 and [command for command, _ in steps] == [
+        'WORD="KV 25.649"', 'echo "$WORD GiB"', "python -c 'print(\n1)'", "echo KV 25.655 GiB",
+        "false"]
+    failures = run_session(steps, tmp_path, linked=False)
+    assert [failure.splitlines()[0] for failure in failures] == ["$ echo KV 25.655 GiB", "$ false"]
+    assert "no longer prints ['KV 25.649 GiB']" in failures[0]
+    assert missing_lines(["...", "a", "...", "c"], ["x", "a", "b", "c"]) == []
+    quoted = "text\n<!-- $ echo '# A'\n$ echo b -->\n\n> # A\n>\n> b\n\nafter\n"
+    assert sessions(quoted) == [(2, [("echo '# A'", []), ("echo b", ["# A", "", "b"])])]
+
+
+# The README's seed table is measured on the H200: each row is the cited results' (the alloc and
+# workspace paths of sgl-flash-mla's profile, the workspace path of vLLM's build's), to the digit.
+SEED_RESULTS = [ROOT / "reports" / "profile-h200" / "glm5-fp8-tp8.json",
+                ROOT / "reports" / "kernels-h200" / "profile-flashmla-vllm-sparse-decode.json"]
+SEED_ROW = re.compile(r"^\| (\d+) \| ([\d.]+) GiB \| ([\d.]+) GiB \| ([\d.]+) GiB \| ([\d.]+) GiB \| "
+                      r"(yes|no) \|$", re.M)
+
+
+def _gib(row_bytes: int) -> str:
+    return f"{row_bytes / 2**30:.3f}"
+
+
+def test_the_seed_table_is_the_cited_h200_results():
+    """Every figure of the README's seed table, and the software it names, is the committed H200
+    results' (a figure typed by hand, or results rerun without the table, fails here)."""
+    sgl, vllm = (json.loads(path.read_text()) for path in SEED_RESULTS)
+    peak = [{(row["tokens"], row["path"]): row["peak_allocated_bytes"] for row in results["rows"]}
+            for results in (sgl, vllm)]
+    equal = {(row["tokens"], row["path"]): row["outputs_equal"] for row in vllm["rows"]}
+    rows = SEED_ROW.findall(README.read_text())
+    assert [int(row[0]) for row in rows] == [1024, 8192, 16384, 32768]
+    for tokens, *shown in rows:
+        at = int(tokens)
+        assert peak[0][at, "alloc"] == peak[1][at, "alloc"]  # the same bytes with both builds
+        assert shown == [_gib(peak[0][at, "alloc"]), _gib(peak[0][at, "workspace"]),
+                         _gib(peak[1][at, "workspace"]),
+                         _gib(peak[0][at, "alloc"] - peak[1][at, "workspace"]),
+                         "yes" if equal[at, "alloc"] and equal[at, "workspace"] else "no"]
+    text = " ".join(README.read_text().split())
+    software = sgl["environment"]
+    for named in (f"torch {software['torch']}", f"sgl-flash-mla {software['flash_mla']}",
+                  f"driver {software['driver']}"):
+        assert named in text, f"README.md's seed table names other software than {named}"
+
+
+def test_the_tours_measured_limits_are_the_cited_results():
+    """The README's tour gives the limits `mlamem repro-oom` measured on the H200 and the H100 as
+    the cited results (reports/repro-oom-h100) hold them."""
+    limits = {}
+    for gpu in ("h100", "h200"):
+        results = json.loads((ROOT / "reports" / "repro-oom-h100" / gpu / "repro-glm5.json")
+                             .read_text())
+        assert results["measured"] and results["command"].startswith("mlamem repro-oom")
+        limits[gpu] = [case["max_safe_tokens"] for case in results["cases"]]
+    (alloc, workspace), h100 = limits["h200"], limits["h100"]
+    text = " ".join(README.read_text().split())
+    assert (f"({alloc} fits, {alloc + 1} OOMs; {workspace} fits, {workspace + 1} OOMs)" in text
+            and f"Its limits were lower, {h100[0]} and {h100[1]}:" in text)
 
 
 # docs/scenarios.md's lists of the fields where a pasted command's scenario differs from a shipped

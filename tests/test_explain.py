@@ -145,7 +145,7 @@ def test_without_a_trace_the_peak_is_what_the_segments_hold(tmp_path, capsys):
 
 
 def test_a_t_above_the_workspace_and_one_below_the_sm_count_are_found(tmp_path, capsys):
-    """T=50000 (above max_num_batched_tokens, found by bisection) and T=100 (below the 132 SMs,
+    """T=50000 (above max_num_batched_tokens, solved for) and T=100 (below the 132 SMs,
     where the split count depends on T): each found, the first reproduced with a workspace
     wide enough for it."""
     shot = tmp_path / "s.pickle"
@@ -240,3 +240,57 @@ def test_a_scenario_looks_for_the_operations_it_drives_only(capsys):
     doc = _explain(capsys, FIXTURE, "-s", "kimi-k2-dense-tp4-dp")
     assert doc["calls"] == []
     assert any("does not drive sparse-decode, sparse-prefill" in n for n in doc["notes"])
+
+
+# No MLA call where the allocations are not a kernel's spec in sizes and order.
+
+def _users_snapshot(tmp_path, sizes: list[int]) -> Path:
+    """A snapshot of a user's function that allocates `sizes` (bytes), in order, each kept
+    live, through the allocator model (which writes the trace and segments as torch does),
+    each allocation's stack the function's own."""
+    import pickle
+
+    from mlamem.runtime.allocator import CachingAllocatorModel
+    from mlamem.runtime.frames import python_frames
+
+    model = CachingAllocatorModel()
+    model.trace = []
+
+    def users_function() -> list:
+        tensors = []
+        for size in sizes:
+            tensors.append(model.malloc(size, python_frames()))
+        return tensors
+
+    users_function()
+    path = tmp_path / "user.pickle"
+    path.write_bytes(pickle.dumps({"segments": model.segments(), "device_traces": [model.trace],
+                                   "allocator_settings": {}, "external_annotations": []}))
+    return path
+
+
+def test_plain_4kib_allocations_are_no_mla_call(tmp_path, capsys):
+    """2000 allocations of 4 KiB each (a user's loop) fit no kernel's spec in sizes and order:
+    two equal buffers (vLLM's sparse prefill on the workspace path: max_logits, lse) are what
+    any two allocations of one size are, so no call is claimed, with or without a scenario, and
+    the text says none was found."""
+    shot = _users_snapshot(tmp_path, [4096] * 2000)
+    assert _explain(capsys, shot)["calls"] == []
+    assert _explain(capsys, shot, "-s", "glm5-fp8-tp8")["calls"] == []
+    assert main(["explain", str(shot), "--format", "markdown"]) == 0
+    assert "MLA calls: none found" in capsys.readouterr().out
+    assert main(["explain", str(shot)]) == 0
+    assert "MLA calls: none found" in " ".join(capsys.readouterr().out.split())
+
+
+def test_six_4mib_fp32_tensors_are_no_sparse_prefill(tmp_path, capsys):
+    """Six fp32 tensors of 1M elements (4 MiB each) of a user's function: no sparse prefill at
+    128 heads, nor any other call, and the peak is theirs, by the function's frame."""
+    shot = _users_snapshot(tmp_path, [4 << 20] * 6)
+    for args in ([], ["-s", "glm5-fp8-tp8"]):
+        doc = _explain(capsys, shot, *args)
+        assert doc["calls"] == []
+        assert doc["peak_bytes"] == 6 * (4 << 20)
+        [frame] = doc["by_frame"]
+        assert frame["frame"].endswith(" users_function") and frame["allocations"] == 6
+

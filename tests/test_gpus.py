@@ -16,6 +16,12 @@ def test_every_gpu_names_its_sources():
         assert g.cuda_mib is None or g.cuda_mib < g.smi_mib
 
 
+def test_every_gpu_has_a_compute_capability():
+    """Which kernels a target runs is read from its compute capability: a GPU without one would
+    skip KernelContract.target_reason's refusal."""
+    assert set(gpus.COMPUTE_CAPABILITY) == set(gpus.GPUS)
+
+
 @pytest.mark.parametrize(("name", "smi_mib", "sm_count"), [
     ("H20 141GB", 143771, 78), ("H20", 97871, 78), ("GH200 480GB", 97871, 132),
     ("H800", 81559, 132), ("H200 NVL", 143771, 132)])

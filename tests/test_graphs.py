@@ -205,15 +205,14 @@ def test_the_h200_graph_steps_are_at_9_36_and_41_live_graphs_whatever_the_order(
                 assert new_high and beyond == 2 * MiB, (run["order"], record)
                 steps.append(record["live_graphs"])
         assert steps == [n for n in (9, 36, 41) if n <= seen], (run["order"], run["warmup"])
-    [setup] = [s for s in load_setups() if s.kernel == "flashmla"]
+    [setup] = [s for s in load_setups() if s.kernel == "flashmla" and s.gpu == "NVIDIA H200"]
     assert [(n, sum(m.bytes for m in setup.loaded_by(graph_step_launch(n))))
             for n in range(1, 52) if setup.loaded_by(graph_step_launch(n))] == [
         (9, 2 * MiB), (36, 2 * MiB), (41, 2 * MiB)]
 
 
 # reports/graph-memory-h200's measured repro-oom --cuda-graphs on runs: (file, scenario, limits)
-H200_GRAPH_REPROS = [("repro-graphs-glm5.json", "glm5-fp8-tp8", [31744, 38880]),
-                     ("repro-graphs-deepseek.json", "deepseek-v32-fp8-tp8", [37091, 45440]),
+H200_GRAPH_REPROS = [("repro-graphs-deepseek.json", "deepseek-v32-fp8-tp8", [37091, 45440]),
                      ("repro-graphs-kimi-k2.json", "kimi-k2-fp8-tp4-dp", [45472, 45472])]
 
 
@@ -238,6 +237,28 @@ def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits, vllm_ca
         assert m["graph_estimate_source"] == p["graph_estimate_source"] == "device"
         assert m["graph_device_bytes"] == p["graph_device_bytes"], m["path"]
     assert [c["max_safe_tokens"] for c in predicted["cases"]] == limits
+
+
+def test_a_smaller_target_with_graphs_run_without_its_room_differs_only_in_the_limits(
+        vllm_cache_as_measured):
+    """GLM-5's 81559 MiB target, measured with CUDA graphs on the H200 on 2026-12-05 before a
+    measured run kept to the target's room (the step's modules took the H200's spare memory):
+    every field, the graphs' device figures included, equals the prediction with the target as
+    the physical device but the limits, 31744 and 38880, which are above it."""
+    from mlamem.commands.repro import prediction_differences
+
+    measured = json.loads((GRAPH_MEMORY_H200 / "repro-graphs-glm5.json").read_text())
+    predicted = run_repro(scenario_as_run("glm5-fp8-tp8", measured["budget"]),
+                          VLLMBudget(**{k: measured["budget"][k] for k in (
+                              "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
+                              "cuda_graphs")}),
+                          ["alloc", "workspace"], command="test", predict=True).file_dict()
+    differences = prediction_differences(measured, predicted)
+    assert [d.split(": ")[:2] for d in differences] == [["alloc", "max_safe_tokens"],
+                                                       ["workspace", "max_safe_tokens"]]
+    assert [c["max_safe_tokens"] for c in measured["cases"]] == [31744, 38880]
+    for was, case in zip(measured["cases"], predicted["cases"], strict=True):
+        assert case["max_safe_tokens"] < was["max_safe_tokens"]
 
 
 def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():

@@ -65,8 +65,9 @@ def test_repro_with_graphs_measured_equals_predicted(name, tmp_path):
                          timeout=120).stdout.strip()
     if unavailable:
         pytest.skip(f"flashmla: {unavailable}")
-    recorded_host_or_skip()
     args = GRAPH_REPROS[name]
+    chosen = args[args.index("-s") + 1] if "-s" in args else "glm5-fp8-tp8"
+    recorded_host_or_skip(target_mib=scenarios.load(chosen).gpu.memory_mib)
     measured = _repro_json(args, tmp_path / f"{name}.json")
     predicted = _repro_json([*args, "--predict"], tmp_path / f"{name}.predicted.json")
     assert measured["measured"] and not predicted["measured"]

@@ -53,3 +53,38 @@ def test_out_of_memory_is_recognised_in_one_place():
     assert is_out_of_memory(abi, 0, 1) and not is_out_of_memory(abi, 1, 1)  # counts decide
     assert not is_out_of_memory(RuntimeError("CUDA error: an illegal memory access"))
     assert not is_out_of_memory(ValueError("out of memory"))
+
+
+def test_a_larger_gpu_emulating_a_target_keeps_to_the_models_room(monkeypatch):
+    """A measured run on a larger GPU (an H200) with an H100 target caps the allocator where the
+    model with the target as the physical device limits it: the target's memory less this
+    process's non-torch reading, the target's driver bytes and unallocatable bytes, and, at each
+    first launch, the modules its record charges (the step's fill: 90 MiB)."""
+    from mlamem.runtime.memory import CudaMemory, NonTorchReading
+    from mlamem.runtime.non_torch import target_setup
+
+    target = target_setup("flashmla", 85017493504)  # the H100's record
+    own = target.context_bytes + 2 * 2**20  # read at KV sizing: the context and randint's module
+    fractions = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device: fractions.append(fraction))
+    memory = object.__new__(CudaMemory)
+    memory.device, memory.total_bytes, memory._limited = torch.device("cuda"), 150109880320, False
+    memory.loaded, memory._cap, memory._device_non_torch, memory._loaded_since = [], None, 0, 0
+    monkeypatch.setattr(memory, "non_torch_reading", lambda: NonTorchReading(
+        "this process", own, own + 12 * 2**20, 0), raising=False)
+    memory.emulate_target(target)
+    model = SimulatedMemory(non_torch=target)
+    engine_cap = 85017493504 - own
+    for launch in ("aten.randint", None, "aten.new_zeros", "flashmla.decode"):
+        if launch is None:  # KV sizing: the cap from the reading, which holds randint's module
+            memory.set_limit(engine_cap)
+            model.set_limit(engine_cap)
+            assert memory._cap == engine_cap
+        else:
+            memory.launch(launch)
+            model.launch(launch)
+        if fractions:
+            assert abs(fractions[-1] * memory.total_bytes - model.model.limit_bytes) < 1, launch
+    assert len(fractions) == 2  # at KV sizing, then at the fill: the decode loads nothing new
+    assert model.model.limit_bytes == engine_cap - target.process_bytes - 90 * 2**20 - 4 * 2**20

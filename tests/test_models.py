@@ -72,7 +72,7 @@ def test_a_folder_or_its_config_json_reads_alike(tmp_path):
     ({"index_n_heads": "64"}, "config.index_n_heads"),
     ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128]}},
      "config.quantization_config.weight_block_size"),
-    ({"quantization_config": {"quant_method": "awq"}}, "config.quantization_config.quant_method"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "config.quantization_config.quant_method"),
 ])
 def test_an_unknown_model_type_or_a_missing_field_names_the_field(change, field):
     raw = shipped_raw()
@@ -129,7 +129,7 @@ def test_glm_mtp_layer_matches_the_checkpoints_bytes_without_its_own_embedding()
     """GLM's MTP layer shares the main model's embedding and head: zai-org/GLM-5.2's layer 78 (GLM-5's
     dimensions) holds 791 tensors, 19,905,841,664 bytes in bf16, with no embed_tokens nor shared_head.head
     (a third-party extractor pinned to the Hub checkpoint, revision b4734de4, its EXPECTED_PAYLOAD_BYTES)."""
-    bf16 = count_weights(replace(shipped_config("glm-5"), fp8_block=None))
+    bf16 = count_weights(replace(shipped_config("glm-5"), quantization=None))
     assert bf16.bytes(mtp=True) == 19_905_841_664
     assert not any(t.mtp and ("embed_tokens" in t.name or "shared_head.head" in t.name) for t in bf16.tensors)
 
@@ -154,7 +154,7 @@ def checkpoint_tensors(config) -> tuple[int, int]:
         n = 2 if t.name.endswith(".indexer.k_norm") else 1
         n *= config.n_routed_experts if ".mlp.experts." in t.name else 1
         entries += n
-        fp8 += n if t.quantized and weights.fp8_block else 0
+        fp8 += n if weights.stored_quantized(t) else 0
     return entries, fp8
 
 

@@ -127,10 +127,10 @@ def test_plan_reads_each_option(capsys):
 def test_repro_oom_reads_each_option(capsys):
     base = ["repro-oom", "--predict", "-s", "deepseek-v32-fp8-tp8", "--paths", "alloc"]
     plain = _json(base, capsys)
-    counted = _json([*base, "--model", DS, "--gpu", "B200"], capsys)
+    counted = _json([*base, "--model", DS, "--gpu", "H200 NVL"], capsys)  # B200: refused
     given = _json([*base, "--weights-per-rank", "70GiB"], capsys)
-    assert counted["scenario"]["target_gpu"] == "B200"
-    assert counted["budget"]["gpu_memory_bytes"] == gpus.gpu("B200").memory_mib * 1024**2
+    assert counted["scenario"]["target_gpu"] == "H200 NVL"
+    assert counted["budget"]["gpu_memory_bytes"] == gpus.gpu("H200 NVL").memory_mib * 1024**2
     assert counted["scenario"]["weights_note"].startswith(f"counted from {DS}")
     assert given["scenario"]["weights_note"].startswith("override:")
     kv = [result["cases"][0]["kv_cache_bytes"] for result in (plain, given)]

@@ -26,7 +26,7 @@ from mlamem.runtime.memory import SimulatedMemory, is_out_of_memory
 from mlamem.spec import scenario as scenarios
 from mlamem.spec.engines.vllm import kv_block_bytes
 from mlamem.spec.errors import UserError
-from mlamem.testing import no_gpu, scenario_as_run
+from mlamem.testing import no_gpu, one_line_error, scenario_as_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -97,27 +97,33 @@ def test_max_safe_tokens_is_the_boundary(glm):
     result = run_repro(glm, glm_budget(glm), ["alloc"], command="test", predict=True)
     limit = result.cases[0]["max_safe_tokens"]
     for tokens, verdict in ((limit, "fits"), (limit + 1, "oom")):
-        case = VLLM.emulate(SimulatedMemory(non_torch=host_setup("flashmla", predict=True)), glm, FlashMLA(),
-                       glm_budget(glm, tokens), "alloc", sm_count=132)
+        target = host_setup("flashmla", predict=True, target_bytes=glm.gpu.memory_bytes)
+        case = VLLM.emulate(SimulatedMemory(non_torch=target), glm, FlashMLA(),
+                            glm_budget(glm, tokens), "alloc", sm_count=132)
         assert case.verdict == verdict
 
 
 H200_RUNS = FIXTURES / "reports" / "non-torch-h200"
 
 
-@pytest.mark.parametrize("name", ["glm5-fp8-tp8", "deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp",
+@pytest.mark.parametrize("name", ["deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp",
                                   "kimi-k2-context-reuse"])
 def test_prediction_equals_the_h200_run(name, monkeypatch, vllm_cache_as_measured):
-    """Every verdict, KV size, headroom and largest safe T of a fresh H200 run, predicted to the
-    byte (only what a prediction cannot give is skipped, by name). These runs (2026-12-02)
-    charged the device-wide non-torch reading, as a case does where NVML does not list its
-    process: the model charges the same, the record's context and process_bytes together."""
+    """Every verdict, KV size, headroom and largest safe T of a fresh H200 run of an H200
+    target, predicted to the byte (only what a prediction cannot give is skipped, by name).
+    These runs (2026-12-02) charged the device-wide non-torch reading, as a case does where NVML
+    does not list its process: the model charges the same, the record's context and
+    process_bytes together."""
     from mlamem.commands import repro
     from mlamem.runtime.non_torch import calibrated
 
-    setup = host_setup("flashmla", predict=True)
-    monkeypatch.setattr(repro, "host_setup", lambda kernel, predict=False: calibrated(
-        setup, 0, setup.process_bytes, device_wide=True))
+    found = repro.host_setup
+
+    def device_wide(kernel, predict=False, **target):
+        setup = found(kernel, predict=True, **target)
+        return calibrated(setup, 0, setup.process_bytes, device_wide=True)
+
+    monkeypatch.setattr(repro, "host_setup", device_wide)
     measured = json.loads((H200_RUNS / f"{name}.json").read_text())
     assert all(c.get("nvml_visibility") is None for c in measured["cases"])  # device-wide
     chosen = scenario_as_run(name, measured["budget"])
@@ -126,6 +132,32 @@ def test_prediction_equals_the_h200_run(name, monkeypatch, vllm_cache_as_measure
     predicted = run_repro(chosen, budget, ["alloc", "workspace"], command="test", predict=True)
     assert measured["measured"] and not predicted.measured
     assert prediction_differences(measured, predicted) == []
+
+
+def test_a_smaller_target_measured_without_its_physical_room_differs_only_in_the_limits(
+        vllm_cache_as_measured):
+    """GLM-5's 81559 MiB target of 2026-12-02 ran on the H200's larger memory, before a measured
+    run kept to the target's room: the modules its step loads took the H200's spare memory, so
+    its limits (31856, 39008) are above the prediction with the target as the physical device
+    (lower); every other field is equal."""
+    from mlamem.commands import repro
+    from mlamem.runtime.non_torch import calibrated
+
+    setup = repro.host_setup("flashmla", predict=True, target_bytes=81559 * 2**20)
+    measured = json.loads((H200_RUNS / "glm5-fp8-tp8.json").read_text())
+    chosen = scenario_as_run("glm5-fp8-tp8", measured["budget"])
+    budget = Budget(**{k: measured["budget"][k] for k in
+                       ("gpu_memory_bytes", "utilization", "max_num_batched_tokens")})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(repro, "host_setup", lambda kernel, predict=False, **target: calibrated(
+            setup, 0, setup.process_bytes, device_wide=True))
+        predicted = run_repro(chosen, budget, ["alloc", "workspace"], command="test",
+                              predict=True)
+    differences = prediction_differences(measured, predicted)
+    assert [d.split(": ")[:2] for d in differences] == [["alloc", "max_safe_tokens"],
+                                                       ["workspace", "max_safe_tokens"]]
+    for was, case in zip(measured["cases"], predicted.cases, strict=True):
+        assert case["max_safe_tokens"] < was["max_safe_tokens"]
 
 
 def test_h200_limits_as_the_issue_states():
@@ -290,16 +322,65 @@ def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
     assert lse.nbytes < extra < lse.nbytes + 64 * 2**20  # lse plus tens of MB of accumulators
 
 
-def test_a_target_smaller_than_the_modelled_device_says_what_its_spare_memory_hides():
-    """GLM-5's H100 target, predicted on the recorded H200, gets the note on the spare memory,
-    with the limits of the same search on the target as the physical device: 31402 and 38432,
-    where an H100 measured 31402 and 38456 (reports/repro-oom-h100). DeepSeek-V3.2's H200
-    target, the device's own size, gets none."""
-    notes = {name: run_repro(scenarios.load(name), Budget(scenarios.load(name).gpu.memory_bytes,
-                                                          0.85, 32768),
-                             ["alloc", "workspace"], command="test", predict=True).notes
-             for name in ("glm5-fp8-tp8", "deepseek-v32-fp8-tp8")}
-    spare = [n for n in notes["glm5-fp8-tp8"] if "larger memory" in n]
-    assert len(spare) == 1 and "79.179 GiB target runs on the NVIDIA H200" in spare[0]
-    assert "largest safe max_num_batched_tokens is alloc 31402; workspace 38432" in spare[0]
-    assert not any("larger memory" in n for n in notes["deepseek-v32-fp8-tp8"])
+def test_the_target_gpu_is_the_physical_device_of_the_prediction():
+    """GLM-5's H100 target is predicted on the H100's record, its memory the physical device:
+    the H100's measured limits, 31402 and 38456 (reports/repro-oom-h100), where the recorded
+    H200's spare memory gave 31680 and 38769. DeepSeek-V3.2's H200 target on the H200's record.
+    A target no record holds takes the nearest record's figures with its own memory, and says
+    which."""
+    def predicted(name, gpu_memory_bytes=None):
+        chosen = scenarios.load(name)
+        budget = Budget(gpu_memory_bytes or chosen.gpu.memory_bytes, 0.85, 32768)
+        return run_repro(chosen, budget, ["alloc", "workspace"], command="test", predict=True)
+
+    glm = predicted("glm5-fp8-tp8")
+    assert [c["max_safe_tokens"] for c in glm.cases] == [31402, 38456]
+    assert glm.non_torch.gpu == "NVIDIA H100 80GB HBM3" and glm.non_torch.assumed is None
+    assert not any("spare" in n for n in glm.notes)
+    deepseek = predicted("deepseek-v32-fp8-tp8")
+    assert deepseek.non_torch.gpu_memory_bytes == 150109880320  # the H200's own total
+    other = predicted("glm5-fp8-tp8", 100 * 2**30)
+    assert other.non_torch.gpu_memory_bytes == 100 * 2**30
+    assert ("no record of the 100.000 GiB target: the nearest record, the NVIDIA H100 80GB "
+            "HBM3's, with the target's memory as the physical device") in other.non_torch.assumed
+    assert any("the nearest record" in n for n in other.notes)
+
+
+def _predicted_json(args: list[str], tmp_path, capsys) -> dict:
+    output = tmp_path / "predicted.json"
+    assert main(["repro-oom", *args, "--predict", "--format", "json", "--output", str(output)]) == 0
+    capsys.readouterr()
+    return json.loads(output.read_text())
+
+
+@pytest.mark.parametrize("memory", ["150GiB", "1TiB"])
+def test_a_target_larger_than_every_record_is_modelled_with_its_own_memory(memory, tmp_path,
+                                                                          capsys):
+    """--gpu-memory above the recorded H200's (150 GiB, 1 TiB): the target is the physical
+    device, so the KV cache the budget sizes fits in it and both paths reach the step (they ran
+    out of memory on the KV cache itself, at exit 0, while the H200's memory was the device);
+    the non-torch figures are the nearest record's, and the result says so."""
+    result = _predicted_json(["--gpu-memory", memory], tmp_path, capsys)
+    for case in result["cases"]:
+        assert case["oom_buffer"] != "kv_cache" and case["phase"] in ("step", "done"), case
+        assert case["max_safe_tokens"], case
+    assert result["non_torch"]["gpu"] == "NVIDIA H200"  # the nearest record: the largest
+    assert result["non_torch"]["gpu_memory_bytes"] == result["budget"]["gpu_memory_bytes"]
+    assert any("no record of the" in n and "nearest record" in n for n in result["notes"])
+
+
+@pytest.mark.parametrize(("gpu", "words"), [
+    ("B200", "FlashMLA's SM100 kernels (B200, compute capability 10.0) are not modelled"),
+    ("A100", "FlashMLA has no kernel for the A100 80GB (compute capability 8.0)")])
+def test_a_target_without_a_modelled_flashmla_kernel_is_refused_in_one_line(gpu, words, capsys):
+    """FlashMLA on a B200 (SM100: kernels not modelled nor measured here) or an A100 (SM80: no
+    FlashMLA kernel) is refused in one line, exit 2: a B200 was predicted with SM90's
+    accumulators (an OOM of the KV cache on the H200's memory), an A100 at 108 SMs, silently."""
+    assert main(["repro-oom", "--gpu", gpu, "--predict"]) == 2
+    assert words in one_line_error(capsys)
+
+
+def test_an_a100_target_is_refused_for_flashmla_only(tmp_path, capsys):
+    """The refusal is the kernel's: the Triton decode, which runs on an A100, is predicted."""
+    result = _predicted_json(["--gpu", "A100", "--kernel", "triton"], tmp_path, capsys)
+    assert result["kernel"]["sm_count"] == 108

@@ -30,6 +30,9 @@ RECORDED = {
     "mlamem.spec.engines.vllm.VLLMSection": "results.Serving: the scenario's [vllm] table",
     "mlamem.spec.kernel_api.Capabilities": "results.Kernel: what an adapter declares",
     "mlamem.runtime.non_torch.NonTorchSetup": "results.NonTorch: the non-torch data's host",
+    "mlamem.spec.server_log.Figure": "results.LogFigure: a figure as the log reader reads it",
+    "mlamem.spec.server_log.ServerLog": "results.ServerLogLedger: the log as the reader reads it",
+    "mlamem.spec.server_log.OutOfMemory": "results.LogOom: an OOM message as the log reader reads it",
 }
 
 

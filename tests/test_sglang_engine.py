@@ -25,7 +25,8 @@ def budget(scenario, tokens: int, fraction: float | None = None) -> SGLangBudget
 
 
 def emulate(scenario, tokens: int, path: str = "alloc", fraction: float | None = None):
-    memory = SimulatedMemory(non_torch=host_setup("flashmla", predict=True))
+    memory = SimulatedMemory(non_torch=host_setup("flashmla", predict=True,
+                                                  target_bytes=scenario.gpu.memory_bytes))
     return SGLang.emulate(memory, scenario, FlashMLA(), budget(scenario, tokens, fraction), path,
                           sm_count=132)
 

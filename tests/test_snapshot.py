@@ -116,3 +116,22 @@ def test_nodes_count_each_reach_and_cycles():
     for _ in range(100_000):  # deeper than Python's recursion limit
         deep = [deep]
     assert snapshot.within_nodes(deep, 100_001) and not snapshot.within_nodes(deep, 100_000)
+
+
+def test_a_snapshots_nodes_are_counted_alike_on_the_fast_path():
+    """The count that bounds a read snapshot (its events on a fast path) is the tree's, to the
+    node: for the recorded snapshots and a synthetic one of 20,000 events, one with a shared
+    frame list, one with a frame holding a list and one with an event holding itself."""
+    from mlamem.testing import synthetic_snapshot
+
+    odd = synthetic_snapshot(200)
+    events = odd["device_traces"][0]
+    events[5]["frames"] = events[9]["frames"] = events[7]["frames"]
+    events[11]["frames"][0] = {**events[11]["frames"][0], "extra": [1, (2, 3)]}
+    shots = [pickle.loads(f.read_bytes()) for f in sorted(FIXTURES.glob("*.snapshot.pickle"))]
+    for data in [*shots, synthetic_snapshot(20_000), odd]:
+        count = snapshot.nodes(data, 10**9)
+        assert snapshot.snapshot_within_nodes(data, count)
+        assert not snapshot.snapshot_within_nodes(data, count - 1)
+    events[3]["me"] = events[3]
+    assert not snapshot.snapshot_within_nodes(odd, 10**9)

@@ -13,6 +13,7 @@ from mlamem.cli.options import list_every_kernel
 from mlamem.render.escape import escaped
 from mlamem.runtime.interrupt import Guard
 from mlamem.spec.errors import Interrupted, UserError
+from mlamem.spec.redaction import argv_secrets, scrubbed
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
     from typer._click import exceptions as click_errors
@@ -66,7 +67,8 @@ def _run(args: list[str]) -> int:
         code = group.main(args=args, prog_name="mlamem", standalone_mode=False)
     except UserError as exc:
         # a refusal may quote a file (a baseline's environment): one line, no terminal sequence
-        print(f"mlamem: error: {escaped(exc.worded(flag_for(exc.field)))}", file=sys.stderr)
+        print(f"mlamem: error: {_hidden(escaped(exc.worded(flag_for(exc.field))), args)}",
+              file=sys.stderr)
         return exc.exit_code
     except click_errors.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx:  # bare `mlamem`
@@ -74,16 +76,22 @@ def _run(args: list[str]) -> int:
             return 0
         command = exc.ctx.command_path if exc.ctx else "mlamem"
         message = _VALUE_ERROR.sub("", exc.format_message()).rstrip(".")
-        print(f"mlamem: error: {message}; see `{command} --help`", file=sys.stderr)
+        print(f"mlamem: error: {_hidden(message, args)}; see `{command} --help`", file=sys.stderr)
         return 2
     except click_errors.ClickException as exc:
-        print(f"mlamem: error: {exc.format_message()}", file=sys.stderr)
+        print(f"mlamem: error: {_hidden(exc.format_message(), args)}", file=sys.stderr)
         return exc.exit_code
     except typer.Abort:
         return 130
     except typer.Exit as exc:
         return exc.exit_code
     return code if isinstance(code, int) else 0
+
+
+def _hidden(line: str, args: list[str]) -> str:
+    """An error line without the secrets mlamem's arguments hold (a click error quotes the
+    words it could not place: `HF_TOKEN=...`, an unquoted --serve command's)."""
+    return scrubbed(line, argv_secrets(args))
 
 
 def _group(args: list[str]):

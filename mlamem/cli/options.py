@@ -292,6 +292,11 @@ EngineVersionOption = Annotated[str | None, typer.Option(
 WeightsOption = Annotated[str | None, typer.Option(
     "--weights-per-rank", metavar="SIZE", help="One rank's weights, e.g. 40GiB: a labelled "
     "override of the scenario's (or --model's count).", show_default=False)]
+LogOption = Annotated[str | None, typer.Option(
+    "--log", metavar="FILE", help="The server's own log (vLLM, SGLang or TensorRT-LLM; `-`: "
+    "standard input): its memory figures beside mlamem's for the same rank (the ledger), its "
+    "OOM message explained, and the serve command with the largest safe value put in.",
+    show_default=False)]
 # What helps where a value does not fit a scenario's workspace, in the CLI's words.
 RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
 DROP_CASE = "drop that T from --tokens or that scenario from --scenario"

@@ -11,11 +11,13 @@ from pathlib import Path
 from mlamem.cli.app import columns, stderr
 from mlamem.render.escape import escaped
 from mlamem.spec.files import write_atomic
+from mlamem.spec.redaction import redacted_argv
 
 
 def command_line() -> str:
-    """The command as typed, as results record it."""
-    return "mlamem " + shlex.join(sys.argv[1:])
+    """The command as typed, as results record it: its secrets hidden (a `--serve` command's
+    --hf-token, HF_TOKEN=..., in any form the engine's parser takes)."""
+    return "mlamem " + shlex.join(redacted_argv(sys.argv[1:]))
 
 
 def emit(text: str, output: Path | None, terminal_table=None) -> None:

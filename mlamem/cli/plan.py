@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -14,6 +15,7 @@ from mlamem.commands import plan as plans
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
+from mlamem.spec.server_log import read_log
 from mlamem.spec.units import parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option("GPU memory, e.g. 141GB or 80GiB.")]
@@ -65,6 +67,7 @@ def plan(
     sweep: SweepOption = None,
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.plan/1")] = None,
     output: o.PlainOutputOption = None,
+    log: o.LogOption = None,
 ) -> None:
     """KV-cache capacity for one rank, with the fp8 context-MLA workspace reserve.
 
@@ -82,6 +85,7 @@ def plan(
         "max-seq-len": max_seq_len})
     if output is not None:
         check_output_path(output)
+    server_log = log and read_log(log)  # refused in one line before any work
     changes = o.Changes(model, gpu, weights_per_rank, engine_version)
     chosen = o.load_one(scenario, serve, changes)
     o.check_weights_fit(chosen, gpu_memory, from_file=serve is None and changes.model is None
@@ -90,14 +94,37 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
-    if chosen.model.index_topk or engine is not None:  # the allocator model runs
+    if chosen.model.index_topk or engine is not None or log:  # the allocator model runs
         o.load_torch()
-    result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel,
-                            engine=engine)
+    result = _with_log(plans.run_plan(chosen, overrides, sweep, command=command_line(),
+                                      kernel=kernel, engine=engine), chosen, serve, server_log, engine)
     if chosen.model.index_topk:
         note_allocator_conf()  # the vLLM side's per-call need comes from the allocator model
-    terminal = render.plan_table(result) if output_format is o.ReproFormat.table else None
+    _show(result, output_format, output)
+
+
+def _show(result, output_format: o.ReproFormat, output) -> None:
+    """The plan in the format asked for; with --log its ledger, then each command that fits
+    on a line of its own (a table's lines are fitted to the terminal)."""
+    terminal = None
+    if output_format is o.ReproFormat.table:
+        terminal = render.plan_table(result)
+        if result.log is not None:
+            from rich.console import Group
+
+            terminal = Group(terminal, render.ledger_table(result.log))
     emit(render.PLAN_FORMATS[output_format.value](result), output, terminal_table=terminal)
+    if terminal is not None and output is None and result.log is not None:
+        sys.stdout.write(render.commands_text(result.log))
+
+
+def _with_log(result, chosen, serve: str | None, server_log, engine: str | None):
+    """The plan with the server log's ledger (`--log`) beside repro-oom's predicted rank."""
+    if server_log is None:
+        return result
+    from mlamem.cli.repro_oom import ledger_for  # torch
+
+    return result.model_copy(update={"log": ledger_for(chosen, serve, server_log, engine)})
 
 
 def _check_flags(sweep: str | None, utilization: float | None, free_fraction: float | None,

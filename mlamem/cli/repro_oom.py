@@ -17,6 +17,7 @@ from mlamem.spec.engine_registry import SHIPPED
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
+from mlamem.spec.server_log import read_log
 from mlamem.spec.units import check_fraction, parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option(
@@ -72,6 +73,7 @@ def repro_oom(
     capture_sizes: ReproCaptureSizesOption = None,
     expect_oom: ExpectOomOption = None,
     expect_fit: ExpectFitOption = None,
+    log: o.LogOption = None,
 ) -> None:
     """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
 
@@ -91,12 +93,14 @@ def repro_oom(
     TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
     default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
     reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
-    Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise."""
+    --log: the server's log beside the rank. Exits 0 whatever the verdict, unless
+    --expect-oom/--expect-fit says otherwise."""
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
+    server_log = log and read_log(log)  # refused in one line before any work
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version), gpu_memory)
-    from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
+    from mlamem.commands.repro import check_target  # torch: after every refusal
 
     decode = o.make_kernel(kernel)
     chosen, part = _plan(loaded, decode, paths, max_num_batched_tokens)
@@ -105,12 +109,51 @@ def repro_oom(
                      _graphs_on(cuda_graphs, part.scenario, emulated, sizes),
                      max_num_batched_tokens, mem_fraction_static)
     check_target(budget, decode, predict)
-    with progress(f"repro-oom {part.scenario.name}", None) as advance:
-        result = run_repro(chosen, budget, part.paths, command=command_line(),
-                           kernel=decode, predict=predict, engine=emulated.name,
-                           on_progress=advance)
+    result = _run(chosen, part, budget, decode, predict, emulated, server_log, serve)
     _show(result, output_format, output)
     _check_expected(result, emulated, expect_oom, expect_fit)
+
+
+def _run(chosen, part, budget, kernel, predict: bool, emulated, server_log, serve: str | None):
+    """Each case emulated, its limits searched; with --log, the log's ledger beside them."""
+    from mlamem.commands.repro import run_repro  # torch
+
+    with progress(f"repro-oom {part.scenario.name}", None) as advance:
+        result = run_repro(chosen, budget, part.paths, command=command_line(), kernel=kernel,
+                           predict=predict, engine=emulated.name, on_progress=advance)
+        return _with_log(result, server_log, emulated, part, kernel, budget, serve, advance)
+
+
+def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | None, advance,
+              keys: list[str] | None = None):
+    """The result with the server log's ledger (`--log`), each case predicted beside it; with
+    no result, the ledger of `keys`."""
+    if server_log is None:
+        return result
+    from mlamem.commands.log_ledger import Rank, log_ledger  # torch
+    from mlamem.commands.repro import host_setup  # torch
+
+    advance("reading the server log beside the rank")
+    rank = Rank(emulated, part.scenario, kernel, budget, host_setup(kernel.name, predict=True),
+                part.scenario.gpu.sm_count)
+    if result is None:
+        return log_ledger(server_log, rank, keys, serve)
+    keys = [c[emulated.case_type.key_field] for c in result.cases]
+    return result.model_copy(update={"log": log_ledger(server_log, rank, keys, serve)})
+
+
+def ledger_for(loaded, serve: str | None, server_log, engine: str | None = None):
+    """`plan --log`: the server log's ledger beside the rank `repro-oom --predict` emulates for
+    the scenario (its engine, else the first it declares), at the scenario's own settings."""
+    decode = o.make_kernel(DEFAULT_KERNEL)
+    _, part = _plan((loaded.name, loaded), decode, None, None)
+    emulated = _engine(part, engine, None, None, False)
+    graphs_on = _graphs_on(None, part.scenario, emulated, None)
+    budget = _budget(emulated, part.scenario, None, None, None, graphs_on, None, None)
+    keys = emulated.case_keys(part.paths)
+    result = _with_log(None, server_log, emulated, part, decode, budget, serve, lambda _: None,
+                       keys)
+    return result
 
 
 def _output_format(output, output_format: o.ReproFormat | None) -> o.ReproFormat:
@@ -223,6 +266,8 @@ def _show(result, output_format: o.ReproFormat, output) -> None:
     note_predicted(result, "verdicts")
     terminal = render.repro_table(result) if output_format is o.ReproFormat.table else None
     emit(render.REPRO_FORMATS[output_format.value](result), output, terminal_table=terminal)
+    if terminal is not None and output is None and result.log is not None:
+        sys.stdout.write(render.commands_text(result.log))  # unwrapped: ready to paste
 
 
 def _check_expected(result, emulated, expect_oom, expect_fit) -> None:

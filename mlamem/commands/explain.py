@@ -16,9 +16,9 @@ not depend on.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,7 @@ from mlamem.operations import (
 from mlamem.runtime import environment, snapshot
 from mlamem.runtime.allocator import round_size
 from mlamem.runtime.attribution import expected_buffers
-from mlamem.runtime.frames import frame_label
+from mlamem.runtime.frames import StackLabels
 from mlamem.runtime.paths import plan, wrapper_allocations
 
 if TYPE_CHECKING:
@@ -52,6 +52,9 @@ SCHEMA = "mlamem.explain/1"
 LINEAR_TOKENS = 1024  # T searched one by one; above it, by bisection on the largest buffer
 MAX_TOKENS = 1 << 20  # the largest T searched
 EITHER_PATH = "alloc or workspace"  # a call both paths allocate alike (no q to pad, no out=)
+# T at which a buffer's bytes must lie on the line through T=LINEAR_TOKENS+1 and +2 to be
+# taken as affine in T above LINEAR_TOKENS (each T then solved at once, not bisected)
+AFFINE_CHECKS = (LINEAR_TOKENS + 3, 4099, 65537, MAX_TOKENS // 2 + 1, MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -78,47 +81,48 @@ class Peak:
     live: list[Allocation]
 
 
-def trace_allocations(events: list[dict]) -> list[Allocation]:
-    """Every alloc event, in order."""
-    return [Allocation(i, e["addr"], e["size"], frame_label(e.get("frames", [])))
-            for i, e in enumerate(events) if e["action"] == "alloc"]
-
-
-def replay(events: list[dict]) -> Peak | None:
-    """The trace's allocated peak and what is live at it; None for a trace with no alloc."""
-    live: dict[int, Allocation] = {}
+def replay(events: list[dict], labels: StackLabels) -> Peak | None:
+    """The trace's allocated peak and what is live at it; None for a trace with no alloc. One
+    pass holding each live block's bytes; what is live at the peak comes from a second pass."""
+    live: dict[int, int] = {}  # address -> block bytes
     current = peak = 0
     peak_event = None
     for i, event in enumerate(events):
-        if event["action"] == "alloc":
-            if event["addr"] in live:  # allocated again: its free is not in the trace
-                current -= live.pop(event["addr"]).block_bytes
-            live[event["addr"]] = Allocation(i, event["addr"], event["size"],
-                                             frame_label(event.get("frames", [])))
-            current += live[event["addr"]].block_bytes
+        action = event["action"]
+        if action == "alloc":
+            addr = event["addr"]
+            if addr in live:  # allocated again: its free is not in the trace
+                current -= live.pop(addr)
+            live[addr] = block = round_size(event["size"])
+            current += block
             if current > peak:
                 peak, peak_event = current, i
-        elif event["action"] == "free_completed" and event["addr"] in live:
-            current -= live.pop(event["addr"]).block_bytes
+        elif action == "free_completed" and event["addr"] in live:
+            current -= live.pop(event["addr"])
     if peak_event is None:
         return None
-    return Peak(peak, "trace", peak_event, _live_after(events, peak_event))
+    return Peak(peak, "trace", peak_event, _live_after(events, peak_event, labels))
 
 
-def _live_after(events: list[dict], last: int) -> list[Allocation]:
+def _live_after(events: list[dict], last: int, labels: StackLabels) -> list[Allocation]:
     """What is live once event `last` is done, replayed again (cheaper than copying at each new
     peak)."""
-    live: dict[int, Allocation] = {}
-    for i, event in enumerate(events[:last + 1]):
+    live: dict[int, int] = {}  # address -> its alloc event
+    for i in range(last + 1):
+        event = events[i]
         if event["action"] == "alloc":
-            live[event["addr"]] = Allocation(i, event["addr"], event["size"],
-                                             frame_label(event.get("frames", [])))
+            live[event["addr"]] = i
         elif event["action"] == "free_completed":
             live.pop(event["addr"], None)
-    return sorted(live.values(), key=lambda a: a.index)
+    return [_allocation(events, i, labels) for i in sorted(live.values())]
 
 
-def segment_peak(segments: list[dict]) -> Peak:
+def _allocation(events: list[dict], index: int, labels: StackLabels) -> Allocation:
+    event = events[index]
+    return Allocation(index, event["addr"], event["size"], labels(event.get("frames", [])))
+
+
+def segment_peak(segments: list[dict], labels: StackLabels) -> Peak:
     """Without a trace: what the segments hold allocated when the snapshot was taken."""
     live, addr = [], 0
     for segment in segments:
@@ -126,7 +130,7 @@ def segment_peak(segments: list[dict]) -> Peak:
         for block in segment["blocks"]:
             if block["state"].startswith("active"):
                 live.append(Allocation(-1, addr, block.get("requested_size") or block["size"],
-                                       frame_label(block.get("frames", []))))
+                                       labels(block.get("frames", []))))
             addr += block["size"]
     return Peak(sum(a.block_bytes for a in live), "segments", None, live)
 
@@ -140,10 +144,24 @@ def segment_spans(data: dict, events: list[dict]) -> list[tuple[int, int]]:
     return sorted(spans)
 
 
-def segment_of(spans: list[tuple[int, int]], addr: int) -> tuple[int, int] | None:
-    """The segment holding `addr`: of those starting at or below it, the nearest covering it."""
-    below = spans[:bisect.bisect_right(spans, (addr, float("inf")))]
-    return next((s for s in reversed(below) if s[0] <= addr < s[0] + s[1]), None)
+def segments_of(spans: list[tuple[int, int]], addrs: list[int]
+                ) -> dict[int, tuple[int, int] | None]:
+    """The segment holding each address: of the spans starting at or below it, the nearest
+    covering it (None: none does). One sweep of the addresses and spans by address, with the
+    spans begun kept in a heap by start: one ending at or below an address covers no later
+    one, so it leaves the heap for good."""
+    found: dict[int, tuple[int, int] | None] = {}
+    begun: list[tuple[int, int, int, int]] = []  # (-start, -size, start, size)
+    next_span = 0
+    for addr in sorted(set(addrs)):
+        while next_span < len(spans) and spans[next_span][0] <= addr:
+            start, size = spans[next_span]
+            heapq.heappush(begun, (-start, -size, start, size))
+            next_span += 1
+        while begun and begun[0][2] + begun[0][3] <= addr:
+            heapq.heappop(begun)
+        found[addr] = begun[0][2:] if begun else None
+    return found
 
 
 # The MLA calls: runs of allocations that are a kernel's spec.
@@ -169,6 +187,11 @@ class CallMatch:
     names: list[str]
     path: str  # "alloc", "workspace" or EITHER_PATH
     candidates: list[tuple[str, str, int, int]] = field(default_factory=list)  # (op, kernel, rows, heads)
+    span: tuple[int, int] = (0, 0)  # its allocations, as a range over the trace's allocations
+
+    @property
+    def span_range(self) -> range:
+        return range(*self.span)
 
 
 def shapes(scenario: Scenario, kernels: list[tuple[str, KernelContract]],
@@ -227,68 +250,106 @@ def op_scenarios(scenario: Scenario, source: str, scenario_given: bool
 
 
 def _tokens_for(shape: Shape, size: int, anchor: int) -> list[int]:
-    """The T at which the spec's `anchor`-th buffer has `size` bytes: every T up to
-    LINEAR_TOKENS tried, above it a bisection on that buffer's bytes, which grow with T there."""
-    found = [t for t in range(1, LINEAR_TOKENS + 1) if shape.sizes(t)[anchor][1] == size]
-    lo, hi = LINEAR_TOKENS + 1, MAX_TOKENS
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if shape.sizes(mid)[anchor][1] < size:
-            lo = mid + 1
-        else:
-            hi = mid
-    if shape.sizes(lo)[anchor][1] == size:
-        found.append(lo)
+    """The T at which the spec's `anchor`-th buffer has `size` bytes: those up to LINEAR_TOKENS
+    (each tried once per shape), and above it the one a bisection on that buffer's bytes finds,
+    which grow with T there (solved at once where they grow by the same bytes per T)."""
+    found = list(_small_tokens(shape, anchor).get(size, ()))
+    low, high = (shape.sizes(t)[anchor][1] for t in (LINEAR_TOKENS + 1, MAX_TOKENS))
+    if not low <= size <= high:
+        return found
+    step = shape.sizes(LINEAR_TOKENS + 2)[anchor][1] - low
+    if step > 0 and all(shape.sizes(t)[anchor][1] == low + step * (t - LINEAR_TOKENS - 1)
+                        for t in AFFINE_CHECKS):
+        t = LINEAR_TOKENS + 1 + (size - low) // step  # bytes affine in T: solved, then checked
+    else:
+        lo, hi = LINEAR_TOKENS + 1, MAX_TOKENS
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if shape.sizes(mid)[anchor][1] < size:
+                lo = mid + 1
+            else:
+                hi = mid
+        t = lo
+    if shape.sizes(t)[anchor][1] == size:
+        found.append(t)
     return found
 
 
-def find_calls(allocations: list[Allocation], candidates: list[Shape]) -> list[CallMatch]:
-    """The runs of allocations that are a candidate's buffers at some T, the longest where one
-    run holds another (the workspace path's run is the alloc path's but its padded q)."""
+@functools.lru_cache(maxsize=64)
+def _small_tokens(shape: Shape, anchor: int) -> dict[int, list[int]]:
+    """The `anchor`-th buffer's bytes at each T up to LINEAR_TOKENS -> those T."""
+    found: dict[int, list[int]] = {}
+    for t in range(1, LINEAR_TOKENS + 1):
+        found.setdefault(shape.sizes(t)[anchor][1], []).append(t)
+    return found
+
+
+def find_calls(events: list[dict], candidates: list[Shape], labels: StackLabels
+               ) -> list[CallMatch]:
+    """The runs of consecutive allocations that are a candidate's buffers at some T, in sizes
+    and in order; each allocation in one call at most, the longest run first. A run whose
+    buffers are all of one size is no call: any order of them matches, and any loop allocating
+    one size twice would be one (vLLM's sparse prefill on the workspace path allocates only
+    max_logits and lse, of one size). Each candidate looks only at the positions where its
+    largest buffer's bytes are, so the work grows with the allocations, not with their
+    product with the sizes the kernels allocate."""
+    indices = [i for i, event in enumerate(events) if event["action"] == "alloc"]
+    sizes = [events[i]["size"] for i in indices]
+    positions: dict[int, list[int]] = {}
+    for k, size in enumerate(sizes):
+        positions.setdefault(size, []).append(k)
     matches: dict[tuple[int, int], CallMatch] = {}
-    sizes = [a.size for a in allocations]
     for shape in candidates:
         spec = shape.sizes(LINEAR_TOKENS + 1)
         anchor = max(range(len(spec)), key=lambda i: spec[i][1])
-        tried: dict[int, list[int]] = {}
-        for start in range(len(sizes) - len(spec) + 1):
-            size = sizes[start + anchor]
-            if size not in tried:
-                tried[size] = _tokens_for(shape, size, anchor)
-            for t in tried[size]:
+        for size, at in positions.items():
+            for t in _tokens_for(shape, size, anchor):
                 expected = shape.sizes(t)
-                if tuple(sizes[start:start + len(expected)]) != tuple(b for _, b in expected):
+                wanted = [b for _, b in expected]
+                if len(set(wanted)) < 2:
                     continue
-                key = (start, start + len(expected))
-                if key not in matches:
-                    matches[key] = CallMatch(allocations[key[0]:key[1]],
-                                             [n for n, _ in expected], shape.path)
-                if matches[key].path != shape.path:  # another kernel's, or heads', other path
-                    matches[key].path = EITHER_PATH
-                if (shape.op, shape.kernel, t, shape.heads) not in matches[key].candidates:
-                    matches[key].candidates.append((shape.op, shape.kernel, t, shape.heads))
-    return _outermost(matches)
-
-
-def _outermost(matches: dict[tuple[int, int], CallMatch]) -> list[CallMatch]:
-    """The matches no other holds, in trace order: by start, the longest first, a span is held
-    when an earlier one ends at or after its end."""
-    kept, reach = [], -1
-    for span in sorted(matches, key=lambda s: (s[0], -s[1])):
-        if span[1] > reach:
-            kept.append(matches[span])
-            reach = span[1]
+                for k in at:
+                    start = k - anchor
+                    if start >= 0 and sizes[start:start + len(wanted)] == wanted:
+                        _add_match(matches, (start, start + len(wanted)), shape, t, expected)
+    kept = _disjoint(matches)
+    for match in kept:
+        match.allocations = [_allocation(events, indices[k], labels) for k in match.span_range]
     return kept
+
+
+def _add_match(matches: dict[tuple[int, int], CallMatch], span: tuple[int, int], shape: Shape,
+               t: int, expected: tuple[tuple[str, int], ...]) -> None:
+    if span not in matches:
+        matches[span] = CallMatch([], [n for n, _ in expected], shape.path, span=span)
+    match = matches[span]
+    if match.path != shape.path:  # another kernel's, or heads', other path
+        match.path = EITHER_PATH
+    if (shape.op, shape.kernel, t, shape.heads) not in match.candidates:
+        match.candidates.append((shape.op, shape.kernel, t, shape.heads))
+
+
+def _disjoint(matches: dict[tuple[int, int], CallMatch]) -> list[CallMatch]:
+    """The matches kept, in trace order: the longest first (the alloc path's run holds the
+    workspace path's, less its padded q), then the earliest; one that shares an allocation with
+    one kept is not."""
+    taken: set[int] = set()
+    kept = []
+    for span in sorted(matches, key=lambda s: (s[0] - s[1], s[0])):
+        if not taken.intersection(range(*span)):
+            taken.update(range(*span))
+            kept.append(matches[span])
+    return sorted(kept, key=lambda m: m.span)
 
 
 def live_by_name(data: dict, events: list[dict], scenario: Scenario) -> tuple[Peak, dict[str, int]]:
     """The peak, and the bytes live at it per name: a buffer of an MLA call found (at any head
     count the kernels run) by its buffer's name, any other allocation by its frame."""
-    peak = replay(events) or segment_peak(data["segments"])
+    labels = StackLabels()
+    peak = replay(events, labels) or segment_peak(data["segments"], labels)
     kernels = _kernels(None)
-    calls = find_calls(trace_allocations(events),
-                       [s for op, at, _ in op_scenarios(scenario, scenario.name, False)
-                        for s in shapes(at, kernels, None, op)])
+    calls = find_calls(events, [s for op, at, _ in op_scenarios(scenario, scenario.name, False)
+                                for s in shapes(at, kernels, None, op)], labels)
     name_of = {a.index: name for call in calls
                for name, a in zip(call.names, call.allocations, strict=True)}
     named: dict[str, int] = {}
@@ -301,7 +362,7 @@ def live_by_name(data: dict, events: list[dict], scenario: Scenario) -> tuple[Pe
 def load(path: Path) -> tuple[dict, list[dict], int]:
     """The snapshot, the device trace with the most events and that device's index."""
     data = snapshot.read(path)
-    traces = data["device_traces"] or [[]]
+    traces = data.get("device_traces") or [[]]
     device = max(range(len(traces)), key=lambda i: len(traces[i]))
     return data, traces[device], device
 
@@ -315,7 +376,8 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     `scenario` (as given: `scenario_source`) gives the call's dimensions and, when
     `scenario_given`, its head count. `loaded`: `load(path)`, where the caller read it first."""
     data, events, device = loaded or load(path)
-    peak = replay(events) or segment_peak(data["segments"])
+    labels = StackLabels()
+    peak = replay(events, labels) or segment_peak(data["segments"], labels)
     spans = segment_spans(data, events)
     at_peak = {a.index for a in peak.live}
     kernels = _kernels(kernel_names)
@@ -327,7 +389,7 @@ def explain(path: Path, scenario: Scenario, scenario_source: str, *, scenario_gi
     for op, (at, _) in ops.items():
         heads = sorted({h for (o, _), h in padded.items() if o == op}) if scenario_given else None
         candidates += shapes(at, kernels, heads, op)
-    calls = find_calls(trace_allocations(events), candidates)
+    calls = find_calls(events, candidates, labels)
     notes = [f"event {i}: out of memory asking for {e['size']} bytes"
              for i, e in enumerate(events) if e["action"] == "oom"]
     skipped = [op for op in operation_names() if op not in ops]
@@ -371,8 +433,9 @@ def _by_frame(live: list[Allocation]) -> list[dict]:
 def _by_segment(live: list[Allocation], spans: list[tuple[int, int]]) -> list[dict]:
     """Bytes live at the peak per segment, by address; allocations in no known segment apart."""
     groups: dict[tuple[int, int] | None, list[Allocation]] = {}
+    segment = segments_of(spans, [a.addr for a in live])
     for allocation in live:
-        groups.setdefault(segment_of(spans, allocation.addr), []).append(allocation)
+        groups.setdefault(segment[allocation.addr], []).append(allocation)
     return [{"address": None if span is None else span[0],
              "segment_bytes": None if span is None else span[1],
              "live_bytes": sum(a.block_bytes for a in group), "allocations": len(group)}

@@ -177,8 +177,9 @@ def engine_knobs(scenario: Scenario, request: PlanRequest, kernel_name: str | No
     kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
     budget = VLLMBudget(gpu_memory_bytes=request.gpu_memory_bytes, utilization=request.utilization,
                         max_num_batched_tokens=request.max_num_tokens)
-    case = VLLM.emulate(SimulatedMemory(non_torch=host_setup(kernel.name, predict=True)), scenario, kernel,
-                        budget, "alloc", sm_count=scenario.gpu.sm_count)
+    target = host_setup(kernel.name, predict=True, target_bytes=request.gpu_memory_bytes)
+    case = VLLM.emulate(SimulatedMemory(non_torch=target), scenario, kernel, budget, "alloc",
+                        sm_count=scenario.gpu.sm_count)
     if not case.kv_cache_bytes:
         return {"pool_bytes": 0, "knobs": [], "note": case.failure or "vLLM leaves no KV pool"}
     rank = RankMemory(request.gpu_memory_bytes, case.non_torch_bytes, case.init_bytes,

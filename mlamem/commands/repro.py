@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,7 +36,13 @@ from mlamem.results.repro import ReproFile
 from mlamem.runtime import environment
 from mlamem.runtime.measure import local_sm_count
 from mlamem.runtime.memory import SimulatedMemory
-from mlamem.runtime.non_torch import NonTorchSetup, calibrated, find_setup
+from mlamem.runtime.non_torch import (
+    NonTorchSetup,
+    calibrated,
+    find_setup,
+    local_setup,
+    target_setup,
+)
 from mlamem.runtime.paths import check_paths
 from mlamem.spec.errors import UserError
 from mlamem.spec.scenario import Scenario, to_dict
@@ -156,17 +162,16 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
     chosen = scenario_engine(scenario, engine)
     check_paths(paths, kernel.capabilities(), kernel.label)
     reason = "--predict was given" if predict else kernel.unavailable_reason()
-    setup = host_setup(kernel.name, predict=reason is not None)
     if reason is None:  # the CLI checks this before any output; here for callers of the library
-        check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
+        local = host_setup(kernel.name)
+        check_local_gpu(budget, local.gpu_memory_bytes, local.gpu)
+    setup = host_setup(kernel.name, predict=reason is not None,
+                       target_bytes=budget.gpu_memory_bytes, target_gpu=target_gpu(scenario, budget))
     sm_count = scenario.gpu.sm_count if reason is not None else local_sm_count()
     run = _Run(scenario, budget, kernel, chosen, setup, sm_count, measured=reason is None,
                worker=worker, progress=on_progress or (lambda _: None))
     cases = [run.case(key) for key in chosen.case_keys(list(paths))]
     notes = chosen.notes(cases)
-    if run.spare:
-        notes.append(spare_memory_note(setup.gpu, budget.gpu_memory_bytes, run.on_target,
-                                       chosen.step_knob_name))
     if not scenario.parallel.weights_gib_per_rank:
         notes.append("the scenario states no weights_gib_per_rank: weights count as 0 B; the "
                       "verdicts do not depend on it, only the KV-cache size does")
@@ -174,11 +179,23 @@ def run_repro(scenario: Scenario, budget: Budget, paths: Sequence[str], *, comma
                    reason=reason, sm_count=sm_count, setup=setup)
 
 
+def predict_case(engine: type[Engine], scenario: Scenario, kernel: KernelContract,
+                 budget: Budget, key: str, host: NonTorchSetup, sm_count: int) -> dict:
+    """Case `key` of `engine` predicted on the allocator model, on the physical device and
+    non-torch memory of `host`, as a result's case dict."""
+    return engine.emulate(SimulatedMemory(non_torch=host), scenario, kernel, budget, key,
+                          sm_count=sm_count).to_dict()
+
+
+def target_gpu(scenario: Scenario, budget: Budget) -> str | None:
+    """The target GPU's name, where the budget keeps its memory (--gpu-memory names none)."""
+    return scenario.gpu.name if budget.gpu_memory_bytes == scenario.gpu.memory_bytes else None
+
+
 @dataclass
 class _Run:
     """One repro-oom run's cases: each emulated on the model (and, measured, run in its own
-    process), then its limits searched; `on_target` collects each case's largest safe knob
-    with the target as the physical device, where the host's memory is larger."""
+    process), then its limits searched, the target GPU as the physical device (`setup`)."""
 
     scenario: Scenario
     budget: Budget
@@ -189,11 +206,6 @@ class _Run:
     measured: bool
     worker: Sequence[str]
     progress: Callable[[str], None]
-    on_target: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def spare(self) -> bool:
-        return self.setup.gpu_memory_bytes - self.budget.gpu_memory_bytes >= SPARE_NOTED
 
     def request(self, key: str, at: Budget) -> dict:
         return {"engine": self.engine.name, "scenario": to_dict(self.scenario),
@@ -201,8 +213,7 @@ class _Run:
                 "kernel": self.kernel.name, "budget": at.to_dict()}
 
     def predicted(self, key: str, at: Budget, host: NonTorchSetup) -> dict:
-        return self.engine.emulate(SimulatedMemory(non_torch=host), self.scenario, self.kernel,
-                                   at, key, sm_count=self.sm_count).to_dict()
+        return predict_case(self.engine, self.scenario, self.kernel, at, key, host, self.sm_count)
 
     def case(self, key: str) -> dict:
         """One case: its verdict (measured or predicted), then its limits."""
@@ -220,25 +231,19 @@ class _Run:
             self._search_knob(case, key, host)
         if chosen.searched_fraction is not None:
             progress(f"{key}: searching the largest safe {chosen.searched_fraction} on the model")
-            case.update(_largest_safe_fraction(
+            case.update(largest_safe_fraction(
                 case, budget, chosen.searched_fraction,
                 lambda at: self.predicted(key, at, host)["verdict"]))
         return case
 
     def _search_knob(self, case: dict, key: str, host: NonTorchSetup) -> None:
-        """The case's largest safe value of the engine's searched knob: as pinned, on the
-        target as the physical device (where the host is larger), and with the fraction
-        re-derived (where none is given)."""
+        """The case's largest safe value of the engine's searched knob: as pinned, and with
+        the fraction re-derived (where none is given)."""
         knob, budget = self.engine.searched_knob, self.budget
         pinned = self.engine.pinned(budget, case)
         case.update(_largest_safe(case, key, pinned, knob, host, measured=self.measured,
                                   predicted=self.predicted, request=self.request,
                                   worker=self.worker, progress=self.progress))
-        if self.spare:
-            self.on_target[key] = _largest_safe_on_target(
-                key, pinned, knob, dataclasses.replace(
-                    host, gpu_memory_bytes=budget.gpu_memory_bytes), self.predicted,
-                case["max_safe_tokens"])
         if pinned != budget:  # the fraction follows the tokens where none is given
             self.progress(f"{key}: searching the largest safe {knob} with the fraction re-derived")
             case["max_safe_tokens_rederived"], _ = largest_fitting(
@@ -267,7 +272,7 @@ def _largest_safe(case: dict, key: str, budget: Budget, knob: str, host: NonTorc
     return {"max_safe_tokens": found, "max_safe_method": method}
 
 
-def _largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: NonTorchSetup,
+def largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: NonTorchSetup,
                             predicted, guess: int) -> int:
     """A case's largest safe `knob` on the model with the target GPU as the physical device
     (`target_host`): the CUDA modules loaded after the KV cache is sized take its memory."""
@@ -277,7 +282,7 @@ def _largest_safe_on_target(key: str, budget: Budget, knob: str, target_host: No
     return found
 
 
-def _largest_safe_fraction(case: dict, budget: Budget, knob: str,
+def largest_safe_fraction(case: dict, budget: Budget, knob: str,
                            verdict_at: Callable[[Budget], str]) -> dict:
     """max_safe_<knob>: the largest value of the budget's fraction `knob`, in thousandths as
     engines take it, at which the case fits on the model (0 where none does). A larger
@@ -313,15 +318,23 @@ def check_target(budget: Budget, kernel: KernelContract, predict: bool) -> None:
         check_local_gpu(budget, setup.gpu_memory_bytes, setup.gpu)
 
 
-def host_setup(kernel_name: str, *, predict: bool = False) -> NonTorchSetup:
+def host_setup(kernel_name: str, *, predict: bool = False, target_bytes: int | None = None,
+               target_gpu: str | None = None) -> NonTorchSetup:
     """The non-torch memory data for this host (the closest record, labelled, if none matches).
     `predict`: the kernel's recorded host, wherever mlamem runs, so a prediction is the same on a
-    CPU, an H100 or an H200 (a smaller local GPU never caps a target it does not run)."""
+    CPU, an H100 or an H200 (a smaller local GPU never caps a target it does not run).
+    `target_bytes`: the target GPU as the physical device (`non_torch.target_setup`): predicted,
+    the record of the target's GPU, else the nearest record with the target's memory; measured,
+    this host's where it is the target, else the target's record, else this host's with the
+    target's memory (a larger GPU keeps to the target's room: CudaMemory.emulate_target)."""
     if predict or not torch.cuda.is_available():
-        return find_setup(kernel_name)
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return find_setup(kernel_name, props.name, torch.__version__, torch.version.cuda,
-                      props.total_memory)
+        if target_bytes is None:
+            return find_setup(kernel_name)
+        return target_setup(kernel_name, target_bytes, target_gpu)
+    host = local_setup(kernel_name)
+    if target_bytes is None:
+        return host
+    return target_setup(kernel_name, target_bytes, target_gpu, host=host)
 
 
 def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, sm_count,
@@ -346,26 +359,6 @@ def _result(scenario, budget, kernel, engine, cases, notes, *, command, reason, 
         "environment": environment.capture().model_dump(), "cases": cases,
         "notes": notes, "engine": engine.name, "non_torch": dataclasses.asdict(setup),
         "schema": SCHEMA, "created": environment.now_utc()}, SCHEMA)
-
-
-# A physical device this much larger than the target gets the note below (an H200 scenario's
-# memory_mib rounds CUDA's total down, 0.3 MiB under the H200 itself).
-SPARE_NOTED = 64 * 2**20
-
-
-def spare_memory_note(gpu: str, target_bytes: int, on_target: dict[str, int], knob: str) -> str:
-    """Why an emulation on a larger device gives larger limits than the target itself: the CUDA
-    modules the step's first launches load after the KV cache is sized (and what the driver holds
-    outside the process) take its spare memory, not the target's; `on_target`: each case's
-    largest safe `knob` with the target as the physical device, on the model."""
-    limits = "; ".join(f"{key} {value}" for key, value in on_target.items())
-    found = (f": with the target as the physical device, the model's largest safe {knob} is "
-             f"{limits} (against an H100's measured limits: reports/repro-oom-h100)"
-             if limits else "")
-    return (f"the {format_bytes(target_bytes)} target runs on the {gpu}'s larger memory, whose "
-            "spare memory takes the CUDA modules the step's first launches load after the KV "
-            "cache is sized (mlamem/non_torch.toml) and what the driver holds outside the "
-            f"process; on the target GPU itself they come out of the engine's memory{found}")
 
 
 def non_torch_notes(cases: list[dict], key_field: str) -> list[str]:

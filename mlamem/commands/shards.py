@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from mlamem import results
 from mlamem.spec.errors import UserError
+from mlamem.spec.redaction import redacted_command_line
 
 Unit = TypeVar("Unit")
 Group = TypeVar("Group")
@@ -219,7 +220,7 @@ def merge(documents: Sequence[tuple[str, dict]]) -> dict:
     except ValueError as exc:
         raise UserError(f"{', '.join(n for n, _ in ordered)}: {exc} (each shard's units are "
                         "not those a shard I/N deals); rerun the shards") from None
-    merged = {**base, "command": sweep_command(base["command"]),
+    merged = {**base, "command": redacted_command_line(sweep_command(base["command"])),
               key: [item for unit in units for item in unit], "shard": None}
     created = [d["created"] for _, d in ordered if d.get("created") is not None]
     if "created" in base:

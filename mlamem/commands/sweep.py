@@ -25,6 +25,7 @@ from mlamem.runtime.paths import (
     check_path_names,
     check_paths,
 )
+from mlamem.spec import gpus
 from mlamem.spec.errors import UserError
 from mlamem.spec.kernel_registry import REGISTRY, load_kernel
 
@@ -173,6 +174,15 @@ def _check_int32(request: Request) -> None:
                                     workspace=_bounds_tokens(op, request.paths))
 
 
+def check_target_gpu(scenario: Scenario, kernel: KernelContract) -> None:
+    """The target GPU's architecture must have the kernel, modelled (`target_reason`): FlashMLA
+    has no A100 kernel, and its SM100 ones are not modelled here."""
+    capability = gpus.compute_capability(scenario.gpu.name)
+    reason = None if capability is None else kernel.target_reason(scenario.gpu.name, capability)
+    if reason is not None:
+        raise UserError(reason, field="gpu")
+
+
 def check_allocation_spec(kernel: KernelContract) -> None:
     """validate holds a kernel's allocation spec to the GPU: the kernel must have one."""
     if kernel.runs_on_meta:
@@ -256,6 +266,7 @@ def _plan_part(request: Request, kernel: KernelContract, source: str, scenario: 
     from mlamem.spec import scenario as scenarios  # the scenario model: loaded with the scenarios
 
     values, spec = _values_of(request, op), operations.operation(op)
+    check_target_gpu(scenario, kernel)
     capabilities = kernel.capabilities(op, spec.kv_format(scenario))
     paths = _part_paths(request, kernel, capabilities, op)
     whole = op in request.values

@@ -12,6 +12,7 @@ import json
 from mlamem.engines import load_engine, request_engine
 from mlamem.engines.base import Verdict
 from mlamem.runtime import nvml
+from mlamem.runtime.non_torch import local_setup, target_setup
 from mlamem.spec import scenario
 
 
@@ -32,8 +33,11 @@ def run_request(request: dict) -> dict:
     if reason is not None:
         return engine.new_case(key, request["budget"], measured=True,
                                failure=f"cannot measure: {reason}").to_dict()
-    return engine.emulate(CudaMemory(used_before_cuda=used_before_cuda), chosen, kernel, budget,
-                          key, sm_count=local_sm_count(), seed=request.get("seed", 0)).to_dict()
+    memory = CudaMemory(used_before_cuda=used_before_cuda)
+    memory.emulate_target(target_setup(kernel.name, budget.gpu_memory_bytes,
+                                       host=local_setup(kernel.name)))
+    return engine.emulate(memory, chosen, kernel, budget, key, sm_count=local_sm_count(),
+                          seed=request.get("seed", 0)).to_dict()
 
 
 def main(argv: list[str]) -> int:

@@ -20,6 +20,7 @@ _EXPORTS = {
     "plan": ["PLAN_FORMATS", "plan_markdown", "plan_rows", "plan_table"],
     "profile": ["BREAKDOWN_FORMATS", "FORMATS", "breakdown_markdown", "breakdown_table",
                 "markdown", "table", "to_csv", "to_json"],
+    "ledger": ["commands_text", "ledger_markdown", "ledger_table"],
     "repro": ["REPRO_FORMATS", "case_label", "repro_markdown", "repro_table", "verdict_text"],
     "validate": ["VALIDATION_FORMATS", "validation_json", "validation_markdown",
                  "validation_rows", "validation_table", "validation_view"],
@@ -41,6 +42,8 @@ def _module(name: str) -> ModuleType:
         from mlamem.render import explain as module
     elif name == "gate":
         from mlamem.render import gate as module
+    elif name == "ledger":
+        from mlamem.render import ledger as module
     elif name == "graphs":
         from mlamem.render import graphs as module
     elif name == "plan":

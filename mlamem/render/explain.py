@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 from rich.console import Group
+from rich.text import Text
 
 from mlamem.operations import operation
 from mlamem.render.common import compact_table, console_text, with_notes
@@ -76,7 +77,8 @@ def explain_markdown(doc: ExplainFile) -> str:
     lines += [f"| {_address(r.address)} | {_bytes(r.segment_bytes)} | "
               f"{format_bytes(r.live_bytes)} | {r.allocations} |" for r in doc.by_segment]
     lines += ["", f"MLA calls found ({len(doc.calls)}, scenario "
-              f"{markdown_code(doc.scenario)}):", ""]
+              f"{markdown_code(doc.scenario)}):" if doc.calls else
+              f"MLA calls: none found (scenario {markdown_code(doc.scenario)}).", ""]
     if doc.calls:
         lines += ["| # | event | op | kernel | path | implies | buffers | live at peak | "
                   "workspace path saves |", "|---:|---:|---|---|---|---|---|---:|---|"]
@@ -110,6 +112,9 @@ def explain_table(doc: ExplainFile) -> Group:
     for r in doc.by_segment:
         segments.add_row(_address(r.address), _bytes(r.segment_bytes),
                          format_bytes(r.live_bytes), str(r.allocations))
+    if not doc.calls:
+        return Group(_peak_line(doc), frames, segments, with_notes(
+            Text(f"MLA calls: none found (scenario {escaped(doc.scenario)})"), _call_notes(doc)))
     calls = compact_table(f"MLA calls found ({escaped(doc.scenario)})")
     for name in ("#", "event", "op", "path", "implies", "at peak", "workspace saves"):
         calls.add_column(name, justify="right" if name in ("#", "event", "at peak") else "left")

@@ -16,6 +16,7 @@ from mlamem.render.common import (
     with_notes,
 )
 from mlamem.render.escape import escaped, markdown_code, markdown_row
+from mlamem.render.ledger import commands_text, ledger_markdown, ledger_table
 from mlamem.spec.units import format_bytes, gib
 
 if TYPE_CHECKING:
@@ -201,6 +202,8 @@ def plan_markdown(result: PlanFile) -> str:
             lines.append(markdown_row([_sweep_value(result, value), *_sweep_cells(plan)]))
         lines += [""] + [f"- {escaped(note, markdown=True)}." for note in _sweep_notes(result)]
     lines += ["", f"- Command: {markdown_code(result.command)}"]
+    if result.log is not None:
+        lines += ["", ledger_markdown(result.log).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -208,5 +211,12 @@ def plan_json(result: PlanFile) -> str:
     return json.dumps(result.file_dict(), indent=2) + "\n"
 
 
-PLAN_FORMATS = {"table": lambda r: console_text(plan_table(r)), "markdown": plan_markdown,
+def plan_text(result: PlanFile) -> str:
+    """The plan's table, then, with --log, the ledger and each command that fits unwrapped."""
+    if result.log is None:
+        return console_text(plan_table(result))
+    return console_text(Group(plan_table(result), ledger_table(result.log))) + commands_text(result.log)
+
+
+PLAN_FORMATS = {"table": plan_text, "markdown": plan_markdown,
                 "json": plan_json}

@@ -10,6 +10,7 @@ from rich.console import Group
 
 from mlamem.render.common import compact_table, console_text, limits_text, predicted_tag, with_notes
 from mlamem.render.escape import escaped, markdown_code, markdown_row
+from mlamem.render.ledger import commands_text, ledger_markdown, ledger_table
 from mlamem.spec.engine_registry import engine_spec
 from mlamem.spec.engines import View, charged_per_process
 from mlamem.spec.units import format_bytes
@@ -116,6 +117,8 @@ def repro_table(result: ReproFile) -> Group:
     for c in result.cases:
         out.add_row(*map(escaped, (c[key], _short_verdict(c),
                                    *(column.cell(c) for column in view.table_columns))))
+    if result.log is not None:
+        return Group(with_notes(out, caption), ledger_table(result.log))
     return with_notes(out, caption)
 
 
@@ -136,6 +139,8 @@ def repro_markdown(result: ReproFile) -> str:
     lines += [""] + [f"- {escaped(line, markdown=True)}"
                      for line in [*_limits_lines(result), *result.notes]]
     lines.append(f"- Command: {markdown_code(result.command)}")
+    if result.log is not None:
+        lines += ["", ledger_markdown(result.log).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -164,7 +169,12 @@ def repro_json(result: ReproFile) -> str:
     return json.dumps(result.file_dict(), indent=2) + "\n"
 
 
-REPRO_FORMATS = {"table": lambda r: console_text(repro_table(r)), "markdown": repro_markdown,
+def repro_text(result: ReproFile) -> str:
+    """The table as text, then each command that fits on a line of its own (`--log`)."""
+    return console_text(repro_table(result)) + (commands_text(result.log) if result.log else "")
+
+
+REPRO_FORMATS = {"table": repro_text, "markdown": repro_markdown,
                  "json": repro_json}
 
 

@@ -8,7 +8,15 @@ from pydantic import Field, model_validator
 
 from mlamem.results.base import Migrate, Model, ResultFile, no_second_copy
 from mlamem.results.legacy import KERNEL_BEFORE_FLAG
-from mlamem.results.shared import SPARSE_DECODE, Bytes, Environment, MaybeBytes, _each, _with_environment
+from mlamem.results.shared import (
+    SPARSE_DECODE,
+    Bytes,
+    CommandLine,
+    Environment,
+    MaybeBytes,
+    _each,
+    _with_environment,
+)
 
 
 class Sweep(Model):
@@ -79,7 +87,7 @@ class BaselineFile(ResultFile):
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_baseline}
 
     schema_: Literal["mlamem.baseline/1"] = Field(alias="schema", description="`mlamem.baseline/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     measured: bool = Field(description="false when the figures are predicted")
     not_measured_reason: str | None = Field(description="why nothing was measured (null when measured)")
     environment: Environment

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from mlamem.results.base import Migrate, Model, ResultFile
-from mlamem.results.shared import Environment, Kernel, _filled, _with_environment
+from mlamem.results.shared import CommandLine, Environment, Kernel, _filled, _with_environment
 
 
 class ReferenceDifference(Model):
@@ -44,7 +44,7 @@ class CompareFile(ResultFile):
         "schema")
 
     schema_: Literal["mlamem.compare/1"] = Field(alias="schema", description="`mlamem.compare/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     op: str = Field(description="the operation compared: `sparse-decode`, `dense-decode` or `sparse-prefill`")
     scenario: str = Field(description="the scenario's name")
     kernels: list[Kernel]

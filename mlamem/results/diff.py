@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from mlamem.results.base import Model, ResultFile
-from mlamem.results.shared import MaybeBytes
+from mlamem.results.shared import CommandLine, MaybeBytes
 
 
 class BufferChange(Model):
@@ -54,7 +54,7 @@ class DiffFile(ResultFile):
     """`mlamem diff --format json`: two results of one kind, or two snapshots, compared."""
 
     schema_: Literal["mlamem.diff/1"] = Field(alias="schema", description="`mlamem.diff/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     created: str = Field(description="when it was made: UTC, ISO 8601")
     kind: Literal["profile", "repro-oom", "graphs", "snapshot"] = Field(description="what A and B are")
     a: str = Field(description="file A")

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from mlamem.results.base import Model, ResultFile
-from mlamem.results.shared import Bytes, MaybeBytes
+from mlamem.results.shared import Bytes, CommandLine, MaybeBytes
 
 
 class FrameBytes(Model):
@@ -95,7 +95,7 @@ class ExplainFile(ResultFile):
     """`mlamem explain --format json`: a PyTorch memory snapshot explained."""
 
     schema_: Literal["mlamem.explain/1"] = Field(alias="schema", description="`mlamem.explain/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     snapshot: str = Field(description="the snapshot file read")
     created: str = Field(description="when it was made: UTC, ISO 8601")
     device: int = Field(description="the device whose trace is explained (the one with most events)")

@@ -10,6 +10,7 @@ from mlamem.results.base import Migrate, Model, ResultFile, no_second_copy
 from mlamem.results.shared import (
     Buffer,
     Bytes,
+    CommandLine,
     Environment,
     Kernel,
     MaybeBytes,
@@ -110,7 +111,7 @@ class GraphsFile(ResultFile):
         "schema", "created")
 
     schema_: Literal["mlamem.graphs/1"] = Field(alias="schema", description="`mlamem.graphs/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     measured: bool = Field(
         description="false: every figure is PREDICTED by the allocator model (its private pools)")
     not_measured_reason: str | None = Field(description="why nothing was measured (null when measured)")

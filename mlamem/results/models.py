@@ -26,6 +26,7 @@ from mlamem.results.explain import (
 )
 from mlamem.results.graphs import Capture, Estimate, GraphPath, GraphsFile, Serving
 from mlamem.results.kernels import KernelListing, KernelOperationListing, KernelsFile
+from mlamem.results.ledger import LedgerRow, LogFigure, LogOom, LogPath, ServerLogLedger
 from mlamem.results.plan import (
                                        EngineKnob,
                                        EngineKnobs,
@@ -56,6 +57,8 @@ __all__ = [
     'FrameBytes', 'GraphPath', 'GraphsFile', 'ImpliedShape', 'Kernel', 'KernelListing',
     'KernelOperationListing', 'KernelsFile', 'LseRow', 'MaybeBytes', 'NonTorch', 'NonTorchModule',
     'OnePlan', 'PlanFile', 'PlanRequest', 'PlanScenario', 'PlanSweep', 'ProfileFile', 'ProfileRow',
+    'LedgerRow', 'LogFigure', 'LogOom', 'LogPath',
     'RankFigures', 'ReferenceDifference', 'ReproCase', 'ReproFile', 'Reserve', 'Saving', 'Scenario',
+    'ServerLogLedger',
     'SegmentBytes', 'Serving', 'Sweep', 'ValidateFile', 'VllmPlan',
 ]

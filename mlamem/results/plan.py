@@ -7,7 +7,8 @@ from typing import Literal
 from pydantic import Field
 
 from mlamem.results.base import Model, Open, ResultFile
-from mlamem.results.shared import Bytes
+from mlamem.results.ledger import ServerLogLedger
+from mlamem.results.shared import Bytes, CommandLine
 
 
 class Reserve(Model):
@@ -169,9 +170,12 @@ class PlanFile(ResultFile):
     """`mlamem plan --format json`: one plan, or one per value of `--sweep`."""
 
     schema_: Literal["mlamem.plan/1"] = Field(alias="schema", description="`mlamem.plan/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     scenario: PlanScenario
     sweep: PlanSweep | None = Field(description="null without `--sweep`")
     plans: list[OnePlan]
+    log: ServerLogLedger | None = Field(
+        None, description="`--log`: the user's server log beside the rank repro-oom --predict "
+                          "emulates for the scenario (absent without it)")
 
 

@@ -10,6 +10,7 @@ from mlamem.results.base import Migrate, Model, ResultFile, no_second_copy
 from mlamem.results.shared import (
     SPARSE_DECODE,
     Buffer,
+    CommandLine,
     Environment,
     Kernel,
     MaybeBytes,
@@ -88,7 +89,7 @@ class ProfileFile(ResultFile):
         "notes", "schema")
 
     schema_: Literal["mlamem.profile/1"] = Field(alias="schema", description="`mlamem.profile/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     measured: bool = Field(description="false: every figure is PREDICTED by the allocator model")
     not_measured_reason: str | None = Field(description="why nothing was measured (null when measured)")
     scenario: Scenario

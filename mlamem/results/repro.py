@@ -7,10 +7,12 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from mlamem.results.base import Migrate, Model, Open, ResultFile, no_second_copy
+from mlamem.results.ledger import ServerLogLedger
 from mlamem.results.shared import (
     ENGINE_OF_MODE,
     Buffer,
     Bytes,
+    CommandLine,
     Environment,
     Kernel,
     Scenario,
@@ -97,10 +99,10 @@ class ReproFile(ResultFile):
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_repro}
     KEY_ORDER: ClassVar[tuple[str, ...]] = (
         "command", "measured", "not_measured_reason", "scenario", "kernel", "budget",
-        "environment", "cases", "notes", "engine", "non_torch", "schema", "created")
+        "environment", "cases", "notes", "engine", "non_torch", "schema", "created", "log")
 
     schema_: Literal["mlamem.repro-oom/1"] = Field(alias="schema", description="`mlamem.repro-oom/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     measured: bool = Field(
         description="false: every verdict is PREDICTED by the emulation on the allocator model")
     not_measured_reason: str | None = Field(description="why nothing was measured (null when measured)")
@@ -117,6 +119,9 @@ class ReproFile(ResultFile):
     notes: list[str] = Field(description="lines on the budget, the non-torch memory model and other caveats")
     non_torch: NonTorch | None = Field(description="the host setup non-torch memory was taken from")
     created: str | None = Field(description="when it was made: UTC, ISO 8601 (absent in older files)")
+    log: ServerLogLedger | None = Field(
+        None, description="`--log`: the user's server log read, each case's ledger beside it, "
+                          "the OOM explained and the command that fits (absent without it)")
 
     @model_validator(mode="after")
     def _one_copy_of_each_case(self) -> ReproFile:

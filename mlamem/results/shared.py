@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from mlamem.results.base import Model, Open
 from mlamem.results.legacy import LEGACY_KERNEL_FIELDS
+from mlamem.spec.redaction import redacted_command_line
 from mlamem.spec.units import MAX_BYTES
 
 SPARSE_DECODE = "sparse-decode"  # the operation of every file from before operations
@@ -16,6 +17,8 @@ ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # 
 
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]  # a byte count, within what any device has
 MaybeBytes = Bytes | None  # a byte count, null where the call failed or nothing was measured
+# the command line that made a result, its secrets hidden as it is read (a file of any age)
+CommandLine = Annotated[str, AfterValidator(redacted_command_line)]
 
 
 class Environment(Model):

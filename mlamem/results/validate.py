@@ -7,7 +7,15 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from mlamem.results.base import Migrate, Model, ResultFile, no_second_copy
-from mlamem.results.shared import SPARSE_DECODE, Environment, MaybeBytes, _each, _filled, _with_environment
+from mlamem.results.shared import (
+    SPARSE_DECODE,
+    CommandLine,
+    Environment,
+    MaybeBytes,
+    _each,
+    _filled,
+    _with_environment,
+)
 
 
 class Comparison(Model):
@@ -52,7 +60,7 @@ class ValidateFile(ResultFile):
     MIGRATIONS: ClassVar[dict[int, Migrate]] = {1: _legacy_validate}
 
     schema_: Literal["mlamem.validate/1"] = Field(alias="schema", description="`mlamem.validate/1`")
-    command: str = Field(description="the command line that made it")
+    command: CommandLine = Field(description="the command line that made it")
     agrees: bool = Field(description="every figure equal, predicted and measured")
     comparisons: list[Comparison]
     environment: Environment | None

@@ -56,6 +56,23 @@ def _in_libraries(filename: str) -> bool:
     return adapter or script or _in(filename, LIBRARIES) or filename.startswith("<frozen")
 
 
+class StackLabels:
+    """`frame_label` of the stacks of one snapshot, each computed once: torch's snapshot shares
+    its frame objects among the events and blocks of one stack, so a stack is known by the ids
+    of its frames (the frames are kept, so the ids stay theirs)."""
+
+    def __init__(self) -> None:
+        self._labels: dict[tuple[int, ...], tuple[str, list[dict]]] = {}
+
+    def __call__(self, frames: list[dict]) -> str:
+        key = tuple(map(id, frames))
+        found = self._labels.get(key)
+        if found is None:
+            found = self._labels[key] = (frame_label(frames), frames)
+        return found[0]
+
+
+@functools.lru_cache(maxsize=4096)
 def _is_python(filename: str) -> bool:
     """Not one of the C++ frames a snapshot recorded with `stacks="all"` (the default) holds
     beside the Python ones: `??` or an empty file name where symbols are missing (the H200's

@@ -101,6 +101,8 @@ class CudaMemory:
     """The real caching allocator and NVML of one CUDA device."""
 
     measured = True
+    target: NonTorchSetup | None = None  # a smaller target GPU emulated (emulate_target)
+    _watcher: _FirstLaunches | None = None  # its first launches, while this is entered
 
     def __init__(self, device: torch.device | None = None, record_stacks: bool = False,
                  used_before_cuda: dict[str, int] | None = None):
@@ -113,12 +115,46 @@ class CudaMemory:
         # device memory other processes used before this one touched CUDA (nvml.used_by_uuid)
         self.used_by_others = (used_before_cuda or {}).get(uuid, 0)
         self._limited = False
+        self.loaded: list = []  # the target record's modules loaded so far (emulated)
+        self._cap: int | None = None
+        self._device_non_torch = 0  # device-wide non-torch memory at the last set_limit
+        self._loaded_since = 0  # modules' bytes loaded since then (emulated)
         torch.cuda.synchronize(self.device)  # creates the CUDA context: non-torch memory from here
 
+    def emulate_target(self, target: NonTorchSetup) -> None:
+        """Make this larger GPU measure what the smaller `target` (its physical memory, its
+        driver's and cudaMalloc's bytes, its modules) would: the allocator's cap also keeps
+        under the target's memory less this process's non-torch memory, read at each
+        `set_limit`, and the target's driver bytes beyond it (its record's process_bytes;
+        NVML's device-wide reading where it does not list the process), less the target's
+        unallocatable bytes and the modules the record charges at first launches since
+        (`launch`, every op seen through a dispatch mode while this memory is entered).
+        Nothing where the device is no larger than the target."""
+        if target.gpu_memory_bytes >= self.total_bytes:
+            return
+        self.target = target
+        self._watcher = _FirstLaunches(self.launch)
+
+    def launch(self, name: str) -> None:
+        """A kernel launch (SimulatedMemory.launch): emulating a target, its first one charges
+        the target record's modules that belong to it; otherwise nothing."""
+        if self.target is None:
+            return
+        new = [m for m in self.target.loaded_by(name) if m not in self.loaded]
+        if new:
+            self.loaded += new
+            self._loaded_since += sum(module.bytes for module in new)
+            if self._cap is not None:  # else the first set_limit reads them
+                self._apply_cap()
+
     def __enter__(self) -> CudaMemory:
+        if self._watcher is not None:
+            self._watcher.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._watcher is not None:
+            self._watcher.__exit__(*exc)
         if self._limited:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
             self._limited = False
@@ -129,7 +165,25 @@ class CudaMemory:
 
         torch keeps `fraction x total` bytes, so the cap is that product, as torch computes it.
         """
-        fraction = min(limit_bytes / self.total_bytes, 1.0)
+        self._cap = limit_bytes
+        if self.target is not None:  # as the model keeps to the target: its driver's bytes
+            reading = self.non_torch_reading()  # beyond this process's own, which no other
+            if reading.process_bytes is not None:  # process moves
+                self._device_non_torch = reading.process_bytes + self.target.process_bytes
+            else:  # the device-wide fallback holds the driver's bytes already
+                self._device_non_torch = (reading.device_bytes if reading.device_bytes is not None
+                                          else self.target.context_bytes
+                                          + self.target.process_bytes)
+            self._loaded_since = 0
+        return self._apply_cap()
+
+    def _apply_cap(self) -> int:
+        """The cap: as set, and, emulating a target, no more than its physical room."""
+        limit = self._cap
+        if self.target is not None:
+            limit = min(limit, self.target.gpu_memory_bytes - self._device_non_torch
+                        - self._loaded_since - self.target.unallocatable_bytes)
+        fraction = min(limit / self.total_bytes, 1.0)
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
         self._limited = True
         return int(fraction * self.total_bytes)
@@ -254,7 +308,10 @@ class CudaGraphs:
 
     @contextlib.contextmanager
     def capture(self):
-        """Capture what the body launches into a new graph of the pool."""
+        """Capture what the body launches into a new graph of the pool; an emulated target's
+        first-capture modules are charged on entry, as SimulatedGraphs does."""
+        for launch in (GRAPH_CAPTURE, SimulatedGraphs.RNG_PROLOGUE, graph_step_launch(self.live + 1)):
+            self.memory.launch(launch)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             yield
@@ -322,6 +379,22 @@ class SimulatedGraphs:
 
     def replay_last(self) -> None:
         """Nothing to replay on the meta device: a replay allocates nothing."""
+
+
+class _FirstLaunches(TorchDispatchMode):
+    """Calls `on_op` with each op's name (aten.new_zeros) before it runs, and runs it."""
+
+    def __init__(self, on_op):
+        super().__init__()
+        self.on_op = on_op
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as _MetaAllocations: no torch._dynamo import for a mode never compiled
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.on_op(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
 
 
 class _StorageRef(weakref.ref):

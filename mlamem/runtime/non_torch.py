@@ -122,7 +122,8 @@ def load_setups() -> list[NonTorchSetup]:
 
 def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = None,
                cuda: str | None = None, gpu_memory_bytes: int | None = None) -> NonTorchSetup:
-    """The setup for `kernel` on this host; the closest one, labelled `assumed`, if none matches.
+    """The setup for `kernel` on this host; the closest one, labelled `assumed`, if none matches:
+    the same GPU's (other software), else the nearest by memory.
 
     Without a GPU named (`gpu` None: no GPU here, or a prediction) the first setup of the
     kernel stands in: the prediction is then the emulation as that host would run it.
@@ -131,8 +132,10 @@ def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = 
     for setup in setups:
         if (setup.kernel, setup.gpu, setup.torch, setup.cuda) == (kernel, gpu, torch_version, cuda):
             return setup
-    same_kernel = [s for s in setups if s.kernel == kernel]
-    chosen = (same_kernel or setups)[0]
+    candidates = [s for s in setups if s.kernel == kernel] or setups
+    same_gpu = [s for s in candidates if s.gpu == gpu]
+    chosen = (same_gpu[0] if same_gpu else candidates[0] if gpu_memory_bytes is None else
+              min(candidates, key=lambda s: abs(s.gpu_memory_bytes - gpu_memory_bytes)))
     if gpu is None:
         why = f"predicted as the {chosen.gpu} of this record would run it"
     else:
@@ -142,6 +145,64 @@ def find_setup(kernel: str, gpu: str | None = None, torch_version: str | None = 
     if gpu_memory_bytes is not None:
         chosen = replace(chosen, gpu=gpu or chosen.gpu, gpu_memory_bytes=gpu_memory_bytes)
     return replace(chosen, assumed=why)
+
+
+def local_setup(kernel: str) -> NonTorchSetup:
+    """The setup for `kernel` on this process's CUDA device (`find_setup` with its name, torch,
+    CUDA and total memory)."""
+    import torch  # the caller runs on a GPU
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return find_setup(kernel, props.name, torch.__version__, torch.version.cuda,
+                      props.total_memory)
+
+
+MIB = 2**20
+
+
+def physical_bytes(target_bytes: int, device_bytes: int) -> int:
+    """The target GPU's physical memory: `device_bytes`, a recorded or local device's exact
+    total, where the target names it in whole MiB (a scenario's memory_mib is CUDA's total
+    rounded down: the H200's 143155 MiB is its 150109880320 B), else `target_bytes` itself."""
+    return device_bytes if target_bytes // MIB == device_bytes // MIB else target_bytes
+
+
+def target_setup(kernel: str, target_bytes: int, target_gpu: str | None = None,
+                 host: NonTorchSetup | None = None) -> NonTorchSetup:
+    """The non-torch setup with the target GPU as the physical device: the host itself where it
+    is the target; else the record of the target's GPU (a record of `kernel` whose total the
+    target gives in whole MiB); else `host` (measured: a larger GPU emulating the target) or,
+    predicted, the nearest record of `kernel` by memory, with the target's memory as the
+    physical limit and `assumed` saying which record stands in."""
+    if host is not None and physical_bytes(target_bytes, host.gpu_memory_bytes) == \
+            host.gpu_memory_bytes:
+        return host
+    setups = [s for s in load_setups() if s.kernel == kernel] or load_setups()
+    same = [s for s in setups if physical_bytes(target_bytes, s.gpu_memory_bytes)
+            == s.gpu_memory_bytes]
+    if same:
+        return replace(same[0], assumed=None if same[0].kernel == kernel else
+                       f"{kernel} not measured, {same[0].kernel}'s figures used")
+    target = _target_words(target_gpu, target_bytes)
+    if host is not None:
+        return replace(host, gpu_memory_bytes=target_bytes, assumed=_joined(
+            host.assumed, f"no record of the {target} target: this {host.gpu}'s, with the "
+            "target's memory as the physical device"))
+    nearest = min(setups, key=lambda s: abs(s.gpu_memory_bytes - target_bytes))
+    why = (f"no record of the {target} target: the nearest record, the {nearest.gpu}'s, with "
+           "the target's memory as the physical device")
+    if nearest.kernel != kernel:
+        why += f"; {kernel} not measured, {nearest.kernel}'s figures used"
+    return replace(nearest, gpu_memory_bytes=target_bytes, assumed=why)
+
+
+def _target_words(target_gpu: str | None, target_bytes: int) -> str:
+    size = f"{target_bytes / 2**30:.3f} GiB"
+    return f"{target_gpu}'s {size}" if target_gpu else size
+
+
+def _joined(first: str | None, second: str) -> str:
+    return second if first is None else f"{first}; {second}"
 
 
 def calibrated(setup: NonTorchSetup, modelled_bytes: int, measured_bytes: int, *,

@@ -91,6 +91,19 @@ GPUS = {g.name: g for g in (
         "NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs"),
 )}
 
+# Compute capability by GPU name (NVIDIA's CUDA GPUs table, developer.nvidia.com/cuda-gpus; the
+# H200 NVL's, the H20 141GB's (9, 0) and the GH200's sm_90 also in their public records above):
+# which kernels a target runs (KernelContract.target_reason)
+COMPUTE_CAPABILITY = {"H100 SXM 80GB": "9.0", "H100 PCIe": "9.0", "H800": "9.0", "H20": "9.0",
+                      "H20 141GB": "9.0", "GH200 480GB": "9.0", "H200 SXM 141GB": "9.0",
+                      "H200 NVL": "9.0", "B200": "10.0", "A100 80GB": "8.0"}
+
+
+def compute_capability(name: str) -> str | None:
+    """The compute capability of the GPU named exactly `name` (a scenario's [gpu].name); None
+    for a GPU this table does not hold."""
+    return COMPUTE_CAPABILITY.get(name)
+
 
 def _words(name: str) -> list[str]:
     return name.casefold().split()

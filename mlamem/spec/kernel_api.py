@@ -110,6 +110,12 @@ class KernelContract(ABC):
         """The installed build's version; None when unknown or absent."""
         return None
 
+    def target_reason(self, gpu: str, compute_capability: str) -> str | None:
+        """None when the kernel's allocations are modelled on a target GPU `gpu` of
+        `compute_capability` (e.g. "9.0"), else why not (one line, naming the fix). By default
+        every architecture is: an adapter whose kernels exist for some only says so."""
+        return None
+
     @abstractmethod
     def capabilities(self, op: str = SPARSE_DECODE, kv_format: str | None = None) -> Capabilities:
         """What the caller may pass in for `op` over `kv_format` (None: any it reads); read from

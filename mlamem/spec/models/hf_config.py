@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import loads_json, read_text
+from mlamem.spec.models.quantization import Quantization, parse_quantization
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,29 @@ MODEL_TYPES = {"deepseek_v32": ModelType(indexer=True, mtp_embeddings=True),
                "glm_moe_dsa": ModelType(indexer=True, mtp_embeddings=False),
                "kimi_k2": ModelType(indexer=False, mtp_embeddings=True),
                "deepseek_v3": ModelType(indexer=False, mtp_embeddings=True)}
-SHIPPED = {"deepseek-v3.2": "deepseek-v3.2.json", "glm-5": "glm-5.json", "kimi-k2": "kimi-k2.json"}
+# a multimodal model_type whose language model is one of MODEL_TYPES under a key: vLLM 0.33.0 builds
+# Kimi-K2.5's DeepseekV3 language model from config.text_config (model_executor/models/kimi_k25.py,
+# KimiK25ForConditionalGeneration.__init__); its vision tower is not counted
+WRAPPERS = {"kimi_k25": "text_config"}
+SHIPPED = {name: f"{name}.json" for name in (
+    "deepseek-v3.2", "glm-5", "kimi-k2", "deepseek-v3", "deepseek-r1", "deepseek-v3.1", "deepseek-v3.2-exp",
+    "glm-5.1", "kimi-k2-thinking", "kimi-k2.5")}
+# the Hugging Face Hub names of the checkpoints each shipped config describes (the same dimensions and
+# the same quantization); `vllm serve HUBNAME` reads the shipped config (serve_command)
+HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
+             "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2",
+             "moonshotai/Kimi-K2-Instruct-0905": "kimi-k2", "moonshotai/Kimi-K2-Base": "kimi-k2",
+             "deepseek-ai/DeepSeek-V3": "deepseek-v3", "deepseek-ai/DeepSeek-V3-0324": "deepseek-v3",
+             "deepseek-ai/DeepSeek-V3-Base": "deepseek-v3", "deepseek-ai/DeepSeek-R1": "deepseek-r1",
+             "deepseek-ai/DeepSeek-R1-0528": "deepseek-r1", "deepseek-ai/DeepSeek-V3.1": "deepseek-v3.1",
+             "deepseek-ai/DeepSeek-V3.1-Terminus": "deepseek-v3.1",
+             "deepseek-ai/DeepSeek-V3.2-Exp": "deepseek-v3.2-exp", "zai-org/GLM-5.1-FP8": "glm-5.1",
+             "moonshotai/Kimi-K2-Thinking": "kimi-k2-thinking", "moonshotai/Kimi-K2.5": "kimi-k2.5",
+             "zai-org/GLM-5.1": "glm-5.1"}
+# the bf16 checkpoints among them: the FP8 config's fields without its quantization_config (zai-org
+# publishes GLM's bf16 weights under the plain name, the FP8 ones under -FP8; NVIDIA's NeMo pages
+# train from zai-org/GLM-5 and zai-org/GLM-5.1)
+BF16_HUB_NAMES = ("zai-org/GLM-5", "zai-org/GLM-5.1")
 
 _INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
@@ -57,7 +80,7 @@ class ModelConfig:
     index_topk: int = 0
     index_n_heads: int = 0
     index_head_dim: int = 0
-    fp8_block: tuple[int, int] | None = None  # block fp8 with fp32 weight_scale_inv, else bf16
+    quantization: Quantization | None = None  # how the checkpoint stores its Linear weights; None: bf16
     # GLM's indexer_types: per decoder layer, whether it holds its own indexer ("full") or reuses the one
     # before it ("shared", no indexer tensors); None: every layer holds one
     indexer_layers: tuple[bool, ...] | None = None
@@ -67,6 +90,13 @@ class ModelConfig:
     rope_type: str | None = None  # rope_scaling's (or rope_parameters') rope_type, or type
     rope_factor: float | None = None  # its factor
     rope_original_length: int | None = None  # its original_max_position_embeddings
+    vision: bool = False  # a multimodal model's (WRAPPERS): its vision tower holds weights not counted
+
+    @property
+    def fp8_block(self) -> tuple[int, int] | None:
+        """Block fp8's (rows, cols) per fp32 weight_scale_inv, else None."""
+        quantization = self.quantization
+        return quantization.block if quantization and quantization.scheme == "fp8-block" else None
 
     def length_field(self, name: str) -> int | None:
         return dict(self.length_fields).get(name)
@@ -113,8 +143,10 @@ def _int(raw: dict, name: str) -> int:
 def parse_config(raw: dict) -> ModelConfig:
     """The fields mlamem reads; an unknown model_type or a missing field is one error naming it."""
     model_type = raw.get("model_type")
+    if isinstance(model_type, str) and model_type in WRAPPERS:
+        return _language_model(raw, WRAPPERS[model_type])
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
-        raise bad("model_type", f"{model_type!r} is not known; known: {', '.join(MODEL_TYPES)}")
+        raise bad("model_type", f"{model_type!r} is not known; known: {', '.join([*MODEL_TYPES, *WRAPPERS])}")
     fields = {name: _int(raw, name) for name in _INTS}
     if MODEL_TYPES[model_type].indexer:
         fields |= {name: _int(raw, name) for name in _INDEXER}
@@ -128,8 +160,23 @@ def parse_config(raw: dict) -> ModelConfig:
     fields["length_fields"] = tuple((name, _positive(raw, name)) for name in LENGTH_KEYS
                                     if raw.get(name) is not None)
     return ModelConfig(model_type=model_type, tie_word_embeddings=tied,
-                       fp8_block=_fp8_block(raw.get("quantization_config")), **fields,
+                       quantization=parse_quantization(raw.get("quantization_config")), **fields,
                        **_rope(raw))
+
+
+def _language_model(raw: dict, key: str) -> ModelConfig:
+    """A multimodal config's language model, from `key` (its quantization_config the top level's
+    where the language model's has none); an error names the field under `key`."""
+    text = raw.get(key)
+    if not isinstance(text, dict) or text.get("model_type") in WRAPPERS:
+        raise bad(key, f"needs the language model's config as a JSON object, got {text!r}")
+    if text.get("quantization_config") is None and raw.get("quantization_config") is not None:
+        text = {**text, "quantization_config": raw["quantization_config"]}
+    try:
+        return replace(parse_config(text), vision=True)
+    except UserError as error:
+        name = (error.field or "config.").removeprefix("config.")
+        raise UserError(f"{key}.{error.message}", field=f"config.{key}.{name}") from None
 
 
 def _positive(raw: dict, name: str, table: str = "") -> int:
@@ -170,21 +217,6 @@ def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:
     return tuple(kind == "full" for kind in types)
 
 
-def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
-    if quant is None:
-        return None
-    if not isinstance(quant, dict):
-        raise bad("quantization_config", f"needs a JSON object, got {quant!r}")
-    if quant.get("quant_method") != "fp8":
-        raise bad("quantization_config.quant_method", f"{quant.get('quant_method')!r} is not "
-                  "modelled; mlamem reads block fp8")
-    block = quant.get("weight_block_size")
-    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise bad("quantization_config.weight_block_size",
-                  f"needs two positive integers, got {block!r}")
-    return block[0], block[1]
-
-
 def load_config(path: str | Path) -> ModelConfig:
     """config.json, or a folder holding one."""
     path = Path(path)
@@ -199,6 +231,12 @@ def load_config(path: str | Path) -> ModelConfig:
         raise UserError(f"{path}: a config.json holds one JSON object, not a "
                         f"{type(raw).__name__}", field="model")
     return parse_config(raw)
+
+
+def hub_config(hub: str) -> ModelConfig:
+    """The shipped config of a hub name of HUB_NAMES, in bf16 for a bf16 checkpoint's."""
+    config = shipped_config(HUB_NAMES[hub])
+    return replace(config, quantization=None) if hub in BF16_HUB_NAMES else config
 
 
 def shipped_config(name: str) -> ModelConfig:

@@ -39,7 +39,7 @@ def config_name(path: str | Path) -> str:
 
 def model_table(config: ModelConfig, name: str) -> dict:
     """The scenario's [model] table from a config: the attention's dimensions by their names."""
-    return {"name": name + (" FP8" if config.fp8_block else ""),
+    return {"name": name + (f" {config.quantization.label}" if config.quantization else ""),
             "num_attention_heads": config.num_attention_heads,
             "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
             "qk_rope_head_dim": config.qk_rope_head_dim,
@@ -75,7 +75,8 @@ def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool,
     saying they are counted from `source`."""
     gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp) / 1024**3
     return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
-                           + (", MTP layers included (speculative decoding)" if mtp else ""))
+                 + (", MTP layers included (speculative decoding)" if mtp else "")
+                 + (", the vision tower not counted" if config.vision else ""))
 
 
 def speculates(scenario: Scenario) -> bool:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
 
 from mlamem.spec.errors import UserError
 from mlamem.spec.models.hf_config import ModelConfig
+from mlamem.spec.models.quantization import Quantization
 from mlamem.spec.units import gib
 
 
@@ -15,9 +15,10 @@ class Tensor:
     name: str
     rows: int
     cols: int = 1
-    quantized: bool = False  # block fp8 with fp32 scales when the checkpoint is; bf16 otherwise
+    quantized: bool = False  # a Linear weight, which the checkpoint's quantization may store; bf16 otherwise
     mtp: bool = False  # an MTP layer's: in the checkpoint, loaded only with speculative decoding
     fp32: bool = False
+    copies: int = 1  # the checkpoint tensors it counts together (the routed experts, rows // copies each)
 
     @property
     def params(self) -> int:
@@ -31,8 +32,31 @@ _REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "indexer.", "mlp.gate", "mlp.e_
                "eh_proj")
 
 
+# the attention's tensors, under `self_attn.` in the checkpoint's names
+_ATTENTION = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj",
+              "o_proj", "indexer.")
+
+
+def hf_module(tensor: Tensor) -> str:
+    """The checkpoint's module name of `tensor` (modeling_deepseek.py's, which vLLM's prefixes follow):
+    `model.layers.3.self_attn.q_a_proj`, `model.layers.3.mlp.experts.0.gate_proj` (every expert alike),
+    `lm_head`; what a quantization_config's ignore list matches."""
+    if tensor.name == "lm_head":
+        return "lm_head"
+    if not tensor.name.startswith("layers."):
+        return "model." + tensor.name
+    _, layer, rest = tensor.name.split(".", 2)
+    if rest.startswith(_ATTENTION):
+        rest = "self_attn." + rest
+    return f"model.layers.{layer}." + rest.replace("mlp.experts.", "mlp.experts.0.")
+
+
+def _expert(tensor: Tensor) -> bool:
+    return ".mlp.experts." in tensor.name
+
+
 def placement(tensor: Tensor) -> str:
-    if ".mlp.experts." in tensor.name:
+    if _expert(tensor):
         return "experts"
     last = tensor.name.split(".", 2)[-1] if tensor.name.startswith("layers.") else tensor.name
     replicated = tensor.cols == 1 or last in _REPLICATED or last.startswith("indexer.")
@@ -42,7 +66,16 @@ def placement(tensor: Tensor) -> str:
 @dataclass(frozen=True)
 class WeightCount:
     tensors: tuple[Tensor, ...]
-    fp8_block: tuple[int, int] | None
+    quantization: Quantization | None
+
+    @property
+    def fp8_block(self) -> tuple[int, int] | None:
+        q = self.quantization
+        return q.block if q and q.scheme == "fp8-block" else None
+
+    def stored_quantized(self, tensor: Tensor) -> bool:
+        """Whether the checkpoint stores `tensor` quantized: a Linear weight its quantization covers."""
+        return bool(tensor.quantized and self.quantization and self.quantization.quantizes(hf_module(tensor)))
 
     def params(self, *, mtp: bool = False) -> int:
         return sum(t.params for t in self.tensors if t.mtp == mtp)
@@ -57,20 +90,25 @@ class WeightCount:
         split = {"replicated": 1, "tp": tp, "experts": expert_ranks}
         return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors if t.mtp == mtp)
 
+    def elements(self, *, mtp: bool = False) -> int:
+        """Every stored tensor's elements, what the Hub's parameter count adds up: a quantized weight's
+        packed words, scales and zero points (Quantization.weight_elements), the rest's parameters."""
+        return sum(self.quantization.weight_elements(t.rows, t.cols, t.copies, expert=_expert(t))
+                   if self.stored_quantized(t) else t.params for t in self.tensors if t.mtp == mtp)
+
     def scales(self, *, mtp: bool = False) -> int:
         """The fp32 weight_scale_inv entries, one per fp8 block (Hugging Face counts them as parameters)."""
         return sum(self._scales(t) for t in self.tensors if t.mtp == mtp)
 
     def _scales(self, tensor: Tensor) -> int:
-        if not (tensor.quantized and self.fp8_block):
+        if not (self.fp8_block and self.stored_quantized(tensor)):
             return 0
-        block_rows, block_cols = self.fp8_block
-        return ceil(tensor.rows / block_rows) * ceil(tensor.cols / block_cols)
+        return self.quantization.block_scales(tensor.rows, tensor.cols)
 
     def _bytes(self, tensor: Tensor) -> int:
-        if not (tensor.quantized and self.fp8_block):
+        if not self.stored_quantized(tensor):
             return (4 if tensor.fp32 else 2) * tensor.params
-        return tensor.params + 4 * self._scales(tensor)
+        return self.quantization.weight_bytes(tensor.rows, tensor.cols, tensor.copies, expert=_expert(tensor))
 
 
 def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
@@ -78,8 +116,9 @@ def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
     p = f"layers.{i}."
     heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
 
-    def t(name: str, rows: int, cols: int = 1, quantized: bool = True, fp32: bool = False) -> Tensor:
-        return Tensor(p + name, rows, cols, quantized and cols > 1, mtp, fp32)
+    def t(name: str, rows: int, cols: int = 1, quantized: bool = True, fp32: bool = False,
+          copies: int = 1) -> Tensor:
+        return Tensor(p + name, rows, cols, quantized and cols > 1, mtp, fp32, copies)
 
     tensors = [t("input_layernorm", h), t("post_attention_layernorm", h),
                t("q_a_proj", c.q_lora_rank, h), t("q_a_layernorm", c.q_lora_rank),
@@ -100,8 +139,9 @@ def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
     inner = c.moe_intermediate_size
     tensors += [t("mlp.gate", c.n_routed_experts, h, quantized=False),
                 t("mlp.e_score_correction_bias", c.n_routed_experts, fp32=True)]
-    tensors += [t(f"mlp.experts.{n}", c.n_routed_experts * inner, h) for n in ("gate_proj", "up_proj")]
-    tensors += [t("mlp.experts.down_proj", c.n_routed_experts * h, inner)]
+    experts = c.n_routed_experts
+    tensors += [t(f"mlp.experts.{n}", experts * inner, h, copies=experts) for n in ("gate_proj", "up_proj")]
+    tensors += [t("mlp.experts.down_proj", experts * h, inner, copies=experts)]
     shared = c.n_shared_experts * inner
     return tensors + [t(f"mlp.shared_experts.{n}", shared, h) for n in ("gate_proj", "up_proj")] + [
         t("mlp.shared_experts.down_proj", h, shared)]
@@ -125,7 +165,7 @@ def count_weights(config: ModelConfig) -> WeightCount:
         own = (("embed_tokens", v, h), ("shared_head.head", v, h)) if config.mtp_embeddings else ()
         tensors += [Tensor(f"layers.{i}.{name}", rows, cols, False, True) for name, rows, cols in (
             *own, ("eh_proj", h, 2 * h), ("enorm", h, 1), ("hnorm", h, 1), ("shared_head.norm", h, 1))]
-    return WeightCount(tuple(tensors), config.fp8_block)
+    return WeightCount(tuple(tensors), config.quantization)
 
 
 def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False) -> int:

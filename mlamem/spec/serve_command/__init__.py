@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlamem.spec import gpus, scenario
+from mlamem.spec import gpus, redaction, scenario
 from mlamem.spec.engines import sglang, trtllm, vllm
 from mlamem.spec.errors import UserError
 from mlamem.spec.models import hf_config
@@ -30,14 +30,12 @@ from mlamem.spec.models.overrides import (
     scenario_from_config,
 )
 from mlamem.spec.models.weights import fit_line, weights_fit
+from mlamem.spec.serve_command import config_file
 from mlamem.spec.serve_command.parsed import Parsed
 
-# Hub names of the shipped models' checkpoints (hf_config.SHIPPED's keys are their last parts)
-# a model argument that is a hub name of a shipped config (mlamem/models): that config
-HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
-             "zai-org/GLM-5": "glm-5", "moonshotai/Kimi-K2-Instruct": "kimi-k2"}
+# a model argument that is a hub name of a shipped config (mlamem/spec/models): that config
+HUB_NAMES = hf_config.HUB_NAMES
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_SECRET = re.compile(r"^--?[\w-]*(token|key|secret|password)$", re.IGNORECASE)  # --hf-token, --api-key
 
 
 @dataclass(frozen=True)
@@ -68,17 +66,41 @@ def _split(command: str) -> tuple[list[str], list[str]]:
     return names, words
 
 
-def redacted(words: list[str]) -> str:
-    """The command as one line for the scenario's description, with the values of flags that
-    hold secrets (--hf-token, --api-key, ...) left out."""
-    shown, hide = [], False
-    for word in words:
-        flag, eq, _ = word.partition("=")
-        if hide or (eq and _SECRET.match(flag)):
-            word = f"{flag}=..." if eq and not hide else "..."
-        hide = not eq and bool(_SECRET.match(word))
-        shown.append(word)
-    return shlex.join(shown)
+def secrets(command: str) -> list[str]:
+    """The secret values a command holds (redaction.secret_values), those of its `--config`
+    files too: kept out of every error its parsing raises."""
+    values = redaction.secret_values(command)
+    words = _split(command)[1]
+    engine = redaction.engine_of(words)
+    files = {"--config", "--extra_llm_api_options"}  # trtllm-serve's second name for it
+    paths = [after for word, after in zip(words, words[1:], strict=False) if word in files]
+    paths += [word.partition("=")[2] for word in words if word.partition("=")[0] in files]
+    for path in paths:
+        try:
+            values += redaction.table_secrets(config_file.load(Path(path)), engine)
+        except UserError:  # the engine's parser says what is wrong with the file
+            continue
+    return values
+
+
+def with_flag(command: str, flag: str, value: object) -> str:
+    """The command with `flag` (e.g. `--max-num-batched-tokens`, given with dashes or
+    underscores, as `FLAG V` or `FLAG=V`) set to `value`: changed where given, else added at
+    the end; one line, its secrets left out (`redaction.redacted_command`), ready to paste."""
+    try:
+        words = shlex.split(re.sub(r"\\\r?\n", "", command))
+    except ValueError as error:
+        raise UserError(f"cannot split the command: {error}", field="serve") from None
+    spellings = {flag, "--" + flag[2:].replace("-", "_")}
+    for i, word in enumerate(words):
+        name, eq, _ = word.partition("=")
+        if eq and name in spellings:
+            words[i] = f"{name}={value}"
+            return redaction.redacted_command(shlex.join(words))
+        if word in spellings and i + 1 < len(words):
+            words[i + 1] = str(value)
+            return redaction.redacted_command(shlex.join(words))
+    return redaction.redacted_command(shlex.join([*words, flag, str(value)]))
 
 
 def parse_command(command: str, engine_version: str | None = None) -> Parsed:
@@ -86,7 +108,8 @@ def parse_command(command: str, engine_version: str | None = None) -> Parsed:
     engine's default, vLLM 0.33.0 or SGLang 0.5.23); its environment prefixes, which mlamem does
     not model (vLLM 0.33.0 no longer reads VLLM_ATTENTION_BACKEND), joined to `not modelled:`."""
     env, words = _split(command)
-    parsed = _parse_words(words, engine_version)
+    with redaction.errors_without(secrets(command)):
+        parsed = _parse_words(words, engine_version)
     if env:
         named = ", ".join(f"{name} (environment)" for name in env)
         lines = [i for i, note in enumerate(parsed.notes) if note.startswith("not modelled: ")]
@@ -125,13 +148,32 @@ def model_config(argument: str, override: str | None,
     if (Path(argument) / "config.json").is_file():
         return hf_config.load_config(argument), config_name(argument)
     hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
-    if hub is not None:  # a shipped model's exact hub name, in any case
+    local = hub is None and _hub_name_of_folder(argument)
+    hub = hub or local
+    if hub:  # a shipped model's exact hub name, in any case, or a folder of that name
         shipped = HUB_NAMES[hub]
-        notes.append(f"model {argument}: the shipped config mlamem/spec/models/"
-                     f"{hf_config.SHIPPED[shipped]} ({hub})")
-        return hf_config.shipped_config(shipped), hub.split("/")[-1]
+        how = (f"no config.json there, so read by the folder's name as {hub}'s shipped config"
+               if local else "the shipped config")
+        bf16 = " without its quantization_config (bf16 weights)" if hub in hf_config.BF16_HUB_NAMES else ""
+        notes.append(f"model {argument}: {how} mlamem/spec/models/{hf_config.SHIPPED[shipped]}{bf16}"
+                     + (" (--model FOLDER reads the checkpoint's own)" if local else f" ({hub})"))
+        return hf_config.hub_config(hub), hub.split("/")[-1]
     raise UserError(f"the model {argument!r} is no local folder with a config.json and no shipped "
                     f"model ({', '.join(HUB_NAMES)}): give the model's config.json", field="model")
+
+
+def _hub_name_of_folder(argument: str) -> str | None:
+    """The hub name a local path names by its last folder (`/models/GLM-5.1-FP8`, any case) or by a
+    Hugging Face cache folder in it (`models--zai-org--GLM-5.1-FP8/snapshots/...`), if shipped. A
+    path is what no hub id is: absolute, from ~ or ., or of three parts or more; `org/name` is
+    another organisation's checkpoint and a bare name no path, so neither is read by name."""
+    parts = Path(argument).parts
+    cached = [part[len("models--"):].replace("--", "/", 1) for part in parts if part.startswith("models--")]
+    if cached:
+        return {name.lower(): name for name in HUB_NAMES}.get(cached[-1].lower())
+    if not (argument.startswith(("/", "~", ".")) or len(parts) > 2):
+        return None
+    return {name.split("/")[-1].lower(): name for name in HUB_NAMES}.get(parts[-1].lower())
 
 
 def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_bytes: int | None,
@@ -211,8 +253,10 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     gib, note = weights(config, name, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    words = split_command(command)
+    shown = shlex.join(redaction.redacted_words(words, redaction.engine_of(words))[0])
     data = {"name": f"{slug}-tp{parsed.tensor_parallel}",
-            "description": f"From `{redacted(split_command(command))}` on {target.name}",
+            "description": f"From `{shown}` on {target.name}",
             "operations": parsed.operations, "engines": parsed.engines,
             "model": model_table(config, name),
             "parallel": {"tensor_parallel": parsed.tensor_parallel,

@@ -1,0 +1,193 @@
+"""`--log`: the user's server log beside mlamem's rank, the OOM it holds explained, and the serve
+command that fits.
+
+Every case is predicted on the allocator model (repro's `predict_case`) with the target GPU as
+the physical device (the OOM message's total where it prints one). The memory the rank held
+beyond mlamem's model at the OOM is mlamem's free memory at that request less the message's
+"X is free": where the model runs out at the same request, its free memory then; where it fits,
+the largest memory held beside the rank at which it still fits (repro's `largest_fitting`) plus
+the request. That memory is then held on the physical device beside the rank, outside what the
+engine sizes its KV cache from (the host setup's `process_bytes`, as memory another process or
+the driver holds), and repro's own searches give the largest safe step tokens and fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from mlamem.commands.repro import (
+    largest_fitting,
+    largest_safe_fraction,
+    largest_safe_on_target,
+    predict_case,
+)
+from mlamem.engines.base import Budget, Engine, Verdict
+from mlamem.results.ledger import NOT_MODELLED, ServerLogLedger
+from mlamem.runtime.non_torch import NonTorchSetup
+from mlamem.spec.engines import sglang, vllm
+from mlamem.spec.scenario import Scenario
+from mlamem.spec.serve_command import with_flag
+from mlamem.spec.server_log import OutOfMemory, ServerLog
+
+MiB, GiB = 2**20, 2**30
+# runtime/allocator.py AllocatorOutOfMemory's message, in a predicted case's failure line
+FREE_UNDER_LIMIT = re.compile(r"with (\d+) bytes free under the limit")
+# the ledger's components: (name, the log's figure, the case's field)
+COMPONENTS = (("weights", "weights", "weights_bytes"),
+              ("non-torch", "non_torch", "non_torch_bytes"),
+              ("activation peak", "activation_peak", "profile_peak_bytes"),
+              ("CUDA graphs", "cuda_graphs", "graph_pool_bytes"),
+              ("KV cache", "kv_cache", "kv_cache_bytes"))
+STEP_FLAGS = {"vllm": vllm.FIELD_FLAGS["max_num_batched_tokens"],
+              "sglang": sglang.FIELD_FLAGS["max_num_batched_tokens"]}
+BOTH, MLAMEM_ONLY = "log", "mlamem only"  # where the row's figures come from
+
+
+@dataclasses.dataclass(frozen=True)
+class Rank:
+    """What predicts one rank: the engine, scenario, kernel, budget, host and SM count."""
+
+    engine: type[Engine]
+    scenario: Scenario
+    kernel: object
+    budget: Budget
+    host: NonTorchSetup
+    sm_count: int
+
+    def case(self, key: str, held_bytes: int = 0, budget: Budget | None = None) -> dict:
+        host = dataclasses.replace(self.host, process_bytes=self.host.process_bytes + held_bytes)
+        return predict_case(self.engine, self.scenario, self.kernel, budget or self.budget, key,
+                            host, self.sm_count)
+
+
+def same_size(a: int | None, b: int) -> bool:
+    """Two sizes equal as torch's message prints them: two decimals of its unit."""
+    unit = GiB if b >= GiB else MiB if b >= MiB else 1024
+    return a is not None and abs(a - b) <= 0.006 * unit
+
+
+def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -> ServerLogLedger:
+    """Each case of `keys` beside the log: its ledger and, where the log holds an OOM, the
+    buffer that failed, the memory held beyond the model, the largest safe values and the
+    command that carries them."""
+    oom = log.ooms[0] if log.ooms else None
+    total = oom.total_bytes if oom is not None and oom.total_bytes else rank.budget.gpu_memory_bytes
+    rank = dataclasses.replace(rank, host=dataclasses.replace(
+        rank.host, gpu_memory_bytes=total, assumed="the target GPU as the physical device"))
+    notes = [f"mlamem's figures: each case predicted on the allocator model with a {total / GiB:.2f}"
+             " GiB device as the physical one (the OOM message's total, else the target's)"]
+    if log.engine is not None and log.engine != rank.engine.name.split("-")[0]:
+        notes.append(f"the log's lines are {log.engine}'s; mlamem emulates {rank.engine.name} "
+                     "(--engine): the figures compare one engine's rank with another's")
+    if log.version is not None:
+        notes.append(f"the log names {log.engine} {log.version}; mlamem's rules are those of the "
+                     "engine version its spec cites (mlamem/spec/engines/)")
+    if len(log.ooms) > 1:
+        notes.append(f"{len(log.ooms)} different OOM messages: the first (line "
+                     f"{oom.line_number}) is explained")
+    paths = [_path(log, rank, key, oom, serve) for key in keys]
+    return ServerLogLedger(
+        source=log.source, engine=log.engine, version=log.version, lines=log.lines,
+        figures=[dataclasses.asdict(f) for f in log.figures],
+        ooms=[{**dataclasses.asdict(o), "frames": list(o.frames)} for o in log.ooms],
+        paths=paths, notes=notes)
+
+
+def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None) -> dict:
+    case = rank.case(key)
+    tokens = rank.budget.max_num_batched_tokens
+    rows = _rows(log, case)
+    explained = {"failing_buffer": None, "failing_buffer_bytes": None, "held_bytes": None,
+                 "verdict_with_log": None, "max_safe_tokens": None, "max_safe_fraction": None,
+                 "fraction_knob": None, "command_that_fits": None}
+    if oom is not None and oom.free_bytes is not None:
+        explained.update(_explain(rank, key, case, oom, serve))
+    if explained["held_bytes"] is not None:
+        rows.append({"component": NOT_MODELLED, "log_bytes": None, "log_line": None,
+                     "mlamem_bytes": None, "difference_bytes": explained["held_bytes"],
+                     "source": f"OOM line {oom.line_number}"})
+    return {"case": key, "rows": rows, "step_tokens": tokens, **explained}
+
+
+def _rows(log: ServerLog, case: dict) -> list[dict]:
+    """The components the log and mlamem both know, then the step's buffers (mlamem only)."""
+    rows = []
+    for component, figure_name, field in COMPONENTS:
+        figure, ours = log.first(figure_name), case.get(field)
+        if figure is None and ours is None:
+            continue
+        rows.append({"component": component,
+                     "log_bytes": None if figure is None else int(figure.value),
+                     "log_line": None if figure is None else figure.line_number,
+                     "mlamem_bytes": ours,
+                     "difference_bytes": (int(figure.value) - ours
+                                          if figure is not None and ours is not None else None),
+                     "source": BOTH if figure is not None else MLAMEM_ONLY})
+    for buffer in case.get("buffers", []):
+        rows.append({"component": f"step buffer {buffer['name']}", "log_bytes": None,
+                     "log_line": None, "mlamem_bytes": buffer["requested_bytes"],
+                     "difference_bytes": None, "source": MLAMEM_ONLY})
+    if case.get("oom_buffer") and not case.get("buffers"):
+        rows.append({"component": f"step buffer {case['oom_buffer']} (failed)", "log_bytes": None,
+                     "log_line": None, "mlamem_bytes": case["oom_requested_bytes"],
+                     "difference_bytes": None, "source": MLAMEM_ONLY})
+    return rows
+
+
+def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory, serve: str | None) -> dict:
+    """The failing buffer, the memory held beyond the model, and the largest safe values."""
+    free_at_request = _model_free_at(rank, key, case, oom.requested_bytes)
+    if free_at_request is None:
+        return {}
+    held = free_at_request - oom.free_bytes
+    with_log = rank.case(key, held)
+    buffer = _buffer_of_size(case, oom.requested_bytes) or _buffer_of_size(with_log, oom.requested_bytes)
+    engine, budget = rank.engine, rank.budget
+    held_host = dataclasses.replace(rank.host, process_bytes=rank.host.process_bytes + held)
+
+    def predicted(k: str, at: Budget, host: NonTorchSetup) -> dict:
+        return predict_case(engine, rank.scenario, rank.kernel, at, k, host, rank.sm_count)
+
+    found = {"failing_buffer": buffer, "held_bytes": held,
+             "failing_buffer_bytes": oom.requested_bytes if buffer else None,
+             "verdict_with_log": with_log["verdict"]}
+    knob = engine.searched_knob
+    if knob is not None:
+        found["max_safe_tokens"] = largest_safe_on_target(
+            key, engine.pinned(budget, with_log), knob, held_host, predicted, getattr(budget, knob))
+        flag = STEP_FLAGS.get(engine.name)
+        if serve is not None and flag is not None and found["max_safe_tokens"]:
+            found["command_that_fits"] = with_flag(serve, flag, found["max_safe_tokens"])
+    fraction = engine.searched_fraction or ("utilization" if engine.reads_utilization else None)
+    if fraction is not None:
+        safe = largest_safe_fraction(with_log, budget, fraction,
+                                     lambda at: predicted(key, at, held_host)["verdict"])
+        found["max_safe_fraction"], found["fraction_knob"] = safe[f"max_safe_{fraction}"], fraction
+    return found
+
+
+def _model_free_at(rank: Rank, key: str, case: dict, requested: int) -> int | None:
+    """The free memory the model's device has when the step asks for `requested` bytes, as
+    torch's message counts it (the allocator's unallocatable bytes included); None where the
+    case neither fails at nor allocates a buffer of that size."""
+    margin = rank.host.unallocatable_bytes
+    if case["verdict"] == Verdict.OOM and same_size(case.get("oom_requested_bytes"), requested):
+        # the allocator model's own figure: free under the binding limit (the cap, or the
+        # physical device less its non-torch memory), where free_bytes_at_oom is the cap's
+        model_free = FREE_UNDER_LIMIT.search(case.get("failure") or "")
+        return (int(model_free[1]) if model_free else case["free_bytes_at_oom"] or 0) + margin
+    if case["verdict"] != Verdict.FITS or _buffer_of_size(case, requested) is None:
+        return None
+    held_mib, _ = largest_fitting(
+        lambda mib: rank.case(key, mib * MiB)["verdict"] == Verdict.FITS,
+        max(case.get("headroom_bytes") or MiB, MiB) // MiB, cap=rank.host.gpu_memory_bytes // MiB)
+    return held_mib * MiB + requested + margin
+
+
+def _buffer_of_size(case: dict, size: int) -> str | None:
+    """The case's step buffer of that size (as torch's message prints it), or its failed one."""
+    if same_size(case.get("oom_requested_bytes"), size) and case.get("oom_buffer"):
+        return case["oom_buffer"]
+    return next((b["name"] for b in case.get("buffers", []) if same_size(b["requested_bytes"], size)),
+                None)

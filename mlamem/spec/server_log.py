@@ -1,0 +1,321 @@
+"""The user's server log, read without torch: a vLLM, SGLang or TensorRT-LLM log's engine (by
+its lines, never the file's name), its version where printed, every memory figure it prints with
+the line it came from, and every CUDA out-of-memory message with its traceback's frames.
+
+A line it does not know is skipped. The units are the engines' own: vLLM's "GB" (model_runner's
+`Loading model weights took`, `self.model_memory_usage / float(2**30)`, vLLM 0.5-0.7), SGLang's
+"GB" (python/sglang/srt/utils.py `get_available_gpu_memory`, `free_gpu_memory / (1 << 30)`,
+and model_runner.py's `mem usage` differences of it, SGLang 0.4-0.5) and torch's messages
+(c10/cuda/CUDACachingAllocator.cpp `format_size`: 1024-based) are all GiB, read as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlamem.spec.errors import UserError
+from mlamem.spec.files import read_bytes
+
+MAX_LOG_BYTES = 512 * 1024 * 1024  # a day of a busy server's log; more is the wrong file
+MAX_LINE_CHARS = 16_384  # a longer line (a config dump) is read up to here
+LINE_QUOTED_CHARS = 400  # a figure's line as quoted back
+MAX_FRAMES = 40  # an OOM's traceback frames kept, innermost last
+
+_UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "GB": 2**30, "MB": 2**20}
+_NUM = r"([\d][\d,]*(?:\.\d+)?)"
+_SIZE = _NUM + r"\s*(GiB|MiB|KiB|GB|MB|B)\b"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One memory figure the log prints: bytes for a size, a count for tokens and blocks."""
+
+    name: str  # weights, non_torch, activation_peak, kv_cache, kv_cache_tokens, ... (FIGURES)
+    value: int | float  # bytes (sizes), tokens, blocks, or a ratio (max_concurrency)
+    line_number: int  # 1-based
+    line: str  # the line it came from, stripped, cut at LINE_QUOTED_CHARS
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    """A CUDA out-of-memory message: what it tried, the device's total and free memory, what
+    this process and PyTorch held, and the traceback's frames before it (innermost last)."""
+
+    requested_bytes: int
+    device: int | None
+    total_bytes: int | None
+    free_bytes: int | None
+    process_bytes: int | None  # "this process has X memory in use"
+    allocated_bytes: int | None  # "X is allocated by PyTorch"
+    reserved_unallocated_bytes: int | None  # "Y is reserved by PyTorch but unallocated"
+    line_number: int
+    line: str
+    frames: tuple[str, ...] = ()
+    repeats: int = 1  # the same message again (one per rank, or re-raised): counted once
+
+
+@dataclass(frozen=True)
+class ServerLog:
+    """What a server log holds that mlamem reads."""
+
+    source: str  # the file's name, or "-" (standard input)
+    engine: str | None  # "vllm", "sglang" or "trtllm"
+    version: str | None
+    figures: tuple[Figure, ...]
+    ooms: tuple[OutOfMemory, ...]
+    lines: int
+
+    def first(self, name: str) -> Figure | None:
+        """The first figure of that name (rank 0's, in a log of many ranks), else None."""
+        return next((f for f in self.figures if f.name == name), None)
+
+
+# What each figure is, as the ledger names it
+FIGURES = {
+    "weights": "the weights (after loading)",
+    "non_torch": "non-torch memory (CUDA context, NCCL, libraries)",
+    "activation_peak": "the profile pass's activation peak",
+    "kv_cache": "the KV cache",
+    "kv_cache_tokens": "the KV cache, in tokens",
+    "kv_cache_blocks": "the KV cache, in blocks",
+    "max_concurrency": "requests of the longest length the KV cache holds",
+    "cuda_graphs_estimated": "CUDA graphs, as estimated before KV sizing",
+    "cuda_graphs": "CUDA graphs, as captured",
+    "total_gpu_memory": "the GPU's total memory",
+    "requested_memory": "utilization x total",
+    "avail_before_weights": "free memory before loading the weights",
+    "avail_after_weights": "free memory after loading the weights",
+    "avail_after_pool": "free memory after the KV pool",
+    "avail_after_graphs": "free memory after capturing CUDA graphs",
+    "free_before_executor": "free memory before the executor's resources",
+    "suggested_kv_cache_memory": "the engine's own suggestion for the KV cache",
+}
+
+# (engine, keyword checked first, pattern, [(figure name, group, kind)]); kind "size": a
+# number and its unit (two groups), "count": an integer, "ratio": a float
+_V, _S, _T = "vllm", "sglang", "trtllm"
+_RULES = [
+    (_V, "Model loading took", rf"Model loading took {_SIZE}", [("weights", 1, "size")]),
+    (_V, "Loading model weights took", rf"Loading model weights took {_SIZE}",
+     [("weights", 1, "size")]),
+    (_V, "model weights take", rf"model weights take\s+{_SIZE}", [("weights", 1, "size")]),
+    (_V, "non_torch_memory", rf"non_torch_memory(?: takes)?\s+{_SIZE}",
+     [("non_torch", 1, "size")]),
+    (_V, "activation peak memory", rf"activation peak memory(?: takes)?\s+{_SIZE}",
+     [("activation_peak", 1, "size")]),
+    (_V, "reserved for KV Cache is", rf"reserved for KV Cache is\s+{_SIZE}",
+     [("kv_cache", 1, "size")]),
+    (_V, "available_kv_cache_memory", rf"available_kv_cache_memory\s+{_SIZE}",
+     [("kv_cache", 1, "size")]),
+    (_V, "Available KV cache memory", rf"Available KV cache memory:\s*{_SIZE}",
+     [("kv_cache", 1, "size")]),
+    (_V, "GPU KV cache size", rf"GPU KV cache size:\s*{_NUM} tokens", [("kv_cache_tokens", 1, "count")]),
+    (_V, "blocks:", rf"# (?:GPU|CUDA) blocks:\s*{_NUM}", [("kv_cache_blocks", 1, "count")]),
+    (_V, "Maximum concurrency", rf"Maximum concurrency for {_NUM} tokens per request:\s*{_NUM}x",
+     [("max_concurrency", 2, "ratio")]),
+    (_V, "total_gpu_memory", rf"total_gpu_memory\s*\(?\s*{_SIZE}", [("total_gpu_memory", 1, "size")]),
+    (_V, "instance can use", rf"instance can use\s+(?:.*=\s*)?{_SIZE}",
+     [("requested_memory", 1, "size")]),
+    (_V, "Graph capturing finished", rf"Graph capturing finished in .*?took\s+{_SIZE}",
+     [("cuda_graphs", 1, "size")]),
+    (_V, "CUDA graph", rf"[Ee]stimated CUDA graph memory:?\s*{_SIZE}",
+     [("cuda_graphs_estimated", 1, "size")]),
+    (_V, "kv-cache-memory", rf"--kv-cache-memory[= ]{_NUM}", [("suggested_kv_cache_memory", 1, "count")]),
+    (_S, "Load weight begin", rf"Load weight begin\. avail mem={_SIZE}",
+     [("avail_before_weights", 1, "size")]),
+    (_S, "Load weight end", rf"Load weight end\..*?avail mem={_SIZE}, mem usage={_SIZE}",
+     [("avail_after_weights", 1, "size"), ("weights", 3, "size")]),
+    (_S, "KV Cache is allocated", rf"KV Cache is allocated\. #tokens: {_NUM}, K size: {_SIZE}, "
+     rf"V size: {_SIZE}", [("kv_cache_tokens", 1, "count"), ("kv_cache", 2, "kv_pair")]),
+    (_S, "KV Cache is allocated", rf"KV Cache is allocated\. #tokens: {_NUM}, KV size: {_SIZE}",
+     [("kv_cache_tokens", 1, "count"), ("kv_cache", 2, "size")]),
+    (_S, "Memory pool end", rf"Memory pool end\. avail mem={_SIZE}", [("avail_after_pool", 1, "size")]),
+    (_S, "Capture cuda graph end", rf"Capture cuda graph end\..*?mem usage={_SIZE}\.? avail mem={_SIZE}",
+     [("cuda_graphs", 1, "size"), ("avail_after_graphs", 3, "size")]),
+    (_T, "for max tokens in paged KV cache",
+     rf"Allocated {_SIZE} for max tokens in paged KV cache \({_NUM}\)",
+     [("kv_cache", 1, "size"), ("kv_cache_tokens", 3, "count")]),
+    (_T, "Total GPU memory (GiB)", rf"Total GPU memory \(GiB\):\s*{_NUM}",
+     [("total_gpu_memory", 1, "gib")]),
+    (_T, "Free GPU memory before component", rf"before component creation attempt \(GiB\):\s*{_NUM}",
+     [("free_before_executor", 1, "gib")]),
+    (_T, "Model:", rf"^\s*Model:\s*{_NUM}\s*/\s*{_NUM}\s*$", [("weights", 1, "gib_drop")]),
+    (_T, "max_memory is set to", rf"max_memory is set to {_SIZE}", [("kv_cache", 1, "size")]),
+]
+_COMPILED = [(engine, key, re.compile(pattern), fields) for engine, key, pattern, fields in _RULES]
+
+# Lines that say which engine wrote the log (besides its figures' lines)
+_MARKERS = {
+    _V: ("vllm/", "vLLM", "VllmWorker", "EngineCore", "vllm.", "[gpu_worker.py", "[kv_cache_utils.py"),
+    _S: ("sglang/", "sglang.", "[TP0]", " TP0]", "Scheduler hit an exception"),
+    _T: ("[TensorRT-LLM]", "[TRT-LLM]", "tensorrt_llm/", "TensorRT LLM"),
+}
+_VERSIONS = [
+    (_V, re.compile(r"vLLM API server version:?\s*v?(\d+\.\d+\.\d+\S*)")),
+    (_V, re.compile(r"Initializing an? (?:V1 )?LLM engine \(v(\d+\.\d+\.\d+[^)\s]*)\)")),
+    (_V, re.compile(r"█\s+version\s+(\d+\.\d+\.\d+\S*)")),
+    (_S, re.compile(r"\bsglang(?:\s+version:?|==|\s+v)\s*(\d+\.\d+\.\d+\S*)", re.IGNORECASE)),
+    (_T, re.compile(r"TensorRT[- ]LLM version:?\s*(\d+\.\d+\.\d+\S*)")),
+]
+
+_OOM = re.compile(rf"out of memory\. Tried to allocate {_SIZE}\.?(?: GPU (\d+) has a total "
+                  rf"capacity of {_SIZE} of which {_SIZE} is free\.)?")
+_OOM_OLD = re.compile(rf"out of memory\. Tried to allocate {_SIZE} \(GPU (\d+); {_SIZE} total "
+                      rf"capacity; {_SIZE} already allocated; {_SIZE} free")
+_PROCESS = re.compile(rf"this process has {_SIZE} memory in use")
+_TORCH = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch.*?and {_SIZE} is "
+                    r"reserved by PyTorch but unallocated")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _size(number: str, unit: str) -> int:
+    return round(float(number.replace(",", "")) * _UNIT[unit])
+
+
+def _value(match: re.Match, group: int, kind: str) -> int | float:
+    g = match.group
+    if kind == "size":
+        return _size(g(group), g(group + 1))
+    if kind == "kv_pair":  # SGLang's K and V pools, each a number and its unit
+        return _size(g(group), g(group + 1)) + _size(g(group + 2), g(group + 3))
+    if kind == "gib":
+        return round(float(g(group)) * 2**30)
+    if kind == "gib_drop":  # TRT-LLM's "Model: free before / free after" (GiB)
+        return round((float(g(group)) - float(g(group + 1))) * 2**30)
+    if kind == "ratio":
+        return float(g(group).replace(",", ""))
+    return int(g(group).replace(",", ""))
+
+
+@dataclass
+class _Reader:
+    """One pass over the lines: figures, OOMs, the engine's votes, the open traceback."""
+
+    figures: list[Figure] = field(default_factory=list)
+    ooms: list[OutOfMemory] = field(default_factory=list)
+    votes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_MARKERS, 0))
+    versions: dict[str, str] = field(default_factory=dict)
+    frames: list[str] = field(default_factory=list)
+    lines: int = 0
+
+    def read(self, number: int, line: str) -> None:
+        self.lines = number
+        for engine, key, pattern, fields in _COMPILED:
+            if key in line and (match := pattern.search(line)):
+                self.votes[engine] += 2
+                quoted = line.strip()[:LINE_QUOTED_CHARS]
+                self.figures += [Figure(name, _value(match, group, kind), number, quoted)
+                                 for name, group, kind in fields]
+        for engine, markers in _MARKERS.items():
+            if any(marker in line for marker in markers):
+                self.votes[engine] += 1
+        if "ersion" in line or "LLM engine (v" in line or "sglang" in line:
+            for engine, pattern in _VERSIONS:
+                if engine not in self.versions and (match := pattern.search(line)):
+                    self.versions[engine] = match.group(1)
+                    self.votes[engine] += 2
+        self._traceback(line)
+        if "out of memory" in line:
+            self._oom(number, line)
+
+    def _traceback(self, line: str) -> None:
+        if "Traceback (most recent call last)" in line:
+            self.frames = []
+        elif 'File "' in line and (match := _FRAME.search(line)):
+            path = match.group(1)
+            for root in ("site-packages/", "dist-packages/"):
+                path = path.rpartition(root)[2] or path
+            self.frames.append(f"{path}:{match.group(2)} {match.group(3)}")
+            del self.frames[:-MAX_FRAMES]
+
+    def _oom(self, number: int, line: str) -> None:
+        new = _old_message(line) or _message(line)
+        if new is None:
+            return
+        new = OutOfMemory(**new, line_number=number, line=line.strip()[:LINE_QUOTED_CHARS],
+                          frames=tuple(self.frames))
+        for i, seen in enumerate(self.ooms):
+            if _same(seen, new):
+                self.ooms[i] = _counted(seen, new)
+                return
+        self.ooms.append(new)
+
+
+def _message(line: str) -> dict | None:
+    match = _OOM.search(line)
+    if match is None:
+        return None
+    g = match.group
+    process, torch_held = _PROCESS.search(line), _TORCH.search(line)
+    return {"requested_bytes": _size(g(1), g(2)),
+            "device": int(g(3)) if g(3) is not None else None,
+            "total_bytes": _size(g(4), g(5)) if g(4) else None,
+            "free_bytes": _size(g(6), g(7)) if g(6) else None,
+            "process_bytes": _size(*process.groups()) if process else None,
+            "allocated_bytes": _size(torch_held.group(1), torch_held.group(2)) if torch_held else None,
+            "reserved_unallocated_bytes": (_size(torch_held.group(3), torch_held.group(4))
+                                           if torch_held else None)}
+
+
+def _old_message(line: str) -> dict | None:
+    """torch before 2.1: `(GPU 0; 79.15 GiB total capacity; X already allocated; Y free; ...`."""
+    match = _OOM_OLD.search(line)
+    if match is None:
+        return None
+    g = match.group
+    return {"requested_bytes": _size(g(1), g(2)), "device": int(g(3)),
+            "total_bytes": _size(g(4), g(5)), "free_bytes": _size(g(8), g(9)),
+            "process_bytes": None, "allocated_bytes": _size(g(6), g(7)),
+            "reserved_unallocated_bytes": None}
+
+
+def _same(a: OutOfMemory, b: OutOfMemory) -> bool:
+    keys = ("requested_bytes", "device", "total_bytes", "free_bytes")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
+
+
+def _counted(seen: OutOfMemory, new: OutOfMemory) -> OutOfMemory:
+    """The first message, counted once more; its frames, or the repeat's where it had none,
+    and the repeat's PyTorch figures where the first was cut short."""
+    fill = {k: getattr(new, k) for k in ("process_bytes", "allocated_bytes",
+                                        "reserved_unallocated_bytes") if getattr(seen, k) is None}
+    return dataclasses.replace(seen, repeats=seen.repeats + 1, frames=seen.frames or new.frames,
+                               **fill)
+
+
+def parse_lines(lines, source: str = "-") -> ServerLog:
+    """The log's figures from its lines (str); the engine is the one its lines name most."""
+    reader = _Reader()
+    for number, line in enumerate(lines, start=1):
+        reader.read(number, line[:MAX_LINE_CHARS])
+    engine = max(reader.votes, key=reader.votes.get) if any(reader.votes.values()) else None
+    return ServerLog(source=source, engine=engine, version=reader.versions.get(engine),
+                     figures=tuple(reader.figures), ooms=tuple(reader.ooms), lines=reader.lines)
+
+
+def read_log(path: str, field_name: str = "log") -> ServerLog:
+    """The server log at `path` (`-`: standard input), at most MAX_LOG_BYTES, its bytes
+    decoded as UTF-8 with anything else replaced; a UserError in one line where it holds no
+    line mlamem knows (neither a memory figure nor an OOM message)."""
+    data = _stdin_bytes(field_name) if path == "-" else read_bytes(
+        Path(path), "server log", field_name, limit=MAX_LOG_BYTES)
+    text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline=None)
+    log = parse_lines(text, source=path)
+    if not log.figures and not log.ooms:
+        raise UserError(f"{path}: no line of a vLLM, SGLang or TensorRT-LLM log mlamem reads "
+                        f"(no memory figure, no CUDA out-of-memory message) in {log.lines} lines; "
+                        "pass the server's own log", field=field_name)
+    return log
+
+
+def _stdin_bytes(field_name: str) -> bytes:
+    data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
+    if len(data) > MAX_LOG_BYTES:
+        raise UserError(f"standard input is more than a server log can be ({MAX_LOG_BYTES} "
+                        "bytes); pass the right log", field=field_name)
+    return data

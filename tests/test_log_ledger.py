@@ -1,0 +1,199 @@
+"""`repro-oom --log`: the server log beside mlamem's rank (mlamem/commands/log_ledger.py): the
+ledger, the OOM explained from its message, and the serve command that fits."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from mlamem.cli import main
+from mlamem.results.ledger import NOT_MODELLED
+from mlamem.spec.serve_command import with_flag
+from mlamem.testing import check_bad_input
+
+GiB = 2**30
+ROOT = Path(__file__).parent.parent
+SEED_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a "
+            "total capacity of 79.19 GiB of which 5.29 GiB is free.")
+
+
+def seed_serve() -> str:
+    """The seed's serve command, as scripts/gpu_check.py runs it on the GPU."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SEED_SERVE + " --enforce-eager"
+
+
+def seed_args(log: Path) -> list[str]:
+    return ["repro-oom", "--serve", seed_serve(), "--gpu", "H100 SXM 80GB",
+            "--weights-per-rank", "40GiB", "--predict", "--log", str(log)]
+
+
+def ledger(log: Path, capsys) -> dict:
+    assert main([*seed_args(log), "--format", "json"]) == 0
+    return json.loads(capsys.readouterr().out)["log"]
+
+
+@pytest.fixture(scope="module")
+def seed_ledger(tmp_path_factory) -> dict:
+    log = tmp_path_factory.mktemp("log") / "seed-oom.log"
+    log.write_text(f"INFO startup\n{SEED_OOM}\n")
+    out = log.with_suffix(".json")  # a module fixture has no capsys: the JSON goes to a file
+    assert main([*seed_args(log), "--format", "json", "--output", str(out)]) == 0
+    return json.loads(out.read_text())["log"]
+
+
+def test_seed_oom_names_o_accum_at_8_gib(seed_ledger):
+    """The seed's OOM line at the seed's command: o_accum, 8.000 GiB, at 32768 tokens, on
+    every path; with what the rank held, mlamem's verdict is the user's: oom."""
+    for path in seed_ledger["paths"]:
+        assert (path["failing_buffer"], path["failing_buffer_bytes"]) == ("o_accum", 8 * GiB)
+        assert path["step_tokens"] == 32768
+        assert path["verdict_with_log"] == "oom"
+
+
+def test_seed_held_memory_comes_from_the_free_figure(tmp_path, seed_ledger, capsys):
+    """The memory held beyond the model is derived from "5.29 GiB free": a log with 1 GiB
+    more free gives exactly 1 GiB less held, on each path, and it is the ledger's last row."""
+    log = tmp_path / "more-free.log"
+    log.write_text(SEED_OOM.replace("5.29 GiB is free", "6.29 GiB is free"))
+    more_free = ledger(log, capsys)
+    for seed, other in zip(seed_ledger["paths"], more_free["paths"], strict=True):
+        assert seed["held_bytes"] > 0
+        assert seed["held_bytes"] - other["held_bytes"] == round(6.29 * GiB) - round(5.29 * GiB)
+        last = seed["rows"][-1]
+        assert last["component"] == NOT_MODELLED and last["difference_bytes"] == seed["held_bytes"]
+
+
+def test_seed_safe_tokens_below_32768_and_the_command_carries_them(seed_ledger):
+    """The largest safe max_num_batched_tokens for the rank as the log shows it is below the
+    user's 32768, and the command that fits is the user's with that value put in."""
+    for path in seed_ledger["paths"]:
+        safe = path["max_safe_tokens"]
+        assert 0 < safe < 32768
+        words = shlex.split(path["command_that_fits"])
+        assert words[words.index("--max-num-batched-tokens") + 1] == str(safe)
+        assert words.count("--max-num-batched-tokens") == 1 and "--enforce-eager" in words
+        assert 0 < path["max_safe_fraction"] < 0.85 and path["fraction_knob"] == "utilization"
+
+
+def test_ledger_puts_the_logs_figures_beside_mlamems(tmp_path, capsys):
+    """A log that prints the weights and the KV cache: each row holds the log's figure, its
+    line, mlamem's and the difference; what the log does not print is labelled mlamem's only."""
+    log = tmp_path / "server.log"
+    log.write_text("INFO 04-25 [gpu_model_runner.py:4879] Model loading took 40.50 GiB memory "
+                   "and 31.6 seconds\nINFO 04-25 [gpu_worker.py:300] Available KV cache memory: "
+                   f"20.00 GiB\n{SEED_OOM}\n")
+    rows = {r["component"]: r for r in ledger(log, capsys)["paths"][0]["rows"]}
+    weights = rows["weights"]
+    assert (weights["log_bytes"], weights["log_line"]) == (round(40.5 * GiB), 1)
+    assert weights["difference_bytes"] == round(40.5 * GiB) - 40 * GiB
+    assert rows["KV cache"]["log_line"] == 2
+    assert rows["non-torch"]["log_bytes"] is None
+    assert rows["non-torch"]["source"] == "mlamem only"
+
+
+def test_table_shows_the_ledger_and_the_command(tmp_path, capsys):
+    """The table carries the ledger and the command that fits, ready to paste."""
+    log = tmp_path / "seed-oom.log"
+    log.write_text(SEED_OOM)
+    assert main(seed_args(log)) == 0
+    out = capsys.readouterr().out
+    assert "the ledger, alloc" in out and NOT_MODELLED.split(",")[0] in out
+    assert "the command that fits" in out
+
+
+def test_markdown_carries_the_ledger(tmp_path, capsys):
+    log = tmp_path / "seed-oom.log"
+    log.write_text(SEED_OOM)
+    assert main([*seed_args(log), "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "#### The server log beside mlamem" in out and "failing buffer o_accum" in out
+
+
+def test_a_log_with_nothing_known_is_one_line(tmp_path):
+    """A log mlamem cannot read: one line, exit 2, before any work."""
+    log = tmp_path / "server.log"
+    log.write_bytes(b"\xff\xfe not a server log\n")
+    check_bad_input(["repro-oom", "--predict", "--log", str(log)], "no line of a vLLM, SGLang")
+
+
+def test_with_flag_changes_or_adds():
+    """The flag the user gave is changed (either spelling, `=` or not); else it is added."""
+    assert with_flag("vllm serve m --max-num-batched-tokens 32768 -tp 8",
+                     "--max-num-batched-tokens", 100) == "vllm serve m --max-num-batched-tokens 100 -tp 8"
+    assert with_flag("vllm serve m --max_num_batched_tokens=32768", "--max-num-batched-tokens",
+                     7) == "vllm serve m --max_num_batched_tokens=7"
+    assert with_flag("vllm serve m", "--max-num-batched-tokens", 7) == (
+        "vllm serve m --max-num-batched-tokens 7")
+
+
+def test_with_flag_leaves_secrets_out():
+    """The printed command goes through `redacted`: a token's value is not printed."""
+    out = with_flag("vllm serve m --hf-token hf_secret", "--max-num-batched-tokens", 7)
+    assert "hf_secret" not in out and "--max-num-batched-tokens 7" in out
+
+
+def field_script():
+    spec = importlib.util.spec_from_file_location("field_table", ROOT / "scripts" / "field_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_field_table_is_current_and_each_modelled_verdict_is_the_users():
+    """reports/field's table is what scripts/field_table.py prints now; in every record mlamem
+    models, its verdict with the log, on every path, is the user's outcome."""
+    script = field_script()
+    assert script.main(["--check"]) == 0
+    for record_file in sorted((ROOT / "reports" / "field").glob("oom-*.json")):
+        record = json.loads(record_file.read_text())
+        if record["not_modelled"]:
+            continue
+        for path in script._ledger(record, ROOT / "reports" / "field" / record["log"])["paths"]:
+            assert path["verdict_with_log"] == record["outcome"], record_file.name
+
+
+def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
+    """`plan --log` carries the ledger of the rank repro-oom emulates: the same held memory,
+    safe values and commands as repro-oom's at the same command."""
+    log = tmp_path / "seed-oom.log"
+    log.write_text(SEED_OOM)
+    args = ["plan", "--serve", seed_serve(), "--gpu", "H100 SXM 80GB", "--weights-per-rank",
+            "40GiB", "--log", str(log), "--format", "json"]
+    assert main(args) == 0
+    plan_log = json.loads(capsys.readouterr().out)["log"]
+    keys = ("case", "held_bytes", "failing_buffer", "max_safe_tokens", "command_that_fits")
+    assert [{k: p[k] for k in keys} for p in plan_log["paths"]] == [
+        {k: p[k] for k in keys} for p in seed_ledger["paths"]]
+
+
+def test_with_the_held_memory_the_model_has_the_logs_free_memory(seed_ledger):
+    """The memory held is what closes the gap: with it beside the rank, the model's free memory
+    at the failed request, as torch counts it, is the message's 5.29 GiB (within the 2 MiB
+    steps the allocator and the search move in), on both paths."""
+    import dataclasses
+
+    from mlamem.commands.log_ledger import FREE_UNDER_LIMIT, Rank
+    from mlamem.commands.repro import host_setup
+    from mlamem.engines import load_engine
+    from mlamem.kernels import DEFAULT_KERNEL, load_kernel
+    from mlamem.spec.serve_command import from_command
+
+    scenario = from_command(seed_serve(), gpu_name="H100 SXM 80GB", weights_bytes=40 * GiB).scenario
+    engine = load_engine("vllm")
+    budget = engine.make_budget(gpu_memory_bytes=scenario.gpu.memory_bytes, utilization=0.85,
+                                max_num_batched_tokens=32768)
+    host = dataclasses.replace(host_setup(DEFAULT_KERNEL, predict=True),
+                               gpu_memory_bytes=round(79.19 * GiB))
+    rank = Rank(engine, scenario, load_kernel(DEFAULT_KERNEL)(), budget, host, scenario.gpu.sm_count)
+    for path in seed_ledger["paths"]:
+        case = rank.case(path["case"], path["held_bytes"])
+        assert case["oom_buffer"] == "o_accum"
+        free = int(FREE_UNDER_LIMIT.search(case["failure"])[1]) + host.unallocatable_bytes
+        assert abs(free - round(5.29 * GiB)) <= 4 * 2**20, path["case"]

@@ -1,0 +1,191 @@
+"""The server log reader (mlamem/spec/server_log.py) on real lines of public reports
+(tests/fixtures/logs/SOURCES.md cites each), and on broken, truncated, huge and non-UTF-8 logs."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import pytest
+
+from mlamem.spec import server_log
+from mlamem.spec.errors import UserError
+from mlamem.spec.server_log import parse_lines, read_log
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+GiB, MiB = 2**30, 2**20
+SEED_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a "
+            "total capacity of 79.19 GiB of which 5.29 GiB is free.")
+
+
+def figures(name: str) -> dict:
+    log = read_log(str(LOGS / name))
+    return {f.name: f.value for f in log.figures}
+
+
+def test_every_fixture_is_cited():
+    """Each log under tests/fixtures/logs has its source's address in SOURCES.md."""
+    sources = (LOGS / "SOURCES.md").read_text()
+    for log in LOGS.glob("*.log"):
+        row = next(line for line in sources.splitlines() if line.startswith(f"| {log.name} "))
+        assert "https://github.com/" in row
+
+
+def test_vllm_0_6_profiling_results():
+    """vLLM 0.6.5's "Memory profiling results" block: weights, non-torch, activation peak."""
+    got = figures("vllm-0.6.5-profiling.log")
+    assert got["weights"] == round(7.48 * GiB)
+    assert got["non_torch"] == round(3.58 * GiB)
+    assert got["activation_peak"] == round(1.26 * GiB)
+    assert got["total_gpu_memory"] == round(79.22 * GiB)
+
+
+def test_vllm_0_7_one_line_summary():
+    """vLLM 0.7.0's one-line summary gives four figures, and the blocks on the next line."""
+    log = read_log(str(LOGS / "vllm-0.7.0-profiling.log"))
+    got = {f.name: f for f in log.figures}
+    assert log.engine == "vllm"
+    assert got["kv_cache"].value == round(14.65 * GiB)
+    assert got["activation_peak"].value == round(36.63 * GiB)
+    assert got["kv_cache_blocks"].value == 6001
+    assert got["weights"].line_number == 2 and "model weights take 19.86GiB" in got["weights"].line
+
+
+def test_vllm_v0_model_loading_in_gb_is_gib():
+    """vLLM 0.7's "Model loading took 15.4137 GB" is GiB (model_runner divides by 2**30)."""
+    assert figures("vllm-0.7.3-model-loading.log")["weights"] == round(15.4137 * GiB)
+
+
+def test_vllm_v1_kv_cache_tokens_and_concurrency():
+    """vLLM 0.8's V1 lines: the KV cache in tokens, with thousands separators, and concurrency."""
+    got = figures("vllm-0.8-v1-kv-cache.log")
+    assert got["kv_cache_tokens"] == 106640 and got["max_concurrency"] == 13.02
+
+
+def test_vllm_version_from_its_banner():
+    """vLLM 0.25.0's banner prints its version: the engine and the version are read."""
+    log = parse_lines((LOGS / "vllm-0.25.0-banner.log").read_text().splitlines())
+    assert (log.engine, log.version) == ("vllm", "0.25.0")
+
+
+def test_vllm_oom_with_its_frames():
+    """A DeepSeek OOM under vLLM 0.8: request, total, free, and the traceback's frames."""
+    [oom] = read_log(str(LOGS / "vllm-0.8-deepseek-oom.log")).ooms
+    assert (oom.requested_bytes, oom.device, oom.free_bytes) == (2 * MiB, 6, 448 * 1024)
+    assert oom.total_bytes == round(44.53 * GiB)
+    assert oom.frames[-1] == "vllm/model_executor/models/deepseek_v2.py:646 forward"
+
+
+def test_sglang_0_4_k_and_v_pools_add_up():
+    """SGLang 0.4 prints K and V apart: the KV cache is their sum, its tokens beside it."""
+    got = figures("sglang-0.4-kv-pool.log")
+    assert got == {"kv_cache_tokens": 367404, "kv_cache": 2 * round(8.23 * GiB)}
+
+
+def test_sglang_0_5_pool_and_weights():
+    """SGLang 0.5's one KV size, the memory after the pool, and the weights' mem usage."""
+    assert figures("sglang-0.5-deepseek-v3.2.log") == {
+        "kv_cache_tokens": 975424, "kv_cache": round(43.67 * GiB),
+        "avail_after_pool": round(37.71 * GiB)}
+    assert figures("sglang-0.5-load-weight-end.log") == {
+        "avail_after_weights": round(76.05 * GiB), "weights": round(2.33 * GiB)}
+    log = read_log(str(LOGS / "sglang-0.5-load-weight-begin.log"))
+    assert log.engine == "sglang" and log.figures[0].name == "avail_before_weights"
+
+
+def test_oom_with_what_pytorch_held():
+    """An SGLang DeepSeek-V3.2 OOM: this process's memory, PyTorch's allocated and reserved."""
+    [oom] = read_log(str(LOGS / "sglang-deepseek-v3.2-oom.log")).ooms
+    assert oom.process_bytes == round(20.13 * GiB)
+    assert oom.allocated_bytes == round(19.53 * GiB)
+    assert oom.reserved_unallocated_bytes == round(17.70 * MiB)
+
+
+def test_trtllm_paged_kv_cache_and_executor_summary():
+    """TensorRT-LLM: its paged KV cache (GiB and tokens); 1.0.0rc2's memory summary."""
+    assert figures("trtllm-paged-kv-cache.log") == {"kv_cache": round(78.30 * GiB),
+                                                   "kv_cache_tokens": 3731744}
+    log = read_log(str(LOGS / "trtllm-1.0.0rc2-deepseek-v3.log"))
+    got = {f.name: f.value for f in log.figures}
+    assert log.engine == "trtllm"
+    assert got["total_gpu_memory"] == 95 * GiB
+    assert got["weights"] == round((94.30 - 47.83) * GiB)
+
+
+def test_engine_found_by_lines_not_name(tmp_path):
+    """A vLLM log named after SGLang is read as vLLM's."""
+    path = tmp_path / "sglang-server.log"
+    path.write_bytes((LOGS / "vllm-0.7.0-profiling.log").read_bytes())
+    assert read_log(str(path)).engine == "vllm"
+
+
+def test_seed_oom_line():
+    """The seed's OOM line: 8 GiB tried, 79.19 GiB total, 5.29 GiB free, on GPU 0."""
+    [oom] = parse_lines([SEED_OOM]).ooms
+    assert (oom.requested_bytes, oom.device) == (8 * GiB, 0)
+    assert (oom.total_bytes, oom.free_bytes) == (round(79.19 * GiB), round(5.29 * GiB))
+
+
+def test_repeated_oom_counted_once():
+    """The same message from eight ranks is one OOM, counted eight times."""
+    [oom] = parse_lines([f"(rank={r}) {SEED_OOM}" for r in range(8)]).ooms
+    assert oom.repeats == 8
+
+
+def test_nothing_known_is_one_line(tmp_path):
+    """A log with no line mlamem knows: a UserError naming the file, not an empty result."""
+    path = tmp_path / "server.log"
+    path.write_text("hello\nworld\n")
+    with pytest.raises(UserError, match="no line of a vLLM, SGLang or TensorRT-LLM log"):
+        read_log(str(path))
+
+
+def test_truncated_oom_message_is_skipped(tmp_path):
+    """A message cut before its size reads as nothing, and the log as unknown."""
+    path = tmp_path / "cut.log"
+    path.write_text(SEED_OOM[:60])
+    with pytest.raises(UserError):
+        read_log(str(path))
+
+
+def test_non_utf8_bytes_are_replaced(tmp_path):
+    """Bytes that are not UTF-8 around a known line do not stop the reader."""
+    path = tmp_path / "binary.log"
+    path.write_bytes(b"\xff\xfe\x00garbage\x80\n" + SEED_OOM.encode() + b"\n\xc3\x28\n")
+    assert read_log(str(path)).ooms[0].free_bytes == round(5.29 * GiB)
+
+
+def test_a_log_over_the_bound_is_refused(tmp_path, monkeypatch):
+    """A file over MAX_LOG_BYTES is one line naming the bound."""
+    monkeypatch.setattr(server_log, "MAX_LOG_BYTES", 100)
+    path = tmp_path / "big.log"
+    path.write_text(SEED_OOM * 3)
+    with pytest.raises(UserError, match="more than a server log can be"):
+        read_log(str(path))
+
+
+def test_a_folder_is_refused(tmp_path):
+    with pytest.raises(UserError, match="is a folder"):
+        read_log(str(tmp_path))
+
+
+def test_standard_input(monkeypatch):
+    """`-` reads standard input."""
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(SEED_OOM.encode())))
+    assert read_log("-").ooms[0].requested_bytes == 8 * GiB
+
+
+def test_tens_of_megabytes_in_seconds(tmp_path):
+    """A 40 MB log of unknown and known lines reads in well under ten seconds."""
+    filler = ("INFO 04-25 10:23:33 [loggers.py:116] Engine 000: Avg prompt throughput: 0.0 "
+              "tokens/s, Running: 1 reqs, GPU KV cache usage: 1.4%\n") * 1000
+    path = tmp_path / "huge.log"
+    with open(path, "w") as handle:
+        for _ in range(300):
+            handle.write(filler)
+        handle.write(SEED_OOM + "\n")
+    start = time.perf_counter()
+    log = read_log(str(path))
+    assert time.perf_counter() - start < 10
+    assert log.ooms and log.lines == 300_001
