@@ -46,7 +46,11 @@ def diff(
         for name, path in (("A", file_a), ("B", file_b)):  # A may be B: a diff of no change
             check_distinct({name: path, "--output": output})
         check_output_path(output)
-    if any(p.suffix.lower() in (".pickle", ".pkl") for p in (file_a, file_b)):
+    snapshots = [p.suffix.lower() in (".pickle", ".pkl") for p in (file_a, file_b)]
+    if snapshots[0] != snapshots[1]:  # before torch loads to read the snapshot
+        what = ("a snapshot", "a result file") if snapshots[0] else ("a result file", "a snapshot")
+        raise UserError(f"{file_a} is {what[0]} and {file_b} {what[1]}; compare two of one kind")
+    if any(snapshots):
         o.load_torch()
     from mlamem.commands.diff import diff as compared
 

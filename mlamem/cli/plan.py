@@ -12,6 +12,7 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_allocator_conf
 from mlamem.commands import plan as plans
 from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.spec.engine_registry import declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.units import parse_bytes
@@ -89,6 +90,8 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
+    if engine is not None:
+        declared_engine(chosen, engine)  # before torch loads
     if chosen.model.index_topk or engine is not None:  # the allocator model runs
         o.load_torch()
     result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel,

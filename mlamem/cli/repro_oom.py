@@ -13,7 +13,7 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
 from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.spec.engine_registry import SHIPPED
+from mlamem.spec.engine_registry import SHIPPED, declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
@@ -96,6 +96,7 @@ def repro_oom(
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
+    declared_engine(loaded[1], engine)  # before torch loads
     from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
 
     decode = o.make_kernel(kernel)

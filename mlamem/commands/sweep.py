@@ -117,6 +117,7 @@ def plan(request: Request,
         for source, scenario in request.scenarios])
     if request.policy.int32_first:
         _check_int32(request)
+    _check_workspace_rows(request)
     kernel = load(request.kernel) if isinstance(request.kernel, str) else request.kernel
     parts = []
     for named, chosen in ((True, request.scenarios), (False, request.candidate_scenarios)):
@@ -171,6 +172,29 @@ def _check_int32(request: Request) -> None:
                                     max_tokens=request.max_num_batched_tokens,
                                     max_tokens_field=_max_tokens_field(request),
                                     workspace=_bounds_tokens(op, request.paths))
+
+
+def _check_workspace_rows(request: Request) -> None:
+    """A value no staged workspace holds, refused before the kernel loads (torch): every
+    kernel has the workspace path, so a sweep of the default paths, or of a staging path, runs
+    it. check_request refuses the same after the kernel loads, in the same words."""
+    asked = request.paths if request.paths is not None else (request.candidate_paths or PATH_NAMES)
+    if not set(asked) & set(STAGING_PATHS):
+        return
+    for _, scenario in request.scenarios:
+        for op, values in request.values.items():
+            if op not in operations.scenario_operations(scenario):
+                continue  # _scenario_ops says why
+            mnbt = _max_num_batched_tokens(request, op)
+            sized = scenario if mnbt is None else dataclasses.replace(scenario, serving=(
+                dataclasses.replace(scenario.serving, max_num_batched_tokens=mnbt)))
+            if operations.workspace_rows(sized, op) is None:
+                continue
+            too_big = sorted(set(values) - set(runnable_tokens(sized, values, STAGING_PATHS, op)))
+            if too_big:
+                spec = operations.operation(op)
+                raise UserError(spec.workspace_refusal(sized, too_big[0], request.fix or RAISE_LIMIT),
+                                field=spec.key)
 
 
 def check_allocation_spec(kernel: KernelContract) -> None:
