@@ -138,7 +138,7 @@ def load_served(command: str, changes: Changes = Changes()) -> Scenario:
     built = from_command(command, gpu_name=changes.gpu or SERVE_GPU, model=changes.model,
                          weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"))
     for note in built.notes:
-        typer.echo(f"note: {note}", err=True)
+        typer.echo(f"mlamem: note: {note}", err=True)
     return built.scenario
 
 

@@ -143,6 +143,12 @@ def _load(scenario: str | None, serve: str | None, changes: o.Changes,
           gpu_memory: str | None) -> tuple:
     """The scenario (as given, loaded), its weights checked against the memory."""
     loaded = o.load_one(scenario, serve, changes)
+    if serve is not None and "sparse-decode" not in loaded.operations:
+        raise UserError(f"repro-oom replays the engine's sparse decode step, and the command's "
+                        f"model ({loaded.model.name}) is dense MLA (no DSA indexer), which vLLM "
+                        "decodes with FlashMLA's dense decode: profile that call with "
+                        "`mlamem profile --op dense-decode -s FILE`, FILE the TOML `mlamem "
+                        "scenarios --serve` prints", field="serve")
     o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
                         and changes.weights_per_rank is None)
     return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded

@@ -37,9 +37,13 @@ def config_name(path: str | Path) -> str:
     return path.stem
 
 
+_SAYS_FP8 = re.compile(r"(?<![a-z0-9])fp8(?![a-z0-9])", re.IGNORECASE)
+
+
 def model_table(config: ModelConfig, name: str) -> dict:
     """The scenario's [model] table from a config: the attention's dimensions by their names."""
-    return {"name": name + (" FP8" if config.fp8_block else ""),
+    fp8 = config.fp8_block and not _SAYS_FP8.search(name)  # GLM-5-FP8, not GLM-5-FP8 FP8
+    return {"name": name + (" FP8" if fp8 else ""),
             "num_attention_heads": config.num_attention_heads,
             "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
             "qk_rope_head_dim": config.qk_rope_head_dim,

@@ -221,7 +221,24 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
         field = re.search(r"\]\.(\w+)", error.message)
         flag = parsed.flags.get(field.group(1)) if field else None
-        raise UserError(f"{parsed.prog} {flag}: {error.message}" if flag else error.message,
+        own = re.match(rf"{re.escape(parsed.prog)} command: \[\w+\]\.\w+ ", error.message)
+        problem = (error.message[own.end():].removesuffix("; fix that field") if own  # no TOML field
+                   else error.message)
+        raise UserError(f"{parsed.prog} {flag}: {problem}" if flag else error.message,
                         field="serve") from None
+    _check_topk(built, parsed)
     notes = [*parsed.notes, f"weights: {note}", f"gpu: {target.memory_note()}"]
     return Built(built, tuple(notes), parsed.cuda_graphs)
+
+
+def _check_topk(built: scenario.Scenario, parsed: Parsed) -> None:
+    """The rule every command holds a scenario to before it runs (scenario.check_decode), told
+    now by the command's flag: a sequence at least as long as the top-k each query attends."""
+    topk, longest = built.decode_topk, built.serving.max_model_len
+    if topk is not None and topk > longest:
+        flag = parsed.flags["max_model_len"]
+        whose = ("the model's index_topk" if built.model.index_topk else
+                 "the synthetic_topk of the sparse decode driven beside it")
+        raise UserError(f"{parsed.prog} {flag} {longest}: {whose} {topk} is the tokens each "
+                        "query attends, more than a sequence then holds; give "
+                        f"{flag} {topk} or more", field="serve")
