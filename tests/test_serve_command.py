@@ -1167,3 +1167,20 @@ def test_repro_oom_of_a_dense_mla_command_names_the_command(capsys):
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.startswith("mlamem: error: --serve: ") and "dense MLA" in line, line
     assert "--scenario" not in line and "pick a sparse-decode scenario" not in line, line
+
+
+@pytest.mark.parametrize(("block", "gpu", "fits"), [
+    (7, "H200 SXM 141GB", False), (32, "H100 SXM 80GB", False), (64, "H200 SXM 141GB", True),
+    (128, "H200 SXM 141GB", True), (128, "B200", False), (64, "B200", True)])
+def test_vllm_sparse_block_size_is_what_flashmla_sparse_takes(block, gpu, fits):
+    """--block-size for a DSA model: vLLM 0.33.0's FLASHMLA_SPARSE takes a multiple of 64 on
+    Hopper and 64 alone for an fp8 cache on Blackwell (get_supported_kernel_block_sizes); any
+    other size ran as though FlashMLA read it."""
+    command = (f"vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla "
+               f"--max-model-len 8192 --block-size {block}")
+    args = ["scenarios", "--serve", command, "--gpu", gpu, "--weights-per-rank", "40GiB"]
+    if fits:
+        built = from_command(command, gpu_name=gpu, weights_bytes=40 * GiB)
+        assert built.scenario.serving.block_size == block
+    else:
+        check_bad_input(args, f"--block-size {block}")

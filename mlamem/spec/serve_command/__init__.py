@@ -200,7 +200,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     if fill_max_len is not None:
         fill_max_len(parsed, config)
     if parsed.engines == ["vllm"]:
-        vllm.for_model(parsed, dense=not config.has_indexer)
+        vllm.for_model(parsed, dense=not config.has_indexer, gpu_name=target.name)
     gib, note = weights(config, name, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
