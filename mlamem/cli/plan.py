@@ -90,8 +90,9 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
+    plans.plan_requests(chosen, overrides, sweep)  # its checks, before torch loads
     if engine is not None:
-        declared_engine(chosen, engine)  # before torch loads
+        declared_engine(chosen, engine)
     if chosen.model.index_topk or engine is not None:  # the allocator model runs
         o.load_torch()
     result = plans.run_plan(chosen, overrides, sweep, command=command_line(), kernel=kernel,
