@@ -957,3 +957,39 @@ def test_ctrl_c_is_one_line_and_nothing_written(tmp_path, when, stop):
     assert sorted(err.splitlines()[-1].split(", ")) == sorted(
         f"mlamem: interrupted; {said}".split(", ")), err  # files: what was whole before Ctrl-C
     assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
+
+
+LONG = "y" * 300  # longer than a file system takes for one name (255 bytes)
+
+
+def test_a_scenario_name_too_long_for_a_file_name_still_makes_its_report(tmp_path):
+    """A scenario's name becomes the report's JSON and figure names: one too long for a file
+    name is cut (with a hash, so two long names stay apart), never found only after the run
+    with a traceback and an empty report folder left behind."""
+    path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': f'name = "{LONG}"'})
+    report = tmp_path / "report"
+    assert main(["profile", "--predict", "--tokens", "1024", "--paths", "alloc", "-s", str(path),
+                 "--report", str(report)]) == 0
+    names = [p.name for p in report.iterdir()]
+    assert "report.md" in names and any(n.endswith(".json") for n in names), names
+    assert all(len(n.encode()) <= 255 for n in names), names
+
+
+def test_figure_names_of_a_long_report_name_fit(tmp_path):
+    """report --output with a long (but valid) name: the figures named after it fit too."""
+    output = tmp_path / ("z" * 240 + ".md")
+    assert main(["report", str(RESULTS / "profile-glm5-h200.json"), "--output", str(output)]) == 0
+    assert all(len(p.name.encode()) <= 255 for p in tmp_path.iterdir())
+    assert len(list(tmp_path.glob("*.png"))) > 0
+
+
+@pytest.mark.parametrize("args", [
+    ["profile", "--predict", "--tokens", "1024", "--output", f"{LONG}.json"],
+    ["profile", "--predict", "--tokens", "1024", "--report", LONG],
+    ["report", str(RESULTS / "profile-glm5-h200.json"), "--output", f"{LONG}.md"],
+    ["profile", "-s", f"{LONG}.toml"],
+    ["plan", "--output", f"{LONG}/plan.json"],
+])
+def test_a_name_too_long_for_a_file_is_one_line(args):
+    """A path with a name longer than a file system takes: one line before any work, exit 2."""
+    check_bad_input(args, ("too long", "longer than"))
