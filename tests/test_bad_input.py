@@ -993,3 +993,11 @@ def test_figure_names_of_a_long_report_name_fit(tmp_path):
 def test_a_name_too_long_for_a_file_is_one_line(args):
     """A path with a name longer than a file system takes: one line before any work, exit 2."""
     check_bad_input(args, ("too long", "longer than"))
+
+
+@pytest.mark.parametrize("command", [["profile", "--predict", "--tokens", "64"],
+                                     ["repro-oom", "--predict"], ["plan"], ["graphs", "--predict"]])
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_scenario_is_refused_not_the_default(command, name):
+    """--scenario '' (an unset shell variable) ran the default scenario in silence."""
+    check_bad_input([*command, "--scenario", name], "--scenario")
