@@ -54,6 +54,10 @@ REFUSED = [
     ["report", "plan.json"],  # a plan is no report section
     ["diff", "profile.json", "snapshot.pickle"],  # a result and a snapshot do not compare
     ["profile", "--tokens", "40000"],  # above the scenario's max_num_batched_tokens
+    ["profile", "--op", "dense-decode", "--context-len", "999999"],  # past max_model_len
+    ["profile", "--op", "sparse-prefill", "--kv-len", "999999"],
+    ["graphs", "-s", "kimi-k2-dense-tp4-dp"],  # drives no sparse decode
+    ["repro-oom", "-s", "kimi-k2-dense-tp4-dp"],
 ]
 
 CHILD = """

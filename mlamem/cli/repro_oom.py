@@ -97,10 +97,10 @@ def repro_oom(
                          utilization, mem_fraction_static)
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
     declared_engine(loaded[1], engine)  # before torch loads
-    from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
+    chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
+    decode = part.kernel
+    from mlamem.commands.repro import check_target, run_repro  # torch: after the plan's refusals
 
-    decode = o.make_kernel(kernel)
-    chosen, part = _plan(loaded, decode, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
                      _graphs_on(cuda_graphs, part.scenario, emulated, sizes),
@@ -161,7 +161,7 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
     chosen = scenario[1]
     [part] = plan(Request(
         "repro-oom", kernel, scenarios=[scenario], paths=o.split_paths(paths),
-        max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT))
+        max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT), load=o.make_kernel)
     return chosen, part
 
 

@@ -117,7 +117,7 @@ def plan(request: Request,
         for source, scenario in request.scenarios])
     if request.policy.int32_first:
         _check_int32(request)
-    _check_workspace_rows(request)
+    _check_before_kernel(request, ops)
     kernel = load(request.kernel) if isinstance(request.kernel, str) else request.kernel
     parts = []
     for named, chosen in ((True, request.scenarios), (False, request.candidate_scenarios)):
@@ -174,10 +174,26 @@ def _check_int32(request: Request) -> None:
                                     workspace=_bounds_tokens(op, request.paths))
 
 
+def _check_before_kernel(request: Request, ops: list[str]) -> None:
+    """What the named scenarios refuse without the kernel, before it loads (torch), in the
+    words the checks after it use: an operation the command needs that the scenario does not
+    drive, a KV length past the longest sequence, a value no staged workspace holds."""
+    purpose = request.policy.purpose
+    for _, scenario in request.scenarios:
+        driven = operations.scenario_operations(scenario)
+        if purpose and ops[0] not in driven:
+            raise UserError(f"{purpose}; {scenario.name} drives {', '.join(driven)}: pick a "
+                            f"{ops[0]} scenario (see `mlamem scenarios`)", field="scenario")
+        for op in set(ops) & set(driven):
+            operations.operation(op).check_kv_tokens(scenario, _values_of(request, op),
+                                                     request.kv_tokens)
+    _check_workspace_rows(request)
+
+
 def _check_workspace_rows(request: Request) -> None:
-    """A value no staged workspace holds, refused before the kernel loads (torch): every
-    kernel has the workspace path, so a sweep of the default paths, or of a staging path, runs
-    it. check_request refuses the same after the kernel loads, in the same words."""
+    """A value no staged workspace holds: every kernel has the workspace path, so a sweep of
+    the default paths, or of a staging path, runs it. check_request refuses the same after the
+    kernel loads, in the same words."""
     asked = request.paths if request.paths is not None else (request.candidate_paths or PATH_NAMES)
     if not set(asked) & set(STAGING_PATHS):
         return
