@@ -95,8 +95,7 @@ def repro_oom(
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
-    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory)
-    declared_engine(loaded[1], engine)  # before torch loads
+    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory, engine)
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
     decode = part.kernel
     from mlamem.commands.repro import check_target, run_repro  # torch: after the plan's refusals
@@ -140,8 +139,9 @@ def _check_flags(expect_oom, expect_fit, output, capture_sizes: str | None, cuda
 
 
 def _load(scenario: str | None, serve: str | None, changes: o.Changes,
-          gpu_memory: str | None) -> tuple:
-    """The scenario (as given, loaded), its weights checked against the memory."""
+          gpu_memory: str | None, engine: str | None) -> tuple:
+    """The scenario (as given, loaded), its weights checked against the memory and the engine
+    against those it declares, before torch loads."""
     loaded = o.load_one(scenario, serve, changes)
     if serve is not None and "sparse-decode" not in loaded.operations:
         raise UserError(f"repro-oom replays the engine's sparse decode step, and the command's "
@@ -151,6 +151,7 @@ def _load(scenario: str | None, serve: str | None, changes: o.Changes,
                         "scenarios --serve` prints", field="serve")
     o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
                         and changes.weights_per_rank is None)
+    declared_engine(loaded, engine)
     return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded
 
 
