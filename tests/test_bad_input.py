@@ -989,10 +989,16 @@ def test_figure_names_of_a_long_report_name_fit(tmp_path):
     ["report", str(RESULTS / "profile-glm5-h200.json"), "--output", f"{LONG}.md"],
     ["profile", "-s", f"{LONG}.toml"],
     ["plan", "--output", f"{LONG}/plan.json"],
+    ["diff", f"{LONG}.pickle", str(RESULTS / "profile-glm5-h200.json")],
+    ["explain", f"{LONG}.pickle"],
+    ["report", f"{LONG}.json"],
+    ["gate", "--predict", "--baseline", f"{LONG}.json"],
+    ["plan", "--model", LONG],
+    ["scenarios", "--serve", f"vllm serve {LONG} -tp 8 --kv-cache-dtype fp8_ds_mla"],
 ])
 def test_a_name_too_long_for_a_file_is_one_line(args):
     """A path with a name longer than a file system takes: one line before any work, exit 2."""
-    check_bad_input(args, ("too long", "longer than"))
+    check_bad_input(args, ("too long", "longer than", "no local folder"))
 
 
 @pytest.mark.parametrize("command", [["profile", "--predict", "--tokens", "64"],

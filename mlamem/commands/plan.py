@@ -244,16 +244,15 @@ def plan_requests(scenario: Scenario, overrides: dict, sweep: str | None
 def _check_topk(scenario: Scenario, request: PlanRequest, sweep: str | None,
                 given: bool) -> None:
     """A sequence shorter than the top-k each query attends cannot hold the KV a sparse call
-    gathers (scenario.check_decode holds a scenario's own max_model_len to it). `sweep` and
-    `given` say where max_seq_len came from (else the scenario's max_model_len)."""
+    gathers. `sweep` and `given` say where max_seq_len came from (else the scenario's
+    max_model_len, which scenario.check_decode holds to it)."""
     topk = scenario.decode_topk
-    if topk is None or request.max_seq_len >= topk:
-        return
-    where = (f"--sweep {sweep}: " if sweep else "" if given else
-             f"{scenario.source or scenario.name}: [serving].max_model_len ")
+    if topk is None or request.max_seq_len >= topk or not (sweep or given):
+        return  # the scenario's own max_model_len: check_decode says so, naming its fields
+    where = f"--sweep {sweep}: " if sweep else ""
     raise UserError(f"{where}{request.max_seq_len} is below {scenario.name}'s top-k {topk}, "
                     "the tokens each query attends: a sequence that short cannot hold them; "
-                    f"give {topk} or more", field="max_seq_len" if given and not sweep else None)
+                    f"give {topk} or more", field=None if sweep else "max_seq_len")
 
 
 def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str,

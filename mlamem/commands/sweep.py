@@ -174,6 +174,9 @@ def _check_int32(request: Request) -> None:
                                     workspace=_bounds_tokens(op, request.paths))
 
 
+MOST_PADDED_HEADS = 128  # the most heads a shipped kernel pads a rank's query heads to
+
+
 def _check_before_kernel(request: Request, ops: list[str]) -> None:
     """What the named scenarios refuse without the kernel, before it loads (torch), in the
     words the checks after it use: an operation the command needs that the scenario does not
@@ -206,7 +209,12 @@ def _check_workspace_rows(request: Request) -> None:
                 dataclasses.replace(scenario.serving, max_num_batched_tokens=mnbt)))
             if operations.workspace_rows(sized, op) is None:
                 continue
-            too_big = sorted(set(values) - set(runnable_tokens(sized, values, STAGING_PATHS, op)))
+            # a value no call can hold at any kernel's head count is check_decode_tokens's
+            # refusal, once the kernel's padded heads are known
+            can_exist = [v for v in values if v <= operations.decode_token_limit(
+                sized, MOST_PADDED_HEADS)]
+            too_big = sorted(set(can_exist) - set(runnable_tokens(sized, can_exist,
+                                                                  STAGING_PATHS, op)))
             if too_big:
                 spec = operations.operation(op)
                 raise UserError(spec.workspace_refusal(sized, too_big[0], request.fix or RAISE_LIMIT),

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.spec.errors import UserError
-from mlamem.spec.files import loads_json, read_text
+from mlamem.spec.files import check_name_length, loads_json, read_text
 
 
 @dataclass(frozen=True)
@@ -188,6 +188,7 @@ def _fp8_block(quant: dict | None) -> tuple[int, int] | None:
 def load_config(path: str | Path) -> ModelConfig:
     """config.json, or a folder holding one."""
     path = Path(path)
+    check_name_length(path, "model")
     if path.is_dir():
         path = path / "config.json"
     text = read_text(path, "model config (a Hugging Face config.json)", field="model")

@@ -111,13 +111,21 @@ def _parse_words(words: list[str]) -> Parsed:
                     f"{' '.join(words[:3])!r}", field="serve")
 
 
+def _is_local_config(path: Path) -> bool:
+    """Whether `path` is a file here; a name too long for a file system is none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def model_config(argument: str, override: str | None,
                  notes: list[str]) -> tuple[hf_config.ModelConfig, str]:
     """The model's config and its display name: `override` (a config.json or its folder), the
     command's model as a local folder, or a shipped model's exact hub name (a note names it)."""
     if override is not None:
         return hf_config.load_config(override), config_name(override)
-    if (Path(argument) / "config.json").is_file():
+    if _is_local_config(Path(argument) / "config.json"):
         return hf_config.load_config(argument), config_name(argument)
     hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
     if hub is not None:  # a shipped model's exact hub name, in any case
