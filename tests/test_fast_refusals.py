@@ -58,6 +58,7 @@ REFUSED = [
     ["profile", "--op", "sparse-prefill", "--kv-len", "999999"],
     ["graphs", "-s", "kimi-k2-dense-tp4-dp"],  # drives no sparse decode
     ["repro-oom", "-s", "kimi-k2-dense-tp4-dp"],
+    ["repro-oom", "--gpu-memory", "0"],
 ]
 
 CHILD = """

@@ -142,6 +142,8 @@ def _load(scenario: str | None, serve: str | None, changes: o.Changes,
           gpu_memory: str | None, engine: str | None) -> tuple:
     """The scenario (as given, loaded), its weights checked against the memory and the engine
     against those it declares, before torch loads."""
+    if gpu_memory is not None and o.parse_size(gpu_memory, "gpu_memory_bytes") <= 0:
+        raise UserError("must be positive; pass a size such as 80GiB", field="gpu_memory_bytes")
     loaded = o.load_one(scenario, serve, changes)
     if serve is not None and "sparse-decode" not in loaded.operations:
         raise UserError(f"repro-oom replays the engine's sparse decode step, and the command's "
