@@ -138,7 +138,7 @@ def load_served(command: str, changes: Changes = Changes()) -> Scenario:
     built = from_command(command, gpu_name=changes.gpu or SERVE_GPU, model=changes.model,
                          weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"))
     for note in built.notes:
-        typer.echo(f"note: {note}", err=True)
+        typer.echo(f"mlamem: note: {note}", err=True)
     return built.scenario
 
 
@@ -249,8 +249,16 @@ SCENARIOS_HELP = "Comma-separated scenario names or TOML paths, or 'all' for eve
 def scenario_option(default: str | None = None, *, many: bool = False, text: str | None = None):
     """--scenario (-s): one scenario, or with `many` a comma list or 'all'; `text` replaces the
     help's first sentence."""
-    return typer.Option("--scenario", "-s", **_help(
+    return typer.Option("--scenario", "-s", callback=_named, **_help(
         text or (SCENARIOS_HELP if many else SCENARIO_HELP), default))
+
+
+def _named(value: str | None) -> str | None:
+    """--scenario as given; an empty one (an unset shell variable) is refused, not read as the
+    default."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("empty; name a scenario (see `mlamem scenarios`) or a TOML file")
+    return value
 
 
 def _op_scenarios() -> str:
