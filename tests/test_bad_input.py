@@ -932,11 +932,13 @@ def test_a_real_process_says_one_line(tmp_path):
     assert err.startswith("mlamem: error: --gpu-memory") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 @pytest.mark.parametrize("when", ["starting", "running"])
-def test_ctrl_c_is_one_line_and_nothing_written(tmp_path, when):
-    """Ctrl-C while the CLI starts (0.5 s in) or while it works (at its first progress line):
-    the line `interrupted; nothing written` (or what was whole by then), exit 130, no traceback,
-    no partial or temporary file."""
+def test_ctrl_c_is_one_line_and_nothing_written(tmp_path, when, stop):
+    """Ctrl-C (or SIGTERM, as `kill` or a CI runner's timeout sends) while the CLI starts (0.5 s
+    in) or while it works (at its first progress line): the line `interrupted; nothing written`
+    (or what was whole by then), exit 130 (SIGTERM: 143), no traceback, no partial or temporary
+    file."""
     run = _process(["profile", "--predict", "--output", str(tmp_path / "rows.json"),
                     "--report", str(tmp_path / "report")], tmp_path)
     first = ""
@@ -944,14 +946,64 @@ def test_ctrl_c_is_one_line_and_nothing_written(tmp_path, when):
         time.sleep(0.5)
     else:
         first = run.stderr.readline()  # a progress line: the sweep is under way
-    run.send_signal(signal.SIGINT)
+    run.send_signal(stop)
     _, err = run.communicate(timeout=120)
     err = first + err
     if run.returncode == 0:
         pytest.skip("the run finished before Ctrl-C")
-    assert run.returncode == 130 and "Traceback" not in err, err
+    assert run.returncode == 128 + stop and "Traceback" not in err, err
     files = sorted(str(p) for p in tmp_path.rglob("*") if p.is_file())
     said = "nothing written" if not files else f"wrote only {', '.join(files)}"
     assert sorted(err.splitlines()[-1].split(", ")) == sorted(
         f"mlamem: interrupted; {said}".split(", ")), err  # files: what was whole before Ctrl-C
     assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
+
+
+LONG = "y" * 300  # longer than a file system takes for one name (255 bytes)
+
+
+def test_a_scenario_name_too_long_for_a_file_name_still_makes_its_report(tmp_path):
+    """A scenario's name becomes the report's JSON and figure names: one too long for a file
+    name is cut (with a hash, so two long names stay apart), never found only after the run
+    with a traceback and an empty report folder left behind."""
+    path = scenario_file(tmp_path, edits={'name = "glm5-fp8-tp8"': f'name = "{LONG}"'})
+    report = tmp_path / "report"
+    assert main(["profile", "--predict", "--tokens", "1024", "--paths", "alloc", "-s", str(path),
+                 "--report", str(report)]) == 0
+    names = [p.name for p in report.iterdir()]
+    assert "report.md" in names and any(n.endswith(".json") for n in names), names
+    assert all(len(n.encode()) <= 255 for n in names), names
+
+
+def test_figure_names_of_a_long_report_name_fit(tmp_path):
+    """report --output with a long (but valid) name: the figures named after it fit too."""
+    output = tmp_path / ("z" * 240 + ".md")
+    assert main(["report", str(RESULTS / "profile-glm5-h200.json"), "--output", str(output)]) == 0
+    assert all(len(p.name.encode()) <= 255 for p in tmp_path.iterdir())
+    assert len(list(tmp_path.glob("*.png"))) > 0
+
+
+@pytest.mark.parametrize("args", [
+    ["profile", "--predict", "--tokens", "1024", "--output", f"{LONG}.json"],
+    ["profile", "--predict", "--tokens", "1024", "--report", LONG],
+    ["report", str(RESULTS / "profile-glm5-h200.json"), "--output", f"{LONG}.md"],
+    ["profile", "-s", f"{LONG}.toml"],
+    ["plan", "--output", f"{LONG}/plan.json"],
+    ["diff", f"{LONG}.pickle", str(RESULTS / "profile-glm5-h200.json")],
+    ["explain", f"{LONG}.pickle"],
+    ["report", f"{LONG}.json"],
+    ["gate", "--predict", "--baseline", f"{LONG}.json"],
+    ["plan", "--model", LONG],
+    ["scenarios", "--serve", f"vllm serve {LONG} -tp 8 --kv-cache-dtype fp8_ds_mla"],
+])
+def test_a_name_too_long_for_a_file_is_one_line(args):
+    """A path with a name longer than a file system takes: one line before any work, exit 2."""
+    check_bad_input(args, ("too long", "longer than", "no local folder"))
+
+
+@pytest.mark.parametrize("command", [["profile", "--predict", "--tokens", "64"],
+                                     ["repro-oom", "--predict"], ["plan"], ["graphs", "--predict"]])
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_scenario_is_refused_not_the_default(command, name):
+    """--scenario '' (an unset shell variable) ran the default scenario in silence."""
+    check_bad_input([*command, "--scenario", name], "--scenario")

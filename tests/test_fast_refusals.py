@@ -6,8 +6,12 @@ import pickle
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 
 import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RESULTS = FIXTURES / "results"
 
 # each: a command line mlamem must refuse (exit 2) without importing torch
 REFUSED = [
@@ -46,6 +50,15 @@ REFUSED = [
     ["plan", "--sweep", "bogus=1"],
     ["scenarios", "--serve", "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 "
      "--tp 8 --context-length 4096 --kv-cache-dtype bf16"],
+    ["repro-oom", "--engine", "bogus"],
+    ["report", "plan.json"],  # a plan is no report section
+    ["diff", "profile.json", "snapshot.pickle"],  # a result and a snapshot do not compare
+    ["profile", "--tokens", "40000"],  # above the scenario's max_num_batched_tokens
+    ["profile", "--op", "dense-decode", "--context-len", "999999"],  # past max_model_len
+    ["profile", "--op", "sparse-prefill", "--kv-len", "999999"],
+    ["graphs", "-s", "kimi-k2-dense-tp4-dp"],  # drives no sparse decode
+    ["repro-oom", "-s", "kimi-k2-dense-tp4-dp"],
+    ["repro-oom", "--gpu-memory", "0"],
 ]
 
 CHILD = """
@@ -61,6 +74,10 @@ print(json.dumps({"code": code, "torch": "torch" in sys.modules, "stderr": err.g
 def test_a_refusal_imports_no_torch(args, tmp_path):
     (tmp_path / "rand.bin").write_bytes(bytes(range(256)) * 8)  # neither a pickle nor UTF-8
     (tmp_path / "list.pickle").write_bytes(pickle.dumps([1, 2]))  # a pickle, not a snapshot
+    for name, source in (("plan.json", "plan-kimi-k2-context-reuse.json"),
+                         ("profile.json", "profile-glm5-h200.json")):
+        (tmp_path / name).write_bytes((RESULTS / source).read_bytes())
+    (tmp_path / "snapshot.pickle").write_bytes((FIXTURES / "glm5-t1024-h200.snapshot.pickle").read_bytes())
     done = subprocess.run([sys.executable, "-P", "-c", CHILD, *args], capture_output=True,
                           text=True, cwd=tmp_path, timeout=120)
     result = json.loads(done.stdout.strip().splitlines()[-1])

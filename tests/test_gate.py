@@ -29,7 +29,8 @@ def _case(path="alloc", allocated=1000, reserved=2048, in_call=1000, buffers=Non
             "buffers": {"out": 1000} if buffers is None else buffers, "failure": failure}
 
 
-SWEEP = {"scenarios": ["s"], "ops": ["sparse-decode"], "tokens": [8], "paths": [], "kernel": "flashmla"}
+SWEEP = {"scenarios": ["s"], "ops": ["sparse-decode"], "tokens": [8], "paths": ["alloc"],
+         "kernel": "flashmla"}
 
 
 def _baseline(*cases, measured=False, kernels=None, kernel="flashmla", **environment):
@@ -476,3 +477,14 @@ def test_gate_runs_vllms_flashmla_build(tmp_path, capsys):
     capsys.readouterr()
     assert _gate("--baseline", str(path)) == 0
     assert "Every figure equals the baseline." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("field", ["paths", "scenarios"])
+def test_a_baseline_sweep_listing_nothing_is_refused(field, tmp_path):
+    """A baseline whose sweep lists no paths (or no scenarios) was rerun over every path: an
+    empty list is refused in one line naming the field, not read as all."""
+    data = json.loads(COMMITTED.read_text())
+    data["sweep"] = {"scenarios": ["glm5-fp8-tp8"], "ops": ["sparse-decode"], "tokens": [1024],
+                     "paths": ["alloc"], "kernel": "flashmla", field: []}
+    (tmp_path / "b.json").write_text(json.dumps(data))
+    check_bad_input(["gate", "--predict", "--baseline", str(tmp_path / "b.json")], field)

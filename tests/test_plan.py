@@ -7,6 +7,7 @@ import pytest
 from mlamem.cli import main
 from mlamem.commands import plan as plans
 from mlamem.spec import scenario as scenarios
+from mlamem.testing import check_bad_input
 
 GiB = 1024**3
 
@@ -196,3 +197,19 @@ def test_plan_engine_in_every_format_and_a_sweep(capsys):
     out = capsys.readouterr().out
     assert ("- max-num-tokens=16384, sglang: workspace: fits at --chunked-prefill-size 16384; "
             "largest safe --chunked-prefill-size") in out
+
+
+@pytest.mark.parametrize("args", [
+    ["--max-seq-len", "1"],
+    ["--max-seq-len", "2047"],
+    ["-s", "kimi-k2-context-reuse", "--max-seq-len", "1024"],
+    ["--sweep", "max-seq-len=1024,32768"],
+])
+def test_a_sequence_shorter_than_the_top_k_is_refused(args):
+    """plan --max-seq-len below the top-k each query attends (2048): the KV a query gathers
+    cannot exist in so short a sequence; it was planned as though it did."""
+    check_bad_input(["plan", *args], ("--max-seq-len", "max-seq-len="))
+
+
+def test_a_sequence_as_long_as_the_top_k_is_planned(capsys):
+    assert main(["plan", "--max-seq-len", "2048", "--format", "json"]) == 0

@@ -424,7 +424,7 @@ def test_scenarios_serve_prints_toml_that_loads_back_equal(glm5, capsys):
                          weights_bytes=40 * GiB)
     again = scenario.parse(out, "printed")
     assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
-    assert "note: CUDA graphs: on" in err
+    assert "mlamem: note: CUDA graphs: on" in err
 
 
 def test_scenarios_lists_as_json(capsys):
@@ -609,7 +609,7 @@ def test_scenarios_serve_kimi_k2_loads_back_equal_and_profiles_the_dense_decode(
     path.write_text(out)
     built = from_command(command, gpu_name="H200 SXM 141GB", weights_bytes=60 * GiB)
     assert scenario.to_dict(scenario.load(str(path))) == scenario.to_dict(built.scenario)
-    assert "note: decode_context_len 131072" in err
+    assert "mlamem: note: decode_context_len 131072" in err
     assert main(["profile", "--op", "dense-decode", "-s", str(path), "--predict", "--format",
                  "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
@@ -817,7 +817,7 @@ def test_scenarios_serve_sglang_runs_in_repro_oom_as_the_shipped_scenario(glm5, 
                  "--weights-per-rank", "40GiB"]) == 0
     out, err = capsys.readouterr()
     path.write_text(out)
-    assert "[sglang]" in out and "note: CUDA graphs (decode on, prefill on)" in err
+    assert "[sglang]" in out and "mlamem: note: CUDA graphs (decode on, prefill on)" in err
     ours = _predicted(["-s", str(path), "--engine", "sglang"], capsys)
     shipped = _predicted(["-s", "glm5-fp8-tp8", "--engine", "sglang", "--mem-fraction-static",
                           "0.9", "--max-num-batched-tokens", "32768"], capsys)
@@ -1069,7 +1069,7 @@ def test_repro_oom_and_plan_take_the_command_as_scenarios_serve_makes_it(capsys)
     assert served == _predicted([], capsys)  # glm5-fp8-tp8: graphs off, 31402 and 38456
     assert main(["plan", "--serve", HUB_SEED, *SEED_TARGET, "--format", "json"]) == 0
     out, err = capsys.readouterr()
-    assert "note: weights: override: given as --weights-per-rank" in err
+    assert "mlamem: note: weights: override: given as --weights-per-rank" in err
     assert main(["plan", "--format", "json"]) == 0
     shipped = json.loads(capsys.readouterr().out)["plans"][0]["budget_bytes"]
     assert json.loads(out)["plans"][0]["budget_bytes"] == shipped
@@ -1086,3 +1086,105 @@ def test_serve_and_scenario_together_are_one_line(command):
                     "--serve and --scenario both name the scenario; give one")
     check_bad_input([command, "--serve", HUB_SEED, "--gpu", "H100 SXM 80GB"],
                     "--weights-per-rank: GLM-5-FP8's weights are 88.7 GiB per rank at TP8")
+
+
+# Pasted commands of the three engines: `scenarios --serve` writes each as TOML, and what it
+# writes loads back equal and runs (a predicted profile of its first operation)
+ROUND_TRIP = [
+    "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla",
+    "vllm serve deepseek-ai/DeepSeek-V3.2 -tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 4096 "
+    "--gpu-memory-utilization 0.1234567890123456789",
+    "vllm serve moonshotai/Kimi-K2-Instruct -tp 8 --max-model-len 32768",
+    f"{SG} --model-path zai-org/GLM-5-FP8 --tp 8 --kv-cache-dtype fp8_e4m3",
+    f"{SG} --model-path {DS} --tp 8 --dp 8 --enable-dp-attention --kv-cache-dtype fp8_e4m3 "
+    "--context-length 8192",
+    "trtllm-serve zai-org/GLM-5-FP8 --tp_size 8 --max_seq_len 4096",
+    f"trtllm-serve {DS} --tp_size 8 --max_seq_len 65536 --max_num_tokens 4096",
+]
+
+
+@pytest.mark.parametrize("command", ROUND_TRIP)
+def test_what_scenarios_serve_writes_loads_back_and_runs(command, tmp_path, capsys):
+    """Write then load round-trips: the TOML `scenarios --serve` prints is a scenario its own
+    loader takes, equal to the one built, that a predicted profile runs; and every note on
+    stderr starts `mlamem: note:`, as every other line mlamem writes there starts `mlamem:`."""
+    args = ["--weights-per-rank", "40GiB"]
+    assert main(["scenarios", "--serve", command, *args]) == 0
+    out, err = capsys.readouterr()
+    assert err and all(line.startswith("mlamem: note: ") for line in err.splitlines()), err
+    path = tmp_path / "served.toml"
+    path.write_text(out)
+    built = from_command(command, gpu_name="H200 SXM 141GB", weights_bytes=40 * GiB)
+    loaded = scenario.load(str(path))
+    assert scenario.to_dict(loaded) == scenario.to_dict(built.scenario)
+    op = loaded.operations[0]
+    values = ["--requests", "16"] if op == "dense-decode" else ["--tokens", "64"]
+    assert main(["profile", "--predict", "--paths", "alloc", "--op", op, *values,
+                 "-s", str(path)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "flag"), [
+    ("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla --max-model-len 1024",
+     "--max-model-len 1024"),
+    (f"{SG} --model-path zai-org/GLM-5-FP8 --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 100",
+     "--context-length 100"),
+    ("trtllm-serve zai-org/GLM-5-FP8 --tp_size 8 --max_seq_len 100", "--max_seq_len 100"),
+])
+def test_a_sequence_shorter_than_the_top_k_is_refused_by_its_flag(command, flag):
+    """A longest sequence below the model's top-k (2048) made a TOML that every command then
+    refused: it is refused here, in one line naming the command's flag."""
+    line = check_bad_input(["scenarios", "--serve", command, "--weights-per-rank", "40GiB"], flag)
+    assert "index_topk 2048" in line and "[serving]" not in line, line
+
+
+def test_an_fp8_checkpoint_is_named_once_fp8(capsys):
+    """A checkpoint whose name says FP8 is not named 'GLM-5-FP8 FP8'."""
+    assert main(["scenarios", "--serve", "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype "
+                 "fp8_ds_mla", "--weights-per-rank", "40GiB"]) == 0
+    data = scenario.parse(capsys.readouterr().out, "printed")
+    assert data.model.name == "GLM-5-FP8"
+
+
+def test_errors_about_a_pasted_command_name_its_flags():
+    """An SGLang command whose capture sizes leave no memory for the pool names its capture
+    flag, not [gpu].gpu_memory_utilization; a --dp-size that does not divide --tp-size names
+    --dp-size, not --attention-data-parallel (no engine's flag); a value past int32 names the
+    flag, not a TOML field."""
+    line = check_bad_input(["scenarios", "--serve", f"{SG} --model-path zai-org/GLM-5-FP8 --tp 8 "
+                            "--kv-cache-dtype fp8_e4m3 --cuda-graph-max-bs-decode 100000"],
+                           "--cuda-graph-max-bs-decode")
+    assert "gpu_memory_utilization" not in line and "[gpu]" not in line, line
+    line = check_bad_input(["scenarios", "--serve", f"{SG} --model-path zai-org/GLM-5-FP8 --tp 8 "
+                            "--dp 3 --enable-dp-attention --kv-cache-dtype fp8_e4m3"], "--dp-size 3")
+    assert "--attention-data-parallel" not in line, line
+    line = check_bad_input(["scenarios", "--serve", "vllm serve zai-org/GLM-5-FP8 -tp 8 "
+                            "--kv-cache-dtype fp8_ds_mla --max-num-batched-tokens 100000000000"],
+                           "--max-num-batched-tokens: must be at most")
+    assert "[serving]" not in line and "fix that field" not in line, line
+
+
+def test_repro_oom_of_a_dense_mla_command_names_the_command(capsys):
+    """repro-oom --serve with a dense-MLA model (no --scenario given) says the command's model
+    is dense MLA, not 'pick a sparse-decode scenario'."""
+    assert main(["repro-oom", "--predict", "--serve", "vllm serve moonshotai/Kimi-K2-Instruct "
+                 "-tp 8 --max-model-len 32768"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("mlamem: error: --serve: ") and "dense MLA" in line, line
+    assert "--scenario" not in line and "pick a sparse-decode scenario" not in line, line
+
+
+@pytest.mark.parametrize(("block", "gpu", "fits"), [
+    (7, "H200 SXM 141GB", False), (32, "H100 SXM 80GB", False), (64, "H200 SXM 141GB", True),
+    (128, "H200 SXM 141GB", True), (128, "B200", False), (64, "B200", True)])
+def test_vllm_sparse_block_size_is_what_flashmla_sparse_takes(block, gpu, fits):
+    """--block-size for a DSA model: vLLM 0.33.0's FLASHMLA_SPARSE takes a multiple of 64 on
+    Hopper and 64 alone for an fp8 cache on Blackwell (get_supported_kernel_block_sizes); any
+    other size ran as though FlashMLA read it."""
+    command = (f"vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla "
+               f"--max-model-len 8192 --block-size {block}")
+    args = ["scenarios", "--serve", command, "--gpu", gpu, "--weights-per-rank", "40GiB"]
+    if fits:
+        built = from_command(command, gpu_name=gpu, weights_bytes=40 * GiB)
+        assert built.scenario.serving.block_size == block
+    else:
+        check_bad_input(args, f"--block-size {block}")

@@ -12,7 +12,7 @@ from mlamem.cli import options as o
 from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit
 from mlamem.spec.errors import UserError
-from mlamem.spec.files import check_distinct, check_output_path, pick_format
+from mlamem.spec.files import check_distinct, check_name_length, check_output_path, pick_format
 from mlamem.spec.units import parse_bytes
 
 
@@ -46,7 +46,13 @@ def diff(
         for name, path in (("A", file_a), ("B", file_b)):  # A may be B: a diff of no change
             check_distinct({name: path, "--output": output})
         check_output_path(output)
-    if any(p.suffix.lower() in (".pickle", ".pkl") for p in (file_a, file_b)):
+    for path in (file_a, file_b):
+        check_name_length(path)
+    snapshots = [p.suffix.lower() in (".pickle", ".pkl") for p in (file_a, file_b)]
+    if snapshots[0] != snapshots[1] and file_a.is_file() and file_b.is_file():  # before torch
+        what = ("a snapshot", "a result file") if snapshots[0] else ("a result file", "a snapshot")
+        raise UserError(f"{file_a} is {what[0]} and {file_b} {what[1]}; compare two of one kind")
+    if any(snapshots):
         o.load_torch()
     from mlamem.commands.diff import diff as compared
 

@@ -54,9 +54,10 @@ def graphs(
     check_report_dir(report_dir)
     # a bad file, config or GPU name is refused before torch loads
     loaded = o.load_scenario(scenario, o.Changes(model, gpu))
-    decode = o.make_kernel(kernel)
-    [part] = plan(Request("graphs", decode, scenarios=[(scenario, loaded)],
-                          paths=o.split_paths(paths), capture_sizes=sizes or []))
+    [part] = plan(Request("graphs", kernel, scenarios=[(scenario, loaded)],
+                          paths=o.split_paths(paths), capture_sizes=sizes or []),
+                  load=o.make_kernel)  # the kernel (torch) after the checks that need none
+    decode = part.kernel
     from mlamem.commands.graphs import run_graphs, sizes_to_capture
 
     count = len(sizes_to_capture(part.scenario, sizes))

@@ -12,7 +12,7 @@ from mlamem.cli.app import app
 from mlamem.cli.options import list_every_kernel
 from mlamem.render.escape import escaped
 from mlamem.runtime.interrupt import Guard
-from mlamem.spec.errors import Interrupted, UserError
+from mlamem.spec.errors import UserError
 from mlamem.spec.redaction import argv_secrets, scrubbed
 
 try:  # typer >= 0.28 vendors click; older typer uses the click package
@@ -39,8 +39,8 @@ def flag_for(field: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: bad input is one line on stderr with exit 2, Ctrl-C one line with exit 130;
-    never a traceback."""
+    """Entry point: bad input is one line on stderr with exit 2, Ctrl-C one line with exit 130
+    (SIGTERM: 143); never a traceback."""
     args = sys.argv[1:] if argv is None else list(argv)
     guard = Guard()
     try:
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         code = None  # whatever an interrupt turned into on its way up (C code may clear it)
     if guard.interrupted:
         guard.say()
-        return Interrupted.exit_code
+        return guard.exit_code
     return code
 
 

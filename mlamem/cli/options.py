@@ -140,7 +140,7 @@ def load_served(command: str, changes: Changes = Changes()) -> Scenario:
                          weights_bytes=parse_size(changes.weights_per_rank, "weights_per_rank"),
                          engine_version=changes.engine_version)
     for note in built.notes:
-        typer.echo(f"note: {note}", err=True)
+        typer.echo(f"mlamem: note: {note}", err=True)
     return built.scenario
 
 
@@ -253,8 +253,16 @@ SCENARIOS_HELP = "Comma-separated scenario names or TOML paths, or 'all' for eve
 def scenario_option(default: str | None = None, *, many: bool = False, text: str | None = None):
     """--scenario (-s): one scenario, or with `many` a comma list or 'all'; `text` replaces the
     help's first sentence."""
-    return typer.Option("--scenario", "-s", **_help(
+    return typer.Option("--scenario", "-s", callback=_named, **_help(
         text or (SCENARIOS_HELP if many else SCENARIO_HELP), default))
+
+
+def _named(value: str | None) -> str | None:
+    """--scenario as given; an empty one (an unset shell variable) is refused, not read as the
+    default."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("empty; name a scenario (see `mlamem scenarios`) or a TOML file")
+    return value
 
 
 def _op_scenarios() -> str:

@@ -13,6 +13,7 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_allocator_conf
 from mlamem.commands import plan as plans
 from mlamem.kernels import DEFAULT_KERNEL
+from mlamem.spec.engine_registry import declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.server_log import read_log
@@ -94,6 +95,9 @@ def plan(
                      free_fraction=free_fraction, max_num_tokens=max_num_tokens,
                      max_batch_size=max_batch_size, max_seq_len=max_seq_len,
                      block_reuse=block_reuse, chunked_prefill=chunked_prefill)
+    plans.plan_requests(chosen, overrides, sweep)  # its checks, before torch loads
+    if engine is not None:
+        declared_engine(chosen, engine)
     if chosen.model.index_topk or engine is not None or log:  # the allocator model runs
         o.load_torch()
     result = _with_log(plans.run_plan(chosen, overrides, sweep, command=command_line(),

@@ -13,7 +13,7 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
 from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.spec.engine_registry import SHIPPED
+from mlamem.spec.engine_registry import SHIPPED, declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
@@ -99,17 +99,17 @@ def repro_oom(
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
     server_log = log and read_log(log)  # refused in one line before any work
-    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version), gpu_memory)
-    from mlamem.commands.repro import check_target  # torch: after every refusal
+    loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version),
+                   gpu_memory, engine)
+    chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
+    from mlamem.commands.repro import check_target  # torch: after the plan's refusals
 
-    decode = o.make_kernel(kernel)
-    chosen, part = _plan(loaded, decode, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
                      _graphs_on(cuda_graphs, part.scenario, emulated, sizes),
                      max_num_batched_tokens, mem_fraction_static)
-    check_target(budget, decode, predict)
-    result = _run(chosen, part, budget, decode, predict, emulated, server_log, serve)
+    check_target(budget, part.kernel, predict)
+    result = _run(chosen, part, budget, part.kernel, predict, emulated, server_log, serve)
     _show(result, output_format, output)
     _check_expected(result, emulated, expect_oom, expect_fit)
 
@@ -182,11 +182,21 @@ def _check_flags(expect_oom, expect_fit, output, capture_sizes: str | None, cuda
 
 
 def _load(scenario: str | None, serve: str | None, changes: o.Changes,
-          gpu_memory: str | None) -> tuple:
-    """The scenario (as given, loaded), its weights checked against the memory."""
+          gpu_memory: str | None, engine: str | None) -> tuple:
+    """The scenario (as given, loaded), its weights checked against the memory and the engine
+    against those it declares, before torch loads."""
+    if gpu_memory is not None and o.parse_size(gpu_memory, "gpu_memory_bytes") <= 0:
+        raise UserError("must be positive; pass a size such as 80GiB", field="gpu_memory_bytes")
     loaded = o.load_one(scenario, serve, changes)
+    if serve is not None and "sparse-decode" not in loaded.operations:
+        raise UserError(f"repro-oom replays the engine's sparse decode step, and the command's "
+                        f"model ({loaded.model.name}) is dense MLA (no DSA indexer), which vLLM "
+                        "decodes with FlashMLA's dense decode: profile that call with "
+                        "`mlamem profile --op dense-decode -s FILE`, FILE the TOML `mlamem "
+                        "scenarios --serve` prints", field="serve")
     o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
                         and changes.weights_per_rank is None)
+    declared_engine(loaded, engine)
     return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded
 
 
@@ -197,7 +207,7 @@ def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: in
     chosen = scenario[1]
     [part] = plan(Request(
         "repro-oom", kernel, scenarios=[scenario], paths=o.split_paths(paths),
-        max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT))
+        max_num_batched_tokens=max_num_batched_tokens, fix=o.RAISE_LIMIT), load=o.make_kernel)
     return chosen, part
 
 

@@ -27,7 +27,7 @@ from mlamem.kernels import DEFAULT_KERNEL, REGISTRY
 from mlamem.runtime.environment import kernel_versions
 from mlamem.runtime.paths import PATH_NAMES
 from mlamem.spec.errors import UserError
-from mlamem.spec.files import loads_json, read_text
+from mlamem.spec.files import check_name_length, loads_json, read_text
 from mlamem.spec.kernel_api import DENSE_DECODE, SPARSE_DECODE, operation_names
 from mlamem.spec.lists import parse_list
 from mlamem.spec.units import parse_bytes
@@ -221,6 +221,7 @@ def sweep_kernel(sweep: dict | None) -> str:
 def load(path: Path) -> BaselineFile:
     """Read and check a baseline file; UserError (exit 2) if missing, corrupt or wrong schema."""
     fix = "make one with an update run"  # the CLI adds its command
+    check_name_length(path, "baseline")
     if not path.exists():
         raise UserError(f"{path} not found; {fix}", field="baseline")
     text = read_text(path, "baseline (JSON)", field="baseline")

@@ -239,15 +239,40 @@ def check_vllm_side(scenario: Scenario, requests: Sequence[PlanRequest],
                             max_tokens_field="max_num_tokens" if given else None)
 
 
+def plan_requests(scenario: Scenario, overrides: dict, sweep: str | None
+                  ) -> tuple[str | None, list, list[PlanRequest]]:
+    """The swept field, its values and one request per value (one request, [None], unswept),
+    each checked: pure arithmetic, so the CLI calls it before torch loads."""
+    swept, values = parse_sweep(sweep) if sweep else (None, [None])
+    requests = [request_for(scenario, **(overrides if swept is None else {**overrides, swept: value}))
+                for value in values]
+    for request in requests:
+        _check_topk(scenario, request, sweep if swept == "max_seq_len" else None,
+                    given=overrides.get("max_seq_len") is not None)
+    return swept, values, requests
+
+
+def _check_topk(scenario: Scenario, request: PlanRequest, sweep: str | None,
+                given: bool) -> None:
+    """A sequence shorter than the top-k each query attends cannot hold the KV a sparse call
+    gathers. `sweep` and `given` say where max_seq_len came from (else the scenario's
+    max_model_len, which scenario.check_decode holds to it)."""
+    topk = scenario.decode_topk
+    if topk is None or request.max_seq_len >= topk or not (sweep or given):
+        return  # the scenario's own max_model_len: check_decode says so, naming its fields
+    where = f"--sweep {sweep}: " if sweep else ""
+    raise UserError(f"{where}{request.max_seq_len} is below {scenario.name}'s top-k {topk}, "
+                    "the tokens each query attends: a sequence that short cannot hold them; "
+                    f"give {topk} or more", field=None if sweep else "max_seq_len")
+
+
 def run_plan(scenario: Scenario, overrides: dict, sweep: str | None, *, command: str,
              kernel: str | None = None, engine: str | None = None) -> PlanFile:
     """The result `mlamem.plan/1`: one plan, or one per value of the swept variable.
 
     `overrides` are PlanRequest fields (None keeps the scenario's); `sweep` is 'NAME=V1,V2'.
     """
-    swept, values = parse_sweep(sweep) if sweep else (None, [None])
-    requests = [request_for(scenario, **(overrides if swept is None else {**overrides, swept: value}))
-                for value in values]
+    swept, values, requests = plan_requests(scenario, overrides, sweep)
     if scenario.model.index_topk:
         check_vllm_side(scenario, requests, kernel)
     if engine is not None:  # before any work: the scenario must declare it, the engine take it

@@ -44,6 +44,7 @@ from mlamem.runtime.non_torch import (
     target_setup,
 )
 from mlamem.runtime.paths import check_paths
+from mlamem.spec.engine_registry import declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.scenario import Scenario, to_dict
 from mlamem.spec.units import format_bytes
@@ -302,11 +303,7 @@ def largest_safe_fraction(case: dict, budget: Budget, knob: str,
 def scenario_engine(scenario: Scenario, engine: str | None = None) -> type[Engine]:
     """The engine to emulate: `engine`, which the scenario must declare, else its first; a
     UserError in one line when the scenario does not declare it or the engine refuses it."""
-    name = engine or scenario.engines[0]
-    if name not in scenario.engines:
-        raise UserError(f"{scenario.name} declares {', '.join(scenario.engines)}, not {name}; "
-                        "pick one of those, or add it to the scenario's `engines`", field="engine")
-    chosen = load_engine(name)
+    chosen = load_engine(declared_engine(scenario, engine))
     chosen.check(scenario)
     return chosen
 

@@ -118,6 +118,7 @@ def plan(request: Request,
         for source, scenario in request.scenarios])
     if request.policy.int32_first:
         _check_int32(request)
+    _check_before_kernel(request, ops)
     kernel = load(request.kernel) if isinstance(request.kernel, str) else request.kernel
     parts = []
     for named, chosen in ((True, request.scenarios), (False, request.candidate_scenarios)):
@@ -181,6 +182,53 @@ def check_target_gpu(scenario: Scenario, kernel: KernelContract) -> None:
     reason = None if capability is None else kernel.target_reason(scenario.gpu.name, capability)
     if reason is not None:
         raise UserError(reason, field="gpu")
+
+
+MOST_PADDED_HEADS = 128  # the most heads a shipped kernel pads a rank's query heads to
+
+
+def _check_before_kernel(request: Request, ops: list[str]) -> None:
+    """What the named scenarios refuse without the kernel, before it loads (torch), in the
+    words the checks after it use: an operation the command needs that the scenario does not
+    drive, a KV length past the longest sequence, a value no staged workspace holds."""
+    purpose = request.policy.purpose
+    for _, scenario in request.scenarios:
+        driven = operations.scenario_operations(scenario)
+        if purpose and ops[0] not in driven:
+            raise UserError(f"{purpose}; {scenario.name} drives {', '.join(driven)}: pick a "
+                            f"{ops[0]} scenario (see `mlamem scenarios`)", field="scenario")
+        for op in set(ops) & set(driven):
+            operations.operation(op).check_kv_tokens(scenario, _values_of(request, op),
+                                                     request.kv_tokens)
+    _check_workspace_rows(request)
+
+
+def _check_workspace_rows(request: Request) -> None:
+    """A value no staged workspace holds: every kernel has the workspace path, so a sweep of
+    the default paths, or of a staging path, runs it. check_request refuses the same after the
+    kernel loads, in the same words."""
+    asked = request.paths if request.paths is not None else (request.candidate_paths or PATH_NAMES)
+    if not set(asked) & set(STAGING_PATHS):
+        return
+    for _, scenario in request.scenarios:
+        for op, values in request.values.items():
+            if op not in operations.scenario_operations(scenario):
+                continue  # _scenario_ops says why
+            mnbt = _max_num_batched_tokens(request, op)
+            sized = scenario if mnbt is None else dataclasses.replace(scenario, serving=(
+                dataclasses.replace(scenario.serving, max_num_batched_tokens=mnbt)))
+            if operations.workspace_rows(sized, op) is None:
+                continue
+            # a value no call can hold at any kernel's head count is check_decode_tokens's
+            # refusal, once the kernel's padded heads are known
+            can_exist = [v for v in values if v <= operations.decode_token_limit(
+                sized, MOST_PADDED_HEADS)]
+            too_big = sorted(set(can_exist) - set(runnable_tokens(sized, can_exist,
+                                                                  STAGING_PATHS, op)))
+            if too_big:
+                spec = operations.operation(op)
+                raise UserError(spec.workspace_refusal(sized, too_big[0], request.fix or RAISE_LIMIT),
+                                field=spec.key)
 
 
 def check_allocation_spec(kernel: KernelContract) -> None:

@@ -28,7 +28,14 @@ from mlamem.results.shared import Environment
 from mlamem.results.validate import ValidateFile
 from mlamem.spec.engine_registry import engine_names, engine_spec
 from mlamem.spec.errors import UserError
-from mlamem.spec.files import check_output_path, read_json, safe_name, write_atomic
+from mlamem.spec.files import (
+    check_name_length,
+    check_output_path,
+    fit_name,
+    read_json,
+    safe_name,
+    write_atomic,
+)
 from mlamem.spec.kernel_api import SPARSE_DECODE
 from mlamem.spec.units import format_bytes, gib
 
@@ -313,7 +320,7 @@ def _sections(saved: Saved, figures: dict[str, bytes] | None, stem: str = "") ->
     tag = render.predicted_tag(r.measured)
 
     def figure(suffix: str, alt: str, draw: Callable[[ModuleType], bytes]) -> list[str]:
-        return _figure(figures, f"{stem}-{suffix}.png", alt, draw, saved.source)
+        return _figure(figures, fit_name(f"{stem}-{suffix}", ".png"), alt, draw, saved.source)
 
     return [f"## {section.kind}: {render.escaped(section.title(r), markdown=True)}{tag}", "",
             f"From {render.markdown_code(saved.source)}.", "", *section.body(r, figure, tag)]
@@ -406,6 +413,7 @@ def check_report_dir(folder: Path) -> None:
     """Fail before any work if `profile --report FOLDER` (or `graphs --report`) could not write
     there: FOLDER, or the folder it would be created in, must exist and take a new file (tried,
     as root too)."""
+    check_name_length(folder, "report_dir")
     if folder.exists() and not folder.is_dir():
         what = "a file" if folder.is_file() else "not a folder (a device or a pipe)"
         raise UserError(f"{folder} is {what}; give a folder (it is created if needed)",
@@ -416,7 +424,18 @@ def check_report_dir(folder: Path) -> None:
 def write_result_report(result: ProfileFile | GraphsFile, folder: Path) -> list[Path]:
     """`profile --report FOLDER` and `graphs --report FOLDER`: the result JSON, report.md and
     its PNGs, in FOLDER."""
+    made = not folder.exists()
     folder.mkdir(exist_ok=True)
+    try:
+        return _write_into(result, folder)
+    except BaseException:
+        if made and not any(folder.iterdir()):  # no empty report folder left behind
+            folder.rmdir()
+        raise
+
+
+def _write_into(result: ProfileFile | GraphsFile, folder: Path) -> list[Path]:
+    """write_result_report's files in `folder`, which exists."""
     name = (safe_name(section_for(result).scenario(result)) + ("" if result.measured else ".predicted")
             + ".json")
     write_atomic(folder / name, json.dumps(result.file_dict(), indent=2) + "\n", "report_dir")

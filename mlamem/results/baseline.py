@@ -23,6 +23,7 @@ class Sweep(Model):
     """The sweep a baseline was made from, so a bare rerun repeats it."""
 
     scenarios: list[str] = Field(
+        min_length=1,
         description="the scenarios as given (names or TOML paths): what a bare `mlamem gate` reruns")
     ops: list[str] = Field(
         description=(
@@ -36,7 +37,7 @@ class Sweep(Model):
         None, description=(
             "the b values of the dense decode (empty when it is not swept; absent in older baselines)"))
     paths: list[str] = Field(
-        description=(
+        min_length=1, description=(
             "the T (sparse decode) and s_q (sparse prefill) values asked for, each scenario running "
             "those its workspace holds (empty when neither operation is swept), and the paths"))
     kernel: str = Field(

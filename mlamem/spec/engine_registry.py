@@ -95,6 +95,17 @@ def _loaded(entry_point: EntryPoint, what: str):
         raise UserError(f"{what} does not load ({type(exc).__name__}: {first})") from None
 
 
+def declared_engine(scenario, engine: str | None = None) -> str:
+    """The engine to emulate for `scenario`: `engine`, which the scenario must declare in
+    `engines`, else its first; a UserError (field `engine`) otherwise. No torch: commands
+    check it before the rank loads."""
+    name = engine or scenario.engines[0]
+    if name not in scenario.engines:
+        raise UserError(f"{scenario.name} declares {', '.join(scenario.engines)}, not {name}; "
+                        "pick one of those, or add it to the scenario's `engines`", field="engine")
+    return name
+
+
 def load_engine(name: str) -> type:
     """The rank class of engine `name` (an `mlamem.engines.base.Engine` subclass), imported now:
     its spec's `rank` loaded as an entry point (the registry sits below the engines)."""

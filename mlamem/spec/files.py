@@ -4,6 +4,7 @@ as file names (`safe_name`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -92,6 +93,7 @@ def check_output_path(path: Path, field: str = "output", *, parents: bool = Fals
     """
     if str(path) == "-":  # would make a file named '-'; an output that can be stdout is printed
         raise UserError("- (stdout) is not taken here; give a file path", field=field)
+    check_name_length(path, field)
     folder = path.parent if str(path.parent) else Path(".")
     probe = folder
     while parents and not probe.exists() and probe != probe.parent:
@@ -173,7 +175,8 @@ def write_atomic(path: Path, data: str | bytes, field: str = "output", *,
     target = path.resolve() if path.is_symlink() else path  # write where a link points
     folder = check_output_path(target, field)
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{fit_name(target.name, limit=128)}.",
+                                   suffix=".tmp")  # a long name's temporary fits too
     except OSError as exc:
         raise UserError(f"cannot write in {folder} ({exc.strerror}); "
                         "pick a writable folder", field=field) from None
@@ -256,11 +259,37 @@ def loads_json(text: str):
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
+NAME_MAX_BYTES = 255  # the longest name one folder entry takes (Linux NAME_MAX, most file systems)
+SAFE_NAME_CHARS = 100  # safe_name's longest: room left for a prefix and a suffix
+
+
+def check_name_length(path: Path, field: str | None = None) -> None:
+    """A UserError where a name in `path` is longer than a file system takes (NAME_MAX_BYTES),
+    before any work: the OS would refuse it only when the file is made."""
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX_BYTES:
+            raise UserError(f"{path}: a name in it is {size} bytes, longer than a file system "
+                            f"takes ({NAME_MAX_BYTES}); pick a shorter one", field=field)
+
+
+def fit_name(stem: str, suffix: str = "", limit: int = NAME_MAX_BYTES) -> str:
+    """`stem + suffix` within `limit` bytes: a longer stem is cut and ends with 8 hex digits of
+    its hash, so two long stems stay apart."""
+    if len(os.fsencode(stem + suffix)) <= limit:
+        return stem + suffix
+    digest = hashlib.sha256(os.fsencode(stem)).hexdigest()[:8]
+    room = limit - len(os.fsencode(suffix)) - len(digest) - 1
+    cut = os.fsencode(stem)[:room].decode("utf-8", "ignore")  # never half a character
+    return f"{cut}-{digest}{suffix}"
+
+
 def safe_name(name: str) -> str:
     """The one way a name taken from a file (a scenario's `name`) becomes a file name: letters,
-    digits, '.', '-' and '_' kept, anything else '_'; never empty, never starting with '.'."""
+    digits, '.', '-' and '_' kept, anything else '_'; never empty, never starting with '.';
+    at most SAFE_NAME_CHARS (fit_name), so a name and its prefix and suffix fit a file name."""
     cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
-    return cleaned.lstrip(".") or "unnamed"
+    return fit_name(cleaned.lstrip(".") or "unnamed", limit=SAFE_NAME_CHARS)
 
 
 def read_json(path: Path) -> dict:

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.spec.errors import UserError
+from mlamem.spec.files import check_name_length
 
 DEFAULT_SCENARIO = "glm5-fp8-tp8"
 
@@ -25,6 +26,7 @@ def is_path(name_or_path: str) -> bool:
 def check_exists(name_or_path: str) -> None:
     """A UserError where `name_or_path` is a path to no file, or a name no shipped scenario has."""
     if is_path(name_or_path):
+        check_name_length(Path(name_or_path), "scenario")
         if not Path(name_or_path).exists():
             raise UserError(f"scenario file {name_or_path} not found; pass an existing .toml path "
                             f"or one of: {', '.join(shipped_names())}")

@@ -625,8 +625,12 @@ def _layout(given: dict, prog: str) -> tuple[int, int, int]:
     for flag, value in (("--tp-size", tp), ("--dp-size", dp), ("--attn-dp-size", attention_dp)):
         if value < 1:
             raise UserError(f"{prog} {flag} {value}: must be at least 1", field="serve")
+    flag = "--attn-dp-size"
     if given.get("enable_dp_attention") and attention_dp == 1:
-        attention_dp, dp = dp, 1
+        attention_dp, dp, flag = dp, 1, "--dp-size"
+    if tp % attention_dp:  # arg_groups/parallel_hook.py _handle_data_parallelism asserts it
+        raise UserError(f"{prog} {flag} {attention_dp}: SGLang 0.5.23 splits --tp-size {tp} "
+                        "into attention-DP groups, so it must divide it", field="serve")
     return tp, attention_dp, dp
 
 
@@ -696,6 +700,13 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, 
         parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang's "
                             f"reserve rule ({resolved.reserved_mib:g} MiB) on the {gpu_name} "
                             "with the command's CUDA graphs")
+    if resolved.mem_fraction_static <= 0:
+        raise UserError(f"{parsed.prog}: SGLang 0.5.23's reserve rule sets aside "
+                        f"{resolved.reserved_mib:g} MiB of the {gpu_name}'s {smi_mib:g} MiB for "
+                        "the command's chunked prefill and CUDA graphs (handle_gpu_memory_"
+                        "settings), leaving no mem_fraction_static for the pool: lower "
+                        "--cuda-graph-max-bs-decode or --chunked-prefill-size, or give "
+                        "--mem-fraction-static", field="serve")
     parsed.memory_fraction = resolved.mem_fraction_static
     parsed.notes.append(f"gpu_memory_utilization {resolved.mem_fraction_static}: SGLang's "
                         "mem_fraction_static (" + ("given" if resolved.fraction_given else

@@ -613,6 +613,19 @@ def parse(words: list[str], version: str | None = None):
                   | {"loads_mtp": loads_mtp(given.get("speculative_config", {}))})
 
 
+def _check_sparse_block(block: int | None, gpu_name: str) -> None:
+    """--block-size for FLASHMLA_SPARSE's fp8 cache: vLLM 0.33.0 takes a multiple of 64 on
+    Hopper and 64 alone on Blackwell (SM100) (v1/attention/backends/mla/flashmla_sparse.py,
+    FlashMLASparseBackend.get_supported_kernel_block_sizes)."""
+    blackwell = gpu_name.startswith(("B", "GB"))
+    if block is None or (block == 64 if blackwell else block > 0 and block % 64 == 0):
+        return
+    takes = "64 alone on Blackwell" if blackwell else "a multiple of 64 on Hopper"
+    raise UserError(f"{PROG} --block-size {block}: FlashMLA's sparse backend (FLASHMLA_SPARSE) "
+                    f"takes {takes} for the fp8_ds_mla cache (FlashMLASparseBackend."
+                    "get_supported_kernel_block_sizes): use 64, or leave it out", field="serve")
+
+
 def _check_kv_memory(size: int | None) -> None:
     """--kv-cache-memory-bytes: vLLM 0.33.0 then makes the KV cache that size after its profile
     run, skipping the graph estimate and utilization x total (gpu_worker.py
@@ -626,16 +639,18 @@ def _check_kv_memory(size: int | None) -> None:
                         "--gpu-memory-utilization", field="serve")
 
 
-def for_model(parsed: Parsed, dense: bool, index_head_dim: int | None = None) -> None:
+def for_model(parsed: Parsed, dense: bool, index_head_dim: int | None = None,
+              gpu_name: str = "") -> None:
     """The cache, the operations and the backend's note, by the model: vLLM's sparse MLA
     (FLASHMLA_SPARSE, fp8_ds_mla, beside the indexer's keys of `index_head_dim`) for a DSA
-    model, its dense MLA decode for a dense one."""
+    model, its dense MLA decode for a dense one, on `gpu_name`."""
     given = parsed.engine_settings
     backend = given["attention_backend"]
     if not dense:
         parsed.serving["kv_cache_dtype"] = _kv_dtype(given["kv_cache_dtype"])
         if index_head_dim is not None:
             parsed.sections.setdefault("vllm", {})["index_head_dim"] = index_head_dim
+        _check_sparse_block(given["block_size"], gpu_name)
         if backend not in (None, "FLASHMLA_SPARSE"):
             parsed.notes.append(f"--attention-backend {backend}: mlamem runs FlashMLA's sparse "
                                 "kernels (FLASHMLA_SPARSE) for this model")

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from mlamem.spec.errors import UserError
-from mlamem.spec.files import loads_json, read_text
+from mlamem.spec.files import check_name_length, loads_json, read_text
 from mlamem.spec.models.quantization import Quantization, parse_quantization
 
 
@@ -220,6 +220,7 @@ def _indexer_layers(types: object, layers: int) -> tuple[bool, ...] | None:
 def load_config(path: str | Path) -> ModelConfig:
     """config.json, or a folder holding one."""
     path = Path(path)
+    check_name_length(path, "model")
     if path.is_dir():
         path = path / "config.json"
     text = read_text(path, "model config (a Hugging Face config.json)", field="model")

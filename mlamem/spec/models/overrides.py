@@ -39,7 +39,9 @@ def config_name(path: str | Path) -> str:
 
 def model_table(config: ModelConfig, name: str) -> dict:
     """The scenario's [model] table from a config: the attention's dimensions by their names."""
-    return {"name": name + (f" {config.quantization.label}" if config.quantization else ""),
+    label = config.quantization.label if config.quantization else None
+    says = label and re.search(rf"(?<![a-z0-9]){re.escape(label)}(?![a-z0-9])", name, re.I)
+    return {"name": name + (f" {label}" if label and not says else ""),  # not GLM-5-FP8 FP8
             "num_attention_heads": config.num_attention_heads,
             "num_layers": config.num_hidden_layers, "kv_lora_rank": config.kv_lora_rank,
             "qk_rope_head_dim": config.qk_rope_head_dim,

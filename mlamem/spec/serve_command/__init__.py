@@ -139,13 +139,21 @@ def _parse_words(words: list[str], engine_version: str | None = None) -> Parsed:
                     f"{' '.join(words[:3])!r}", field="serve")
 
 
+def _is_local_config(path: Path) -> bool:
+    """Whether `path` is a file here; a name too long for a file system is none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def model_config(argument: str, override: str | None,
                  notes: list[str]) -> tuple[hf_config.ModelConfig, str]:
     """The model's config and its display name: `override` (a config.json or its folder), the
     command's model as a local folder, or a shipped model's exact hub name (a note names it)."""
     if override is not None:
         return hf_config.load_config(override), config_name(override)
-    if (Path(argument) / "config.json").is_file():
+    if _is_local_config(Path(argument) / "config.json"):
         return hf_config.load_config(argument), config_name(argument)
     hub = {name.lower(): name for name in HUB_NAMES}.get(argument.rstrip("/").lower())
     local = hub is None and _hub_name_of_folder(argument)
@@ -249,7 +257,7 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
         fill_max_len(parsed, config)
     if parsed.engines == ["vllm"]:
         vllm.for_model(parsed, dense=not config.has_indexer,
-                       index_head_dim=config.index_head_dim or None)
+                       index_head_dim=config.index_head_dim or None, gpu_name=target.name)
     gib, note = weights(config, name, parsed, weights_bytes, target)
     _fill_defaults(parsed, config, target)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -272,7 +280,24 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
     except UserError as error:  # the scenario's rule, told by the engine's flag that broke it
         field = re.search(r"\]\.(\w+)", error.message)
         flag = parsed.flags.get(field.group(1)) if field else None
-        raise UserError(f"{parsed.prog} {flag}: {error.message}" if flag else error.message,
+        own = re.match(rf"{re.escape(parsed.prog)} command: \[\w+\]\.\w+ ", error.message)
+        problem = (error.message[own.end():].removesuffix("; fix that field") if own  # no TOML field
+                   else error.message)
+        raise UserError(f"{parsed.prog} {flag}: {problem}" if flag else error.message,
                         field="serve") from None
+    _check_topk(built, parsed)
     notes = [*parsed.notes, f"weights: {note}", f"gpu: {target.memory_note()}"]
     return Built(built, tuple(notes), parsed.cuda_graphs)
+
+
+def _check_topk(built: scenario.Scenario, parsed: Parsed) -> None:
+    """The rule every command holds a scenario to before it runs (scenario.check_decode), told
+    now by the command's flag: a sequence at least as long as the top-k each query attends."""
+    topk, longest = built.decode_topk, built.serving.max_model_len
+    if topk is not None and topk > longest:
+        flag = parsed.flags["max_model_len"]
+        whose = ("the model's index_topk" if built.model.index_topk else
+                 "the synthetic_topk of the sparse decode driven beside it")
+        raise UserError(f"{parsed.prog} {flag} {longest}: {whose} {topk} is the tokens each "
+                        "query attends, more than a sequence then holds; give "
+                        f"{flag} {topk} or more", field="serve")
