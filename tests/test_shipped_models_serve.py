@@ -71,14 +71,15 @@ def test_kimi_k2_thinking_counts_its_int4_experts():
     assert s.parallel.weights_gib_per_rank == round(76_182_662_656 / GiB, 3)
 
 
-@pytest.mark.parametrize(("hub", "label"), [("zai-org/GLM-5", ""), ("zai-org/GLM-5-FP8", " FP8"),
-                                            ("zai-org/GLM-5.1", ""), ("zai-org/GLM-5.1-FP8", " FP8")])
-def test_glms_bf16_checkpoints_are_counted_in_bf16(hub, label):
+@pytest.mark.parametrize(("hub", "fp8"), [("zai-org/GLM-5", False), ("zai-org/GLM-5-FP8", True),
+                                          ("zai-org/GLM-5.1", False), ("zai-org/GLM-5.1-FP8", True)])
+def test_glms_bf16_checkpoints_are_counted_in_bf16(hub, fp8):
     """zai-org/GLM-5 and GLM-5.1 are the bf16 weights, -FP8 the block fp8 ones: the same fields,
-    without the quantization_config for the bf16 ones, which the note says."""
+    without the quantization_config for the bf16 ones, which the note says; a name that says FP8
+    is not given it twice."""
     built = from_command(f"vllm serve {hub} {DSA}", gpu_name=H200, weights_bytes=40 * GiB)
-    assert built.scenario.model.name == hub.split("/")[-1] + label
-    assert any("(bf16 weights)" in note for note in built.notes) is (label == "")
-    if label == "":  # every tensor in bf16: about twice the fp8 checkpoint's bytes
-        fp8 = weights_per_rank(shipped_config("glm-5"), tp=8)
-        assert 1.9 * fp8 < weights_per_rank(hub_config(hub), tp=8) < 2 * fp8
+    assert built.scenario.model.name == hub.split("/")[-1]
+    assert any("(bf16 weights)" in note for note in built.notes) is not fp8
+    if not fp8:  # every tensor in bf16: about twice the fp8 checkpoint's bytes
+        fp8_bytes = weights_per_rank(shipped_config("glm-5"), tp=8)
+        assert 1.9 * fp8_bytes < weights_per_rank(hub_config(hub), tp=8) < 2 * fp8_bytes
