@@ -148,15 +148,17 @@ def field_script():
 
 def test_field_table_is_current_and_each_modelled_verdict_is_the_users():
     """reports/field's table is what scripts/field_table.py prints now; in every record mlamem
-    models, its verdict with the log, on every path, is the user's outcome."""
+    models, its verdict with the log, on the path the user's server ran, is the user's
+    outcome."""
     script = field_script()
     assert script.main(["--check"]) == 0
     for record_file in sorted((ROOT / "reports" / "field").glob("oom-*.json")):
         record = json.loads(record_file.read_text())
         if record["not_modelled"]:
             continue
-        for path in script._ledger(record, ROOT / "reports" / "field" / record["log"])["paths"]:
-            assert path["verdict_with_log"] == record["outcome"], record_file.name
+        ledger = script._ledger(record, ROOT / "reports" / "field" / record["log"])
+        ran = [p for p in ledger["paths"] if p["case"] == ledger["held_path"]]
+        assert ran and ran[0]["verdict_with_log"] == record["outcome"], record_file.name
 
 
 def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
@@ -176,7 +178,7 @@ def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
 def test_with_the_held_memory_the_model_has_the_logs_free_memory(seed_ledger):
     """The memory held is what closes the gap: with it beside the rank, the model's free memory
     at the failed request, as torch counts it, is the message's 5.29 GiB (within the 2 MiB
-    steps the allocator and the search move in), on both paths."""
+    steps the allocator and the search move in), on the path the server ran (alloc)."""
     import dataclasses
 
     from mlamem.commands.log_ledger import FREE_UNDER_LIMIT, Rank
@@ -192,8 +194,39 @@ def test_with_the_held_memory_the_model_has_the_logs_free_memory(seed_ledger):
     host = dataclasses.replace(host_setup(DEFAULT_KERNEL, predict=True),
                                gpu_memory_bytes=round(79.19 * GiB))
     rank = Rank(engine, scenario, load_kernel(DEFAULT_KERNEL)(), budget, host, scenario.gpu.sm_count)
-    for path in seed_ledger["paths"]:
+    for path in [p for p in seed_ledger["paths"] if p["case"] == seed_ledger["held_path"]]:
         case = rank.case(path["case"], path["held_bytes"])
         assert case["oom_buffer"] == "o_accum"
         free = int(FREE_UNDER_LIMIT.search(case["failure"])[1]) + host.unallocatable_bytes
         assert abs(free - round(5.29 * GiB)) <= 4 * 2**20, path["case"]
+
+
+def test_seed_held_memory_is_derived_once_on_the_alloc_path(seed_ledger):
+    """The user's server ran one path: vLLM's (0.33.0) pads q with new_zeros and lets the kernel
+    allocate out, PR #60220's staging being in no release. The held memory is derived on alloc
+    and the same on every path, so the workspace path, which allocates less per call, is safe
+    at as many step tokens as alloc or more."""
+    assert seed_ledger["held_path"] == "alloc"
+    assert "PR #60220" in seed_ledger["held_path_reason"]
+    paths = {p["case"]: p for p in seed_ledger["paths"]}
+    assert paths["alloc"]["held_bytes"] == paths["workspace"]["held_bytes"]
+    assert paths["workspace"]["max_safe_tokens"] >= paths["alloc"]["max_safe_tokens"]
+
+
+def test_log_path_says_which_path_the_engine_ran(tmp_path, seed_ledger, capsys):
+    """`--log-path workspace`: the held memory is derived on the workspace path, said so, and
+    used on both paths; the table says on which path and why."""
+    log = tmp_path / "seed-oom.log"
+    log.write_text(SEED_OOM)
+    assert main([*seed_args(log), "--log-path", "workspace", "--format", "json"]) == 0
+    stated = json.loads(capsys.readouterr().out)["log"]
+    assert stated["held_path"] == "workspace" and "--log-path" in stated["held_path_reason"]
+    held = {p["held_bytes"] for p in stated["paths"]}
+    assert len(held) == 1 and held != {seed_ledger["paths"][0]["held_bytes"]}
+    assert main([*seed_args(log), "--log-path", "workspace"]) == 0
+    assert "derived on the workspace path" in " ".join(capsys.readouterr().out.split())
+
+
+def test_log_path_without_log_is_refused():
+    """--log-path says which path the log's engine ran: without --log it is one line, exit 2."""
+    check_bad_input(["repro-oom", "--predict", "--log-path", "alloc"], "--log-path needs --log")
