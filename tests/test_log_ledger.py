@@ -230,3 +230,52 @@ def test_log_path_says_which_path_the_engine_ran(tmp_path, seed_ledger, capsys):
 def test_log_path_without_log_is_refused():
     """--log-path says which path the log's engine ran: without --log it is one line, exit 2."""
     check_bad_input(["repro-oom", "--predict", "--log-path", "alloc"], "--log-path needs --log")
+
+
+@pytest.fixture(scope="module")
+def repro_with_log(tmp_path_factory) -> Path:
+    """repro-oom's JSON at the seed's command with a log that prints the weights, the KV cache
+    and the seed's OOM line."""
+    folder = tmp_path_factory.mktemp("report")
+    log = folder / "server.log"
+    log.write_text("INFO 04-25 [gpu_model_runner.py:4879] Model loading took 40.50 GiB memory "
+                   "and 31.6 seconds\nINFO 04-25 [gpu_worker.py:300] Available KV cache memory: "
+                   f"20.00 GiB\n{SEED_OOM}\n")
+    out = folder / "repro.json"
+    assert main([*seed_args(log), "--format", "json", "--output", str(out)]) == 0
+    return out
+
+
+def test_the_ledger_plot_has_each_paths_log_and_mlamem_bars(repro_with_log):
+    """The ledger's figure (matplotlib Agg): per path a bar of the log's figures and one of
+    mlamem's, whose last segment is the memory held beyond mlamem's model, at its size."""
+    from mlamem.render import plots
+    from mlamem.results.repro import ReproFile
+
+    ledger = ReproFile.parse(json.loads(repro_with_log.read_text())).log
+    figure = plots.ledger_figure(ledger)
+    ax = figure.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    for path in ("alloc", "workspace"):
+        assert any(label.startswith(f"{path}: the log") for label in labels)
+        assert any(label.startswith(f"{path}: mlamem") for label in labels)
+    def widths(gid: str) -> set[float]:
+        return {round(p.get_width(), 3) for p in ax.patches if p.get_gid() == gid}
+
+    assert widths(f"mlamem: {plots.HELD_LABEL}") == {round(ledger.paths[0].held_bytes / GiB, 3)}
+    assert widths("the log: weights") == {40.5}  # the log's figure, its line 1
+    assert widths("mlamem: weights") == {40.0}  # --weights-per-rank
+    assert widths(f"the log: {plots.HELD_LABEL}") == set()  # the log does not know it
+    assert plots.log_ledger(ledger).startswith(b"\x89PNG")
+
+
+def test_report_carries_the_ledger_and_its_plot(tmp_path, repro_with_log):
+    """`mlamem report` of a repro-oom result made with --log: the ledger's Markdown and its
+    figure, a PNG referenced from the Markdown."""
+    output = tmp_path / "report.md"
+    assert main(["report", str(repro_with_log), "--output", str(output)]) == 0
+    text = output.read_text()
+    assert "#### The server log beside mlamem" in text
+    ledger_pngs = sorted(p.name for p in tmp_path.glob("*ledger*.png"))
+    assert len(ledger_pngs) == 1 and f"]({ledger_pngs[0]})" in text
+    assert (tmp_path / ledger_pngs[0]).read_bytes().startswith(b"\x89PNG")
