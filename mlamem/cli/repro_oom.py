@@ -101,15 +101,14 @@ def repro_oom(
     server_log = o.server_log(log, log_path)  # refused in one line before any work
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank), gpu_memory, engine)
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
-    decode = part.kernel
     from mlamem.commands.repro import check_target  # torch: after the plan's refusals
 
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
                      _graphs_on(cuda_graphs, part.scenario, emulated, sizes),
                      max_num_batched_tokens, mem_fraction_static)
-    check_target(budget, decode, predict)
-    result = _run(chosen, part, budget, decode, predict, emulated, server_log, serve)
+    check_target(budget, part.kernel, predict)
+    result = _run(chosen, part, budget, part.kernel, predict, emulated, server_log, serve)
     _show(result, output_format, output)
     _check_expected(result, emulated, expect_oom, expect_fit)
 
