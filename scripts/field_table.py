@@ -5,8 +5,9 @@
 Each `reports/field/oom-*.json` record names the public report, the user's serve command, GPU
 and outcome, and its log (`oom-*.log`, the report's lines quoted). For each, the log is read
 (mlamem/spec/server_log.py); where mlamem models the rank, `mlamem repro-oom --predict --serve
-COMMAND --gpu GPU --log LOG` runs, and the table gives the failing buffer, the memory held beyond
-mlamem's model, mlamem's verdict with it beside the user's outcome, and the largest safe value.
+COMMAND --gpu GPU --log LOG` runs, and the table gives the memory held beyond mlamem's model
+(derived on the path the user's server ran) and, per path with it held, the failing buffer,
+mlamem's verdict (the ran path's beside the user's outcome) and the largest safe value.
 The table goes between the README's `<!-- oom-table -->` markers; --check exits 1 where the
 committed table differs. Startup-log records (other files) are not read here.
 """
@@ -49,11 +50,14 @@ def _ledger(record: dict, log: Path) -> dict:
 def _with_log(record: dict, log: Path) -> str:
     if record["not_modelled"]:
         return f"not modelled: {record['not_modelled']}"
-    cells = []
-    for path in _ledger(record, log)["paths"]:
+    ledger = _ledger(record, log)
+    paths = ledger["paths"]
+    cells = [f"held {_gib(paths[0]['held_bytes'])}, derived on {ledger['held_path']} (the path the "
+             "server ran)"]
+    for path in paths:
         buffer = path["failing_buffer"] or "no buffer of that size"
-        cells.append(f"{path['case']}: {buffer}, held {_gib(path['held_bytes'])}, verdict "
-                     f"{path['verdict_with_log']}, largest safe step tokens {path['max_safe_tokens']}")
+        cells.append(f"{path['case']}: {buffer}, verdict {path['verdict_with_log']}, largest safe "
+                     f"step tokens {path['max_safe_tokens']}")
     return "; ".join(cells)
 
 

@@ -148,15 +148,17 @@ def field_script():
 
 def test_field_table_is_current_and_each_modelled_verdict_is_the_users():
     """reports/field's table is what scripts/field_table.py prints now; in every record mlamem
-    models, its verdict with the log, on every path, is the user's outcome."""
+    models, its verdict with the log, on the path the user's server ran, is the user's
+    outcome."""
     script = field_script()
     assert script.main(["--check"]) == 0
     for record_file in sorted((ROOT / "reports" / "field").glob("oom-*.json")):
         record = json.loads(record_file.read_text())
         if record["not_modelled"]:
             continue
-        for path in script._ledger(record, ROOT / "reports" / "field" / record["log"])["paths"]:
-            assert path["verdict_with_log"] == record["outcome"], record_file.name
+        ledger = script._ledger(record, ROOT / "reports" / "field" / record["log"])
+        ran = [p for p in ledger["paths"] if p["case"] == ledger["held_path"]]
+        assert ran and ran[0]["verdict_with_log"] == record["outcome"], record_file.name
 
 
 def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
@@ -176,7 +178,7 @@ def test_plan_carries_the_same_ledger(tmp_path, seed_ledger, capsys):
 def test_with_the_held_memory_the_model_has_the_logs_free_memory(seed_ledger):
     """The memory held is what closes the gap: with it beside the rank, the model's free memory
     at the failed request, as torch counts it, is the message's 5.29 GiB (within the 2 MiB
-    steps the allocator and the search move in), on both paths."""
+    steps the allocator and the search move in), on the path the server ran (alloc)."""
     import dataclasses
 
     from mlamem.commands.log_ledger import FREE_UNDER_LIMIT, Rank
@@ -192,8 +194,88 @@ def test_with_the_held_memory_the_model_has_the_logs_free_memory(seed_ledger):
     host = dataclasses.replace(host_setup(DEFAULT_KERNEL, predict=True),
                                gpu_memory_bytes=round(79.19 * GiB))
     rank = Rank(engine, scenario, load_kernel(DEFAULT_KERNEL)(), budget, host, scenario.gpu.sm_count)
-    for path in seed_ledger["paths"]:
+    for path in [p for p in seed_ledger["paths"] if p["case"] == seed_ledger["held_path"]]:
         case = rank.case(path["case"], path["held_bytes"])
         assert case["oom_buffer"] == "o_accum"
         free = int(FREE_UNDER_LIMIT.search(case["failure"])[1]) + host.unallocatable_bytes
         assert abs(free - round(5.29 * GiB)) <= 4 * 2**20, path["case"]
+
+
+def test_seed_held_memory_is_derived_once_on_the_alloc_path(seed_ledger):
+    """The user's server ran one path: vLLM's (0.33.0) pads q with new_zeros and lets the kernel
+    allocate out, PR #60220's staging being in no release. The held memory is derived on alloc
+    and the same on every path, so the workspace path, which allocates less per call, is safe
+    at as many step tokens as alloc or more."""
+    assert seed_ledger["held_path"] == "alloc"
+    assert "PR #60220" in seed_ledger["held_path_reason"]
+    paths = {p["case"]: p for p in seed_ledger["paths"]}
+    assert paths["alloc"]["held_bytes"] == paths["workspace"]["held_bytes"]
+    assert paths["workspace"]["max_safe_tokens"] >= paths["alloc"]["max_safe_tokens"]
+
+
+def test_log_path_says_which_path_the_engine_ran(tmp_path, seed_ledger, capsys):
+    """`--log-path workspace`: the held memory is derived on the workspace path, said so, and
+    used on both paths; the table says on which path and why."""
+    log = tmp_path / "seed-oom.log"
+    log.write_text(SEED_OOM)
+    assert main([*seed_args(log), "--log-path", "workspace", "--format", "json"]) == 0
+    stated = json.loads(capsys.readouterr().out)["log"]
+    assert stated["held_path"] == "workspace" and "--log-path" in stated["held_path_reason"]
+    held = {p["held_bytes"] for p in stated["paths"]}
+    assert len(held) == 1 and held != {seed_ledger["paths"][0]["held_bytes"]}
+    assert main([*seed_args(log), "--log-path", "workspace"]) == 0
+    assert "derived on the workspace path" in " ".join(capsys.readouterr().out.split())
+
+
+def test_log_path_without_log_is_refused():
+    """--log-path says which path the log's engine ran: without --log it is one line, exit 2."""
+    check_bad_input(["repro-oom", "--predict", "--log-path", "alloc"], "--log-path needs --log")
+
+
+@pytest.fixture(scope="module")
+def repro_with_log(tmp_path_factory) -> Path:
+    """repro-oom's JSON at the seed's command with a log that prints the weights, the KV cache
+    and the seed's OOM line."""
+    folder = tmp_path_factory.mktemp("report")
+    log = folder / "server.log"
+    log.write_text("INFO 04-25 [gpu_model_runner.py:4879] Model loading took 40.50 GiB memory "
+                   "and 31.6 seconds\nINFO 04-25 [gpu_worker.py:300] Available KV cache memory: "
+                   f"20.00 GiB\n{SEED_OOM}\n")
+    out = folder / "repro.json"
+    assert main([*seed_args(log), "--format", "json", "--output", str(out)]) == 0
+    return out
+
+
+def test_the_ledger_plot_has_each_paths_log_and_mlamem_bars(repro_with_log):
+    """The ledger's figure (matplotlib Agg): per path a bar of the log's figures and one of
+    mlamem's, whose last segment is the memory held beyond mlamem's model, at its size."""
+    from mlamem.render import plots
+    from mlamem.results.repro import ReproFile
+
+    ledger = ReproFile.parse(json.loads(repro_with_log.read_text())).log
+    figure = plots.ledger_figure(ledger)
+    ax = figure.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    for path in ("alloc", "workspace"):
+        assert any(label.startswith(f"{path}: the log") for label in labels)
+        assert any(label.startswith(f"{path}: mlamem") for label in labels)
+    def widths(gid: str) -> set[float]:
+        return {round(p.get_width(), 3) for p in ax.patches if p.get_gid() == gid}
+
+    assert widths(f"mlamem: {plots.HELD_LABEL}") == {round(ledger.paths[0].held_bytes / GiB, 3)}
+    assert widths("the log: weights") == {40.5}  # the log's figure, its line 1
+    assert widths("mlamem: weights") == {40.0}  # --weights-per-rank
+    assert widths(f"the log: {plots.HELD_LABEL}") == set()  # the log does not know it
+    assert plots.log_ledger(ledger).startswith(b"\x89PNG")
+
+
+def test_report_carries_the_ledger_and_its_plot(tmp_path, repro_with_log):
+    """`mlamem report` of a repro-oom result made with --log: the ledger's Markdown and its
+    figure, a PNG referenced from the Markdown."""
+    output = tmp_path / "report.md"
+    assert main(["report", str(repro_with_log), "--output", str(output)]) == 0
+    text = output.read_text()
+    assert "#### The server log beside mlamem" in text
+    ledger_pngs = sorted(p.name for p in tmp_path.glob("*ledger*.png"))
+    assert len(ledger_pngs) == 1 and f"]({ledger_pngs[0]})" in text
+    assert (tmp_path / ledger_pngs[0]).read_bytes().startswith(b"\x89PNG")

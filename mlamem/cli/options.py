@@ -26,6 +26,7 @@ from mlamem.spec.gpus import GPUS
 from mlamem.spec.lists import parse_list
 from mlamem.spec.models import overrides
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO, check_exists, shipped_names
+from mlamem.spec.server_log import read_log
 from mlamem.spec.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -305,6 +306,30 @@ LogOption = Annotated[str | None, typer.Option(
     "standard input): its memory figures beside mlamem's for the same rank (the ledger), its "
     "OOM message explained, and the serve command with the largest safe value put in.",
     show_default=False)]
+
+
+class LogPath(StrEnum):
+    alloc = "alloc"
+    workspace = "workspace"
+
+
+LogPathOption = Annotated[LogPath | None, typer.Option(
+    "--log-path", help="With --log: the decode path the log's engine ran (alloc: q padded with "
+    "new_zeros, the kernel allocates out; workspace: q and out staged, vLLM PR #60220). The "
+    "memory the rank held beyond mlamem's model is derived on it, then used on every path. "
+    "Default: the path the engine's release runs (alloc for vLLM and SGLang).",
+    show_default=False)]
+
+
+def server_log(log: str | None, log_path: LogPath | None):
+    """--log read (None without it), with the path --log-path says its engine ran; --log-path
+    without --log refused. Both in one line before any work."""
+    if log is None:
+        if log_path is not None:
+            raise UserError("--log-path needs --log: it names the path the log's engine ran",
+                            field="log_path")
+        return None
+    return read_log(log, ran_path=log_path and log_path.value)
 # What helps where a value does not fit a scenario's workspace, in the CLI's words.
 RAISE_LIMIT = "raise it with --max-num-batched-tokens or drop that T from --tokens"
 DROP_CASE = "drop that T from --tokens or that scenario from --scenario"

@@ -16,7 +16,6 @@ from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.spec.engine_registry import declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
-from mlamem.spec.server_log import read_log
 from mlamem.spec.units import parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option("GPU memory, e.g. 141GB or 80GiB.")]
@@ -69,6 +68,7 @@ def plan(
     output_format: Annotated[o.ReproFormat | None, o.format_option("mlamem.plan/1")] = None,
     output: o.PlainOutputOption = None,
     log: o.LogOption = None,
+    log_path: o.LogPathOption = None,
 ) -> None:
     """KV-cache capacity for one rank, with the fp8 context-MLA workspace reserve.
 
@@ -86,7 +86,7 @@ def plan(
         "max-seq-len": max_seq_len})
     if output is not None:
         check_output_path(output)
-    server_log = log and read_log(log)  # refused in one line before any work
+    server_log = o.server_log(log, log_path)  # refused in one line before any work
     changes = o.Changes(model, gpu, weights_per_rank, engine_version)
     chosen = o.load_one(scenario, serve, changes)
     o.check_weights_fit(chosen, gpu_memory, from_file=serve is None and changes.model is None

@@ -17,7 +17,6 @@ from mlamem.spec.engine_registry import SHIPPED, declared_engine
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
-from mlamem.spec.server_log import read_log
 from mlamem.spec.units import check_fraction, parse_bytes
 
 GpuMemoryOption = Annotated[str | None, o.gpu_memory_option(
@@ -74,6 +73,7 @@ def repro_oom(
     expect_oom: ExpectOomOption = None,
     expect_fit: ExpectFitOption = None,
     log: o.LogOption = None,
+    log_path: o.LogPathOption = None,
 ) -> None:
     """Reproduce a runtime OOM of one engine rank, per path, and show what removes it.
 
@@ -98,7 +98,7 @@ def repro_oom(
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
-    server_log = log and read_log(log)  # refused in one line before any work
+    server_log = o.server_log(log, log_path)  # refused in one line before any work
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version),
                    gpu_memory, engine)
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)

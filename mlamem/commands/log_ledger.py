@@ -2,13 +2,15 @@
 command that fits.
 
 Every case is predicted on the allocator model (repro's `predict_case`) with the target GPU as
-the physical device (the OOM message's total where it prints one). The memory the rank held
-beyond mlamem's model at the OOM is mlamem's free memory at that request less the message's
-"X is free": where the model runs out at the same request, its free memory then; where it fits,
-the largest memory held beside the rank at which it still fits (repro's `largest_fitting`) plus
-the request. That memory is then held on the physical device beside the rank, outside what the
-engine sizes its KV cache from (the host setup's `process_bytes`, as memory another process or
-the driver holds), and repro's own searches give the largest safe step tokens and fraction.
+the physical device (the OOM message's total where it prints one). The user's server ran one
+case (decode path): the one `--log-path` names, else the one the engine's release runs
+(`ENGINE_RAN`). On that case, the memory the rank held beyond mlamem's model at the OOM is
+mlamem's free memory at that request less the message's "X is free": where the model runs out
+at the same request, its free memory then; where it fits, the largest memory held beside the
+rank at which it still fits (repro's `largest_fitting`) plus the request. That one figure is
+then held, on every case, on the physical device beside the rank, outside what the engine sizes
+its KV cache from (the host setup's `process_bytes`, as memory another process or the driver
+holds), and repro's own searches give each case's largest safe step tokens and fraction.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mlamem.engines.base import Budget, Engine, Verdict
 from mlamem.results.ledger import NOT_MODELLED, ServerLogLedger
 from mlamem.runtime.non_torch import NonTorchSetup
 from mlamem.spec.engines import sglang, vllm
+from mlamem.spec.errors import UserError
 from mlamem.spec.scenario import Scenario
 from mlamem.spec.serve_command import with_flag
 from mlamem.spec.server_log import OutOfMemory, ServerLog
@@ -67,10 +70,32 @@ def same_size(a: int | None, b: int) -> bool:
     return a is not None and abs(a - b) <= 0.006 * unit
 
 
+# The case each emulated engine's release runs, where the user does not say (--log-path), and why
+ENGINE_RAN = {  # each cites the release's wrapper: the function that pads q and calls the kernel
+    "vllm": ("alloc", "vLLM 0.33.0's _fp8_flash_mla_kernel, v1/attention/backends/mla/"
+             "flashmla_sparse.py: q padded by new_zeros, out allocated; PR #60220's staging is in "
+             "no release"),
+    "sglang": ("alloc", "SGLang 0.5.23's _forward_flashmla_kv, srt/layers/attention/"
+               "dsa_backend.py: q padded by new_zeros, out allocated"),
+    "trtllm-context-reuse": ("none", "TensorRT-LLM reserves nothing for the fp8 context-MLA "
+                             "workspace: PR #16399's reserve is in no release"),
+}
+
+
+def ran_case(log: ServerLog, engine: type[Engine]) -> tuple[str, str]:
+    """The case the user's server ran, on which the held memory is derived, and why."""
+    if log.ran_path is None:
+        return ENGINE_RAN.get(engine.name, (engine.case_keys(["alloc"])[0], "the first case"))
+    if engine.case_keys([log.ran_path]) != [log.ran_path]:
+        raise UserError(f"--log-path {log.ran_path}: engine {engine.name}'s cases are not decode "
+                        "paths; leave --log-path out", field="log_path")
+    return log.ran_path, "--log-path"
+
+
 def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -> ServerLogLedger:
     """Each case of `keys` beside the log: its ledger and, where the log holds an OOM, the
-    buffer that failed, the memory held beyond the model, the largest safe values and the
-    command that carries them."""
+    buffer that failed, the memory held beyond the model (derived once, on the case the user's
+    server ran), and with it each case's largest safe values and the command that carries them."""
     oom = log.ooms[0] if log.ooms else None
     total = oom.total_bytes if oom is not None and oom.total_bytes else rank.budget.gpu_memory_bytes
     rank = dataclasses.replace(rank, host=dataclasses.replace(
@@ -86,26 +111,32 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -
     if len(log.ooms) > 1:
         notes.append(f"{len(log.ooms)} different OOM messages: the first (line "
                      f"{oom.line_number}) is explained")
-    paths = [_path(log, rank, key, oom, serve) for key in keys]
+    ran, reason = ran_case(log, rank.engine)
+    held = None
+    if oom is not None and oom.free_bytes is not None:
+        free_at_request = _model_free_at(rank, ran, rank.case(ran), oom.requested_bytes)
+        held = None if free_at_request is None else free_at_request - oom.free_bytes
+    paths = [_path(log, rank, key, oom, serve, held) for key in keys]
     return ServerLogLedger(
         source=log.source, engine=log.engine, version=log.version, lines=log.lines,
         figures=[dataclasses.asdict(f) for f in log.figures],
         ooms=[{**dataclasses.asdict(o), "frames": list(o.frames)} for o in log.ooms],
-        paths=paths, notes=notes)
+        paths=paths, notes=notes, held_path=ran if oom is not None else None,
+        held_path_reason=reason if oom is not None else None)
 
 
-def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None) -> dict:
+def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None,
+          held: int | None) -> dict:
     case = rank.case(key)
     tokens = rank.budget.max_num_batched_tokens
     rows = _rows(log, case)
     explained = {"failing_buffer": None, "failing_buffer_bytes": None, "held_bytes": None,
                  "verdict_with_log": None, "max_safe_tokens": None, "max_safe_fraction": None,
                  "fraction_knob": None, "command_that_fits": None}
-    if oom is not None and oom.free_bytes is not None:
-        explained.update(_explain(rank, key, case, oom, serve))
-    if explained["held_bytes"] is not None:
+    if held is not None:
+        explained.update(_explain(rank, key, case, oom, serve, held))
         rows.append({"component": NOT_MODELLED, "log_bytes": None, "log_line": None,
-                     "mlamem_bytes": None, "difference_bytes": explained["held_bytes"],
+                     "mlamem_bytes": None, "difference_bytes": held,
                      "source": f"OOM line {oom.line_number}"})
     return {"case": key, "rows": rows, "step_tokens": tokens, **explained}
 
@@ -135,12 +166,10 @@ def _rows(log: ServerLog, case: dict) -> list[dict]:
     return rows
 
 
-def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory, serve: str | None) -> dict:
-    """The failing buffer, the memory held beyond the model, and the largest safe values."""
-    free_at_request = _model_free_at(rank, key, case, oom.requested_bytes)
-    if free_at_request is None:
-        return {}
-    held = free_at_request - oom.free_bytes
+def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory, serve: str | None,
+             held: int) -> dict:
+    """With the memory held beyond the model beside the rank: the failing buffer, the verdict
+    and the largest safe values."""
     with_log = rank.case(key, held)
     buffer = _buffer_of_size(case, oom.requested_bytes) or _buffer_of_size(with_log, oom.requested_bytes)
     engine, budget = rank.engine, rank.budget

@@ -35,6 +35,20 @@ def header_line(ledger: ServerLogLedger) -> str:
             f"{len(ledger.figures)} memory figures, {len(ledger.ooms)} OOM messages")
 
 
+def _derived_on(ledger: ServerLogLedger) -> str:
+    if ledger.held_path is None:  # a file written before the path was recorded
+        return " (mlamem's free memory at that request less the log's)"
+    return f" (derived on the {ledger.held_path} path, the one the server ran)"
+
+
+def held_line(ledger: ServerLogLedger) -> list[str]:
+    """On which path the held memory was derived, and why: the one the user's server ran."""
+    if ledger.held_path is None:
+        return []
+    return [f"held memory derived on the {ledger.held_path} path, the one the server ran "
+            f"({ledger.held_path_reason}); every path is predicted with it"]
+
+
 def oom_lines(path: LogPath, ledger: ServerLogLedger) -> list[str]:
     """The OOM explained for one case, and the command that fits."""
     if not ledger.ooms:
@@ -48,9 +62,8 @@ def oom_lines(path: LogPath, ledger: ServerLogLedger) -> list[str]:
     buffer = (f"{path.failing_buffer} {format_bytes(path.failing_buffer_bytes)}"
               if path.failing_buffer else "no buffer of that size")
     lines.append(f"{path.case}: failing buffer {buffer} at {path.step_tokens} tokens; the rank "
-                 f"held {format_bytes(path.held_bytes)} beyond mlamem's model (mlamem's free "
-                 f"memory at that request less the log's); with it, the verdict is "
-                 f"{path.verdict_with_log}")
+                 f"held {format_bytes(path.held_bytes)} beyond mlamem's model{_derived_on(ledger)}"
+                 f"; with it, the verdict is {path.verdict_with_log}")
     if path.max_safe_tokens is not None:
         lines.append(f"{path.case}: largest safe step tokens for this rank: {path.max_safe_tokens}"
                      + (f"; largest safe {path.fraction_knob}: {path.max_safe_fraction}"
@@ -76,14 +89,14 @@ def ledger_table(ledger: ServerLogLedger) -> Group:
         for row in path.rows:
             table.add_row(*map(escaped, _cells(row)))
         parts.append(with_notes(table, [escaped(line) for line in oom_lines(path, ledger)]))
-    notes = [header_line(ledger), *ledger.notes]
+    notes = [header_line(ledger), *held_line(ledger), *ledger.notes]
     return Group(*parts, with_notes(compact_table(""), [escaped(n) for n in notes]))
 
 
 def ledger_markdown(ledger: ServerLogLedger) -> str:
     """The ledger as a Markdown section: a table per case, the OOM explained, the command."""
     lines = ["#### The server log beside mlamem", "", f"- {escaped(header_line(ledger), markdown=True)}"]
-    lines += [f"- {escaped(note, markdown=True)}" for note in ledger.notes]
+    lines += [f"- {escaped(note, markdown=True)}" for note in [*held_line(ledger), *ledger.notes]]
     for path in ledger.paths:
         lines += ["", f"{escaped(path.case, markdown=True)}:", "", markdown_row(list(HEADERS)),
                   "|" + "---|" * len(HEADERS)]

@@ -8,6 +8,7 @@ or date stamp. Bytes are converted to GiB here, at the edge, and every axis stat
 from __future__ import annotations
 
 import io
+from pathlib import PurePath
 from typing import TYPE_CHECKING
 
 import matplotlib
@@ -17,11 +18,13 @@ from matplotlib.ticker import NullLocator
 
 from mlamem.render.escape import escaped
 from mlamem.results.graphs import GraphPath, GraphsFile
+from mlamem.results.ledger import NOT_MODELLED
 from mlamem.results.repro import ReproFile
 from mlamem.spec.engine_registry import engine_spec
 from mlamem.spec.units import GiB, MiB, format_bytes, gib
 
 if TYPE_CHECKING:
+    from mlamem.results.ledger import LogPath, ServerLogLedger
     from mlamem.results.profile import ProfileFile
 
 DPI = 120
@@ -252,6 +255,87 @@ def repro_budget(result: ReproFile) -> bytes:
                      f"{plot_text(result.kernel['label'])}")
         figure.legend(loc="outside lower center", ncols=3)
         return _png(figure)
+
+
+LEDGER_COLORS = {"weights": "#7f7f7f", "non-torch": "tab:brown", "activation peak": "tab:purple",
+                 "CUDA graphs": "tab:cyan", "KV cache": "tab:green", "step buffers": "tab:orange"}
+HELD_LABEL = "held by the rank beyond mlamem's model"
+NOT_IN_LOG = "hatched: mlamem's figure, not printed by the log"
+
+
+def _ledger_bars(path: LogPath) -> dict[str, list[tuple[str, int, bool]]]:
+    """The log's bar and mlamem's, as (component, bytes, whose figure it is: the bar's own);
+    the step's buffers summed, the held memory last on mlamem's."""
+    bars: dict[str, list[tuple[str, int, bool]]] = {"mlamem": [], "the log": []}
+    step = sum(r.mlamem_bytes or 0 for r in path.rows if r.component.startswith("step buffer"))
+    for row in path.rows:
+        if row.component == NOT_MODELLED or row.component.startswith("step buffer"):
+            continue
+        if row.mlamem_bytes is not None:
+            bars["mlamem"].append((row.component, row.mlamem_bytes, True))
+        if row.log_bytes is not None or row.mlamem_bytes is not None:
+            logged = row.log_bytes is not None
+            bars["the log"].append((row.component, row.log_bytes if logged else row.mlamem_bytes,
+                                    logged))
+    if step:
+        bars["the log"].append(("step buffers", step, False))
+        bars["mlamem"].append(("step buffers", step, True))
+    if path.held_bytes:
+        bars["mlamem"].append((HELD_LABEL, path.held_bytes, True))
+    return bars
+
+
+def _ledger_bar(ax, y: float, whose: str, segments: list[tuple[str, int, bool]],
+                seen: set[str]) -> float:
+    """One stacked bar at `y`, each segment tagged `whose: component` (its gid); its right end."""
+    left = 0.0
+    for component, size, own in segments:
+        width = gib(size)
+        held = component == HELD_LABEL
+        patch = ax.barh(y, width, left=left, height=0.36, label=None if component in seen
+                        else component, color="white" if held else LEDGER_COLORS[component],
+                        edgecolor=BUDGET_COLORS["short"] if held else "white",
+                        hatch="//" if held or not own else None, alpha=1.0 if own else 0.45)
+        patch[0].set_gid(f"{whose}: {component}")
+        seen.add(component)
+        if width >= 2.5:
+            ax.text(left + width / 2, y, f"{width:.2f}", ha="center", va="center", fontsize=9)
+        left += width
+    return left
+
+
+def ledger_figure(ledger: ServerLogLedger) -> Figure:
+    """Per path, the log's figures as one stacked bar and mlamem's as another, mlamem's ending
+    in the memory the rank held beyond its model; the OOM message's device total as a line."""
+    with matplotlib.style.context("default"), matplotlib.rc_context(STYLE):
+        rows = [(path, whose, bar) for path in ledger.paths
+                for whose, bar in _ledger_bars(path).items()]
+        figure = _figure(11, 2.4 + 0.7 * len(rows))
+        ax = figure.add_subplot()
+        seen: set[str] = set()
+        right = max((_ledger_bar(ax, len(rows) - 1 - i, whose, bar, seen)
+                     for i, (_, whose, bar) in enumerate(rows)), default=0.0)
+        total = ledger.ooms[0].total_bytes if ledger.ooms else None
+        if total:
+            ax.axvline(gib(total), color="black", linestyle="--", linewidth=1.2,
+                       label="the device's total (the OOM message)")
+            right = max(right, gib(total))
+        ax.set_yticks(range(len(rows)), labels=[
+            f"{plot_text(path.case)}: {whose}" for path, whose, _ in reversed(rows)])
+        ax.set_xlim(0, right * 1.08 if right else 1)
+        ax.set_xlabel("device memory of one rank (GiB)")
+        ax.grid(axis="y", visible=False)
+        held_on = (f"; held memory derived on the {plot_text(ledger.held_path)} path"
+                   if ledger.held_path else "")
+        figure.suptitle(f"the server log {plot_text(PurePath(ledger.source).name)} beside mlamem, per path "
+                        f"(GiB)\n{NOT_IN_LOG}{held_on}")
+        figure.legend(loc="outside lower center", ncols=3)
+        return figure
+
+
+def log_ledger(ledger: ServerLogLedger) -> bytes:
+    """The ledger's figure as PNG bytes."""
+    return _png(ledger_figure(ledger))
 
 
 GRAPH_PATH_COLORS = {**PATH_COLORS, "workspace-full": "tab:green"}

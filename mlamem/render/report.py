@@ -137,6 +137,9 @@ class ReproSection(Section):
         if engine_spec(r.engine).view.budget_plot:  # the engine's segments, one bar per case
             lines += figure("budget", f"Memory budget per path{tag}",
                             lambda plots: plots.repro_budget(r))
+        if r.log is not None:  # --log: the log's figures beside mlamem's, per path
+            lines += figure("ledger", f"The server log beside mlamem{tag}",
+                            lambda plots: plots.log_ledger(r.log))
         return lines
 
     def summary(self, r: ReproFile, tag: str) -> list[str]:

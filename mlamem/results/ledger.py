@@ -66,7 +66,8 @@ class LogPath(Model):
     step_tokens: int = Field(description="the step's tokens (max_num_batched_tokens)")
     held_bytes: int | None = Field(
         description="what the rank held beyond mlamem's model at the OOM: mlamem's free memory "
-                    "at that request less the log's")
+                    "at that request less the log's, on the case `held_path` names (the same on "
+                    "every case)")
     verdict_with_log: str | None = Field(
         description="the case's verdict at the user's settings with that memory held")
     max_safe_tokens: int | None = Field(
@@ -91,3 +92,9 @@ class ServerLogLedger(Model):
     ooms: list[LogOom]
     paths: list[LogPath]
     notes: list[str] = Field(description="how the figures were matched and derived")
+    held_path: str | None = Field(
+        None, description="the case (decode path) the user's server ran, on which the memory "
+                          "held beyond mlamem's model was derived (null: no OOM message, or a "
+                          "file written before it was recorded)")
+    held_path_reason: str | None = Field(
+        None, description="why that case: `--log-path`, or the engine release's rule it cites")

@@ -69,6 +69,7 @@ class ServerLog:
     figures: tuple[Figure, ...]
     ooms: tuple[OutOfMemory, ...]
     lines: int
+    ran_path: str | None = None  # the decode path the user says the engine ran (--log-path)
 
     def first(self, name: str) -> Figure | None:
         """The first figure of that name (rank 0's, in a log of many ranks), else None."""
@@ -298,10 +299,11 @@ def parse_lines(lines, source: str = "-") -> ServerLog:
                      figures=tuple(reader.figures), ooms=tuple(reader.ooms), lines=reader.lines)
 
 
-def read_log(path: str, field_name: str = "log") -> ServerLog:
+def read_log(path: str, field_name: str = "log", ran_path: str | None = None) -> ServerLog:
     """The server log at `path` (`-`: standard input), at most MAX_LOG_BYTES, its bytes
     decoded as UTF-8 with anything else replaced; a UserError in one line where it holds no
-    line mlamem knows (neither a memory figure nor an OOM message)."""
+    line mlamem knows (neither a memory figure nor an OOM message). `ran_path`: the decode
+    path the user says its engine ran, where they say it."""
     data = _stdin_bytes(field_name) if path == "-" else read_bytes(
         Path(path), "server log", field_name, limit=MAX_LOG_BYTES)
     text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline=None)
@@ -310,7 +312,7 @@ def read_log(path: str, field_name: str = "log") -> ServerLog:
         raise UserError(f"{path}: no line of a vLLM, SGLang or TensorRT-LLM log mlamem reads "
                         f"(no memory figure, no CUDA out-of-memory message) in {log.lines} lines; "
                         "pass the server's own log", field=field_name)
-    return log
+    return dataclasses.replace(log, ran_path=ran_path)
 
 
 def _stdin_bytes(field_name: str) -> bytes:
