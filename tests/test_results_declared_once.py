@@ -27,7 +27,6 @@ RECORDED = {
     "mlamem.engines.base.Knob": "results.EngineKnob: an engine's budget knob",
     "mlamem.engines.base.RankMemory": "results.RankFigures: a rank's memory after KV sizing",
     "mlamem.spec.engines.vllm.Estimate": "results.Estimate: vLLM's graph estimate rule",
-    "mlamem.spec.engines.vllm.VLLMSection": "results.Serving: the scenario's [vllm] table",
     "mlamem.spec.kernel_api.Capabilities": "results.Kernel: what an adapter declares",
     "mlamem.runtime.non_torch.NonTorchSetup": "results.NonTorch: the non-torch data's host",
     "mlamem.spec.server_log.Figure": "results.LogFigure: a figure as the log reader reads it",

@@ -233,6 +233,6 @@ def test_the_redaction_loads_no_heavy_library():
             "print(redaction.redacted_command('vllm serve m --hf-tok x'), "
             "redaction.argv_secrets(['plan', '--serve', 'vllm serve m --api-key k'])); "
             "print(sorted({'torch', 'pydantic', 'yaml', 'typer'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out == "vllm serve m --hf-tok ... ['k']\n[]\n"

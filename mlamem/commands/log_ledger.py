@@ -87,8 +87,8 @@ def ran_case(log: ServerLog, engine: type[Engine]) -> tuple[str, str]:
     if log.ran_path is None:
         return ENGINE_RAN.get(engine.name, (engine.case_keys(["alloc"])[0], "the first case"))
     if engine.case_keys([log.ran_path]) != [log.ran_path]:
-        raise UserError(f"--log-path {log.ran_path}: engine {engine.name}'s cases are not decode "
-                        "paths; leave --log-path out", field="log_path")
+        raise UserError(f"{log.ran_path}: engine {engine.name}'s cases are not decode paths; "
+                        "leave the path out", field="log_path")
     return log.ran_path, "--log-path"
 
 

@@ -125,9 +125,9 @@ def _parse_words(words: list[str], engine_version: str | None = None) -> Parsed:
     if program == "vllm" and words[1:2] == ["serve"]:
         return vllm.parse(words[2:], engine_version)
     if engine_version is not None and engine_version != sglang.VERSION:
-        raise UserError(f"--engine-version {engine_version}: mlamem reads versions of vLLM only; "
-                        f"for this engine it follows SGLang {sglang.VERSION} or TensorRT-LLM's "
-                        "rules as shipped: drop --engine-version", field="engine_version")
+        raise UserError(f"{engine_version}: mlamem reads versions of vLLM only; for this engine "
+                        f"it follows SGLang {sglang.VERSION} or TensorRT-LLM's rules as shipped: "
+                        "leave the version out", field="engine_version")
     if program == "trtllm-serve":
         return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
     if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
