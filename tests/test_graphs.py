@@ -331,3 +331,14 @@ def test_a_gpu_without_a_record_names_the_nearest(gpu, nearest):
     note = _setup_note(run_graphs(glm, ["alloc"], command="test", sizes=[8, 1], predict=True))
     assert f"{nearest}, torch" in note
     assert f"no record of the {gpu}'s" in note and f"the nearest record, the {nearest}'s" in note
+
+
+def test_the_predicted_table_says_the_target_gpu_is_modelled():
+    """The table's label: the device column is the target GPU's (its record), not this host's."""
+    from mlamem import render
+
+    result = run_graphs(scenarios.load("glm5-fp8-tp8"), ["alloc"], command="test", sizes=[8, 1],
+                        predict=True)
+    text = render.graphs_markdown(result)
+    assert "+ the target GPU's non-torch memory" in text
+    assert "the host's non-torch memory" not in text
