@@ -109,15 +109,25 @@ def estimates(captures: Sequence[Capture], pool_bytes: int,
     return found
 
 
+def _target_model(scenario: Scenario, kernel_name: str):
+    """The allocator model with the scenario's GPU (--gpu) as the physical device: its own
+    non-torch record, else the nearest one, named (`host_setup`, as repro-oom predicts)."""
+    from mlamem.commands.repro import host_setup  # torch
+    from mlamem.runtime.memory import SimulatedMemory
+
+    return SimulatedMemory(non_torch=host_setup(kernel_name, predict=True,
+                                                target_bytes=scenario.gpu.memory_bytes,
+                                                target_gpu=scenario.gpu.name))
+
+
 def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel=None,
                sizes: Sequence[int] | None = None, predict: bool = False,
                on_capture: Callable[[str, Capture], None] | None = None) -> GraphsFile:
     """Measure (or predict, without a GPU or with `predict`) every path over the capture list:
     the scenario's FULL decode graphs unless `sizes` is given."""
-    from mlamem.commands.repro import host_setup
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.runtime.measure import local_sm_count
-    from mlamem.runtime.memory import CudaMemory, SimulatedMemory
+    from mlamem.runtime.memory import CudaMemory
 
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     capabilities = kernel.capabilities(SPARSE_DECODE)
@@ -128,11 +138,8 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     reason = "--predict was given" if predict else kernel.unavailable_reason()
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     # predicted: one model for the process, as measured: what the first path's launches and
-    # first capture load outside the allocator, a later path finds loaded; the scenario's GPU
-    # (--gpu) as the physical device, on its record or the nearest one (repro-oom's)
-    model = None if reason is None else SimulatedMemory(non_torch=host_setup(
-        kernel.name, predict=True, target_bytes=scenario.gpu.memory_bytes,
-        target_gpu=scenario.gpu.name))
+    # first capture load outside the allocator, a later path finds loaded
+    model = None if reason is None else _target_model(scenario, kernel.name)
     measured_paths = []
     for path in paths:
         memory = CudaMemory() if model is None else model
