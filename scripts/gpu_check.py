@@ -182,7 +182,9 @@ SUITES = {
              f"mlamem repro-oom --serve '{SEED_SERVE} --enforce-eager' --gpu 'H100 SXM 80GB' "
              "--weights-per-rank 40GiB --log docs/examples/server.log @repro-seed-log",
              *both("mlamem repro-oom --engine sglang @repro-glm5-sglang"),
-             *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs")],
+             *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs"),
+             # graphs --predict models GLM-5's H100 on the H100's record: each figure as measured
+             *both("mlamem graphs @graphs-glm5")],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }

@@ -20,6 +20,7 @@ from mlamem.commands.validate import compare_graphs
 from mlamem.engines.vllm import VLLMBudget
 from mlamem.kernels import load_kernel
 from mlamem.results.graphs import GraphsFile
+from mlamem.spec import gpus
 from mlamem.spec import scenario as scenarios
 from mlamem.spec.errors import UserError
 from mlamem.testing import scenario_as_run
@@ -295,3 +296,49 @@ def test_a_capture_embeds_its_record_and_saves_without_it():
     saved = result.file_dict()
     assert all("call" not in c for c in saved["paths"][0]["captures"])
     assert GraphsFile.parse(json.loads(json.dumps(saved))).file_dict() == saved
+
+
+def _setup_note(result) -> str:
+    """The predicted result's note naming the non-torch record it modelled the device on."""
+    (note,) = [n for n in result.notes if n.startswith("device growth predicted")]
+    return note
+
+
+def test_an_h100_scenario_is_predicted_on_the_h100_record():
+    """GLM-5 targets the H100 (81079 MiB): its graphs are modelled on the H100's own record, the
+    target as the physical device (repro-oom's `host_setup`), not the H200's."""
+    glm = scenarios.load("glm5-fp8-tp8")
+    assert glm.gpu.name == "H100 SXM 80GB"
+    note = _setup_note(run_graphs(glm, ["alloc"], command="test", sizes=[8, 1], predict=True))
+    assert "NVIDIA H100 80GB HBM3, torch" in note
+    assert "NVIDIA H200, torch" not in note and "assumed" not in note
+
+
+def test_an_h200_scenario_is_predicted_on_the_h200_record():
+    deepseek = scenarios.load("deepseek-v32-fp8-tp8")
+    note = _setup_note(run_graphs(deepseek, ["alloc"], command="test", sizes=[8, 1],
+                                  predict=True))
+    assert "NVIDIA H200, torch" in note
+    assert "H100" not in note and "assumed" not in note
+
+
+@pytest.mark.parametrize(("gpu", "nearest"), [("H20", "NVIDIA H100 80GB HBM3"),
+                                              ("H20 141GB", "NVIDIA H200")])
+def test_a_gpu_without_a_record_names_the_nearest(gpu, nearest):
+    """`--gpu H20` (97871 MiB): no record of its own, so the nearest by memory stands in, with
+    the H20's memory as the physical device, and the note says which."""
+    glm = gpus.retarget(scenarios.load("glm5-fp8-tp8"), gpu)
+    note = _setup_note(run_graphs(glm, ["alloc"], command="test", sizes=[8, 1], predict=True))
+    assert f"{nearest}, torch" in note
+    assert f"no record of the {gpu}'s" in note and f"the nearest record, the {nearest}'s" in note
+
+
+def test_the_predicted_table_says_the_target_gpu_is_modelled():
+    """The table's label: the device column is the target GPU's (its record), not this host's."""
+    from mlamem import render
+
+    result = run_graphs(scenarios.load("glm5-fp8-tp8"), ["alloc"], command="test", sizes=[8, 1],
+                        predict=True)
+    text = render.graphs_markdown(result)
+    assert "+ the target GPU's non-torch memory" in text
+    assert "the host's non-torch memory" not in text

@@ -8,7 +8,7 @@ bit); `torch.cuda.graph` then empties the cache and captures. A capture's output
 as weak references, as vLLM keeps them (`weak_ref_tensors`): the blocks go back to the pool
 and the next capture reuses them, so the pool ends about as large as the largest capture.
 Per capture: the pool's growth (allocator reserved, and the device-wide growth vLLM reads
-with `mem_get_info`; predicted, the model's, with the host setup's memory outside the
+with `mem_get_info`; predicted, the model's, with the target GPU's record's memory outside the
 allocator: mlamem/non_torch.toml), the peak inside the capture and what stays allocated.
 
 vLLM's estimate (v1/worker/gpu/cudagraph_utils.py, profile_cudagraph_memory and
@@ -109,15 +109,25 @@ def estimates(captures: Sequence[Capture], pool_bytes: int,
     return found
 
 
+def _target_model(scenario: Scenario, kernel_name: str):
+    """The allocator model with the scenario's GPU (--gpu) as the physical device: its own
+    non-torch record, else the nearest one, named (`host_setup`, as repro-oom predicts)."""
+    from mlamem.commands.repro import host_setup  # torch
+    from mlamem.runtime.memory import SimulatedMemory
+
+    return SimulatedMemory(non_torch=host_setup(kernel_name, predict=True,
+                                                target_bytes=scenario.gpu.memory_bytes,
+                                                target_gpu=scenario.gpu.name))
+
+
 def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel=None,
                sizes: Sequence[int] | None = None, predict: bool = False,
                on_capture: Callable[[str, Capture], None] | None = None) -> GraphsFile:
     """Measure (or predict, without a GPU or with `predict`) every path over the capture list:
     the scenario's FULL decode graphs unless `sizes` is given."""
-    from mlamem.commands.repro import host_setup
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
     from mlamem.runtime.measure import local_sm_count
-    from mlamem.runtime.memory import CudaMemory, SimulatedMemory
+    from mlamem.runtime.memory import CudaMemory
 
     kernel = kernel or load_kernel(DEFAULT_KERNEL)()
     capabilities = kernel.capabilities(SPARSE_DECODE)
@@ -129,7 +139,7 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
     sm_count = local_sm_count() if reason is None else scenario.gpu.sm_count
     # predicted: one model for the process, as measured: what the first path's launches and
     # first capture load outside the allocator, a later path finds loaded
-    model = None if reason is None else SimulatedMemory(non_torch=host_setup(kernel.name, predict=True))
+    model = None if reason is None else _target_model(scenario, kernel.name)
     measured_paths = []
     for path in paths:
         memory = CudaMemory() if model is None else model
@@ -143,8 +153,8 @@ def run_graphs(scenario: Scenario, paths: Sequence[str], *, command: str, kernel
              "device-wide growth of the first two captures (mem_get_info); the allocator line "
              "applies the same rule to the allocator's reserved growth"]
     if model is not None:
-        notes.append(f"device growth predicted as the model's reserved memory plus the host's "
-                     f"non-torch memory, first launches' modules and the process's first "
+        notes.append(f"device growth predicted as the model's reserved memory plus the target "
+                     f"GPU's non-torch memory, first launches' modules and the process's first "
                      f"capture included: {model.non_torch.describe()}; not modelled: the 2 MiB "
                      "steps the device takes at some later captures, which leave those "
                      "captures' device growth, each path's device growth and vLLM's device "

@@ -32,7 +32,8 @@ def _label(result: GraphsFile) -> str:
         return f"measured on {env.gpu} (SM{env.compute_capability}), {result.kernel['label']}"
     return (f"PREDICTED, not measured ({result.not_measured_reason}); allocator model + "
             f"{result.kernel['label']} allocation spec, {result.kernel['sm_count']} SMs"
-            + (" + the host's non-torch memory" if has_device(result) else ""))
+            + (" + the target GPU's non-torch memory (notes: its record)" if has_device(result)
+               else ""))
 
 
 def _capture_list(result: GraphsFile) -> str:
