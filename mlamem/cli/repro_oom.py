@@ -102,22 +102,21 @@ def repro_oom(
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version),
                    gpu_memory, engine)
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
-    from mlamem.commands.repro import check_target  # torch: after the plan's refusals
-
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
                      _graphs_on(cuda_graphs, part.scenario, emulated, sizes),
                      max_num_batched_tokens, mem_fraction_static)
-    check_target(budget, part.kernel, predict)
     result = _run(chosen, part, budget, part.kernel, predict, emulated, server_log, serve)
     _show(result, output_format, output)
     _check_expected(result, emulated, expect_oom, expect_fit)
 
 
 def _run(chosen, part, budget, kernel, predict: bool, emulated, server_log, serve: str | None):
-    """Each case emulated, its limits searched; with --log, the log's ledger beside them."""
-    from mlamem.commands.repro import run_repro  # torch
+    """The target checked, each case emulated, its limits searched; with --log, the log's
+    ledger beside them."""
+    from mlamem.commands.repro import check_target, run_repro  # torch: after every refusal
 
+    check_target(budget, kernel, predict)
     with progress(f"repro-oom {part.scenario.name}", None) as advance:
         result = run_repro(chosen, budget, part.paths, command=command_line(), kernel=kernel,
                            predict=predict, engine=emulated.name, on_progress=advance)
@@ -131,11 +130,12 @@ def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | N
     if server_log is None:
         return result
     from mlamem.commands.log_ledger import Rank, log_ledger  # torch
-    from mlamem.commands.repro import host_setup  # torch
+    from mlamem.commands.repro import host_setup, target_gpu  # torch
 
     advance("reading the server log beside the rank")
-    rank = Rank(emulated, part.scenario, kernel, budget, host_setup(kernel.name, predict=True),
-                part.scenario.gpu.sm_count)
+    host = host_setup(kernel.name, predict=True, target_bytes=budget.gpu_memory_bytes,
+                      target_gpu=target_gpu(part.scenario, budget))  # the target's record
+    rank = Rank(emulated, part.scenario, kernel, budget, host, part.scenario.gpu.sm_count)
     if result is None:
         return log_ledger(server_log, rank, keys, serve)
     keys = [c[emulated.case_type.key_field] for c in result.cases]
