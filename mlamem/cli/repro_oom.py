@@ -13,7 +13,8 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
 from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.spec.engine_registry import SHIPPED, declared_engine
+from mlamem.runtime.paths import PATH_NAMES
+from mlamem.spec.engine_registry import SHIPPED, declared_engine, engine_spec
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
@@ -101,6 +102,8 @@ def repro_oom(
     server_log = o.server_log(log, log_path)  # refused in one line before any work
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version),
                    gpu_memory, engine)
+    _check_engine_flags(declared_engine(loaded[1], engine), paths, expect_oom, expect_fit,
+                        utilization, mem_fraction_static)
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
     from mlamem.commands.repro import check_target  # torch: after the plan's refusals
 
@@ -200,6 +203,27 @@ def _load(scenario: str | None, serve: str | None, changes: o.Changes,
     return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded
 
 
+def _check_engine_flags(name: str, paths: str | None, expect_oom, expect_fit,
+                        utilization: float | None, mem_fraction_static: float | None) -> None:
+    """Before torch, from engine `name`'s spec: its fraction flag, and the cases --expect-oom
+    and --expect-fit name where the cases are paths (_engine checks them on the kernel's)."""
+    spec = engine_spec(name)
+    if utilization is not None and not spec.reads_utilization:
+        raise UserError(f"--utilization: the {name} engine's fraction is "
+                        "--mem-fraction-static; pass that instead")
+    if mem_fraction_static is not None and spec.searched_fraction != "mem_fraction_static":
+        raise UserError(f"--mem-fraction-static is SGLang's (--engine sglang); the {name} engine "
+                        "has no such option: drop it (vLLM's fraction is --utilization)")
+    if spec.key_field != "path":
+        return
+    cases = o.split_paths(paths) or list(PATH_NAMES)
+    for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
+        for case in wanted or []:
+            if case not in cases:
+                raise UserError(f"{option} {case}: not among the {spec.view.cases_named} "
+                                f"{','.join(cases)}")
+
+
 def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: int | None):
     """The sparse decode step the engine replays, checked: kernel, scenario (as given, loaded),
     paths, shape and max_num_batched_tokens: (the scenario, the part, whose scenario has that
@@ -257,9 +281,6 @@ def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None,
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
         raise UserError(f"--gpu-memory: {exc}") from None
-    if utilization is not None and not emulated.reads_utilization:
-        raise UserError(f"--utilization: the {emulated.name} engine's fraction is "
-                        "--mem-fraction-static; pass that instead")
     budget = emulated.make_budget(
         gpu_memory_bytes=memory_bytes,
         utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,
