@@ -234,3 +234,12 @@ def test_awq_group_size_minus_one_is_one_group_per_row_as_gptqs():
     qweight (in, out / 8), one row of qzeros and of fp16 scales."""
     quantization = parse_quantization({"quant_method": "awq", "bits": 4, "group_size": -1})
     assert quantization.weight_bytes(OUT, IN) == IN * OUT // 2 + OUT // 2 + 2 * OUT
+
+
+def test_a_compressed_tensors_scheme_it_cannot_read_names_what_is_missing_not_none():
+    """A config group without format or type is told by the keys it lacks, never "None"."""
+    quant = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {
+        "num_bits": 4, "group_size": 0}}}}
+    with pytest.raises(UserError, match="no format, weights.type, weights.strategy") as error:
+        parse_quantization(quant)
+    assert "None" not in str(error.value)

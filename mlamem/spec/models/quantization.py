@@ -254,5 +254,9 @@ def _compressed_tensors(quant: dict) -> Quantization:
             return Quantization("fp8-block", "FP8", block=block, **common)
         if strategy in ("tensor", "channel"):
             return Quantization(f"fp8-{strategy}", "FP8", static_input=static, **common)
-    raise bad("format", f"{form!r} with {bits}-bit {kind} weights by {strategy} is not modelled; mlamem "
-              "reads pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
+    keys = {"format": form, "weights.num_bits": bits, "weights.type": kind, "weights.strategy": strategy}
+    given = ", ".join(f"{key} {value!r}" for key, value in keys.items() if value is not None)
+    missing = ", ".join(key for key, value in keys.items() if value is None)
+    said = "; ".join(part for part in (given, missing and f"no {missing}") if part)
+    raise bad("format", f"and its config group ({said}): "
+              "a scheme not modelled; mlamem reads pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
