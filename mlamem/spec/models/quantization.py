@@ -258,5 +258,5 @@ def _compressed_tensors(quant: dict) -> Quantization:
     given = ", ".join(f"{key} {value!r}" for key, value in keys.items() if value is not None)
     missing = ", ".join(key for key, value in keys.items() if value is None)
     said = "; ".join(part for part in (given, missing and f"no {missing}") if part)
-    raise bad("format", f"and its config group ({said}): "
-              "a scheme not modelled; mlamem reads pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
+    raise bad("format", f"and its config group ({said}): a scheme not modelled; mlamem reads "
+              "pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
