@@ -91,19 +91,16 @@ def repro_oom(
     step of --max-num-batched-tokens (SGLang's --chunked-prefill-size) through flashmla_kv; with
     the largest safe chunk and fraction.
 
-    TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
-    default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
-    reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
-    --log: the server's log beside the rank. Exits 0 whatever the verdict, unless
-    --expect-oom/--expect-fit says otherwise."""
+    TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's default)
+    reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only reserve (TRT-LLM
+    PR #16399) and plan's everything-charged reserve with its admission cap. --log: the server's log
+    beside the rank. Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise."""
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
     server_log = o.server_log(log, log_path)  # refused in one line before any work
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version),
-                   gpu_memory, engine)
-    _check_engine_flags(declared_engine(loaded[1], engine), paths, expect_oom, expect_fit,
-                        utilization, mem_fraction_static)
+                   gpu_memory, engine, (paths, expect_oom, expect_fit, utilization, mem_fraction_static))
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
     from mlamem.commands.repro import check_target  # torch: after the plan's refusals
 
@@ -185,9 +182,10 @@ def _check_flags(expect_oom, expect_fit, output, capture_sizes: str | None, cuda
 
 
 def _load(scenario: str | None, serve: str | None, changes: o.Changes,
-          gpu_memory: str | None, engine: str | None) -> tuple:
-    """The scenario (as given, loaded), its weights checked against the memory and the engine
-    against those it declares, before torch loads."""
+          gpu_memory: str | None, engine: str | None, engine_flags: tuple) -> tuple:
+    """The scenario (as given, loaded), its weights checked against the memory, the engine
+    against those it declares and `engine_flags` against the engine (_check_engine_flags),
+    before torch loads."""
     if gpu_memory is not None and o.parse_size(gpu_memory, "gpu_memory_bytes") <= 0:
         raise UserError("must be positive; pass a size such as 80GiB", field="gpu_memory_bytes")
     loaded = o.load_one(scenario, serve, changes)
@@ -199,7 +197,7 @@ def _load(scenario: str | None, serve: str | None, changes: o.Changes,
                         "scenarios --serve` prints", field="serve")
     o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
                         and changes.weights_per_rank is None)
-    declared_engine(loaded, engine)
+    _check_engine_flags(declared_engine(loaded, engine), *engine_flags)
     return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded
 
 
