@@ -59,6 +59,10 @@ REFUSED = [
     ["graphs", "-s", "kimi-k2-dense-tp4-dp"],  # drives no sparse decode
     ["repro-oom", "-s", "kimi-k2-dense-tp4-dp"],
     ["repro-oom", "--gpu-memory", "0"],
+    ["repro-oom", "--max-num-batched-tokens", "3000000000"],  # past int32
+    ["repro-oom", "--mem-fraction-static", "0.8", "--engine", "vllm"],  # SGLang's knob
+    ["repro-oom", "--expect-oom", "NAME"],  # no such case
+    ["repro-oom", "--expect-fit", "none"],  # a TRT-LLM variant, not a vLLM path
 ]
 
 CHILD = """

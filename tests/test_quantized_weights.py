@@ -226,3 +226,20 @@ def test_sglangs_w4afp8_stores_the_experts_in_int4_and_every_other_linear_in_blo
     expert = OUT * IN  # each of 58 MoE layers' 256 experts x 3 weights of 2048 x 7168
     per_expert_weight = (expert + 4 * 16 * 56) - (expert // 2 + 4 * expert // 128 + 2)
     assert fp8.bytes() - mixed.bytes() == 58 * 256 * 3 * per_expert_weight
+
+
+def test_awq_group_size_minus_one_is_one_group_per_row_as_gptqs():
+    """AWQ's group_size -1 is channelwise, as GPTQ's: vLLM 0.33.0 serves it through awq_marlin
+    (quantization/utils/marlin_utils.py MARLIN_SUPPORTED_GROUP_SIZES = [-1, 32, 64, 128]);
+    qweight (in, out / 8), one row of qzeros and of fp16 scales."""
+    quantization = parse_quantization({"quant_method": "awq", "bits": 4, "group_size": -1})
+    assert quantization.weight_bytes(OUT, IN) == IN * OUT // 2 + OUT // 2 + 2 * OUT
+
+
+def test_a_compressed_tensors_scheme_it_cannot_read_names_what_is_missing_not_none():
+    """A config group without format or type is told by the keys it lacks, never "None"."""
+    quant = {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {
+        "num_bits": 4, "group_size": 0}}}}
+    with pytest.raises(UserError, match="no format, weights.type, weights.strategy") as error:
+        parse_quantization(quant)
+    assert "None" not in str(error.value)

@@ -189,3 +189,23 @@ def test_tens_of_megabytes_in_seconds(tmp_path):
     log = read_log(str(path))
     assert time.perf_counter() - start < 10
     assert log.ooms and log.lines == 300_001
+
+
+OOM_LINE = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {asked} GiB. GPU 0 has "
+            "a total capacity of {total} GiB of which {free} GiB is free.")
+
+
+@pytest.mark.parametrize(("asked", "total", "free", "fix"), [
+    ("999999.00", "79.19", "5.29", "more than any device"),  # past 256 TiB: a size bug
+    ("1" + "0" * 400, "79.19", "5.29", "more than any device"),  # float overflow
+    ("8.00", "0.00", "0.00", "a total capacity of 0 B"),
+    ("8.00", "5.00", "79.19", "more free than its total"),
+])
+def test_an_oom_message_no_gpu_can_print_is_one_line(tmp_path, asked, total, free, fix):
+    """An OOM line whose figures no GPU prints (edited, or a request past any device) is refused
+    in one line naming the line, never a traceback nor a ledger of a 0 B device."""
+    log = tmp_path / "edited.log"
+    log.write_text(OOM_LINE.format(asked=asked, total=total, free=free) + "\n")
+    with pytest.raises(UserError, match=f"line 1: .*{fix}") as error:
+        read_log(str(log))
+    assert error.value.field == "log"

@@ -199,3 +199,15 @@ def test_a_bf16_dsa_cache_is_one_line_naming_what_is_missing_and_the_flag(flags,
     message = str(error.value)
     assert "\n" not in message and given in message
     assert "_forward_bf16_kv" in message and "--kv-cache-dtype fp8_ds_mla" in message
+
+
+@pytest.mark.parametrize("version", ["", " ", "x" * 5000])
+def test_a_blank_or_long_engine_version_is_refused_in_a_short_line(version):
+    """--engine-version '' is no version (not the default, silently); a long one is not echoed
+    whole."""
+    from mlamem.spec.serve_command import from_command
+
+    with pytest.raises(UserError, match="mlamem reads vLLM's rules") as error:
+        from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla",
+                     gpu_name="H200 SXM 141GB", engine_version=version)
+    assert len(str(error.value)) < 300

@@ -13,7 +13,8 @@ from mlamem.cli.app import app
 from mlamem.cli.output import command_line, emit, note_predicted, progress
 from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
-from mlamem.spec.engine_registry import SHIPPED, declared_engine
+from mlamem.runtime.paths import PATH_NAMES
+from mlamem.spec.engine_registry import SHIPPED, declared_engine, engine_spec
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
@@ -90,17 +91,16 @@ def repro_oom(
     step of --max-num-batched-tokens (SGLang's --chunked-prefill-size) through flashmla_kv; with
     the largest safe chunk and fraction.
 
-    TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's
-    default) reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only
-    reserve (TRT-LLM PR #16399) and plan's everything-charged reserve with its admission cap.
-    --log: the server's log beside the rank. Exits 0 whatever the verdict, unless
-    --expect-oom/--expect-fit says otherwise."""
+    TensorRT-LLM with block reuse (--engine trtllm-context-reuse, kimi-k2-context-reuse's default)
+    reproduces the context-MLA reuse OOM instead, three ways: no reserve, the fp8-only reserve (TRT-LLM
+    PR #16399) and plan's everything-charged reserve with its admission cap. --log: the server's log
+    beside the rank. Exits 0 whatever the verdict, unless --expect-oom/--expect-fit says otherwise."""
     output_format = _output_format(output, output_format)
     sizes = _check_flags(expect_oom, expect_fit, output, capture_sizes, cuda_graphs,
                          utilization, mem_fraction_static)
     server_log = o.server_log(log, log_path)  # refused in one line before any work
     loaded = _load(scenario, serve, o.Changes(model, gpu, weights_per_rank, engine_version),
-                   gpu_memory, engine)
+                   gpu_memory, engine, (paths, expect_oom, expect_fit, utilization, mem_fraction_static))
     chosen, part = _plan(loaded, kernel, paths, max_num_batched_tokens)
     emulated = _engine(part, engine, expect_oom, expect_fit, cuda_graphs is o.Switch.on)
     budget = _budget(emulated, part.scenario, gpu_memory, utilization, sizes,
@@ -182,9 +182,10 @@ def _check_flags(expect_oom, expect_fit, output, capture_sizes: str | None, cuda
 
 
 def _load(scenario: str | None, serve: str | None, changes: o.Changes,
-          gpu_memory: str | None, engine: str | None) -> tuple:
-    """The scenario (as given, loaded), its weights checked against the memory and the engine
-    against those it declares, before torch loads."""
+          gpu_memory: str | None, engine: str | None, engine_flags: tuple) -> tuple:
+    """The scenario (as given, loaded), its weights checked against the memory, the engine
+    against those it declares and `engine_flags` against the engine (_check_engine_flags),
+    before torch loads."""
     if gpu_memory is not None and o.parse_size(gpu_memory, "gpu_memory_bytes") <= 0:
         raise UserError("must be positive; pass a size such as 80GiB", field="gpu_memory_bytes")
     loaded = o.load_one(scenario, serve, changes)
@@ -196,8 +197,29 @@ def _load(scenario: str | None, serve: str | None, changes: o.Changes,
                         "scenarios --serve` prints", field="serve")
     o.check_weights_fit(loaded, gpu_memory, from_file=serve is None and changes.model is None
                         and changes.weights_per_rank is None)
-    declared_engine(loaded, engine)
+    _check_engine_flags(declared_engine(loaded, engine), *engine_flags)
     return scenario or (DEFAULT_SCENARIO if serve is None else loaded.name), loaded
+
+
+def _check_engine_flags(name: str, paths: str | None, expect_oom, expect_fit,
+                        utilization: float | None, mem_fraction_static: float | None) -> None:
+    """Before torch, from engine `name`'s spec: its fraction flag, and the cases --expect-oom
+    and --expect-fit name where the cases are paths (_engine checks them on the kernel's)."""
+    spec = engine_spec(name)
+    if utilization is not None and not spec.reads_utilization:
+        raise UserError(f"--utilization: the {name} engine's fraction is "
+                        "--mem-fraction-static; pass that instead")
+    if mem_fraction_static is not None and spec.searched_fraction != "mem_fraction_static":
+        raise UserError(f"--mem-fraction-static is SGLang's (--engine sglang); the {name} engine "
+                        "has no such option: drop it (vLLM's fraction is --utilization)")
+    if spec.key_field != "path":
+        return
+    cases = o.split_paths(paths) or list(PATH_NAMES)
+    for option, wanted in (("--expect-oom", expect_oom), ("--expect-fit", expect_fit)):
+        for case in wanted or []:
+            if case not in cases:
+                raise UserError(f"{option} {case}: not among the {spec.view.cases_named} "
+                                f"{','.join(cases)}")
 
 
 def _plan(scenario: tuple, kernel, paths: str | None, max_num_batched_tokens: int | None):
@@ -257,9 +279,6 @@ def _budget(emulated, chosen, gpu_memory: str | None, utilization: float | None,
         memory_bytes = chosen.gpu.memory_bytes if gpu_memory is None else parse_bytes(gpu_memory)
     except ValueError as exc:
         raise UserError(f"--gpu-memory: {exc}") from None
-    if utilization is not None and not emulated.reads_utilization:
-        raise UserError(f"--utilization: the {emulated.name} engine's fraction is "
-                        "--mem-fraction-static; pass that instead")
     budget = emulated.make_budget(
         gpu_memory_bytes=memory_bytes,
         utilization=chosen.gpu.gpu_memory_utilization if utilization is None else utilization,

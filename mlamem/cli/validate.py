@@ -163,7 +163,7 @@ def _validate_graphs(kernel: str, scenarios: tuple, paths: str | None,
     chosen, every = scenarios
     if every:
         chosen = [(name, s) for name, s in chosen if operations.SPARSE_DECODE in
-                  operations.scenario_operations(s) and (sizes or full_decode_sizes(s.serving))]
+                  operations.scenario_operations(s) and (sizes or full_decode_sizes(s))]
     parts = plan(Request("validate-graphs", kernel, scenarios=chosen,
                          paths=o.split_paths(paths), capture_sizes=sizes or []),
                  load=o.make_kernel)

@@ -133,7 +133,8 @@ def plan(request: Request,
     _check_keys_taken(request, parts)
     if request.policy.measures:
         check_allocation_spec(kernel)
-        check_runs_here(kernel)
+        graphs = request.command == "validate-graphs"
+        check_runs_here(kernel, "mlamem graphs" if graphs else "mlamem profile --predict")
     return parts
 
 
@@ -190,9 +191,15 @@ MOST_PADDED_HEADS = 128  # the most heads a shipped kernel pads a rank's query h
 def _check_before_kernel(request: Request, ops: list[str]) -> None:
     """What the named scenarios refuse without the kernel, before it loads (torch), in the
     words the checks after it use: an operation the command needs that the scenario does not
-    drive, a KV length past the longest sequence, a value no staged workspace holds."""
+    drive, a KV length past the longest sequence, a value no staged workspace holds, a
+    max_num_batched_tokens past int32."""
+    from mlamem.spec.scenario import check_decode_tokens  # the scenario model: loaded with the scenarios
+
     purpose = request.policy.purpose
     for _, scenario in request.scenarios:
+        if request.max_num_batched_tokens is not None:  # int32 here; the kernel's heads later
+            check_decode_tokens(scenario, None, [], max_tokens=request.max_num_batched_tokens,
+                                max_tokens_field=_max_tokens_field(request))
         driven = operations.scenario_operations(scenario)
         if purpose and ops[0] not in driven:
             raise UserError(f"{purpose}; {scenario.name} drives {', '.join(driven)}: pick a "
@@ -240,12 +247,15 @@ def check_allocation_spec(kernel: KernelContract) -> None:
                         "(`mlamem kernels`)", field="kernel")
 
 
-def check_runs_here(kernel: KernelContract) -> None:
-    """validate compares against measurements: the kernel must run here."""
+def check_runs_here(kernel: KernelContract, predicts: str = "mlamem profile --predict") -> None:
+    """validate compares against measurements: the kernel must run here; else the command that
+    `predicts` the same figures is named."""
     reason = kernel.unavailable_reason()
     if reason is not None:
-        raise UserError(f"validate needs a GPU: it compares against measurements and cannot "
-                        f"measure here ({reason}); run it on a GPU where {kernel.label} runs")
+        raise UserError(f"validate needs a GPU: it holds the prediction to measurements, and "
+                        f"could not measure here ({reason}); for the prediction alone run "
+                        f"instead: {predicts} with the same flags, and validate on a GPU where "
+                        f"{kernel.label} runs")
 
 
 def check_kernel_ops(kernel: str, runs: Sequence[str], ops: Sequence[str],

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import read_bytes
+from mlamem.spec.units import MAX_BYTES, format_huge
 
 MAX_LOG_BYTES = 512 * 1024 * 1024  # a day of a busy server's log; more is the wrong file
 MAX_LINE_CHARS = 16_384  # a longer line (a config dump) is read up to here
@@ -174,8 +175,16 @@ _TORCH = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch.*
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
+class _Impossible(Exception):
+    """A figure no GPU's log prints: the line was edited, or the server computed a size wrong."""
+
+
 def _size(number: str, unit: str) -> int:
-    return round(float(number.replace(",", "")) * _UNIT[unit])
+    value = float(number.replace(",", "")) * _UNIT[unit]
+    if not value <= MAX_BYTES:  # also inf
+        raise _Impossible(f"{number[:24]} {unit} is more than any device has "
+                          f"({format_huge(MAX_BYTES)})")
+    return round(value)
 
 
 def _value(match: re.Match, group: int, kind: str) -> int | float:
@@ -206,6 +215,12 @@ class _Reader:
 
     def read(self, number: int, line: str) -> None:
         self.lines = number
+        try:
+            self._figures(number, line)
+        except _Impossible as exc:
+            raise UserError(f"line {number}: {exc}; pass the server's log as it wrote it") from None
+
+    def _figures(self, number: int, line: str) -> None:
         for engine, key, pattern, fields in _COMPILED:
             if key in line and (match := pattern.search(line)):
                 self.votes[engine] += 2
@@ -238,6 +253,7 @@ class _Reader:
         new = _old_message(line) or _message(line)
         if new is None:
             return
+        _check_possible(new)
         new = OutOfMemory(**new, line_number=number, line=line.strip()[:LINE_QUOTED_CHARS],
                           frames=tuple(self.frames))
         for i, seen in enumerate(self.ooms):
@@ -245,6 +261,16 @@ class _Reader:
                 self.ooms[i] = _counted(seen, new)
                 return
         self.ooms.append(new)
+
+
+def _check_possible(oom: dict) -> None:
+    """An OOM message's figures as a GPU prints them: a total, and no more free than it."""
+    total, free = oom["total_bytes"], oom["free_bytes"]
+    if total == 0:
+        raise _Impossible("the OOM message gives the GPU a total capacity of 0 B")
+    if total is not None and free is not None and free > total:
+        raise _Impossible(f"the OOM message gives the GPU more free than its total "
+                          f"({free} B free of {total} B)")
 
 
 def _message(line: str) -> dict | None:
@@ -307,7 +333,10 @@ def read_log(path: str, field_name: str = "log", ran_path: str | None = None) ->
     data = _stdin_bytes(field_name) if path == "-" else read_bytes(
         Path(path), "server log", field_name, limit=MAX_LOG_BYTES)
     text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline=None)
-    log = parse_lines(text, source=path)
+    try:
+        log = parse_lines(text, source=path)
+    except UserError as exc:  # a line no server prints
+        raise UserError(f"{path}: {exc.message}", field=field_name) from None
     if not log.figures and not log.ooms:
         raise UserError(f"{path}: no line of a vLLM, SGLang or TensorRT-LLM log mlamem reads "
                         f"(no memory figure, no CUDA out-of-memory message) in {log.lines} lines; "

@@ -279,7 +279,8 @@ def version_rules(version: str | None) -> VersionRules:
     match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?([.+\-]?[0-9A-Za-z.+\-]*)", version.strip())
     series = (int(match[1]), int(match[2])) if match else None
     if series is None or not OLDEST_VERSION <= series <= (0, 33):
-        raise UserError(f"{version!r}: mlamem reads vLLM's rules of 0.10 to 0.33 "
+        shown = version if len(version) <= 40 else f"{version[:40]}…"
+        raise UserError(f"{shown!r}: mlamem reads vLLM's rules of 0.10 to 0.33 "
                         f"(the default is {DEFAULT_VERSION}); give one such as 0.19.1",
                         field="engine_version")
     estimate = ("applied" if series >= GRAPH_ESTIMATE_FROM else
@@ -577,7 +578,7 @@ def parse(words: list[str], version: str | None = None):
     older = [flag for flag in unmodelled if flag in older_flag_table()]
     unmodelled = [flag for flag in unmodelled if flag not in older]
     inferred = pinned_version(older) if version is None else None
-    rules = version_rules(version or inferred)
+    rules = version_rules(inferred if version is None else version)
     tp, dp = given.get("tensor_parallel_size", 1), given.get("data_parallel_size", 1)
     for flag, value in (("--tensor-parallel-size", tp), ("--data-parallel-size", dp)):
         if value < 1:

@@ -187,10 +187,16 @@ def _w4afp8(quant: dict) -> Quantization:
     return Quantization("w4afp8", "W4AFP8", bits=4, group=128, block=(128, 128))
 
 
+def _group(quant: dict, key: str) -> int:
+    """AWQ's and GPTQ's group size; -1 (channelwise: one group per row, 0 here) as vLLM 0.33.0
+    serves it (quantization/utils/marlin_utils.py MARLIN_SUPPORTED_GROUP_SIZES)."""
+    return 0 if quant.get(key) == -1 else _int(quant, key)
+
+
 def _awq(quant: dict) -> Quantization:
     """auto_awq.py AWQConfig.from_config: w_bit or bits, q_group_size or group_size, zero_point."""
     bits = _int(quant, "w_bit" if "w_bit" in quant else "bits", allowed=(4, 8))
-    group = _int(quant, "q_group_size" if "q_group_size" in quant else "group_size")
+    group = _group(quant, "q_group_size" if "q_group_size" in quant else "group_size")
     return Quantization("awq", f"INT{bits} AWQ", bits=bits, group=group, symmetric=False,
                         ignore=_names(quant, "modules_to_not_convert"), match="substring")
 
@@ -198,8 +204,7 @@ def _awq(quant: dict) -> Quantization:
 def _gptq(quant: dict) -> Quantization:
     """auto_gptq.py GPTQConfig.from_config: bits, group_size (-1: one group per row)."""
     bits = _int(quant, "bits", allowed=(2, 3, 4, 8))
-    group = quant.get("group_size")
-    group = 0 if group == -1 else _int(quant, "group_size")
+    group = _group(quant, "group_size")
     return Quantization("gptq", f"INT{bits} GPTQ", bits=bits, group=group, symmetric=bool(quant.get("sym")))
 
 
@@ -249,5 +254,9 @@ def _compressed_tensors(quant: dict) -> Quantization:
             return Quantization("fp8-block", "FP8", block=block, **common)
         if strategy in ("tensor", "channel"):
             return Quantization(f"fp8-{strategy}", "FP8", static_input=static, **common)
-    raise bad("format", f"{form!r} with {bits}-bit {kind} weights by {strategy} is not modelled; mlamem "
-              "reads pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
+    keys = {"format": form, "weights.num_bits": bits, "weights.type": kind, "weights.strategy": strategy}
+    given = ", ".join(f"{key} {value!r}" for key, value in keys.items() if value is not None)
+    missing = ", ".join(key for key, value in keys.items() if value is None)
+    said = "; ".join(part for part in (given, missing and f"no {missing}") if part)
+    raise bad("format", f"and its config group ({said}): a scheme not modelled; mlamem reads "
+              "pack-quantized int4/int8, float-quantized fp8 and nvfp4-pack-quantized")
