@@ -328,7 +328,7 @@ def test_profile(inputs, args, fix):
     pytest.param(["--output", "{unwritable}/v.json"], "cannot write in", id="output-unwritable"),
     pytest.param(["--scenario", "glm6"], "unknown scenario 'glm6'", id="scenario-unknown"),
     pytest.param(["--paths", "fast"], "unknown path 'fast'", id="path-unknown"),
-    pytest.param([], "instead: mlamem profile --predict", marks=no_gpu, id="no-gpu"),
+    pytest.param([], "instead: mlamem profile with", marks=no_gpu, id="no-gpu"),
     pytest.param(["--graphs"], "instead: mlamem graphs", marks=no_gpu, id="graphs-no-gpu"),
     *_with_scenario(TOML_CASES[:4]),
     *OP_CASES,

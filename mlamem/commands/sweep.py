@@ -134,7 +134,7 @@ def plan(request: Request,
     if request.policy.measures:
         check_allocation_spec(kernel)
         graphs = request.command == "validate-graphs"
-        check_runs_here(kernel, "mlamem graphs" if graphs else "mlamem profile --predict")
+        check_runs_here(kernel, "mlamem graphs" if graphs else "mlamem profile")
     return parts
 
 
@@ -247,14 +247,15 @@ def check_allocation_spec(kernel: KernelContract) -> None:
                         "(`mlamem kernels`)", field="kernel")
 
 
-def check_runs_here(kernel: KernelContract, predicts: str = "mlamem profile --predict") -> None:
+def check_runs_here(kernel: KernelContract, predicts: str = "mlamem profile") -> None:
     """validate compares against measurements: the kernel must run here; else the command that
     `predicts` the same figures is named."""
     reason = kernel.unavailable_reason()
     if reason is not None:
         raise UserError(f"validate needs a GPU: it holds the prediction to measurements, and "
                         f"could not measure here ({reason}); for the prediction alone run "
-                        f"instead: {predicts} with the same flags, and validate on a GPU where "
+                        f"instead: {predicts} with the same flags (it predicts where it cannot "
+                        f"measure), and validate on a GPU where "
                         f"{kernel.label} runs")
 
 
