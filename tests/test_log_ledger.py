@@ -229,7 +229,8 @@ def test_log_path_says_which_path_the_engine_ran(tmp_path, seed_ledger, capsys):
 
 def test_log_path_without_log_is_refused():
     """--log-path says which path the log's engine ran: without --log it is one line, exit 2."""
-    check_bad_input(["repro-oom", "--predict", "--log-path", "alloc"], "--log-path needs --log")
+    check_bad_input(["repro-oom", "--predict", "--log-path", "alloc"],
+                    "--log-path: it names the path the engine of a server log ran; give the log with --log")
 
 
 @pytest.fixture(scope="module")

@@ -326,7 +326,8 @@ def server_log(log: str | None, log_path: LogPath | None):
     without --log refused. Both in one line before any work."""
     if log is None:
         if log_path is not None:
-            raise UserError("--log-path needs --log: it names the path the log's engine ran",
+            raise UserError("it names the path the engine of a server log ran; give the log with "
+                            "--log, or leave it out",
                             field="log_path")
         return None
     return read_log(log, ran_path=log_path and log_path.value)
