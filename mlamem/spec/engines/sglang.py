@@ -600,23 +600,11 @@ def default_context_length(config: hf_config.ModelConfig) -> tuple[int, str] | N
 
 
 def fill_max_model_len(parsed: Parsed, config: hf_config.ModelConfig) -> None:
-    """--context-length, or SGLang's default from the model's config (one line where there is
-    none); a length above the model's is refused, as SGLang refuses it without
-    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (a note then)."""
-    derived = default_context_length(config)
-    given = parsed.serving["max_model_len"]
-    if given is None and derived is None:
-        raise UserError(f"{parsed.prog}: the command sets no --context-length and the model's "
-                        "config sets none of max_position_embeddings and the other keys SGLang "
-                        "reads: add --context-length", field="serve")
-    if given is None:
-        parsed.serving["max_model_len"] = derived[0]
-        parsed.notes.append(f"max_model_len {derived[0]}: SGLang 0.5.23's context length, the "
-                            f"model's {derived[1]} (config.json)")
-    elif derived is not None and given > derived[0]:
-        parsed.notes.append(f"--context-length {given} is above the model's {derived[0]} "
-                            f"({derived[1]}): SGLang 0.5.23 refuses it unless "
-                            "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+    """--context-length, or SGLang's default from the model's config
+    (`Parsed.fill_max_model_len`)."""
+    parsed.fill_max_model_len(default_context_length(config), flag="--context-length",
+                              engine="SGLang", release="SGLang 0.5.23", default="context length",
+                              allow_env="SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
 
 
 def _layout(given: dict, prog: str) -> tuple[int, int, int]:

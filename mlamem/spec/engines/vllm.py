@@ -711,23 +711,10 @@ def default_max_model_len(config) -> tuple[int, str] | None:
 
 
 def fill_max_model_len(parsed: Parsed, config) -> None:
-    """--max-model-len, or vLLM's default from the model's config (one line where there is
-    none); a length above the model's is one note: vLLM refuses it without
-    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."""
-    derived = default_max_model_len(config)
-    given = parsed.serving["max_model_len"]
-    if given is None and derived is None:
-        raise UserError(f"{PROG}: the command sets no --max-model-len and the model's config "
-                        "sets none of max_position_embeddings and the other keys vLLM reads: "
-                        "add --max-model-len", field="serve")
-    if given is None:
-        parsed.serving["max_model_len"] = derived[0]
-        parsed.notes.append(f"max_model_len {derived[0]}: vLLM 0.33.0's default, the model's "
-                            f"{derived[1]} (config.json)")
-    elif derived is not None and given > derived[0]:
-        parsed.notes.append(f"--max-model-len {given} is above the model's {derived[0]} "
-                            f"({derived[1]}): vLLM 0.33.0 refuses it unless "
-                            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    """--max-model-len, or vLLM's default from the model's config (`Parsed.fill_max_model_len`)."""
+    parsed.fill_max_model_len(default_max_model_len(config), flag="--max-model-len", engine="vLLM",
+                              release="vLLM 0.33.0", default="default",
+                              allow_env="VLLM_ALLOW_LONG_MAX_MODEL_LEN")
 
 
 # what vLLM 0.33.0 runs for a DSA model's bf16 cache, which mlamem's vLLM rank does not

@@ -28,6 +28,24 @@ class Parsed:
     flags: dict  # a scenario field -> the engine's flag that set it, for validation's errors
     engine_settings: dict = field(default_factory=dict)  # what only the engine's defaults read
 
+    def fill_max_model_len(self, derived: tuple[int, str] | None, *, flag: str, engine: str,
+                           release: str, default: str, allow_env: str) -> None:
+        """The command's `flag`, or the engine's `default` from the model's config (`derived`:
+        the length and its config key; one line where there is none); a length above the
+        model's is one note: the engine refuses it without `allow_env`=1."""
+        given = self.serving["max_model_len"]
+        if given is None and derived is None:
+            raise UserError(f"{self.prog}: the command sets no {flag} and the model's config "
+                            f"sets none of max_position_embeddings and the other keys {engine} "
+                            f"reads: add {flag}", field="serve")
+        if given is None:
+            self.serving["max_model_len"] = derived[0]
+            self.notes.append(f"max_model_len {derived[0]}: {release}'s {default}, the model's "
+                              f"{derived[1]} (config.json)")
+        elif derived is not None and given > derived[0]:
+            self.notes.append(f"{flag} {given} is above the model's {derived[0]} ({derived[1]}): "
+                              f"{release} refuses it unless {allow_env}=1")
+
 
 class EngineParser(argparse.ArgumentParser):
     """argparse whose errors are one UserError line naming the engine's command."""
