@@ -5,7 +5,9 @@ own way.
 - init: the attention backend's workspace (workspace paths only), the weights, the indexer's
   top-k buffer and the KV pool the step reads;
 - step: one full step at the budget's max_num_batched_tokens through the path under test: the
-  residual stream, q and the attention output around the kernel call (`activation_specs`).
+  residual stream, q and the attention output around the kernel call (`activation_specs`), then
+  the engine's stages beyond attention (`stages`: the MoE layer, the sampler, ...), each
+  allocated and freed in turn (spec/engines/rank_buffers.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from mlamem.runtime.attribution import ExpectedBuffer
 from mlamem.runtime.graph_capture import CallGraphs
 from mlamem.runtime.inputs import fill_query, make_inputs
 from mlamem.runtime.measure import plan_call
+from mlamem.spec.engines.rank_buffers import Stage
 from mlamem.spec.kernel_api import OpInputs
 from mlamem.spec.scenario import Scenario
 
@@ -40,6 +43,19 @@ def activation_specs(scenario: Scenario, tokens: int) -> list[BufferSpec]:
         specs[:0] = [BufferSpec("hidden_states", hidden, torch.bfloat16, "temporary"),
                      BufferSpec("residual", hidden, torch.bfloat16, "temporary")]
     return specs
+
+
+def stage_specs(stage: Stage) -> list[BufferSpec]:
+    """A stage's buffers as the rank allocates them."""
+    return [BufferSpec(b.name, b.shape, getattr(torch, b.dtype), "temporary")
+            for b in stage.buffers]
+
+
+def run_stages(stages: list[Stage], device: torch.device) -> None:
+    """Each stage's buffers allocated together, then freed before the next."""
+    for stage in stages:
+        tensors = allocate_specs(stage_specs(stage), device)
+        del tensors
 
 
 @dataclass(kw_only=True)
@@ -69,6 +85,11 @@ class DecodeRank(Engine):
     def workspace_tokens(self) -> int:
         """The tokens the path's workspace is reserved for: the step's."""
         return self.budget.max_num_batched_tokens
+
+    def stages(self, tokens: int) -> list[Stage]:
+        """What the step allocates beyond attention at `tokens`, stage by stage, after the
+        attention call (spec/engines/rank_buffers.py); an engine that models none has none."""
+        return []
 
     def init(self) -> None:
         scenario, kernel, memory, case = self.scenario, self.kernel, self.memory, self.case
@@ -106,7 +127,10 @@ class DecodeRank(Engine):
         inputs = OpInputs(kv=self.inputs.kv_cache, indices=self.inputs.indices)
         attend = plan.call(memory, inputs, self.workspace)
         step_specs = activation_specs(scenario, self.budget.max_num_batched_tokens)
-        expected = [ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs] + plan.expected
+        stages = self.stages(self.budget.max_num_batched_tokens)
+        beyond = [s for stage in stages for s in stage_specs(stage)]
+        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs + beyond]
+                    + plan.expected)
         seed = self.seed
 
         def body() -> None:
@@ -114,5 +138,7 @@ class DecodeRank(Engine):
             fill_query(tensors["q"], seed)
             out, _ = attend(tensors["q"])
             tensors["attn_output"].copy_(out)
+            del tensors["q"], tensors["attn_output"], out  # the residual stream stays
+            run_stages(stages, memory.device)
 
         return Step(body, expected)

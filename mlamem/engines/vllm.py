@@ -35,7 +35,7 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
-from mlamem.engines.decode_rank import DecodeCase, DecodeRank, activation_specs
+from mlamem.engines.decode_rank import DecodeCase, DecodeRank, activation_specs, run_stages
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
 from mlamem.spec.engines.vllm import (
@@ -157,8 +157,11 @@ class VLLM(DecodeRank):
 
     def profile(self) -> None:
         self.allocating = "activations"
-        allocate_specs(activation_specs(self.scenario, self.budget.max_num_batched_tokens),
-                       self.memory.device)
+        tokens = self.budget.max_num_batched_tokens
+        held = allocate_specs(activation_specs(self.scenario, tokens), self.memory.device)
+        self.allocating = "profile pass beyond attention"
+        run_stages(self.stages(tokens), self.memory.device)
+        del held
 
     def estimate_graphs(self) -> None:
         if not self.budget.cuda_graphs:
