@@ -201,7 +201,7 @@ SUITES = {
              *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs"),
              # graphs --predict models GLM-5's H100 on the H100's record: each figure as measured
              *both("mlamem graphs @graphs-glm5")],
-    # issue 40: the rank with what it allocates beyond attention (spec/engines/rank_buffers.py),
+    # the rank with what it allocates beyond attention (spec/engines/rank_buffers.py),
     # measured against predicted field by field: GLM-5 and DeepSeek-V3.2 at their shipped TP8 on
     # vLLM and SGLang, and DeepSeek-V3.2 with expert parallelism (vLLM DP8 + EP, SGLang TP8 + EP),
     # each on an H100's 80 GB (DeepSeek-V3.2's weights overridden to fit it)
