@@ -36,7 +36,7 @@ from mlamem.spec.serve_command import from_command
 FIELD = Path(__file__).resolve().parents[1] / "reports" / "field"
 RECORDS, TABLE = FIELD / "startup-logs.toml", FIELD / "startup-logs.md"
 GiB = 1024**3
-AGREES_WITHIN = 0.02  # issue 40's acceptance: within 2% of the logged KV cache
+AGREES_WITHIN = 0.02  # agreement: within 2% of the logged KV cache
 
 
 def mlamem(args: list[str]) -> tuple[dict | None, list[str]]:
