@@ -1,99 +1,222 @@
 """Predict each public startup log of reports/field/startup-logs.toml from its command alone and
-write the comparison table, reports/field/startup-logs.md.
+write the comparison table, reports/field/startup-logs.md: in the repo root,
 
-For each record, with the command's own scenario (`mlamem scenarios --serve COMMAND --gpu GPU`,
-the model's shipped config, its weights counted):
-- the KV cache's bytes per token on one rank, mlamem's vLLM rule
-  (spec.engines.vllm.kv_bytes_per_token_per_layer x layers), against the logged GiB / tokens
-  (the GiB figure is rounded to 0.01, so the logged figure is a range);
-- the KV tokens `mlamem repro-oom --serve COMMAND --gpu GPU --predict` gives (alloc path), and
-  the pool `mlamem plan --serve ...` gives without a reserve, against the logged tokens;
-- the indexer cache's row width (bytes per token per layer), where a log shows the cache's shape.
+    python scripts/field_startup_logs.py [--check]
 
-Usage: python scripts/field_startup_logs.py  (writes reports/field/startup-logs.md)
+For each record with a GPU, from the record's command (`serve`, where the source launched the
+server another way than mlamem reads) at the record's engine version (`--engine-version`, vLLM
+only; absent: mlamem's default):
+- `mlamem repro-oom --serve COMMAND --gpu GPU --predict --paths alloc`: the KV cache the rank
+  gets (tokens and bytes; the engine's rank, vLLM's or SGLang's, as mlamem emulates it), and
+- `mlamem plan --serve ...`: the pool without a reserve (the utilization's share less the
+  weights), the only figure for a model repro-oom does not replay (dense MLA);
+- the KV cache's bytes per token on one rank (the predicted bytes over the predicted tokens),
+  against the logged GiB over the logged tokens (a range: the GiB figure is rounded to 0.01);
+- the indexer cache's row width, where a log shows the cache's shape.
+The logged figure is compared with the first prediction there is (repro-oom's, else plan's):
+tokens where the log gives tokens (or blocks), else GiB; within 2% it agrees, else the row gives
+the gap in GiB of KV cache and the record's `rest` names what accounts for it. Where mlamem
+refuses the command, the row gives its one-line reason. --check exits 1 where the committed
+table differs from the one the records give now.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-from mlamem.spec.engines import vllm as rules
 from mlamem.spec.engines.dsa_cache import indexer_key_bytes
+from mlamem.spec.errors import UserError
 from mlamem.spec.serve_command import from_command
 
 FIELD = Path(__file__).resolve().parents[1] / "reports" / "field"
+RECORDS, TABLE = FIELD / "startup-logs.toml", FIELD / "startup-logs.md"
 GiB = 1024**3
+AGREES_WITHIN = 0.02  # agreement: within 2% of the logged KV cache
 
 
-def mlamem(*args: str) -> dict:
-    """One mlamem command's JSON result (its notes go to stderr)."""
+def mlamem(args: list[str]) -> tuple[dict | None, list[str]]:
+    """One mlamem command's JSON result (None where it refuses) and its stderr lines."""
     done = subprocess.run([sys.executable, "-m", "mlamem", *args, "--format", "json"],
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+                          capture_output=True, text=True)
+    lines = done.stderr.splitlines()
+    return (json.loads(done.stdout) if done.returncode == 0 else None), lines
 
 
-def percent(predicted: float, logged: float) -> str:
-    return f"{100 * (predicted - logged) / logged:+.2f}%"
+def refusal(lines: list[str]) -> str:
+    """mlamem's one-line reason for refusing a command."""
+    errors = [line.removeprefix("mlamem: error: ") for line in lines if "error:" in line]
+    return (errors or lines or ["no reason printed"])[-1].removeprefix("--serve: ")
 
 
-def per_token_cells(record: dict, scenario) -> list[str]:
-    """Bytes per token: mlamem's, and the logged range (GiB rounded to 0.01)."""
-    ours = scenario.model.num_layers * rules.kv_bytes_per_token_per_layer(scenario)
-    if "logged_tokens" not in record:
-        return [str(ours), "-", "-"]
-    low = (record["logged_gib"] - 0.005) * GiB / record["logged_tokens"]
-    high = (record["logged_gib"] + 0.005) * GiB / record["logged_tokens"]
-    inside = "within" if low <= ours <= high else percent(ours, (low + high) / 2)
-    return [str(ours), f"{low:,.0f}-{high:,.0f}", inside]
+def not_modelled(lines: list[str]) -> str:
+    notes = [line.split("not modelled: ", 1)[1] for line in lines if "note: not modelled:" in line]
+    return notes[0] if notes else ""
 
 
-def tokens_cells(record: dict, command: str, gpu: str) -> list[str]:
-    """repro-oom's predicted KV tokens (alloc path) and plan's pool, against the log's."""
-    if "logged_tokens" not in record:
-        return ["-", "-", "-"]
-    repro = mlamem("repro-oom", "--serve", command, "--gpu", gpu, "--predict", "--paths", "alloc")
-    plan = mlamem("plan", "--serve", command, "--gpu", gpu)
-    tokens = repro["cases"][0]["kv_cache_tokens"]
-    pool = plan["plans"][0]["pool_tokens_without_reserve"]
-    return [f"{tokens:,}", f"{pool:,}", percent(tokens, record["logged_tokens"])]
+def serve_args(record: dict, command: str) -> list[str]:
+    args = ["--serve", record.get("serve", record["command"]), "--gpu", record["gpu"]]
+    if record.get("engine_version"):
+        args += ["--engine-version", record["engine_version"]]
+    return [command, *args]
+
+
+def predict(record: dict) -> dict:
+    """repro-oom's and plan's KV cache for the record's command: tokens, bytes and the source,
+    or why mlamem predicts nothing."""
+    if not record.get("gpu"):
+        return {"refused": "the source names no GPU"}
+    repro, lines = mlamem([*serve_args(record, "repro-oom"), "--predict", "--paths", "alloc"])
+    plan, plan_lines = mlamem(serve_args(record, "plan"))
+    found = {"not_modelled": not_modelled(lines or plan_lines)}
+    if repro is not None:
+        case = repro["cases"][0]
+        found["repro"] = (case["kv_cache_tokens"], case["kv_cache_bytes"])
+    else:
+        found["repro_refused"] = refusal(lines)
+    if plan is not None:
+        pool = plan["plans"][0]
+        found["plan"] = (pool["pool_tokens_without_reserve"], pool["budget_bytes"])
+    elif repro is None:
+        found["refused"] = refusal(plan_lines)
+    return found
+
+
+def logged_tokens(record: dict) -> int | None:
+    if "logged_blocks" in record:
+        return record["logged_blocks"] * record["logged_block_size"]
+    return record.get("logged_tokens")
+
+
+def logged_cell(record: dict) -> str:
+    tokens = logged_tokens(record)
+    parts = ([f"{record['logged_blocks']:,} blocks of {record['logged_block_size']} "
+              f"({tokens:,} tokens)"] if "logged_blocks" in record else
+             [f"{tokens:,} tokens"] if tokens is not None else [])
+    if "logged_gib" in record:
+        unit = "GiB" if record["engine"] == "vllm" else "GB (SGLang's GB: 2^30 B)"
+        parts.append(f"{record['logged_gib']:.2f} {unit}")
+    return ", ".join(parts) or record["quote"].split("INFO: ")[-1]
+
+
+def per_token_cells(record: dict, found: dict) -> list[str]:
+    """Bytes per token: mlamem's (the predicted bytes over the predicted tokens) and the log's
+    range (its GiB figure is rounded to 0.01)."""
+    tokens, size = found.get("repro") or found.get("plan") or (0, 0)
+    ours = size // tokens if tokens else None
+    logged = logged_tokens(record)
+    if logged is None or "logged_gib" not in record:
+        return [f"{ours:,}" if ours else "-", "-"]
+    low = (record["logged_gib"] - 0.005) * GiB / logged
+    high = (record["logged_gib"] + 0.005) * GiB / logged
+    return [f"{ours:,}" if ours else "-", f"{low:,.0f}-{high:,.0f}"]
+
+
+def comparison(record: dict, found: dict) -> str:
+    """The first prediction against the log: agrees within 2%, or how far off and by how many
+    GiB of KV cache."""
+    if "refused" in found:
+        return f"not predicted: {found['refused']}"
+    tokens, size = found.get("repro") or found["plan"]
+    source = "repro-oom" if "repro" in found else "plan"
+    logged = logged_tokens(record)
+    if logged is None and "logged_gib" not in record:
+        return "-"
+    if logged is not None:
+        off = (tokens - logged) / logged
+        what = "tokens"
+    else:
+        off = (size - record["logged_gib"] * GiB) / (record["logged_gib"] * GiB)
+        what = "GiB"
+    if abs(off) <= AGREES_WITHIN:
+        return f"agrees: {source} {100 * off:+.2f}% {what}"
+    gap = (size - record["logged_gib"] * GiB if "logged_gib" in record
+           else (tokens - logged) * size / tokens)
+    return f"{source} {100 * off:+.2f}% {what}; {gap / GiB:+.2f} GiB of KV cache"
+
+
+def indexer_cell(record: dict) -> str:
+    if "logged_indexer_row_bytes" not in record:
+        return "-"
+    try:
+        built = from_command(record.get("serve", record["command"]), gpu_name=record["gpu"],
+                             engine_version=record.get("engine_version"))
+    except UserError as error:
+        return f"- (mlamem: {error})"
+    ours = indexer_key_bytes(built.scenario.section("vllm").index_head_dim or 128)
+    return f"{ours} / {record['logged_indexer_row_bytes']}"
+
+
+def engine_cell(record: dict) -> str:
+    read_as = (f"read as {record['engine_version']}" if record.get("engine_version")
+               else "read at mlamem's default version")
+    return f"{record['engine']} {record['version']} ({read_as})"
+
+
+def command_cell(record: dict) -> str:
+    partial = "" if record.get("command_complete", True) else " (partial)"
+    read_as = f"; mlamem reads `{record['serve']}`" if "serve" in record else ""
+    return f"`{record['command']}`{partial}{read_as}"
+
+
+def prediction_cells(record: dict, found: dict) -> list[str]:
+    """repro-oom's and plan's KV tokens, where the log gives a KV cache to compare them with."""
+    if logged_tokens(record) is None and "logged_gib" not in record:
+        return ["-", "-"]
+    repro = (f"{found['repro'][0]:,}" if "repro" in found else
+             f"- ({found['repro_refused']})" if "repro_refused" in found else "-")
+    plan = f"{found['plan'][0]:,}" if "plan" in found else "-"
+    return [repro, plan]
 
 
 def row(record: dict) -> str:
-    built = from_command(record["command"], gpu_name=record["gpu"])
-    indexer = (f"{indexer_key_bytes(built.scenario.section('vllm').index_head_dim or 128)} / "
-               f"{record['logged_indexer_row_bytes']}" if "logged_indexer_row_bytes" in record
-               else "-")
-    logged = (f"{record['logged_tokens']:,} tokens, {record['logged_gib']} GiB"
-              if "logged_tokens" in record else record["quote"].split("INFO: ")[-1])
-    cells = [record["name"], f"{record['engine']} {record['version']}", record["model"],
-             f"`{record['command']}`" + ("" if record.get("command_complete", True)
-                                          else " (partial)"),
-             logged, *per_token_cells(record, built.scenario), indexer,
-             *tokens_cells(record, record["command"], record["gpu"]),
-             record.get("rest", ""), f"[source]({record['address'].split()[0]})"]
-    return "| " + " | ".join(cells) + " |"
+    found = predict(record)
+    gpu = record.get("gpu", "not stated")
+    cells = [record["name"], engine_cell(record), f"{record['model']}; {gpu}",
+             command_cell(record), logged_cell(record), *per_token_cells(record, found),
+             indexer_cell(record), *prediction_cells(record, found), comparison(record, found),
+             record.get("rest", ""), found.get("not_modelled", "") or "-",
+             f"[source]({record['address'].split()[0]}) {record['address'].partition(' ')[2]}"]
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
-HEADER = ("| record | engine | model | command | logged | B/token (mlamem) | B/token (log) | "
-          "B/token | indexer B/token/layer (mlamem / log) | KV tokens (repro-oom --predict) | "
-          "pool tokens (plan) | KV tokens vs log | what accounts for the rest | address |\n"
+HEADER = ("| record | engine (version mlamem reads it at) | model; GPU | command | logged | "
+          "B/token, mlamem | B/token, log | indexer B/token/layer (mlamem / log) | KV tokens "
+          "(repro-oom --predict) | pool tokens (plan) | predicted vs log | what accounts for "
+          "the rest | flags mlamem does not model | address |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def main() -> None:
-    records = tomllib.loads((FIELD / "startup-logs.toml").read_text())["log"]
-    lines = ["# Public startup logs against mlamem's prediction", "",
-             "Written by `python scripts/field_startup_logs.py` from startup-logs.toml; each "
-             "prediction from the record's command alone (`mlamem repro-oom --serve COMMAND --gpu "
-             "GPU --predict`, `mlamem plan --serve ...`), at mlamem's default vLLM 0.33.0.", "",
-             HEADER, *map(row, records), ""]
-    (FIELD / "startup-logs.md").write_text("\n".join(lines))
-    print(f"{FIELD / 'startup-logs.md'}: {len(records)} records")
+def table() -> str:
+    records = tomllib.loads(RECORDS.read_text())["log"]
+    return "\n".join([
+        "# Public startup logs against mlamem's prediction", "",
+        "Written by `python scripts/field_startup_logs.py` from startup-logs.toml; each "
+        "prediction from the record's command alone (`mlamem repro-oom --serve COMMAND --gpu GPU "
+        "--predict --paths alloc`, `mlamem plan --serve ...`), at the engine version the record "
+        "gives (`--engine-version`; none: mlamem's default, vLLM 0.33.0 or SGLang 0.5.23). "
+        "\"agrees\": within 2% of the logged KV cache; otherwise the gap in GiB of KV cache is the "
+        "predicted cache less the logged one (or the token gap at mlamem's bytes per token).", "",
+        HEADER, *map(row, records), ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where the table is stale")
+    args = parser.parse_args(argv)
+    text = table()
+    if args.check:
+        stale = not TABLE.exists() or TABLE.read_text() != text
+        print(f"{TABLE}: {'stale: run python scripts/field_startup_logs.py' if stale else 'up to date'}")
+        return 1 if stale else 0
+    TABLE.write_text(text)
+    print(f"{TABLE}: {text.count(chr(10)) - 6} records")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

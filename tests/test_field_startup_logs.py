@@ -1,0 +1,95 @@
+"""reports/field's startup-log records and scripts/field_startup_logs.py's comparison, on a CPU
+and without running mlamem: every record cites its source and a logged figure, the comparison
+agrees within 2% or gives the gap in GiB, and --check tells a stale table from a current one."""
+
+import importlib.util
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+SCRIPT = ROOT / "scripts" / "field_startup_logs.py"
+GiB = 1024**3
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("field_startup_logs", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+logs = _load()
+RECORDS = tomllib.loads(logs.RECORDS.read_text())["log"]
+LOGGED = ("logged_tokens", "logged_blocks", "logged_gib", "logged_indexer_row_bytes")
+
+
+def test_records_cite_a_source_and_a_logged_figure():
+    """At least 8 records, each named once, of vLLM or SGLang, with its
+    command, the source's own words, an https address and a figure the engine logged."""
+    assert len(RECORDS) >= 8
+    assert len({record["name"] for record in RECORDS}) == len(RECORDS)
+    for record in RECORDS:
+        assert record["engine"] in ("vllm", "sglang"), record["name"]
+        assert record["command"] and record["quote"], record["name"]
+        assert record["address"].startswith("https://"), record["name"]
+        assert any(key in record for key in LOGGED), record["name"]
+        assert ("logged_blocks" in record) == ("logged_block_size" in record), record["name"]
+
+
+def test_blocks_count_as_tokens():
+    record = {"logged_blocks": 4171, "logged_block_size": 64}
+    assert logs.logged_tokens(record) == 266944
+    assert logs.logged_tokens({"logged_tokens": 5}) == 5
+    assert logs.logged_tokens({"logged_gib": 1.0}) is None
+
+
+def test_comparison_agrees_within_two_percent():
+    record = {"logged_tokens": 100_000, "logged_gib": 6.0}
+    found = {"repro": (101_500, 6 * GiB), "plan": (200_000, 12 * GiB)}
+    assert logs.comparison(record, found) == "agrees: repro-oom +1.50% tokens"
+
+
+def test_comparison_gives_the_gap_in_gib_from_the_logged_gib():
+    """Outside 2%: the first prediction (plan's where repro-oom refused) and the predicted bytes
+    less the logged GiB."""
+    record = {"logged_tokens": 100_000, "logged_gib": 6.0}
+    found = {"repro_refused": "dense MLA", "plan": (150_000, 9 * GiB)}
+    assert logs.comparison(record, found) == "plan +50.00% tokens; +3.00 GiB of KV cache"
+
+
+def test_comparison_gives_the_token_gap_at_the_predicted_bytes_per_token():
+    record = {"logged_blocks": 100, "logged_block_size": 64}
+    found = {"repro": (12_800, 12_800 * 1000)}
+    assert logs.comparison(record, found) == (
+        f"repro-oom +100.00% tokens; {6400 * 1000 / GiB:+.2f} GiB of KV cache")
+
+
+def test_comparison_names_the_refusal_or_nothing_to_compare():
+    assert logs.comparison({"logged_tokens": 1}, {"refused": "no GPU"}) == "not predicted: no GPU"
+    assert logs.comparison({"logged_indexer_row_bytes": 132}, {"plan": (1, 1)}) == "-"
+
+
+def test_bytes_per_token_against_the_rounded_log():
+    """mlamem's bytes per token (predicted bytes over tokens) beside the log's range: its GiB
+    rounded to 0.01 over its tokens."""
+    record = {"logged_tokens": 434048, "logged_gib": 24.85}
+    ours, theirs = logs.per_token_cells(record, {"repro": (676352, 676352 * 61464)})
+    assert (ours, theirs) == ("61,464", "61,461-61,486")
+
+
+def test_check_tells_a_stale_table(tmp_path, monkeypatch):
+    table = tmp_path / "startup-logs.md"
+    monkeypatch.setattr(logs, "TABLE", table)
+    monkeypatch.setattr(logs, "table", lambda: "the table\n")
+    assert logs.main(["--check"]) == 1  # not written yet
+    assert logs.main([]) == 0 and table.read_text() == "the table\n"
+    assert logs.main(["--check"]) == 0
+    table.write_text("an older table\n")
+    assert logs.main(["--check"]) == 1
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=[record["name"] for record in RECORDS])
+def test_committed_table_has_a_row_per_record(record):
+    assert f"| {record['name']} |" in logs.TABLE.read_text()
