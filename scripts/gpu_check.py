@@ -47,6 +47,22 @@ HOUSE_VALIDATES = [f"mlamem validate --kernel {k} --op {op} @validate-{k}-{op}"
                                   ("triton-native", OPS[:1])) for op in ops]
 
 
+H100 = "--gpu 'H100 SXM 80GB'"
+RANK_CASES = (
+    ("glm5-vllm", "mlamem repro-oom -s glm5-fp8-tp8"),
+    ("glm5-sglang", "mlamem repro-oom -s glm5-fp8-tp8 --engine sglang"),
+    ("dsv32-vllm", f"mlamem repro-oom -s deepseek-v32-fp8-tp8 {H100} --weights-per-rank 40GiB"),
+    ("dsv32-sglang", f"mlamem repro-oom -s deepseek-v32-fp8-tp8 --engine sglang {H100} "
+                     "--weights-per-rank 40GiB"),
+    ("dsv32-ep-vllm", f"mlamem repro-oom --serve 'vllm serve deepseek-ai/DeepSeek-V3.2 -dp 8 "
+                      f"--enable-expert-parallel --kv-cache-dtype fp8 --max-model-len 32768 "
+                      f"--enforce-eager' {H100} --weights-per-rank 40GiB"),
+    ("dsv32-ep-sglang", "mlamem repro-oom --serve 'python -m sglang.launch_server --model-path "
+                        "deepseek-ai/DeepSeek-V3.2 --tp 8 --ep-size 8 --kv-cache-dtype fp8_e4m3 "
+                        f"--context-length 32768 --disable-cuda-graph' {H100} --weights-per-rank 40GiB"),
+)
+
+
 def ncu(name: str, call: str) -> list[str]:
     """One decode call (scripts/decode_call.py, T=8192) under Nsight Compute, then its pages."""
     return [f"ncu --nvtx --nvtx-include decode/ --set full --import-source yes -o {{out}}/{name} python3 "
@@ -185,6 +201,13 @@ SUITES = {
              *both("mlamem repro-oom --cuda-graphs on @repro-glm5-graphs"),
              # graphs --predict models GLM-5's H100 on the H100's record: each figure as measured
              *both("mlamem graphs @graphs-glm5")],
+    # issue 40: the rank with what it allocates beyond attention (spec/engines/rank_buffers.py),
+    # measured against predicted field by field: GLM-5 and DeepSeek-V3.2 at their shipped TP8 on
+    # vLLM and SGLang, and DeepSeek-V3.2 with expert parallelism (vLLM DP8 + EP, SGLang TP8 + EP),
+    # each on an H100's 80 GB (DeepSeek-V3.2's weights overridden to fit it)
+    "rank": [*(c for name, command in RANK_CASES for c in both(f"{command} @rank-{name}")),
+             *(f"python3 scripts/compare_repro.py {{out}}/rank-{name}.json "
+               f"{{out}}/rank-{name}.predicted.json" for name, _ in RANK_CASES)],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }

@@ -113,6 +113,14 @@ def test_user_toml_path_loads(tmp_path):
     ("num_layers = 78", "num_layers = true", "[model].num_layers must be int, got True"),
     ("num_layers = 78", "num_layers = 78.0", "[model].num_layers must be int, got 78.0"),
     ("[gpu]", "[vllm]\nmax_num_seqs = \"many\"\n\n[gpu]", "[vllm].max_num_seqs must be int, got 'many'"),
+    # what a rank allocates beyond attention: sizes in range, a top-k among the experts, a scheme
+    ("num_experts_per_tok = 8", "num_experts_per_tok = 300",
+     "[model].num_experts_per_tok 300 exceeds n_routed_experts 256"),
+    ("n_shared_experts = 1", "n_shared_experts = -1", "[model].n_shared_experts must be >= 0"),
+    ("vocab_size = 154880", "vocab_size = 0", "[model].vocab_size must be > 0"),
+    ("moe_intermediate_size = 2048", "moe_intermediate_size = 99999999999",
+     "[model].moe_intermediate_size must be at most"),
+    ('quantization = "fp8-block"', 'quantization = "fp4"', "[model].quantization expected one of"),
 ])
 def test_bad_toml_names_the_file_and_field(tmp_path, old, new, expected):
     """Each malformed scenario is a UserError that names the file and the field."""

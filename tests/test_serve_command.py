@@ -35,7 +35,7 @@ def glm5(tmp_path):
               "q_lora_rank": 2048, "kv_lora_rank": m.kv_lora_rank,
               "qk_rope_head_dim": m.qk_rope_head_dim, "qk_nope_head_dim": m.qk_nope_head_dim,
               "v_head_dim": m.v_head_dim, "n_routed_experts": 256, "n_shared_experts": 1,
-              "first_k_dense_replace": 3, "num_nextn_predict_layers": 1,
+              "num_experts_per_tok": 8, "first_k_dense_replace": 3, "num_nextn_predict_layers": 1,
               "index_topk": m.index_topk, "index_n_heads": 32, "index_head_dim": 128,
               "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
     folder = tmp_path / "GLM-5"
@@ -638,8 +638,9 @@ def test_a_command_like_kimi_k2_dense_fp8_tp4_dp_differs_in_what_it_lists(tmp_pa
     words = ("name", "description", "model.name", "parallel.weights_note")
     assert sorted(differ) == sorted([*words, "serving.decode_context_len", "vllm.max_num_seqs",
                                      "vllm.cudagraph_mode", "vllm.num_speculative_tokens",
-                                     "vllm.cuda_graphs"])
+                                     "vllm.cuda_graphs", "parallel.expert_parallel"])
     assert differ["vllm.cuda_graphs"] == (True, None)  # the command captures graphs
+    assert differ["parallel.expert_parallel"] == (True, False)  # --enable-expert-parallel
     assert differ["serving.decode_context_len"] == (131072, 8192)
     assert differ["vllm.max_num_seqs"] == (256, None)
     assert (differ["vllm.cudagraph_mode"], differ["vllm.num_speculative_tokens"]) == (

@@ -23,6 +23,7 @@ from mlamem.operations import decode_token_limit
 from mlamem.spec.engine_registry import DEFAULT_ENGINES, engine_names, engine_tables, section_type
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import CONTROL_CHARACTERS, read_text
+from mlamem.spec.models.quantization import SCHEMES
 from mlamem.spec.scenario_names import (  # noqa: F401  (DEFAULT_SCENARIO, shipped_names: read from here too)
     DEFAULT_SCENARIO,
     check_exists,
@@ -62,15 +63,47 @@ class Model:
     v_head_dim: int  # value head dim before absorption
     index_topk: int | None = None  # DSA indexer top-k; None for a dense-MLA model
     hidden_size: int | None = None  # residual-stream width; sizes the engine's activations
+    # The rest of the model, as its config.json names it, for what a rank allocates beyond
+    # attention (spec/engines/rank_buffers.py); None where the scenario does not say.
+    vocab_size: int | None = None  # the sampler's logits
+    intermediate_size: int | None = None  # the dense MLP layers' width
+    moe_intermediate_size: int | None = None  # one routed expert's width
+    n_routed_experts: int | None = None
+    num_experts_per_tok: int | None = None  # the router's top-k
+    n_shared_experts: int | None = None
+    first_k_dense_replace: int | None = None  # dense MLP layers before the MoE ones
+    index_n_heads: int | None = None  # DSA indexer heads
+    index_head_dim: int | None = None
+    num_nextn_predict_layers: int | None = None  # MTP layers the checkpoint ships
+    quantization: str | None = None  # the checkpoint's scheme (spec/models/quantization.py); None: bf16
 
     def __post_init__(self) -> None:
-        if self.hidden_size is not None:
-            check_positive(self, "model", "hidden_size")
+        for name in ("hidden_size", "index_topk", "vocab_size", "intermediate_size",
+                     "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
+                     "index_n_heads", "index_head_dim"):
+            if getattr(self, name) is not None:
+                check_positive(self, "model", name)
+        for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"):
+            if (getattr(self, name) or 0) < 0:
+                raise FieldError("model", name, "must be >= 0")
+            if getattr(self, name):
+                check_positive(self, "model", name)
+        if self.quantization is not None and self.quantization not in SCHEMES:
+            raise FieldError("model", "quantization", f"expected one of {', '.join(SCHEMES)} "
+                             f"(or leave it out for bf16), got {self.quantization!r}")
         for name in ("num_attention_heads", "num_layers", "kv_lora_rank", "qk_rope_head_dim",
                      "qk_nope_head_dim", "v_head_dim"):
             check_positive(self, "model", name)
-        if self.index_topk is not None:
-            check_positive(self, "model", "index_topk")
+        if (self.num_experts_per_tok or 0) > (self.n_routed_experts or 1 << 62):
+            raise FieldError("model", "num_experts_per_tok",
+                             f"{self.num_experts_per_tok} exceeds n_routed_experts "
+                             f"{self.n_routed_experts}")
+
+    @property
+    def has_moe(self) -> bool:
+        """Whether the scenario gives the MoE layer's shape."""
+        return bool(self.n_routed_experts and self.num_experts_per_tok
+                    and self.moe_intermediate_size and self.hidden_size)
 
 
 @section_model
@@ -79,6 +112,7 @@ class Parallelism:
 
     tensor_parallel: int  # TP size
     attention_data_parallel: int = 1  # attention-DP size; heads are split over TP / DP ranks
+    expert_parallel: bool = False  # the routed experts split over the TP x DP ranks (EP)
     weights_gib_per_rank: float | None = None  # model weights one rank holds, GiB
     weights_note: str = ""  # where weights_gib_per_rank comes from (measured, estimate, placeholder)
 

@@ -340,7 +340,7 @@ MODELLED = {"--model-path": str, "--tp-size": int, "--dp-size": int, "--attn-dp-
             "--cuda-graph-backend-decode": None, "--cuda-graph-backend-prefill": None,
             "--disable-cuda-graph": None, "--disable-decode-cuda-graph": None,
             "--disable-prefill-cuda-graph": None, "--dsa-decode-backend": None,
-            "--dsa-prefill-backend": None}
+            "--dsa-prefill-backend": None, "--ep-size": int}
 DSA_BACKEND = "flashmla_kv"  # what SGLang picks for a DSA model's fp8 cache on Hopper
 # the scenario's fields as SGLang's flags set them
 FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--attn-dp-size",
@@ -575,7 +575,7 @@ def parse(words: list[str], prog: str) -> Parsed:
                   serving=serving, memory_fraction=given.get("mem_fraction_static", 0.0),
                   engines=["sglang"], operations=["sparse-decode"], sections=sections,
                   notes=notes, cuda_graphs=graphs["decode"], prog=prog, flags=FIELD_FLAGS,
-                  engine_settings={"graphs": graphs})
+                  expert_parallel=given.get("ep_size", 1) > 1, engine_settings={"graphs": graphs})
 
 
 # utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the first the config sets wins

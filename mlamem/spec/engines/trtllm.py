@@ -217,7 +217,7 @@ def parse(words: list[str]):
                   engines=["trtllm-context-reuse", "vllm"], operations=["sparse-decode"],
                   sections={}, notes=notes + ([f"--ep_size {ep}: the routed experts are placed "
                                                f"over {tp} ranks"] if ep != tp else []),
-                  cuda_graphs=False, prog=PROG, flags=FIELD_FLAGS)
+                  cuda_graphs=False, prog=PROG, flags=FIELD_FLAGS, expert_parallel=ep > 1)
 
 
 # -- how its saved results read --

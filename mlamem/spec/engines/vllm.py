@@ -608,6 +608,7 @@ def parse(words: list[str], version: str | None = None):
                   serving=serving, memory_fraction=fraction, engines=["vllm"],
                   operations=["sparse-decode", "sparse-prefill"], sections=sections, notes=notes,
                   cuda_graphs=graphs, prog=PROG, flags=FIELD_FLAGS,
+                  expert_parallel=bool(given.get("enable_expert_parallel")),
                   engine_settings={key: given.get(key) for key in
                                    ("kv_cache_dtype", "attention_backend", "block_size",
                                     "max_num_seqs", "dtype")}

@@ -76,6 +76,7 @@ class ModelConfig:
     first_k_dense_replace: int
     moe_layer_freq: int = 1
     num_nextn_predict_layers: int = 0
+    num_experts_per_tok: int = 0  # the router's top-k; 0 where the config does not say
     tie_word_embeddings: bool = False
     index_topk: int = 0
     index_n_heads: int = 0
@@ -118,7 +119,8 @@ class ModelConfig:
 
 # the largest value a config's count may take: the layer and expert counts bound the tensors the
 # count enumerates, the rest fit the int32 an engine keeps them in
-_LARGEST = {"num_hidden_layers": 4096, "n_routed_experts": 65536, "num_nextn_predict_layers": 64}
+_LARGEST = {"num_hidden_layers": 4096, "n_routed_experts": 65536, "num_nextn_predict_layers": 64,
+            "num_experts_per_tok": 65536}
 # the counts a model may set to 0: no shared experts, no dense layers first, no MTP layers; every
 # other size or count is at least 1 (a 0 would divide by zero or make an empty tensor)
 _ZERO_ALLOWED = ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers")
@@ -151,7 +153,7 @@ def parse_config(raw: dict) -> ModelConfig:
     if MODEL_TYPES[model_type].indexer:
         fields |= {name: _int(raw, name) for name in _INDEXER}
         fields["indexer_layers"] = _indexer_layers(raw.get("indexer_types"), fields["num_hidden_layers"])
-    for name in ("moe_layer_freq", "num_nextn_predict_layers"):
+    for name in ("moe_layer_freq", "num_nextn_predict_layers", "num_experts_per_tok"):
         if name in raw:
             fields[name] = _int(raw, name)
     tied = raw.get("tie_word_embeddings", False)

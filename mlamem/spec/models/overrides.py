@@ -47,7 +47,18 @@ def model_table(config: ModelConfig, name: str) -> dict:
             "qk_rope_head_dim": config.qk_rope_head_dim,
             "qk_nope_head_dim": config.qk_nope_head_dim, "v_head_dim": config.v_head_dim,
             **({"index_topk": config.index_topk} if config.has_indexer else {}),
-            "hidden_size": config.hidden_size}
+            "hidden_size": config.hidden_size, **beyond_attention(config)}
+
+
+def beyond_attention(config: ModelConfig) -> dict:
+    """The [model] fields of what a rank allocates beyond attention (spec/engines/rank_buffers.py),
+    by their config.json names: the MLP and MoE widths, the vocabulary, the indexer, MTP."""
+    names = ["vocab_size", "intermediate_size", "moe_intermediate_size", "n_routed_experts",
+             "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"]
+    names += ["num_experts_per_tok"] if config.num_experts_per_tok else []
+    names += ["index_n_heads", "index_head_dim"] if config.has_indexer else []
+    table = {name: getattr(config, name) for name in names}
+    return table | ({"quantization": config.quantization.scheme} if config.quantization else {})
 
 
 # model_table's keys whose config.json field has another name

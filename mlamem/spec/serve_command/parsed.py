@@ -27,6 +27,7 @@ class Parsed:
     prog: str
     flags: dict  # a scenario field -> the engine's flag that set it, for validation's errors
     engine_settings: dict = field(default_factory=dict)  # what only the engine's defaults read
+    expert_parallel: bool = False  # the routed experts split over the group's ranks (EP)
 
     def fill_max_model_len(self, derived: tuple[int, str] | None, *, flag: str, engine: str,
                            release: str, default: str, allow_env: str) -> None:
