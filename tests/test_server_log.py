@@ -127,6 +127,38 @@ def test_seed_oom_line():
     assert (oom.total_bytes, oom.free_bytes) == (round(79.19 * GiB), round(5.29 * GiB))
 
 
+def test_oom_message_wrapped_over_lines():
+    """A message the report wraps over lines (SGLang 30505, the vLLM backport's 94): the total,
+    the free memory and what PyTorch held are read from the lines after the request, and the
+    message is the first line's."""
+    [oom] = read_log(str(LOGS / "sglang-glm-5.2-wrapped-oom.log")).ooms
+    assert (oom.requested_bytes, oom.device, oom.line_number) == (round(1.02 * GiB), 6, 1)
+    assert (oom.total_bytes, oom.free_bytes) == (round(79.18 * GiB), round(837.06 * MiB))
+    assert oom.allocated_bytes == round(71.12 * GiB)
+    assert oom.reserved_unallocated_bytes == round(2.16 * GiB)
+    [oom] = read_log(str(LOGS / "vllm-backport-wrapped-oom.log")).ooms
+    assert (oom.total_bytes, oom.free_bytes) == (round(79.25 * GiB), round(287.94 * MiB))
+
+
+def test_an_impossible_wrapped_message_names_its_first_line():
+    """A wrapped message no GPU prints (more free than total) is one line naming where it
+    begins."""
+    lines = ["INFO start", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.",
+             "GPU 0 has a total capacity of 8.00 GiB of which 9.00 GiB is free."]
+    with pytest.raises(UserError, match="line 2: the OOM message gives the GPU more free"):
+        parse_lines(lines)
+
+
+def test_a_line_after_a_whole_message_is_not_read_into_it():
+    """A whole message on one line takes nothing from the next (another message's figures)."""
+    cut = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    log = parse_lines([SEED_OOM, "GPU 1 has a total capacity of 9.00 GiB of which 1.00 GiB is free.",
+                       cut, "INFO 01-02 some other line", "GPU 2 has a total capacity of 79.19 "
+                       "GiB of which 1.00 GiB is free."])
+    assert [(o.total_bytes, o.free_bytes) for o in log.ooms] == [
+        (round(79.19 * GiB), round(5.29 * GiB)), (None, None)]
+
+
 def test_repeated_oom_counted_once():
     """The same message from eight ranks is one OOM, counted eight times."""
     [oom] = parse_lines([f"(rank={r}) {SEED_OOM}" for r in range(8)]).ooms

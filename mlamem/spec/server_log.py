@@ -169,6 +169,11 @@ _OOM = re.compile(rf"out of memory\. Tried to allocate {_SIZE}\.?(?: GPU (\d+) h
                   rf"capacity of {_SIZE} of which {_SIZE} is free\.)?")
 _OOM_OLD = re.compile(rf"out of memory\. Tried to allocate {_SIZE} \(GPU (\d+); {_SIZE} total "
                       rf"capacity; {_SIZE} already allocated; {_SIZE} free")
+# A message whose line ends after the request, as reports wrap it ("Tried to allocate 1.02 GiB."
+# then "GPU 6 has a total capacity of ..." on the next line): read with the lines that continue it
+_OOM_CUT = re.compile(rf"out of memory\. Tried to allocate {_SIZE}\.?\s*$")
+_CONTINUED = ("memory in use", "allocated by PyTorch", "reserved by PyTorch", "private pools")
+MAX_WRAPPED_CHARS = 1_000  # a whole message is under this; a longer one is not one message
 _PROCESS = re.compile(rf"this process has {_SIZE} memory in use")
 _TORCH = re.compile(rf"Of the allocated memory {_SIZE} is allocated by PyTorch.*?and {_SIZE} is "
                     r"reserved by PyTorch but unallocated")
@@ -212,13 +217,28 @@ class _Reader:
     versions: dict[str, str] = field(default_factory=dict)
     frames: list[str] = field(default_factory=list)
     lines: int = 0
+    wrapped: tuple[int, str] | None = None  # an OOM message cut at its line's end, and its line
 
     def read(self, number: int, line: str) -> None:
         self.lines = number
+        if self.wrapped is not None and _continues(self.wrapped[1], line):
+            self.wrapped = (self.wrapped[0], f"{self.wrapped[1]} {line.strip()}")
+            return
+        self.flush()
         try:
             self._figures(number, line)
         except _Impossible as exc:
-            raise UserError(f"line {number}: {exc}; pass the server's log as it wrote it") from None
+            raise _impossible(number, exc) from None
+
+    def flush(self) -> None:
+        """The wrapped OOM message read with the lines that continue it."""
+        if self.wrapped is not None:
+            number, text = self.wrapped
+            self.wrapped = None
+            try:
+                self._oom(number, text)
+            except _Impossible as exc:
+                raise _impossible(number, exc) from None
 
     def _figures(self, number: int, line: str) -> None:
         for engine, key, pattern, fields in _COMPILED:
@@ -237,7 +257,10 @@ class _Reader:
                     self.votes[engine] += 2
         self._traceback(line)
         if "out of memory" in line:
-            self._oom(number, line)
+            if _OOM_CUT.search(line):  # a report wraps it: the next lines may hold the rest
+                self.wrapped = (number, line.strip())
+            else:
+                self._oom(number, line)
 
     def _traceback(self, line: str) -> None:
         if "Traceback (most recent call last)" in line:
@@ -261,6 +284,21 @@ class _Reader:
                 self.ooms[i] = _counted(seen, new)
                 return
         self.ooms.append(new)
+
+
+def _impossible(number: int, exc: _Impossible) -> UserError:
+    return UserError(f"line {number}: {exc}; pass the server's log as it wrote it")
+
+
+def _continues(text: str, line: str) -> bool:
+    """Whether `line` goes on the wrapped OOM message `text`: first the GPU's total, then what
+    the process and PyTorch held; never another message, nor past a whole message's length."""
+    line = line.strip()
+    if "out of memory" in line or len(text) + len(line) > MAX_WRAPPED_CHARS:
+        return False
+    if "total capacity" not in text:
+        return line.startswith("GPU ") and "total capacity" in line
+    return any(part in line for part in _CONTINUED)
 
 
 def _check_possible(oom: dict) -> None:
@@ -320,6 +358,7 @@ def parse_lines(lines, source: str = "-") -> ServerLog:
     reader = _Reader()
     for number, line in enumerate(lines, start=1):
         reader.read(number, line[:MAX_LINE_CHARS])
+    reader.flush()
     engine = max(reader.votes, key=reader.votes.get) if any(reader.votes.values()) else None
     return ServerLog(source=source, engine=engine, version=reader.versions.get(engine),
                      figures=tuple(reader.figures), ooms=tuple(reader.ooms), lines=reader.lines)
