@@ -35,7 +35,8 @@ def glm5(tmp_path):
               "q_lora_rank": 2048, "kv_lora_rank": m.kv_lora_rank,
               "qk_rope_head_dim": m.qk_rope_head_dim, "qk_nope_head_dim": m.qk_nope_head_dim,
               "v_head_dim": m.v_head_dim, "n_routed_experts": 256, "n_shared_experts": 1,
-              "num_experts_per_tok": 8, "first_k_dense_replace": 3, "num_nextn_predict_layers": 1,
+              "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+              "architectures": ["GlmMoeDsaForCausalLM"], "num_nextn_predict_layers": 1,
               "index_topk": m.index_topk, "index_n_heads": 32, "index_head_dim": 128,
               "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
     folder = tmp_path / "GLM-5"

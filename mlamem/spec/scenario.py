@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -76,6 +77,7 @@ class Model:
     index_head_dim: int | None = None
     num_nextn_predict_layers: int | None = None  # MTP layers the checkpoint ships
     quantization: str | None = None  # the checkpoint's scheme (spec/models/quantization.py); None: bf16
+    architecture: str | None = None  # config.json's architectures[0], e.g. "GlmMoeDsaForCausalLM"
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "index_topk", "vocab_size", "intermediate_size",
@@ -88,6 +90,9 @@ class Model:
                 raise FieldError("model", name, "must be >= 0")
             if getattr(self, name):
                 check_positive(self, "model", name)
+        if self.architecture is not None and not re.fullmatch(r"[A-Za-z_]\w{0,99}", self.architecture):
+            raise FieldError("model", "architecture", "expected a class name such as "
+                             f"GlmMoeDsaForCausalLM, got {self.architecture[:40]!r}")
         if self.quantization is not None and self.quantization not in SCHEMES:
             raise FieldError("model", "quantization", f"expected one of {', '.join(SCHEMES)} "
                              f"(or leave it out for bf16), got {self.quantization!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -77,6 +78,7 @@ class ModelConfig:
     moe_layer_freq: int = 1
     num_nextn_predict_layers: int = 0
     num_experts_per_tok: int = 0  # the router's top-k; 0 where the config does not say
+    architecture: str | None = None  # architectures[0], the class the engines pick rules by
     tie_word_embeddings: bool = False
     index_topk: int = 0
     index_n_heads: int = 0
@@ -159,11 +161,18 @@ def parse_config(raw: dict) -> ModelConfig:
     tied = raw.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise bad("tie_word_embeddings", f"needs true or false, got {tied!r}")
+    fields["architecture"] = _architecture(raw.get("architectures"))
     fields["length_fields"] = tuple((name, _positive(raw, name)) for name in LENGTH_KEYS
                                     if raw.get(name) is not None)
     return ModelConfig(model_type=model_type, tie_word_embeddings=tied,
                        quantization=parse_quantization(raw.get("quantization_config")), **fields,
                        **_rope(raw))
+
+
+def _architecture(value: object) -> str | None:
+    """architectures[0] where it is a class name, else None (engines then take their defaults)."""
+    first = value[0] if isinstance(value, list) and value else None
+    return first if isinstance(first, str) and re.fullmatch(r"[A-Za-z_]\w{0,99}", first) else None
 
 
 def _language_model(raw: dict, key: str) -> ModelConfig:

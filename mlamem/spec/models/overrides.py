@@ -58,6 +58,7 @@ def beyond_attention(config: ModelConfig) -> dict:
     names += ["num_experts_per_tok"] if config.num_experts_per_tok else []
     names += ["index_n_heads", "index_head_dim"] if config.has_indexer else []
     table = {name: getattr(config, name) for name in names}
+    table |= {"architecture": config.architecture} if config.architecture else {}
     return table | ({"quantization": config.quantization.scheme} if config.quantization else {})
 
 
