@@ -43,6 +43,15 @@ sglang/). What SGLang runs on Hopper for a block-fp8 checkpoint:
 
 The step's tokens are `--chunked-prefill-size`; its context, which the indexer scores, is the
 longest prompt's (`max_model_len`: the last chunk of it is the step's worst case).
+
+Two rules read config.json's `architectures[0]` (the shared expert's fusion, and the indexer's
+fused query path, which GLM-5's interleaved indexer rope takes): where the scenario's model does
+not name it, neither is claimed. Not modelled: DeepEP's all-to-all and DeepGEMM's grouped GEMM
+(`--moe-a2a-backend deepep`); the padded rows of a tuned down-projection config with USE_TMA
+(triton 3.5.1's H200 config for 257 experts at N 256: at most (E + 1) x (BLOCK_SIZE_M - 1) rows
+more in cache1 and cache2); moe_align_block_size's sorted ids (int32, T x k plus (E + 1) x
+(BLOCK_SIZE_M - 1): under 1 MiB at 8192 tokens); a config with router_fp32 (an fp32 copy of
+the hidden states for the gate); the draft layer's own fusion (taken as the target's).
 """
 
 from __future__ import annotations
@@ -206,7 +215,7 @@ def _quantized(name: str, rows: int, cols: int, cited: str) -> list[RankBuffer]:
             buf(f"{name}_scale", (rows, -(-cols // GROUP)), "float32", cited)]
 
 
-def moe_stages(shape: StepShape, prefix: str = "") -> list[Stage]:
+def moe_stages(shape: StepShape) -> list[Stage]:
     """The routed experts' three points (FUSED_MOE): the gate-up GEMM (cache1 and the quantized
     input), the activation (cache1 and cache2), the down GEMM (cache2, cache3 and the quantized
     cache2), each with the router's buffers; with an unfused shared expert, its MLP first."""
@@ -222,12 +231,11 @@ def moe_stages(shape: StepShape, prefix: str = "") -> list[Stage]:
                                  else [])
     down = [*held, cache2, cache3] + (_quantized("moe.down_input", t * k, i, MOE_QUANT)
                                       if shape.quantized else [])
-    stages = [Stage(f"{prefix}moe.gate_up", tuple(gate_up)),
-              Stage(f"{prefix}moe.activation", (*held, cache1, cache2)),
-              Stage(f"{prefix}moe.down", tuple(down))]
+    stages = [Stage("moe.gate_up", tuple(gate_up)), Stage("moe.activation", (*held, cache1, cache2)),
+              Stage("moe.down", tuple(down))]
     if not layout.fused_shared and shape.n_shared_experts:
         width = shape.moe_intermediate_size * shape.n_shared_experts // shape.tensor_parallel
-        stages[:0] = mlp_stages(shape, width, f"{prefix}moe.shared_expert")
+        stages[:0] = mlp_stages(shape, width, "moe.shared_expert")
     return stages
 
 
@@ -337,7 +345,7 @@ def indexer_stage(shape: StepShape, logits_budget_bytes: int) -> Stage | None:
 def sampler_stages(shape: StepShape) -> list[Stage]:
     """The last token of each request (a chunked prefill of one request: one row): the LM
     head's vocabulary shard and its gather over the TP ranks (LM_HEAD), then the fp32 logits and
-    the softmax SGLang samples from (SAMPLER). None without the vocabulary size."""
+    the softmax SGLang samples from (SAMPLER). None without the vocabulary size: an empty list."""
     if not shape.vocab_size:
         return []
     rows, padded = shape.requests, ceil_to(shape.vocab_size, VOCAB_PADDING)
@@ -346,10 +354,8 @@ def sampler_stages(shape: StepShape) -> list[Stage]:
     gathered = buf("sampler.lm_head_gathered", (rows, padded), "bfloat16", LM_HEAD)
     logits = buf("sampler.logits", (rows, shape.vocab_size), "float32", LM_HEAD)
     probs = buf("sampler.probs", (rows, shape.vocab_size), "float32", SAMPLER)
-    stages = [Stage("sampler.lm_head", (shard, gathered) if shape.tensor_parallel > 1
-                    else (shard,)),
-              Stage("sampler.softmax", (logits, probs))]
-    return stages
+    return [Stage("sampler.lm_head", (shard, gathered) if shape.tensor_parallel > 1 else (shard,)),
+            Stage("sampler.softmax", (logits, probs))]
 
 
 def drafter_stages(shape: StepShape) -> list[Stage]:
