@@ -49,6 +49,7 @@ from mlamem.engines.decode_rank import (
 )
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
+from mlamem.spec.engines.rank_buffers import Stage
 from mlamem.spec.engines.sglang import (
     SPEC,
     SGLangSection,
@@ -61,6 +62,7 @@ from mlamem.spec.engines.sglang import (
     max_num_reqs,
     resolve,
 )
+from mlamem.spec.engines.sglang_pass import mqa_logits_budget_bytes, step_shape, step_stages
 from mlamem.spec.errors import UserError
 from mlamem.spec.gpus import GPUS
 from mlamem.spec.scenario import Scenario
@@ -245,6 +247,15 @@ class SGLang(DecodeRank):
 
     def profile(self) -> None:
         return None  # SGLang sizes its pool without an activation profile
+
+    def stages(self, tokens: int) -> list[Stage]:
+        """SGLang 0.5.23's chunked-prefill step beyond attention (spec/engines/sglang_pass.py):
+        the indexer's logits budget from the GPU's total, the pool's fraction and what is free
+        now (SGLang measures it at its first large prefill)."""
+        free = self.case.torch_limit_bytes - self.memory.stats().reserved
+        budget = mqa_logits_budget_bytes(self.budget.gpu_memory_bytes,
+                                         self.rules().mem_fraction_static, free)
+        return step_stages(step_shape(self.scenario, tokens), budget)
 
     def workspace_tokens(self) -> int:
         """The step's tokens, or the largest decode graph's where that is more (graphs on)."""
