@@ -35,9 +35,16 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
-from mlamem.engines.decode_rank import DecodeCase, DecodeRank, activation_specs, run_stages
+from mlamem.engines.decode_rank import (
+    DecodeCase,
+    DecodeRank,
+    activation_specs,
+    run_stages,
+    stage_specs,
+)
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
+from mlamem.spec.engines.rank_buffers import Stage
 from mlamem.spec.engines.vllm import (
     SPEC,
     kv_block_bytes,
@@ -45,6 +52,7 @@ from mlamem.spec.engines.vllm import (
     sizes_to_capture,
     vllm_estimate,
 )
+from mlamem.spec.engines.vllm_moe import dense_mlp_stage, fused_moe_workspace, moe_stage
 from mlamem.spec.units import format_bytes
 
 
@@ -155,12 +163,29 @@ class VLLM(DecodeRank):
             lines.append(note)
         return lines
 
+    def stages(self, tokens: int) -> list[Stage]:
+        """vLLM 0.33.0's stages beyond attention: the dense MLP layers' and the MoE layer's
+        (spec/engines/vllm_moe.py)."""
+        return [stage for stage in (dense_mlp_stage(self.scenario, tokens),
+                                    moe_stage(self.scenario, tokens)) if stage is not None]
+
     def profile(self) -> None:
+        """The residual stream held through the pass; the dense MLP layers run first, then the
+        first MoE layer grows vLLM's WorkspaceManager to the fused-MoE workspace, which stays
+        for the rest of the pass, the step and the case (spec.engines.vllm_moe.
+        fused_moe_workspace), under every later stage."""
         self.allocating = "activations"
-        tokens = self.budget.max_num_batched_tokens
-        held = allocate_specs(activation_specs(self.scenario, tokens), self.memory.device)
+        device, tokens = self.memory.device, self.budget.max_num_batched_tokens
+        held = allocate_specs(activation_specs(self.scenario, tokens), device)
         self.allocating = "profile pass beyond attention"
-        run_stages(self.stages(tokens), self.memory.device)
+        stages = self.stages(tokens)
+        run_stages([s for s in stages if s.name == "dense_mlp"], device)
+        if (workspace := fused_moe_workspace(self.scenario, tokens)) is not None:
+            self.allocating = "fused-MoE workspace"
+            reserved = allocate_specs(stage_specs(Stage("workspace", (workspace,))), device)
+            self.resident.extend(reserved.values())
+            self.allocating = "profile pass beyond attention"
+        run_stages([s for s in stages if s.name != "dense_mlp"], device)
         del held
 
     def estimate_graphs(self) -> None:
