@@ -171,22 +171,32 @@ class VLLM(DecodeRank):
 
     def profile(self) -> None:
         """The residual stream held through the pass; the dense MLP layers run first, then the
-        first MoE layer grows vLLM's WorkspaceManager to the fused-MoE workspace, which stays
-        for the rest of the pass, the step and the case (spec.engines.vllm_moe.
-        fused_moe_workspace), under every later stage."""
+        first MoE layer grows vLLM's WorkspaceManager to the fused-MoE workspace
+        (`grow_workspace`), which stays for the rest of the pass, the step and the case, under
+        every later stage."""
         self.allocating = "activations"
         device, tokens = self.memory.device, self.budget.max_num_batched_tokens
         held = allocate_specs(activation_specs(self.scenario, tokens), device)
         self.allocating = "profile pass beyond attention"
         stages = self.stages(tokens)
         run_stages([s for s in stages if s.name == "dense_mlp"], device)
-        if (workspace := fused_moe_workspace(self.scenario, tokens)) is not None:
-            self.allocating = "fused-MoE workspace"
-            reserved = allocate_specs(stage_specs(Stage("workspace", (workspace,))), device)
-            self.resident.extend(reserved.values())
-            self.allocating = "profile pass beyond attention"
+        self.grow_workspace(tokens)
+        self.allocating = "profile pass beyond attention"
         run_stages([s for s in stages if s.name != "dense_mlp"], device)
         del held
+
+    def grow_workspace(self, tokens: int) -> None:
+        """The fused-MoE workspace, in vLLM's one WorkspaceManager buffer
+        (v1/worker/workspace.py, `_ensure_workspace_size`): the attention backend's reservation
+        (case.workspace_bytes) is freed and the buffer reallocated at the larger size, so the
+        rank holds the larger of the two; here the part beyond the attention's is added."""
+        workspace = fused_moe_workspace(self.scenario, tokens)
+        if workspace is None or workspace.nbytes <= self.case.workspace_bytes:
+            return
+        self.allocating = "fused-MoE workspace"
+        grown = dataclasses.replace(workspace, shape=(workspace.nbytes - self.case.workspace_bytes,))
+        reserved = allocate_specs(stage_specs(Stage("workspace", (grown,))), self.memory.device)
+        self.resident.extend(reserved.values())
 
     def estimate_graphs(self) -> None:
         if not self.budget.cuda_graphs:
