@@ -19,6 +19,7 @@ from mlamem.spec.engines.vllm_moe import (
     dense_mlp_stage,
     fused_moe_workspace,
     moe_backend,
+    moe_note,
     moe_stage,
     unmodelled_reason,
 )
@@ -59,6 +60,7 @@ def test_backend_per_quantization_and_layout(glm5_tp8, dsv32_tp4_ep):
     either way (oracle/unquantized.py); int4: Humming (oracle/int_wna16.py), not modelled."""
     assert moe_backend(glm5_tp8) == TRITON
     assert moe_backend(dsv32_tp4_ep) == FLASHINFER_CUTLASS
+    assert "FlashInfer" in moe_note(dsv32_tp4_ep) and moe_note(glm5_tp8) is None
     bf16_ep = replace(dsv32_tp4_ep, model=replace(dsv32_tp4_ep.model, quantization=None))
     assert moe_backend(bf16_ep) == TRITON
     int4 = replace(glm5_tp8, model=replace(glm5_tp8.model, quantization="int-pack"))

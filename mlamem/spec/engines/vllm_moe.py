@@ -42,9 +42,8 @@ QUANT_BLOCK = 128  # block fp8: values per activation scale (1 x 128 groups)
 WORKSPACE_ALIGN = 256  # v1/worker/workspace.py, get_simultaneous: round_up(actual, 256)
 TMA_ALIGN_BYTES = 16  # utils/deep_gemm.py, get_tma_aligned_size: 16 // element_size
 
-# the backends vLLM 0.33.0 picks on Hopper whose buffers this module models
+# the backends vLLM 0.33.0 picks on Hopper (moe_backend); Humming's buffers are not modelled
 TRITON, FLASHINFER_CUTLASS, HUMMING = "triton", "flashinfer-cutlass", "humming"
-MODELLED = (TRITON, FLASHINFER_CUTLASS)
 INT_SCHEMES = ("int-pack", "awq", "gptq")
 
 
@@ -90,6 +89,17 @@ def unmodelled_reason(scenario: Scenario) -> str | None:
     if scenario.parallel.attention_data_parallel > 1:
         return (f"{VERSION} all-gathers every DP rank's tokens into the experts "
                 f"({FUSED_MOE}/prepare_finalize/naive_dp_ep.py): not modelled")
+    return None
+
+
+def moe_note(scenario: Scenario) -> str | None:
+    """What the MoE stage leaves out, in one line, where it leaves anything out."""
+    if (reason := unmodelled_reason(scenario)) is not None:
+        return f"the MoE layer: {reason}"
+    if scenario.model.has_moe and moe_backend(scenario) == FLASHINFER_CUTLASS:
+        return (f"the MoE layer: {VERSION} runs block-fp8 experts with expert parallelism "
+                f"through FlashInfer's CUTLASS MoE ({FUSED_MOE}/experts/flashinfer_cutlass_moe.py)"
+                f", whose own scratch inside flashinfer is not modelled")
     return None
 
 
