@@ -4,7 +4,9 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
 - init: the attention backend's workspace (workspace paths only), the weights, the indexer's
   top-k buffer and the KV pool the step reads;
 - profile: a pass at max_num_batched_tokens that allocates the step's activations but skips
-  attention, as the engine's profile run does;
+  attention, as the engine's profile run does, and runs the stages beyond attention (the dense
+  MLP layers', then the MoE layer's: spec/engines/vllm_moe.py), the fused-MoE workspace kept
+  from the first MoE layer on, as vLLM's WorkspaceManager keeps it;
 - graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
