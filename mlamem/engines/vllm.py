@@ -4,7 +4,9 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
 - init: the attention backend's workspace (workspace paths only), the weights, the indexer's
   top-k buffer and the KV pool the step reads;
 - profile: a pass at max_num_batched_tokens that allocates the step's activations but skips
-  attention, as the engine's profile run does;
+  attention, as the engine's profile run does, and runs the stages beyond attention (the dense
+  MLP layers', then the MoE layer's: spec/engines/vllm_moe.py), the fused-MoE workspace kept
+  from the first MoE layer on, as vLLM's WorkspaceManager keeps it;
 - graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
@@ -35,9 +37,16 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
-from mlamem.engines.decode_rank import DecodeCase, DecodeRank, activation_specs, run_stages
+from mlamem.engines.decode_rank import (
+    DecodeCase,
+    DecodeRank,
+    activation_specs,
+    run_stages,
+    stage_specs,
+)
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
+from mlamem.spec.engines.rank_buffers import Stage
 from mlamem.spec.engines.vllm import (
     SPEC,
     kv_block_bytes,
@@ -45,6 +54,7 @@ from mlamem.spec.engines.vllm import (
     sizes_to_capture,
     vllm_estimate,
 )
+from mlamem.spec.engines.vllm_moe import dense_mlp_stage, fused_moe_workspace, moe_stage
 from mlamem.spec.units import format_bytes
 
 
@@ -155,13 +165,40 @@ class VLLM(DecodeRank):
             lines.append(note)
         return lines
 
+    def stages(self, tokens: int) -> list[Stage]:
+        """vLLM 0.33.0's stages beyond attention: the dense MLP layers' and the MoE layer's
+        (spec/engines/vllm_moe.py)."""
+        return [stage for stage in (dense_mlp_stage(self.scenario, tokens),
+                                    moe_stage(self.scenario, tokens)) if stage is not None]
+
     def profile(self) -> None:
+        """The residual stream held through the pass; the dense MLP layers run first, then the
+        first MoE layer grows vLLM's WorkspaceManager to the fused-MoE workspace
+        (`grow_workspace`), which stays for the rest of the pass, the step and the case, under
+        every later stage."""
         self.allocating = "activations"
-        tokens = self.budget.max_num_batched_tokens
-        held = allocate_specs(activation_specs(self.scenario, tokens), self.memory.device)
+        device, tokens = self.memory.device, self.budget.max_num_batched_tokens
+        held = allocate_specs(activation_specs(self.scenario, tokens), device)
         self.allocating = "profile pass beyond attention"
-        run_stages(self.stages(tokens), self.memory.device)
+        stages = self.stages(tokens)
+        run_stages([s for s in stages if s.name == "dense_mlp"], device)
+        self.grow_workspace(tokens)
+        self.allocating = "profile pass beyond attention"
+        run_stages([s for s in stages if s.name != "dense_mlp"], device)
         del held
+
+    def grow_workspace(self, tokens: int) -> None:
+        """The fused-MoE workspace, in vLLM's one WorkspaceManager buffer
+        (v1/worker/workspace.py, `_ensure_workspace_size`): the attention backend's reservation
+        (case.workspace_bytes) is freed and the buffer reallocated at the larger size, so the
+        rank holds the larger of the two; here the part beyond the attention's is added."""
+        workspace = fused_moe_workspace(self.scenario, tokens)
+        if workspace is None or workspace.nbytes <= self.case.workspace_bytes:
+            return
+        self.allocating = "fused-MoE workspace"
+        grown = dataclasses.replace(workspace, shape=(workspace.nbytes - self.case.workspace_bytes,))
+        reserved = allocate_specs(stage_specs(Stage("workspace", (grown,))), self.memory.device)
+        self.resident.extend(reserved.values())
 
     def estimate_graphs(self) -> None:
         if not self.budget.cuda_graphs:

@@ -1,0 +1,166 @@
+"""vLLM 0.33.0's MoE layer and dense MLP layers (spec/engines/vllm_moe.py): each buffer held to
+the formula of the source it cites, at two shapes, and the emulated rank's profile peak."""
+
+from dataclasses import replace
+
+import pytest
+
+from mlamem.engines.base import Budget
+from mlamem.engines.decode_rank import activation_specs
+from mlamem.engines.vllm import VLLM
+from mlamem.kernels import FlashMLA
+from mlamem.runtime.allocator import round_size
+from mlamem.runtime.memory import SimulatedMemory
+from mlamem.spec import scenario as scenarios
+from mlamem.spec.engines.vllm_moe import (
+    FLASHINFER_CUTLASS,
+    HUMMING,
+    TRITON,
+    dense_mlp_stage,
+    fused_moe_workspace,
+    moe_backend,
+    moe_note,
+    moe_stage,
+    unmodelled_reason,
+)
+
+# the MoE fields of the Hugging Face configs (mlamem/spec/models/glm-5.json, deepseek-v3.2.json)
+GLM5_MOE = dict(intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256,
+                num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3,
+                quantization="fp8-block")
+DSV32_MOE = dict(intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
+                 num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3,
+                 quantization="fp8-block")
+
+
+def with_moe(name: str, fields: dict, **parallel):
+    shipped = scenarios.load(name)
+    return replace(shipped, model=replace(shipped.model, **fields),
+                   parallel=replace(shipped.parallel, **parallel))
+
+
+@pytest.fixture(scope="module")
+def glm5_tp8():
+    """GLM-5 FP8 at TP8, no expert parallelism (the seed's layout)."""
+    return with_moe("glm5-fp8-tp8", GLM5_MOE)
+
+
+@pytest.fixture(scope="module")
+def dsv32_tp4_ep():
+    """DeepSeek-V3.2 FP8 at TP4 with --enable-expert-parallel."""
+    return with_moe("deepseek-v32-fp8-tp8", DSV32_MOE, tensor_parallel=4, expert_parallel=True)
+
+
+def sizes(stage) -> dict[str, tuple[tuple[int, ...], int]]:
+    return {b.name: (b.shape, b.nbytes) for b in stage.buffers}
+
+
+def test_backend_per_quantization_and_layout(glm5_tp8, dsv32_tp4_ep):
+    """oracle/fp8.py: Triton for block fp8 under TP, FlashInfer CUTLASS with EP; bf16: Triton
+    either way (oracle/unquantized.py); int4: Humming (oracle/int_wna16.py), not modelled."""
+    assert moe_backend(glm5_tp8) == TRITON
+    assert moe_backend(dsv32_tp4_ep) == FLASHINFER_CUTLASS
+    assert "FlashInfer" in moe_note(dsv32_tp4_ep) and moe_note(glm5_tp8) is None
+    bf16_ep = replace(dsv32_tp4_ep, model=replace(dsv32_tp4_ep.model, quantization=None))
+    assert moe_backend(bf16_ep) == TRITON
+    int4 = replace(glm5_tp8, model=replace(glm5_tp8.model, quantization="int-pack"))
+    assert moe_backend(int4) == HUMMING and "Humming" in unmodelled_reason(int4)
+    assert moe_stage(int4, 1024) is None and fused_moe_workspace(int4, 1024) is None
+
+
+def test_glm5_tp8_moe_at_32768(glm5_tp8):
+    """TritonExperts at M = 32768, top-8, N = 2 x 2048 / 8 = 512, K = 6144, 256 experts."""
+    m, topk, n, k, experts = 32768, 8, 512, 6144, 256
+    # workspace13 (M, topk, max(N / 2, K)) and workspace2 (M, topk, max(N, K)), bf16, each
+    # rounded up to 256 bytes in one uint8 buffer
+    assert fused_moe_workspace(glm5_tp8, m).nbytes == 2 * (m * topk * k * 2) == 6_442_450_944
+    padded = m * topk + experts * 63  # moe_align_block_size at BLOCK_SIZE_M 64
+    assert sizes(moe_stage(glm5_tp8, m)) == {
+        "moe.router_logits": ((m, experts), m * experts * 4),  # fp32: glm_moe_dsa
+        "moe.shared_output": ((m, k), m * k * 2),
+        "moe.topk_weights": ((m, topk), m * topk * 4),
+        "moe.topk_ids": ((m, topk), m * topk * 4),
+        "moe.output": ((m, k), m * k * 2),
+        "moe.a1q": ((m, k), m * k),  # fp8, 1 x 128 groups
+        "moe.a1q_scale": ((m, k // 128), m * k // 128 * 4),
+        "moe.sorted_token_ids": ((padded,), padded * 4),
+        "moe.expert_ids": ((-(-padded // 64),), -(-padded // 64) * 4),
+        "moe.a2q": ((m * topk, n // 2), m * topk * n // 2),
+        "moe.a2q_scale": ((m * topk, n // 2 // 128), m * topk * 2 * 4),
+    }
+    assert moe_stage(glm5_tp8, m).nbytes == 1_118_912_496
+
+
+def test_dsv32_tp4_ep_moe_at_8192(dsv32_tp4_ep):
+    """FlashInferExperts with EP over 4 ranks: input unquantized, workspace13 (M, K) bf16 and
+    no workspace2; router logits in the model's bf16."""
+    m, topk, k, experts = 8192, 8, 7168, 256
+    assert fused_moe_workspace(dsv32_tp4_ep, m).nbytes == m * k * 2 == 117_440_512
+    assert sizes(moe_stage(dsv32_tp4_ep, m)) == {
+        "moe.router_logits": ((m, experts), m * experts * 2),
+        "moe.shared_output": ((m, k), m * k * 2),
+        "moe.topk_weights": ((m, topk), m * topk * 4),
+        "moe.topk_ids": ((m, topk), m * topk * 4),
+        "moe.output": ((m, k), m * k * 2),
+    }
+
+
+def test_bf16_expert_parallel_is_triton_with_whole_experts(dsv32_tp4_ep):
+    """bf16 with EP: TritonExperts over whole experts (N = 2 x 2048), no quantized tensors."""
+    bf16 = replace(dsv32_tp4_ep, model=replace(dsv32_tp4_ep.model, quantization=None))
+    m, topk, k = 8192, 8, 7168
+    assert fused_moe_workspace(bf16, m).nbytes == 2 * (m * topk * k * 2)  # max(4096, 7168) = K
+    names = {b.name for b in moe_stage(bf16, m).buffers}
+    assert "moe.a1q" not in names and "moe.a2q" not in names and "moe.sorted_token_ids" in names
+
+
+def test_dense_mlp_glm5_tp8_at_32768_is_the_down_gemm(glm5_tp8):
+    """intermediate 12288 / 8 = 1536: the down GEMM (its DeepGEMM input and scales, its
+    output) outweighs the gate_up GEMM and the activation."""
+    m, inner, k = 32768, 1536, 6144
+    stage = dense_mlp_stage(glm5_tp8, m)
+    assert sizes(stage) == {
+        "mlp.act.q": ((m, inner), m * inner),
+        "mlp.act.scale": ((m * inner // 128,), m * inner // 128 * 4),  # M is TMA-aligned
+        "mlp.down": ((m, k), m * k * 2),
+    }
+    assert stage.nbytes == 454_557_696
+    assert all(b.sized_from_source for b in stage.buffers)  # DeepGEMM's
+
+
+def test_dense_mlp_dsv32_tp4_at_8192_is_the_activation(dsv32_tp4_ep):
+    """intermediate 18432 / 4 = 4608: gate_up (M, 9216) and SiLU's output (M, 4608), bf16."""
+    m, inner = 8192, 4608
+    assert sizes(dense_mlp_stage(dsv32_tp4_ep, m)) == {
+        "mlp.gate_up": ((m, 2 * inner), m * 2 * inner * 2),
+        "mlp.act": ((m, inner), m * inner * 2),
+    }
+
+
+def test_tma_aligned_scales_round_each_column_to_16_bytes(glm5_tp8):
+    """8191 tokens: each of the 12 scale columns but the last spans 8192 rows."""
+    scale = sizes(dense_mlp_stage(glm5_tp8, 8191))["mlp.act.scale"]
+    assert scale == ((8191 + 11 * 8192,), (8191 + 11 * 8192) * 4)
+
+
+def test_no_moe_fields_no_stage():
+    shipped = scenarios.load("glm5-fp8-tp8")
+    bare = replace(shipped, model=replace(shipped.model, n_routed_experts=None,
+                                          first_k_dense_replace=None))
+    assert moe_stage(bare, 1024) is None and dense_mlp_stage(bare, 1024) is None
+
+
+def test_profile_peak_grows_by_the_workspace_and_the_moe_stage(glm5_tp8):
+    """The emulated vLLM rank's predicted profile peak: the residual stream and attention
+    activations, then the workspace kept from the first MoE layer, under the MoE stage (larger
+    than the dense MLP's). The workspace is vLLM's one WorkspaceManager buffer: on the
+    workspace path, whose attention reservation it holds already, it grows by the difference."""
+    budget = Budget(glm5_tp8.gpu.memory_bytes, glm5_tp8.gpu.gpu_memory_utilization, 32768)
+    held = sum(round_size(s.nbytes) for s in activation_specs(glm5_tp8, 32768))
+    moe = sum(round_size(b.nbytes) for b in moe_stage(glm5_tp8, 32768).buffers)
+    workspace = fused_moe_workspace(glm5_tp8, 32768).nbytes
+    for path in ("alloc", "workspace"):
+        case = VLLM.emulate(SimulatedMemory(), glm5_tp8, FlashMLA(), budget, path, sm_count=132)
+        grown = round_size(workspace - case.workspace_bytes)
+        assert case.profile_peak_bytes == held + grown + moe
+    assert case.workspace_bytes == 32768 * 64 * (576 + 512) * 2 < workspace
