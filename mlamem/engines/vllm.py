@@ -2,9 +2,13 @@
 
 The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
 - init: the attention backend's workspace (workspace paths only), the weights, the indexer's
-  top-k buffer and the KV pool the step reads;
+  top-k buffer and the KV pool the step reads; then what vLLM keeps beyond them: a DSA model's
+  shared workspace (the sparse MLA backend's and the indexer's requests) and the MTP drafter's
+  buffers (spec/engines/vllm_pass.py `resident_buffers`);
 - profile: a pass at max_num_batched_tokens that allocates the step's activations but skips
-  attention, as the engine's profile run does;
+  attention, as the engine's profile run does, then its stages beyond attention, each freed
+  before the next (`profile_stages`: the indexer's profile branch or a dense-MLA layer's
+  stand-in, the drafter's dummy run, the sampler's);
 - graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
@@ -14,7 +18,8 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   group: spec.engines.vllm.kv_block_bytes), its tokens the count vLLM logs
   (`logged_kv_tokens`);
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
-- step: one full step at max_num_batched_tokens through the path under test.
+- step: one full step at max_num_batched_tokens through the path under test, then its stages
+  beyond attention (`stages`: the indexer, the sampler, the drafter).
 The graphs hold the attention call only (mlamem/commands/graphs.py), its q a static input buffer; which
 sizes vLLM captures, and its estimate, are vLLM's rules (spec/engines/vllm.py), set in the
 scenario's `[vllm]` table. The budget's own options are the CUDA graphs (`VLLMBudget`), and
@@ -35,9 +40,16 @@ from mlamem.engines.base import (
     allocate_specs,
     non_torch_now,
 )
-from mlamem.engines.decode_rank import DecodeCase, DecodeRank, activation_specs, run_stages
+from mlamem.engines.decode_rank import (
+    DecodeCase,
+    DecodeRank,
+    activation_specs,
+    run_stages,
+    stage_specs,
+)
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
+from mlamem.spec.engines.rank_buffers import Stage
 from mlamem.spec.engines.vllm import (
     SPEC,
     kv_block_bytes,
@@ -45,6 +57,7 @@ from mlamem.spec.engines.vllm import (
     sizes_to_capture,
     vllm_estimate,
 )
+from mlamem.spec.engines.vllm_pass import profile_stages, resident_buffers, step_stages
 from mlamem.spec.units import format_bytes
 
 
@@ -155,12 +168,40 @@ class VLLM(DecodeRank):
             lines.append(note)
         return lines
 
+    def init(self) -> None:
+        """The shared init, then what vLLM keeps beyond it: the shared workspace, less the
+        path's own workspace it holds, and the drafter's buffers
+        (spec.engines.vllm_pass.resident_buffers), counted in init_bytes."""
+        super().init()
+        resident = resident_buffers(self.scenario, self.budget.max_num_batched_tokens,
+                                    reserved=self.case.workspace_bytes)
+        if resident is None:
+            return
+        start = self.memory.stats().allocated
+        for spec in stage_specs(resident):
+            self.allocating = spec.name  # an OOM here names the buffer
+            self.resident.extend(allocate_specs([spec], self.memory.device).values())
+        self.case.init_bytes += self.memory.stats().allocated - start
+
+    def stages(self, tokens: int) -> list[Stage]:
+        """A step beyond attention, in the engine's order: each layer's indexer; after the
+        model the sampler (the rejection sampler where drafts are verified), then the drafter
+        (spec.engines.vllm_pass.step_stages)."""
+        return step_stages(self.scenario, tokens)
+
+    def profile_stages(self, tokens: int) -> list[Stage]:
+        """The profile pass beyond attention, which differs from the step: each layer's ops on
+        `attn_metadata is None` (the indexer's profile branch, a dense-MLA layer's stand-in),
+        then the drafter's dummy run and `_dummy_sampler_run` (spec.engines.vllm_pass
+        .profile_stages)."""
+        return profile_stages(self.scenario, tokens)
+
     def profile(self) -> None:
         self.allocating = "activations"
         tokens = self.budget.max_num_batched_tokens
         held = allocate_specs(activation_specs(self.scenario, tokens), self.memory.device)
         self.allocating = "profile pass beyond attention"
-        run_stages(self.stages(tokens), self.memory.device)
+        run_stages(self.profile_stages(tokens), self.memory.device)
         del held
 
     def estimate_graphs(self) -> None:
