@@ -86,6 +86,12 @@ def test_shared_workspace_is_the_largest_request(glm, dsv32_tp4):
     share = 32768 * 64 * (576 + 512) * 2
     assert vllm_pass.decode_share_bytes(glm, 32768) == share
     assert vllm_pass.shared_workspace(glm, 32768, reserved=share).nbytes == glm_sparse - share
+    # another request (the fused MoE's) joins the maximum, not the sum
+    assert vllm_pass.shared_workspace(glm, 32768, other_requests=(7 << 30,)).nbytes == 7 << 30
+    assert vllm_pass.shared_workspace(glm, 32768, other_requests=(1 << 30,)).nbytes == glm_sparse
+    kimi = scenarios.load("kimi-k2-fp8-tp4-dp")
+    assert vllm_pass.shared_workspace(kimi, 8192) is None
+    assert vllm_pass.shared_workspace(kimi, 8192, other_requests=(1 << 30,)).nbytes == 1 << 30
 
 
 def test_long_context_halves_the_factor(glm):

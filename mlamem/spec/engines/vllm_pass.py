@@ -142,18 +142,22 @@ def decode_share_bytes(scenario: Scenario, tokens: int) -> int:
     return workspace_bytes(requests[2:4]) if len(requests) == 5 else 0
 
 
-def shared_workspace(scenario: Scenario, tokens: int, reserved: int = 0) -> RankBuffer | None:
-    """The shared workspace of a DSA model's rank: one buffer as large as its largest request
-    (WorkspaceManager._ensure_workspace_size grows it, never shrinks it), here the sparse MLA
-    backend's init request and the indexer's profile request, less `reserved`, the bytes of it
-    the path's own workspace already holds (at most `decode_share_bytes`). The fused-MoE kernels
-    request from the same buffer (fused_moe/modular_kernel.py), which joins this maximum where
-    modelled. None for a dense-MLA model."""
-    if not is_dsa(scenario):
+def shared_workspace(scenario: Scenario, tokens: int, reserved: int = 0,
+                     other_requests: tuple[int, ...] = ()) -> RankBuffer | None:
+    """The rank's shared workspace: one buffer as large as its largest request
+    (WorkspaceManager._ensure_workspace_size grows it, never shrinks it). A DSA model's requests
+    are the sparse MLA backend's at init and the indexer's in the profile pass; `other_requests`
+    are the bytes of any other (the fused-MoE kernels request from the same buffer:
+    fused_moe/modular_kernel.py, current_workspace_manager().get_simultaneous). Less `reserved`,
+    the bytes of it the path's own workspace already holds (at most `decode_share_bytes`). None
+    where nothing requests it."""
+    requests = list(other_requests)
+    if is_dsa(scenario):
+        requests += [workspace_bytes(sparse_mla_workspace_requests(scenario, tokens)),
+                     workspace_bytes(indexer_workspace_requests(scenario))]
+    if not requests:
         return None
-    size = max(workspace_bytes(sparse_mla_workspace_requests(scenario, tokens)),
-               workspace_bytes(indexer_workspace_requests(scenario)))
-    size -= min(reserved, decode_share_bytes(scenario, tokens))
+    size = max(requests) - min(reserved, decode_share_bytes(scenario, tokens))
     return RankBuffer("workspace.shared", (size,), "uint8",
                       f"{VERSION} v1/worker/workspace.py, WorkspaceManager.get_simultaneous; "
                       f"{FLASHMLA_SPARSE}, FlashMLASparseImpl.__init__; {INDEXER_OP}, "
@@ -357,13 +361,14 @@ def topk_topp_buffer(scenario: Scenario, requests: int) -> RankBuffer | None:
                       f"{VERSION} v1/sample/ops/topk_topp_triton.py, apply_top_k_top_p_triton")
 
 
-def resident_buffers(scenario: Scenario, tokens: int, reserved: int = 0) -> Stage | None:
+def resident_buffers(scenario: Scenario, tokens: int, reserved: int = 0,
+                     other_requests: tuple[int, ...] = ()) -> Stage | None:
     """What the rank allocates beyond the weights, the KV cache, the indexer's top-k buffer and
-    the path's own workspace (`reserved` bytes, see `shared_workspace`), and keeps: the shared
-    workspace (a DSA model's), the drafter's buffers, and the sampler's cached top-k/top-p
-    scratch (allocated in the profile pass, which holds it after; placed at init here, which
-    sizes the KV cache the same). None if nothing."""
-    extra = [shared_workspace(scenario, tokens, reserved),
+    the path's own workspace (`reserved` bytes, see `shared_workspace`, as are
+    `other_requests`), and keeps: the shared workspace, the drafter's buffers, and the
+    sampler's cached top-k/top-p scratch (allocated in the profile pass, which holds it after;
+    placed at init here, which sizes the KV cache the same). None if nothing."""
+    extra = [shared_workspace(scenario, tokens, reserved, other_requests),
              topk_topp_buffer(scenario, sampled_requests(scenario, tokens))]
     buffers = [b for b in extra if b is not None] + drafter_buffers(scenario, tokens)
     return Stage("resident", tuple(buffers)) if buffers else None
