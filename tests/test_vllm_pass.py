@@ -54,8 +54,25 @@ def test_indexer_buffers_by_their_formulas(glm, dsv32_tp4):
         "indexer.logits": 512 * MiB,
         "indexer.topk_exchange": 2 * 8192 * 2048 * 4}
     logits = next(b for b in vllm_pass.indexer_stage(glm, 32768).buffers
-                  if b.name == "indexer.logits")
-    assert logits.sized_from_source and "sparse_attn_indexer" in logits.source
+                  if b.name == "indexer.logits")  # the profile's stand-in: torch.empty
+    assert not logits.sized_from_source and "sparse_attn_indexer" in logits.source
+
+
+def test_step_indexer_logits_are_the_largest_transient(glm, dsv32_tp4):
+    """In a step the prefill chunks' logits (<= 512 MiB), the top-k exchange and the decode
+    logits (DeepGEMM's paged MQA logits: one max_model_len-wide float32 row per decode token,
+    min(tokens, max_num_seqs x (1 + k)) of them) run one after another: the largest is live."""
+    assert sizes(vllm_pass.indexer_stage(dsv32_tp4, 8192, step=True)) == {
+        "indexer.q_fp8": 8192 * 64 * 128, "indexer.weights": 8192 * 64 * 4,
+        "indexer.logits": 1024 * 163840 * 4}  # > 512 MiB and > the 128 MiB exchange
+    assert sizes(vllm_pass.indexer_stage(glm, 32768, step=True))["indexer.logits"] == 512 * MiB
+    mtp = with_vllm(glm, num_speculative_tokens=3)
+    assert sizes(vllm_pass.indexer_stage(mtp, 32768, step=True))["indexer.logits"] == (
+        4096 * 131072 * 4)
+    logits = vllm_pass.indexer_stage(mtp, 32768, step=True).buffers[-1]
+    assert logits.sized_from_source and "fp8_fp4_paged_mqa_logits" in logits.source
+    assert [s.buffers for s in vllm_pass.step_stages(dsv32_tp4, 8192)][0] == (
+        vllm_pass.indexer_stage(dsv32_tp4, 8192, step=True).buffers)
 
 
 def test_indexer_exchange_only_where_rows_are_sharded(glm):

@@ -172,22 +172,40 @@ def row_shard_exchange(scenario: Scenario) -> bool:
             and settings(scenario).cudagraph_mode != "FULL")
 
 
-def indexer_stage(scenario: Scenario, tokens: int) -> Stage | None:
+def decode_logits_bytes(scenario: Scenario, tokens: int) -> int:
+    """A step's decode logits (sparse_attn_indexer's decode branch: DeepGEMM's
+    fp8_fp4_paged_mqa_logits, [B x next_n, max_model_len], float32 on Hopper): one
+    max_model_len-wide row per decode token, at most min(tokens, max_num_seqs x (1 + k))."""
+    decode_tokens = min(tokens, settings(scenario).max_num_seqs * (1 + spec_tokens(scenario)))
+    return decode_tokens * scenario.serving.max_model_len * DTYPE_BYTES[FP32]
+
+
+def indexer_stage(scenario: Scenario, tokens: int, *, step: bool = False) -> Stage | None:
     """One DSA layer's indexer at `tokens`, as live around `sparse_attn_indexer`: its fp8 query
     (tokens, index_n_heads, index_head_dim) and its weights (tokens, index_n_heads) float32
     (fused_q's outputs; the bf16 query and the fused wk/weights GEMM's output are dead inside the
-    compiled piece before it), the logits of at most
-    VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, and the top-k exchange's transient (2 x rows x index_topk
-    x 4 B, where it runs). Its key goes into the cache inside fused_norm_rope (no tensor of its
-    own); its top-k output is the buffer allocated at init. None for a dense-MLA model."""
+    compiled piece before it), and its logits. The profile branch holds a stand-in of
+    VLLM_SPARSE_INDEXER_MAX_LOGITS_MB and, where it runs, the top-k exchange's transient
+    (2 x tokens x index_topk x 4 B) together. A `step` runs the prefill chunks' logits (at most
+    that bound), the exchange, then the decode logits (`decode_logits_bytes`) one after another:
+    the largest is its logits. Its key goes into the cache inside fused_norm_rope (no tensor of
+    its own); its top-k output is the buffer allocated at init. None for a dense-MLA model."""
     if not is_dsa(scenario):
         return None
     heads, width = scenario.model.index_n_heads, index_head_dim(scenario)
+    bound = MAX_LOGITS_MB * 1024 * 1024
+    exchange = 2 * tokens * scenario.model.index_topk * 4 if row_shard_exchange(scenario) else 0
     op = f"{INDEXER_OP}, sparse_attn_indexer"
-    buffers = [RankBuffer("indexer.logits", (MAX_LOGITS_MB * 1024 * 1024,), "uint8",
-                          f"{op} (profile: torch.empty(max_logits_elems, uint8)); {INDEXER_META}, "
-                          "the prefill chunks' M x N x 4 <= max_logits_bytes (step: DeepGEMM "
-                          "fp8_fp4_mqa_logits)", sized_from_source=True)]
+    if step:
+        logits = RankBuffer(
+            "indexer.logits", (max(bound, exchange, decode_logits_bytes(scenario, tokens)),),
+            "uint8", f"{op}: the largest of the prefill chunks' logits ({INDEXER_META}, M x N x "
+            "4 <= max_logits_bytes), exchange_topk and the decode branch's (DeepGEMM "
+            "fp8_fp4_paged_mqa_logits)", sized_from_source=True)
+    else:
+        logits = RankBuffer("indexer.logits", (bound,), "uint8",
+                            f"{op} (profile branch: torch.empty(max_logits_elems, uint8))")
+    buffers = [logits]
     if heads:  # config.json index_n_heads; a scenario without it leaves its query out
         buffers[:0] = [
             RankBuffer("indexer.q_fp8", (tokens, heads, width), "float8_e4m3fn",
@@ -195,9 +213,8 @@ def indexer_stage(scenario: Scenario, tokens: int) -> Stage | None:
                        f"{VERSION} models/deepseek_v32/attention.py, DeepseekV32Attention.forward"),
             RankBuffer("indexer.weights", (tokens, heads), FP32,
                        f"{FUSED_Q} (index_weights_out, float32)")]
-    if row_shard_exchange(scenario):
-        topk = scenario.model.index_topk
-        buffers.append(RankBuffer("indexer.topk_exchange", (2 * tokens * topk * 4,), "uint8",
+    if exchange and not step:
+        buffers.append(RankBuffer("indexer.topk_exchange", (exchange,), "uint8",
                                   f"{INDEXER_OP}, _reserve_row_shard_exchange_transient"))
     return Stage("indexer", tuple(buffers))
 
@@ -382,7 +399,8 @@ def step_stages(scenario: Scenario, tokens: int) -> list[Stage]:
     k = spec_tokens(scenario)
     sampling = (rejection_stage(scenario, requests, k, dummy=False) if k
                 else sampler_stage(scenario, requests, dummy=False))
-    stages = [indexer_stage(scenario, tokens), sampling, drafter_stage(scenario, tokens)]
+    stages = [indexer_stage(scenario, tokens, step=True), sampling,
+              drafter_stage(scenario, tokens)]
     return [s for s in stages if s is not None]
 
 
