@@ -26,13 +26,15 @@ rejection sampler on one draft per request (`profile_stages`).
 
 A real step (`step_stages`) runs the same indexer on real metadata: its prefill logits come in
 chunks of at most VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (indexer.py, the chunk planner's
-M x N x 4 <= max_logits_bytes), from DeepGEMM's fp8_mqa_logits, which cannot load here (sized
-from the source). After the model it samples its requests, with the rejection sampler where it
-verifies drafts (k per request), then the drafter proposes.
+M x N x 4 <= max_logits_bytes), then its decode logits, one max_model_len-wide float32 row per
+decode token, which the profile does not reserve; both from DeepGEMM, which cannot load here
+(sized from the source). After the model it samples its requests, with the rejection sampler
+where it verifies drafts (k per request), then the drafter proposes.
 
 Init-time buffers (`resident_buffers`): the shared workspace (v1/worker/workspace.py, one buffer
 as large as the largest request) that FlashMLASparseImpl.__init__ reserves and the indexer's
-profile branch may grow; the drafter's persistent inputs and its MTP layer's own top-k buffer.
+profile branch may grow; the drafter's persistent inputs and its MTP layer's own top-k buffer;
+the sampler's Triton top-k/top-p scratch, which the profile's sampler caches for good.
 The main model's top-k buffer (deepseek_v32/nvidia/model.py, DeepseekV32Model.__init__:
 max_num_batched_tokens x index_topk int32) is the indices the rank allocates at init already
 (runtime/inputs.py make_inputs), so it is not here.
