@@ -51,12 +51,6 @@ def stage_specs(stage: Stage) -> list[BufferSpec]:
             for b in stage.buffers]
 
 
-def run_stages(stages: list[Stage], device: torch.device) -> None:
-    """Each stage's buffers allocated together, then freed before the next."""
-    for stage in stages:
-        tensors = allocate_specs(stage_specs(stage), device)
-        del tensors
-
 
 @dataclass(kw_only=True)
 class DecodeCase(Case):
@@ -85,6 +79,16 @@ class DecodeRank(Engine):
     def workspace_tokens(self) -> int:
         """The tokens the path's workspace is reserved for: the step's."""
         return self.budget.max_num_batched_tokens
+
+    def run_stages(self, stages: list[Stage]) -> None:
+        """Each stage's buffers allocated together, then freed before the next; an OOM names
+        the buffer (`allocating`)."""
+        for stage in stages:
+            tensors = []
+            for spec in stage_specs(stage):
+                self.allocating = spec.name
+                tensors.extend(allocate_specs([spec], self.memory.device).values())
+            del tensors
 
     def stages(self, tokens: int) -> list[Stage]:
         """What the step allocates beyond attention at `tokens`, stage by stage, after the
@@ -139,6 +143,8 @@ class DecodeRank(Engine):
             out, _ = attend(tensors["q"])
             tensors["attn_output"].copy_(out)
             del tensors["q"], tensors["attn_output"], out  # the residual stream stays
-            run_stages(stages, memory.device)
+            for stage in stages:  # as run_stages, in the measured body
+                live = allocate_specs(stage_specs(stage), memory.device)
+                del live
 
         return Step(body, expected)

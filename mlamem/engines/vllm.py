@@ -2,11 +2,16 @@
 
 The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
 - init: the attention backend's workspace (workspace paths only), the weights, the indexer's
-  top-k buffer and the KV pool the step reads;
+  top-k buffer and the KV pool the step reads; then what vLLM keeps beyond them: a DSA model's
+  shared workspace (the sparse MLA backend's and the indexer's requests) and the MTP drafter's
+  buffers (spec/engines/vllm_pass.py `resident_buffers`);
 - profile: a pass at max_num_batched_tokens that allocates the step's activations but skips
-  attention, as the engine's profile run does, and runs the stages beyond attention (the dense
-  MLP layers', then the MoE layer's: spec/engines/vllm_moe.py), the fused-MoE workspace kept
-  from the first MoE layer on, as vLLM's WorkspaceManager keeps it;
+  attention, as the engine's profile run does (the residual stream held through it), then
+  its stages beyond attention, each freed before the next (`profile_stages`: the dense MLP
+  layers', the indexer's profile branch or a dense-MLA layer's stand-in, the MoE layer's
+  (spec/engines/vllm_moe.py), the drafter's dummy run, the sampler's: spec/engines/vllm_pass.py);
+  the fused-MoE workspace is part of the shared workspace placed at init, as vLLM's
+  WorkspaceManager keeps one buffer for both;
 - graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
@@ -16,7 +21,8 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   group: spec.engines.vllm.kv_block_bytes), its tokens the count vLLM logs
   (`logged_kv_tokens`);
 - capture (graphs on): every FULL decode graph, largest first, into one pool that lives on;
-- step: one full step at max_num_batched_tokens through the path under test.
+- step: one full step at max_num_batched_tokens through the path under test, then its stages
+  beyond attention (`stages`: the indexer, the sampler, the drafter).
 The graphs hold the attention call only (mlamem/commands/graphs.py), its q a static input buffer; which
 sizes vLLM captures, and its estimate, are vLLM's rules (spec/engines/vllm.py), set in the
 scenario's `[vllm]` table. The budget's own options are the CUDA graphs (`VLLMBudget`), and
@@ -41,7 +47,6 @@ from mlamem.engines.decode_rank import (
     DecodeCase,
     DecodeRank,
     activation_specs,
-    run_stages,
     stage_specs,
 )
 from mlamem.runtime.graph_capture import capture_all
@@ -55,6 +60,7 @@ from mlamem.spec.engines.vllm import (
     vllm_estimate,
 )
 from mlamem.spec.engines.vllm_moe import dense_mlp_stage, fused_moe_workspace, moe_stage
+from mlamem.spec.engines.vllm_pass import profile_stages, resident_buffers, step_stages
 from mlamem.spec.units import format_bytes
 
 
@@ -165,40 +171,55 @@ class VLLM(DecodeRank):
             lines.append(note)
         return lines
 
+    def init(self) -> None:
+        """The shared init, then what vLLM keeps beyond it: the shared workspace, less the
+        path's own workspace it holds, and the drafter's buffers
+        (spec.engines.vllm_pass.resident_buffers), counted in init_bytes."""
+        super().init()
+        tokens = self.budget.max_num_batched_tokens
+        moe = fused_moe_workspace(self.scenario, tokens)
+        resident = resident_buffers(self.scenario, tokens, reserved=self.case.workspace_bytes,
+                                    other_requests=(moe.nbytes,) if moe else ())
+        if resident is None:
+            return
+        start = self.memory.stats().allocated
+        for spec in stage_specs(resident):
+            self.allocating = spec.name  # an OOM here names the buffer
+            self.resident.extend(allocate_specs([spec], self.memory.device).values())
+        self.case.init_bytes += self.memory.stats().allocated - start
+
     def stages(self, tokens: int) -> list[Stage]:
-        """vLLM 0.33.0's stages beyond attention: the dense MLP layers' and the MoE layer's
-        (spec/engines/vllm_moe.py)."""
-        return [stage for stage in (dense_mlp_stage(self.scenario, tokens),
-                                    moe_stage(self.scenario, tokens)) if stage is not None]
+        """A step beyond attention, in the engine's order: each layer's dense MLP (the first
+        layers) or indexer and MoE; after the model the sampler (the rejection sampler where
+        drafts are verified), then the drafter (spec.engines.vllm_moe, spec.engines.vllm_pass
+        .step_stages)."""
+        return self._in_order(step_stages(self.scenario, tokens), tokens)
+
+    def profile_stages(self, tokens: int) -> list[Stage]:
+        """The profile pass beyond attention, which differs from the step: each layer's ops on
+        `attn_metadata is None` (the indexer's profile branch, a dense-MLA layer's stand-in),
+        the dense MLP and MoE layers, then the drafter's dummy run and `_dummy_sampler_run`
+        (spec.engines.vllm_pass.profile_stages)."""
+        return self._in_order(profile_stages(self.scenario, tokens), tokens)
+
+    def _in_order(self, passes: list[Stage], tokens: int) -> list[Stage]:
+        """The layers' stages (the dense MLP, the attention's own, the MoE), then the rest."""
+        layer = {"indexer", "attention"}
+        stages = [dense_mlp_stage(self.scenario, tokens),
+                  *(s for s in passes if s.name in layer), moe_stage(self.scenario, tokens),
+                  *(s for s in passes if s.name not in layer)]
+        return [s for s in stages if s is not None]
 
     def profile(self) -> None:
-        """The residual stream held through the pass; the dense MLP layers run first, then the
-        first MoE layer grows vLLM's WorkspaceManager to the fused-MoE workspace
-        (`grow_workspace`), which stays for the rest of the pass, the step and the case, under
-        every later stage."""
+        """The step's activations allocated as the pass computes them, then the stages on the
+        residual stream alone (q and the attention's output are gone after the layer's
+        attention), each freed before the next."""
         self.allocating = "activations"
         device, tokens = self.memory.device, self.budget.max_num_batched_tokens
         held = allocate_specs(activation_specs(self.scenario, tokens), device)
-        self.allocating = "profile pass beyond attention"
-        stages = self.stages(tokens)
-        run_stages([s for s in stages if s.name == "dense_mlp"], device)
-        self.grow_workspace(tokens)
-        self.allocating = "profile pass beyond attention"
-        run_stages([s for s in stages if s.name != "dense_mlp"], device)
+        del held["q"], held["attn_output"]
+        self.run_stages(self.profile_stages(tokens))
         del held
-
-    def grow_workspace(self, tokens: int) -> None:
-        """The fused-MoE workspace, in vLLM's one WorkspaceManager buffer
-        (v1/worker/workspace.py, `_ensure_workspace_size`): the attention backend's reservation
-        (case.workspace_bytes) is freed and the buffer reallocated at the larger size, so the
-        rank holds the larger of the two; here the part beyond the attention's is added."""
-        workspace = fused_moe_workspace(self.scenario, tokens)
-        if workspace is None or workspace.nbytes <= self.case.workspace_bytes:
-            return
-        self.allocating = "fused-MoE workspace"
-        grown = dataclasses.replace(workspace, shape=(workspace.nbytes - self.case.workspace_bytes,))
-        reserved = allocate_specs(stage_specs(Stage("workspace", (grown,))), self.memory.device)
-        self.resident.extend(reserved.values())
 
     def estimate_graphs(self) -> None:
         if not self.budget.cuda_graphs:
