@@ -116,11 +116,13 @@ def test_older_versions_flags_are_taken_and_named():
     plain = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
                          gpu_name="H200 SXM 141GB").scenario
     # --max-seq-len-to-capture is 0.10.2's alone: the command ran 0.10.2 or older, whose
-    # default utilization is 0.9; the rest is the plain command's scenario
+    # default utilization is 0.9 and which sets no graph estimate aside; the rest is the plain
+    # command's scenario
     assert "engine version: vLLM 0.10.2 (or older" in " ".join(built.notes)
     assert built.scenario.gpu.gpu_memory_utilization == 0.9
-    assert dataclasses.replace(built.scenario, description="", gpu=plain.gpu) == (
-        dataclasses.replace(plain, description=""))
+    assert rules.settings(built.scenario).graph_estimate == "none"
+    assert dataclasses.replace(built.scenario, description="", gpu=plain.gpu,
+                               sections=plain.sections) == dataclasses.replace(plain, description="")
 
 
 def test_an_older_flag_pins_the_newest_version_that_takes_it():
@@ -211,3 +213,43 @@ def test_a_blank_or_long_engine_version_is_refused_in_a_short_line(version):
         from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla",
                      gpu_name="H200 SXM 141GB", engine_version=version)
     assert len(str(error.value)) < 300
+
+
+def _graphs_case(scenario, graphs: bool):
+    budget = VLLM.make_budget(gpu_memory_bytes=scenario.gpu.memory_bytes,
+                              utilization=scenario.gpu.gpu_memory_utilization,
+                              max_num_batched_tokens=8192, cuda_graphs=graphs,
+                              capture_sizes=[16, 8, 4] if graphs else None)
+    return VLLM.emulate(SimulatedMemory(), scenario, FlashMLA(), budget, "alloc", sm_count=132)
+
+
+@pytest.mark.parametrize("rule", ["opt-in", "none"])
+def test_a_version_without_the_estimate_sizes_the_cache_before_its_graphs(glm, rule):
+    """vLLM 0.10.2-0.16.0 (v1/worker/gpu_worker.py determine_available_memory:
+    requested_memory - non_kv_cache_memory, no profile_cudagraph_memory) and 0.18.0-0.19.0
+    (profile_cudagraph_memory runs, its estimate applied only with
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, "0" by default in envs.py) size the KV cache as
+    without graphs, then capture them (compile_or_warm_up_model) out of what utilization left."""
+    without, applied = _graphs_case(glm, False), _graphs_case(glm, True)
+    old = _graphs_case(with_vllm(glm, graph_estimate=rule), True)
+    assert applied.kv_cache_bytes < without.kv_cache_bytes
+    assert old.kv_cache_bytes == without.kv_cache_bytes and old.graph_kv_tokens_lost == 0
+    assert old.graph_captures == applied.graph_captures == 3
+    assert old.graph_pool_bytes == applied.graph_pool_bytes
+    estimate = applied.graph_estimate_bytes if rule == "opt-in" else 0
+    assert (old.graph_estimate_bytes, old.graph_estimate_rule) == (estimate, rule)
+    assert applied.graph_estimate_rule is None
+    assert "graph_estimate_rule" not in applied.to_dict()
+
+
+@pytest.mark.parametrize(("version", "rule"), [("0.16.0", "none"), ("0.19.1", "opt-in"),
+                                               ("0.20.0", None), (None, None)])
+def test_the_version_reaches_the_rank_through_the_vllm_table(version, rule):
+    """--engine-version sets [vllm].graph_estimate where the version's rule is not 0.33.0's;
+    the default (None) leaves the table, and its TOML, as they were."""
+    from mlamem.spec.serve_command import from_command
+
+    built = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                         gpu_name="H200 SXM 141GB", engine_version=version)
+    assert rules.settings(built.scenario).graph_estimate == rule
+    assert rules.graph_estimate_rule(built.scenario) == (rule or "applied")

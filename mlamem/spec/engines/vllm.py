@@ -59,6 +59,9 @@ DEFAULT_MAX_GRAPH_SIZE = 512  # caps the default largest size, on every GPU (no 
 FULL_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # decode graphs hold attention
 # vLLM's CUDAGraphMode names (config/compilation.py)
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# the graph estimate by version (VersionRules.graph_estimate): set aside before the KV cache,
+# measured but set aside only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, not measured
+GRAPH_ESTIMATE_RULES = ("applied", "opt-in", "none")
 
 
 @section_model
@@ -75,6 +78,10 @@ class VLLMSection:
     # the serve command captures CUDA graphs (no --enforce-eager): repro-oom's --cuda-graphs
     # default; None (a scenario written by hand) leaves it off
     cuda_graphs: bool | None = None
+    # whether the engine's version sets its CUDA-graph estimate aside before sizing the KV
+    # cache (VersionRules.graph_estimate): "applied", "opt-in" or "none"; None: "applied", as
+    # vLLM 0.20.0 and later (--engine-version sets it for older ones)
+    graph_estimate: str | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "vllm", "max_num_seqs")
@@ -85,6 +92,10 @@ class VLLMSection:
         if not 0 <= self.num_speculative_tokens <= 64:
             raise FieldError("vllm", "num_speculative_tokens",
                              f"{self.num_speculative_tokens} is outside 0..64")
+        if self.graph_estimate not in (None, *GRAPH_ESTIMATE_RULES):
+            raise FieldError("vllm", "graph_estimate",
+                             f"expected one of {', '.join(GRAPH_ESTIMATE_RULES)}, "
+                             f"got {self.graph_estimate!r}")
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
             raise FieldError("vllm", "cudagraph_mode",
                              f"expected one of {', '.join(CUDAGRAPH_MODES)}, "
@@ -94,6 +105,11 @@ class VLLMSection:
 def settings(scenario: Scenario) -> VLLMSection:
     """The scenario's `[vllm]` table, or its defaults."""
     return scenario.section("vllm")
+
+
+def graph_estimate_rule(scenario: Scenario) -> str:
+    """The scenario's [vllm].graph_estimate, "applied" (vLLM 0.20.0 and later) where unset."""
+    return settings(scenario).graph_estimate or "applied"
 
 
 def request_counts(max_num_seqs: int) -> list[int]:
@@ -312,8 +328,10 @@ def version_notes(rules: VersionRules, graphs: bool, inferred_from: list[str] | 
     if graphs and rules.graph_estimate != "applied":
         how = ("estimates CUDA-graph memory only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1"
                if rules.graph_estimate == "opt-in" else "does not estimate CUDA-graph memory")
-        notes.append(f"vLLM {rules.version} {how} before sizing the KV cache; mlamem's rank sets "
-                     "its estimate aside as 0.20.0 and later do, so its KV cache is smaller by it")
+        notes.append(f"vLLM {rules.version} {how} before sizing the KV cache "
+                     f"(v1/worker/gpu_worker.py determine_available_memory): [vllm].graph_estimate"
+                     f" = \"{rules.graph_estimate}\", so the rank sizes the cache as without "
+                     "graphs and captures them out of what utilization x total leaves")
     return notes
 
 
@@ -585,6 +603,8 @@ def parse(words: list[str], version: str | None = None):
             raise UserError(f"{PROG} {flag} {value}: must be at least 1", field="serve")
     _check_kv_memory(given.get("kv_cache_memory_bytes"))
     sections, graphs, notes = _vllm_section(given)
+    if rules.graph_estimate != "applied":
+        sections["vllm"]["graph_estimate"] = rules.graph_estimate
     serving = {"max_num_batched_tokens": given.get("max_num_batched_tokens"),
                "max_model_len": given.get("max_model_len"),  # None: default_max_model_len
                "kv_cache_dtype": None,  # by the model: for_model
