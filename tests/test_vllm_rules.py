@@ -120,7 +120,7 @@ def test_older_versions_flags_are_taken_and_named():
     # command's scenario
     assert "engine version: vLLM 0.10.2 (or older" in " ".join(built.notes)
     assert built.scenario.gpu.gpu_memory_utilization == 0.9
-    assert rules.settings(built.scenario).graph_estimate == "none"
+    assert rules.settings(built.scenario).engine_version == "0.10.2"
     assert dataclasses.replace(built.scenario, description="", gpu=plain.gpu,
                                sections=plain.sections) == dataclasses.replace(plain, description="")
 
@@ -223,15 +223,15 @@ def _graphs_case(scenario, graphs: bool):
     return VLLM.emulate(SimulatedMemory(), scenario, FlashMLA(), budget, "alloc", sm_count=132)
 
 
-@pytest.mark.parametrize("rule", ["opt-in", "none"])
-def test_a_version_without_the_estimate_sizes_the_cache_before_its_graphs(glm, rule):
+@pytest.mark.parametrize(("version", "rule"), [("0.19.0", "opt-in"), ("0.16.0", "none")])
+def test_a_version_without_the_estimate_sizes_the_cache_before_its_graphs(glm, version, rule):
     """vLLM 0.10.2-0.16.0 (v1/worker/gpu_worker.py determine_available_memory:
     requested_memory - non_kv_cache_memory, no profile_cudagraph_memory) and 0.18.0-0.19.0
     (profile_cudagraph_memory runs, its estimate applied only with
     VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, "0" by default in envs.py) size the KV cache as
     without graphs, then capture them (compile_or_warm_up_model) out of what utilization left."""
     without, applied = _graphs_case(glm, False), _graphs_case(glm, True)
-    old = _graphs_case(with_vllm(glm, graph_estimate=rule), True)
+    old = _graphs_case(with_vllm(glm, engine_version=version), True)
     assert applied.kv_cache_bytes < without.kv_cache_bytes
     assert old.kv_cache_bytes == without.kv_cache_bytes and old.graph_kv_tokens_lost == 0
     assert old.graph_captures == applied.graph_captures == 3
@@ -243,13 +243,114 @@ def test_a_version_without_the_estimate_sizes_the_cache_before_its_graphs(glm, r
 
 
 @pytest.mark.parametrize(("version", "rule"), [("0.16.0", "none"), ("0.19.1", "opt-in"),
-                                               ("0.20.0", None), (None, None)])
+                                               ("0.20.0", "applied"), (None, "applied")])
 def test_the_version_reaches_the_rank_through_the_vllm_table(version, rule):
-    """--engine-version sets [vllm].graph_estimate where the version's rule is not 0.33.0's;
-    the default (None) leaves the table, and its TOML, as they were."""
+    """--engine-version sets [vllm].engine_version, whose rules the rank follows; the default
+    (None) leaves the table, and its TOML, as they were."""
     from mlamem.spec.serve_command import from_command
 
     built = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
                          gpu_name="H200 SXM 141GB", engine_version=version)
-    assert rules.settings(built.scenario).graph_estimate == rule
-    assert rules.graph_estimate_rule(built.scenario) == (rule or "applied")
+    assert rules.settings(built.scenario).engine_version == version
+    assert rules.graph_estimate_rule(built.scenario) == rule
+    assert ("engine_version" in scenarios.to_toml(built.scenario)) == (version is not None)
+
+
+def test_a_vllm_table_with_an_unread_version_is_refused():
+    with pytest.raises(Exception, match=r"\[vllm\]\.engine_version.*0\.10 to 0\.33"):
+        with_vllm(scenarios.load("glm5-fp8-tp8"), engine_version="0.9.2")
+
+
+# (version, default cudagraph_mode, capture list: multiples of 16 from 256, max x (1 + k),
+#  + max_num_batched_tokens, uniform decode sizes, Blackwell's 1024, the >= 160 GiB batch tier)
+VERSION_TABLE = [
+    ("0.10.2", "PIECEWISE", False, False, False, "none", False, False),
+    ("0.11.0", "FULL_AND_PIECEWISE", False, False, False, "none", False, False),
+    ("0.12.0", "FULL_AND_PIECEWISE", True, False, False, "none", False, False),
+    ("0.13.0", "FULL_AND_PIECEWISE", True, True, False, "none", False, False),
+    ("0.20.0", "FULL_AND_PIECEWISE", True, True, False, "none", False, False),
+    ("0.21.0", "FULL_AND_PIECEWISE", True, True, True, "none", False, False),
+    ("0.27.0", "FULL_AND_PIECEWISE", True, True, True, "none", False, False),
+    ("0.28.0", "FULL_AND_PIECEWISE", True, True, True, "none", True, True),
+    ("0.29.0", "FULL_AND_PIECEWISE", True, True, True, "speculative", True, True),
+    ("0.30.0", "FULL_AND_PIECEWISE", True, True, True, "speculative", True, True),
+    ("0.31.0", "FULL_AND_PIECEWISE", True, True, True, "all", True, True),
+    (None, "FULL_AND_PIECEWISE", True, True, True, "all", True, True)]
+
+
+@pytest.mark.parametrize("row", VERSION_TABLE, ids=lambda row: row[0] or "default")
+def test_capture_and_batch_rules_follow_each_wheel(row):
+    """Each version's wheel: the default cudagraph_mode (0.10.2's config/__init__.py
+    VllmConfig.__post_init__: PIECEWISE; FULL_AND_PIECEWISE from 0.11.0); _set_cudagraph_sizes
+    (0.10.2-0.11.0: [1, 2, 4] + range(8, max + 1, 8), max = SchedulerConfig.cuda_graph_sizes'
+    min(max_num_seqs x 2, 512); config/vllm.py: + range(256, max + 1, 16) from 0.12.0, max x
+    (1 + k) from 0.13.0, max_num_batched_tokens within the max from 0.21.0, the uniform decode
+    sizes under speculation from 0.29.0 and [max_num_seqs] without from 0.31.0, 1024 on
+    data-center Blackwell from 0.28.0); engine/arg_utils.py get_batch_defaults' >= 160 GiB tier
+    from 0.28.0."""
+    version, *expected = row
+    found = rules.version_rules(version)
+    assert [found.default_cudagraph_mode, found.capture_step_16, found.capture_speculative_max,
+            found.capture_adds_batched_tokens, found.capture_uniform_decode,
+            found.blackwell_graph_size_1024, found.large_gpu_batch_tier] == expected
+
+
+def _sizes(scenario, version, tokens=8192, **table):
+    scenario = with_vllm(scenario, engine_version=version, **table)
+    serving = dataclasses.replace(scenario.serving, max_num_batched_tokens=tokens)
+    return rules.capture_sizes(dataclasses.replace(scenario, serving=serving))
+
+
+def test_capture_sizes_follow_each_versions_rule(glm):
+    """max_num_seqs 1024: multiples of 8 to 512 (0.11.0: 67 sizes), of 16 from 256 (0.12.0:
+    51); 0.20.0 leaves out a max_num_batched_tokens within the max that 0.21.0 adds; under
+    speculation the max doubles from 0.13.0 and the uniform decode sizes join from 0.29.0;
+    without it, 0.31.0 adds max_num_seqs."""
+    assert _sizes(glm, "0.11.0") == [1, 2, 4, *range(8, 513, 8)]
+    assert _sizes(glm, "0.12.0") == [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+    assert _sizes(glm, "0.20.0", tokens=300) == _sizes(glm, "0.12.0")[:-14]
+    assert _sizes(glm, "0.21.0", tokens=300) == [*_sizes(glm, "0.20.0", tokens=300), 300]
+    spec = {"max_num_seqs": 20, "num_speculative_tokens": 2}
+    assert _sizes(glm, "0.12.0", **spec)[-1] == 40 and _sizes(glm, "0.13.0", **spec)[-1] == 120
+    assert 60 not in _sizes(glm, "0.28.0", **spec) and 60 in _sizes(glm, "0.29.0", **spec)
+    assert 100 not in _sizes(glm, "0.30.0", max_num_seqs=100)
+    assert 100 in _sizes(glm, "0.31.0", max_num_seqs=100)
+    assert _sizes(glm, None, max_num_seqs=100) == _sizes(glm, "0.31.0", max_num_seqs=100)
+
+
+def test_blackwell_captures_to_1024_from_0_28_0(glm):
+    """config/vllm.py _set_cudagraph_sizes: default_max_graph_size 1024 on data-center
+    Blackwell (SM100) from 0.28.0, 512 before and on Hopper."""
+    b200 = dataclasses.replace(glm, gpu=dataclasses.replace(glm.gpu, name="B200"))
+    assert _sizes(b200, "0.27.0")[-1] == 512 and _sizes(glm, None)[-1] == 512
+    assert _sizes(b200, "0.28.0")[-1] == _sizes(b200, None)[-1] == 1024
+
+
+@pytest.mark.parametrize(("version", "tokens"), [("0.27.0", 8192), ("0.28.0", 16384),
+                                                 (None, 16384)])
+def test_a_b200_takes_its_versions_batch_default(version, tokens):
+    """get_batch_defaults: a >= 160 GiB GPU (B200) gets 16384 tokens from 0.28.0, 8192
+    before; the note names the version."""
+    from mlamem.spec.serve_command import from_command
+
+    built = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                         gpu_name="B200", engine_version=version)
+    assert built.scenario.serving.max_num_batched_tokens == tokens
+    assert (f"max_num_batched_tokens {tokens}: vLLM {version or '0.33.0'}'s default on the "
+            "B200") in built.notes
+
+
+def test_vllm_0_10_defaults_to_piecewise_graphs_without_attention():
+    """vLLM 0.10.2's default cudagraph_mode is PIECEWISE: attention runs outside the graphs,
+    so the rank captures none ([vllm].cuda_graphs false) and a note says why; a mode the
+    command sets stands."""
+    from mlamem.spec.serve_command import from_command
+
+    command = "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8"
+    old = from_command(command, gpu_name="H200 SXM 141GB", engine_version="0.10.2")
+    vllm = rules.settings(old.scenario)
+    assert (vllm.cudagraph_mode, vllm.cuda_graphs, old.cuda_graphs) == ("PIECEWISE", False, False)
+    assert any("cudagraph_mode PIECEWISE: vLLM 0.10.2's default" in n for n in old.notes)
+    given = from_command(command + " -cc.cudagraph_mode=FULL", gpu_name="H200 SXM 141GB",
+                         engine_version="0.10.2")
+    assert rules.settings(given.scenario).cudagraph_mode == "FULL" and given.cuda_graphs
