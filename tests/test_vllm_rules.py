@@ -109,7 +109,8 @@ def test_older_versions_flags_are_taken_and_named():
 
     built = from_command(OLDER_COMMAND, gpu_name="H200 SXM 141GB")
     [note] = [n for n in built.notes if n.startswith("flags of older vLLM versions")]
-    for flag in ("--swap-space (0.10.2, 0.11.0, 0.16.0)", "--max-num-partial-prefills",
+    for flag in ("--swap-space (0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.14.0, 0.16.0, 0.17.0)",
+                 "--max-num-partial-prefills",
                  "--disable-log-requests", "--max-seq-len-to-capture (0.10.2)",
                  "--num-lookahead-slots"):
         assert flag in note
@@ -126,11 +127,11 @@ def test_older_versions_flags_are_taken_and_named():
 
 
 def test_an_older_flag_pins_the_newest_version_that_takes_it():
-    """--swap-space is in 0.10.2, 0.11.0 and 0.16.0's parsers, not 0.18.0's: 0.16.0 or older;
+    """--swap-space is in 0.10.2 to 0.17.0's parsers, not 0.18.0's: 0.17.0 or older;
     flags every version read takes pin nothing older than the newest of them."""
-    assert rules.pinned_version(["--swap-space"]) == "0.16.0"
-    assert rules.pinned_version(["--swap-space", "--task"]) == "0.11.0"
-    assert rules.pinned_version(["--max-num-partial-prefills"]) == "0.22.0"
+    assert rules.pinned_version(["--swap-space"]) == "0.17.0"
+    assert rules.pinned_version(["--swap-space", "--task"]) == "0.12.0"
+    assert rules.pinned_version(["--max-num-partial-prefills"]) == "0.26.0"
     assert rules.pinned_version([]) is None
 
 

@@ -294,8 +294,9 @@ def logged_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> in
 
 DEFAULT_VERSION = "0.33.0"  # the version mlamem's rules follow unless --engine-version says
 OLDEST_VERSION = (0, 10)  # the oldest series whose rules were read (0.10.2's wheel)
-# Where each rule changed, read from the wheels of 0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.16.0-0.22.0,
-# 0.25.0-0.33.0 (`pip download --no-deps vllm==X`); a series between two read keeps the older's
+# Where each rule changed, read from the wheels of 0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.16.0-0.22.0
+# and 0.25.0-0.33.0 (`pip download --no-deps vllm==X`); a series between two read keeps the
+# older one's rules
 FRACTION_092_FROM = (0, 20)  # config/cache.py: 0.9 in 0.10.2-0.19.0, 0.92 from 0.20.0
 GRAPH_ESTIMATE_FROM = (0, 20)  # envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "1" from 0.20.0
 GRAPH_ESTIMATE_OPT_IN_FROM = (0, 18)  # ... "0" (opt-in) in 0.18.0-0.19.0; none in 0.17.0
@@ -368,7 +369,7 @@ def _series(version: str) -> tuple[int, ...]:
 
 def pinned_version(flags: list[str]) -> str | None:
     """The newest version read whose parser takes every one of `flags` (flags of older versions
-    only): a command with --swap-space ran vLLM 0.16.0 or older. None without such flags."""
+    only): a command with --swap-space ran vLLM 0.17.0 or older. None without such flags."""
     table = older_flag_table()
     newest = [max(table[flag]["versions"], key=_series) for flag in flags]
     return min(newest, key=_series) if newest else None
