@@ -180,12 +180,15 @@ def test_an_older_version_takes_its_default_utilization():
     assert "gpu_memory_utilization 0.92: vLLM 0.33.0's default" in new.notes
 
 
-def test_engine_version_applies_to_vllm_commands_only():
+def test_engine_version_is_read_by_the_commands_engine():
+    """A vLLM version on an SGLang command is refused by SGLang's range (tests/
+    test_sglang_versions.py holds SGLang's versions)."""
     from mlamem.spec.serve_command import from_command
 
-    with pytest.raises(UserError, match="mlamem reads versions of vLLM only"):
+    with pytest.raises(UserError, match="mlamem reads SGLang's rules of 0.4.6 to 0.5.23"):
         from_command("python -m sglang.launch_server --model-path zai-org/GLM-5-FP8 --tp 8 "
-                     "--kv-cache-dtype fp8_e4m3", gpu_name="H200 SXM 141GB", engine_version="0.5.9")
+                     "--kv-cache-dtype fp8_e4m3", gpu_name="H200 SXM 141GB",
+                     engine_version="0.19.1")
 
 
 @pytest.mark.parametrize(("flags", "given"), [

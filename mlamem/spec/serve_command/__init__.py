@@ -124,16 +124,16 @@ def _parse_words(words: list[str], engine_version: str | None = None) -> Parsed:
     program = Path(words[0]).name if words else ""
     if program == "vllm" and words[1:2] == ["serve"]:
         return vllm.parse(words[2:], engine_version)
-    if engine_version is not None and engine_version != sglang.VERSION:
-        raise UserError(f"{engine_version}: mlamem reads versions of vLLM only; for this engine "
-                        f"it follows SGLang {sglang.VERSION} or TensorRT-LLM's rules as shipped: "
-                        "leave the version out", field="engine_version")
+    if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
+        return sglang.parse(words[3:], sglang.PROGS[0], engine_version)
+    if program == "sglang" and words[1:2] == ["serve"]:
+        return sglang.parse(words[2:], sglang.PROGS[1], engine_version)
+    if engine_version is not None:
+        raise UserError(f"{engine_version}: mlamem reads versions of vLLM and SGLang only; for "
+                        "TensorRT-LLM it follows the rules as shipped: leave the version out",
+                        field="engine_version")
     if program == "trtllm-serve":
         return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
-    if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
-        return sglang.parse(words[3:], sglang.PROGS[0])
-    if program == "sglang" and words[1:2] == ["serve"]:
-        return sglang.parse(words[2:], sglang.PROGS[1])
     raise UserError(f"expected `vllm serve MODEL ...`, `trtllm-serve MODEL ...`, `python -m "
                     f"sglang.launch_server ...` or `sglang serve MODEL ...`, got "
                     f"{' '.join(words[:3])!r}", field="serve")
