@@ -82,7 +82,7 @@ from mlamem.spec.serve_command import config_file
 from mlamem.spec.serve_command.parsed import EngineParser, Parsed
 from mlamem.spec.units import MAX_TOKENS as MAX_INT  # a count's bound (int32)
 
-VERSION = "0.5.23"  # the SGLang version these rules were read from (the only one modelled)
+VERSION = "0.5.23"  # the SGLang version these rules were read from (older ones: sglang_rules)
 GiB_MIB = 1024  # SGLang writes its reserve terms in MiB, GiB as 1024
 FLOOR_MIB = 10 * GiB_MIB  # the reserve's floor on a GPU of over 60 GiB
 MLA_PREFILL_GRAPH_MIB = 1.5 * GiB_MIB  # "MLA backend overhead is much higher than expected"
