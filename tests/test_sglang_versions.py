@@ -116,6 +116,7 @@ def test_an_older_flag_is_read_named_and_pins_the_version():
     [note] = [n for n in built.notes if n.startswith("flags of older SGLang versions")]
     assert "--enable-flashinfer-mla (0.4.6.post5, 0.4.7)" in note
     assert any("engine version: SGLang 0.4.7 (or older" in n for n in built.notes)
+    assert any("SGLang 0.4.7 has no DSA model" in n for n in built.notes)
     h200 = min(0.88 + 48 * 1024 * 0.12 / H200, (H200 - 18 * 1024) / H200)
     assert built.scenario.gpu.gpu_memory_utilization == h200
 

@@ -307,6 +307,9 @@ RESERVE_RULE_FROM = (0, 5, 3)  # _handle_gpu_memory_settings: 512 + 1.5 x chunk 
 # by default to 0.5.9; configs/model_config.py piecewise_cuda_graph_disabled_model_archs holds
 # DeepseekV32ForCausalLM and GlmMoeDsaForCausalLM in 0.5.10, neither in 0.5.15
 DSA_PREFILL_GRAPHS_FROM = (0, 5, 15)
+# models/deepseek_v2.py DeepseekV32ForCausalLM, SGLang's first DSA model, from 0.5.3 (GLM-5's
+# GlmMoeDsaForCausalLM in configs/model_config.py from 0.5.9)
+DSA_MODELS_FROM = (0, 5, 3)
 # model_executor/cuda_graph_runner.py get_batch_sizes_to_capture before the reserve rule:
 RUNNER_BS = (1, 2, 4, 8, *range(16, 161, 8))  # then + range(160, 257, 8) on a large GPU
 
@@ -882,6 +885,9 @@ def _older_defaults(parsed: Parsed, rules: SGLangRules, gpu_name: str, smi_mib: 
     """fill_defaults for a version before the reserve rule (0.4.6-0.5.2, `version_defaults`):
     the chunk, the runner's decode list and the fraction go to the scenario."""
     graphs, table = parsed.engine_settings["graphs"], parsed.sections["sglang"]
+    if rules.series < DSA_MODELS_FROM:
+        parsed.notes.append(f"SGLang {rules.version} has no DSA model (DeepseekV32ForCausalLM "
+                            "arrives in 0.5.3): its defaults are shown as it derives them")
     found = version_defaults(rules, smi_mib, tp_size=parsed.tensor_parallel,
                              attn_dp_size=parsed.attention_data_parallel,
                              dp_attention=parsed.attention_data_parallel > 1,
