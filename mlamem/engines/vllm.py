@@ -9,6 +9,8 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
   setup's outside-allocator memory of the first capture included, memory.SimulatedMemory);
+  set aside from 0.20.0, measured only in 0.18-0.19 and skipped before, by the scenario's
+  [vllm].engine_version (spec.engines.vllm.VersionRules.graph_estimate);
 - KV sizing: `utilization x total - (init + profile peak + non-torch + graph estimate)`, in
   whole blocks of every layer's MLA cell and, for a DSA model, its indexer's keys (one cache
   group: spec.engines.vllm.kv_block_bytes), its tokens the count vLLM logs
@@ -181,7 +183,7 @@ class VLLM(DecodeRank):
         self.graph_call = self.make_graph_call(max(self.graph_sizes))
         rule = graph_estimate_rule(self.scenario)  # the version's (spec VersionRules)
         case.graph_estimate_rule = None if rule == "applied" else rule
-        if rule == "none":  # vLLM <= 0.16: no profile_cudagraph_memory before the KV cache
+        if rule == "none":  # vLLM <= 0.17: no profile_cudagraph_memory before the KV cache
             device = memory.device_used_bytes() is not None
             case.graph_estimate_source = "device" if device else "allocator"
             case.graph_estimate_bytes = 0
