@@ -358,3 +358,12 @@ def test_vllm_0_10_defaults_to_piecewise_graphs_without_attention():
     given = from_command(command + " -cc.cudagraph_mode=FULL", gpu_name="H200 SXM 141GB",
                          engine_version="0.10.2")
     assert rules.settings(given.scenario).cudagraph_mode == "FULL" and given.cuda_graphs
+
+
+def test_the_budget_rule_names_the_estimate_only_where_the_version_sets_it_aside():
+    """The report's KV cache rule: '+ CUDA-graph estimate' with graphs on at 0.20.0 and later,
+    not where the cases' version sizes the cache without it."""
+    budget = {"utilization": 0.9, "cuda_graphs": True}
+    assert "CUDA-graph estimate" in rules.VIEW.budget_rule(budget, [{}])
+    assert "CUDA-graph estimate" not in rules.VIEW.budget_rule(
+        budget, [{"graph_estimate_rule": "none"}])

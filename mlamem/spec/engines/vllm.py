@@ -900,7 +900,9 @@ def batch_defaults(memory_mib: int, gpu_name: str, rules: VersionRules | None = 
 # -- how its saved results read --
 
 def _budget_rule(budget: dict, cases: list[dict]) -> str:
-    graphs = " + CUDA-graph estimate" if budget.get("cuda_graphs") else ""
+    """The KV cache rule; the graph estimate only where the cases' version sets it aside."""
+    aside = budget.get("cuda_graphs") and not any(c.get("graph_estimate_rule") for c in cases)
+    graphs = " + CUDA-graph estimate" if aside else ""
     return (f"KV cache rule (vLLM's): utilization {budget['utilization']} x total - (init + "
             f"profile peak + non-torch{graphs}), in whole blocks, after a profile pass that "
             "skips attention")
