@@ -2,7 +2,8 @@
 (mlamem/spec/engines/vllm-older-flags.json), from each version's wheel, read as text as
 scripts/vllm_serve_flags.py reads 0.33.0's (vLLM is not imported): engine/arg_utils.py's
 EngineArgs.add_cli_args and the frontend's make_arg_parser and FrontendArgs
-(entrypoints/openai/cli_args.py before the move to entrypoints/common/cli_args.py).
+(entrypoints/openai/cli_args.py to 0.28.0, entrypoints/launchers/cli_args.py in 0.29.0-0.32.0,
+entrypoints/common/cli_args.py after).
 
 mlamem's vLLM parser takes each such flag with its kind and names it as not modelled, with the
 versions that have it, so a command written for an older vLLM is read instead of refused.
@@ -23,7 +24,8 @@ from vllm_serve_flags import OUT as CURRENT
 from vllm_serve_flags import calls, fields, kind_of
 
 OUT = CURRENT.with_name("vllm-older-flags.json")
-FRONTENDS = ("vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/openai/cli_args.py")
+FRONTENDS = ("vllm/entrypoints/common/cli_args.py", "vllm/entrypoints/launchers/cli_args.py",
+             "vllm/entrypoints/openai/cli_args.py")
 
 
 def version_of(wheel: str) -> str:

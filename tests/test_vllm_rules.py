@@ -109,26 +109,29 @@ def test_older_versions_flags_are_taken_and_named():
 
     built = from_command(OLDER_COMMAND, gpu_name="H200 SXM 141GB")
     [note] = [n for n in built.notes if n.startswith("flags of older vLLM versions")]
-    for flag in ("--swap-space (0.10.2, 0.11.0, 0.16.0)", "--max-num-partial-prefills",
+    for flag in ("--swap-space (0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.14.0, 0.16.0, 0.17.0)",
+                 "--max-num-partial-prefills",
                  "--disable-log-requests", "--max-seq-len-to-capture (0.10.2)",
                  "--num-lookahead-slots"):
         assert flag in note
     plain = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
                          gpu_name="H200 SXM 141GB").scenario
     # --max-seq-len-to-capture is 0.10.2's alone: the command ran 0.10.2 or older, whose
-    # default utilization is 0.9; the rest is the plain command's scenario
+    # default utilization is 0.9 and which sets no graph estimate aside; the rest is the plain
+    # command's scenario
     assert "engine version: vLLM 0.10.2 (or older" in " ".join(built.notes)
     assert built.scenario.gpu.gpu_memory_utilization == 0.9
-    assert dataclasses.replace(built.scenario, description="", gpu=plain.gpu) == (
-        dataclasses.replace(plain, description=""))
+    assert rules.settings(built.scenario).engine_version == "0.10.2"
+    assert dataclasses.replace(built.scenario, description="", gpu=plain.gpu,
+                               sections=plain.sections) == dataclasses.replace(plain, description="")
 
 
 def test_an_older_flag_pins_the_newest_version_that_takes_it():
-    """--swap-space is in 0.10.2, 0.11.0 and 0.16.0's parsers, not 0.18.0's: 0.16.0 or older;
+    """--swap-space is in 0.10.2 to 0.17.0's parsers, not 0.18.0's: 0.17.0 or older;
     flags every version read takes pin nothing older than the newest of them."""
-    assert rules.pinned_version(["--swap-space"]) == "0.16.0"
-    assert rules.pinned_version(["--swap-space", "--task"]) == "0.11.0"
-    assert rules.pinned_version(["--max-num-partial-prefills"]) == "0.22.0"
+    assert rules.pinned_version(["--swap-space"]) == "0.17.0"
+    assert rules.pinned_version(["--swap-space", "--task"]) == "0.12.0"
+    assert rules.pinned_version(["--max-num-partial-prefills"]) == "0.26.0"
     assert rules.pinned_version([]) is None
 
 
@@ -177,12 +180,15 @@ def test_an_older_version_takes_its_default_utilization():
     assert "gpu_memory_utilization 0.92: vLLM 0.33.0's default" in new.notes
 
 
-def test_engine_version_applies_to_vllm_commands_only():
+def test_engine_version_is_read_by_the_commands_engine():
+    """A vLLM version on an SGLang command is refused by SGLang's range (tests/
+    test_sglang_versions.py holds SGLang's versions)."""
     from mlamem.spec.serve_command import from_command
 
-    with pytest.raises(UserError, match="mlamem reads versions of vLLM only"):
+    with pytest.raises(UserError, match="mlamem reads SGLang's rules of 0.4.6 to 0.5.23"):
         from_command("python -m sglang.launch_server --model-path zai-org/GLM-5-FP8 --tp 8 "
-                     "--kv-cache-dtype fp8_e4m3", gpu_name="H200 SXM 141GB", engine_version="0.5.9")
+                     "--kv-cache-dtype fp8_e4m3", gpu_name="H200 SXM 141GB",
+                     engine_version="0.19.1")
 
 
 @pytest.mark.parametrize(("flags", "given"), [
@@ -211,3 +217,153 @@ def test_a_blank_or_long_engine_version_is_refused_in_a_short_line(version):
         from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8_ds_mla",
                      gpu_name="H200 SXM 141GB", engine_version=version)
     assert len(str(error.value)) < 300
+
+
+def _graphs_case(scenario, graphs: bool):
+    budget = VLLM.make_budget(gpu_memory_bytes=scenario.gpu.memory_bytes,
+                              utilization=scenario.gpu.gpu_memory_utilization,
+                              max_num_batched_tokens=8192, cuda_graphs=graphs,
+                              capture_sizes=[16, 8, 4] if graphs else None)
+    return VLLM.emulate(SimulatedMemory(), scenario, FlashMLA(), budget, "alloc", sm_count=132)
+
+
+@pytest.mark.parametrize(("version", "rule"), [("0.19.0", "opt-in"), ("0.16.0", "none")])
+def test_a_version_without_the_estimate_sizes_the_cache_before_its_graphs(glm, version, rule):
+    """vLLM 0.10.2-0.16.0 (v1/worker/gpu_worker.py determine_available_memory:
+    requested_memory - non_kv_cache_memory, no profile_cudagraph_memory) and 0.18.0-0.19.0
+    (profile_cudagraph_memory runs, its estimate applied only with
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, "0" by default in envs.py) size the KV cache as
+    without graphs, then capture them (compile_or_warm_up_model) out of what utilization left."""
+    without, applied = _graphs_case(glm, False), _graphs_case(glm, True)
+    old = _graphs_case(with_vllm(glm, engine_version=version), True)
+    assert applied.kv_cache_bytes < without.kv_cache_bytes
+    assert old.kv_cache_bytes == without.kv_cache_bytes and old.graph_kv_tokens_lost == 0
+    assert old.graph_captures == applied.graph_captures == 3
+    assert old.graph_pool_bytes == applied.graph_pool_bytes
+    estimate = applied.graph_estimate_bytes if rule == "opt-in" else 0
+    assert (old.graph_estimate_bytes, old.graph_estimate_rule) == (estimate, rule)
+    assert applied.graph_estimate_rule is None
+    assert "graph_estimate_rule" not in applied.to_dict()
+
+
+@pytest.mark.parametrize(("version", "rule"), [("0.16.0", "none"), ("0.19.1", "opt-in"),
+                                               ("0.20.0", "applied"), (None, "applied")])
+def test_the_version_reaches_the_rank_through_the_vllm_table(version, rule):
+    """--engine-version sets [vllm].engine_version, whose rules the rank follows; the default
+    (None) leaves the table, and its TOML, as they were."""
+    from mlamem.spec.serve_command import from_command
+
+    built = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                         gpu_name="H200 SXM 141GB", engine_version=version)
+    assert rules.settings(built.scenario).engine_version == version
+    assert rules.graph_estimate_rule(built.scenario) == rule
+    assert ("engine_version" in scenarios.to_toml(built.scenario)) == (version is not None)
+
+
+def test_a_vllm_table_with_an_unread_version_is_refused():
+    with pytest.raises(Exception, match=r"\[vllm\]\.engine_version.*0\.10 to 0\.33"):
+        with_vllm(scenarios.load("glm5-fp8-tp8"), engine_version="0.9.2")
+
+
+# (version, default cudagraph_mode, capture list: multiples of 16 from 256, max x (1 + k),
+#  + max_num_batched_tokens, uniform decode sizes, Blackwell's 1024, the >= 160 GiB batch tier)
+VERSION_TABLE = [
+    ("0.10.2", "PIECEWISE", False, False, False, "none", False, False),
+    ("0.11.0", "FULL_AND_PIECEWISE", False, False, False, "none", False, False),
+    ("0.12.0", "FULL_AND_PIECEWISE", True, False, False, "none", False, False),
+    ("0.13.0", "FULL_AND_PIECEWISE", True, True, False, "none", False, False),
+    ("0.20.0", "FULL_AND_PIECEWISE", True, True, False, "none", False, False),
+    ("0.21.0", "FULL_AND_PIECEWISE", True, True, True, "none", False, False),
+    ("0.27.0", "FULL_AND_PIECEWISE", True, True, True, "none", False, False),
+    ("0.28.0", "FULL_AND_PIECEWISE", True, True, True, "none", True, True),
+    ("0.29.0", "FULL_AND_PIECEWISE", True, True, True, "speculative", True, True),
+    ("0.30.0", "FULL_AND_PIECEWISE", True, True, True, "speculative", True, True),
+    ("0.31.0", "FULL_AND_PIECEWISE", True, True, True, "all", True, True),
+    (None, "FULL_AND_PIECEWISE", True, True, True, "all", True, True)]
+
+
+@pytest.mark.parametrize("row", VERSION_TABLE, ids=lambda row: row[0] or "default")
+def test_capture_and_batch_rules_follow_each_wheel(row):
+    """Each version's wheel: the default cudagraph_mode (0.10.2's config/__init__.py
+    VllmConfig.__post_init__: PIECEWISE; FULL_AND_PIECEWISE from 0.11.0); _set_cudagraph_sizes
+    (0.10.2-0.11.0: [1, 2, 4] + range(8, max + 1, 8), max = SchedulerConfig.cuda_graph_sizes'
+    min(max_num_seqs x 2, 512); config/vllm.py: + range(256, max + 1, 16) from 0.12.0, max x
+    (1 + k) from 0.13.0, max_num_batched_tokens within the max from 0.21.0, the uniform decode
+    sizes under speculation from 0.29.0 and [max_num_seqs] without from 0.31.0, 1024 on
+    data-center Blackwell from 0.28.0); engine/arg_utils.py get_batch_defaults' >= 160 GiB tier
+    from 0.28.0."""
+    version, *expected = row
+    found = rules.version_rules(version)
+    assert [found.default_cudagraph_mode, found.capture_step_16, found.capture_speculative_max,
+            found.capture_adds_batched_tokens, found.capture_uniform_decode,
+            found.blackwell_graph_size_1024, found.large_gpu_batch_tier] == expected
+
+
+def _sizes(scenario, version, tokens=8192, **table):
+    scenario = with_vllm(scenario, engine_version=version, **table)
+    serving = dataclasses.replace(scenario.serving, max_num_batched_tokens=tokens)
+    return rules.capture_sizes(dataclasses.replace(scenario, serving=serving))
+
+
+def test_capture_sizes_follow_each_versions_rule(glm):
+    """max_num_seqs 1024: multiples of 8 to 512 (0.11.0: 67 sizes), of 16 from 256 (0.12.0:
+    51); 0.20.0 leaves out a max_num_batched_tokens within the max that 0.21.0 adds; under
+    speculation the max doubles from 0.13.0 and the uniform decode sizes join from 0.29.0;
+    without it, 0.31.0 adds max_num_seqs."""
+    assert _sizes(glm, "0.11.0") == [1, 2, 4, *range(8, 513, 8)]
+    assert _sizes(glm, "0.12.0") == [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+    assert _sizes(glm, "0.20.0", tokens=300) == _sizes(glm, "0.12.0")[:-14]
+    assert _sizes(glm, "0.21.0", tokens=300) == [*_sizes(glm, "0.20.0", tokens=300), 300]
+    spec = {"max_num_seqs": 20, "num_speculative_tokens": 2}
+    assert _sizes(glm, "0.12.0", **spec)[-1] == 40 and _sizes(glm, "0.13.0", **spec)[-1] == 120
+    assert 60 not in _sizes(glm, "0.28.0", **spec) and 60 in _sizes(glm, "0.29.0", **spec)
+    assert 100 not in _sizes(glm, "0.30.0", max_num_seqs=100)
+    assert 100 in _sizes(glm, "0.31.0", max_num_seqs=100)
+    assert _sizes(glm, None, max_num_seqs=100) == _sizes(glm, "0.31.0", max_num_seqs=100)
+
+
+def test_blackwell_captures_to_1024_from_0_28_0(glm):
+    """config/vllm.py _set_cudagraph_sizes: default_max_graph_size 1024 on data-center
+    Blackwell (SM100) from 0.28.0, 512 before and on Hopper."""
+    b200 = dataclasses.replace(glm, gpu=dataclasses.replace(glm.gpu, name="B200"))
+    assert _sizes(b200, "0.27.0")[-1] == 512 and _sizes(glm, None)[-1] == 512
+    assert _sizes(b200, "0.28.0")[-1] == _sizes(b200, None)[-1] == 1024
+
+
+@pytest.mark.parametrize(("version", "tokens"), [("0.27.0", 8192), ("0.28.0", 16384),
+                                                 (None, 16384)])
+def test_a_b200_takes_its_versions_batch_default(version, tokens):
+    """get_batch_defaults: a >= 160 GiB GPU (B200) gets 16384 tokens from 0.28.0, 8192
+    before; the note names the version."""
+    from mlamem.spec.serve_command import from_command
+
+    built = from_command("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                         gpu_name="B200", engine_version=version)
+    assert built.scenario.serving.max_num_batched_tokens == tokens
+    assert (f"max_num_batched_tokens {tokens}: vLLM {version or '0.33.0'}'s default on the "
+            "B200") in built.notes
+
+
+def test_vllm_0_10_defaults_to_piecewise_graphs_without_attention():
+    """vLLM 0.10.2's default cudagraph_mode is PIECEWISE: attention runs outside the graphs,
+    so the rank captures none ([vllm].cuda_graphs false) and a note says why; a mode the
+    command sets stands."""
+    from mlamem.spec.serve_command import from_command
+
+    command = "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8"
+    old = from_command(command, gpu_name="H200 SXM 141GB", engine_version="0.10.2")
+    vllm = rules.settings(old.scenario)
+    assert (vllm.cudagraph_mode, vllm.cuda_graphs, old.cuda_graphs) == ("PIECEWISE", False, False)
+    assert any("cudagraph_mode PIECEWISE: vLLM 0.10.2's default" in n for n in old.notes)
+    given = from_command(command + " -cc.cudagraph_mode=FULL", gpu_name="H200 SXM 141GB",
+                         engine_version="0.10.2")
+    assert rules.settings(given.scenario).cudagraph_mode == "FULL" and given.cuda_graphs
+
+
+def test_the_budget_rule_names_the_estimate_only_where_the_version_sets_it_aside():
+    """The report's KV cache rule: '+ CUDA-graph estimate' with graphs on at 0.20.0 and later,
+    not where the cases' version sizes the cache without it."""
+    budget = {"utilization": 0.9, "cuda_graphs": True}
+    assert "CUDA-graph estimate" in rules.VIEW.budget_rule(budget, [{}])
+    assert "CUDA-graph estimate" not in rules.VIEW.budget_rule(
+        budget, [{"graph_estimate_rule": "none"}])

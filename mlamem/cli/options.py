@@ -295,9 +295,11 @@ GpuOption = Annotated[str | None, typer.Option(
     "and SM count replace the scenario's [gpu] (the utilization is kept). Default: the "
     "scenario's GPU.", show_default=False)]
 EngineVersionOption = Annotated[str | None, typer.Option(
-    "--engine-version", metavar="VERSION", help="The vLLM version --serve's command ran, e.g. "
-    "0.19.1: its defaults (gpu_memory_utilization 0.9 before 0.20.0) replace 0.33.0's, and its "
-    "notes name what else differs. Default: vLLM 0.33.0, SGLang 0.5.23.", show_default=False)]
+    "--engine-version", metavar="VERSION", help="The vLLM (0.10 to 0.33, e.g. 0.19.1) or SGLang "
+    "(0.4.6 to 0.5.23, e.g. 0.5.5) version --serve's command ran: its defaults (utilization, "
+    "graph estimate, capture sizes, batch tokens; mem_fraction_static, chunked prefill) replace "
+    "the default's, and the notes name it. Default: vLLM 0.33.0, SGLang 0.5.23.",
+    show_default=False)]
 WeightsOption = Annotated[str | None, typer.Option(
     "--weights-per-rank", metavar="SIZE", help="One rank's weights, e.g. 40GiB: a labelled "
     "override of the scenario's (or --model's count).", show_default=False)]

@@ -16,6 +16,8 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host
   setup's outside-allocator memory of the first capture included, memory.SimulatedMemory);
+  set aside from 0.20.0, measured only in 0.18-0.19 and skipped before, by the scenario's
+  [vllm].engine_version (spec.engines.vllm.VersionRules.graph_estimate);
 - KV sizing: `utilization x total - (init + profile peak + non-torch + graph estimate)`, in
   whole blocks of every layer's MLA cell and, for a DSA model, its indexer's keys (one cache
   group: spec.engines.vllm.kv_block_bytes), its tokens the count vLLM logs
@@ -54,6 +56,7 @@ from mlamem.runtime.non_torch import graph_steps_note
 from mlamem.spec.engines.rank_buffers import Stage
 from mlamem.spec.engines.vllm import (
     SPEC,
+    graph_estimate_rule,
     kv_block_bytes,
     logged_kv_tokens,
     sizes_to_capture,
@@ -105,12 +108,17 @@ class VLLMCase(DecodeCase):
     graph_pool_bytes: int | None = None  # the pool they took (allocator reserved growth)
     graph_device_bytes: int | None = None  # the device-wide growth (measured, or modelled)
     graph_estimate_error_bytes: int | None = None  # estimate - what they took, same source
+    # the version's rule where it sets no estimate aside ("opt-in": measured, not set aside;
+    # "none": not measured, 0); None: set aside, as vLLM 0.20.0 and later (absent from results)
+    graph_estimate_rule: str | None = None
 
     def to_dict(self) -> dict:
         data = super().to_dict()
         if self.graph_estimate_source is None:  # graphs off: the case as it always read
             for name in [n for n in data if n.startswith("graph_")]:
                 del data[name]
+        elif self.graph_estimate_rule is None:
+            del data["graph_estimate_rule"]
         return data
 
 
@@ -152,6 +160,9 @@ class VLLM(DecodeRank):
                 continue
             line = (f"{c['path']}: CUDA graphs: vLLM's estimate {format_bytes(c['graph_estimate_bytes'])}"
                     f" ({c['graph_estimate_source']}) took {c['graph_kv_tokens_lost']} KV tokens")
+            if c.get("graph_estimate_rule"):
+                line += (f" (the engine version's rule {c['graph_estimate_rule']!r}: the KV cache "
+                         "is sized without it)")
             if c.get("graph_pool_bytes") is not None:
                 source = "device" if c["graph_estimate_source"] == "device" else "pool"
                 taken = (c["graph_device_bytes"] if source == "device" else c["graph_pool_bytes"])
@@ -228,6 +239,13 @@ class VLLM(DecodeRank):
         self.graph_sizes = sizes_to_capture(self.scenario, self.budget.capture_sizes)
         self.allocating = "graph input (static q)"
         self.graph_call = self.make_graph_call(max(self.graph_sizes))
+        rule = graph_estimate_rule(self.scenario)  # the version's (spec VersionRules)
+        case.graph_estimate_rule = None if rule == "applied" else rule
+        if rule == "none":  # vLLM <= 0.17: no profile_cudagraph_memory before the KV cache
+            device = memory.device_used_bytes() is not None
+            case.graph_estimate_source = "device" if device else "allocator"
+            case.graph_estimate_bytes = 0
+            return
         with memory.graphs() as graphs:  # a throwaway pool: gone before the KV cache
             captures, failure = capture_all(memory, graphs, self.graph_call,
                                             self.graph_sizes[:2])
@@ -269,8 +287,8 @@ class VLLM(DecodeRank):
         case, budget = self.case, self.budget
         block = kv_block_bytes(self.scenario)
         non_kv = case.init_bytes + case.profile_peak_bytes + case.non_torch_bytes
-        case.kv_cache_bytes = kv_cache_bytes(budget, non_kv + (case.graph_estimate_bytes or 0),
-                                             block)
+        set_aside = case.graph_estimate_bytes if case.graph_estimate_rule is None else 0
+        case.kv_cache_bytes = kv_cache_bytes(budget, non_kv + (set_aside or 0), block)
         case.kv_cache_tokens = self.logged_tokens(case.kv_cache_bytes // block)
         if case.graph_estimate_bytes is not None:
             without = kv_cache_bytes(budget, non_kv, block) // block

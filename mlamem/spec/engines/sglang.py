@@ -82,7 +82,7 @@ from mlamem.spec.serve_command import config_file
 from mlamem.spec.serve_command.parsed import EngineParser, Parsed
 from mlamem.spec.units import MAX_TOKENS as MAX_INT  # a count's bound (int32)
 
-VERSION = "0.5.23"  # the SGLang version these rules were read from (the only one modelled)
+VERSION = "0.5.23"  # the SGLang version these rules were read from (older ones: sglang_rules)
 GiB_MIB = 1024  # SGLang writes its reserve terms in MiB, GiB as 1024
 FLOOR_MIB = 10 * GiB_MIB  # the reserve's floor on a GPU of over 60 GiB
 MLA_PREFILL_GRAPH_MIB = 1.5 * GiB_MIB  # "MLA backend overhead is much higher than expected"
@@ -294,6 +294,117 @@ def fraction_for_pool(pool_bytes: int, free_after_weights_bytes: int,
     return fraction
 
 
+# -- engine versions: the rules that differ among the SGLang versions users run --
+# Read from the wheels of 0.4.6.post5, 0.4.7-0.4.10, 0.5.1-0.5.10, 0.5.15 and 0.5.20
+# (`pip download --no-deps sglang==X`; srt/server_args.py unless named); a version between two
+# read keeps the older one's rules.
+
+OLDEST_VERSION = (0, 4, 6)
+FRACTION_BY_GPU_FROM = (0, 4, 8)  # ServerArgs.__post_init__: reserved_mem by the GPU's row
+B200_ROW_FROM = (0, 4, 7)  # ... by TP: 0.79 and 16384 tokens past 180000 MiB on CUDA
+RESERVE_RULE_FROM = (0, 5, 3)  # _handle_gpu_memory_settings: 512 + 1.5 x chunk + 2 x max_bs ...
+# a DSA model's prefill graphs (their 1.5 GiB in the reserve): enable_piecewise_cuda_graph False
+# by default to 0.5.9; configs/model_config.py piecewise_cuda_graph_disabled_model_archs holds
+# DeepseekV32ForCausalLM and GlmMoeDsaForCausalLM in 0.5.10, neither in 0.5.15
+DSA_PREFILL_GRAPHS_FROM = (0, 5, 15)
+# models/deepseek_v2.py DeepseekV32ForCausalLM, SGLang's first DSA model, from 0.5.3 (GLM-5's
+# GlmMoeDsaForCausalLM in configs/model_config.py from 0.5.9)
+DSA_MODELS_FROM = (0, 5, 3)
+# model_executor/cuda_graph_runner.py get_batch_sizes_to_capture before the reserve rule:
+RUNNER_BS = (1, 2, 4, 8, *range(16, 161, 8))  # then + range(160, 257, 8) on a large GPU
+
+
+@dataclass(frozen=True)
+class SGLangRules:
+    """What differs by SGLang version, each read from that version's wheel (the _FROM constants
+    above name the file and the first version of each rule)."""
+
+    version: str
+    series: tuple[int, int, int]
+    # mem_fraction_static without the flag: "by-tp" (0.4.6-0.4.7), "by-gpu" (0.4.8-0.5.2),
+    # "reserve" (from 0.5.3, `resolve`)
+    fraction_rule: str
+    dsa_prefill_graphs: bool  # a DSA model's prefill graphs are on, and in the reserve
+
+
+def sglang_rules(version: str | None) -> SGLangRules:
+    """The rules of SGLang `version` (e.g. 0.5.5.post1; None: VERSION); UserError outside the
+    versions read (0.4.6 to 0.5.23)."""
+    version = VERSION if version is None else version
+    match = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)([.+\-]?[0-9A-Za-z.+\-]*)", version.strip())
+    series = (int(match[1]), int(match[2]), int(match[3])) if match else None
+    if series is None or not OLDEST_VERSION <= series <= (0, 5, 23):
+        shown = version if len(version) <= 40 else f"{version[:40]}…"
+        raise UserError(f"{shown!r}: mlamem reads SGLang's rules of 0.4.6 to {VERSION} (the "
+                        f"default is {VERSION}); give one such as 0.5.5", field="engine_version")
+    rule = ("reserve" if series >= RESERVE_RULE_FROM else
+            "by-gpu" if series >= FRACTION_BY_GPU_FROM else "by-tp")
+    return SGLangRules(version.strip().lstrip("v"), series, rule,
+                       series >= DSA_PREFILL_GRAPHS_FROM)
+
+
+@dataclass(frozen=True)
+class VersionDefaults:
+    """An SGLang version's defaults for a DSA model's server on one GPU."""
+
+    mem_fraction_static: float
+    chunked_prefill_size: int
+    reserved_mib: float | None  # the reserve the fraction comes from (None: by TP)
+    cuda_graph_bs: tuple[int, ...] | None  # the runner's decode list; None: 0.5.23's rule
+
+
+def version_defaults(rules: SGLangRules, gpu_mib: float, *, tp_size: int, pp_size: int = 1,
+                     attn_dp_size: int = 1, dp_attention: bool = False,
+                     decode_graphs: bool = True) -> VersionDefaults:
+    """mem_fraction_static, chunked_prefill_size and the decode graph list SGLang `rules`
+    derives on a GPU of `gpu_mib` (nvidia-smi's MiB) without the flags, for an aggregated
+    server without speculative decoding."""
+    if rules.fraction_rule == "reserve":
+        resolved = resolve(gpu_mib, tp_size=tp_size, pp_size=pp_size, attn_dp_size=attn_dp_size,
+                           decode_graphs=decode_graphs, prefill_graphs=rules.dsa_prefill_graphs)
+        return VersionDefaults(resolved.mem_fraction_static, resolved.chunked_prefill_size,
+                               resolved.reserved_mib, None)
+    parallel = tp_size * pp_size
+    if rules.fraction_rule == "by-gpu":  # 0.4.10 server_args.py __post_init__
+        rows = ((20, 2.8 + parallel / 10), (35, 2.8 + parallel / 10), (90, 9.5 + parallel / 2),
+                (160, 12 + parallel / 2), (None, 32))
+        reserved = next(gib for below, gib in rows if below is None or gpu_mib < below * GiB_MIB)
+        reserved = reserved * GiB_MIB + (4 * GiB_MIB if dp_attention else 0)
+        fraction = round((gpu_mib - reserved) / gpu_mib, 3)
+        chunk = 2048 if gpu_mib < 35 * GiB_MIB else 8192 if gpu_mib < 160 * GiB_MIB else 16384
+        return VersionDefaults(fraction, chunk, reserved, _runner_bs(rules, gpu_mib))
+    return _by_tp(rules, gpu_mib, parallel)
+
+
+def _by_tp(rules: SGLangRules, gpu_mib: float, parallel: int) -> VersionDefaults:
+    """0.4.6.post5's and 0.4.7's server_args.py __post_init__: a fraction by TP x PP on a GPU of
+    at most 80 GiB, 0.88 above, raised past 96 GiB; 0.79 past 180000 MiB from 0.4.7."""
+    b200 = rules.series >= B200_ROW_FROM and gpu_mib > 180_000
+    fraction = 0.88
+    if gpu_mib <= 81920:
+        fraction = next(f for least, f in ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
+                        if parallel >= least)
+    if b200:
+        fraction = 0.79
+    elif gpu_mib > 96 * GiB_MIB:
+        fraction = min(fraction + 48 * GiB_MIB * (1 - fraction) / gpu_mib,
+                       (gpu_mib - 18 * GiB_MIB) / gpu_mib)
+    chunk = 16384 if b200 else 2048 if gpu_mib < 25_000 else 8192
+    return VersionDefaults(fraction, chunk, None, _runner_bs(rules, gpu_mib))
+
+
+def _runner_bs(rules: SGLangRules, gpu_mib: float) -> tuple[int, ...]:
+    """get_batch_sizes_to_capture's default list: past 96 GiB (0.4.6.post5) or 90 GiB
+    (0.4.8-0.5.2) + range(160, 257, 8), past 160000 MiB + range(256, 513, 16) (0.4.8-0.5.2)."""
+    newer = rules.series >= FRACTION_BY_GPU_FROM
+    sizes = list(RUNNER_BS)
+    if gpu_mib > (90 if newer else 96) * GiB_MIB:
+        sizes += range(160, 257, 8)
+    if newer and gpu_mib > 160_000:
+        sizes += range(256, 513, 16)
+    return tuple(sorted(set(sizes)))
+
+
 # -- the serve command --
 
 PROGS = ("python -m sglang.launch_server", "sglang serve")
@@ -305,6 +416,39 @@ def flag_table() -> dict[str, dict]:
     choices; read on first use, so loading a scenario does not parse the table."""
     return json.loads(resources.files("mlamem.spec.engines").joinpath("sglang-0.5.23-flags.json")
                       .read_text())["flags"]
+
+
+@cache
+def older_flag_table() -> dict[str, dict]:
+    """The flags older versions' parser takes and 0.5.23's lacks (sglang-older-flags.json,
+    written from their wheels by scripts/sglang_older_flags.py): each with the versions that
+    have it."""
+    return json.loads(resources.files("mlamem.spec.engines").joinpath("sglang-older-flags.json")
+                      .read_text())["flags"]
+
+
+# an older version's flag takes a value or none, as its kind allows, so either form parses
+_OLDER_KINDS = {"flag": {"nargs": "?"}, "value": {"nargs": "?"}, "list": {"nargs": "*"}}
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def pinned_version(flags: list[str]) -> str | None:
+    """The newest version read whose parser takes every one of `flags` (flags of older versions
+    only). None without such flags."""
+    table = older_flag_table()
+    newest = [max(table[flag]["versions"], key=_version_key) for flag in flags]
+    return min(newest, key=_version_key) if newest else None
+
+
+def older_flags_note(flags: list[str]) -> str:
+    """One note naming the given flags that only older versions take, with those versions."""
+    table = older_flag_table()
+    named = [f"{flag} ({', '.join(table[flag]['versions'])})" for flag in flags]
+    return (f"flags of older SGLang versions, not modelled (SGLang {VERSION} has none of them "
+            "and refuses them): " + ", ".join(named))
 
 
 # the page SGLang sets for a DSA model on CUDA, whatever --page-size says: 64 x the indexer's
@@ -366,6 +510,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
             kind["type"] = MODELLED[flag]
         dest = flag.lstrip("-").replace("-", "_")
         p.add_argument(flag, *entry["aliases"], dest=dest, default=argparse.SUPPRESS, **kind)
+    for flag, entry in older_flag_table().items():
+        p.add_argument(flag, *entry["aliases"], dest=flag.lstrip("-").replace("-", "_"),
+                       default=argparse.SUPPRESS, **_OLDER_KINDS[entry["kind"]])
     return p
 
 
@@ -538,7 +685,7 @@ def _notes(given: dict, unmodelled: list[str], tp: int, replicas: int) -> list[s
     return notes
 
 
-def parse(words: list[str], prog: str) -> Parsed:
+def parse(words: list[str], prog: str, version: str | None = None) -> Parsed:
     model_type = False
     if prog == "sglang serve":
         words = _cli_words(words)
@@ -556,12 +703,24 @@ def parse(words: list[str], prog: str) -> Parsed:
     unmodelled = sorted({f"--{d.replace('_', '-')}" for d in given
                          if f"--{d.replace('_', '-')}" not in MODELLED}
                         | ({"--model-type"} if model_type else set()))
+    older = [flag for flag in unmodelled if flag in older_flag_table()]
+    unmodelled = [flag for flag in unmodelled if flag not in older]
+    inferred = pinned_version(older) if version is None else None
+    rules = sglang_rules(inferred if version is None else version)
     tp, attention_dp, replicas = _layout(given, prog)
     _check_memory_flags(given, prog)
     chunk = given.get("chunked_prefill_size")
     table = {key: given[key] for key in ("mem_fraction_static", "chunked_prefill_size",
                                          "max_running_requests") if key in given}
     notes = _notes(given, unmodelled, tp, replicas)
+    if older:
+        notes.insert(0, older_flags_note(older))
+    if version is not None or inferred is not None:
+        how = ("--engine-version" if inferred is None else
+               f"or older, the newest version read whose parser takes {', '.join(older)}; "
+               "--engine-version sets it")
+        notes.append(f"engine version: SGLang {rules.version} ({how}; mlamem's default is "
+                     f"{VERSION})")
     serving = {"max_num_batched_tokens": chunk, "max_model_len": given.get("context_length"),
                "kv_cache_dtype": _kv_dtype(given.get("kv_cache_dtype"), prog),
                "block_size": PAGE_SIZE}
@@ -575,7 +734,8 @@ def parse(words: list[str], prog: str) -> Parsed:
                   serving=serving, memory_fraction=given.get("mem_fraction_static", 0.0),
                   engines=["sglang"], operations=["sparse-decode"], sections=sections,
                   notes=notes, cuda_graphs=graphs["decode"], prog=prog, flags=FIELD_FLAGS,
-                  expert_parallel=given.get("ep_size", 1) > 1, engine_settings={"graphs": graphs})
+                  expert_parallel=given.get("ep_size", 1) > 1,
+                  engine_settings={"graphs": graphs, "rules": rules})
 
 
 # utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the first the config sets wins
@@ -662,12 +822,16 @@ def _graphs(given: dict) -> dict:
 def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, smi_mib: float) -> None:
     """What SGLang decides by the model and the GPU (`gpu_name`, with nvidia-smi's total in MiB):
     the indexer's key width, the chunked prefill size and, without --mem-fraction-static, the
-    fraction its reserve rule gives (with the command's CUDA graphs)."""
-    graphs = parsed.engine_settings["graphs"]
+    fraction its reserve rule gives (with the command's CUDA graphs), by the rules of the
+    command's version (`SGLangRules`; 0.5.23's unless --engine-version or an older flag says)."""
+    graphs, rules = parsed.engine_settings["graphs"], parsed.engine_settings["rules"]
     parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
     if gpu_name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
         parsed.notes.append(f"{gpu_name}: SGLang decodes a DSA model's fp8 cache with trtllm "
                             f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
+    if rules.fraction_rule != "reserve":
+        _older_defaults(parsed, rules, gpu_name, smi_mib)
+        return
     table = parsed.sections["sglang"]
     resolved = resolve(  # nvidia-smi's total, as SGLang reads it
         smi_mib, tp_size=parsed.tensor_parallel,
@@ -676,20 +840,24 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, 
         cuda_graph_max_bs=graphs["max_bs"],
         max_running_requests=table.get("max_running_requests"),
         mem_fraction_static=table.get("mem_fraction_static"),
-        decode_graphs=graphs["decode"], prefill_graphs=graphs["prefill"])
+        decode_graphs=graphs["decode"],
+        prefill_graphs=graphs["prefill"] and rules.dsa_prefill_graphs)
     if parsed.serving["max_num_batched_tokens"] is None:
         parsed.serving["max_num_batched_tokens"] = resolved.chunked_prefill_size
         parsed.notes.append(f"max_num_batched_tokens {resolved.chunked_prefill_size}: SGLang "
-                            f"0.5.23's chunked_prefill_size on the {gpu_name}")
-    default_graphs = graphs == {"decode": True, "prefill": True, "max_bs": None}
+                            f"{rules.version}'s chunked_prefill_size on the {gpu_name}")
+    default_graphs = (graphs == {"decode": True, "prefill": True, "max_bs": None}
+                      and rules.dsa_prefill_graphs)
     if not resolved.fraction_given and not default_graphs:
-        # the [sglang] table has no graph settings: keep the fraction they give
+        # the rank derives the fraction with 0.5.23's default graphs: keep this one
         table["mem_fraction_static"] = resolved.mem_fraction_static
-        parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang's "
-                            f"reserve rule ({resolved.reserved_mib:g} MiB) on the {gpu_name} "
-                            "with the command's CUDA graphs")
+        parsed.notes.append(f"mem_fraction_static {resolved.mem_fraction_static}: SGLang "
+                            f"{rules.version}'s reserve rule ({resolved.reserved_mib:g} MiB) on "
+                            f"the {gpu_name} with the command's CUDA graphs"
+                            + ("" if rules.dsa_prefill_graphs else " (a DSA model's prefill "
+                               "graphs off, as before 0.5.15)"))
     if resolved.mem_fraction_static <= 0:
-        raise UserError(f"{parsed.prog}: SGLang 0.5.23's reserve rule sets aside "
+        raise UserError(f"{parsed.prog}: SGLang {rules.version}'s reserve rule sets aside "
                         f"{resolved.reserved_mib:g} MiB of the {gpu_name}'s {smi_mib:g} MiB for "
                         "the command's chunked prefill and CUDA graphs (handle_gpu_memory_"
                         "settings), leaving no mem_fraction_static for the pool: lower "
@@ -701,12 +869,49 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, 
                                                    f"its reserve rule, {resolved.reserved_mib:g} "
                                                    f"MiB, on the {gpu_name}")
                         + "); SGLang's rank reads [sglang]")
+    parsed.notes.append(_graphs_note(graphs))
+
+
+def _graphs_note(graphs: dict) -> str:
     state = ", ".join(f"{phase} {'on' if graphs[phase] else 'off'}" for phase in
                       ("decode", "prefill"))
-    parsed.notes.append(f"CUDA graphs ({state}): " + (
+    return (f"CUDA graphs ({state}): " + (
         "the decode graphs are captured after the pool: run repro-oom with --cuda-graphs on"
         if graphs["decode"] else "no decode graphs: repro-oom runs without --cuda-graphs")
         + "; the prefill graphs size the reserve only")
+
+
+def _older_defaults(parsed: Parsed, rules: SGLangRules, gpu_name: str, smi_mib: float) -> None:
+    """fill_defaults for a version before the reserve rule (0.4.6-0.5.2, `version_defaults`):
+    the chunk, the runner's decode list and the fraction go to the scenario."""
+    graphs, table = parsed.engine_settings["graphs"], parsed.sections["sglang"]
+    if rules.series < DSA_MODELS_FROM:
+        parsed.notes.append(f"SGLang {rules.version} has no DSA model (DeepseekV32ForCausalLM "
+                            "arrives in 0.5.3): its defaults are shown as it derives them")
+    found = version_defaults(rules, smi_mib, tp_size=parsed.tensor_parallel,
+                             attn_dp_size=parsed.attention_data_parallel,
+                             dp_attention=parsed.attention_data_parallel > 1,
+                             decode_graphs=graphs["decode"])
+    if parsed.serving["max_num_batched_tokens"] is None:
+        parsed.serving["max_num_batched_tokens"] = found.chunked_prefill_size
+        parsed.notes.append(f"max_num_batched_tokens {found.chunked_prefill_size}: SGLang "
+                            f"{rules.version}'s chunked_prefill_size on the {gpu_name}")
+    if graphs["decode"] and graphs["max_bs"] is None:
+        table["cuda_graph_bs"] = list(found.cuda_graph_bs)
+        parsed.notes.append(f"cuda_graph_bs up to {found.cuda_graph_bs[-1]}: SGLang "
+                            f"{rules.version}'s decode graphs on the {gpu_name} (model_executor/"
+                            "cuda_graph_runner.py get_batch_sizes_to_capture)")
+    if table.get("mem_fraction_static") is None:
+        table["mem_fraction_static"] = found.mem_fraction_static
+        how = (f"reserved_mem {found.reserved_mib:g} MiB by the GPU's row" if found.reserved_mib
+               else f"by TP x PP {parsed.tensor_parallel}")
+        parsed.notes.append(f"mem_fraction_static {found.mem_fraction_static:.4g}: SGLang "
+                            f"{rules.version}'s default ({how}, server_args.py ServerArgs."
+                            f"__post_init__) on the {gpu_name}")
+    parsed.memory_fraction = table["mem_fraction_static"]
+    parsed.notes.append(f"gpu_memory_utilization {parsed.memory_fraction:.4g}: SGLang's "
+                        "mem_fraction_static; SGLang's rank reads [sglang]")
+    parsed.notes.append(_graphs_note(graphs))
 
 
 # -- how its saved results read --

@@ -55,7 +55,7 @@ from mlamem.spec.serve_command.parsed import EngineParser, Parsed
 MIN_PER_GRAPH_BYTES = 1 << 20  # vLLM's _MIN_PER_GRAPH_BYTES: "driver overhead" per graph
 
 # vLLM 0.33.0's capture sizes (config/vllm.py, VllmConfig._set_cudagraph_sizes)
-DEFAULT_MAX_GRAPH_SIZE = 512  # caps the default largest size, on every GPU (no per-arch value)
+DEFAULT_MAX_GRAPH_SIZE = 512  # caps the default largest size; 1024 on data-center Blackwell
 FULL_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")  # decode graphs hold attention
 # vLLM's CUDAGraphMode names (config/compilation.py)
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -75,6 +75,9 @@ class VLLMSection:
     # the serve command captures CUDA graphs (no --enforce-eager): repro-oom's --cuda-graphs
     # default; None (a scenario written by hand) leaves it off
     cuda_graphs: bool | None = None
+    # the vLLM version whose rules the rank and the capture sizes follow (VersionRules: the
+    # graph estimate, the capture list); None: DEFAULT_VERSION (--engine-version sets it)
+    engine_version: str | None = None
 
     def __post_init__(self) -> None:
         check_positive(self, "vllm", "max_num_seqs")
@@ -85,6 +88,11 @@ class VLLMSection:
         if not 0 <= self.num_speculative_tokens <= 64:
             raise FieldError("vllm", "num_speculative_tokens",
                              f"{self.num_speculative_tokens} is outside 0..64")
+        if self.engine_version is not None:
+            try:
+                version_rules(self.engine_version)
+            except UserError as error:
+                raise FieldError("vllm", "engine_version", error.message) from None
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
             raise FieldError("vllm", "cudagraph_mode",
                              f"expected one of {', '.join(CUDAGRAPH_MODES)}, "
@@ -96,50 +104,82 @@ def settings(scenario: Scenario) -> VLLMSection:
     return scenario.section("vllm")
 
 
-def request_counts(max_num_seqs: int) -> list[int]:
+def scenario_rules(scenario: Scenario) -> VersionRules:
+    """The rules of the scenario's [vllm].engine_version (None: DEFAULT_VERSION)."""
+    return version_rules(settings(scenario).engine_version)
+
+
+def graph_estimate_rule(scenario: Scenario) -> str:
+    """Whether the scenario's vLLM version sets its graph estimate aside before the KV cache
+    (VersionRules.graph_estimate): "applied", "opt-in" or "none"."""
+    return scenario_rules(scenario).graph_estimate
+
+
+def blackwell(gpu_name: str) -> bool:
+    """A data-center Blackwell board (SM100) by mlamem's GPU name: B200, GB200."""
+    return gpu_name.startswith(("B", "GB"))
+
+
+def request_counts(max_num_seqs: int, default_max: int = DEFAULT_MAX_GRAPH_SIZE) -> list[int]:
     """vLLM's request counts for uniform decode sizes under speculation (config/vllm.py)."""
-    m = min(max_num_seqs, DEFAULT_MAX_GRAPH_SIZE)
+    m = min(max_num_seqs, default_max)
     counts = [1, 2, 4] + list(range(8, min(m + 1, 256), 8)) + list(range(256, m + 1, 16))
     return sorted({c for c in counts if c <= m} | {m})
 
 
 def capture_sizes(scenario: Scenario) -> list[int]:
-    """vLLM 0.33.0's `cudagraph_capture_sizes` for this serving config, ascending.
+    """vLLM's `cudagraph_capture_sizes` for this serving config, ascending, by the rules of the
+    scenario's version (config/vllm.py VllmConfig._set_cudagraph_sizes; VersionRules).
 
-    max = max_cudagraph_capture_size, or min(max_num_seqs x (1 + k) x 2, 512) by default,
-    capped at max_num_batched_tokens; sizes [1, 2, 4] + range(8, 256, 8) + range(256, max + 1,
-    16) up to max, plus max_num_batched_tokens when it is within max, plus the uniform decode
-    sizes (by default only).
+    At 0.33.0: max = max_cudagraph_capture_size, or min(max_num_seqs x (1 + k) x 2, 512; 1024
+    on data-center Blackwell) by default, capped at max_num_batched_tokens; sizes [1, 2, 4] +
+    range(8, 256, 8) + range(256, max + 1, 16) up to max, plus max_num_batched_tokens when it
+    is within max, plus the uniform decode sizes (by default only).
     """
-    vllm = settings(scenario)
+    vllm, rules = settings(scenario), scenario_rules(scenario)
     query_len = 1 + vllm.num_speculative_tokens
     tokens = scenario.serving.max_num_batched_tokens
     largest = vllm.max_cudagraph_capture_size
     uniform: list[int] = []
     if largest is None:
-        largest = min(vllm.max_num_seqs * query_len * 2, DEFAULT_MAX_GRAPH_SIZE)
-        if query_len > 1:
-            uniform = sorted({n * query_len for n in request_counts(vllm.max_num_seqs)
-                              if n * query_len <= largest})
-        elif vllm.max_num_seqs <= largest:
-            uniform = [vllm.max_num_seqs]
+        default_max = (1024 if rules.blackwell_graph_size_1024 and blackwell(scenario.gpu.name)
+                       else DEFAULT_MAX_GRAPH_SIZE)
+        scale = query_len if rules.capture_speculative_max else 1
+        largest = min(vllm.max_num_seqs * scale * 2, default_max)
+        uniform = _uniform_decode_sizes(rules, vllm, largest, default_max)
     largest = min(tokens, largest)
     sizes = [i for i in (1, 2, 4) if i <= largest]
     if largest >= 8:
-        sizes += list(range(8, min(largest + 1, 256), 8))
-    if largest >= 256:
+        sizes += list(range(8, min(largest + 1, 256) if rules.capture_step_16 else largest + 1,
+                            8))
+    if largest >= 256 and rules.capture_step_16:
         sizes += list(range(256, largest + 1, 16))
-    if tokens <= largest:
+    if tokens <= largest and rules.capture_adds_batched_tokens:
         sizes.append(tokens)
     sizes += [s for s in uniform if s <= tokens]
     return sorted(set(sizes))
+
+
+def _uniform_decode_sizes(rules: VersionRules, vllm: VLLMSection, largest: int,
+                          default_max: int) -> list[int]:
+    """The default list's uniform decode sizes: n x (1 + k) for vLLM's request counts under
+    speculation (from 0.29.0), max_num_seqs without it (from 0.31.0)."""
+    query_len = 1 + vllm.num_speculative_tokens
+    if query_len > 1 and rules.capture_uniform_decode != "none":
+        return sorted({n * query_len for n in request_counts(vllm.max_num_seqs, default_max)
+                       if n * query_len <= largest})
+    if query_len == 1 and rules.capture_uniform_decode == "all" and vllm.max_num_seqs <= largest:
+        return [vllm.max_num_seqs]
+    return []
 
 
 def full_decode_sizes(scenario: Scenario) -> list[int]:
     """The FULL uniform-decode graphs (attention inside), largest first: vLLM V2's
     CudaGraphManager._init_candidates rounds each capture size up to a multiple of 1 + k and
     keeps those within max_num_seqs x (1 + k) and the largest capture size. Empty when the mode
-    puts attention in no graph (NONE, PIECEWISE)."""
+    puts attention in no graph (NONE, PIECEWISE). Older versions' V1 runner
+    (v1/cudagraph_dispatcher.py initialize_cudagraph_keys) keeps the capture sizes from 1 + k
+    to max_num_seqs x (1 + k) unrounded: the same graphs without speculation."""
     vllm = settings(scenario)
     if vllm.cudagraph_mode not in FULL_MODES:
         return []
@@ -158,7 +198,8 @@ def capture_list_source(scenario: Scenario) -> str:
     largest = ("max_cudagraph_capture_size " + str(vllm.max_cudagraph_capture_size)
                if vllm.max_cudagraph_capture_size is not None
                else "max_cudagraph_capture_size by vLLM's rule")
-    return (f"vLLM 0.33.0's FULL decode graphs for cudagraph_mode {vllm.cudagraph_mode}, "
+    return (f"vLLM {scenario_rules(scenario).version}'s FULL decode graphs for cudagraph_mode "
+            f"{vllm.cudagraph_mode}, "
             f"max_num_seqs {vllm.max_num_seqs}, {largest}, "
             f"{vllm.num_speculative_tokens} speculative tokens, max_num_batched_tokens "
             f"{scenario.serving.max_num_batched_tokens}")
@@ -253,23 +294,46 @@ def logged_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> in
 
 DEFAULT_VERSION = "0.33.0"  # the version mlamem's rules follow unless --engine-version says
 OLDEST_VERSION = (0, 10)  # the oldest series whose rules were read (0.10.2's wheel)
+# Where each rule changed, read from the wheels of 0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.16.0-0.22.0
+# and 0.25.0-0.33.0 (`pip download --no-deps vllm==X`); a series between two read keeps the
+# older one's rules
 FRACTION_092_FROM = (0, 20)  # config/cache.py: 0.9 in 0.10.2-0.19.0, 0.92 from 0.20.0
 GRAPH_ESTIMATE_FROM = (0, 20)  # envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "1" from 0.20.0
-GRAPH_ESTIMATE_OPT_IN_FROM = (0, 18)  # ... "0" (opt-in) in 0.18.0-0.19.0; none in 0.16.0
+GRAPH_ESTIMATE_OPT_IN_FROM = (0, 18)  # ... "0" (opt-in) in 0.18.0-0.19.0; none in 0.17.0
+# VllmConfig.__post_init__ (0.10.2: config/__init__.py) sets PIECEWISE where the config sets no
+# cudagraph_mode; FULL_AND_PIECEWISE from 0.11.0
+FULL_AND_PIECEWISE_FROM = (0, 11)
+# VllmConfig._set_cudagraph_sizes (config/__init__.py to 0.11.0, config/vllm.py from 0.12.0):
+CAPTURE_STEP_16_FROM = (0, 12)  # range(256, max + 1, 16); [1, 2, 4] + range(8, max + 1, 8) before
+CAPTURE_SPECULATIVE_MAX_FROM = (0, 13)  # max = min(max_num_seqs x (1 + k) x 2, 512); x 2 before
+CAPTURE_BATCHED_TOKENS_FROM = (0, 21)  # + max_num_batched_tokens when within the max
+BLACKWELL_GRAPH_SIZE_FROM = (0, 28)  # default_max_graph_size 1024 on data-center Blackwell
+CAPTURE_UNIFORM_SPECULATIVE_FROM = (0, 29)  # + the uniform decode sizes n x (1 + k), k > 0
+CAPTURE_UNIFORM_SEQS_FROM = (0, 31)  # + max_num_seqs, k = 0
+# engine/arg_utils.py EngineArgs.get_batch_defaults: a >= 160 GiB GPU gets 16384 tokens
+LARGE_GPU_BATCH_FROM = (0, 28)
 
 
 @dataclass(frozen=True)
 class VersionRules:
-    """What differs by vLLM version, each read from that version's wheel."""
+    """What differs by vLLM version, each read from that version's wheel (the _FROM constants
+    above name the file and the first version of each rule)."""
 
     version: str
     # CacheConfig.gpu_memory_utilization's default (config/cache.py)
     gpu_memory_utilization: float
     # whether CUDA-graph memory is estimated and set aside before the KV cache is sized
     # (v1/worker/gpu_worker.py determine_available_memory, profile_cudagraph_memory, under
-    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS of envs.py): "applied", "opt-in" (env var, off
-    # by default) or "none"
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS of envs.py): "applied", "opt-in" (measured, set
+    # aside only with the env var, off by default) or "none" (not measured)
     graph_estimate: str
+    default_cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    capture_step_16: bool = True  # multiples of 16 from 256, else of 8 to the max
+    capture_speculative_max: bool = True  # the default max scales with 1 + k
+    capture_adds_batched_tokens: bool = True  # max_num_batched_tokens joins the list
+    capture_uniform_decode: str = "all"  # uniform decode sizes: "none", "speculative", "all"
+    blackwell_graph_size_1024: bool = True
+    large_gpu_batch_tier: bool = True  # get_batch_defaults' >= 160 GiB tier
 
 
 def version_rules(version: str | None) -> VersionRules:
@@ -285,8 +349,18 @@ def version_rules(version: str | None) -> VersionRules:
                         field="engine_version")
     estimate = ("applied" if series >= GRAPH_ESTIMATE_FROM else
                 "opt-in" if series >= GRAPH_ESTIMATE_OPT_IN_FROM else "none")
-    return VersionRules(version.strip().lstrip("v"),
-                        0.92 if series >= FRACTION_092_FROM else 0.9, estimate)
+    uniform = ("all" if series >= CAPTURE_UNIFORM_SEQS_FROM else "speculative"
+               if series >= CAPTURE_UNIFORM_SPECULATIVE_FROM else "none")
+    return VersionRules(
+        version.strip().lstrip("v"), 0.92 if series >= FRACTION_092_FROM else 0.9, estimate,
+        default_cudagraph_mode=("FULL_AND_PIECEWISE" if series >= FULL_AND_PIECEWISE_FROM
+                                else "PIECEWISE"),
+        capture_step_16=series >= CAPTURE_STEP_16_FROM,
+        capture_speculative_max=series >= CAPTURE_SPECULATIVE_MAX_FROM,
+        capture_adds_batched_tokens=series >= CAPTURE_BATCHED_TOKENS_FROM,
+        capture_uniform_decode=uniform,
+        blackwell_graph_size_1024=series >= BLACKWELL_GRAPH_SIZE_FROM,
+        large_gpu_batch_tier=series >= LARGE_GPU_BATCH_FROM)
 
 
 def _series(version: str) -> tuple[int, ...]:
@@ -295,7 +369,7 @@ def _series(version: str) -> tuple[int, ...]:
 
 def pinned_version(flags: list[str]) -> str | None:
     """The newest version read whose parser takes every one of `flags` (flags of older versions
-    only): a command with --swap-space ran vLLM 0.16.0 or older. None without such flags."""
+    only): a command with --swap-space ran vLLM 0.17.0 or older. None without such flags."""
     table = older_flag_table()
     newest = [max(table[flag]["versions"], key=_series) for flag in flags]
     return min(newest, key=_series) if newest else None
@@ -312,8 +386,10 @@ def version_notes(rules: VersionRules, graphs: bool, inferred_from: list[str] | 
     if graphs and rules.graph_estimate != "applied":
         how = ("estimates CUDA-graph memory only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1"
                if rules.graph_estimate == "opt-in" else "does not estimate CUDA-graph memory")
-        notes.append(f"vLLM {rules.version} {how} before sizing the KV cache; mlamem's rank sets "
-                     "its estimate aside as 0.20.0 and later do, so its KV cache is smaller by it")
+        notes.append(f"vLLM {rules.version} {how} before sizing the KV cache "
+                     f"(v1/worker/gpu_worker.py determine_available_memory): [vllm].graph_estimate"
+                     f" = \"{rules.graph_estimate}\", so the rank sizes the cache as without "
+                     "graphs and captures them out of what utilization x total leaves")
     return notes
 
 
@@ -584,7 +660,9 @@ def parse(words: list[str], version: str | None = None):
         if value < 1:
             raise UserError(f"{PROG} {flag} {value}: must be at least 1", field="serve")
     _check_kv_memory(given.get("kv_cache_memory_bytes"))
-    sections, graphs, notes = _vllm_section(given)
+    sections, graphs, notes = _vllm_section(given, rules)
+    if version is not None or inferred is not None:  # the rank follows its rules
+        sections["vllm"]["engine_version"] = rules.version
     serving = {"max_num_batched_tokens": given.get("max_num_batched_tokens"),
                "max_model_len": given.get("max_model_len"),  # None: default_max_model_len
                "kv_cache_dtype": None,  # by the model: for_model
@@ -738,8 +816,8 @@ def _kv_dtype(value: str | None) -> str:
     return KV_DTYPES[value]
 
 
-def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
-    """The [vllm] table, whether CUDA graphs are captured, and notes."""
+def _vllm_section(given: dict, rules: VersionRules) -> tuple[dict, bool, list[str]]:
+    """The [vllm] table, whether CUDA graphs hold the attention call, and notes."""
     notes: list[str] = []
     table: dict = {}
     if "max_num_seqs" in given:
@@ -748,6 +826,10 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
     mode = compilation.get("cudagraph_mode")
     if mode is None:  # the level's default where the config sets none (OPTIMIZATION_LEVEL_0x)
         mode = {0: "NONE", 1: "PIECEWISE"}.get(given.get("optimization_level"))
+    if mode is None and rules.default_cudagraph_mode != "FULL_AND_PIECEWISE":
+        mode = rules.default_cudagraph_mode
+        notes.append(f"cudagraph_mode {mode}: vLLM {rules.version}'s default (VllmConfig."
+                     "__post_init__)")
     if mode is not None:
         table["cudagraph_mode"] = str(mode).upper()
     sizes = given.get("cudagraph_capture_sizes") or compilation.get("cudagraph_capture_sizes")
@@ -780,12 +862,16 @@ def _vllm_section(given: dict) -> tuple[dict, bool, list[str]]:
         notes.append("not modelled in the JSON configs: " + ", ".join(extra))
     if given.get("enforce_eager"):
         table["cudagraph_mode"] = "NONE"  # VllmConfig.__post_init__
-    graphs = table.get("cudagraph_mode", "FULL_AND_PIECEWISE") != "NONE"
+    mode = table.get("cudagraph_mode", "FULL_AND_PIECEWISE")
+    graphs = mode in FULL_MODES
     table["cuda_graphs"] = graphs
     notes.append("CUDA graphs: " + ("on (the command has no --enforce-eager): [vllm].cuda_graphs "
                                     "= true, repro-oom's --cuda-graphs default" if graphs else
                                     "off (--enforce-eager or cudagraph_mode NONE): "
-                                    "[vllm].cuda_graphs = false"))
+                                    "[vllm].cuda_graphs = false" if mode == "NONE" else
+                                    "PIECEWISE only, the attention call outside them (mlamem's "
+                                    "graphs hold it alone; the piecewise graphs' memory is not "
+                                    "modelled): [vllm].cuda_graphs = false"))
     return {"vllm": table}, graphs, notes
 
 
@@ -798,11 +884,13 @@ def loads_mtp(speculative: dict) -> bool:
     return method in MTP_METHODS or (method is None and speculative.get("model") is None)
 
 
-def batch_defaults(memory_mib: int, gpu_name: str) -> tuple[int, int]:
+def batch_defaults(memory_mib: int, gpu_name: str, rules: VersionRules | None = None
+                   ) -> tuple[int, int]:
     """`vllm serve`'s max_num_batched_tokens and max_num_seqs without the flags, by the GPU's
-    memory (EngineArgs.get_batch_defaults, OPENAI_API_SERVER)."""
+    memory (EngineArgs.get_batch_defaults, OPENAI_API_SERVER), at `rules`' version (None:
+    DEFAULT_VERSION; the >= 160 GiB tier from 0.28.0)."""
     memory = memory_mib * 1024**2
-    if memory >= 160 * GiB:
+    if memory >= 160 * GiB and (rules is None or rules.large_gpu_batch_tier):
         return 16384, 1024
     if memory >= 70 * GiB and "a100" not in gpu_name.lower():
         return 8192, 1024
@@ -812,7 +900,9 @@ def batch_defaults(memory_mib: int, gpu_name: str) -> tuple[int, int]:
 # -- how its saved results read --
 
 def _budget_rule(budget: dict, cases: list[dict]) -> str:
-    graphs = " + CUDA-graph estimate" if budget.get("cuda_graphs") else ""
+    """The KV cache rule; the graph estimate only where the cases' version sets it aside."""
+    aside = budget.get("cuda_graphs") and not any(c.get("graph_estimate_rule") for c in cases)
+    graphs = " + CUDA-graph estimate" if aside else ""
     return (f"KV cache rule (vLLM's): utilization {budget['utilization']} x total - (init + "
             f"profile peak + non-torch{graphs}), in whole blocks, after a profile pass that "
             "skips attention")

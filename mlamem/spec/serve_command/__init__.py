@@ -124,16 +124,16 @@ def _parse_words(words: list[str], engine_version: str | None = None) -> Parsed:
     program = Path(words[0]).name if words else ""
     if program == "vllm" and words[1:2] == ["serve"]:
         return vllm.parse(words[2:], engine_version)
-    if engine_version is not None and engine_version != sglang.VERSION:
-        raise UserError(f"{engine_version}: mlamem reads versions of vLLM only; for this engine "
-                        f"it follows SGLang {sglang.VERSION} or TensorRT-LLM's rules as shipped: "
-                        "leave the version out", field="engine_version")
+    if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
+        return sglang.parse(words[3:], sglang.PROGS[0], engine_version)
+    if program == "sglang" and words[1:2] == ["serve"]:
+        return sglang.parse(words[2:], sglang.PROGS[1], engine_version)
+    if engine_version is not None:
+        raise UserError(f"{engine_version}: mlamem reads versions of vLLM and SGLang only; for "
+                        "TensorRT-LLM it follows the rules as shipped: leave the version out",
+                        field="engine_version")
     if program == "trtllm-serve":
         return trtllm.parse(words[2:] if words[1:2] == ["serve"] else words[1:])
-    if re.fullmatch(r"python(3(\.\d+)?)?", program) and words[1:3] == ["-m", "sglang.launch_server"]:
-        return sglang.parse(words[3:], sglang.PROGS[0])
-    if program == "sglang" and words[1:2] == ["serve"]:
-        return sglang.parse(words[2:], sglang.PROGS[1])
     raise UserError(f"expected `vllm serve MODEL ...`, `trtllm-serve MODEL ...`, `python -m "
                     f"sglang.launch_server ...` or `sglang serve MODEL ...`, got "
                     f"{' '.join(words[:3])!r}", field="serve")
@@ -214,11 +214,12 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
                             "the decode mlamem drives, only for a DSA model", field="model")
         sglang.fill_defaults(parsed, config, target.name, target.smi_mib)
         return
-    tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name)
+    rules = vllm.version_rules(parsed.sections.get("vllm", {}).get("engine_version"))
+    tokens, seqs = vllm.batch_defaults(target.memory_mib, target.name, rules)
     if parsed.serving["max_num_batched_tokens"] is None:  # vLLM's, by the GPU's memory
         parsed.serving["max_num_batched_tokens"] = tokens
-        parsed.notes.append(f"max_num_batched_tokens {tokens}: vLLM 0.33.0's default on the "
-                            f"{target.name}")
+        parsed.notes.append(f"max_num_batched_tokens {tokens}: vLLM {rules.version}'s default on "
+                            f"the {target.name}")
         if "max_num_seqs" not in parsed.sections.get("vllm", {}) and seqs != 1024:
             parsed.sections.setdefault("vllm", {})["max_num_seqs"] = seqs
     if config.has_indexer:
@@ -228,17 +229,17 @@ def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.G
         parsed.notes.append("synthetic_topk 2048: drives vLLM's sparse decode beside TensorRT-LLM "
                             "on this dense model, as kimi-k2-context-reuse does")
         return
-    _dense_decode_batch(parsed, seqs, target)
+    _dense_decode_batch(parsed, seqs, target, rules.version)
 
 
-def _dense_decode_batch(parsed: Parsed, default_seqs: int, target: gpus.GPU) -> None:
+def _dense_decode_batch(parsed: Parsed, default_seqs: int, target: gpus.GPU, version: str) -> None:
     """vLLM's dense decode step: --max-num-seqs requests (vLLM's default by the GPU), each at
     the longest context vLLM admits."""
     given = parsed.engine_settings["max_num_seqs"]  # --max-num-seqs
     parsed.serving["max_batch_size"] = default_seqs if given is None else given
     if given is None:
-        parsed.notes.append(f"max_batch_size {default_seqs}: vLLM 0.33.0's max_num_seqs default "
-                            f"on the {target.name} (EngineArgs.get_batch_defaults)")
+        parsed.notes.append(f"max_batch_size {default_seqs}: vLLM {version}'s max_num_seqs "
+                            f"default on the {target.name} (EngineArgs.get_batch_defaults)")
     parsed.serving["decode_context_len"] = parsed.serving["max_model_len"]
     parsed.notes.append(f"decode_context_len {parsed.serving['max_model_len']}: --max-model-len, "
                         "the longest context vLLM admits per request (the synthetic batch's worst "
