@@ -134,10 +134,13 @@ def fused_moe_workspace(scenario: Scenario, tokens: int) -> RankBuffer | None:
 
 def router_logits_dtype(scenario: Scenario) -> str:
     """The gate's output: fp32 for GLM-5's configs (`models/deepseek_v2.py`,
-    `_get_moe_router_dtype`: model_type glm_moe_dsa, told here by the model's name, as the
-    scenario keeps no model_type), else the model's bf16 (`router/gate_linear.py`,
-    `GateLinear.forward`, out_dtype None)."""
-    return "float32" if "glm" in scenario.model.name.lower() else "bfloat16"
+    `_get_moe_router_dtype`: model_type glm_moe_dsa, whose class is GlmMoeDsaForCausalLM; a
+    scenario that names no architecture is told by the model's name), else the model's bf16
+    (`router/gate_linear.py`, `GateLinear.forward`, out_dtype None)."""
+    model = scenario.model
+    glm = (model.architecture == "GlmMoeDsaForCausalLM" if model.architecture
+           else "glm" in model.name.lower())
+    return "float32" if glm else "bfloat16"
 
 
 def _routing_buffers(scenario: Scenario, tokens: int) -> list[RankBuffer]:
