@@ -108,12 +108,14 @@ H200_RUNS = FIXTURES / "reports" / "non-torch-h200"
 
 @pytest.mark.parametrize("name", ["deepseek-v32-fp8-tp8", "kimi-k2-fp8-tp4-dp",
                                   "kimi-k2-context-reuse"])
-def test_prediction_equals_the_h200_run(name, monkeypatch, vllm_cache_as_measured):
+def test_prediction_equals_the_h200_run(name, monkeypatch, vllm_cache_as_measured,
+                                        rank_before_stages):
     """Every verdict, KV size, headroom and largest safe T of a fresh H200 run of an H200
     target, predicted to the byte (only what a prediction cannot give is skipped, by name).
     These runs (2026-12-02) charged the device-wide non-torch reading, as a case does where NVML
     does not list its process: the model charges the same, the record's context and
-    process_bytes together."""
+    process_bytes together. They predate the rank's stages beyond attention: the rank is
+    predicted as it ran (`rank_before_stages`)."""
     from mlamem.commands import repro
     from mlamem.runtime.non_torch import calibrated
 
@@ -135,11 +137,12 @@ def test_prediction_equals_the_h200_run(name, monkeypatch, vllm_cache_as_measure
 
 
 def test_a_smaller_target_measured_without_its_physical_room_differs_only_in_the_limits(
-        vllm_cache_as_measured):
+        vllm_cache_as_measured, rank_before_stages):
     """GLM-5's 81559 MiB target of 2026-12-02 ran on the H200's larger memory, before a measured
     run kept to the target's room: the modules its step loads took the H200's spare memory, so
     its limits (31856, 39008) are above the prediction with the target as the physical device
-    (lower); every other field is equal."""
+    (lower); every other field is equal. The run predates the rank's stages beyond attention,
+    predicted as it ran (`rank_before_stages`)."""
     from mlamem.commands import repro
     from mlamem.runtime.non_torch import calibrated
 
