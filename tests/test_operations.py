@@ -26,7 +26,7 @@ KERNELS_H200 = Path(__file__).parent / "fixtures" / "reports" / "kernels-h200"
 # The one profile whose scenario is not shipped: glm5-fp8-tp8 at tensor_parallel = 1 (64 heads
 # per rank, no padding), saved beside the JSON as glm5-64-heads.toml by the GPU run.
 TP1_NAME, TP1_TOML = "glm5-fp8-tp1-64-heads", "glm5-64-heads.toml"
-# Model's fields after hidden_size: what a rank allocates beyond attention (issue 40)
+# Model's fields after hidden_size: what a rank allocates beyond attention
 MODEL_BEYOND_ATTENTION = ("vocab_size", "intermediate_size", "moe_intermediate_size",
                           "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
                           "first_k_dense_replace", "index_n_heads", "index_head_dim",
