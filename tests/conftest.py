@@ -39,3 +39,22 @@ def vllm_cache_as_measured(monkeypatch):
 
     monkeypatch.setattr(vllm, "kv_bytes_per_token_per_layer",
                         lambda scenario: scenario.kv_cache_bytes_per_token_per_layer)
+
+
+@pytest.fixture
+def rank_before_stages(monkeypatch):
+    """vLLM's and SGLang's ranks as mlamem ran them before their stages beyond attention joined
+    (2026-12-06: spec/engines/vllm_moe.py, vllm_pass.py, sglang_pass.py): no stage in the step
+    or in vLLM's profile pass, and no buffer vLLM keeps at init beyond the path's own workspace
+    (its shared workspace, the drafter's buffers: vllm_pass.resident_buffers). A prediction of a
+    GPU run made before then predicts the rank as it ran; nothing else is stripped (the KV
+    cache's cell is `vllm_cache_as_measured`'s)."""
+    from mlamem.engines import decode_rank, sglang, vllm
+
+    def no_stages(self, tokens):
+        return []
+
+    for rank in (decode_rank.DecodeRank, vllm.VLLM, sglang.SGLang):
+        monkeypatch.setattr(rank, "stages", no_stages)
+    monkeypatch.setattr(vllm.VLLM, "profile_stages", no_stages)
+    monkeypatch.setattr(vllm, "resident_buffers", lambda *args, **kwargs: None)

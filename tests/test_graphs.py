@@ -218,12 +218,14 @@ H200_GRAPH_REPROS = [("repro-graphs-deepseek.json", "deepseek-v32-fp8-tp8", [370
 
 
 @pytest.mark.parametrize(("name", "scenario", "limits"), H200_GRAPH_REPROS)
-def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits, vllm_cache_as_measured):
+def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits, vllm_cache_as_measured,
+                                                 rank_before_stages):
     """reports/graph-memory-h200's `mlamem repro-oom --cuda-graphs on` runs (2026-12-05), each
     case its own process: predicted, every field equals the measured one, vLLM's device estimate
     and the captures' device growth included, and the limits too. Kimi-K2 at 64 heads pads
     nothing, so no fill runs before the graphs: the first capture's RNG prologue loads the
-    fill's 28 MiB module, inside vLLM's estimate."""
+    fill's 28 MiB module, inside vLLM's estimate. The runs predate the rank's stages beyond
+    attention, so the rank is predicted as it ran (`rank_before_stages`)."""
     from mlamem.commands.repro import prediction_differences
 
     measured = json.loads((GRAPH_MEMORY_H200 / name).read_text())
@@ -241,11 +243,12 @@ def test_repro_with_graphs_predicts_the_h200_run(name, scenario, limits, vllm_ca
 
 
 def test_a_smaller_target_with_graphs_run_without_its_room_differs_only_in_the_limits(
-        vllm_cache_as_measured):
+        vllm_cache_as_measured, rank_before_stages):
     """GLM-5's 81559 MiB target, measured with CUDA graphs on the H200 on 2026-12-05 before a
     measured run kept to the target's room (the step's modules took the H200's spare memory):
     every field, the graphs' device figures included, equals the prediction with the target as
-    the physical device but the limits, 31744 and 38880, which are above it."""
+    the physical device but the limits, 31744 and 38880, which are above it. The run predates
+    the rank's stages beyond attention, predicted as it ran (`rank_before_stages`)."""
     from mlamem.commands.repro import prediction_differences
 
     measured = json.loads((GRAPH_MEMORY_H200 / "repro-graphs-glm5.json").read_text())

@@ -1,6 +1,7 @@
-"""GLM-5's repro-oom at its H100 target (CUDA's total, 81079 MiB), measured on 2026-12-05 on an
-H100 80GB itself and on an H200 emulating it (reports/repro-oom-h100, copied into
-tests/fixtures): the prediction, made here on the CPU, against both."""
+"""GLM-5's repro-oom at its H100 target (CUDA's total, 81079 MiB), measured on an H100 80GB itself
+(2026-12-06, the rank with its stages beyond attention) and on an H200 emulating it (2026-12-05,
+before them) (reports/repro-oom-h100, copied into tests/fixtures): the prediction, made here on
+the CPU, against both."""
 
 import json
 from pathlib import Path
@@ -33,11 +34,12 @@ def _measured(gpu: str, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ARGS)
-def test_the_h100_itself_equals_the_prediction(name, tmp_path, capsys, vllm_cache_as_measured):
+def test_the_h100_itself_equals_the_prediction(name, tmp_path, capsys):
     """vLLM eager, SGLang and vLLM's CUDA graphs on the H100 the scenario names: every field a
     prediction gives, the limits (each N fits, N + 1 runs out of memory) and SGLang's largest
     fractions included, now that the prediction keeps to the target as the physical device
-    (the H100's record in mlamem/non_torch.toml)."""
+    (the H100's record in mlamem/non_torch.toml). The runs of 2026-12-06 measured the rank as it
+    is: its stages beyond attention, and the indexer's keys in vLLM's KV cache."""
     measured = _measured("h100", name)
     assert measured["environment"]["gpu"] == "NVIDIA H100 80GB HBM3"
     assert prediction_differences(measured, _predicted(ARGS[name], tmp_path, capsys)) == []
@@ -45,11 +47,14 @@ def test_the_h100_itself_equals_the_prediction(name, tmp_path, capsys, vllm_cach
 
 @pytest.mark.parametrize("name", ARGS)
 def test_the_h200_runs_before_the_target_room_differ_only_in_the_limits(name, tmp_path, capsys,
-                                                                        vllm_cache_as_measured):
+                                                                        vllm_cache_as_measured,
+                                                                        rank_before_stages):
     """The H200 runs of 2026-12-05 emulated the H100 target in the H200's larger memory, whose
     spare memory took the modules the step loads after the KV cache is sized: every field but
     the largest safe values equals the prediction, and each of their limits is above it, the
-    H100's own, never under. (A measured run on a larger GPU now keeps to the target's room.)"""
+    H100's own, never under. (A measured run on a larger GPU now keeps to the target's room.)
+    They predate the rank's stages beyond attention and the indexer's keys in vLLM's KV cache:
+    the rank is predicted as it ran (`rank_before_stages`, `vllm_cache_as_measured`)."""
     measured = _measured("h200", name)
     assert measured["environment"]["gpu"] == "NVIDIA H200"
     predicted = _predicted(ARGS[name], tmp_path, capsys)

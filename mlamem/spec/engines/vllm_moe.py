@@ -42,8 +42,9 @@ QUANT_BLOCK = 128  # block fp8: values per activation scale (1 x 128 groups)
 WORKSPACE_ALIGN = 256  # v1/worker/workspace.py, get_simultaneous: round_up(actual, 256)
 TMA_ALIGN_BYTES = 16  # utils/deep_gemm.py, get_tma_aligned_size: 16 // element_size
 
-# the backends vLLM 0.33.0 picks on Hopper (moe_backend); Humming's buffers are not modelled
-TRITON, FLASHINFER_CUTLASS, HUMMING = "triton", "flashinfer-cutlass", "humming"
+# the backends vLLM 0.33.0 picks on Hopper (moe_backend), by the values of its Fp8MoeBackend
+# (fused_moe/oracle/fp8.py); Humming's buffers are not modelled
+TRITON, FLASHINFER_CUTLASS, HUMMING = "TRITON", "FLASHINFER_CUTLASS", "HUMMING"
 INT_SCHEMES = ("int-pack", "awq", "gptq")
 
 
