@@ -215,8 +215,9 @@ def test_the_same_pool_under_each_engines_knob():
     fraction for it. vLLM's is 0.85 less its last part block; SGLang's fraction, read on SGLang's
     own init (without the shared workspace vLLM keeps at init) and run through SGLang's own
     emulation at the same step tokens, gives at least that pool (less than one step, 0.001 of the
-    memory free before the model, more), and one step less gives less; TRT-LLM's (which the
-    scenario does not declare) is the pool over what is free after vLLM's init and profile."""
+    memory free before the model, more), and one step less gives less; TRT-LLM's (whose
+    context-reuse rank does not serve GLM-5) is the pool over what is free after vLLM's init and
+    profile."""
     from mlamem.commands import plan
 
     glm = scenarios.load("glm5-fp8-tp8")

@@ -180,9 +180,10 @@ def engine_knobs(scenario: Scenario, request: PlanRequest, kernel_name: str | No
     if not case.kv_cache_bytes:
         return {"pool_bytes": 0, "knobs": [], "note": case.failure or "vLLM leaves no KV pool"}
     rank = _rank_memory(request, case)
-    knobs = [engine.knob_for_pool(_rank_for_knob(engine, scenario, request, kernel, target, rank),
-                                  case.kv_cache_bytes)
-             for engine in map(load_engine, engine_names())]
+    ranks = {engine: _rank_for_knob(engine, scenario, request, kernel, target, rank)
+             for engine in map(load_engine, engine_names())}
+    knobs = [engine.knob_for_pool(own, case.kv_cache_bytes) for engine, own in ranks.items()
+             if own is not None]
     return {"pool_bytes": case.kv_cache_bytes, "rank": dataclasses.asdict(rank),
             "knobs": [k._asdict() for k in knobs if k is not None]}
 
@@ -205,16 +206,20 @@ def _rank_memory(request: PlanRequest, case):
 
 def _rank_for_knob(engine, scenario: Scenario, request: PlanRequest, kernel, target, vllm_rank):
     """The rank `engine`'s knob reads: its own emulation's at the request's step tokens where
-    the scenario declares it (vLLM keeps its shared workspace at init, SGLang does not), else
-    vLLM's (`vllm_rank`)."""
-    if engine.name == "vllm" or engine.name not in scenario.engines:
+    it serves the scenario (`Engine.check`; vLLM keeps its shared workspace at init, SGLang
+    does not), else vLLM's (`vllm_rank`); None where its own init does not fit."""
+    if engine.name == "vllm":
         return vllm_rank
+    try:
+        engine.check(scenario)
+    except UserError:
+        return vllm_rank  # a rank this engine does not run (TRT-LLM's outside context reuse)
     budget = engine.make_budget(gpu_memory_bytes=request.gpu_memory_bytes,
                                 utilization=request.utilization,
                                 max_num_batched_tokens=request.max_num_tokens)
     case = _emulate_alloc(engine, scenario, kernel, budget, target)
     if getattr(case, "init_bytes", None) is None or case.non_torch_bytes is None:
-        return vllm_rank  # its init did not complete: nothing of its own to read
+        return None  # its init does not fit: no fraction gives the pool
     return _rank_memory(request, case)
 
 
