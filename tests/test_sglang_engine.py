@@ -113,14 +113,24 @@ def test_the_reserve_rule_reads_nvidia_smis_total():
 
 def test_a_given_fraction_sizes_the_pool():
     """--mem-fraction-static 0.7 leaves 0.3 x free before the model outside the pool: a smaller
-    pool than the rule's 0.799, and the step's headroom grows by what the pool gave up (to the
-    allocator's rounding of the step's segments)."""
+    pool than the rule's 0.799, and the step's headroom grows by what the pool gave up less what
+    the indexer's logits chunk grew by (to the allocator's rounding of the step's segments): its
+    budget is 20% of what the pool leaves (SGLang 0.5.23 layers/attention/mqa_logits_utils.py,
+    mqa_logits_static_budget_bytes), so at 0.7 all 8192 rows of the 131072-wide fp32 logits
+    (4 GiB) fit one chunk, where at 0.799 it holds 6478 rows (20% of what is free at the step,
+    less than 20% of the 0.201 the pool leaves)."""
     glm = scenarios.load("glm5-fp8-tp8")
     rule, given = emulate(glm, 8192), emulate(glm, 8192, fraction=0.7)
     assert (given.mem_fraction_static, given.fraction_source) == (0.7, "given")
     assert given.kv_cache_bytes < rule.kv_cache_bytes
+
+    def logits(case):
+        return next(b["requested_bytes"] for b in case.buffers if b["name"] == "indexer.logits")
+
+    assert logits(given) == 8192 * 131072 * 4 and logits(rule) == 6478 * 131072 * 4
     gained = given.headroom_bytes - rule.headroom_bytes
-    assert abs(gained - (rule.kv_cache_bytes - given.kv_cache_bytes)) < 4 * MiB
+    grown = logits(given) - logits(rule)
+    assert abs(gained - (rule.kv_cache_bytes - given.kv_cache_bytes - grown)) < 4 * MiB
 
 
 def test_too_small_a_fraction_does_not_start():
@@ -202,10 +212,12 @@ def test_the_largest_safe_fraction_is_the_boundary():
 
 def test_the_same_pool_under_each_engines_knob():
     """plan's knob table: vLLM's alloc-path pool at the scenario's 0.85, and each engine's
-    fraction for it. vLLM's is 0.85 less its last part block; SGLang's fraction, run through
-    SGLang's own emulation at the same step tokens, gives at least that pool (less than one step,
-    0.001 of the memory free before the model, more), and one step less gives less; TRT-LLM's is
-    the pool over what is free after init and the profile."""
+    fraction for it. vLLM's is 0.85 less its last part block; SGLang's fraction, read on SGLang's
+    own init (without the shared workspace vLLM keeps at init) and run through SGLang's own
+    emulation at the same step tokens, gives at least that pool (less than one step, 0.001 of the
+    memory free before the model, more), and one step less gives less; TRT-LLM's (whose
+    context-reuse rank does not serve GLM-5) is the pool over what is free after vLLM's init and
+    profile."""
     from mlamem.commands import plan
 
     glm = scenarios.load("glm5-fp8-tp8")

@@ -23,6 +23,7 @@ from mlamem.spec.engines.vllm_moe import (
     moe_stage,
     unmodelled_reason,
 )
+from mlamem.spec.engines.vllm_pass import sparse_mla_workspace_requests, workspace_bytes
 
 # the MoE fields of the Hugging Face configs (mlamem/spec/models/glm-5.json, deepseek-v3.2.json)
 GLM5_MOE = dict(intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256,
@@ -49,6 +50,13 @@ def glm5_tp8():
 def dsv32_tp4_ep():
     """DeepSeek-V3.2 FP8 at TP4 with --enable-expert-parallel."""
     return with_moe("deepseek-v32-fp8-tp8", DSV32_MOE, tensor_parallel=4, expert_parallel=True)
+
+
+def with_vllm(scenario, **table):
+    """The scenario with its `[vllm]` table's fields set."""
+    sections = dict(scenario.sections)
+    sections["vllm"] = replace(scenario.section("vllm"), **table)
+    return replace(scenario, sections=sections)
 
 
 def sizes(stage) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -150,17 +158,42 @@ def test_no_moe_fields_no_stage():
     assert moe_stage(bare, 1024) is None and dense_mlp_stage(bare, 1024) is None
 
 
-def test_profile_peak_grows_by_the_workspace_and_the_moe_stage(glm5_tp8):
-    """The emulated vLLM rank's predicted profile peak: the residual stream and attention
-    activations, then the workspace kept from the first MoE layer, under the MoE stage (larger
-    than the dense MLP's). The workspace is vLLM's one WorkspaceManager buffer: on the
-    workspace path, whose attention reservation it holds already, it grows by the difference."""
+def test_the_fused_moe_workspace_is_folded_into_the_shared_workspace_at_init(glm5_tp8):
+    """The fused-MoE workspace is a request of vLLM's one WorkspaceManager buffer, which the
+    rank keeps from init: on both paths, init grows over the same model without MoE layers by
+    what the MoE's 6 GiB request adds to the buffer's maximum (over the sparse MLA backend's),
+    not by the whole; the profile's peak, the sampler's stage here, is the same."""
     budget = Budget(glm5_tp8.gpu.memory_bytes, glm5_tp8.gpu.gpu_memory_utilization, 32768)
-    held = sum(round_size(s.nbytes) for s in activation_specs(glm5_tp8, 32768))
-    moe = sum(round_size(b.nbytes) for b in moe_stage(glm5_tp8, 32768).buffers)
+    bare = replace(glm5_tp8, model=replace(glm5_tp8.model, n_routed_experts=None,
+                                            first_k_dense_replace=None))
     workspace = fused_moe_workspace(glm5_tp8, 32768).nbytes
+    attention = workspace_bytes(sparse_mla_workspace_requests(glm5_tp8, 32768))
+    assert (workspace, attention) == (6 * 1024 ** 3, 5_888_802_816)
     for path in ("alloc", "workspace"):
-        case = VLLM.emulate(SimulatedMemory(), glm5_tp8, FlashMLA(), budget, path, sm_count=132)
-        grown = round_size(workspace - case.workspace_bytes)
-        assert case.profile_peak_bytes == held + grown + moe
-    assert case.workspace_bytes == 32768 * 64 * (576 + 512) * 2 < workspace
+        case, without = (VLLM.emulate(SimulatedMemory(), s, FlashMLA(), budget, path, sm_count=132)
+                         for s in (glm5_tp8, bare))
+        assert case.init_bytes - without.init_bytes == workspace - attention == 553_648_128
+        assert case.profile_peak_bytes == without.profile_peak_bytes
+
+
+def test_the_profile_holds_the_moe_stage_on_the_residual_stream(glm5_tp8):
+    """The emulated vLLM rank's predicted profile peak at 49152 tokens and 256 sequences, where
+    the MoE stage is its largest (over the dense MLP's, the indexer's and the sampler's): the
+    residual stream (hidden_states and residual; q and the attention's output are freed after
+    the layer's attention) under the MoE stage, each of its buffers in its own block."""
+    tokens, few = 49152, with_vllm(glm5_tp8, max_num_seqs=256)
+    budget = Budget(few.gpu.memory_bytes, few.gpu.gpu_memory_utilization, tokens)
+    rank = VLLM(SimulatedMemory(), few, FlashMLA(), budget,
+                VLLM.new_case("alloc", budget.to_dict(), measured=False), sm_count=132)
+    stages = rank.profile_stages(tokens)
+    assert [s.name for s in stages] == ["dense_mlp", "indexer", "moe", "sampler"]
+    assert max(stages, key=lambda s: s.nbytes) == moe_stage(few, tokens)
+    stream = sum(round_size(s.nbytes) for s in activation_specs(few, tokens)
+                 if s.name in ("hidden_states", "residual"))
+    moe = sum(round_size(b.nbytes) for b in moe_stage(few, tokens).buffers)
+    for path in ("alloc", "workspace"):
+        case = VLLM.emulate(SimulatedMemory(), few, FlashMLA(), budget, path, sm_count=132)
+        assert case.phase == "step"  # the profile done (the step's o_accum runs out)
+        assert case.profile_peak_bytes == stream + moe == 2 * tokens * 6144 * 2 + 1_678_336_000
+
+

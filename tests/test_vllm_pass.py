@@ -13,6 +13,7 @@ from mlamem.runtime.memory import SimulatedMemory
 from mlamem.spec import scenario as scenarios
 from mlamem.spec.engines import vllm_pass
 from mlamem.spec.engines.vllm import VLLMSection
+from mlamem.spec.engines.vllm_moe import dense_mlp_stage, fused_moe_workspace, moe_stage
 
 MiB = 1024**2
 
@@ -210,23 +211,38 @@ def test_stage_order_and_sources(glm):
 
 
 def test_the_rank_holds_them(glm):
-    """The emulated rank's profile peak is the activations plus the largest stage, and its
-    init grows by the shared workspace the path's own workspace does not hold."""
+    """The emulated rank's profile peak is the residual stream (hidden_states and residual: q
+    and the attention's output are freed after the layer's attention) plus the largest of its
+    stages, in the engine's order (the dense MLP, the indexer, the MoE, then the sampler); its
+    init grows by the shared workspace, the largest of its requests (the sparse MLA backend's,
+    the indexer's, the fused MoE's, folded in: one WorkspaceManager buffer), less the path's own
+    share of it."""
     budget = VLLM.budget_type(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 32768)
     case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "workspace", sm_count=132)
-    activations = sum(s.nbytes for s in activation_specs(glm, 32768))
-    largest = max(s.nbytes for s in vllm_pass.profile_stages(glm, 32768))
+    rank = VLLM(SimulatedMemory(), glm, FlashMLA(), budget,
+                VLLM.new_case("workspace", budget.to_dict(), measured=False), sm_count=132)
+    stages = rank.profile_stages(32768)
+    assert [s.name for s in stages] == ["dense_mlp", "indexer", "moe", "sampler"]
+    assert stages[2] == moe_stage(glm, 32768) and stages[0] == dense_mlp_stage(glm, 32768)
+    stream = sum(s.nbytes for s in activation_specs(glm, 32768)
+                 if s.name in ("hidden_states", "residual"))
+    assert stream == 2 * 32768 * 6144 * 2
+    largest = max(s.nbytes for s in stages)
     assert largest == vllm_pass.sampler_stage(glm, 1024).nbytes
     # + 3 MiB: each 605 MiB float32 buffer's 2 MiB-rounded segment keeps its 1 MiB tail (not
     # over the allocator's 1 MiB split threshold)
-    assert case.profile_peak_bytes == activations + largest + 3 * MiB == 3_624_402_944
+    assert case.profile_peak_bytes == stream + largest + 3 * MiB == 3_053_977_600
     # init: 40 GiB of weights + the path's workspace + the indices and KV pool (test_repro's
-    # 47,786,885,120) + the shared workspace less the path's share + the top-k/top-p scratch
-    # (81,776,640 B, whose 2 MiB-rounded segment's 12,288 B tail is under the allocator's 1 MiB
-    # split threshold, so its block takes it)
+    # 47,786,885,120) + the shared workspace (the fused MoE's 6 GiB request, the largest) less
+    # the path's share + the top-k/top-p scratch (81,776,640 B, whose 2 MiB-rounded segment's
+    # 12,288 B tail is under the allocator's 1 MiB split threshold, so its block takes it)
+    requests = [vllm_pass.workspace_bytes(vllm_pass.sparse_mla_workspace_requests(glm, 32768)),
+                vllm_pass.workspace_bytes(vllm_pass.indexer_workspace_requests(glm)),
+                fused_moe_workspace(glm, 32768).nbytes]
+    assert requests == [5_888_802_816, 693_108_736, 6 * 1024 ** 3]
     share = vllm_pass.decode_share_bytes(glm, 32768)
-    assert case.init_bytes == (47_786_885_120 + 5_888_802_816 - share + 132 * 154880 * 4
-                               + 12_288)
+    assert case.init_bytes == (47_786_885_120 + max(requests) - share + 132 * 154880 * 4
+                               + 12_288) == 49_747_722_240
 
 
 def test_section_default_is_what_the_stages_read():

@@ -164,29 +164,63 @@ def _vllm_side(scenario: Scenario, request: PlanRequest, headroom: int,
 
 
 def engine_knobs(scenario: Scenario, request: PlanRequest, kernel_name: str | None = None) -> dict:
-    """The same rank under each engine's knob: vLLM's KV pool for the alloc path at the
+    """The same pool under each engine's knob: vLLM's KV pool for the alloc path at the
     request's utilization (its emulation on the allocator model, as `repro-oom --predict`
     runs it), then each registered engine's fraction that gives that pool, as its own rule
-    multiplies it (`Engine.knob_for_pool`)."""
+    multiplies it (`Engine.knob_for_pool`), on the rank that engine keeps (`_rank_for_knob`)."""
     from mlamem.commands.repro import host_setup
-    from mlamem.engines.base import RankMemory
     from mlamem.engines.vllm import VLLM, VLLMBudget
     from mlamem.kernels import DEFAULT_KERNEL, load_kernel
-    from mlamem.runtime.memory import SimulatedMemory
 
     kernel = load_kernel(kernel_name or DEFAULT_KERNEL)()
     budget = VLLMBudget(gpu_memory_bytes=request.gpu_memory_bytes, utilization=request.utilization,
                         max_num_batched_tokens=request.max_num_tokens)
     target = host_setup(kernel.name, predict=True, target_bytes=request.gpu_memory_bytes)
-    case = VLLM.emulate(SimulatedMemory(non_torch=target), scenario, kernel, budget, "alloc",
-                        sm_count=scenario.gpu.sm_count)
+    case = _emulate_alloc(VLLM, scenario, kernel, budget, target)
     if not case.kv_cache_bytes:
         return {"pool_bytes": 0, "knobs": [], "note": case.failure or "vLLM leaves no KV pool"}
-    rank = RankMemory(request.gpu_memory_bytes, case.non_torch_bytes, case.init_bytes,
-                      case.profile_peak_bytes)
-    knobs = [load_engine(name).knob_for_pool(rank, case.kv_cache_bytes) for name in engine_names()]
+    rank = _rank_memory(request, case)
+    ranks = {engine: _rank_for_knob(engine, scenario, request, kernel, target, rank)
+             for engine in map(load_engine, engine_names())}
+    knobs = [engine.knob_for_pool(own, case.kv_cache_bytes) for engine, own in ranks.items()
+             if own is not None]
     return {"pool_bytes": case.kv_cache_bytes, "rank": dataclasses.asdict(rank),
             "knobs": [k._asdict() for k in knobs if k is not None]}
+
+
+def _emulate_alloc(engine, scenario: Scenario, kernel, budget, target):
+    """`engine`'s first case for the alloc path on the allocator model, on `target`'s record."""
+    from mlamem.runtime.memory import SimulatedMemory
+
+    return engine.emulate(SimulatedMemory(non_torch=target), scenario, kernel, budget,
+                          engine.case_keys(["alloc"])[0], sm_count=scenario.gpu.sm_count)
+
+
+def _rank_memory(request: PlanRequest, case):
+    """A case's init and profile peak as the engines' fractions read them (`RankMemory`)."""
+    from mlamem.engines.base import RankMemory
+
+    return RankMemory(request.gpu_memory_bytes, case.non_torch_bytes, case.init_bytes,
+                      case.profile_peak_bytes or 0)
+
+
+def _rank_for_knob(engine, scenario: Scenario, request: PlanRequest, kernel, target, vllm_rank):
+    """The rank `engine`'s knob reads: its own emulation's at the request's step tokens where
+    it serves the scenario (`Engine.check`; vLLM keeps its shared workspace at init, SGLang
+    does not), else vLLM's (`vllm_rank`); None where its own init does not fit."""
+    if engine.name == "vllm":
+        return vllm_rank
+    try:
+        engine.check(scenario)
+    except UserError:
+        return vllm_rank  # a rank this engine does not run (TRT-LLM's outside context reuse)
+    budget = engine.make_budget(gpu_memory_bytes=request.gpu_memory_bytes,
+                                utilization=request.utilization,
+                                max_num_batched_tokens=request.max_num_tokens)
+    case = _emulate_alloc(engine, scenario, kernel, budget, target)
+    if getattr(case, "init_bytes", None) is None or case.non_torch_bytes is None:
+        return None  # its init does not fit: no fraction gives the pool
+    return _rank_memory(request, case)
 
 
 def engine_limits(scenario: Scenario, request: PlanRequest, engine: str,
