@@ -30,13 +30,18 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_list_names_every_suite_without_torch():
-    """--list prints one suite a line, `tests` and `tests-slow` (the whole pytest set) among them, and imports
-    neither torch nor mlamem: it needs no CUDA."""
+    """--list prints one suite a line, `tests`, `tests-cpu` and `tests-slow` (the whole pytest set)
+    among them, and imports neither torch nor mlamem: it needs no CUDA."""
     done = _run("--list")
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.splitlines() == list(gpu_check.SUITES)
-    whole = " ".join(c for suite in ("tests", "tests-slow") for c in gpu_check.SUITES[suite])
-    assert gpu_check.SUITES["tests"][0].endswith(" tests")  # the two suites: every test file
+    whole = " ".join(c for suite in ("tests", "tests-cpu", "tests-slow")
+                     for c in gpu_check.SUITES[suite])
+    # the three suites: every test file, the GPU files in `tests`, the rest in `tests-cpu`
+    gpu_files = {f"tests/{p.name}" for p in (ROOT / "tests").glob("*_gpu.py")}
+    assert set(gpu_check.FAST_GPU_TESTS.split()) | set(gpu_check.SLOW_GPU_TESTS) == gpu_files
+    assert gpu_check.SUITES["tests"][0].endswith(gpu_check.FAST_GPU_TESTS)
+    assert gpu_check.SUITES["tests-cpu"][0].endswith(" --ignore-glob=tests/*_gpu.py tests")
     assert all(t in whole for t in gpu_check.SLOW_GPU_TESTS)
     probe = (f"import runpy, sys; sys.argv = [{str(SCRIPT)!r}, '--list']\n"
              f"try:\n    runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
