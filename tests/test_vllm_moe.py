@@ -21,6 +21,7 @@ from mlamem.spec.engines.vllm_moe import (
     moe_backend,
     moe_note,
     moe_stage,
+    router_logits_dtype,
     unmodelled_reason,
 )
 from mlamem.spec.engines.vllm_pass import sparse_mla_workspace_requests, workspace_bytes
@@ -197,3 +198,14 @@ def test_the_profile_holds_the_moe_stage_on_the_residual_stream(glm5_tp8):
         assert case.profile_peak_bytes == stream + moe == 2 * tokens * 6144 * 2 + 1_678_336_000
 
 
+
+
+def test_the_router_is_fp32_for_glm5s_architecture_not_its_name(glm5_tp8, dsv32_tp4_ep):
+    """vLLM's glm_moe_dsa routes in fp32 (deepseek_v2.py, _get_moe_router_dtype): told by the
+    scenario's architecture where it names one, by the model's name only where it does not."""
+    renamed = replace(glm5_tp8, model=replace(glm5_tp8.model, name="my-model"))
+    assert router_logits_dtype(renamed) == "float32"  # GlmMoeDsaForCausalLM
+    glm_named = replace(dsv32_tp4_ep, model=replace(dsv32_tp4_ep.model, name="glm-like"))
+    assert router_logits_dtype(glm_named) == "bfloat16"  # DeepseekV32ForCausalLM
+    unnamed = replace(glm5_tp8, model=replace(glm5_tp8.model, architecture=None))
+    assert router_logits_dtype(unnamed) == "float32"  # "GLM-5 FP8"
