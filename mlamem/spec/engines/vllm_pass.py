@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from mlamem.spec.engines import AnyScenario as Scenario
 from mlamem.spec.engines.rank_buffers import DTYPE_BYTES, RankBuffer, Stage
-from mlamem.spec.engines.vllm import settings
+from mlamem.spec.engines.vllm import engine_series, settings
 
 VERSION = "vLLM 0.33.0"
 MAX_LOGITS_MB = 512  # envs.py VLLM_SPARSE_INDEXER_MAX_LOGITS_MB's default
@@ -54,6 +54,12 @@ PREFILL_PADDING = 64  # flashmla_sparse.py FlashMLASparseImpl: prefill_padding
 VOCAB_PADDING = 64  # vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 INDEX_HEAD_DIM = 128  # GLM-5's and DeepSeek-V3.2's config.json index_head_dim
 CHUNKED_CONTEXT_ROWS_CAP = 64 * 1024  # mla_attention.py determine_chunked_prefill_workspace_size
+# by vLLM version ([vllm].engine_version), the first series of each rule, read from its wheel:
+# v1/worker/workspace.py's WorkspaceManager, which FlashMLASparseImpl.__init__ and the indexer
+# request from (0.11.0-0.12.0 reserve nothing at init: models/deepseek_v2.py
+# sparse_attn_indexer gathers its keys per prefill chunk with torch.empty)
+WORKSPACE_MANAGER_FROM = (0, 13)
+TOPK_TOPP_TRITON_FROM = (0, 17)  # v1/sample/ops/topk_topp_triton.py, _TRITON_BUFFER_CACHE
 BF16, FP32 = "bfloat16", "float32"
 
 FLASHMLA_SPARSE = f"{VERSION} v1/attention/backends/mla/flashmla_sparse.py"
@@ -154,7 +160,7 @@ def shared_workspace(scenario: Scenario, tokens: int, reserved: int = 0,
     the bytes of it the path's own workspace already holds (at most `decode_share_bytes`). None
     where nothing requests it."""
     requests = list(other_requests)
-    if is_dsa(scenario):
+    if is_dsa(scenario) and engine_series(scenario) >= WORKSPACE_MANAGER_FROM:
         requests += [workspace_bytes(sparse_mla_workspace_requests(scenario, tokens)),
                      workspace_bytes(indexer_workspace_requests(scenario))]
     if not requests:
@@ -369,9 +375,10 @@ def topk_topp_buffer(scenario: Scenario, requests: int) -> RankBuffer | None:
     """The top-k/top-p Triton kernel's scratch, cached for the process's life
     (topk_topp_triton.py apply_top_k_top_p_triton: `_TRITON_BUFFER_CACHE`, (min(next power of 2
     of min(SMs, requests), SMs), vocab) float32), first allocated by the profile's sampler run
-    with top-k on. None without the vocab_size or hidden_size (no sampler modelled)."""
+    with top-k on. None without the vocab_size or hidden_size (no sampler modelled), or before
+    vLLM 0.17.0, which has no such kernel (TOPK_TOPP_TRITON_FROM)."""
     vocab, hidden = scenario.model.vocab_size, scenario.model.hidden_size
-    if not vocab or not hidden:
+    if not vocab or not hidden or engine_series(scenario) < TOPK_TOPP_TRITON_FROM:
         return None
     sms = scenario.gpu.sm_count
     programs = min(sms, requests)
