@@ -32,7 +32,13 @@ from mlamem.spec.engines.vllm_moe import (
     moe_workspace_resident,
     unmodelled_reason,
 )
-from mlamem.spec.engines.vllm_pass import shared_workspace, topk_topp_buffer
+from mlamem.spec.engines.vllm_pass import (
+    indexer_stage,
+    indexer_workspace_requests,
+    shared_workspace,
+    sparse_mla_workspace_requests,
+    topk_topp_buffer,
+)
 
 GLM5_MOE = dict(intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256,
                 num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3,
@@ -107,8 +113,13 @@ def test_deep_gemm_note_where_it_defaulted_on(glm5):
 
 
 def test_dsa_shared_workspace_from_the_workspace_manager(glm5):
+    """None before 0.13.0; in 0.13.0 the larger of the sparse MLA backend's prefill gather
+    (max_model_len x 5 rows of 576 bf16) and the indexer's K gather (x 40 rows of 128 fp8 and 4
+    scale bytes)."""
+    length = glm5.serving.max_model_len
     assert shared_workspace(at(glm5, "0.12.0"), 8192) is None
-    assert shared_workspace(at(glm5, "0.13.0"), 8192).nbytes == shared_workspace(glm5, 8192).nbytes
+    assert shared_workspace(at(glm5, "0.13.0"), 8192).nbytes == max(
+        5 * length * 576 * 2, 40 * length * 128 + 40 * length * 4)
 
 
 def test_topk_topp_scratch_from_its_triton_kernel(glm5):
@@ -126,3 +137,47 @@ def test_the_rank_keeps_the_transient_workspace_out_of_init(glm5):
         case, without = (VLLM.emulate(SimulatedMemory(), at(s, version), FlashMLA(), budget,
                                       "alloc", sm_count=132) for s in (glm5, bare))
         assert (case.init_bytes > without.init_bytes) is grows
+
+
+def _request_shapes(scenario, tokens=8192):
+    return [shape for shape, _ in sparse_mla_workspace_requests(scenario, tokens)]
+
+
+def test_sparse_mla_init_request_per_version(glm5):
+    """flashmla_sparse.py FlashMLASparseImpl.__init__: 0.13.0-0.17.0 the fp8 prefill gather
+    alone (get_prefill_workspace_size: max_model_len x 5); 0.18.0-0.30.0 q_concat beside it;
+    0.31.0 the five workspace_specs; 0.32.0 on, the factor from config/vllm.py (2 above 256 Ki)."""
+    heads, d_qk, length = glm5.heads_per_rank, glm5.d_qk, glm5.serving.max_model_len
+    assert _request_shapes(at(glm5, "0.12.0")) == []
+    assert _request_shapes(at(glm5, "0.13.0")) == [(5 * length, d_qk)]
+    assert _request_shapes(at(glm5, "0.22.0")) == [(8192, heads, d_qk), (5 * length, d_qk)]
+    assert len(_request_shapes(at(glm5, "0.31.0"))) == 5
+    long = replace(glm5, serving=replace(glm5.serving, max_model_len=512 * 1024))
+    assert _request_shapes(at(long, "0.31.0"))[1] == (5 * 512 * 1024, d_qk)
+    assert _request_shapes(long)[1] == (2 * 512 * 1024, d_qk)
+
+
+def test_bf16_q_concat_is_head_padded_from_0_29(glm5):
+    """A bf16 cache (a dense-decode scenario of the same model) reserves q_concat alone."""
+    bf16 = replace(glm5, operations=("dense-decode",), serving=replace(
+        glm5.serving, kv_cache_dtype="bf16", max_batch_size=64, decode_context_len=4096))
+    heads, d_qk = glm5.heads_per_rank, glm5.d_qk
+    assert _request_shapes(at(bf16, "0.13.0")) == []
+    assert _request_shapes(at(bf16, "0.28.0")) == [(8192, heads, d_qk)]
+    assert _request_shapes(at(bf16, "0.29.0")) == [(8192, 64, d_qk)]
+
+
+def test_indexer_profile_branch_per_version(glm5):
+    """sparse_attn_indexer's profile branch: the K gather (max_model_len x 40 rows before
+    0.32.0, indexer.py get_max_prefill_buffer_size) from 0.13.0; the radix top-k's 1 MiB from
+    0.20.0; the VLLM_SPARSE_INDEXER_MAX_LOGITS_MB stand-in from 0.19.0; the top-k exchange's
+    transient from 0.32.0."""
+    length = glm5.serving.max_model_len
+    assert [s for s, _ in indexer_workspace_requests(at(glm5, "0.16.0"))] == [
+        (40 * length, 128), (40 * length, 4)]
+    assert len(indexer_workspace_requests(at(glm5, "0.20.0"))) == 3
+    names = {v: {b.name for b in indexer_stage(at(glm5, v), 8192).buffers}
+             for v in ("0.18.0", "0.19.0", "0.31.0", "0.32.0")}
+    assert "indexer.logits" not in names["0.18.0"] and "indexer.logits" in names["0.19.0"]
+    assert "indexer.topk_exchange" not in names["0.31.0"]
+    assert "indexer.topk_exchange" in names["0.32.0"]

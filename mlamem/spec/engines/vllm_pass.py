@@ -60,6 +60,19 @@ CHUNKED_CONTEXT_ROWS_CAP = 64 * 1024  # mla_attention.py determine_chunked_prefi
 # sparse_attn_indexer gathers its keys per prefill chunk with torch.empty)
 WORKSPACE_MANAGER_FROM = (0, 13)
 TOPK_TOPP_TRITON_FROM = (0, 17)  # v1/sample/ops/topk_topp_triton.py, _TRITON_BUFFER_CACHE
+# flashmla_sparse.py FlashMLASparseImpl.__init__'s request: the fp8 prefill gather alone in
+# 0.13.0-0.17.0, q_concat (max_num_batched_tokens, heads, 576) beside it from 0.18.0 (a bf16
+# cache: q_concat alone, its heads padded to 64 from 0.29.0), the five workspace_specs from 0.31.0
+Q_CONCAT_FROM = (0, 18)
+Q_CONCAT_PADDED_BF16_FROM = (0, 29)
+WORKSPACE_SPECS_FROM = (0, 31)
+# config/vllm.py sparse_mla_prefill_workspace_factor (5, or 2 above 256 Ki tokens) from 0.32.0;
+# before, 5 fixed (flashmla_sparse.py get_prefill_workspace_size: max_model_len x 5; indexer.py
+# get_max_prefill_buffer_size: max_model_len x 40 = 8 x 5)
+WORKSPACE_FACTOR_CONFIG_FROM = (0, 32)
+MAX_LOGITS_STANDIN_FROM = (0, 19)  # sparse_attn_indexer.py: the max_logits_elems stand-in
+RADIX_TOPK_FROM = (0, 20)  # sparse_attn_indexer.py: RADIX_TOPK_WORKSPACE_SIZE in the request
+ROW_SHARD_EXCHANGE_FROM = (0, 32)  # sparse_attn_indexer.py _reserve_row_shard_exchange_transient
 BF16, FP32 = "bfloat16", "float32"
 
 FLASHMLA_SPARSE = f"{VERSION} v1/attention/backends/mla/flashmla_sparse.py"
@@ -103,14 +116,19 @@ def sampled_requests(scenario: Scenario, tokens: int) -> int:
 
 def workspace_factor(scenario: Scenario) -> int:
     """config/vllm.py VllmConfig.__post_init__: sparse_mla_prefill_workspace_factor is 5 where
-    max_model_len <= 256 Ki tokens, else 2."""
+    max_model_len <= 256 Ki tokens, else 2; 5 before vLLM 0.32.0 (WORKSPACE_FACTOR_CONFIG_FROM)."""
+    if engine_series(scenario) < WORKSPACE_FACTOR_CONFIG_FROM:
+        return 5
     return 5 if scenario.serving.max_model_len <= 256 * 1024 else 2
 
 
 def sparse_mla_workspace_requests(scenario: Scenario, tokens: int) -> list[tuple[tuple[int, ...], str]]:
     """FlashMLASparseImpl.__init__'s `workspace_specs`, (shape, dtype) each: q_concat, and on an
     fp8_ds_mla cache the prefill gather (factor x max_model_len rows) and the padded prefill
-    query and outputs. Heads are the rank's; the prefill kernel pads them to 64."""
+    query and outputs. Heads are the rank's; the prefill kernel pads them to 64. Older versions
+    request less (WORKSPACE_MANAGER_FROM to WORKSPACE_SPECS_FROM: `_older_sparse_mla_requests`)."""
+    if engine_series(scenario) < WORKSPACE_SPECS_FROM:
+        return _older_sparse_mla_requests(scenario, tokens)
     heads, d_qk, d_v = scenario.heads_per_rank, scenario.d_qk, scenario.d_v
     padded = _round_up(heads, PREFILL_PADDING)
     if scenario.serving.kv_cache_dtype != "fp8_ds_mla":  # bf16: q_concat padded, nothing more
@@ -121,14 +139,34 @@ def sparse_mla_workspace_requests(scenario: Scenario, tokens: int) -> list[tuple
             ((tokens, heads, d_v), BF16)]
 
 
+def _older_sparse_mla_requests(scenario: Scenario, tokens: int
+                               ) -> list[tuple[tuple[int, ...], str]]:
+    """FlashMLASparseImpl.__init__'s request before 0.31.0: none before 0.13.0; the fp8 prefill
+    gather (max_model_len x 5 rows); from 0.18.0 q_concat ahead of it, (tokens, heads, 576),
+    alone on a bf16 cache, its heads padded to 64 there from 0.29.0."""
+    series, fp8 = engine_series(scenario), scenario.serving.kv_cache_dtype == "fp8_ds_mla"
+    if series < WORKSPACE_MANAGER_FROM:
+        return []
+    heads, d_qk = scenario.heads_per_rank, scenario.d_qk
+    gather = [((scenario.serving.max_model_len * workspace_factor(scenario), d_qk), BF16)]
+    if series < Q_CONCAT_FROM:
+        return gather if fp8 else []
+    if not fp8 and series >= Q_CONCAT_PADDED_BF16_FROM:
+        heads = _round_up(heads, PREFILL_PADDING)
+    return [((tokens, heads, d_qk), BF16)] + (gather if fp8 else [])
+
+
 def indexer_workspace_requests(scenario: Scenario) -> list[tuple[tuple[int, ...], str]]:
     """The indexer's profile-branch request (sparse_attn_indexer, `_gather_workspace_shapes`):
     its K gather, get_max_prefill_buffer_size rows (max_model_len x (576 x 2 // 132) x factor)
-    of fp8 values and 4 scale bytes, and the radix top-k's workspace."""
+    of fp8 values and 4 scale bytes, and the radix top-k's workspace (from vLLM 0.20.0,
+    RADIX_TOPK_FROM)."""
     width = index_head_dim(scenario)
     rows = scenario.serving.max_model_len * (576 * 2 // 132) * workspace_factor(scenario)
-    return [((rows, width), "float8_e4m3fn"), ((rows, 4), "uint8"),
-            ((RADIX_TOPK_WORKSPACE_BYTES,), "uint8")]
+    requests = [((rows, width), "float8_e4m3fn"), ((rows, 4), "uint8")]
+    if engine_series(scenario) >= RADIX_TOPK_FROM:
+        requests.append(((RADIX_TOPK_WORKSPACE_BYTES,), "uint8"))
+    return requests
 
 
 def workspace_bytes(requests: list[tuple[tuple[int, ...], str]]) -> int:
@@ -175,9 +213,10 @@ def shared_workspace(scenario: Scenario, tokens: int, reserved: int = 0,
 def row_shard_exchange(scenario: Scenario) -> bool:
     """The indexer's top-k exchange runs (indexer.py tp_prefill_row_sharding_supported): TP over
     more than one rank and no FULL graphs of mixed batches (DCP, PCP and the env switches at
-    their defaults)."""
+    their defaults), from vLLM 0.32.0 (ROW_SHARD_EXCHANGE_FROM)."""
     return (scenario.parallel.attention_tensor_parallel > 1
-            and settings(scenario).cudagraph_mode != "FULL")
+            and settings(scenario).cudagraph_mode != "FULL"
+            and engine_series(scenario) >= ROW_SHARD_EXCHANGE_FROM)
 
 
 def decode_logits_bytes(scenario: Scenario, tokens: int) -> int:
@@ -213,7 +252,8 @@ def indexer_stage(scenario: Scenario, tokens: int, *, step: bool = False) -> Sta
     else:
         logits = RankBuffer("indexer.logits", (bound,), "uint8",
                             f"{op} (profile branch: torch.empty(max_logits_elems, uint8))")
-    buffers = [logits]
+    # the profile's stand-in from vLLM 0.19.0 (MAX_LOGITS_STANDIN_FROM)
+    buffers = [logits] if step or engine_series(scenario) >= MAX_LOGITS_STANDIN_FROM else []
     if heads:  # config.json index_n_heads; a scenario without it leaves its query out
         buffers[:0] = [
             RankBuffer("indexer.q_fp8", (tokens, heads, width), "float8_e4m3fn",
@@ -224,7 +264,7 @@ def indexer_stage(scenario: Scenario, tokens: int, *, step: bool = False) -> Sta
     if exchange and not step:
         buffers.append(RankBuffer("indexer.topk_exchange", (exchange,), "uint8",
                                   f"{INDEXER_OP}, _reserve_row_shard_exchange_transient"))
-    return Stage("indexer", tuple(buffers))
+    return Stage("indexer", tuple(buffers)) if buffers else None
 
 
 def chunked_context_rows(scenario: Scenario) -> int:
