@@ -35,6 +35,7 @@ from mlamem.spec.engines.vllm_moe import (
 from mlamem.spec.engines.vllm_pass import (
     indexer_stage,
     indexer_workspace_requests,
+    sampler_stage,
     shared_workspace,
     sparse_mla_workspace_requests,
     topk_topp_buffer,
@@ -181,3 +182,18 @@ def test_indexer_profile_branch_per_version(glm5):
     assert "indexer.logits" not in names["0.18.0"] and "indexer.logits" in names["0.19.0"]
     assert "indexer.topk_exchange" not in names["0.31.0"]
     assert "indexer.topk_exchange" in names["0.32.0"]
+
+
+def test_sampler_sorts_before_the_triton_top_k_top_p(glm5):
+    """vLLM 0.12.0-0.16.0 sample the profile's dummy batch (top-k vocab - 1, top-p 0.9) through
+    topk_topp_sampler.py forward_native, apply_top_k_top_p: at its scatter the float32 logits,
+    their sorted copy (float32) and order (int64), the top-k and top-p masks (bool), the
+    softmax/cumsum (float32) and the scattered result (float32) live together, 22 bytes a
+    vocabulary entry beyond the copy, where 0.17.0 on masks in place (probabilities and noise,
+    8 bytes)."""
+    requests, vocab = 256, glm5.model.vocab_size
+    old, new = sampler_stage(at(glm5, "0.16.0"), requests), sampler_stage(glm5, requests)
+    assert old.nbytes - new.nbytes == requests * vocab * (22 - 8)
+    assert {"sampler.logits_sort", "sampler.logits_idx"} <= {b.name for b in old.buffers}
+    assert sampler_stage(at(glm5, "0.17.0"), requests).nbytes == new.nbytes
+    assert sampler_stage(at(glm5, "0.11.0"), requests).nbytes == new.nbytes  # FlashInfer's

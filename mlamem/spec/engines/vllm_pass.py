@@ -60,6 +60,10 @@ CHUNKED_CONTEXT_ROWS_CAP = 64 * 1024  # mla_attention.py determine_chunked_prefi
 # sparse_attn_indexer gathers its keys per prefill chunk with torch.empty)
 WORKSPACE_MANAGER_FROM = (0, 13)
 TOPK_TOPP_TRITON_FROM = (0, 17)  # v1/sample/ops/topk_topp_triton.py, _TRITON_BUFFER_CACHE
+# v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer's sampler unless
+# VLLM_USE_FLASHINFER_SAMPLER=0 in 0.10.2-0.11.0 (not read: sized as 0.17.0's here); from 0.12.0
+# opt-in, so forward_native's apply_top_k_top_p sorts the vocabulary until 0.17.0's Triton kernel
+SAMPLER_SORT_FROM = (0, 12)
 # flashmla_sparse.py FlashMLASparseImpl.__init__'s request: the fp8 prefill gather alone in
 # 0.13.0-0.17.0, q_concat (max_num_batched_tokens, heads, 576) beside it from 0.18.0 (a bf16
 # cache: q_concat alone, its heads padded to 64 from 0.29.0), the five workspace_specs from 0.31.0
@@ -307,7 +311,8 @@ def sampler_stage(scenario: Scenario, requests: int, *, dummy: bool = True) -> S
     vocabulary), their float32 copy (Sampler.forward), the probabilities (softmax, float32) and
     the exponential noise (float32). `dummy`: the profile's `_dummy_sampler_run`, which samples
     random hidden states (`torch.rand_like`). The top-k/top-p masks are applied in place
-    (apply_top_k_top_p_triton). None without the model's vocab_size or hidden_size."""
+    (apply_top_k_top_p_triton); vLLM 0.12.0-0.16.0 sort instead (`_sort_buffers`). None
+    without the model's vocab_size or hidden_size."""
     vocab, hidden = scenario.model.vocab_size, scenario.model.hidden_size
     if not vocab or not hidden:
         return None
@@ -322,12 +327,31 @@ def sampler_stage(scenario: Scenario, requests: int, *, dummy: bool = True) -> S
                    f"{VERSION} model_executor/layers/logits_processor.py, "
                    "LogitsProcessor._get_logits (all-gathered)"),
         RankBuffer("sampler.logits_fp32", rows, FP32,
-                   f"{SAMPLER}, Sampler.forward (logits.to(torch.float32))"),
+                   f"{SAMPLER}, Sampler.forward (logits.to(torch.float32))")]
+    if SAMPLER_SORT_FROM <= engine_series(scenario) < TOPK_TOPP_TRITON_FROM:
+        return Stage("sampler", tuple(buffers + _sort_buffers(scenario, rows)))
+    buffers += [
         RankBuffer("sampler.probs", rows, FP32,
                    f"{TOPK_TOPP}, TopKTopPSampler.forward_native (softmax, float32)"),
         RankBuffer("sampler.exponential_noise", rows, FP32,
                    f"{TOPK_TOPP}, random_sample (empty_exponential_noise_like)")]
     return Stage("sampler", tuple(buffers))
+
+
+def _sort_buffers(scenario: Scenario, rows: tuple[int, int]) -> list[RankBuffer]:
+    """vLLM 0.12.0-0.16.0's apply_top_k_top_p (v1/sample/ops/topk_topp_sampler.py, the dummy
+    batch's top-k and top-p both set) at its scatter, its peak: the sorted logits and their
+    order, the top-k mask, the top-p softmax and cumsum (in place) and mask, the scattered
+    result; random_sample's probabilities and noise come after the sort's are freed, and are
+    smaller."""
+    source = (f"vLLM {settings(scenario).engine_version} v1/sample/ops/topk_topp_sampler.py, "
+              "apply_top_k_top_p")
+    return [RankBuffer("sampler.logits_sort", rows, FP32, f"{source} (logits.sort)"),
+            RankBuffer("sampler.logits_idx", rows, "int64", f"{source} (logits.sort)"),
+            RankBuffer("sampler.top_k_mask", rows, "bool", f"{source} (logits_sort < ...)"),
+            RankBuffer("sampler.probs_sort", rows, FP32, f"{source} (softmax, cumsum)"),
+            RankBuffer("sampler.top_p_mask", rows, "bool", f"{source} (probs_sum <= 1 - p)"),
+            RankBuffer("sampler.logits_scattered", rows, FP32, f"{source} (scatter)")]
 
 
 def rejection_stage(scenario: Scenario, requests: int, drafts: int, *,
