@@ -11,7 +11,8 @@ The skeleton's phases as vLLM runs them (gpu_worker.determine_available_memory):
   layers', the indexer's profile branch or a dense-MLA layer's stand-in, the MoE layer's
   (spec/engines/vllm_moe.py), the drafter's dummy run, the sampler's: spec/engines/vllm_pass.py);
   the fused-MoE workspace is part of the shared workspace placed at init, as vLLM's
-  WorkspaceManager keeps one buffer for both;
+  WorkspaceManager keeps one buffer for both (from 0.14.0; before, by the scenario's
+  [vllm].engine_version, a per-call transient of the MoE stage: vllm_moe.transient_workspace);
 - graph estimate (CUDA graphs on): vLLM 0.33.0's profile_cudagraph_memory: the two largest
   FULL decode graphs captured in a throwaway pool, extrapolated as first + max(second, 1 MiB) x
   (N - 1) from their device-wide growth (mem_get_info; predicted: the model's, the host

@@ -109,6 +109,13 @@ def scenario_rules(scenario: Scenario) -> VersionRules:
     return version_rules(settings(scenario).engine_version)
 
 
+def engine_series(scenario: Scenario) -> tuple[int, int]:
+    """The (major, minor) of the scenario's vLLM version, the key of the per-version rules of
+    the stages beyond attention (spec/engines/vllm_moe.py, vllm_pass.py)."""
+    found = re.match(r"(\d+)\.(\d+)", scenario_rules(scenario).version)
+    return int(found[1]), int(found[2])
+
+
 def graph_estimate_rule(scenario: Scenario) -> str:
     """Whether the scenario's vLLM version sets its graph estimate aside before the KV cache
     (VersionRules.graph_estimate): "applied", "opt-in" or "none"."""

@@ -29,11 +29,28 @@ bytes, grown to the largest request and kept for the life of the process (`fused
 The rest of the MoE stage is the tensors live inside the experts' second GEMM, the layer's
 peak: the router logits, the shared experts' output, the top-k weights and ids, the layer's
 output, the quantized input and its scales, the expert alignment and the quantized activation.
+
+Older versions, by the scenario's [vllm].engine_version (each read from that version's wheel):
+- 0.10.2-0.13.0: without expert parallelism Fp8MoEMethod.apply (`quantization/fp8.py`) and the
+  unquantized method call `fused_experts`, whose `fused_experts_impl` (`fused_moe.py`) allocates
+  cache13 (M, top-k, max(N, K)) and intermediate_cache2 (M x top-k, N / 2) per call
+  (torch.empty): a transient of the MoE stage, not resident. From 0.14.0 every method runs the
+  modular kernel (`self.kernel`), its workspace the WorkspaceManager's (from 0.13.0);
+- VLLM_FUSED_MOE_CHUNK_SIZE (`envs.py`) bounds M: 32768 tokens in 0.10.2-0.11.0, 16384 in
+  0.12.0-0.17.0, gone from 0.18.0; the modular kernel over more than one chunk requests the
+  whole (M, K) output beside the chunk's workspaces (`_allocate_buffers`);
+- VLLM_USE_DEEP_GEMM defaults to 1 from 0.11.0 (0 in 0.10.2), and before 0.17.0 the block-fp8
+  experts run through DeepGEMM where deep_gemm is installed (`fused_experts`: allow_deep_gemm;
+  0.14.0-0.16.0 `oracle/fp8.py`, DEEPGEMM ahead of TRITON): sized here as Triton's, said in
+  `moe_note`;
+- expert parallelism before 0.14.0 (FlashInfer's CUTLASS MoE outside the modular kernel, the
+  modular kernel's own SharedResizableBuffer in 0.11.0-0.12.0) is not read.
 """
 
 from __future__ import annotations
 
 from mlamem.spec.engines.rank_buffers import DTYPE_BYTES, RankBuffer, Stage
+from mlamem.spec.engines.vllm import engine_series, scenario_rules
 from mlamem.spec.scenario import Scenario
 
 VERSION = "vLLM 0.33.0"
@@ -46,10 +63,36 @@ TMA_ALIGN_BYTES = 16  # utils/deep_gemm.py, get_tma_aligned_size: 16 // element_
 # (fused_moe/oracle/fp8.py); Humming's buffers are not modelled
 TRITON, FLASHINFER_CUTLASS, HUMMING = "TRITON", "FLASHINFER_CUTLASS", "HUMMING"
 INT_SCHEMES = ("int-pack", "awq", "gptq")
+# by vLLM version (module docstring): the first series of each rule
+MODULAR_KERNEL_FROM = (0, 14)  # quantization/fp8.py, Fp8MoEMethod.apply: self.kernel
+DEEP_GEMM_DEFAULT_FROM = (0, 11)  # envs.py VLLM_USE_DEEP_GEMM "1"
+TRITON_PREFERRED_FROM = (0, 17)  # oracle/fp8.py _get_priority_backends: "prefer Triton for TP"
+CHUNK_16K_FROM = (0, 12)  # envs.py VLLM_FUSED_MOE_CHUNK_SIZE 16 * 1024; 32768 before
+UNCHUNKED_FROM = (0, 18)  # envs.py: no VLLM_FUSED_MOE_CHUNK_SIZE
 
 
 def _source(path: str, function: str) -> str:
     return f"{VERSION} {path}, {function}"
+
+
+def scenario_version(scenario: Scenario) -> str:
+    """The scenario's vLLM version as given ([vllm].engine_version, else the default)."""
+    return scenario_rules(scenario).version
+
+
+def fused_moe_chunk_tokens(scenario: Scenario) -> int | None:
+    """VLLM_FUSED_MOE_CHUNK_SIZE's default in the scenario's vLLM (envs.py): the most tokens the
+    experts run at once; None from 0.18.0, which runs all of them."""
+    series = engine_series(scenario)
+    if series >= UNCHUNKED_FROM:
+        return None
+    return 16 * 1024 if series >= CHUNK_16K_FROM else 32768
+
+
+def moe_workspace_resident(scenario: Scenario) -> bool:
+    """The experts' workspace is the WorkspaceManager's, kept for the process's life (0.14.0
+    on: the modular kernel); before, `fused_experts_impl` allocates it per call."""
+    return engine_series(scenario) >= MODULAR_KERNEL_FROM
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -87,6 +130,9 @@ def unmodelled_reason(scenario: Scenario) -> str | None:
     if backend is None:
         return (f"the fused-MoE backend {VERSION} picks for {scenario.model.quantization} "
                 f"checkpoints is not modelled")
+    if expert_parallel_size(scenario) > 1 and not moe_workspace_resident(scenario):
+        return (f"the experts vLLM {scenario_version(scenario)} runs with expert parallelism "
+                f"(before the modular kernel of 0.14.0) are not read")
     if scenario.parallel.attention_data_parallel > 1:
         return (f"{VERSION} all-gathers every DP rank's tokens into the experts "
                 f"({FUSED_MOE}/prepare_finalize/naive_dp_ep.py): not modelled")
@@ -97,6 +143,11 @@ def moe_note(scenario: Scenario) -> str | None:
     """What the MoE stage leaves out, in one line, where it leaves anything out."""
     if (reason := unmodelled_reason(scenario)) is not None:
         return f"the MoE layer: {reason}"
+    if (scenario.model.has_moe and scenario.model.quantization == "fp8-block"
+            and DEEP_GEMM_DEFAULT_FROM <= engine_series(scenario) < TRITON_PREFERRED_FROM):
+        return (f"the MoE layer: vLLM {scenario_version(scenario)} runs block-fp8 experts "
+                "through DeepGEMM where deep_gemm is installed (envs.py VLLM_USE_DEEP_GEMM "
+                "defaults to 1), whose workspace is sized here as Triton's")
     if scenario.model.has_moe and moe_backend(scenario) == FLASHINFER_CUTLASS:
         return (f"the MoE layer: {VERSION} runs block-fp8 experts with expert parallelism "
                 f"through FlashInfer's CUTLASS MoE ({FUSED_MOE}/experts/flashinfer_cutlass_moe.py)"
@@ -112,14 +163,36 @@ def _moe_dims(scenario: Scenario) -> tuple[int, int, int]:
     return 2 * model.moe_intermediate_size // tp, model.hidden_size, model.num_experts_per_tok
 
 
+def _chunk(scenario: Scenario, tokens: int) -> int:
+    """The tokens the experts run at once: all of them, or VLLM_FUSED_MOE_CHUNK_SIZE's."""
+    return min(tokens, fused_moe_chunk_tokens(scenario) or tokens)
+
+
+def transient_workspace(scenario: Scenario, tokens: int) -> list[RankBuffer]:
+    """vLLM 0.10.2-0.13.0's `fused_experts_impl` (fused_moe.py) caches, allocated per call at
+    M = min(tokens, VLLM_FUSED_MOE_CHUNK_SIZE): cache13 (M, top-k, max(N, K)) and
+    intermediate_cache2 (M x top-k, N / 2), bf16; none from 0.14.0 (`fused_moe_workspace`)."""
+    if (not scenario.model.has_moe or unmodelled_reason(scenario)
+            or moe_workspace_resident(scenario)):
+        return []
+    (n, k, topk), m = _moe_dims(scenario), _chunk(scenario, tokens)
+    source = (f"vLLM {scenario_version(scenario)} {FUSED_MOE}/fused_moe.py, fused_experts_impl "
+              "(torch.empty)")
+    return [RankBuffer("moe.cache13", (m * topk * max(n, k),), "bfloat16", source),
+            RankBuffer("moe.intermediate_cache2", (m * topk, n // 2), "bfloat16", source)]
+
+
 def fused_moe_workspace(scenario: Scenario, tokens: int) -> RankBuffer | None:
     """The experts' workspace13 and workspace2 as the WorkspaceManager holds them: one uint8
     buffer of both, each rounded up to 256 bytes (`FusedMoEKernelModularImpl._allocate_buffers`,
-    `get_simultaneous`), kept for the process's life; None where no stage is modelled."""
-    if not scenario.model.has_moe or unmodelled_reason(scenario):
+    `get_simultaneous`), kept for the process's life, at the chunk's M where the version chunks
+    (with the whole (M, K) output beside them over more than one chunk); None where no stage is
+    modelled or the version allocates it per call (`transient_workspace`)."""
+    if (not scenario.model.has_moe or unmodelled_reason(scenario)
+            or not moe_workspace_resident(scenario)):
         return None
     n, k, topk = _moe_dims(scenario)
-    m, bf16 = tokens, DTYPE_BYTES["bfloat16"]
+    m, bf16 = _chunk(scenario, tokens), DTYPE_BYTES["bfloat16"]
     if moe_backend(scenario) == TRITON:  # experts/triton_moe.py, TritonExperts.workspace_shapes
         workspace13 = max(m * topk * max(n // 2, k), m * k)  # shared with the (M, K) output
         workspace2 = m * topk * max(n, k)
@@ -129,7 +202,8 @@ def fused_moe_workspace(scenario: Scenario, tokens: int) -> RankBuffer | None:
         workspace13, workspace2 = m * k, 0
         function = "FlashInferExperts.workspace_shapes, FusedMoEKernelModularImpl._allocate_buffers"
         path = f"{FUSED_MOE}/experts/flashinfer_cutlass_moe.py"
-    size = sum(_round_up(part * bf16, WORKSPACE_ALIGN) for part in (workspace13, workspace2))
+    parts = [workspace13, workspace2] + ([tokens * k] if m < tokens else [])  # the output
+    size = sum(_round_up(part * bf16, WORKSPACE_ALIGN) for part in parts)
     return RankBuffer("moe.workspace", (size,), "uint8", _source(path, function))
 
 
@@ -205,7 +279,7 @@ def moe_stage(scenario: Scenario, tokens: int) -> Stage | None:
     buffers = _routing_buffers(scenario, tokens)
     if moe_backend(scenario) == TRITON:
         buffers += _triton_buffers(scenario, tokens)
-    return Stage("moe", tuple(buffers))
+    return Stage("moe", tuple(buffers + transient_workspace(scenario, tokens)))
 
 
 def _tma_scale_elements(tokens: int, features: int) -> int:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from mlamem.spec.engines import AnyScenario as Scenario
 from mlamem.spec.engines.rank_buffers import DTYPE_BYTES, RankBuffer, Stage
-from mlamem.spec.engines.vllm import settings
+from mlamem.spec.engines.vllm import engine_series, settings
 
 VERSION = "vLLM 0.33.0"
 MAX_LOGITS_MB = 512  # envs.py VLLM_SPARSE_INDEXER_MAX_LOGITS_MB's default
@@ -54,6 +54,29 @@ PREFILL_PADDING = 64  # flashmla_sparse.py FlashMLASparseImpl: prefill_padding
 VOCAB_PADDING = 64  # vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 INDEX_HEAD_DIM = 128  # GLM-5's and DeepSeek-V3.2's config.json index_head_dim
 CHUNKED_CONTEXT_ROWS_CAP = 64 * 1024  # mla_attention.py determine_chunked_prefill_workspace_size
+# by vLLM version ([vllm].engine_version), the first series of each rule, read from its wheel:
+# v1/worker/workspace.py's WorkspaceManager, which FlashMLASparseImpl.__init__ and the indexer
+# request from (0.11.0-0.12.0 reserve nothing at init: models/deepseek_v2.py
+# sparse_attn_indexer gathers its keys per prefill chunk with torch.empty)
+WORKSPACE_MANAGER_FROM = (0, 13)
+TOPK_TOPP_TRITON_FROM = (0, 17)  # v1/sample/ops/topk_topp_triton.py, _TRITON_BUFFER_CACHE
+# v1/sample/ops/topk_topp_sampler.py TopKTopPSampler.__init__: FlashInfer's sampler unless
+# VLLM_USE_FLASHINFER_SAMPLER=0 in 0.10.2-0.11.0 (not read: sized as 0.17.0's here); from 0.12.0
+# opt-in, so forward_native's apply_top_k_top_p sorts the vocabulary until 0.17.0's Triton kernel
+SAMPLER_SORT_FROM = (0, 12)
+# flashmla_sparse.py FlashMLASparseImpl.__init__'s request: the fp8 prefill gather alone in
+# 0.13.0-0.17.0, q_concat (max_num_batched_tokens, heads, 576) beside it from 0.18.0 (a bf16
+# cache: q_concat alone, its heads padded to 64 from 0.29.0), the five workspace_specs from 0.31.0
+Q_CONCAT_FROM = (0, 18)
+Q_CONCAT_PADDED_BF16_FROM = (0, 29)
+WORKSPACE_SPECS_FROM = (0, 31)
+# config/vllm.py sparse_mla_prefill_workspace_factor (5, or 2 above 256 Ki tokens) from 0.32.0;
+# before, 5 fixed (flashmla_sparse.py get_prefill_workspace_size: max_model_len x 5; indexer.py
+# get_max_prefill_buffer_size: max_model_len x 40 = 8 x 5)
+WORKSPACE_FACTOR_CONFIG_FROM = (0, 32)
+MAX_LOGITS_STANDIN_FROM = (0, 19)  # sparse_attn_indexer.py: the max_logits_elems stand-in
+RADIX_TOPK_FROM = (0, 20)  # sparse_attn_indexer.py: RADIX_TOPK_WORKSPACE_SIZE in the request
+ROW_SHARD_EXCHANGE_FROM = (0, 32)  # sparse_attn_indexer.py _reserve_row_shard_exchange_transient
 BF16, FP32 = "bfloat16", "float32"
 
 FLASHMLA_SPARSE = f"{VERSION} v1/attention/backends/mla/flashmla_sparse.py"
@@ -97,14 +120,19 @@ def sampled_requests(scenario: Scenario, tokens: int) -> int:
 
 def workspace_factor(scenario: Scenario) -> int:
     """config/vllm.py VllmConfig.__post_init__: sparse_mla_prefill_workspace_factor is 5 where
-    max_model_len <= 256 Ki tokens, else 2."""
+    max_model_len <= 256 Ki tokens, else 2; 5 before vLLM 0.32.0 (WORKSPACE_FACTOR_CONFIG_FROM)."""
+    if engine_series(scenario) < WORKSPACE_FACTOR_CONFIG_FROM:
+        return 5
     return 5 if scenario.serving.max_model_len <= 256 * 1024 else 2
 
 
 def sparse_mla_workspace_requests(scenario: Scenario, tokens: int) -> list[tuple[tuple[int, ...], str]]:
     """FlashMLASparseImpl.__init__'s `workspace_specs`, (shape, dtype) each: q_concat, and on an
     fp8_ds_mla cache the prefill gather (factor x max_model_len rows) and the padded prefill
-    query and outputs. Heads are the rank's; the prefill kernel pads them to 64."""
+    query and outputs. Heads are the rank's; the prefill kernel pads them to 64. Older versions
+    request less (WORKSPACE_MANAGER_FROM to WORKSPACE_SPECS_FROM: `_older_sparse_mla_requests`)."""
+    if engine_series(scenario) < WORKSPACE_SPECS_FROM:
+        return _older_sparse_mla_requests(scenario, tokens)
     heads, d_qk, d_v = scenario.heads_per_rank, scenario.d_qk, scenario.d_v
     padded = _round_up(heads, PREFILL_PADDING)
     if scenario.serving.kv_cache_dtype != "fp8_ds_mla":  # bf16: q_concat padded, nothing more
@@ -115,14 +143,34 @@ def sparse_mla_workspace_requests(scenario: Scenario, tokens: int) -> list[tuple
             ((tokens, heads, d_v), BF16)]
 
 
+def _older_sparse_mla_requests(scenario: Scenario, tokens: int
+                               ) -> list[tuple[tuple[int, ...], str]]:
+    """FlashMLASparseImpl.__init__'s request before 0.31.0: none before 0.13.0; the fp8 prefill
+    gather (max_model_len x 5 rows); from 0.18.0 q_concat ahead of it, (tokens, heads, 576),
+    alone on a bf16 cache, its heads padded to 64 there from 0.29.0."""
+    series, fp8 = engine_series(scenario), scenario.serving.kv_cache_dtype == "fp8_ds_mla"
+    if series < WORKSPACE_MANAGER_FROM:
+        return []
+    heads, d_qk = scenario.heads_per_rank, scenario.d_qk
+    gather = [((scenario.serving.max_model_len * workspace_factor(scenario), d_qk), BF16)]
+    if series < Q_CONCAT_FROM:
+        return gather if fp8 else []
+    if not fp8 and series >= Q_CONCAT_PADDED_BF16_FROM:
+        heads = _round_up(heads, PREFILL_PADDING)
+    return [((tokens, heads, d_qk), BF16)] + (gather if fp8 else [])
+
+
 def indexer_workspace_requests(scenario: Scenario) -> list[tuple[tuple[int, ...], str]]:
     """The indexer's profile-branch request (sparse_attn_indexer, `_gather_workspace_shapes`):
     its K gather, get_max_prefill_buffer_size rows (max_model_len x (576 x 2 // 132) x factor)
-    of fp8 values and 4 scale bytes, and the radix top-k's workspace."""
+    of fp8 values and 4 scale bytes, and the radix top-k's workspace (from vLLM 0.20.0,
+    RADIX_TOPK_FROM)."""
     width = index_head_dim(scenario)
     rows = scenario.serving.max_model_len * (576 * 2 // 132) * workspace_factor(scenario)
-    return [((rows, width), "float8_e4m3fn"), ((rows, 4), "uint8"),
-            ((RADIX_TOPK_WORKSPACE_BYTES,), "uint8")]
+    requests = [((rows, width), "float8_e4m3fn"), ((rows, 4), "uint8")]
+    if engine_series(scenario) >= RADIX_TOPK_FROM:
+        requests.append(((RADIX_TOPK_WORKSPACE_BYTES,), "uint8"))
+    return requests
 
 
 def workspace_bytes(requests: list[tuple[tuple[int, ...], str]]) -> int:
@@ -154,7 +202,7 @@ def shared_workspace(scenario: Scenario, tokens: int, reserved: int = 0,
     the bytes of it the path's own workspace already holds (at most `decode_share_bytes`). None
     where nothing requests it."""
     requests = list(other_requests)
-    if is_dsa(scenario):
+    if is_dsa(scenario) and engine_series(scenario) >= WORKSPACE_MANAGER_FROM:
         requests += [workspace_bytes(sparse_mla_workspace_requests(scenario, tokens)),
                      workspace_bytes(indexer_workspace_requests(scenario))]
     if not requests:
@@ -169,9 +217,10 @@ def shared_workspace(scenario: Scenario, tokens: int, reserved: int = 0,
 def row_shard_exchange(scenario: Scenario) -> bool:
     """The indexer's top-k exchange runs (indexer.py tp_prefill_row_sharding_supported): TP over
     more than one rank and no FULL graphs of mixed batches (DCP, PCP and the env switches at
-    their defaults)."""
+    their defaults), from vLLM 0.32.0 (ROW_SHARD_EXCHANGE_FROM)."""
     return (scenario.parallel.attention_tensor_parallel > 1
-            and settings(scenario).cudagraph_mode != "FULL")
+            and settings(scenario).cudagraph_mode != "FULL"
+            and engine_series(scenario) >= ROW_SHARD_EXCHANGE_FROM)
 
 
 def decode_logits_bytes(scenario: Scenario, tokens: int) -> int:
@@ -207,7 +256,8 @@ def indexer_stage(scenario: Scenario, tokens: int, *, step: bool = False) -> Sta
     else:
         logits = RankBuffer("indexer.logits", (bound,), "uint8",
                             f"{op} (profile branch: torch.empty(max_logits_elems, uint8))")
-    buffers = [logits]
+    # the profile's stand-in from vLLM 0.19.0 (MAX_LOGITS_STANDIN_FROM)
+    buffers = [logits] if step or engine_series(scenario) >= MAX_LOGITS_STANDIN_FROM else []
     if heads:  # config.json index_n_heads; a scenario without it leaves its query out
         buffers[:0] = [
             RankBuffer("indexer.q_fp8", (tokens, heads, width), "float8_e4m3fn",
@@ -218,7 +268,7 @@ def indexer_stage(scenario: Scenario, tokens: int, *, step: bool = False) -> Sta
     if exchange and not step:
         buffers.append(RankBuffer("indexer.topk_exchange", (exchange,), "uint8",
                                   f"{INDEXER_OP}, _reserve_row_shard_exchange_transient"))
-    return Stage("indexer", tuple(buffers))
+    return Stage("indexer", tuple(buffers)) if buffers else None
 
 
 def chunked_context_rows(scenario: Scenario) -> int:
@@ -261,7 +311,8 @@ def sampler_stage(scenario: Scenario, requests: int, *, dummy: bool = True) -> S
     vocabulary), their float32 copy (Sampler.forward), the probabilities (softmax, float32) and
     the exponential noise (float32). `dummy`: the profile's `_dummy_sampler_run`, which samples
     random hidden states (`torch.rand_like`). The top-k/top-p masks are applied in place
-    (apply_top_k_top_p_triton). None without the model's vocab_size or hidden_size."""
+    (apply_top_k_top_p_triton); vLLM 0.12.0-0.16.0 sort instead (`_sort_buffers`). None
+    without the model's vocab_size or hidden_size."""
     vocab, hidden = scenario.model.vocab_size, scenario.model.hidden_size
     if not vocab or not hidden:
         return None
@@ -276,12 +327,31 @@ def sampler_stage(scenario: Scenario, requests: int, *, dummy: bool = True) -> S
                    f"{VERSION} model_executor/layers/logits_processor.py, "
                    "LogitsProcessor._get_logits (all-gathered)"),
         RankBuffer("sampler.logits_fp32", rows, FP32,
-                   f"{SAMPLER}, Sampler.forward (logits.to(torch.float32))"),
+                   f"{SAMPLER}, Sampler.forward (logits.to(torch.float32))")]
+    if SAMPLER_SORT_FROM <= engine_series(scenario) < TOPK_TOPP_TRITON_FROM:
+        return Stage("sampler", tuple(buffers + _sort_buffers(scenario, rows)))
+    buffers += [
         RankBuffer("sampler.probs", rows, FP32,
                    f"{TOPK_TOPP}, TopKTopPSampler.forward_native (softmax, float32)"),
         RankBuffer("sampler.exponential_noise", rows, FP32,
                    f"{TOPK_TOPP}, random_sample (empty_exponential_noise_like)")]
     return Stage("sampler", tuple(buffers))
+
+
+def _sort_buffers(scenario: Scenario, rows: tuple[int, int]) -> list[RankBuffer]:
+    """vLLM 0.12.0-0.16.0's apply_top_k_top_p (v1/sample/ops/topk_topp_sampler.py, the dummy
+    batch's top-k and top-p both set) at its scatter, its peak: the sorted logits and their
+    order, the top-k mask, the top-p softmax and cumsum (in place) and mask, the scattered
+    result; random_sample's probabilities and noise come after the sort's are freed, and are
+    smaller."""
+    source = (f"vLLM {settings(scenario).engine_version} v1/sample/ops/topk_topp_sampler.py, "
+              "apply_top_k_top_p")
+    return [RankBuffer("sampler.logits_sort", rows, FP32, f"{source} (logits.sort)"),
+            RankBuffer("sampler.logits_idx", rows, "int64", f"{source} (logits.sort)"),
+            RankBuffer("sampler.top_k_mask", rows, "bool", f"{source} (logits_sort < ...)"),
+            RankBuffer("sampler.probs_sort", rows, FP32, f"{source} (softmax, cumsum)"),
+            RankBuffer("sampler.top_p_mask", rows, "bool", f"{source} (probs_sum <= 1 - p)"),
+            RankBuffer("sampler.logits_scattered", rows, FP32, f"{source} (scatter)")]
 
 
 def rejection_stage(scenario: Scenario, requests: int, drafts: int, *,
@@ -369,9 +439,10 @@ def topk_topp_buffer(scenario: Scenario, requests: int) -> RankBuffer | None:
     """The top-k/top-p Triton kernel's scratch, cached for the process's life
     (topk_topp_triton.py apply_top_k_top_p_triton: `_TRITON_BUFFER_CACHE`, (min(next power of 2
     of min(SMs, requests), SMs), vocab) float32), first allocated by the profile's sampler run
-    with top-k on. None without the vocab_size or hidden_size (no sampler modelled)."""
+    with top-k on. None without the vocab_size or hidden_size (no sampler modelled), or before
+    vLLM 0.17.0, which has no such kernel (TOPK_TOPP_TRITON_FROM)."""
     vocab, hidden = scenario.model.vocab_size, scenario.model.hidden_size
-    if not vocab or not hidden:
+    if not vocab or not hidden or engine_series(scenario) < TOPK_TOPP_TRITON_FROM:
         return None
     sms = scenario.gpu.sm_count
     programs = min(sms, requests)
