@@ -57,4 +57,6 @@ def rank_before_stages(monkeypatch):
     for rank in (decode_rank.DecodeRank, vllm.VLLM, sglang.SGLang):
         monkeypatch.setattr(rank, "stages", no_stages)
     monkeypatch.setattr(vllm.VLLM, "profile_stages", no_stages)
+    monkeypatch.setattr(vllm.VLLM, "attention_live", no_stages)
     monkeypatch.setattr(vllm, "resident_buffers", lambda *args, **kwargs: None)
+    monkeypatch.setattr(vllm, "after_kv_buffers", lambda *args, **kwargs: None)

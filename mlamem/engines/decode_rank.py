@@ -90,6 +90,11 @@ class DecodeRank(Engine):
                 tensors.extend(allocate_specs([spec], self.memory.device).values())
             del tensors
 
+    def attention_live(self, tokens: int) -> list[Stage]:
+        """What the step holds through the attention call beyond activation_specs (allocated
+        before it, freed after); an engine that models none has none."""
+        return []
+
     def stages(self, tokens: int) -> list[Stage]:
         """What the step allocates beyond attention at `tokens`, stage by stage, after the
         attention call (spec/engines/rank_buffers.py); an engine that models none has none."""
@@ -132,17 +137,20 @@ class DecodeRank(Engine):
         attend = plan.call(memory, inputs, self.workspace)
         step_specs = activation_specs(scenario, self.budget.max_num_batched_tokens)
         stages = self.stages(self.budget.max_num_batched_tokens)
+        around = [s for stage in self.attention_live(self.budget.max_num_batched_tokens)
+                  for s in stage_specs(stage)]
         beyond = [s for stage in stages for s in stage_specs(stage)]
-        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine") for s in step_specs + beyond]
-                    + plan.expected)
+        expected = ([ExpectedBuffer(s.name, s.nbytes, "engine")
+                     for s in step_specs + around + beyond] + plan.expected)
         seed = self.seed
 
         def body() -> None:
             tensors = allocate_specs(step_specs, memory.device)
+            held = allocate_specs(around, memory.device)  # the layer's locals, through the call
             fill_query(tensors["q"], seed)
             out, _ = attend(tensors["q"])
             tensors["attn_output"].copy_(out)
-            del tensors["q"], tensors["attn_output"], out  # the residual stream stays
+            del tensors["q"], tensors["attn_output"], out, held  # the residual stream stays
             for stage in stages:  # as run_stages, in the measured body
                 live = allocate_specs(stage_specs(stage), memory.device)
                 del live

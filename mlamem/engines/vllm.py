@@ -64,7 +64,14 @@ from mlamem.spec.engines.vllm import (
     vllm_estimate,
 )
 from mlamem.spec.engines.vllm_moe import dense_mlp_stage, fused_moe_workspace, moe_stage
-from mlamem.spec.engines.vllm_pass import profile_stages, resident_buffers, step_stages
+from mlamem.spec.engines.vllm_pass import (
+    after_kv_buffers,
+    attention_locals,
+    profile_stages,
+    resident_buffers,
+    step_attention_buffers,
+    step_stages,
+)
 from mlamem.spec.units import format_bytes
 
 
@@ -212,7 +219,8 @@ class VLLM(DecodeRank):
         `attn_metadata is None` (the indexer's profile branch, a dense-MLA layer's stand-in),
         the dense MLP and MoE layers, then the drafter's dummy run and `_dummy_sampler_run`
         (spec.engines.vllm_pass.profile_stages)."""
-        return self._in_order(profile_stages(self.scenario, tokens), tokens)
+        return self.with_attention_locals(
+            self._in_order(profile_stages(self.scenario, tokens), tokens), tokens)
 
     def _in_order(self, passes: list[Stage], tokens: int) -> list[Stage]:
         """The layers' stages (the dense MLP, the attention's own, the MoE), then the rest."""
@@ -221,6 +229,22 @@ class VLLM(DecodeRank):
                   *(s for s in passes if s.name in layer), moe_stage(self.scenario, tokens),
                   *(s for s in passes if s.name not in layer)]
         return [s for s in stages if s is not None]
+
+    def attention_live(self, tokens: int) -> list[Stage]:
+        """A DSA layer's locals through the kernel's call, and the mixed batch's global top-k
+        slots (spec.engines.vllm_pass.attention_locals, step_attention_buffers)."""
+        stages = (attention_locals(self.scenario, tokens),
+                  step_attention_buffers(self.scenario, tokens))
+        return [s for s in stages if s is not None]
+
+    def with_attention_locals(self, stages: list[Stage], tokens: int) -> list[Stage]:
+        """The profile's attention-layer stage (the indexer's profile branch) with the layer's
+        locals beside it, as they live through it (spec.engines.vllm_pass.attention_locals)."""
+        local = attention_locals(self.scenario, tokens)
+        if local is None:
+            return stages
+        return [Stage(s.name, local.buffers + s.buffers) if s.name == "indexer" else s
+                for s in stages]
 
     def profile(self) -> None:
         """The step's activations allocated as the pass computes them, then the stages on the
@@ -264,6 +288,12 @@ class VLLM(DecodeRank):
                                                   len(self.graph_sizes)).estimate_bytes
 
     def capture_graphs(self) -> None:
+        """After the KV cache: the metadata builders' buffers vLLM's initialize_kv_cache
+        allocates (spec.engines.vllm_pass.after_kv_buffers), then, graphs on, the captures."""
+        kept = after_kv_buffers(self.scenario, self.budget.max_num_batched_tokens)
+        for spec in stage_specs(kept) if kept is not None else []:
+            self.allocating = spec.name  # an OOM here names the buffer
+            self.resident.extend(allocate_specs([spec], self.memory.device).values())
         if not self.budget.cuda_graphs:
             return
         memory, case = self.memory, self.case

@@ -74,6 +74,7 @@ class Model:
     n_shared_experts: int | None = None
     first_k_dense_replace: int | None = None  # dense MLP layers before the MoE ones
     index_n_heads: int | None = None  # DSA indexer heads
+    q_lora_rank: int | None = None  # the query's compressed width (q_a_proj's output)
     index_head_dim: int | None = None
     num_nextn_predict_layers: int | None = None  # MTP layers the checkpoint ships
     quantization: str | None = None  # the checkpoint's scheme (spec/models/quantization.py); None: bf16
@@ -82,7 +83,7 @@ class Model:
     def __post_init__(self) -> None:
         for name in ("hidden_size", "index_topk", "vocab_size", "intermediate_size",
                      "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
-                     "index_n_heads", "index_head_dim"):
+                     "index_n_heads", "index_head_dim", "q_lora_rank"):
             if getattr(self, name) is not None:
                 check_positive(self, "model", name)
         for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"):

@@ -42,6 +42,8 @@ max_num_batched_tokens x index_topk int32) is the indices the rank allocates at 
 
 from __future__ import annotations
 
+import math
+
 from mlamem.spec.engines import AnyScenario as Scenario
 from mlamem.spec.engines.rank_buffers import DTYPE_BYTES, RankBuffer, Stage
 from mlamem.spec.engines.vllm import engine_series, settings
@@ -488,3 +490,95 @@ def profile_stages(scenario: Scenario, tokens: int) -> list[Stage]:
               drafter_stage(scenario, tokens), sampler_stage(scenario, requests),
               rejection_stage(scenario, requests, 1 if spec_tokens(scenario) else 0)]
     return [s for s in stages if s is not None]
+
+
+# -- what a DSA layer's attention holds while its kernel runs --
+
+DSA_ATTENTION = f"{VERSION} models/deepseek_v32/attention.py"
+DSA_MODEL = f"{VERSION} models/deepseek_v32/nvidia/model.py"
+SPARSE_MLA = f"{VERSION} model_executor/layers/attention/sparse_mla_attention.py"
+
+
+def attention_locals(scenario: Scenario, tokens: int) -> Stage | None:
+    """A DSA layer's tensors alive through its attention, the kernel's call included, in the
+    profile pass and the step: vLLM 0.33.0 runs GLM-5 and DeepSeek-V3.2 eagerly
+    (config/vllm.py `_maybe_enable_breakable_cudagraph`: compilation off for them), so
+    `DeepseekV32Attention.forward`'s locals live until it returns. Beside mlamem's residual
+    stream, q and output (activation_specs): the previous layer's MoE output the model's loop
+    still holds (the layer's all-reduce is out of place), the fused q/kv down-projection and its
+    normed q, the up-projected q, the indexer's query (bf16 and fp8), its key and head weights,
+    the latent and RoPE key. None for a dense-MLA model or a scenario without the indexer's and
+    the query's widths."""
+    model = scenario.model
+    if not is_dsa(scenario) or not (model.index_n_heads and model.q_lora_rank
+                                    and model.hidden_size):
+        return None
+    heads, index_dim = model.index_n_heads, index_head_dim(scenario)
+    latent, rope = model.kv_lora_rank, model.qk_rope_head_dim
+    fused = f"{VERSION} models/deepseek_v32/common/kernels.py"
+    buffers = (
+        RankBuffer("attention.previous_moe_output", (tokens, model.hidden_size), "bfloat16",
+                   f"{DSA_MODEL}, DeepseekV32Model.forward (the layer loop); "
+                   f"{VERSION} model_executor/layers/fused_allreduce_rms_norm.py (out of place)"),
+        RankBuffer("attention.qkv_lora", (tokens, model.q_lora_rank + latent + rope), "bfloat16",
+                   f"{DSA_ATTENTION}, DeepseekV32Attention.forward (fused_qkv_a_proj)"),
+        RankBuffer("attention.q_c", (tokens, model.q_lora_rank), "bfloat16",
+                   f"{fused}, fused_norm_rope"),
+        RankBuffer("attention.kv_c", (tokens, latent), "bfloat16", f"{fused}, fused_norm_rope"),
+        RankBuffer("attention.k_pe", (tokens, rope), "bfloat16", f"{fused}, fused_norm_rope"),
+        RankBuffer("attention.q_b", (tokens, scenario.heads_per_rank,
+                                     model.qk_nope_head_dim + rope), "bfloat16",
+                   f"{DSA_ATTENTION}, DeepseekV32Attention.forward (q_b_proj)"),
+        RankBuffer("attention.index_q", (tokens, heads, index_dim), "bfloat16",
+                   f"{DSA_ATTENTION}, DeepseekV32Attention.forward (the indexer's wq_b, "
+                   "replicated: every head on each rank)"),
+        RankBuffer("attention.index_q_fp8", (tokens, heads, index_dim), "float8_e4m3fn",
+                   FUSED_Q),
+        RankBuffer("attention.index_kw", (tokens, index_dim + heads), "bfloat16",
+                   f"{DSA_ATTENTION}, DeepseekV32Attention.forward (the indexer's wk and "
+                   "head weights, fused)"),
+        RankBuffer("attention.index_weights", (tokens, heads), "float32", FUSED_Q),
+    )
+    return Stage("attention_locals", buffers)
+
+
+def step_attention_buffers(scenario: Scenario, tokens: int) -> Stage | None:
+    """What only a real step's mixed batch adds around the kernel: the top-k indices converted
+    to global cache slots (flashmla_sparse.py, the mixed-batch path, into
+    sparse_utils.py's `empty_like`), one int32 per token and top-k entry; None without the
+    layer's locals (attention_locals)."""
+    if attention_locals(scenario, tokens) is None:
+        return None
+    return Stage("attention_step", (RankBuffer(
+        "attention.global_topk_slots", (tokens, scenario.model.index_topk), "int32",
+        f"{FLASHMLA_SPARSE}, FlashMLASparseImpl (mixed batch); {VERSION} "
+        "v1/attention/backends/mla/sparse_utils.py, the slot conversion"),))
+
+
+def block_table_width(scenario: Scenario) -> int:
+    """v1/worker/block_table.py `get_block_table_width`: a request's most blocks
+    (max_model_len / block_size, rounded up), aligned to 128 tokens' worth of blocks."""
+    serving = scenario.serving
+    blocks = -(-serving.max_model_len // serving.block_size)
+    alignment = 128 // math.gcd(128, serving.block_size)
+    return _round_up(blocks, alignment)
+
+
+def after_kv_buffers(scenario: Scenario, tokens: int) -> Stage | None:
+    """What the attention metadata builders allocate in `initialize_kv_cache`, after the KV
+    cache is sized, and keep (gpu_model_runner.py): the indexer builder's expanded block table
+    (max_num_batched_tokens x the block table's width, int32) and the sparse MLA builder's
+    chunked-prefill workspace (chunked_context_rows x (kv_lora_rank + RoPE), bf16). None for a
+    model without the layer's locals."""
+    if attention_locals(scenario, tokens) is None:
+        return None
+    model = scenario.model
+    return Stage("after_kv_cache", (
+        RankBuffer("indexer.expanded_block_table", (tokens, block_table_width(scenario)),
+                   "int32", f"{INDEXER_META}, the indexer's metadata builder __init__ "
+                   "(expanded_block_table_buffer)"),
+        RankBuffer("sparse_mla.chunked_prefill_workspace",
+                   (chunked_context_rows(scenario), model.kv_lora_rank + model.qk_rope_head_dim),
+                   "bfloat16", f"{SPARSE_MLA}, the sparse MLA metadata builder __init__ "
+                   "(chunked_prefill_workspace)"),
+    ))

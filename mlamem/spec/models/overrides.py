@@ -54,7 +54,7 @@ def beyond_attention(config: ModelConfig) -> dict:
     """The [model] fields of what a rank allocates beyond attention (spec/engines/rank_buffers.py),
     by their config.json names: the MLP and MoE widths, the vocabulary, the indexer, MTP."""
     names = ["vocab_size", "intermediate_size", "moe_intermediate_size", "n_routed_experts",
-             "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"]
+             "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers", "q_lora_rank"]
     names += ["num_experts_per_tok"] if config.num_experts_per_tok else []
     names += ["index_n_heads", "index_head_dim"] if config.has_indexer else []
     table = {name: getattr(config, name) for name in names}
