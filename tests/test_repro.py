@@ -339,7 +339,8 @@ def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
 def test_the_target_gpu_is_the_physical_device_of_the_prediction():
     """GLM-5's H100 target is predicted on the H100's record, its memory the physical device:
     31488 and 38257 with the DSA layer's attention locals (predicted; the H100 of 2026-12-06
-    measured the rank before them: reports/repro-oom-h100/h100). DeepSeek-V3.2's H200 target on the H200's record.
+    measured the rank before them: reports/repro-oom-h100/h100). DeepSeek-V3.2's H200 target
+    on the H200's record.
     A target no record holds takes the nearest record's figures with its own memory, and says
     which."""
     def predicted(name, gpu_memory_bytes=None):
