@@ -60,3 +60,18 @@ def rank_before_stages(monkeypatch):
     monkeypatch.setattr(vllm.VLLM, "attention_live", no_stages)
     monkeypatch.setattr(vllm, "resident_buffers", lambda *args, **kwargs: None)
     monkeypatch.setattr(vllm, "after_kv_buffers", lambda *args, **kwargs: None)
+
+
+@pytest.fixture
+def rank_before_attention_locals(monkeypatch):
+    """vLLM's rank as mlamem ran it on the H100 of 2026-12-06 (reports/repro-oom-h100/h100,
+    reports/rank-h100): with its stages beyond attention, before a DSA layer's attention locals
+    joined (spec/engines/vllm_pass.py attention_locals, step_attention_buffers,
+    after_kv_buffers): nothing held through the attention call, the profile's stages as they
+    were, nothing allocated after the KV cache. A prediction of one of those runs predicts the
+    rank as it ran."""
+    from mlamem.engines import vllm
+
+    monkeypatch.setattr(vllm.VLLM, "attention_live", lambda self, tokens: [])
+    monkeypatch.setattr(vllm.VLLM, "with_attention_locals", lambda self, stages, tokens: stages)
+    monkeypatch.setattr(vllm, "after_kv_buffers", lambda *args, **kwargs: None)

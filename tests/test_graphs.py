@@ -39,8 +39,8 @@ def serving(**fields):
 
 def test_default_list_is_vllms_51_sizes_largest_first():
     """max_num_seqs 1024 (vllm serve on an 80 GiB GPU): max min(1024 x 2, 512) = 512."""
-    assert capture_sizes(serving()) == VLLM_DEFAULT_51
-    assert full_decode_sizes(serving()) == sorted(VLLM_DEFAULT_51, reverse=True)
+    assert capture_sizes(serving(max_num_seqs=1024)) == VLLM_DEFAULT_51
+    assert full_decode_sizes(serving(max_num_seqs=1024)) == sorted(VLLM_DEFAULT_51, reverse=True)
 
 
 def test_full_decode_graphs_stop_at_max_num_seqs():
@@ -248,11 +248,15 @@ def test_a_smaller_target_with_graphs_run_without_its_room_differs_only_in_the_l
     measured run kept to the target's room (the step's modules took the H200's spare memory):
     every field, the graphs' device figures included, equals the prediction with the target as
     the physical device but the limits, 31744 and 38880, which are above it. The run predates
-    the rank's stages beyond attention, predicted as it ran (`rank_before_stages`)."""
+    the rank's stages beyond attention, predicted as it ran (`rank_before_stages`), and
+    glm5-fp8-tp8's max_num_seqs 256 (vLLM's default 1024 then)."""
     from mlamem.commands.repro import prediction_differences
 
     measured = json.loads((GRAPH_MEMORY_H200 / "repro-graphs-glm5.json").read_text())
-    predicted = run_repro(scenario_as_run("glm5-fp8-tp8", measured["budget"]),
+    glm = scenario_as_run("glm5-fp8-tp8", measured["budget"])
+    glm = dataclasses.replace(glm, sections={"vllm": dataclasses.replace(glm.section("vllm"),
+                                                                         max_num_seqs=1024)})
+    predicted = run_repro(glm,
                           VLLMBudget(**{k: measured["budget"][k] for k in (
                               "gpu_memory_bytes", "utilization", "max_num_batched_tokens",
                               "cuda_graphs")}),
@@ -266,15 +270,18 @@ def test_a_smaller_target_with_graphs_run_without_its_room_differs_only_in_the_l
 
 
 def test_a_capture_that_runs_out_of_memory_is_an_oom_verdict_in_phase_capture():
-    """An engine that leaves the graphs nothing (its KV cache takes all but 1 MiB under the
-    cap) gets `oom` in phase `capture`, with the buffer the capture could not place."""
+    """An engine that leaves the graphs nothing (its KV cache takes all but the metadata
+    builders' buffers allocated after it and 1 MiB under the cap) gets `oom` in phase
+    `capture`, with the buffer the capture could not place."""
     from mlamem.engines.vllm import VLLM
     from mlamem.runtime.memory import SimulatedMemory
+    from mlamem.spec.engines.vllm_pass import after_kv_buffers
 
     class NoRoomForGraphs(VLLM):
         def size_kv_cache(self) -> int:
             used = self.memory.stats().reserved
-            return self.case.torch_limit_bytes - used - MiB
+            kept = after_kv_buffers(self.scenario, self.budget.max_num_batched_tokens).nbytes
+            return self.case.torch_limit_bytes - used - kept - MiB
 
     glm = scenarios.load("glm5-fp8-tp8")
     budget = VLLMBudget(glm.gpu.memory_bytes, glm.gpu.gpu_memory_utilization, 32768,

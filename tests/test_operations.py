@@ -30,7 +30,8 @@ TP1_NAME, TP1_TOML = "glm5-fp8-tp1-64-heads", "glm5-64-heads.toml"
 MODEL_BEYOND_ATTENTION = ("vocab_size", "intermediate_size", "moe_intermediate_size",
                           "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
                           "first_k_dense_replace", "index_n_heads", "index_head_dim",
-                          "num_nextn_predict_layers", "quantization", "architecture")
+                          "num_nextn_predict_layers", "quantization", "architecture",
+                          "q_lora_rank")
 TP1_EDITS = {'name = "glm5-fp8-tp8"': f'name = "{TP1_NAME}"',
              "tensor_parallel = 8 ": "tensor_parallel = 1 "}
 # options of `mlamem profile` that take a value; any other option in a command is a flag
@@ -118,8 +119,9 @@ def test_the_tp1_scenario_is_glm5_at_tensor_parallel_1(tmp_path):
     declaring SGLang, rewording its weights note and taking CUDA's H100 total (81079 MiB) for
     nvidia-smi's 81559, so it serves vLLM only, says "placeholder" and has the larger figure.
     It also predates the model fields beyond attention (vocabulary, MLP, MoE, indexer, MTP,
-    quantization, architecture), which a kernel profile does not read: it leaves them all out,
-    and its attention fields are the shipped ones."""
+    quantization, architecture, the query's compressed width q_lora_rank) and the `[vllm]`
+    table's max_num_seqs 256, which a kernel profile does not read: it leaves them all out, and
+    its attention fields are the shipped ones."""
     built = scenarios.load(str(scenario_file(tmp_path, "glm5-fp8-tp8", TP1_EDITS)))
     assert (built.name, built.heads_per_rank) == (TP1_NAME, 64)
     saved = KERNELS_H200 / TP1_TOML
@@ -133,8 +135,10 @@ def test_the_tp1_scenario_is_glm5_at_tensor_parallel_1(tmp_path):
     assert {name: getattr(saved.model, name) for name in MODEL_BEYOND_ATTENTION} == dict.fromkeys(
         MODEL_BEYOND_ATTENTION)
     model = dataclasses.replace(saved.model, **beyond_attention)
+    assert saved.sections == {}
     assert dataclasses.replace(saved, source=built.source, engines=built.engines,
-                               parallel=parallel, gpu=gpu, model=model) == built
+                               parallel=parallel, gpu=gpu, model=model,
+                               sections=built.sections) == built
 
 
 # (b) the operation table

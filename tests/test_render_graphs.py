@@ -126,8 +126,12 @@ def test_table_lists_every_size_largest_first_then_the_totals(predicted):
 
 
 def test_the_long_default_list_stays_compact():
-    """The 51 default sizes: one row each, within the table width."""
-    result = run_graphs(scenario.load("glm5-fp8-tp8"), ["alloc", "workspace"],
+    """The 51 default sizes (vLLM's default max_num_seqs 1024): one row each, within the table
+    width."""
+    glm = scenario.load("glm5-fp8-tp8")
+    glm = dataclasses.replace(glm, sections={"vllm": dataclasses.replace(glm.section("vllm"),
+                                                                         max_num_seqs=1024)})
+    result = run_graphs(glm, ["alloc", "workspace"],
                         command="mlamem graphs --predict", predict=True)
     text = render.GRAPHS_FORMATS["table"](result)
     assert len(result.capture_sizes) == 51

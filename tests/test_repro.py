@@ -61,12 +61,12 @@ def test_engine_case_adds_up_for_glm5(glm):
     assert sum(s.nbytes for s in activation_specs(glm, 32768)) == 1_375_731_712
     case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), glm_budget(glm), "workspace",
                    sm_count=132)
-    # the residual stream (805,306,368) under the largest stage beyond attention, the sampler
-    # over 1024 requests: 2 x 1024 x 6144 x 2 B of hidden states, the bf16 logits (1024 x
-    # 154880 x 2 B = 317,194,240) and three float32 rows of them (634,388,480 each) =
-    # 2,245,525,504; each float32 one a new 606-MiB segment whose 1-MiB rest is too small to
-    # split (3 x 1,048,576)
-    assert case.profile_peak_bytes == 805_306_368 + 2_245_525_504 + 3 * 1_048_576 == 3_053_977_600
+    # the residual stream (805,306,368) under the largest stage beyond attention, the indexer's
+    # profile branch with the DSA layer's locals beside it (vllm_pass.attention_locals:
+    # 32768 x 39,616 B = 1,298,137,088; the indexer's fp8 query and weights, its 512-MiB
+    # logits and the top-k exchange: 1,212,153,856) = 2,510,290,944, past the sampler's over
+    # the PR's 256 requests (561,381,376); the emulated allocator's rounding adds 917,504
+    assert case.profile_peak_bytes == 805_306_368 + 2_510_290_944 + 917_504 == 3_316_514_816
     assert case.workspace_bytes == 32768 * 64 * (576 + 512) * 2  # padded q + out, bf16
     # init: 40 GiB of placeholder weights (42,949,672,960) + that workspace (4,563,402,752) + the
     # indexer's top-k buffer (32768 x 2048 x 4 B = 268,435,456) + the synthetic KV pool of the
@@ -76,35 +76,28 @@ def test_engine_case_adds_up_for_glm5(glm):
     # top-k/top-p scratch (132 SMs x 154880 x 4 B = 81,776,640, a 78-MiB block)
     assert case.init_bytes == 47_786_885_120 + 1_879_048_192 + 81_788_928 == 49_747_722_240
     # 0.85 x 81079 MiB = 72,264,869,478 B requested, less init and the profile peak
-    # (52,801,699,840; no non-torch memory in this simulated memory) leaves 19,463,169,638 B:
-    # 4947.8 blocks of 3,933,696 B, so 4947 blocks of 64 tokens (max_model_len 131072 is
+    # (53,064,237,056; no non-torch memory in this simulated memory) leaves 19,200,632,422 B:
+    # 4881.07 blocks of 3,933,696 B, so 4881 blocks of 64 tokens (max_model_len 131072 is
     # whole blocks: the count vLLM logs is every block's 64 tokens)
-    assert case.kv_cache_bytes == 4947 * 3_933_696 == 19_459_994_112
-    assert case.kv_cache_tokens == 4947 * 64 == 316_608
+    assert case.kv_cache_bytes == 4881 * 3_933_696 == 19_200_370_176
+    assert case.kv_cache_tokens == 4881 * 64 == 312_384
     assert case.headroom_bytes == case.torch_limit_bytes - case.step_peak_bytes > 0
 
 
-# Between the alloc path's limit and the workspace path's at glm5's defaults (35466 and 43008,
-# measured on the H100: reports/repro-oom-h100/h100), where the first runs out of memory and
-# the second fits; at the default 32768 both fit, since the stages beyond attention (the
-# profile's sampler, vLLM's shared workspace) leave a smaller KV cache.
-PAST_ALLOC_LIMIT = 40960
-
-
 def test_predicted_glm5_defaults(glm):
-    """glm5's defaults past the alloc path's limit (40960 tokens): the alloc path OOMs on the
-    10 GiB o_accum; the workspace path fits."""
-    result = run_repro(glm, glm_budget(glm, PAST_ALLOC_LIMIT), ["alloc", "workspace"],
-                       command="test", predict=True)
+    """glm5 defaults (32768 tokens, past the alloc path's limit 31488 with the DSA layer's
+    attention locals): the alloc path OOMs on the 8 GiB o_accum; the workspace path fits."""
+    result = run_repro(glm, glm_budget(glm), ["alloc", "workspace"], command="test",
+                       predict=True)
     alloc, workspace = result.cases
     assert not result.measured
     assert alloc["verdict"] == "oom" and alloc["phase"] == "step"
     assert alloc["oom_buffer"] == "o_accum" and alloc["oom_allocated_by"] == "kernel"
-    assert alloc["oom_requested_bytes"] == 10 * GiB
-    assert 0 < alloc["free_bytes_at_oom"] < 10 * GiB
+    assert alloc["oom_requested_bytes"] == 8 * GiB
+    assert 0 < alloc["free_bytes_at_oom"] < 8 * GiB
     assert workspace["verdict"] == "fits" and workspace["headroom_bytes"] > 0
-    assert alloc["out_staging_gain_bytes"] == PAST_ALLOC_LIMIT * 64 * 512 * 2
-    assert 0 < alloc["max_safe_tokens"] < PAST_ALLOC_LIMIT < workspace["max_safe_tokens"]
+    assert alloc["out_staging_gain_bytes"] == 32768 * 64 * 512 * 2
+    assert 0 < alloc["max_safe_tokens"] < 32768 < workspace["max_safe_tokens"]
     assert "predicted" in alloc["max_safe_method"]
 
 
@@ -216,10 +209,10 @@ class _RaisingKernel(FlashMLA):
 
 def test_oom_as_runtime_error_is_an_oom(glm):
     """An OOM that arrives as a RuntimeError is classified by num_ooms and named from the trace."""
-    case = VLLM.emulate(SimulatedMemory(), glm, _RaisingKernel("oom"),
-                        glm_budget(glm, PAST_ALLOC_LIMIT), "alloc", sm_count=132)
+    case = VLLM.emulate(SimulatedMemory(), glm, _RaisingKernel("oom"), glm_budget(glm), "alloc",
+                        sm_count=132)
     assert case.verdict == "oom" and case.failure.startswith("RuntimeError: torch_call_dispatcher")
-    assert case.oom_buffer == "o_accum" and case.oom_requested_bytes == 10 * GiB
+    assert case.oom_buffer == "o_accum" and case.oom_requested_bytes == 8 * GiB
 
 
 def test_other_kernel_failure_is_an_error(glm):
@@ -240,7 +233,7 @@ def test_is_out_of_memory_classification():
 
 def test_no_kv_room_is_its_own_verdict(glm):
     """When init and profile leave nothing for the KV cache, the engine does not start."""
-    # init (40 GiB of weights, the workspaces: 46.3 GiB) and the profile peak (2.8 GiB) fit in
+    # init (40 GiB of weights, the workspaces: 46.3 GiB) and the profile peak (3.1 GiB) fit in
     # 56 GiB but exceed 0.85 x 56 GiB = 47.6 GiB
     budget = Budget(56 * GiB, 0.85, 32768)
     case = VLLM.emulate(SimulatedMemory(), glm, FlashMLA(), budget, "alloc", sm_count=132)
@@ -279,23 +272,21 @@ def test_local_gpu_must_hold_the_target():
 def test_cli_json_and_expectations(capsys, tmp_path):
     """JSON has a verdict per path; --expect-* turn verdicts into exit codes."""
     target = tmp_path / "repro.json"
-    tokens = ["--max-num-batched-tokens", str(PAST_ALLOC_LIMIT)]
-    assert main(["repro-oom", *tokens, "--format", "json", "--output", str(target),
+    assert main(["repro-oom", "--format", "json", "--output", str(target),
                  "--expect-oom", "alloc", "--expect-fit", "workspace"]) == 0
     data = json.loads(target.read_text())
     assert data["schema"] == "mlamem.repro-oom/1" and data["measured"] is False
     assert [c["verdict"] for c in data["cases"]] == ["oom", "fits"]
-    assert main(["repro-oom", *tokens, "--paths", "alloc", "--expect-fit", "alloc"]) == 1
+    assert main(["repro-oom", "--paths", "alloc", "--expect-fit", "alloc"]) == 1
     assert "expected to fit but oom" in capsys.readouterr().err
 
 
 @no_gpu
 def test_cli_markdown_labels_prediction(capsys):
     """The Markdown says PREDICTED and names the failing buffer."""
-    assert main(["repro-oom", "--max-num-batched-tokens", str(PAST_ALLOC_LIMIT),
-                 "--format", "markdown"]) == 0
+    assert main(["repro-oom", "--format", "markdown"]) == 0
     text = capsys.readouterr().out
-    assert "PREDICTED" in text and "OOM in step: o_accum (10.000 GiB, by kernel)" in text
+    assert "PREDICTED" in text and "OOM in step: o_accum (8.000 GiB, by kernel)" in text
 
 
 def test_context_reuse_three_ways():
@@ -347,8 +338,9 @@ def test_repro_workspace_full_step_allocates_only_the_engines_buffers(glm):
 
 def test_the_target_gpu_is_the_physical_device_of_the_prediction():
     """GLM-5's H100 target is predicted on the H100's record, its memory the physical device:
-    the H100's measured limits, 35466 and 43008 (reports/repro-oom-h100/h100, 2026-12-06, the
-    rank with its stages beyond attention). DeepSeek-V3.2's H200 target on the H200's record.
+    31488 and 38257 with the DSA layer's attention locals (predicted; the H100 of 2026-12-06
+    measured the rank before them: reports/repro-oom-h100/h100). DeepSeek-V3.2's H200 target
+    on the H200's record.
     A target no record holds takes the nearest record's figures with its own memory, and says
     which."""
     def predicted(name, gpu_memory_bytes=None):
@@ -357,7 +349,7 @@ def test_the_target_gpu_is_the_physical_device_of_the_prediction():
         return run_repro(chosen, budget, ["alloc", "workspace"], command="test", predict=True)
 
     glm = predicted("glm5-fp8-tp8")
-    assert [c["max_safe_tokens"] for c in glm.cases] == [35466, 43008]
+    assert [c["max_safe_tokens"] for c in glm.cases] == [31488, 38257]
     assert glm.non_torch.gpu == "NVIDIA H100 80GB HBM3" and glm.non_torch.assumed is None
     assert not any("spare" in n for n in glm.notes)
     deepseek = predicted("deepseek-v32-fp8-tp8")

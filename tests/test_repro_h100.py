@@ -4,6 +4,7 @@ before them) (reports/repro-oom-h100, copied into tests/fixtures): the predictio
 the CPU, against both."""
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,27 @@ ARGS = {"repro-glm5": [], "repro-glm5-sglang": ["--engine", "sglang"],
         "repro-glm5-graphs": ["--cuda-graphs", "on"],
         "repro-seed-eager": ["--serve", f"{SEED_SERVE} --enforce-eager", "--gpu", "H100 SXM 80GB",
                              "--weights-per-rank", "40GiB"]}
+def _shipped_as_measured(tmp_path: Path) -> Path:
+    """glm5-fp8-tp8 as it was shipped when these runs were made: vLLM's default max_num_seqs
+    1024 (it now takes the PR's 256)."""
+    shipped = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    assert "\nmax_num_seqs = 256 " in shipped
+    path = tmp_path / "glm5-fp8-tp8.toml"
+    path.write_text(shipped.replace("\nmax_num_seqs = 256 ", "\nmax_num_seqs = 1024"))
+    return path
+
+
 def _predicted(args: list[str], tmp_path: Path, capsys) -> dict:
     output = tmp_path / "predicted.json"
+    shipped = "--serve" not in args
+    if shipped:
+        args = ["-s", str(_shipped_as_measured(tmp_path)), *args]
     assert main(["repro-oom", *args, "--predict", "--format", "json", "--output", str(output)]) == 0
     capsys.readouterr()
-    return json.loads(output.read_text())
+    predicted = json.loads(output.read_text())
+    if shipped:  # the file's name, as the shipped scenario's source reads
+        predicted["scenario"]["source"] = "glm5-fp8-tp8.toml"
+    return predicted
 
 
 def _measured(gpu: str, name: str) -> dict:
@@ -34,12 +51,15 @@ def _measured(gpu: str, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name", ARGS)
-def test_the_h100_itself_equals_the_prediction(name, tmp_path, capsys):
+def test_the_h100_itself_equals_the_prediction(name, tmp_path, capsys,
+                                               rank_before_attention_locals):
     """vLLM eager, SGLang and vLLM's CUDA graphs on the H100 the scenario names: every field a
     prediction gives, the limits (each N fits, N + 1 runs out of memory) and SGLang's largest
     fractions included, now that the prediction keeps to the target as the physical device
-    (the H100's record in mlamem/non_torch.toml). The runs of 2026-12-06 measured the rank as it
-    is: its stages beyond attention, and the indexer's keys in vLLM's KV cache."""
+    (the H100's record in mlamem/non_torch.toml). The runs of 2026-12-06 measured the rank with
+    its stages beyond attention and the indexer's keys in vLLM's KV cache, before the DSA
+    layer's attention locals (`rank_before_attention_locals`) and with glm5-fp8-tp8 at vLLM's
+    default max_num_seqs 1024."""
     measured = _measured("h100", name)
     assert measured["environment"]["gpu"] == "NVIDIA H100 80GB HBM3"
     assert prediction_differences(measured, _predicted(ARGS[name], tmp_path, capsys)) == []
@@ -54,7 +74,8 @@ def test_the_h200_runs_before_the_target_room_differ_only_in_the_limits(name, tm
     the largest safe values equals the prediction, and each of their limits is above it, the
     H100's own, never under. (A measured run on a larger GPU now keeps to the target's room.)
     They predate the rank's stages beyond attention and the indexer's keys in vLLM's KV cache:
-    the rank is predicted as it ran (`rank_before_stages`, `vllm_cache_as_measured`)."""
+    the rank is predicted as it ran (`rank_before_stages`, `vllm_cache_as_measured`), the
+    shipped scenario at max_num_seqs 1024 as it then was."""
     measured = _measured("h200", name)
     assert measured["environment"]["gpu"] == "NVIDIA H200"
     predicted = _predicted(ARGS[name], tmp_path, capsys)

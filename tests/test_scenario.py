@@ -112,7 +112,7 @@ def test_user_toml_path_loads(tmp_path):
      "[gpu].gpu_memory_utilization must be a finite number, got inf"),
     ("num_layers = 78", "num_layers = true", "[model].num_layers must be int, got True"),
     ("num_layers = 78", "num_layers = 78.0", "[model].num_layers must be int, got 78.0"),
-    ("[gpu]", "[vllm]\nmax_num_seqs = \"many\"\n\n[gpu]", "[vllm].max_num_seqs must be int, got 'many'"),
+    ("max_num_seqs = 256 ", "max_num_seqs = \"many\" ", "[vllm].max_num_seqs must be int, got 'many'"),
     # what a rank allocates beyond attention: sizes in range, a top-k among the experts, a scheme
     ("num_experts_per_tok = 8", "num_experts_per_tok = 300",
      "[model].num_experts_per_tok 300 exceeds n_routed_experts 256"),
@@ -244,17 +244,18 @@ def test_unknown_scenario_lists_valid_names():
 def test_vllm_settings_in_serving_migrate_to_their_own_table():
     """vLLM's CUDA-graph settings are its [vllm] table; a file of the older layout, with them in
     [serving], loads the same (one migrate step), and a key given in both is refused."""
-    text = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    shipped = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    text = shipped[:shipped.index("\n[vllm]\n") + 1]  # without its [vllm] table (the PR's 256)
     old = scenario.parse(text.replace("[serving]\n", "[serving]\nmax_num_seqs = 256\n"
                                        'cudagraph_mode = "FULL"\n'), "old.toml")
     new = scenario.parse(text + '\n[vllm]\nmax_num_seqs = 256\ncudagraph_mode = "FULL"\n',
                           "new.toml")
     assert old.section("vllm") == new.section("vllm")
     assert (new.section("vllm").max_num_seqs, new.section("vllm").cudagraph_mode) == (256, "FULL")
-    assert scenario.load("glm5-fp8-tp8").section("vllm").max_num_seqs == 1024  # the default
+    assert scenario.parse(text, "none.toml").section("vllm").max_num_seqs == 1024  # the default
     again = scenario.from_dict(scenario.to_dict(new), "again")
     assert again.section("vllm") == new.section("vllm")
-    assert "vllm" not in scenario.to_dict(scenario.load("glm5-fp8-tp8"))  # none given: none out
+    assert "vllm" not in scenario.to_dict(scenario.parse(text, "none.toml"))  # none given: none out
     with pytest.raises(UserError, match=r"\[serving\].max_num_seqs is also in \[vllm\]"):
         scenario.parse(text.replace("[serving]\n", "[serving]\nmax_num_seqs = 8\n")
                         + "\n[vllm]\nmax_num_seqs = 256\n", "both.toml")

@@ -177,11 +177,15 @@ def test_the_fused_moe_workspace_is_folded_into_the_shared_workspace_at_init(glm
         assert case.profile_peak_bytes == without.profile_peak_bytes
 
 
-def test_the_profile_holds_the_moe_stage_on_the_residual_stream(glm5_tp8):
+def test_the_profile_holds_the_moe_stage_on_the_residual_stream(glm5_tp8,
+                                                               rank_before_attention_locals):
     """The emulated vLLM rank's predicted profile peak at 49152 tokens and 256 sequences, where
     the MoE stage is its largest (over the dense MLP's, the indexer's and the sampler's): the
     residual stream (hidden_states and residual; q and the attention's output are freed after
-    the layer's attention) under the MoE stage, each of its buffers in its own block."""
+    the layer's attention) under the MoE stage, each of its buffers in its own block. Without
+    the DSA layer's attention locals beside the indexer's stage (`rank_before_attention_locals`),
+    which with them is the larger here (the locals alone 49152 x 39,616 B, past the MoE's
+    1,678,336,000)."""
     tokens, few = 49152, with_vllm(glm5_tp8, max_num_seqs=256)
     budget = Budget(few.gpu.memory_bytes, few.gpu.gpu_memory_utilization, tokens)
     rank = VLLM(SimulatedMemory(), few, FlashMLA(), budget,

@@ -27,7 +27,9 @@ def with_vllm(scenario, **table):
 
 @pytest.fixture(scope="module")
 def glm():
-    return scenarios.load("glm5-fp8-tp8")  # TP8: 8 heads/rank, max_model_len 131072
+    """glm5-fp8-tp8 (TP8: 8 heads/rank, max_model_len 131072) at vLLM's default max_num_seqs
+    1024 (the shipped scenario takes the PR's 256)."""
+    return with_vllm(scenarios.load("glm5-fp8-tp8"), max_num_seqs=1024)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +215,8 @@ def test_stage_order_and_sources(glm):
 def test_the_rank_holds_them(glm):
     """The emulated rank's profile peak is the residual stream (hidden_states and residual: q
     and the attention's output are freed after the layer's attention) plus the largest of its
-    stages, in the engine's order (the dense MLP, the indexer, the MoE, then the sampler); its
+    stages, in the engine's order (the dense MLP, the indexer with the layer's locals, the MoE,
+    then the sampler), within the allocator's rounding; its
     init grows by the shared workspace, the largest of its requests (the sparse MLA backend's,
     the indexer's, the fused MoE's, folded in: one WorkspaceManager buffer), less the path's own
     share of it."""
@@ -227,11 +230,14 @@ def test_the_rank_holds_them(glm):
     stream = sum(s.nbytes for s in activation_specs(glm, 32768)
                  if s.name in ("hidden_states", "residual"))
     assert stream == 2 * 32768 * 6144 * 2
+    # the indexer's stage holds the layer's locals beside it (vllm_pass.attention_locals):
+    # the largest, past the sampler's
+    indexer = vllm_pass.indexer_stage(glm, 32768)
+    assert stages[1].buffers == (vllm_pass.attention_locals(glm, 32768).buffers
+                                 + indexer.buffers)
     largest = max(s.nbytes for s in stages)
-    assert largest == vllm_pass.sampler_stage(glm, 1024).nbytes
-    # + 3 MiB: each 605 MiB float32 buffer's 2 MiB-rounded segment keeps its 1 MiB tail (not
-    # over the allocator's 1 MiB split threshold)
-    assert case.profile_peak_bytes == stream + largest + 3 * MiB == 3_053_977_600
+    assert largest == stages[1].nbytes == 2_510_290_944 > vllm_pass.sampler_stage(glm, 1024).nbytes
+    assert stream + largest <= case.profile_peak_bytes < stream + largest + MiB
     # init: 40 GiB of weights + the path's workspace + the indices and KV pool (test_repro's
     # 47,786,885,120) + the shared workspace (the fused MoE's 6 GiB request, the largest) less
     # the path's share + the top-k/top-p scratch (81,776,640 B, whose 2 MiB-rounded segment's
@@ -248,3 +254,64 @@ def test_the_rank_holds_them(glm):
 def test_section_default_is_what_the_stages_read():
     """The stages read the `[vllm]` table's max_num_seqs (1024 by default)."""
     assert VLLMSection().max_num_seqs == 1024
+
+
+def test_attention_locals_by_their_formulas(glm, dsv32_tp4):
+    """A DSA layer's locals through its attention call, T tokens: the previous layer's MoE
+    output (T x hidden), the fused q/kv down-projection (T x (q_lora_rank + kv_lora_rank +
+    RoPE)) and its normed q, latent and RoPE key, q_b (T x heads/rank x (NoPE + RoPE)), the
+    indexer's replicated query in bf16 and fp8 (T x index heads x 128), its fused key and head
+    weights (T x (128 + index heads), bf16) and float32 weights; bf16 unless named."""
+    assert sizes(vllm_pass.attention_locals(glm, 32768)) == {
+        "attention.previous_moe_output": 32768 * 6144 * 2,
+        "attention.qkv_lora": 32768 * (2048 + 512 + 64) * 2,  # GLM-5: q_lora_rank 2048
+        "attention.q_c": 32768 * 2048 * 2,
+        "attention.kv_c": 32768 * 512 * 2,
+        "attention.k_pe": 32768 * 64 * 2,
+        "attention.q_b": 32768 * 8 * (192 + 64) * 2,  # 8 heads/rank, qk_nope_head_dim 192
+        "attention.index_q": 32768 * 32 * 128 * 2,
+        "attention.index_q_fp8": 32768 * 32 * 128,
+        "attention.index_kw": 32768 * (128 + 32) * 2,
+        "attention.index_weights": 32768 * 32 * 4}
+    assert sizes(vllm_pass.attention_locals(dsv32_tp4, 8192)) == {
+        "attention.previous_moe_output": 8192 * 7168 * 2,
+        "attention.qkv_lora": 8192 * (1536 + 512 + 64) * 2,  # DeepSeek-V3.2: q_lora_rank 1536
+        "attention.q_c": 8192 * 1536 * 2,
+        "attention.kv_c": 8192 * 512 * 2,
+        "attention.k_pe": 8192 * 64 * 2,
+        "attention.q_b": 8192 * 32 * (128 + 64) * 2,  # TP4: 32 heads/rank
+        "attention.index_q": 8192 * 64 * 128 * 2,
+        "attention.index_q_fp8": 8192 * 64 * 128,
+        "attention.index_kw": 8192 * (128 + 64) * 2,
+        "attention.index_weights": 8192 * 64 * 4}
+    assert vllm_pass.attention_locals(scenarios.load("kimi-k2-fp8-tp4-dp"), 8192) is None
+    for buffer in vllm_pass.attention_locals(glm, 32768).buffers:
+        assert buffer.source.startswith("vLLM 0.33.0 ") and ".py" in buffer.source, buffer
+
+
+def test_step_attention_buffers_are_the_global_topk_slots(glm, dsv32_tp4):
+    """The mixed batch's top-k indices as global cache slots: T x index_topk int32."""
+    assert sizes(vllm_pass.step_attention_buffers(glm, 32768)) == {
+        "attention.global_topk_slots": 32768 * 2048 * 4}
+    assert sizes(vllm_pass.step_attention_buffers(dsv32_tp4, 8192)) == {
+        "attention.global_topk_slots": 8192 * 2048 * 4}
+    assert vllm_pass.step_attention_buffers(scenarios.load("kimi-k2-fp8-tp4-dp"), 8192) is None
+
+
+def test_after_kv_buffers_by_their_formulas(glm, dsv32_tp4):
+    """After the KV cache: the indexer's expanded block table, T x the block table's width
+    (max_model_len / block_size, aligned to 128 tokens' worth of 64-token blocks: 2) int32,
+    and the sparse MLA builder's chunked-prefill workspace, min(max(8 x max_model_len,
+    4 x max_num_seqs x block_size), 64 Ki) rows of 576 bf16."""
+    assert vllm_pass.block_table_width(glm) == 131072 // 64 == 2048
+    assert vllm_pass.block_table_width(dsv32_tp4) == 163840 // 64 == 2560
+    odd = dataclasses.replace(glm, serving=dataclasses.replace(
+        glm.serving, max_model_len=131072 + 64))  # 2049 blocks, aligned up to 2050
+    assert vllm_pass.block_table_width(odd) == 2050
+    assert sizes(vllm_pass.after_kv_buffers(glm, 32768)) == {
+        "indexer.expanded_block_table": 32768 * 2048 * 4,
+        "sparse_mla.chunked_prefill_workspace": 64 * 1024 * 576 * 2}
+    assert sizes(vllm_pass.after_kv_buffers(dsv32_tp4, 8192)) == {
+        "indexer.expanded_block_table": 8192 * 2560 * 4,
+        "sparse_mla.chunked_prefill_workspace": 64 * 1024 * 576 * 2}
+    assert vllm_pass.after_kv_buffers(scenarios.load("kimi-k2-fp8-tp4-dp"), 8192) is None

@@ -327,10 +327,13 @@ def test_capture_sizes_follow_each_versions_rule(glm):
 
 def test_blackwell_captures_to_1024_from_0_28_0(glm):
     """config/vllm.py _set_cudagraph_sizes: default_max_graph_size 1024 on data-center
-    Blackwell (SM100) from 0.28.0, 512 before and on Hopper."""
+    Blackwell (SM100) from 0.28.0, 512 before and on Hopper (at vLLM's default max_num_seqs
+    1024: the list stops at 2 x max_num_seqs, 512 at glm5-fp8-tp8's 256)."""
     b200 = dataclasses.replace(glm, gpu=dataclasses.replace(glm.gpu, name="B200"))
-    assert _sizes(b200, "0.27.0")[-1] == 512 and _sizes(glm, None)[-1] == 512
-    assert _sizes(b200, "0.28.0")[-1] == _sizes(b200, None)[-1] == 1024
+    seqs = {"max_num_seqs": 1024}
+    assert _sizes(b200, "0.27.0", **seqs)[-1] == 512 and _sizes(glm, None, **seqs)[-1] == 512
+    assert _sizes(b200, "0.28.0", **seqs)[-1] == _sizes(b200, None, **seqs)[-1] == 1024
+    assert _sizes(b200, None)[-1] == 512
 
 
 @pytest.mark.parametrize(("version", "tokens"), [("0.27.0", 8192), ("0.28.0", 16384),
