@@ -771,6 +771,8 @@ def test_sglang_serve_attention_dp_abbreviations_and_graphs(glm5):
      "--mem-fraction-static 1.2", "--mem-fraction-static 1.2: must be in (0, 1)"),
     (f"{SG} --model-path {DS} --tp 0 --kv-cache-dtype fp8_e4m3 --context-length 4096",
      "--tp-size 0: must be at least 1"),
+    (f"{SG} --model-path {DS} --tp 8 --ep-size -2 --kv-cache-dtype fp8_e4m3 --context-length 4096",
+     "--ep-size -2: must be at least 1"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "
      "--cuda-graph-max 8", "ambiguous option: --cuda-graph-max"),
     (f"{SG} --model-path {DS} --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 4096 "

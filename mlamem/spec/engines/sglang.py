@@ -770,7 +770,8 @@ def fill_max_model_len(parsed: Parsed, config: hf_config.ModelConfig) -> None:
 def _layout(given: dict, prog: str) -> tuple[int, int, int]:
     """(tp_size, attention-DP groups, replicas) after handle_deprecated_dp_attention."""
     tp, dp, attention_dp = (given.get(key, 1) for key in ("tp_size", "dp_size", "attn_dp_size"))
-    for flag, value in (("--tp-size", tp), ("--dp-size", dp), ("--attn-dp-size", attention_dp)):
+    for flag, value in (("--tp-size", tp), ("--dp-size", dp), ("--attn-dp-size", attention_dp),
+                        ("--ep-size", given.get("ep_size", 1))):
         if value < 1:
             raise UserError(f"{prog} {flag} {value}: must be at least 1", field="serve")
     flag = "--attn-dp-size"
