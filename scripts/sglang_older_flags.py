@@ -19,6 +19,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from older_flags import older_flags
 from sglang_serve_flags import FIELDS, field_flags, namespaces
 from sglang_serve_flags import OUT as CURRENT
 
@@ -71,22 +72,13 @@ def flags_of(wheel: str) -> dict[str, dict]:
 
 
 def main(wheels: list[str]) -> None:
-    current = json.loads(CURRENT.read_text())["flags"]
-    known = set(current) | {a for f in current.values() for a in f["aliases"]}
-    older: dict[str, dict] = {}
-    for wheel in sorted(wheels, key=lambda w: _key(version_of(w))):
-        for flag, spec in flags_of(wheel).items():
-            if flag in known:
-                continue
-            entry = older.setdefault(flag, {"aliases": [a for a in spec["aliases"]
-                                                        if a not in known],
-                                            "kind": spec["kind"], "versions": []})
-            entry["versions"].append(version_of(wheel))
-    versions = ", ".join(version_of(w) for w in sorted(wheels, key=lambda w: _key(version_of(w))))
+    in_order = sorted(wheels, key=lambda w: _key(version_of(w)))
+    older = older_flags(in_order, json.loads(CURRENT.read_text())["flags"], flags_of, version_of)
+    versions = ", ".join(version_of(w) for w in in_order)
     data = {"_source": f"flags of SGLang {versions}'s launch_server that 0.5.23's lacks, read "
                        "from their wheels by scripts/sglang_older_flags.py (srt/server_args.py "
                        "ServerArgs.add_cli_args; srt/arg_groups/fields/ where present)",
-            "flags": dict(sorted(older.items()))}
+            "flags": older}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{OUT}: {len(older)} flags")
 

@@ -20,6 +20,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from older_flags import older_flags
 from vllm_serve_flags import OUT as CURRENT
 from vllm_serve_flags import calls, fields, kind_of
 
@@ -47,22 +48,13 @@ def flags_of(wheel: str) -> dict[str, dict]:
 
 
 def main(wheels: list[str]) -> None:
-    current = json.loads(CURRENT.read_text())["flags"]
-    known = set(current) | {a for f in current.values() for a in f["aliases"]}
-    older: dict[str, dict] = {}
-    for wheel in sorted(wheels, key=lambda w: tuple(int(p) for p in version_of(w).split("."))):
-        for flag, spec in flags_of(wheel).items():
-            if flag in known:
-                continue
-            entry = older.setdefault(flag, {"aliases": [a for a in spec["aliases"]
-                                                        if a not in known],
-                                            "kind": spec["kind"], "versions": []})
-            entry["versions"].append(version_of(wheel))
+    in_order = sorted(wheels, key=lambda w: tuple(int(p) for p in version_of(w).split(".")))
+    older = older_flags(in_order, json.loads(CURRENT.read_text())["flags"], flags_of, version_of)
     versions = ", ".join(version_of(w) for w in wheels)
     data = {"_source": f"flags of vLLM {versions}'s `vllm serve` that 0.33.0's lacks, read from "
                        "their wheels by scripts/vllm_older_flags.py (engine/arg_utils.py "
                        "EngineArgs.add_cli_args; the frontend's make_arg_parser, FrontendArgs)",
-            "flags": dict(sorted(older.items()))}
+            "flags": older}
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     print(f"{OUT}: {len(older)} flags")
 

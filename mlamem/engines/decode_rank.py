@@ -80,14 +80,18 @@ class DecodeRank(Engine):
         """The tokens the path's workspace is reserved for: the step's."""
         return self.budget.max_num_batched_tokens
 
+    def allocate_stage(self, stage: Stage) -> list[torch.Tensor]:
+        """A stage's buffers, in order; an OOM names the buffer (`allocating`)."""
+        tensors = []
+        for spec in stage_specs(stage):
+            self.allocating = spec.name
+            tensors.extend(allocate_specs([spec], self.memory.device).values())
+        return tensors
+
     def run_stages(self, stages: list[Stage]) -> None:
-        """Each stage's buffers allocated together, then freed before the next; an OOM names
-        the buffer (`allocating`)."""
+        """Each stage's buffers allocated together, then freed before the next."""
         for stage in stages:
-            tensors = []
-            for spec in stage_specs(stage):
-                self.allocating = spec.name
-                tensors.extend(allocate_specs([spec], self.memory.device).values())
+            tensors = self.allocate_stage(stage)
             del tensors
 
     def attention_live(self, tokens: int) -> list[Stage]:
@@ -151,8 +155,6 @@ class DecodeRank(Engine):
             out, _ = attend(tensors["q"])
             tensors["attn_output"].copy_(out)
             del tensors["q"], tensors["attn_output"], out, held  # the residual stream stays
-            for stage in stages:  # as run_stages, in the measured body
-                live = allocate_specs(stage_specs(stage), memory.device)
-                del live
+            self.run_stages(stages)
 
         return Step(body, expected)

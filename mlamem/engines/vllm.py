@@ -50,7 +50,6 @@ from mlamem.engines.decode_rank import (
     DecodeCase,
     DecodeRank,
     activation_specs,
-    stage_specs,
 )
 from mlamem.runtime.graph_capture import capture_all
 from mlamem.runtime.non_torch import graph_steps_note
@@ -202,9 +201,7 @@ class VLLM(DecodeRank):
         if resident is None:
             return
         start = self.memory.stats().allocated
-        for spec in stage_specs(resident):
-            self.allocating = spec.name  # an OOM here names the buffer
-            self.resident.extend(allocate_specs([spec], self.memory.device).values())
+        self.resident.extend(self.allocate_stage(resident))
         self.case.init_bytes += self.memory.stats().allocated - start
 
     def stages(self, tokens: int) -> list[Stage]:
@@ -291,9 +288,8 @@ class VLLM(DecodeRank):
         """After the KV cache: the metadata builders' buffers vLLM's initialize_kv_cache
         allocates (spec.engines.vllm_pass.after_kv_buffers), then, graphs on, the captures."""
         kept = after_kv_buffers(self.scenario, self.budget.max_num_batched_tokens)
-        for spec in stage_specs(kept) if kept is not None else []:
-            self.allocating = spec.name  # an OOM here names the buffer
-            self.resident.extend(allocate_specs([spec], self.memory.device).values())
+        if kept is not None:
+            self.resident.extend(self.allocate_stage(kept))
         if not self.budget.cuda_graphs:
             return
         memory, case = self.memory, self.case
