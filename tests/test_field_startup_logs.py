@@ -1,12 +1,16 @@
 """reports/field's startup-log records and scripts/field_startup_logs.py's comparison, on a CPU
-and without running mlamem: every record cites its source and a logged figure, the comparison
-agrees within 2% or gives the gap in GiB, and --check tells a stale table from a current one."""
+and (but for one prediction a record quotes) without running mlamem: every record cites its
+source and a logged figure, the comparison agrees within 2% or gives the gap in GiB, and --check
+tells a stale table from a current one."""
 
 import importlib.util
+import json
 import tomllib
 from pathlib import Path
 
 import pytest
+
+from mlamem.cli import main
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "field_startup_logs.py"
@@ -93,3 +97,22 @@ def test_check_tells_a_stale_table(tmp_path, monkeypatch):
 @pytest.mark.parametrize("record", RECORDS, ids=[record["name"] for record in RECORDS])
 def test_committed_table_has_a_row_per_record(record):
     assert f"| {record['name']} |" in logs.TABLE.read_text()
+
+
+def test_the_thirty_two_thousand_token_reading_of_the_glm5_log_is_the_prediction(tmp_path):
+    """glm5-h200-vllm-0.22's `rest` reads the thread's failing 8.00 GiB o_accum as a 32768-token
+    step: its command with --max-num-batched-tokens 32768, predicted at the record's version,
+    gives the tokens and GiB the record quotes."""
+    record = next(r for r in RECORDS if r["name"] == "glm5-h200-vllm-0.22")
+    output = tmp_path / "predicted.json"
+    assert main(["repro-oom", "--predict", "--serve",
+                 record["command"] + " --max-num-batched-tokens 32768", "--gpu", record["gpu"],
+                 "--engine-version", record["engine_version"], "--paths", "alloc",
+                 "--format", "json", "--output", str(output)]) == 0
+    case = json.loads(output.read_text())["cases"][0]
+    assert (case["kv_cache_tokens"], case["oom_buffer"]) == (522816, "o_accum")
+    quoted = f"{case['kv_cache_tokens']:,} tokens ({case['kv_cache_bytes'] / GiB:.2f} GiB)"
+    assert quoted in record["rest"]
+    readme = (ROOT / "reports" / "field" / "README.md").read_text()
+    assert f"mlamem's {case['weights_bytes'] / GiB:.2f} GiB count of GLM-5-FP8's weights" in readme
+    assert f"{94.46 - case['weights_bytes'] / GiB:.2f} GiB over mlamem's" in readme
