@@ -131,11 +131,11 @@ def make_plan(scenario: Scenario, request: PlanRequest, kernel: str | None = Non
 
 def plan_kv_bytes_per_token(scenario: Scenario, request: PlanRequest) -> int:
     """k: under vLLM's budget (a utilization), vLLM's bytes per token, a DSA model's indexer
-    keys included (spec.engines.vllm.kv_bytes_per_token_per_layer); under TRT-LLM's (a free
+    keys included (spec.engines.vllm.kv_bytes_per_token); under TRT-LLM's (a free
     fraction), the cell alone, as TRT-LLM PR #16399's arithmetic counts it."""
     if request.utilization is None:
         return kv_bytes_per_token(scenario)
-    return scenario.model.num_layers * vllm_rules.kv_bytes_per_token_per_layer(scenario)
+    return vllm_rules.kv_bytes_per_token(scenario)
 
 
 def prefill_workspace_bytes(scenario: Scenario, max_model_len: int) -> int:

@@ -58,6 +58,7 @@ from mlamem.spec.engines.sglang import (
     fraction_cell,
     fraction_for_pool,
     graph_alignment,
+    indexer_layer_count,
     kv_pool_bytes,
     max_num_reqs,
     resolve,
@@ -282,7 +283,8 @@ class SGLang(DecodeRank):
         case.free_after_init_bytes = case.torch_limit_bytes - memory.stats().reserved
         case.kv_cell_bytes = dsa_fp8_cell_bytes(
             kv_lora_rank=scenario.model.kv_lora_rank, qk_rope_head_dim=scenario.model.qk_rope_head_dim,
-            index_head_dim=settings(scenario).index_head_dim, num_layers=scenario.model.num_layers)
+            index_head_dim=settings(scenario).index_head_dim, num_layers=scenario.model.num_layers,
+            indexer_layers=indexer_layer_count(scenario, rules))
         pool = kv_pool_bytes(case.free_after_init_bytes, case.free_before_model_bytes,
                              rules.mem_fraction_static)
         page = scenario.serving.block_size

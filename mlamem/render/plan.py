@@ -50,9 +50,12 @@ REPRO_RULE = ("utilization, as TRT-LLM's free_gpu_memory_fraction, x (total - no
 
 
 def _indexer_part(plan: OnePlan, scenario: PlanScenario) -> str:
-    """', + N B indexer keys' where k holds vLLM's DSA indexer cache beside the cell."""
-    extra = plan.k_bytes_per_token // scenario.num_layers - scenario.kv_bytes_per_token_per_layer
-    return f" + {extra} B indexer keys" if extra else ""
+    """', + N B indexer keys' where k holds vLLM's DSA indexer cache beside the cell (per layer,
+    or in all where only some layers hold an indexer)."""
+    extra = plan.k_bytes_per_token - scenario.num_layers * scenario.kv_bytes_per_token_per_layer
+    if extra % scenario.num_layers:
+        return f" + {extra} B of indexer keys" if extra else ""
+    return f" + {extra // scenario.num_layers} B indexer keys" if extra else ""
 
 
 def plan_rows(plan: OnePlan, scenario: PlanScenario) -> list[tuple[str, str]]:

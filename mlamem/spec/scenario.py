@@ -77,16 +77,22 @@ class Model:
     q_lora_rank: int | None = None  # the query's compressed width (q_a_proj's output)
     index_head_dim: int | None = None
     num_nextn_predict_layers: int | None = None  # MTP layers the checkpoint ships
+    # IndexCache (GLM-5.2's config): 1 of every index_topk_freq DSA layers after the first
+    # index_skip_topk_offset computes its own top-k, and only those hold an indexer in vLLM
+    # (spec/engines/vllm.py indexer_layer_count); None: the config does not set them
+    index_topk_freq: int | None = None
+    index_skip_topk_offset: int | None = None
     quantization: str | None = None  # the checkpoint's scheme (spec/models/quantization.py); None: bf16
     architecture: str | None = None  # config.json's architectures[0], e.g. "GlmMoeDsaForCausalLM"
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "index_topk", "vocab_size", "intermediate_size",
                      "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
-                     "index_n_heads", "index_head_dim", "q_lora_rank"):
+                     "index_n_heads", "index_head_dim", "q_lora_rank", "index_topk_freq"):
             if getattr(self, name) is not None:
                 check_positive(self, "model", name)
-        for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers"):
+        for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers",
+                     "index_skip_topk_offset"):
             if (getattr(self, name) or 0) < 0:
                 raise FieldError("model", name, "must be >= 0")
             if getattr(self, name):

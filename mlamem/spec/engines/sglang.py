@@ -64,7 +64,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
-from mlamem.spec.engines import Column, EngineSpec, Verdict, View
+from mlamem.spec.engines import AnyScenario, Column, EngineSpec, Verdict, View
 from mlamem.spec.engines.decode_view import (
     budget_segments,
     failed_alloc_cell,
@@ -262,15 +262,17 @@ def resolve(gpu_memory_mib: float, *, tp_size: int, pp_size: int = 1, attn_dp_si
 
 
 def dsa_fp8_cell_bytes(*, kv_lora_rank: int, qk_rope_head_dim: int, index_head_dim: int,
-                       num_layers: int, index_kpool: int = 1) -> int:
+                       num_layers: int, index_kpool: int = 1,
+                       indexer_layers: int | None = None) -> int:
     """Bytes per token of a DSA model's fp8 KV cache on one rank: per layer the fp8 latent, its
     fp32 scales per 128 values and the bf16 RoPE part, plus the indexer's fp8 keys with their
-    scales (uint8 storage), for every layer."""
+    scales (uint8 storage) in `indexer_layers` of them (indexer_layer_count; None: every layer)."""
     if kv_lora_rank % FP8_QUANT_BLOCK:
         raise UserError(f"kv_lora_rank {kv_lora_rank} is not a multiple of {FP8_QUANT_BLOCK}, as "
                         "SGLang's fp8 DSA cache needs", field="model.kv_lora_rank")
     latent = kv_lora_rank + kv_lora_rank // FP8_QUANT_BLOCK * 4 + qk_rope_head_dim * ROPE_STORAGE_BYTES
-    return (latent + indexer_key_bytes(index_head_dim, index_kpool)) * num_layers
+    keys = num_layers if indexer_layers is None else indexer_layers
+    return latent * num_layers + indexer_key_bytes(index_head_dim, index_kpool) * keys
 
 
 def kv_pool_bytes(free_after_weights_bytes: int, free_before_model_bytes: int,
@@ -310,6 +312,10 @@ DSA_PREFILL_GRAPHS_FROM = (0, 5, 15)
 # models/deepseek_v2.py DeepseekV32ForCausalLM, SGLang's first DSA model, from 0.5.3 (GLM-5's
 # GlmMoeDsaForCausalLM in configs/model_config.py from 0.5.9)
 DSA_MODELS_FROM = (0, 5, 3)
+# IndexCache: model_executor/pool_configurator.py _compute_dsa_indexer_cell_size gives index-K
+# only to the layers that compute their own top-k (configs/model_config.py dsa_layer_skips_topk)
+# from 0.5.18; every layer before (0.5.17's)
+INDEXER_ON_OWN_LAYERS_FROM = (0, 5, 18)
 # model_executor/cuda_graph_runner.py get_batch_sizes_to_capture before the reserve rule:
 RUNNER_BS = (1, 2, 4, 8, *range(16, 161, 8))  # then + range(160, 257, 8) on a large GPU
 
@@ -325,6 +331,7 @@ class SGLangRules:
     # "reserve" (from 0.5.3, `resolve`)
     fraction_rule: str
     dsa_prefill_graphs: bool  # a DSA model's prefill graphs are on, and in the reserve
+    indexer_on_own_layers: bool = True  # index-K only on the layers computing their top-k
 
 
 def sglang_rules(version: str | None) -> SGLangRules:
@@ -340,7 +347,21 @@ def sglang_rules(version: str | None) -> SGLangRules:
     rule = ("reserve" if series >= RESERVE_RULE_FROM else
             "by-gpu" if series >= FRACTION_BY_GPU_FROM else "by-tp")
     return SGLangRules(version.strip().lstrip("v"), series, rule,
-                       series >= DSA_PREFILL_GRAPHS_FROM)
+                       series >= DSA_PREFILL_GRAPHS_FROM, series >= INDEXER_ON_OWN_LAYERS_FROM)
+
+
+def indexer_layer_count(scenario: AnyScenario, rules: SGLangRules) -> int:
+    """The layers whose index-K the pool holds: with IndexCache (index_topk_freq > 1) those that
+    compute their own top-k, layer i skipping where max(i - offset + 1, 0) % freq != 0, offset
+    the config's index_skip_topk_offset, else 2 (`max(layer_id - 1, 0) % freq`:
+    configs/model_config.py dsa_layer_skips_topk; a config's indexer_types, which 0.5.23 reads
+    first, gives the same 21 layers for GLM-5.2); every layer before 0.5.18."""
+    model = scenario.model
+    freq = model.index_topk_freq or 1
+    if freq == 1 or not rules.indexer_on_own_layers:
+        return model.num_layers
+    offset = 2 if model.index_skip_topk_offset is None else model.index_skip_topk_offset
+    return sum(max(i - offset + 1, 0) % freq == 0 for i in range(model.num_layers))
 
 
 @dataclass(frozen=True)

@@ -279,13 +279,45 @@ def kv_bytes_per_token_per_layer(scenario: Scenario) -> int:
     return cell + indexer_key_bytes(settings(scenario).index_head_dim or DEFAULT_INDEX_HEAD_DIM)
 
 
+INDEXER_ON_OWN_LAYERS_FROM = (0, 24)  # models/deepseek_v2.py: no indexer on an IndexCache skip layer
+DEFAULT_SKIP_TOPK_OFFSET = 2  # getattr(config, "index_skip_topk_offset", 2), 0.23.0-0.33.0
+
+
+def indexer_layer_count(scenario: Scenario) -> int:
+    """The decoder layers that hold a DSA indexer and its key cache. With IndexCache (a config's
+    index_topk_freq > 1, GLM-5.2's 4) layer i skips its own top-k where max(i - offset + 1, 0) %
+    freq != 0, offset the config's index_skip_topk_offset or 2 (models/deepseek_v2.py,
+    DeepseekV2MLAAttention.__init__, 0.23.0-0.33.0); from 0.24.0 a skip layer builds no
+    indexer (`if self.is_v32 and (not _skip_topk or is_mtp_layer)`), before it every layer
+    does (0.21.0-0.23.0 build it, then skip its top-k). GLM-5.2's freq 4 and offset 3 give the
+    21 'full' layers of its indexer_types."""
+    model = scenario.model
+    if model.index_topk is None:
+        return 0
+    freq = model.index_topk_freq or 1
+    if freq == 1 or engine_series(scenario) < INDEXER_ON_OWN_LAYERS_FROM:
+        return model.num_layers
+    offset = DEFAULT_SKIP_TOPK_OFFSET if model.index_skip_topk_offset is None \
+        else model.index_skip_topk_offset
+    return sum(max(i - offset + 1, 0) % freq == 0 for i in range(model.num_layers))
+
+
+def kv_bytes_per_token(scenario: Scenario) -> int:
+    """The rank's KV-cache bytes per token over its layers: every layer's MLA cell and the key
+    caches of the layers with an indexer (indexer_layer_count), all pages of the one
+    UniformTypeKVCacheSpecs group (kv_bytes_per_token_per_layer)."""
+    layers = scenario.model.num_layers
+    without = layers - indexer_layer_count(scenario) if scenario.model.index_topk else 0
+    key = indexer_key_bytes(settings(scenario).index_head_dim or DEFAULT_INDEX_HEAD_DIM)
+    return layers * kv_bytes_per_token_per_layer(scenario) - without * key
+
+
 def kv_block_bytes(scenario: Scenario) -> int:
     """Bytes of one KV-cache block over the rank's layers: kv_cache_planning.py
     _get_kv_cache_bytes_per_block, the group's page; at block_size 64 the backends' stride
     alignments (MultipleOf(64): flashmla_sparse.py customize_spec, indexer.py's kernel block
     size 64) add nothing (kv_cache_interface.py KVCacheSpec.get_block_stride_alignment)."""
-    return (scenario.serving.block_size * scenario.model.num_layers
-            * kv_bytes_per_token_per_layer(scenario))
+    return scenario.serving.block_size * kv_bytes_per_token(scenario)
 
 
 def logged_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> int:
@@ -302,8 +334,8 @@ def logged_kv_tokens(num_blocks: int, block_size: int, max_model_len: int) -> in
 DEFAULT_VERSION = "0.33.0"  # the version mlamem's rules follow unless --engine-version says
 OLDEST_VERSION = (0, 10)  # the oldest series whose rules were read (0.10.2's wheel)
 # Where each rule changed, read from the wheels of 0.10.2, 0.11.0, 0.12.0, 0.13.0, 0.16.0-0.22.0
-# and 0.25.0-0.33.0 (`pip download --no-deps vllm==X`); a series between two read keeps the
-# older one's rules
+# and 0.25.0-0.33.0 (`pip download --no-deps vllm==X`; 0.23.0 and 0.24.0 for the indexer's layers,
+# INDEXER_ON_OWN_LAYERS_FROM); a series between two read keeps the older one's rules
 FRACTION_092_FROM = (0, 20)  # config/cache.py: 0.9 in 0.10.2-0.19.0, 0.92 from 0.20.0
 GRAPH_ESTIMATE_FROM = (0, 20)  # envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "1" from 0.20.0
 GRAPH_ESTIMATE_OPT_IN_FROM = (0, 18)  # ... "0" (opt-in) in 0.18.0-0.19.0; none in 0.17.0

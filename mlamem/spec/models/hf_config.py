@@ -30,7 +30,7 @@ MODEL_TYPES = {"deepseek_v32": ModelType(indexer=True, mtp_embeddings=True),
 WRAPPERS = {"kimi_k25": "text_config"}
 SHIPPED = {name: f"{name}.json" for name in (
     "deepseek-v3.2", "glm-5", "kimi-k2", "deepseek-v3", "deepseek-r1", "deepseek-v3.1", "deepseek-v3.2-exp",
-    "glm-5.1", "kimi-k2-thinking", "kimi-k2.5")}
+    "glm-5.1", "glm-5.2", "kimi-k2-thinking", "kimi-k2.5")}
 # the Hugging Face Hub names of the checkpoints each shipped config describes (the same dimensions and
 # the same quantization); `vllm serve HUBNAME` reads the shipped config (serve_command)
 HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": "glm-5",
@@ -42,11 +42,11 @@ HUB_NAMES = {"deepseek-ai/DeepSeek-V3.2": "deepseek-v3.2", "zai-org/GLM-5-FP8": 
              "deepseek-ai/DeepSeek-V3.1-Terminus": "deepseek-v3.1",
              "deepseek-ai/DeepSeek-V3.2-Exp": "deepseek-v3.2-exp", "zai-org/GLM-5.1-FP8": "glm-5.1",
              "moonshotai/Kimi-K2-Thinking": "kimi-k2-thinking", "moonshotai/Kimi-K2.5": "kimi-k2.5",
-             "zai-org/GLM-5.1": "glm-5.1"}
+             "zai-org/GLM-5.1": "glm-5.1", "zai-org/GLM-5.2-FP8": "glm-5.2", "zai-org/GLM-5.2": "glm-5.2"}
 # the bf16 checkpoints among them: the FP8 config's fields without its quantization_config (zai-org
 # publishes GLM's bf16 weights under the plain name, the FP8 ones under -FP8; NVIDIA's NeMo pages
 # train from zai-org/GLM-5 and zai-org/GLM-5.1)
-BF16_HUB_NAMES = ("zai-org/GLM-5", "zai-org/GLM-5.1")
+BF16_HUB_NAMES = ("zai-org/GLM-5", "zai-org/GLM-5.1", "zai-org/GLM-5.2")
 
 _INTS = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
          "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
@@ -87,6 +87,10 @@ class ModelConfig:
     # GLM's indexer_types: per decoder layer, whether it holds its own indexer ("full") or reuses the one
     # before it ("shared", no indexer tensors); None: every layer holds one
     indexer_layers: tuple[bool, ...] | None = None
+    # IndexCache (GLM-5.2): 1 of every index_topk_freq layers after index_skip_topk_offset computes
+    # its own top-k; None where the config does not set them (the engines' defaults)
+    index_topk_freq: int | None = None
+    index_skip_topk_offset: int | None = None
     # the context-length keys the config sets (max_position_embeddings, ...), in LENGTH_KEYS'
     # order: the engines derive their default context from them
     length_fields: tuple[tuple[str, int], ...] = ()
@@ -122,10 +126,11 @@ class ModelConfig:
 # the largest value a config's count may take: the layer and expert counts bound the tensors the
 # count enumerates, the rest fit the int32 an engine keeps them in
 _LARGEST = {"num_hidden_layers": 4096, "n_routed_experts": 65536, "num_nextn_predict_layers": 64,
-            "num_experts_per_tok": 65536}
+            "num_experts_per_tok": 65536, "index_topk_freq": 4096, "index_skip_topk_offset": 4096}
 # the counts a model may set to 0: no shared experts, no dense layers first, no MTP layers; every
 # other size or count is at least 1 (a 0 would divide by zero or make an empty tensor)
-_ZERO_ALLOWED = ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers")
+_ZERO_ALLOWED = ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers",
+                 "index_skip_topk_offset")
 _INT32 = (1 << 31) - 1
 
 
@@ -155,6 +160,9 @@ def parse_config(raw: dict) -> ModelConfig:
     if MODEL_TYPES[model_type].indexer:
         fields |= {name: _int(raw, name) for name in _INDEXER}
         fields["indexer_layers"] = _indexer_layers(raw.get("indexer_types"), fields["num_hidden_layers"])
+        for name in ("index_topk_freq", "index_skip_topk_offset"):
+            if raw.get(name) is not None:
+                fields[name] = _int(raw, name)
     for name in ("moe_layer_freq", "num_nextn_predict_layers", "num_experts_per_tok"):
         if name in raw:
             fields[name] = _int(raw, name)

@@ -57,6 +57,8 @@ def beyond_attention(config: ModelConfig) -> dict:
              "n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers", "q_lora_rank"]
     names += ["num_experts_per_tok"] if config.num_experts_per_tok else []
     names += ["index_n_heads", "index_head_dim"] if config.has_indexer else []
+    names += [name for name in ("index_topk_freq", "index_skip_topk_offset")
+              if config.has_indexer and getattr(config, name) is not None]
     table = {name: getattr(config, name) for name in names}
     table |= {"architecture": config.architecture} if config.architecture else {}
     return table | ({"quantization": config.quantization.scheme} if config.quantization else {})
