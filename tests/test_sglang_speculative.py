@@ -25,7 +25,7 @@ H200 = "H200 SXM 141GB"
 SG = "python3 -m sglang.launch_server"
 GLM, DS = "zai-org/GLM-5-FP8", "deepseek-ai/DeepSeek-V3.2"
 FLAGS = "--tp 8 --kv-cache-dtype fp8_e4m3"
-# issue 40's command: EAGLE with 3 steps, top-k 1, 4 draft tokens
+# a pasted GLM-5 command: EAGLE with 3 steps, top-k 1, 4 draft tokens
 EAGLE = (f"{SG} --model-path {GLM} {FLAGS} --speculative-algorithm EAGLE "
          "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 "
          "--mem-fraction-static 0.85")
@@ -40,7 +40,7 @@ def unmodelled(notes) -> str:
 
 
 def test_the_commands_draft_flags_reach_the_scenario():
-    """Issue 40's command: EAGLE, 3 steps, top-k 1, 4 draft tokens per request in [sglang];
+    """A pasted GLM-5 command: EAGLE, 3 steps, top-k 1, 4 draft tokens per request in [sglang];
     none of the four flags is named as not modelled."""
     built = from_command(EAGLE, gpu_name=H200)
     assert built.scenario.section("sglang").speculative_num_draft_tokens == 4
@@ -200,7 +200,7 @@ def test_eagle_caps_the_request_pool_at_48_not_the_reserve():
 
 
 def test_repro_oom_serve_models_the_draft(capsys):
-    """`repro-oom --predict --serve` with issue 40's command: no speculative flag among the
+    """`repro-oom --predict --serve` with a pasted GLM-5 command: no speculative flag among the
     notes' not-modelled ones, and a smaller pool than without drafting."""
     pools = []
     for command in (EAGLE, PLAIN):
