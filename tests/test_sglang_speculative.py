@@ -8,6 +8,8 @@ import json
 from importlib import resources
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mlamem.cli import main
 from mlamem.commands.repro import host_setup
@@ -16,6 +18,7 @@ from mlamem.kernels import FlashMLA
 from mlamem.runtime.memory import SimulatedMemory
 from mlamem.spec import scenario
 from mlamem.spec.engines import sglang as rules
+from mlamem.spec.errors import UserError
 from mlamem.spec.models import overrides, shipped_config, weights_per_rank
 from mlamem.spec.serve_command import from_command
 from mlamem.testing import check_bad_input
@@ -236,3 +239,25 @@ def test_a_scenario_drafting_without_mtp_layers_is_one_line(tmp_path):
                     + "\n[sglang]\nspeculative_num_draft_tokens = 4\n")
     check_bad_input(["repro-oom", "--predict", "-s", str(path), "--engine", "sglang"],
                     "[model].num_nextn_predict_layers")
+
+
+_WORDS = ["--speculative-algorithm", "EAGLE", "nextn", "EAGLE3", "MTP", "--speculative-num-steps",
+          "--speculative-eagle-topk", "--speculative-num-draft-tokens", "0", "1", "3", "-2", "x",
+          "--speculative-draft-model-path", GLM, "--max-running-requests", "16"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=st.lists(st.sampled_from(_WORDS), max_size=10))
+def test_any_draft_flags_give_a_scenario_or_one_line(words):
+    """Any mix of the speculative flags builds a scenario that reads back as it was written,
+    or is refused in one line."""
+    built, message = None, ""
+    try:
+        built = from_command(" ".join([f"{SG} --model-path {GLM} {FLAGS} --context-length 4096",
+                                       *words]), gpu_name=H200, weights_bytes=80 * GiB)
+    except UserError as error:
+        message = str(error)
+    assert "\n" not in message
+    if built is not None:
+        again = scenario.parse(scenario.to_toml(built.scenario), "again")
+        assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
