@@ -95,3 +95,12 @@ def test_a_bad_index_cache_field_is_one_error(field, value):
     raw = json.loads(resources.files("mlamem.spec.models").joinpath("glm-5.2.json").read_text())
     with pytest.raises(UserError, match=field):
         parse_config(raw | {field: value})
+
+
+def test_sglang_draft_layer_keeps_its_keys_beside_the_targets_shared_ones():
+    """With EAGLE drafting the draft layer's share joins the cell, its index-K on every draft
+    layer (allocate_all_layers) while the target's stays on its 21 own-top-k layers."""
+    latent = 512 + 512 // 128 * 4 + 64 * 2
+    cell = sglang_rules.dsa_fp8_cell_bytes(kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128,
+                                           num_layers=78, indexer_layers=21, draft_layers=1)
+    assert cell == 78 * latent + 21 * INDEXER_KEY + latent + INDEXER_KEY

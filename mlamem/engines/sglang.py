@@ -54,6 +54,7 @@ from mlamem.spec.engines.sglang import (
     SPEC,
     SGLangSection,
     decode_capture_batches,
+    draft_kv_layers,
     dsa_fp8_cell_bytes,
     fraction_cell,
     fraction_for_pool,
@@ -190,6 +191,13 @@ class SGLang(DecodeRank):
                 f"DSA model ([model].index_topk) with an fp8 cache ({FP8_CACHE}); for other models "
                 "and caches it picks another attention backend (FA3 for a bf16 cache on Hopper), "
                 "which mlamem does not drive", field="engine")
+        if (settings(scenario).speculative_num_draft_tokens is not None
+                and not scenario.model.num_nextn_predict_layers):
+            raise UserError(
+                f"{scenario.name}: [sglang].speculative_num_draft_tokens asks for EAGLE drafting "
+                "with the checkpoint's MTP layers, which SGLang sizes the draft's KV by "
+                "([model].num_nextn_predict_layers, none here): set it, or leave drafting out",
+                field="sglang.speculative_num_draft_tokens")
 
     @classmethod
     def knob_for_pool(cls, rank: RankMemory, pool_bytes: int) -> Knob:
@@ -284,7 +292,8 @@ class SGLang(DecodeRank):
         case.kv_cell_bytes = dsa_fp8_cell_bytes(
             kv_lora_rank=scenario.model.kv_lora_rank, qk_rope_head_dim=scenario.model.qk_rope_head_dim,
             index_head_dim=settings(scenario).index_head_dim, num_layers=scenario.model.num_layers,
-            indexer_layers=indexer_layer_count(scenario, rules))
+            indexer_layers=indexer_layer_count(scenario, rules),
+            draft_layers=draft_kv_layers(scenario.model, settings(scenario)))
         pool = kv_pool_bytes(case.free_after_init_bytes, case.free_before_model_bytes,
                              rules.mem_fraction_static)
         page = scenario.serving.block_size
@@ -304,7 +313,7 @@ class SGLang(DecodeRank):
         table, rules = settings(scenario), self.rules()
         parallel, per_request = scenario.parallel, graph_tokens_per_request(scenario)
         case.graph_request_pool = max_num_reqs(case.kv_cache_tokens, scenario.serving.max_model_len,
-                                               table.max_running_requests,
+                                               table.running_requests,
                                                parallel.attention_data_parallel)
         case.graph_batch_sizes = decode_capture_batches(
             rules.decode_max_bs, case.graph_request_pool, given=table.cuda_graph_bs,

@@ -23,7 +23,12 @@ SGLang 0.5.23's own memory rules, without torch, each read from its source (the 
 - the KV cell of a DSA model's fp8 cache, the indexer's keys included
   (model_executor/pool_configurator.py, DefaultPoolConfigurator._compute_cell_size and
   _compute_dsa_indexer_cell_size; mem_cache/kv_cache_configurator.py,
-  calculate_mla_kv_cache_dim).
+  calculate_mla_kv_cache_dim), and with EAGLE drafting the draft layers' latent and indexer keys
+  in the same cell (DefaultPoolConfigurator.__init__);
+- speculative decoding: EAGLE (NEXTN is its alias) drafting with the checkpoint's own MTP
+  layers, its steps, top-k and draft tokens as given or auto-chosen, and 48 running requests
+  unless given (arg_groups/speculative_hook.py, _handle_eagle_family and
+  _auto_choose_speculative_params).
 
 SGLang measures GPU memory in MiB as `nvidia-smi --query-gpu=memory.total` prints it
 (utils/common.py, get_nvgpu_memory_capacity), so `gpu_memory_mib` here is nvidia-smi's figure.
@@ -118,7 +123,7 @@ class SGLangSection:
     cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: the GPU's default
     cuda_graph_bs: BatchSizes | None = None  # --cuda-graph-bs-decode; None: SGLang's list
     speculative_num_draft_tokens: int | None = None  # tokens per request in a decode graph
-    #                                                   (speculative decoding); None: 1
+    #                                                   (EAGLE speculative decoding); None: 1
 
     def __post_init__(self) -> None:
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
@@ -132,6 +137,14 @@ class SGLangSection:
                                                or min(self.cuda_graph_bs) < 1):
             raise FieldError("sglang", "cuda_graph_bs",
                              f"expected positive batch sizes, got {list(self.cuda_graph_bs)}")
+
+    @property
+    def running_requests(self) -> int | None:
+        """max_running_requests as the request pool reads it: the given, else SGLang's 48 under
+        speculative decoding (SPECULATIVE_MAX_RUNNING_REQUESTS), else None (the pool's rule)."""
+        if self.max_running_requests is None and self.speculative_num_draft_tokens is not None:
+            return SPECULATIVE_MAX_RUNNING_REQUESTS
+        return self.max_running_requests
 
     @property
     def decode_max_bs(self) -> int | None:
@@ -263,16 +276,25 @@ def resolve(gpu_memory_mib: float, *, tp_size: int, pp_size: int = 1, attn_dp_si
 
 def dsa_fp8_cell_bytes(*, kv_lora_rank: int, qk_rope_head_dim: int, index_head_dim: int,
                        num_layers: int, index_kpool: int = 1,
-                       indexer_layers: int | None = None) -> int:
+                       indexer_layers: int | None = None, draft_layers: int = 0) -> int:
     """Bytes per token of a DSA model's fp8 KV cache on one rank: per layer the fp8 latent, its
     fp32 scales per 128 values and the bf16 RoPE part, plus the indexer's fp8 keys with their
-    scales (uint8 storage) in `indexer_layers` of them (indexer_layer_count; None: every layer)."""
+    scales (uint8 storage) in `indexer_layers` of them (indexer_layer_count; None: every layer).
+    With EAGLE drafting (`draft_layers`, the draft's eagle_draft_num_layers), the target's cell
+    also holds the draft pool's share (model_executor/pool_configurator.py,
+    DefaultPoolConfigurator.__init__ for a DSA model): int(the latent part x draft layers /
+    layers), in its float arithmetic, and the draft layers' indexer keys
+    (_compute_dsa_indexer_cell_size with allocate_all_layers)."""
     if kv_lora_rank % FP8_QUANT_BLOCK:
         raise UserError(f"kv_lora_rank {kv_lora_rank} is not a multiple of {FP8_QUANT_BLOCK}, as "
                         "SGLang's fp8 DSA cache needs", field="model.kv_lora_rank")
     latent = kv_lora_rank + kv_lora_rank // FP8_QUANT_BLOCK * 4 + qk_rope_head_dim * ROPE_STORAGE_BYTES
-    keys = num_layers if indexer_layers is None else indexer_layers
-    return latent * num_layers + indexer_key_bytes(index_head_dim, index_kpool) * keys
+    indexer = indexer_key_bytes(index_head_dim, index_kpool)
+    target_kv = latent * num_layers
+    cell = target_kv + indexer * (num_layers if indexer_layers is None else indexer_layers)
+    if draft_layers:
+        cell += int(target_kv * draft_layers / num_layers) + indexer * draft_layers
+    return cell
 
 
 def kv_pool_bytes(free_after_weights_bytes: int, free_before_model_bytes: int,
@@ -426,6 +448,147 @@ def _runner_bs(rules: SGLangRules, gpu_mib: float) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
+# -- speculative decoding: SGLang 0.5.23's arg_groups/speculative_hook.py --
+
+# the algorithm mlamem models: EAGLE drafting with the checkpoint's own MTP layers; NEXTN is its
+# alias (speculative/spec_registry.py _RESERVED_ALIASES; _resolve_speculative_algorithm_alias)
+EAGLE, ALIASES = "EAGLE", {"NEXTN": "EAGLE"}
+# speculative/spec_info.py SpeculativeAlgorithm's other built-ins: not modelled
+OTHER_ALGORITHMS = ("DFLASH", "UNO", "DSPARK", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM")
+SPECULATIVE_FROM = (0, 5, 23)  # the speculative rules were read from 0.5.23 only
+SPECULATIVE_MAX_RUNNING_REQUESTS = 48  # _handle_eagle_family, without --max-running-requests
+# _handle_eagle_family: these architectures draft with their own checkpoint's MTP layers (the
+# draft path defaults to --model-path)
+MTP_DRAFT_ARCHITECTURES = (
+    "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV4ForCausalLM",
+    "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "GlmMoeDsaForCausalLM",
+    "BailingMoeForCausalLM", "BailingMoeV2ForCausalLM", "BailingMoeV2_5ForCausalLM",
+    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "HYV3ForCausalLM",
+    "HYV4ForCausalLM", "Qwen4ExpForConditionalGeneration")
+# _auto_choose_speculative_params: (steps, top-k, draft tokens); every other architecture (DSA
+# models' among them) and STANDALONE take (3, 1, 4)
+AUTO_WIDE = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")
+
+
+def auto_speculative_params(algorithm: str, architecture: str | None) -> tuple[int, int, int]:
+    """_auto_choose_speculative_params: (steps, top-k, draft tokens) where only the algorithm is
+    given: (5, 4, 8) for Llama and Grok-1, (3, 1, 4) for STANDALONE and every other model."""
+    if algorithm != "STANDALONE" and architecture in AUTO_WIDE:
+        return 5, 4, 8
+    return 3, 1, 4
+
+
+def _algorithm_note(algorithm: str) -> str:
+    """Why an algorithm other than EAGLE is not modelled, in one note."""
+    name = algorithm.upper()
+    if name == "MTP":
+        why = ("SGLang 0.5.23 has no algorithm of that name (speculative/spec_info.py, "
+               "SpeculativeAlgorithm.from_string refuses it unless a plug-in registers it); NEXTN "
+               "and EAGLE draft with the checkpoint's MTP layers")
+    elif name in OTHER_ALGORITHMS:
+        why = "mlamem models EAGLE (NEXTN) drafting with the checkpoint's own MTP layers only"
+    else:
+        why = ("no built-in algorithm of SGLang 0.5.23 (speculative/spec_info.py: a plug-in's, "
+               "else refused at start-up)")
+    return (f"--speculative-algorithm {algorithm}: not modelled ({why}); the rank runs without "
+            "drafting")
+
+
+def _check_draft_counts(given: dict, prog: str) -> None:
+    """The three counts as _handle_eagle_family takes them: at least 1; top-k or draft tokens
+    without steps trip its assert; steps without top-k its `speculative_eagle_topk > 1` (None
+    against an int); top-k over 1 its check of the page (a DSA model's is 64, its backend dsa:
+    arg_groups/model_overrides/deepseek_v2.py)."""
+    steps, topk, tokens = (given.get(f"speculative_{key}") for key in
+                           ("num_steps", "eagle_topk", "num_draft_tokens"))
+    for flag, value in (("num-steps", steps), ("eagle-topk", topk), ("num-draft-tokens", tokens)):
+        if value is not None and value < 1:
+            raise UserError(f"{prog} --speculative-{flag} {value}: must be at least 1",
+                            field="serve")
+    if steps is None and (topk, tokens) != (None, None):
+        raise UserError(f"{prog}: SGLang 0.5.23 asserts that neither --speculative-eagle-topk nor "
+                        "--speculative-num-draft-tokens is set without --speculative-num-steps "
+                        "(speculative_hook.py _handle_eagle_family): give --speculative-num-steps "
+                        "too, or none of the three for its auto-chosen ones", field="serve")
+    if steps is not None and topk is None:
+        raise UserError(f"{prog} --speculative-num-steps {steps}: SGLang 0.5.23 fails at start-up "
+                        "without a top-k (speculative_hook.py _handle_eagle_family compares it "
+                        "with 1): give --speculative-eagle-topk 1", field="serve")
+    if topk is not None and topk > 1:
+        raise UserError(f"{prog} --speculative-eagle-topk {topk}: SGLang 0.5.23 refuses a top-k "
+                        "over 1 with a page over 1 on its dsa backend (speculative_hook.py "
+                        "_handle_eagle_family), and a DSA model takes a page of 64 "
+                        "(model_overrides/deepseek_v2.py): give --speculative-eagle-topk 1",
+                        field="serve")
+
+
+def speculative(given: dict, model: str, rules: SGLangRules, prog: str) -> tuple[dict | None, str | None]:
+    """The command's drafting as mlamem models it (the algorithm and the counts given), or None
+    with the one note that says why not: no --speculative-algorithm (None, None), another
+    algorithm, another draft checkpoint than the model's own, or a version before 0.5.23."""
+    algorithm = given.get("speculative_algorithm")
+    if algorithm is None:
+        return None, None
+    if ALIASES.get(algorithm.upper(), algorithm.upper()) != EAGLE:
+        return None, _algorithm_note(algorithm)
+    if rules.series < SPECULATIVE_FROM:
+        return None, (f"--speculative-algorithm {algorithm}: SGLang {rules.version}'s speculative "
+                      f"decoding is not modelled (its rules were read from {VERSION}); the rank "
+                      "runs without drafting")
+    draft = given.get("speculative_draft_model_path", model)
+    if draft != model:
+        return None, (f"--speculative-draft-model-path {draft}: another draft checkpoint than the "
+                      "model's own MTP layers, not modelled; the rank runs without drafting")
+    _check_draft_counts(given, prog)
+    return {"algorithm": algorithm, **{key: given.get(f"speculative_{key}") for key in
+                                       ("num_steps", "eagle_topk", "num_draft_tokens")}}, None
+
+
+def _speculative_defaults(parsed: Parsed, config: hf_config.ModelConfig) -> None:
+    """The draft tokens per request SGLang 0.5.23 settles on (_handle_eagle_family): the given
+    steps + 1 with top-k 1, else _auto_choose_speculative_params'; to [sglang], with a note."""
+    drafting = parsed.engine_settings.get("speculative")
+    if drafting is None:
+        return
+    if config.architecture not in MTP_DRAFT_ARCHITECTURES or not config.num_nextn_predict_layers:
+        raise UserError(f"{parsed.prog} --speculative-algorithm {drafting['algorithm']}: SGLang "
+                        "0.5.23 drafts with the checkpoint's own MTP layers only for "
+                        f"{', '.join(MTP_DRAFT_ARCHITECTURES[:6])}, ... (speculative_hook.py "
+                        "_handle_eagle_family), and this model's config names "
+                        f"{config.architecture} with {config.num_nextn_predict_layers} MTP layers: "
+                        "leave out the speculative flags", field="serve")
+    steps, topk, given = (drafting[key] for key in ("num_steps", "eagle_topk", "num_draft_tokens"))
+    how = "given"
+    if steps is None:
+        steps, topk, given = auto_speculative_params(EAGLE, config.architecture)
+        how = f"SGLang 0.5.23's auto-chosen for {config.architecture}"
+    tokens = steps + 1 if topk == 1 else given
+    table = parsed.sections.setdefault("sglang", {})
+    table["speculative_num_draft_tokens"] = tokens
+    name = drafting["algorithm"].upper()  # handle_speculative_decoding upper-cases it
+    alias = f"; {name} is SGLang's EAGLE" if name != EAGLE else ""
+    adjusted = (f"; --speculative-num-draft-tokens {given} is steps + 1 = {tokens} with top-k 1"
+                if given not in (None, tokens) else "")
+    requests = table.get("max_running_requests") or SPECULATIVE_MAX_RUNNING_REQUESTS
+    parsed.notes.append(
+        f"speculative decoding: EAGLE (steps {steps}, top-k {topk}, {tokens} draft tokens, {how})"
+        f"{alias}{adjusted} (speculative_hook.py _handle_eagle_family): the checkpoint's MTP "
+        f"layers ({config.num_nextn_predict_layers}) drafting, their weights counted, their KV "
+        "and indexer keys in each token's cell (pool_configurator.py), each decode graph at "
+        f"{tokens} tokens per request, the request pool at {requests} running requests"
+        + ("" if "max_running_requests" in table else " (SGLang's default under speculation)")
+        + "; the draft worker's own CUDA graphs are not modelled")
+
+
+def draft_kv_layers(scenario_model, section: SGLangSection) -> int:
+    """The draft layers the KV cell holds: the model's MTP layers with EAGLE drafting on
+    (model_runner_components/spec_aux_hidden_state.py _resolve_eagle_aux_hidden_state:
+    eagle_draft_num_layers is the config's num_nextn_predict_layers), else 0."""
+    if section.speculative_num_draft_tokens is None:
+        return 0
+    return scenario_model.num_nextn_predict_layers or 0
+
+
 # -- the serve command --
 
 PROGS = ("python -m sglang.launch_server", "sglang serve")
@@ -506,7 +669,14 @@ MODELLED = {"--model-path": str, "--tp-size": int, "--dp-size": int, "--attn-dp-
             "--disable-cuda-graph": None, "--disable-decode-cuda-graph": None,
             "--disable-prefill-cuda-graph": None, "--dsa-decode-backend": None,
             "--dsa-prefill-backend": None, "--ep-size": int}
+# the speculative flags' types (the flag table has none); named as not modelled unless drafting is
+SPECULATIVE_TYPES = {"--speculative-num-steps": int, "--speculative-eagle-topk": int,
+                     "--speculative-num-draft-tokens": int}
 DSA_BACKEND = "flashmla_kv"  # what SGLang picks for a DSA model's fp8 cache on Hopper
+# the speculative flags mlamem reads where it models the command's drafting (`speculative`)
+SPECULATIVE_FLAGS = ("--speculative-algorithm", "--speculative-num-steps",
+                     "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+                     "--speculative-draft-model-path")
 # the scenario's fields as SGLang's flags set them
 FIELD_FLAGS = {"tensor_parallel": "--tp-size", "attention_data_parallel": "--attn-dp-size",
                "max_model_len": "--context-length",
@@ -527,8 +697,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
         for key in ("nargs", "choices"):
             if entry[key] is not None:
                 kind[key] = entry[key]
-        if MODELLED.get(flag) is not None:
-            kind["type"] = MODELLED[flag]
+        if (MODELLED | SPECULATIVE_TYPES).get(flag) is not None:
+            kind["type"] = (MODELLED | SPECULATIVE_TYPES)[flag]
         dest = flag.lstrip("-").replace("-", "_")
         p.add_argument(flag, *entry["aliases"], dest=dest, default=argparse.SUPPRESS, **kind)
     for flag, entry in older_flag_table().items():
@@ -730,10 +900,13 @@ def parse(words: list[str], prog: str, version: str | None = None) -> Parsed:
     rules = sglang_rules(inferred if version is None else version)
     tp, attention_dp, replicas = _layout(given, prog)
     _check_memory_flags(given, prog)
+    drafting, draft_note = speculative(given, model, rules, prog)
+    if drafting is not None:
+        unmodelled = [flag for flag in unmodelled if flag not in SPECULATIVE_FLAGS]
     chunk = given.get("chunked_prefill_size")
     table = {key: given[key] for key in ("mem_fraction_static", "chunked_prefill_size",
                                          "max_running_requests") if key in given}
-    notes = _notes(given, unmodelled, tp, replicas)
+    notes = _notes(given, unmodelled, tp, replicas) + ([draft_note] if draft_note else [])
     if older:
         notes.insert(0, older_flags_note(older))
     if version is not None or inferred is not None:
@@ -756,7 +929,9 @@ def parse(words: list[str], prog: str, version: str | None = None) -> Parsed:
                   engines=["sglang"], operations=["sparse-decode"], sections=sections,
                   notes=notes, cuda_graphs=graphs["decode"], prog=prog, flags=FIELD_FLAGS,
                   expert_parallel=given.get("ep_size", 1) > 1,
-                  engine_settings={"graphs": graphs, "rules": rules})
+                  engine_settings={"graphs": graphs, "rules": rules, "speculative": drafting,
+                                   "loads_mtp": drafting is not None,
+                                   "mtp_shared_head": drafting is not None})
 
 
 # utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the first the config sets wins
@@ -848,6 +1023,7 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, 
     command's version (`SGLangRules`; 0.5.23's unless --engine-version or an older flag says)."""
     graphs, rules = parsed.engine_settings["graphs"], parsed.engine_settings["rules"]
     parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
+    _speculative_defaults(parsed, config)
     if gpu_name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
         parsed.notes.append(f"{gpu_name}: SGLang decodes a DSA model's fp8 cache with trtllm "
                             f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
@@ -863,7 +1039,8 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, 
         max_running_requests=table.get("max_running_requests"),
         mem_fraction_static=table.get("mem_fraction_static"),
         decode_graphs=graphs["decode"],
-        prefill_graphs=graphs["prefill"] and rules.dsa_prefill_graphs)
+        prefill_graphs=graphs["prefill"] and rules.dsa_prefill_graphs,
+        speculative="speculative_num_draft_tokens" in table)
     if parsed.serving["max_num_batched_tokens"] is None:
         parsed.serving["max_num_batched_tokens"] = resolved.chunked_prefill_size
         parsed.notes.append(f"max_num_batched_tokens {resolved.chunked_prefill_size}: SGLang "

@@ -85,19 +85,25 @@ def scenario_from_config(data: dict, source: str) -> Scenario:
         raise UserError(f"the model's {named}", field="model") from None
 
 
-def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool,
+def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool, shared_head: bool = False,
                     source: str = "the model's config") -> tuple[float, str]:
     """One rank's weights in GiB (to the byte) at `tp` ranks with attention-DP `dp`, and the note
-    saying they are counted from `source`."""
-    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp) / 1024**3
+    saying they are counted from `source` (`mtp`, `shared_head`: weights_per_rank's)."""
+    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head) / 1024**3
+    own_head = shared_head and config.mtp_embeddings
     return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
                  + (", MTP layers included (speculative decoding)" if mtp else "")
+                 + (", their own embedding and head the target's" if mtp and own_head else "")
                  + (", the vision tower not counted" if config.vision else ""))
 
 
-def speculates(scenario: Scenario) -> bool:
-    """vLLM's [vllm] table asks for speculative tokens, so a rank loads the MTP layers."""
-    return getattr(scenario.sections.get("vllm"), "num_speculative_tokens", 0) > 0
+def drafted_weights(scenario: Scenario) -> dict[str, bool]:
+    """counted_weights' `mtp` and `shared_head` for the scenario's engines: the MTP layers load
+    where vLLM's [vllm] table asks for speculative tokens or SGLang's [sglang] table for draft
+    tokens; SGLang's drafter holds the target's embedding and head, not the layers' own."""
+    vllm = getattr(scenario.sections.get("vllm"), "num_speculative_tokens", 0) > 0
+    sglang = getattr(scenario.sections.get("sglang"), "speculative_num_draft_tokens", None) is not None
+    return {"mtp": vllm or sglang, "shared_head": sglang and not vllm}
 
 
 def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = None,
@@ -117,7 +123,7 @@ def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = Non
         if weights_bytes is None:
             parallel["weights_gib_per_rank"], parallel["weights_note"] = counted_weights(
                 config, tp=parallel["tensor_parallel"], dp=parallel["attention_data_parallel"],
-                mtp=speculates(scenario), source=str(model))
+                **drafted_weights(scenario), source=str(model))
     if weights_bytes is not None:
         parallel["weights_gib_per_rank"] = override_gib(weights_bytes)
         parallel["weights_note"] = OVERRIDE_NOTE

@@ -83,12 +83,15 @@ class WeightCount:
     def bytes(self, *, mtp: bool = False) -> int:
         return sum(self._bytes(t) for t in self.tensors if t.mtp == mtp)
 
-    def bytes_per_rank(self, *, tp: int, expert_ranks: int, mtp: bool = False) -> int:
+    def bytes_per_rank(self, *, tp: int, expert_ranks: int, mtp: bool = False,
+                       shared_head: bool = False) -> int:
         """One rank's share: `tp` ranks shard attention's and the MLPs' projections (each data-parallel
         attention group holds its own copy), `expert_ranks` (tp x dp under expert or data parallelism)
-        split the routed experts."""
+        split the routed experts; `shared_head`: the MTP layers' own embedding and head left out (the
+        drafter uses the target's)."""
         split = {"replicated": 1, "tp": tp, "experts": expert_ranks}
-        return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors if t.mtp == mtp)
+        return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors
+                   if t.mtp == mtp and not (shared_head and mtp_own_head(t)))
 
     def elements(self, *, mtp: bool = False) -> int:
         """Every stored tensor's elements, what the Hub's parameter count adds up: a quantized weight's
@@ -109,6 +112,15 @@ class WeightCount:
         if not self.stored_quantized(tensor):
             return (4 if tensor.fp32 else 2) * tensor.params
         return self.quantization.weight_bytes(tensor.rows, tensor.cols, tensor.copies, expert=_expert(tensor))
+
+
+# an MTP layer's own embedding and head (DeepSeek's; GLM's MTP layer has none)
+MTP_HEAD = ("embed_tokens", "shared_head.head")
+
+
+def mtp_own_head(tensor: Tensor) -> bool:
+    """Whether `tensor` is an MTP layer's own embedding or head."""
+    return tensor.mtp and tensor.name.split(".", 2)[-1] in MTP_HEAD
 
 
 def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
@@ -168,24 +180,30 @@ def count_weights(config: ModelConfig) -> WeightCount:
     return WeightCount(tuple(tensors), config.quantization)
 
 
-def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False) -> int:
+def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False,
+                     shared_head: bool = False) -> int:
     """One rank's bytes under a scenario's layout: `tp` ranks in all, attention data-parallel over `dp` groups
     of tp // dp ranks (vLLM's DP ranks, each with its own TP), the routed experts split over all `tp` ranks
     (vLLM flattens TP across DP for the MoE: FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp); the MTP
-    layers' share added when speculative decoding loads them."""
+    layers' share added when speculative decoding loads them, without their own embedding and head
+    where the drafter frees them for the target's (`shared_head`: SGLang 0.5.23's EAGLE worker,
+    speculative/eagle_worker_v2.py, set_embed_and_head, which models/deepseek_v2.py
+    DeepseekV2ForCausalLM.set_embed_and_head frees with torch.cuda.empty_cache before the KV pool is
+    sized)."""
     if tp < 1:
         raise UserError(f"needs a positive rank count, got {tp}", field="tensor_parallel")
     if dp < 1 or tp % dp:
         raise UserError(f"needs a divisor of tensor_parallel {tp}, got {dp}", field="attention_data_parallel")
     weights = count_weights(config)
     layout = {"tp": tp // dp, "expert_ranks": tp}
-    return weights.bytes_per_rank(**layout) + (weights.bytes_per_rank(**layout, mtp=True) if mtp else 0)
+    drafter = weights.bytes_per_rank(**layout, mtp=True, shared_head=shared_head) if mtp else 0
+    return weights.bytes_per_rank(**layout) + drafter
 
 
 def weights_fit(model: str, config: ModelConfig, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
-                mtp: bool = False) -> str | None:
+                mtp: bool = False, shared_head: bool = False) -> str | None:
     """None when one rank's weights fit in `gpu_bytes`; else the one line that says they do not."""
-    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp)
+    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head)
     return fit_line(model, per_rank, tp=tp, dp=dp, gpu=gpu, gpu_bytes=gpu_bytes, mtp=mtp)
 
 

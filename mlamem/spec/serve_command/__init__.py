@@ -189,7 +189,8 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
     """One rank's weights in GiB and their note: the override, else counted from the config;
     either is refused in one line where it exceeds the GPU."""
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
-              "mtp": parsed.engine_settings.get("loads_mtp", False)}
+              "mtp": parsed.engine_settings.get("loads_mtp", False),
+              "shared_head": parsed.engine_settings.get("mtp_shared_head", False)}
     gpu = {"gpu": target.name, "gpu_bytes": target.memory_mib * 1024**2}
     if override_bytes is not None:
         gib = override_gib(override_bytes)
