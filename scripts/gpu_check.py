@@ -66,6 +66,21 @@ RANK_CASES = (
                         f"--context-length 32768 --disable-cuda-graph' {H100} --weights-per-rank 40GiB"),
 )
 
+# GLM-5.2's IndexCache (an indexer and its key cache on 21 of 78 layers) on vLLM and SGLang, and
+# SGLang's EAGLE drafting with GLM-5's MTP layer (the draft pool's share of the cell, 48 running
+# requests, decode graphs at 4 tokens per request), on an H100's 80 GB
+DRAFT_CASES = (
+    ("glm52-vllm", "mlamem repro-oom --serve 'vllm serve zai-org/GLM-5.2-FP8 -tp 8 --kv-cache-dtype "
+                   f"fp8 --max-num-seqs 256 --max-model-len 131072 --enforce-eager' {H100} "
+                   "--weights-per-rank 40GiB"),
+    ("glm52-sglang", "mlamem repro-oom --serve 'python -m sglang.launch_server --model-path "
+                     "zai-org/GLM-5.2-FP8 --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 131072 "
+                     f"--disable-cuda-graph' {H100} --weights-per-rank 40GiB"),
+    ("glm5-sglang-eagle", "mlamem repro-oom --serve 'python -m sglang.launch_server --model-path "
+                          "zai-org/GLM-5-FP8 --tp 8 --kv-cache-dtype fp8_e4m3 --context-length 131072 "
+                          f"--speculative-algorithm EAGLE' {H100} --weights-per-rank 40GiB"),
+)
+
 
 def ncu(name: str, call: str) -> list[str]:
     """One decode call (scripts/decode_call.py, T=8192) under Nsight Compute, then its pages."""
@@ -213,6 +228,9 @@ SUITES = {
     "rank": [*(c for name, command in RANK_CASES for c in both(f"{command} @rank-{name}")),
              *(f"python3 scripts/compare_repro.py {{out}}/rank-{name}.json "
                f"{{out}}/rank-{name}.predicted.json" for name, _ in RANK_CASES)],
+    "rank-drafts": [*(c for name, command in DRAFT_CASES for c in both(f"{command} @rank-{name}")),
+                    *(f"python3 scripts/compare_repro.py {{out}}/rank-{name}.json "
+                      f"{{out}}/rank-{name}.predicted.json" for name, _ in DRAFT_CASES)],
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }

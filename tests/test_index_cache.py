@@ -104,3 +104,21 @@ def test_sglang_draft_layer_keeps_its_keys_beside_the_targets_shared_ones():
     cell = sglang_rules.dsa_fp8_cell_bytes(kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128,
                                            num_layers=78, indexer_layers=21, draft_layers=1)
     assert cell == 78 * latent + 21 * INDEXER_KEY + latent + INDEXER_KEY
+
+
+def test_the_sglang_rank_holds_the_cell_of_its_version(tmp_path, capsys):
+    """An SGLang rank of GLM-5.2, predicted: 0.5.23's cell (21 layers of index-K), and with
+    --engine-version 0.5.17 every layer's; the version reaches [sglang].engine_version."""
+    command = ("python -m sglang.launch_server --model-path zai-org/GLM-5.2-FP8 --tp 8 "
+               "--kv-cache-dtype fp8_e4m3 --context-length 131072 --disable-cuda-graph")
+    latent = 512 + 512 // 128 * 4 + 64 * 2
+    for version, keys in ((None, 21), ("0.5.17", 78)):
+        built = from_command(command, gpu_name=H200, weights_bytes=40 * GiB, engine_version=version)
+        assert built.scenario.section("sglang").engine_version == version
+        output = tmp_path / f"{version}.json"
+        assert main(["repro-oom", "--predict", "--serve", command, "--gpu", H200,
+                     "--weights-per-rank", "40GiB", "--paths", "alloc", "--format", "json",
+                     "--output", str(output), *(["--engine-version", version] if version else [])]) == 0
+        capsys.readouterr()
+        case = json.loads(output.read_text())["cases"][0]
+        assert case["kv_cell_bytes"] == 78 * latent + keys * INDEXER_KEY

@@ -1,6 +1,7 @@
 """The rank with what it allocates beyond attention, measured on an H100 (2026-12-06,
-reports/rank-h100, copied into tests/fixtures): each run's own command, predicted here on the
-CPU, gives every field the GPU measured, and the report's table shows the runs' figures."""
+reports/rank-h100 and reports/rank-drafts-h100, copied into tests/fixtures): each run's own
+command, predicted here on the CPU, gives every field the GPU measured, and each report's table
+shows its runs' figures."""
 
 import json
 import shlex
@@ -11,25 +12,30 @@ import pytest
 from mlamem.cli import main
 from mlamem.commands.repro import prediction_differences
 
-RUNS = Path(__file__).parent / "fixtures" / "reports" / "rank-h100"
-README = Path(__file__).parent.parent / "reports" / "rank-h100" / "README.md"
-CASES = sorted(p.stem for p in RUNS.glob("rank-*.json") if not p.stem.endswith(".predicted"))
+FOLDERS = ("rank-h100", "rank-drafts-h100")
+FIXTURES = Path(__file__).parent / "fixtures" / "reports"
+REPORTS = Path(__file__).parent.parent / "reports"
+CASES = sorted(f"{folder}/{p.stem}" for folder in FOLDERS for p in (FIXTURES / folder).glob("rank-*.json")
+               if not p.stem.endswith(".predicted"))
 
 
-def _measured(name: str) -> dict:
-    measured = json.loads((RUNS / f"{name}.json").read_text())
+def _measured(case: str) -> dict:
+    measured = json.loads((FIXTURES / f"{case}.json").read_text())
     assert measured["measured"] and measured["environment"]["gpu"] == "NVIDIA H100 80GB HBM3"
     return measured
 
 
-def test_every_case_of_the_suite_was_run():
-    assert CASES == ["rank-dsv32-ep-sglang", "rank-dsv32-ep-vllm", "rank-dsv32-sglang",
-                     "rank-dsv32-vllm", "rank-glm5-sglang", "rank-glm5-vllm"]
+def test_every_case_of_the_suites_was_run():
+    drafts = [f"rank-drafts-h100/rank-{name}"
+              for name in ("glm5-sglang-eagle", "glm52-sglang", "glm52-vllm")]
+    rank = [f"rank-h100/rank-{name}" for name in ("dsv32-ep-sglang", "dsv32-ep-vllm", "dsv32-sglang",
+                                                 "dsv32-vllm", "glm5-sglang", "glm5-vllm")]
+    assert drafts + rank == CASES
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_the_runs_command_predicted_here_is_the_measured_rank(name, tmp_path, capsys):
-    measured = _measured(name)
+@pytest.mark.parametrize("case", CASES)
+def test_the_runs_command_predicted_here_is_the_measured_rank(case, tmp_path, capsys):
+    measured = _measured(case)
     words = shlex.split(measured["command"])
     assert words[:2] == ["mlamem", "repro-oom"] and words[-4:-2] == ["--format", "json"]
     output = tmp_path / "predicted.json"
@@ -47,9 +53,11 @@ def _row(measured: dict) -> str:
            f"{alloc['kv_cache_tokens']} / {workspace['kv_cache_tokens']} |"
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_the_reports_table_shows_the_measured_figures(name):
-    rows = [line for line in README.read_text().splitlines() if line.startswith(f"| `{name}` |")]
+@pytest.mark.parametrize("case", CASES)
+def test_the_reports_table_shows_the_measured_figures(case):
+    folder, name = case.split("/")
+    readme = (REPORTS / folder / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith(f"| `{name}` |")]
     row = rows[-1]  # the figures' table comes after the commands' one
     shown = row.split(" | ", 1)[1].replace(" at 32768,", ",")
-    assert shown == _row(_measured(name))
+    assert shown == _row(_measured(case))

@@ -63,6 +63,7 @@ from mlamem.spec.engines.sglang import (
     kv_pool_bytes,
     max_num_reqs,
     resolve,
+    sglang_rules,
 )
 from mlamem.spec.engines.sglang_pass import mqa_logits_budget_bytes, step_shape, step_stages
 from mlamem.spec.errors import UserError
@@ -292,7 +293,7 @@ class SGLang(DecodeRank):
         case.kv_cell_bytes = dsa_fp8_cell_bytes(
             kv_lora_rank=scenario.model.kv_lora_rank, qk_rope_head_dim=scenario.model.qk_rope_head_dim,
             index_head_dim=settings(scenario).index_head_dim, num_layers=scenario.model.num_layers,
-            indexer_layers=indexer_layer_count(scenario, rules),
+            indexer_layers=indexer_layer_count(scenario, sglang_rules(settings(scenario).engine_version)),
             draft_layers=draft_kv_layers(scenario.model, settings(scenario)))
         pool = kv_pool_bytes(case.free_after_init_bytes, case.free_before_model_bytes,
                              rules.mem_fraction_static)

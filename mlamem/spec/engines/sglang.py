@@ -124,6 +124,7 @@ class SGLangSection:
     cuda_graph_bs: BatchSizes | None = None  # --cuda-graph-bs-decode; None: SGLang's list
     speculative_num_draft_tokens: int | None = None  # tokens per request in a decode graph
     #                                                   (EAGLE speculative decoding); None: 1
+    engine_version: str | None = None  # the SGLang whose rules the rank follows; None: VERSION
 
     def __post_init__(self) -> None:
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
@@ -133,6 +134,8 @@ class SGLangSection:
             if getattr(self, name) is not None:
                 check_positive(self, "sglang", name)
         check_positive(self, "sglang", "index_head_dim")
+        if self.engine_version is not None:
+            sglang_rules(self.engine_version)  # one line outside the versions read
         if self.cuda_graph_bs is not None and (not self.cuda_graph_bs
                                                or min(self.cuda_graph_bs) < 1):
             raise FieldError("sglang", "cuda_graph_bs",
@@ -910,6 +913,7 @@ def parse(words: list[str], prog: str, version: str | None = None) -> Parsed:
     if older:
         notes.insert(0, older_flags_note(older))
     if version is not None or inferred is not None:
+        table["engine_version"] = rules.version
         how = ("--engine-version" if inferred is None else
                f"or older, the newest version read whose parser takes {', '.join(older)}; "
                "--engine-version sets it")
