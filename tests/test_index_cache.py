@@ -122,3 +122,12 @@ def test_the_sglang_rank_holds_the_cell_of_its_version(tmp_path, capsys):
         capsys.readouterr()
         case = json.loads(output.read_text())["cases"][0]
         assert case["kv_cell_bytes"] == 78 * latent + keys * INDEXER_KEY
+
+
+def test_a_scenarios_bad_sglang_version_names_its_field(tmp_path, capsys):
+    shipped = (resources.files("mlamem.scenarios") / "glm5-fp8-tp8.toml").read_text()
+    path = tmp_path / "bad.toml"
+    path.write_text(shipped + '\n[sglang]\nengine_version = "9.9"\n')
+    assert main(["repro-oom", "-s", str(path), "--engine", "sglang", "--predict"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "[sglang].engine_version" in error and "0.4.6 to 0.5.23" in error and "\n" not in error

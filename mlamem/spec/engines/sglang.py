@@ -135,7 +135,10 @@ class SGLangSection:
                 check_positive(self, "sglang", name)
         check_positive(self, "sglang", "index_head_dim")
         if self.engine_version is not None:
-            sglang_rules(self.engine_version)  # one line outside the versions read
+            try:
+                sglang_rules(self.engine_version)
+            except UserError as error:
+                raise FieldError("sglang", "engine_version", error.message) from None
         if self.cuda_graph_bs is not None and (not self.cuda_graph_bs
                                                or min(self.cuda_graph_bs) < 1):
             raise FieldError("sglang", "cuda_graph_bs",
