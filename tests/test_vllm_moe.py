@@ -17,6 +17,7 @@ from mlamem.spec.engines.vllm_moe import (
     HUMMING,
     TRITON,
     dense_mlp_stage,
+    flashinfer_workspace,
     fused_moe_workspace,
     moe_backend,
     moe_note,
@@ -25,6 +26,7 @@ from mlamem.spec.engines.vllm_moe import (
     unmodelled_reason,
 )
 from mlamem.spec.engines.vllm_pass import sparse_mla_workspace_requests, workspace_bytes
+from mlamem.spec.serve_command import from_command
 
 # the MoE fields of the Hugging Face configs (mlamem/spec/models/glm-5.json, deepseek-v3.2.json)
 GLM5_MOE = dict(intermediate_size=12288, moe_intermediate_size=2048, n_routed_experts=256,
@@ -102,16 +104,44 @@ def test_glm5_tp8_moe_at_32768(glm5_tp8):
 
 def test_dsv32_tp4_ep_moe_at_8192(dsv32_tp4_ep):
     """FlashInferExperts with EP over 4 ranks: input unquantized, workspace13 (M, K) bf16 and
-    no workspace2; router logits in the model's bf16."""
+    no workspace2; router logits in the model's bf16; FlashInfer's own workspace, by hand from
+    getWorkspaceDeviceBufferSizes (E = 64 experts on the rank, R = 8 x 8192 rows, 128-B
+    padding): the two permutation maps 2 x 4R, the blocked counts and cumsum 2 x 4 x 64 x 8
+    (1024 tokens per block), 4 x 64 x 8192, the expert offsets 8 x 65 (640 padded), the GEMM
+    inputs 2R x 7168 and outputs 4R x 2048, two pointer arrays 8 x 64, and the block-scale
+    GEMM's quantized A at the largest rows the runner has seen, the profile's 8 x 32768 (the
+    scenario's max_num_batched_tokens): 262144 x 7168 + 67520 x 56 x 4; then src_to_dest 4R."""
     m, topk, k, experts = 8192, 8, 7168, 256
+    rows = m * topk
     assert fused_moe_workspace(dsv32_tp4_ep, m).nbytes == m * k * 2 == 117_440_512
+    workspace = (2 * 4 * rows + 2 * 4 * 64 * 8 + 4 * 64 * m + 640 + 2 * rows * k + 4 * rows * 2048
+                 + 2 * 8 * 64 + 32768 * topk * k + 67520 * 56 * 4 + 4 * rows)
+    assert workspace == 3_373_457_024
     assert sizes(moe_stage(dsv32_tp4_ep, m)) == {
         "moe.router_logits": ((m, experts), m * experts * 2),
         "moe.shared_output": ((m, k), m * k * 2),
         "moe.topk_weights": ((m, topk), m * topk * 4),
         "moe.topk_ids": ((m, topk), m * topk * 4),
         "moe.output": ((m, k), m * k * 2),
+        "moe.flashinfer_workspace": ((workspace,), workspace),
+        "moe.experts_to_token_score": ((64, m), 64 * m * 4),
     }
+
+
+def test_flashinfer_workspace_of_vllm_47127():
+    """vllm#47127's 26.21 GiB: FlashInfer's workspace for GLM-5.2 at DP16 with EP, 8192 tokens
+    per DP rank all-gathered (M = 131072, 16 experts on the rank): 28,139,694,592 B, which torch
+    requests in 2 MiB steps as 28,141,682,688 B, printed 26.21 GiB; at DP8, 13.11 GiB."""
+    sizes_by_dp = {}
+    for dp in (8, 16):
+        scenario = from_command(f"vllm serve zai-org/GLM-5.2-FP8 -dp {dp} --enable-expert-parallel "
+                                "--kv-cache-dtype fp8 --max-num-batched-tokens 8192",
+                                gpu_name="H100 SXM 80GB", weights_bytes=40 * 1024**3).scenario
+        m = 8192 * dp
+        sizes_by_dp[dp] = flashinfer_workspace(scenario, m, m)[0].nbytes
+    assert sizes_by_dp == {8: 14_074_194_816, 16: 28_139_694_592}
+    requested = -(-sizes_by_dp[16] // (2 << 20)) * (2 << 20)
+    assert (requested, f"{requested / 1024**3:.2f}") == (28_141_682_688, "26.21")
 
 
 def test_bf16_expert_parallel_is_triton_with_whole_experts(dsv32_tp4_ep):

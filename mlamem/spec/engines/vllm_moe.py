@@ -18,8 +18,10 @@ Without attention data parallelism no token crosses ranks (`all2all_utils.py`,
 `maybe_make_prepare_finalize`: `make_moe_prepare_and_finalize_no_dp_ep`), with or without
 --enable-expert-parallel (EP = TP x DP ranks, `config.py` `FusedMoEParallelConfig.make`); the
 default all2all backend, allgather_reducescatter (`config/parallel.py`), all-gathers every DP
-rank's tokens into the experts where DP > 1 (`prepare_finalize/naive_dp_ep.py`), which is not
-modelled here. vLLM 0.33.0 runs the experts over all M tokens at once
+rank's tokens into the experts where DP > 1 (`prepare_finalize/naive_dp_ep.py` prepare,
+`distributed/device_communicators/all2all.py` AgRsAll2AllManager.dispatch), unchunked
+(`forward_context.py` DPMetadata.sp_local_sizes), every DP rank running as many tokens as the
+largest (`expert_tokens`). vLLM 0.33.0 runs the experts over all M tokens at once
 (`modular_kernel.py`, `FusedMoEKernelModularImpl._fused_experts`: `M_chunk = M_full`; there is no
 VLLM_FUSED_MOE_CHUNK_SIZE in its `envs.py`).
 
@@ -133,9 +135,6 @@ def unmodelled_reason(scenario: Scenario) -> str | None:
     if expert_parallel_size(scenario) > 1 and not moe_workspace_resident(scenario):
         return (f"the experts vLLM {scenario_version(scenario)} runs with expert parallelism "
                 f"(before the modular kernel of 0.14.0) are not read")
-    if scenario.parallel.attention_data_parallel > 1:
-        return (f"{VERSION} all-gathers every DP rank's tokens into the experts "
-                f"({FUSED_MOE}/prepare_finalize/naive_dp_ep.py): not modelled")
     return None
 
 
@@ -151,7 +150,8 @@ def moe_note(scenario: Scenario) -> str | None:
     if scenario.model.has_moe and moe_backend(scenario) == FLASHINFER_CUTLASS:
         return (f"the MoE layer: {VERSION} runs block-fp8 experts with expert parallelism "
                 f"through FlashInfer's CUTLASS MoE ({FUSED_MOE}/experts/flashinfer_cutlass_moe.py)"
-                f", whose own scratch inside flashinfer is not modelled")
+                f"; its per-call workspace is sized from FlashInfer {FLASHINFER}'s source "
+                "(flashinfer_workspace), not measured with FlashInfer here")
     return None
 
 
@@ -168,6 +168,12 @@ def _chunk(scenario: Scenario, tokens: int) -> int:
     return min(tokens, fused_moe_chunk_tokens(scenario) or tokens)
 
 
+def expert_tokens(scenario: Scenario, tokens: int) -> int:
+    """The tokens the experts run on one rank: its own, or with attention data parallelism every
+    DP rank's, all-gathered (module docstring)."""
+    return tokens * scenario.parallel.attention_data_parallel
+
+
 def transient_workspace(scenario: Scenario, tokens: int) -> list[RankBuffer]:
     """vLLM 0.10.2-0.13.0's `fused_experts_impl` (fused_moe.py) caches, allocated per call at
     M = min(tokens, VLLM_FUSED_MOE_CHUNK_SIZE): cache13 (M, top-k, max(N, K)) and
@@ -175,6 +181,7 @@ def transient_workspace(scenario: Scenario, tokens: int) -> list[RankBuffer]:
     if (not scenario.model.has_moe or unmodelled_reason(scenario)
             or moe_workspace_resident(scenario)):
         return []
+    tokens = expert_tokens(scenario, tokens)
     (n, k, topk), m = _moe_dims(scenario), _chunk(scenario, tokens)
     source = (f"vLLM {scenario_version(scenario)} {FUSED_MOE}/fused_moe.py, fused_experts_impl "
               "(torch.empty)")
@@ -192,6 +199,7 @@ def fused_moe_workspace(scenario: Scenario, tokens: int) -> RankBuffer | None:
             or not moe_workspace_resident(scenario)):
         return None
     n, k, topk = _moe_dims(scenario)
+    tokens = expert_tokens(scenario, tokens)
     m, bf16 = _chunk(scenario, tokens), DTYPE_BYTES["bfloat16"]
     if moe_backend(scenario) == TRITON:  # experts/triton_moe.py, TritonExperts.workspace_shapes
         workspace13 = max(m * topk * max(n // 2, k), m * k)  # shared with the (M, K) output
@@ -268,17 +276,78 @@ def _triton_buffers(scenario: Scenario, tokens: int) -> list[RankBuffer]:
             RankBuffer("moe.a2q_scale", (rows, n // 2 // QUANT_BLOCK), "float32", act)]
 
 
+def _gathered_buffers(scenario: Scenario, gathered: int) -> list[RankBuffer]:
+    """With attention data parallelism, what prepare's all-gather makes of every DP rank's
+    tokens beside the rank's own (`naive_dp_ep.py` prepare, all2all.py
+    AgRsAll2AllManager.dispatch: all_gatherv of the input, its scales, the top-k weights and
+    ids). The input is the bf16 hidden state for FlashInfer's experts (unquantized), the
+    quantized input and its scales for Triton's (gathered in `_triton_buffers`)."""
+    if gathered == 0 or scenario.parallel.attention_data_parallel == 1:
+        return []
+    _, hidden, topk = _moe_dims(scenario)
+    source = _source(f"{FUSED_MOE}/prepare_finalize/naive_dp_ep.py", "prepare (all_gatherv)")
+    inputs = ([RankBuffer("moe.gathered_hidden", (gathered, hidden), "bfloat16", source)]
+              if moe_backend(scenario) == FLASHINFER_CUTLASS else [])
+    return [*inputs, RankBuffer("moe.gathered_topk_weights", (gathered, topk), "float32", source),
+            RankBuffer("moe.gathered_topk_ids", (gathered, topk), "int32", source)]
+
+
+FLASHINFER = "0.7.2.post1"  # vLLM 0.33.0's pin (flashinfer-python==0.7.2.post1); 0.6.12's sizing is the same
+FLASHINFER_ALIGN = 128  # csrc/nv_internal/tensorrt_llm/common/workspace.h kCudaMemAlign
+
+
+def flashinfer_workspace(scenario: Scenario, m: int, m_seen: int) -> list[RankBuffer]:
+    """FlashInfer's CUTLASS MoE for block fp8 on SM90 (bf16 activations, fp8 weights), per call
+    over M = `m` tokens: the workspace its binding allocates (flashinfer_cutlass_fused_moe_binding.cu
+    getWorkspaceInfo: the runner's getWorkspaceSize, cutlass_fused_moe_kernels.cuh
+    getWorkspaceDeviceBufferSizes, and src_to_dest_map, each padded to 128 B), and core.py
+    cutlass_fused_moe's experts_to_token_score. No TMA warp-specialised GEMM for bf16 x fp8, so
+    its GEMM, finalize and FP4 terms are 0; the block-scale GEMM quantizes A itself
+    (fp8_blockscale_gemm.cu getWorkspaceSizeBase), its rows the largest top-k x M the shared
+    runner has seen (`m_seen`: the profile pass's), never less."""
+    n, k, experts = scenario.model.moe_intermediate_size, scenario.model.hidden_size, \
+        scenario.model.n_routed_experts // expert_parallel_size(scenario)
+    topk, rows = scenario.model.num_experts_per_tok, scenario.model.num_experts_per_tok * m
+    per_block = next((t for t in (32, 64, 128, 256, 512, 1024) if -(-m // t) * experts <= t), 1024)
+    blocks = -(-m // per_block)
+
+    def gemm(n_out: int, k_in: int) -> int:  # getWorkspaceSizeBase: fp8 A and its fp32 scales
+        seen = max(_round_up(rows, 4), _round_up(topk * m_seen, 4))
+        padded = (rows + experts * 31) // 32 * 32  # deep_gemm compute_padded_offset
+        return seen * k_in + padded * -(-k_in // QUANT_BLOCK) * 4
+
+    parts = [4 * rows, 4 * rows, 4 * experts * blocks, 4 * experts * blocks, 4 * experts * m,
+             8 * (experts + 1), 2 * rows * max(k, n), 4 * rows * n, 8 * experts, 8 * experts,
+             max(gemm(2 * n, k), gemm(k, n))]
+    size = (_round_up(sum(_round_up(p, FLASHINFER_ALIGN) for p in parts), FLASHINFER_ALIGN)
+            + _round_up(4 * rows, FLASHINFER_ALIGN))
+    binding = (f"flashinfer {FLASHINFER} csrc/fused_moe/cutlass_backend/"
+               "flashinfer_cutlass_fused_moe_binding.cu")
+    return [RankBuffer("moe.flashinfer_workspace", (size,), "int8",
+                       f"{binding}, getWorkspaceInfo (cutlass_fused_moe_kernels.cuh "
+                       "getWorkspaceDeviceBufferSizes)", sized_from_source=True),
+            RankBuffer("moe.experts_to_token_score", (experts, m), "float32",
+                       f"flashinfer {FLASHINFER} fused_moe/core.py, cutlass_fused_moe",
+                       sized_from_source=True)]
+
+
 def moe_stage(scenario: Scenario, tokens: int) -> Stage | None:
     """The MoE layer's tensors live at its peak, inside the experts' second GEMM, beside the
     resident workspace (`fused_moe_workspace`); None for a model without MoE fields or where
-    `unmodelled_reason` names what is missing. FlashInfer's CUTLASS experts (block fp8 with
-    expert parallelism) take the input unquantized (`FlashInferExperts.expects_unquantized_inputs`)
-    and allocate their own scratch inside flashinfer, which is not modelled."""
+    `unmodelled_reason` names what is missing. With attention data parallelism the experts run
+    on every DP rank's tokens (`expert_tokens`, `_gathered_buffers`). FlashInfer's CUTLASS
+    experts (block fp8 with expert parallelism) take the input unquantized
+    (`FlashInferExperts.expects_unquantized_inputs`) and allocate their workspace per call
+    (`flashinfer_workspace`)."""
     if not scenario.model.has_moe or unmodelled_reason(scenario):
         return None
-    buffers = _routing_buffers(scenario, tokens)
+    m = expert_tokens(scenario, tokens)
+    buffers = _routing_buffers(scenario, tokens) + _gathered_buffers(scenario, m)
     if moe_backend(scenario) == TRITON:
-        buffers += _triton_buffers(scenario, tokens)
+        buffers += _triton_buffers(scenario, m)
+    else:
+        seen = expert_tokens(scenario, scenario.serving.max_num_batched_tokens)
+        buffers += flashinfer_workspace(scenario, m, seen)
     return Stage("moe", tuple(buffers + transient_workspace(scenario, tokens)))
 
 
