@@ -99,19 +99,28 @@ def test_committed_table_has_a_row_per_record(record):
     assert f"| {record['name']} |" in logs.TABLE.read_text()
 
 
+def _predicted(record: dict, tmp_path: Path, flags: str) -> dict:
+    """The alloc case of `repro-oom --predict` for the record's command with `flags` added, at
+    the record's engine version."""
+    output = tmp_path / "predicted.json"
+    assert main(["repro-oom", "--predict", "--serve", f"{record['command']} {flags}", "--gpu",
+                 record["gpu"], "--engine-version", record["engine_version"], "--paths", "alloc",
+                 "--format", "json", "--output", str(output)]) == 0
+    return json.loads(output.read_text())["cases"][0]
+
+
 def test_the_thirty_two_thousand_token_reading_of_the_glm5_log_is_the_prediction(tmp_path):
     """glm5-h200-vllm-0.22's `rest` reads the thread's failing 8.00 GiB o_accum as a 32768-token
-    step: its command with --max-num-batched-tokens 32768, predicted at the record's version,
-    gives the tokens and GiB the record quotes."""
+    step: its command with --max-num-batched-tokens 32768 (and with --enable-expert-parallel
+    too), predicted at the record's version, gives the tokens and GiB the record quotes."""
     record = next(r for r in RECORDS if r["name"] == "glm5-h200-vllm-0.22")
-    output = tmp_path / "predicted.json"
-    assert main(["repro-oom", "--predict", "--serve",
-                 record["command"] + " --max-num-batched-tokens 32768", "--gpu", record["gpu"],
-                 "--engine-version", record["engine_version"], "--paths", "alloc",
-                 "--format", "json", "--output", str(output)]) == 0
-    case = json.loads(output.read_text())["cases"][0]
+    case = _predicted(record, tmp_path, "--max-num-batched-tokens 32768")
     assert (case["kv_cache_tokens"], case["oom_buffer"]) == (522816, "o_accum")
     quoted = f"{case['kv_cache_tokens']:,} tokens ({case['kv_cache_bytes'] / GiB:.2f} GiB)"
+    assert quoted in record["rest"]
+    with_ep = _predicted(record, tmp_path, "--max-num-batched-tokens 32768 --enable-expert-parallel")
+    assert with_ep["kv_cache_tokens"] == 512063
+    quoted = f"{with_ep['kv_cache_tokens']:,} tokens ({with_ep['kv_cache_bytes'] / GiB:.2f} GiB)"
     assert quoted in record["rest"]
     readme = (ROOT / "reports" / "field" / "README.md").read_text()
     assert f"mlamem's {case['weights_bytes'] / GiB:.2f} GiB count of GLM-5-FP8's weights" in readme
