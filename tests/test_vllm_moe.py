@@ -128,10 +128,11 @@ def test_dsv32_tp4_ep_moe_at_8192(dsv32_tp4_ep):
     }
 
 
-def test_flashinfer_workspace_of_vllm_47127():
-    """vllm#47127's 26.21 GiB: FlashInfer's workspace for GLM-5.2 at DP16 with EP, 8192 tokens
-    per DP rank all-gathered (M = 131072, 16 experts on the rank): 28,139,694,592 B, which torch
-    requests in 2 MiB steps as 28,141,682,688 B, printed 26.21 GiB; at DP8, 13.11 GiB."""
+def test_flashinfer_workspace_of_glm52_at_dp16():
+    """The 26.21 GiB of https://github.com/vllm-project/vllm/issues/47127: FlashInfer's
+    workspace for GLM-5.2 at DP16 with EP, 8192 tokens per DP rank all-gathered (M = 131072, 16
+    experts on the rank): 28,139,694,592 B, which torch requests in 2 MiB steps as
+    28,141,682,688 B, printed 26.21 GiB; at DP8, 13.11 GiB."""
     sizes_by_dp = {}
     for dp in (8, 16):
         scenario = from_command(f"vllm serve zai-org/GLM-5.2-FP8 -dp {dp} --enable-expert-parallel "
