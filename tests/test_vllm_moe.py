@@ -1,10 +1,12 @@
 """vLLM 0.33.0's MoE layer and dense MLP layers (spec/engines/vllm_moe.py): each buffer held to
 the formula of the source it cites, at two shapes, and the emulated rank's profile peak."""
 
+import json
 from dataclasses import replace
 
 import pytest
 
+from mlamem.cli import main
 from mlamem.engines.base import Budget
 from mlamem.engines.decode_rank import activation_specs
 from mlamem.engines.vllm import VLLM
@@ -244,3 +246,20 @@ def test_the_router_is_fp32_for_glm5s_architecture_not_its_name(glm5_tp8, dsv32_
     assert router_logits_dtype(glm_named) == "bfloat16"  # DeepseekV32ForCausalLM
     unnamed = replace(glm5_tp8, model=replace(glm5_tp8.model, architecture=None))
     assert router_logits_dtype(unnamed) == "float32"  # "GLM-5 FP8"
+
+
+def test_the_dp16_glm52_command_runs_out_of_memory_in_the_profile_pass(tmp_path, capsys):
+    """That thread's command, completed with DP16 and EP (the recipe's dep mode) and the recipe's
+    fp8 cache on Hopper, at vLLM 0.23.0 on an H100 with GLM-5.2's counted weights: the profile
+    pass fails on FlashInfer's 26.21 GiB workspace, as the thread's server did."""
+    output = tmp_path / "repro.json"
+    command = ("vllm serve zai-org/GLM-5.2-FP8 --max-num-seqs 128 --max-model-len 202752 "
+               "--max-num-batched-tokens 8192 --tensor-parallel-size 1 --data-parallel-size 16 "
+               "--enable-expert-parallel --gpu-memory-utilization 0.95 --kv-cache-dtype fp8")
+    assert main(["repro-oom", "--predict", "--serve", command, "--gpu", "H100 SXM 80GB",
+                 "--engine-version", "0.23.0", "--paths", "alloc", "--format", "json",
+                 "--output", str(output)]) == 0
+    capsys.readouterr()
+    case = json.loads(output.read_text())["cases"][0]
+    assert (case["verdict"], case["phase"], case["oom_buffer"], case["oom_requested_bytes"]) == \
+        ("oom", "profile", "moe.flashinfer_workspace", 28_139_694_592)
