@@ -311,14 +311,17 @@ def flashinfer_workspace(scenario: Scenario, m: int, m_seen: int) -> list[RankBu
     per_block = next((t for t in (32, 64, 128, 256, 512, 1024) if -(-m // t) * experts <= t), 1024)
     blocks = -(-m // per_block)
 
-    def gemm(n_out: int, k_in: int) -> int:  # getWorkspaceSizeBase: fp8 A and its fp32 scales
+    def gemm(k_in: int) -> int:  # getWorkspaceSizeBase: the GEMM's fp8 A and its fp32 scales
         seen = max(_round_up(rows, 4), _round_up(topk * m_seen, 4))
         padded = (rows + experts * 31) // 32 * 32  # deep_gemm compute_padded_offset
         return seen * k_in + padded * -(-k_in // QUANT_BLOCK) * 4
 
-    parts = [4 * rows, 4 * rows, 4 * experts * blocks, 4 * experts * blocks, 4 * experts * m,
-             8 * (experts + 1), 2 * rows * max(k, n), 4 * rows * n, 8 * experts, 8 * experts,
-             max(gemm(2 * n, k), gemm(k, n))]
+    parts = [4 * rows, 4 * rows,  # the permuted rows and their experts
+             4 * experts * blocks, 4 * experts * blocks, 4 * experts * m,  # the blocked counts
+             8 * (experts + 1),  # each expert's first token
+             2 * rows * max(k, n), 4 * rows * n,  # the GEMMs' overlapped inputs and outputs
+             8 * experts, 8 * experts,  # the alpha scale pointers
+             max(gemm(k), gemm(n))]  # fc1 over K, fc2 over N
     size = (_round_up(sum(_round_up(p, FLASHINFER_ALIGN) for p in parts), FLASHINFER_ALIGN)
             + _round_up(4 * rows, FLASHINFER_ALIGN))
     binding = (f"flashinfer {FLASHINFER} csrc/fused_moe/cutlass_backend/"
