@@ -88,8 +88,9 @@ def test_the_count_follows_attention_dp_and_the_mtp_layers(tmp_path):
                     + "\n[vllm]\nnum_speculative_tokens = 1\n")
     mtp = overrides.apply(scenario.load(str(path)), model=DS)
     assert mtp.parallel.weights_bytes == weights_per_rank(shipped_config("deepseek-v3.2"), tp=8,
-                                                          mtp=True)
-    assert mtp.parallel.weights_note.endswith("MTP layers included (speculative decoding)")
+                                                          mtp=True, shared_head=True)
+    assert mtp.parallel.weights_note.endswith(
+        "MTP layers included (speculative decoding), their own embedding and head the target's")
 
 
 def test_model_reads_a_folder_holding_a_config_json(tmp_path):

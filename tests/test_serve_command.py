@@ -1029,14 +1029,30 @@ def test_a_shipped_scenario_keeps_graphs_off_by_default(capsys):
     ('{"method": "mtp", "num_speculative_tokens": 0}', False),
 ])
 def test_mtp_layers_count_only_for_a_method_that_drafts_with_them(spec, mtp):
-    """vLLM 0.33.0's MTP methods (mtp and its aliases) load the checkpoint's MTP layers; eagle,
-    ngram or a draft model do not, and a note says their drafter is not modelled."""
+    """vLLM 0.33.0's MTP methods (mtp and its aliases) load the checkpoint's MTP layers, less
+    their own embedding and head, which the drafter frees for the target's
+    (llm_base_proposer.py _maybe_share_embeddings, _maybe_share_lm_head); eagle, ngram or a
+    draft model do not, and a note says their drafter is not modelled."""
     config = shipped_config("deepseek-v3.2")
     built = from_command(f"{VLLM_BASE} --speculative-config '{spec}'", gpu_name="H200 SXM 141GB")
     assert built.scenario.parallel.weights_bytes == pytest.approx(
-        weights_per_rank(config, tp=8, mtp=mtp), abs=2**30 / 1000)  # the TOML's 3 decimals
+        weights_per_rank(config, tp=8, mtp=mtp, shared_head=mtp), abs=2**30 / 1000)  # 3 decimals
     assert any("drafts without the checkpoint's MTP layers" in n for n in built.notes) is (
         not mtp and '"num_speculative_tokens": 0' not in spec)
+
+
+def test_an_mtp_drafter_keeps_its_own_head_before_vllm_0_18():
+    """vLLM 0.17.0 frees the MTP layer's embedding but not its shared_head.head: the count keeps
+    both (MTP_SHARES_HEAD_FROM); from 0.18.0 neither."""
+    config, spec = shipped_config("deepseek-v3.2"), '{"method": "mtp", "num_speculative_tokens": 1}'
+    for version, shared in (("0.17.0", False), ("0.18.0", True)):
+        built = from_command(f"{VLLM_BASE} --speculative-config '{spec}'", gpu_name="H200 SXM 141GB",
+                             engine_version=version)
+        assert built.scenario.parallel.weights_bytes == pytest.approx(
+            weights_per_rank(config, tp=8, mtp=True, shared_head=shared), abs=2**30 / 1000)
+    shown = weights_per_rank(config, tp=8, mtp=True, shared_head=True) / GiB  # docs/models.md's
+    models = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
+    assert f"with MTP, {shown:.3f} GiB, not the" in " ".join(models.split())
 
 
 @pytest.mark.parametrize("model", ["someorg/Kimi-K2", "deepseek-v3.2", "GLM-5", "someorg/GLM-5",

@@ -351,6 +351,11 @@ CAPTURE_UNIFORM_SPECULATIVE_FROM = (0, 29)  # + the uniform decode sizes n x (1 
 CAPTURE_UNIFORM_SEQS_FROM = (0, 31)  # + max_num_seqs, k = 0
 # engine/arg_utils.py EngineArgs.get_batch_defaults: a >= 160 GiB GPU gets 16384 tokens
 LARGE_GPU_BATCH_FROM = (0, 28)
+# an MTP drafter frees its own embedding for the target's in every version read, and its
+# shared_head.head from 0.18.0 (v1/spec_decode/eagle.py, llm_base_proposer.py from 0.22.0:
+# _maybe_share_lm_head, "Shared target model lm_head with MTP shared_head.head"); before, the
+# head stays and the count keeps both (its embedding, a TP share of the vocabulary, too)
+MTP_SHARES_HEAD_FROM = (0, 18)
 
 
 @dataclass(frozen=True)
@@ -373,6 +378,7 @@ class VersionRules:
     capture_uniform_decode: str = "all"  # uniform decode sizes: "none", "speculative", "all"
     blackwell_graph_size_1024: bool = True
     large_gpu_batch_tier: bool = True  # get_batch_defaults' >= 160 GiB tier
+    mtp_shares_head: bool = True  # an MTP drafter holds the target's embedding and head
 
 
 def version_rules(version: str | None) -> VersionRules:
@@ -399,7 +405,8 @@ def version_rules(version: str | None) -> VersionRules:
         capture_adds_batched_tokens=series >= CAPTURE_BATCHED_TOKENS_FROM,
         capture_uniform_decode=uniform,
         blackwell_graph_size_1024=series >= BLACKWELL_GRAPH_SIZE_FROM,
-        large_gpu_batch_tier=series >= LARGE_GPU_BATCH_FROM)
+        large_gpu_batch_tier=series >= LARGE_GPU_BATCH_FROM,
+        mtp_shares_head=series >= MTP_SHARES_HEAD_FROM)
 
 
 def _series(version: str) -> tuple[int, ...]:
@@ -729,7 +736,8 @@ def parse(words: list[str], version: str | None = None):
                   engine_settings={key: given.get(key) for key in
                                    ("kv_cache_dtype", "attention_backend", "block_size",
                                     "max_num_seqs", "dtype")}
-                  | {"loads_mtp": loads_mtp(given.get("speculative_config", {}))})
+                  | {"loads_mtp": (drafts := loads_mtp(given.get("speculative_config", {}))),
+                     "mtp_shared_head": drafts and rules.mtp_shares_head})
 
 
 def _check_sparse_block(block: int | None, gpu_name: str) -> None:

@@ -100,10 +100,15 @@ def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool, shared_
 def drafted_weights(scenario: Scenario) -> dict[str, bool]:
     """counted_weights' `mtp` and `shared_head` for the scenario's engines: the MTP layers load
     where vLLM's [vllm] table asks for speculative tokens or SGLang's [sglang] table for draft
-    tokens; SGLang's drafter holds the target's embedding and head, not the layers' own."""
-    vllm = getattr(scenario.sections.get("vllm"), "num_speculative_tokens", 0) > 0
+    tokens; the drafter holds the target's embedding and head, not the layers' own (SGLang's,
+    and vLLM's from 0.18.0: spec.engines.vllm MTP_SHARES_HEAD_FROM)."""
+    from mlamem.spec.engines.vllm import version_rules  # it imports spec.models: a cycle
+
+    table = scenario.sections.get("vllm")
+    vllm = getattr(table, "num_speculative_tokens", 0) > 0
     sglang = getattr(scenario.sections.get("sglang"), "speculative_num_draft_tokens", None) is not None
-    return {"mtp": vllm or sglang, "shared_head": sglang and not vllm}
+    vllm_shares = vllm and version_rules(getattr(table, "engine_version", None)).mtp_shares_head
+    return {"mtp": vllm or sglang, "shared_head": (sglang and not vllm) or vllm_shares}
 
 
 def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = None,
