@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from mlamem.commands.shards import ITEMS, Shard, units_of
 from mlamem.runtime import nvml
 from mlamem.runtime.non_torch import load_setups
+from mlamem.spec.errors import UserError
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,22 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mlamem: error:"), err
     return err[0]
+
+
+def check_command_reads_back(command: str, **build: Any) -> None:
+    """A serve command (`serve_command.from_command`'s `build` keywords) makes a scenario whose
+    TOML reads back as it was written, or is refused in one line (a UserError)."""
+    from mlamem.spec import scenario  # pydantic: loaded where a scenario is
+    from mlamem.spec.serve_command import from_command
+
+    try:
+        built = from_command(command, **build)
+    except UserError as error:
+        message = str(error)
+        assert "\n" not in message, message
+        return
+    again = scenario.parse(scenario.to_toml(built.scenario), "again")
+    assert scenario.to_dict(again) == scenario.to_dict(built.scenario)
 
 
 def check_bad_input(args: Sequence[str], fix: str | tuple[str, ...] | None = None, *,

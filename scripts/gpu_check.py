@@ -94,6 +94,14 @@ def both(command: str) -> list[str]:
     return [command, command.replace(" @", " --predict @") + ".predicted"]
 
 
+def compared(cases: tuple[tuple[str, str], ...]) -> list[str]:
+    """Each (name, repro-oom command) measured and predicted as @rank-NAME, then each pair
+    compared field by field (scripts/compare_repro.py)."""
+    return [*(c for name, command in cases for c in both(f"{command} @rank-{name}")),
+            *(f"python3 scripts/compare_repro.py {{out}}/rank-{name}.json "
+              f"{{out}}/rank-{name}.predicted.json" for name, _ in cases)]
+
+
 # Each suite: its commands, in order. `mlamem` is `python3 -m mlamem`; {out} is the suite's
 # results folder; a word @NAME is `--format json --output {out}/NAME.json`.
 SUITES = {
@@ -225,12 +233,8 @@ SUITES = {
     # measured against predicted field by field: GLM-5 and DeepSeek-V3.2 at their shipped TP8 on
     # vLLM and SGLang, and DeepSeek-V3.2 with expert parallelism (vLLM DP8 + EP, SGLang TP8 + EP),
     # each on an H100's 80 GB (DeepSeek-V3.2's weights overridden to fit it)
-    "rank": [*(c for name, command in RANK_CASES for c in both(f"{command} @rank-{name}")),
-             *(f"python3 scripts/compare_repro.py {{out}}/rank-{name}.json "
-               f"{{out}}/rank-{name}.predicted.json" for name, _ in RANK_CASES)],
-    "rank-drafts": [*(c for name, command in DRAFT_CASES for c in both(f"{command} @rank-{name}")),
-                    *(f"python3 scripts/compare_repro.py {{out}}/rank-{name}.json "
-                      f"{{out}}/rank-{name}.predicted.json" for name, _ in DRAFT_CASES)],
+    "rank": compared(RANK_CASES),
+    "rank-drafts": compared(DRAFT_CASES),
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }
