@@ -8,7 +8,7 @@ import pytest
 
 from mlamem.spec.errors import UserError
 from mlamem.spec.models import count_weights, load_config, shipped_config, weights_fit, weights_per_rank
-from mlamem.spec.models.hf_config import parse_config
+from mlamem.spec.models.hf_config import hub_config, parse_config
 from mlamem.spec.models.weights import placement
 
 # deepseek-ai/DeepSeek-V3 on the Hugging Face Hub (https://huggingface.co/api/models/deepseek-ai/DeepSeek-V3,
@@ -258,6 +258,36 @@ def test_weights_per_rank_places_a_scenarios_layout():
     mtp = count_weights(glm).bytes_per_rank(tp=8, expert_ranks=8, mtp=True)
     assert weights_per_rank(glm, tp=8, mtp=True) == weights_per_rank(glm, tp=8) + mtp
     assert mtp > 0
+
+
+@pytest.mark.parametrize(("model", "tp", "dp", "layers", "heads", "nope", "v"), [
+    ("glm-5", 8, 1, 78, 64 // 8, 192, 256),  # TP8: 8 heads a rank
+    ("deepseek-v3.2", 8, 8, 61, 128, 128, 128),  # attention-DP 8: every head on every rank
+])
+def test_the_up_projection_copies_are_kv_b_projs_shape_in_bf16(model, tp, dp, layers, heads, nope, v):
+    """vLLM's W_UK_T and W_UV (a dequantized kv_b_proj), SGLang's w_kc and w_vc: a rank's heads of
+    kv_b_proj, (nope + v) x kv_lora_rank each, in bf16, one per attention layer."""
+    config = shipped_config(model)
+    copy = layers * heads * (nope + v) * config.kv_lora_rank * 2
+    for engine in ("vllm", "sglang"):
+        counted = weights_per_rank(config, tp=tp, dp=dp, engine=engine)
+        assert counted == weights_per_rank(config, tp=tp, dp=dp) + copy
+    assert weights_per_rank(config, tp=tp, dp=dp, engine="trtllm-context-reuse") == weights_per_rank(
+        config, tp=tp, dp=dp)
+    # the MTP layer's attention too, where it loads
+    drafting = {"tp": tp, "dp": dp, "mtp": True}
+    assert (weights_per_rank(config, **drafting, engine="vllm") - weights_per_rank(config, **drafting)
+            == copy + copy // layers)
+
+
+def test_vllm_copies_kv_b_proj_only_where_the_checkpoint_stores_it_quantized():
+    """get_and_maybe_dequant_weights gives an unquantized kv_b_proj back as is (W_UV and W_UK_T are its
+    views); SGLang's contiguous w_kc and w_vc are copies either way."""
+    bf16 = hub_config("zai-org/GLM-5.1")  # the bf16 checkpoint
+    assert bf16.quantization is None
+    assert weights_per_rank(bf16, tp=8, engine="vllm") == weights_per_rank(bf16, tp=8)
+    copies = 78 * 8 * 448 * 512 * 2
+    assert weights_per_rank(bf16, tp=8, engine="sglang") == weights_per_rank(bf16, tp=8) + copies
 
 
 def test_weights_that_exceed_the_gpu_say_so_in_one_line():

@@ -75,20 +75,22 @@ def test_model_replaces_the_model_and_counts_the_weights_at_the_layout():
     assert (m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim) == (
         config.kv_lora_rank, config.qk_rope_head_dim, config.qk_nope_head_dim, config.v_head_dim)
     assert changed.heads_per_rank == 16
-    assert changed.parallel.weights_bytes == weights_per_rank(config, tp=8)  # to the byte
-    assert changed.parallel.weights_note == f"counted from {DS}: 80.112 GiB per rank"
+    assert changed.parallel.weights_bytes == weights_per_rank(config, tp=8, engine="vllm")  # to the byte
+    assert changed.parallel.weights_note == (f"counted from {DS}: 80.351 GiB per rank, with vllm's bf16 "
+                                             "W_UK_T and W_UV (kv_b_proj) as it loads")
     assert (changed.serving, changed.gpu, changed.name) == (glm.serving, glm.gpu, glm.name)
 
 
 def test_the_count_follows_attention_dp_and_the_mtp_layers(tmp_path):
     kimi = overrides.apply(scenario.load("kimi-k2-fp8-tp4-dp"), model=str(CONFIGS / "kimi-k2.json"))
-    assert kimi.parallel.weights_bytes == weights_per_rank(shipped_config("kimi-k2"), tp=4, dp=4)
+    assert kimi.parallel.weights_bytes == weights_per_rank(shipped_config("kimi-k2"), tp=4, dp=4,
+                                                           engine="vllm")
     path = tmp_path / "mtp.toml"  # speculative decoding loads the MTP layers
     path.write_text((resources.files("mlamem.scenarios") / "deepseek-v32-fp8-tp8.toml").read_text()
                     + "\n[vllm]\nnum_speculative_tokens = 1\n")
     mtp = overrides.apply(scenario.load(str(path)), model=DS)
     assert mtp.parallel.weights_bytes == weights_per_rank(shipped_config("deepseek-v3.2"), tp=8,
-                                                          mtp=True, shared_head=True)
+                                                          mtp=True, shared_head=True, engine="vllm")
     assert mtp.parallel.weights_note.endswith(
         "MTP layers included (speculative decoding), their own embedding and head the target's")
 
@@ -99,7 +101,7 @@ def test_model_reads_a_folder_holding_a_config_json(tmp_path):
     (folder / "config.json").write_text((CONFIGS / "glm-5.json").read_text())
     changed = overrides.apply(scenario.load("glm5-fp8-tp8"), model=str(folder), gpu="B200")
     assert changed.model.name == "GLM-5 FP8"
-    assert changed.parallel.weights_bytes == weights_per_rank(shipped_config("glm-5"), tp=8)
+    assert changed.parallel.weights_bytes == weights_per_rank(shipped_config("glm-5"), tp=8, engine="vllm")
 
 
 def test_gpu_retargets_and_weights_per_rank_is_a_labelled_override():
@@ -119,7 +121,8 @@ def test_plan_reads_each_option(capsys):
     counted = _json(["plan", "--model", GLM5, "--gpu", "H200 SXM 141GB"], capsys)
     given = _json(["plan", "--weights-per-rank", "30GiB"], capsys)["plans"][0]
     assert plain["weights_bytes"] == 40 * GiB and given["weights_bytes"] == 30 * GiB
-    assert counted["plans"][0]["weights_bytes"] == weights_per_rank(shipped_config("glm-5"), tp=8)
+    glm5 = weights_per_rank(shipped_config("glm-5"), tp=8, engine="vllm")
+    assert counted["plans"][0]["weights_bytes"] == glm5
     assert counted["plans"][0]["request"]["gpu_memory_bytes"] == 143155 * 1024**2
     assert counted["scenario"]["model"] == "glm-5 FP8"
     assert given["budget_bytes"] - plain["budget_bytes"] == 10 * GiB  # utilization x total - weights
@@ -151,7 +154,7 @@ def test_profile_and_graphs_run_the_models_heads(command, capsys):
 def test_weights_that_do_not_fit_the_gpu_are_one_line(command):
     """The shipped GLM-5 config at TP8 on an H100: 88.7 GiB per rank, refused before any run."""
     line = check_bad_input([*COMMANDS[command], "--model", GLM5, "--gpu", "H100 SXM 80GB"],
-                           "glm-5 FP8's weights are 88.7 GiB per rank at TP8, more than the "
+                           "glm-5 FP8's weights are 89.0 GiB per rank at TP8, more than the "
                            "H100 SXM 80GB's 79.2 GiB")
     assert line.startswith("mlamem: error: --weights-per-rank: ")
     check_bad_input([*COMMANDS[command], "--weights-per-rank", "80GiB"],

@@ -403,7 +403,7 @@ def test_trtllm_takes_no_abbreviation():
     (f"vllm serve {DS} --kv-cache-dtype fp8 --max-model-len 1.5K", "not a count"),
     (f"vllm serve {DS} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8 --max-num-seqs 0",
      "vllm serve --max-num-seqs: "),
-    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights are 627.7 GiB per rank at TP1"),
+    (f"vllm serve {DS} --max-model-len 4096 --kv-cache-dtype fp8", "weights are 629.6 GiB per rank at TP1"),
     ("vllm serve someone/unknown --max-model-len 4096 --kv-cache-dtype fp8", "config.json"),
     (f"trtllm-serve {DS} --max_seq_len 100 --tp_size 6", "trtllm-serve --tp_size: "),
     ("sglang launch x", "expected `vllm serve"),
@@ -581,7 +581,7 @@ def test_a_kimi_k2_cache_dtype_and_vllms_default_batch(kv, cache, size):
 
 @pytest.mark.parametrize(("command", "fix"), [
     (f"vllm serve {KIMI} -dp 4 --enable-expert-parallel --max-model-len 131072",
-     "Kimi-K2-Instruct's weights are 249.6 GiB per rank at TP4 with attention-DP 4, more than "
+     "Kimi-K2-Instruct's weights are 250.5 GiB per rank at TP4 with attention-DP 4, more than "
      "the H200 SXM 141GB's 139.8 GiB: serve on more ranks, or give the weights per rank"),
     (f"vllm serve {KIMI} -tp 8 --max-model-len 4096 --kv-cache-dtype fp8_ds_mla",
      "--kv-cache-dtype fp8_ds_mla: mlamem models the plain bf16 or fp8 cache"),
@@ -1020,7 +1020,8 @@ def test_mtp_layers_count_only_for_a_method_that_drafts_with_them(spec, mtp):
     config = shipped_config("deepseek-v3.2")
     built = from_command(f"{VLLM_BASE} --speculative-config '{spec}'", gpu_name="H200 SXM 141GB")
     assert built.scenario.parallel.weights_bytes == pytest.approx(
-        weights_per_rank(config, tp=8, mtp=mtp, shared_head=mtp), abs=2**30 / 1000)  # 3 decimals
+        weights_per_rank(config, tp=8, mtp=mtp, shared_head=mtp, engine="vllm"),
+        abs=2**30 / 1000)  # 3 decimals
     assert any("drafts without the checkpoint's MTP layers" in n for n in built.notes) is (
         not mtp and '"num_speculative_tokens": 0' not in spec)
 
@@ -1033,8 +1034,10 @@ def test_an_mtp_drafter_keeps_its_own_head_before_vllm_0_18():
         built = from_command(f"{VLLM_BASE} --speculative-config '{spec}'", gpu_name="H200 SXM 141GB",
                              engine_version=version)
         assert built.scenario.parallel.weights_bytes == pytest.approx(
-            weights_per_rank(config, tp=8, mtp=True, shared_head=shared), abs=2**30 / 1000)
-    shown = weights_per_rank(config, tp=8, mtp=True, shared_head=True) / GiB  # docs/models.md's
+            weights_per_rank(config, tp=8, mtp=True, shared_head=shared, engine="vllm"),
+            abs=2**30 / 1000)
+    # docs/models.md's figure
+    shown = weights_per_rank(config, tp=8, mtp=True, shared_head=True, engine="vllm") / GiB
     models = (Path(__file__).parent.parent / "docs" / "models.md").read_text()
     assert f"with MTP, {shown:.3f} GiB, not the" in " ".join(models.split())
 
@@ -1097,7 +1100,7 @@ def test_serve_and_scenario_together_are_one_line(command):
     check_bad_input([command, "--serve", HUB_SEED, "-s", "glm5-fp8-tp8"],
                     "--serve and --scenario both name the scenario; give one")
     check_bad_input([command, "--serve", HUB_SEED, "--gpu", "H100 SXM 80GB"],
-                    "--weights-per-rank: GLM-5-FP8's weights are 88.7 GiB per rank at TP8")
+                    "--weights-per-rank: GLM-5-FP8's weights are 89.0 GiB per rank at TP8")
 
 
 # Pasted commands of the three engines: `scenarios --serve` writes each as TOML, and what it

@@ -112,7 +112,7 @@ def test_other_algorithms_are_one_note_never_refused(algorithm):
     assert "not modelled" in note
     assert "--speculative-num-steps" in unmodelled(built.notes)
     assert built.scenario.parallel.weights_gib_per_rank == round(
-        weights_per_rank(shipped_config("glm-5"), tp=8) / GiB, 3)
+        weights_per_rank(shipped_config("glm-5"), tp=8, engine="sglang") / GiB, 3)
 
 
 def test_another_draft_checkpoint_is_not_modelled():
@@ -173,11 +173,11 @@ def test_the_drafts_weights_are_the_mtp_layers_without_their_own_head():
     for command, model, drafting in ((EAGLE, glm, True), (PLAIN, glm, False)):
         built = from_command(command, gpu_name=H200)
         assert built.scenario.parallel.weights_gib_per_rank == round(weights_per_rank(
-            model, tp=8, mtp=drafting, shared_head=drafting) / GiB, 3)
+            model, tp=8, mtp=drafting, shared_head=drafting, engine="sglang") / GiB, 3)
     built = from_command(f"{SG} --model-path {DS} {FLAGS} --speculative-algorithm EAGLE",
                          gpu_name=H200)
     assert built.scenario.parallel.weights_gib_per_rank == round(
-        weights_per_rank(ds, tp=8, mtp=True, shared_head=True) / GiB, 3)
+        weights_per_rank(ds, tp=8, mtp=True, shared_head=True, engine="sglang") / GiB, 3)
     assert any("MTP layers included (speculative decoding), their own embedding and head "
                "the target's" in n for n in built.notes)
 
@@ -217,14 +217,14 @@ def test_repro_oom_serve_models_the_draft(capsys):
 
 def test_a_scenario_drafting_on_sglang_recounts_its_weights_with_model(tmp_path):
     """`--model` on a scenario whose [sglang] table drafts (speculative_num_draft_tokens): the
-    MTP layer counted without its own embedding and head (overrides.drafted_weights)."""
+    MTP layer counted without its own embedding and head (overrides.loaded_weights)."""
     path = tmp_path / "eagle.toml"
     path.write_text((resources.files("mlamem.scenarios") / "deepseek-v32-fp8-tp8.toml").read_text()
                     + "\n[sglang]\nspeculative_num_draft_tokens = 4\n")
     config = str(resources.files("mlamem.spec.models") / "deepseek-v3.2.json")
     changed = overrides.apply(scenario.load(str(path)), model=config)
     assert changed.parallel.weights_bytes == weights_per_rank(
-        shipped_config("deepseek-v3.2"), tp=8, mtp=True, shared_head=True)
+        shipped_config("deepseek-v3.2"), tp=8, mtp=True, shared_head=True, engine="vllm")
     assert changed.parallel.weights_note.endswith(
         "MTP layers included (speculative decoding), their own embedding and head the target's")
 

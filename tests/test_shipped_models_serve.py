@@ -58,7 +58,7 @@ def test_deepseek_v3_family_runs_the_dense_decode_with_counted_weights(hub):
                          gpu_name=H200)
     s = built.scenario
     assert s.operations == ("dense-decode",) and s.model.num_attention_heads == 128
-    expected = weights_per_rank(shipped_config("deepseek-v3"), tp=8) / GiB
+    expected = weights_per_rank(shipped_config("deepseek-v3"), tp=8, engine="vllm") / GiB
     assert s.parallel.weights_gib_per_rank == round(expected, 3)
     assert s.model.name.endswith(" FP8")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from mlamem.spec import gpus
 from mlamem.spec.errors import UserError
 from mlamem.spec.models.hf_config import ModelConfig, load_config
-from mlamem.spec.models.weights import fit_line, weights_per_rank
+from mlamem.spec.models.weights import UP_PROJECTION_COPIES, count_weights, fit_line, weights_per_rank
 
 if TYPE_CHECKING:
     from mlamem.spec.scenario import Scenario
@@ -86,29 +86,34 @@ def scenario_from_config(data: dict, source: str) -> Scenario:
 
 
 def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool, shared_head: bool = False,
-                    source: str = "the model's config") -> tuple[float, str]:
+                    engine: str | None = None, source: str = "the model's config") -> tuple[float, str]:
     """One rank's weights in GiB (to the byte) at `tp` ranks with attention-DP `dp`, and the note
-    saying they are counted from `source` (`mtp`, `shared_head`: weights_per_rank's)."""
-    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head) / 1024**3
+    saying they are counted from `source` (`mtp`, `shared_head`, `engine`: weights_per_rank's)."""
+    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head, engine=engine) / 1024**3
     own_head = shared_head and config.mtp_embeddings
+    copies = count_weights(config).up_projection_copies(tp=tp // dp, engine=engine)
     return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
+                 + (f", with {engine}'s bf16 {UP_PROJECTION_COPIES[engine]} (kv_b_proj) as it loads"
+                    if copies else "")
                  + (", MTP layers included (speculative decoding)" if mtp else "")
                  + (", their own embedding and head the target's" if mtp and own_head else "")
                  + (", the vision tower not counted" if config.vision else ""))
 
 
-def drafted_weights(scenario: Scenario) -> dict[str, bool]:
-    """counted_weights' `mtp` and `shared_head` for the scenario's engines: the MTP layers load
-    where vLLM's [vllm] table asks for speculative tokens or SGLang's [sglang] table for draft
+def loaded_weights(scenario: Scenario) -> dict[str, bool | str | None]:
+    """counted_weights' `mtp`, `shared_head` and `engine` for the scenario's engines: the MTP layers
+    load where vLLM's [vllm] table asks for speculative tokens or SGLang's [sglang] table for draft
     tokens; the drafter holds the target's embedding and head, not the layers' own (SGLang's,
-    and vLLM's from 0.18.0: spec.engines.vllm MTP_SHARES_HEAD_FROM)."""
+    and vLLM's from 0.18.0: spec.engines.vllm MTP_SHARES_HEAD_FROM); the first engine's copies of
+    the up-projection."""
     from mlamem.spec.engines.vllm import version_rules  # it imports spec.models: a cycle
 
     table = scenario.sections.get("vllm")
     vllm = getattr(table, "num_speculative_tokens", 0) > 0
     sglang = getattr(scenario.sections.get("sglang"), "speculative_num_draft_tokens", None) is not None
     vllm_shares = vllm and version_rules(getattr(table, "engine_version", None)).mtp_shares_head
-    return {"mtp": vllm or sglang, "shared_head": (sglang and not vllm) or vllm_shares}
+    return {"mtp": vllm or sglang, "shared_head": (sglang and not vllm) or vllm_shares,
+            "engine": scenario.engines[0]}
 
 
 def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = None,
@@ -128,7 +133,7 @@ def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = Non
         if weights_bytes is None:
             parallel["weights_gib_per_rank"], parallel["weights_note"] = counted_weights(
                 config, tp=parallel["tensor_parallel"], dp=parallel["attention_data_parallel"],
-                **drafted_weights(scenario), source=str(model))
+                **loaded_weights(scenario), source=str(model))
     if weights_bytes is not None:
         parallel["weights_gib_per_rank"] = override_gib(weights_bytes)
         parallel["weights_note"] = OVERRIDE_NOTE

@@ -93,6 +93,16 @@ class WeightCount:
         return sum(-(-self._bytes(t) // split[placement(t)]) for t in self.tensors
                    if t.mtp == mtp and not (shared_head and mtp_own_head(t)))
 
+    def up_projection_copies(self, *, tp: int, engine: str | None, mtp: bool = False) -> int:
+        """One rank's bf16 copies of the MLA up-projection (kv_b_proj) the engine multiplies in the
+        absorbed decode, held beside the checkpoint's tensor (UP_PROJECTION_COPIES); `tp`: the ranks
+        sharding attention."""
+        if engine not in UP_PROJECTION_COPIES:
+            return 0
+        return sum(2 * -(-t.params // tp) for t in self.tensors
+                   if t.mtp == mtp and t.name.endswith(".kv_b_proj")
+                   and (engine == "sglang" or self.stored_quantized(t)))
+
     def elements(self, *, mtp: bool = False) -> int:
         """Every stored tensor's elements, what the Hub's parameter count adds up: a quantized weight's
         packed words, scales and zero points (Quantization.weight_elements), the rest's parameters."""
@@ -113,6 +123,17 @@ class WeightCount:
             return (4 if tensor.fp32 else 2) * tensor.params
         return self.quantization.weight_bytes(tensor.rows, tensor.cols, tensor.copies, expert=_expert(tensor))
 
+
+# The absorbed MLA decode multiplies q and the output by kv_b_proj split per head, in bf16, kept beside
+# the checkpoint's kv_b_proj (which stays loaded), one copy of kv_b_proj's shape per attention layer:
+# - vLLM (0.10.2-0.33.0 MLA process_weights_after_loading: v1/attention/backends/mla/common.py to 0.17,
+#   model_executor/layers/attention/mla_attention.py from 0.18, "we just store fp16/bf16 copies"): W_UK_T
+#   and W_UV, views of kv_b_proj dequantized (quant_utils.py get_and_maybe_dequant_weights), a new tensor
+#   only where the checkpoint stores kv_b_proj quantized (an unquantized weight comes back as is);
+# - SGLang (0.5.23 models/deepseek_common/deepseek_weight_loader.py post_load_weights): w_kc and w_vc,
+#   each made contiguous, so copied whether kv_b_proj is stored quantized (dequantized to bf16 on CUDA
+#   for 128 x 128 blocks, SGLANG_USE_DEEPGEMM_BMM off by default) or not.
+UP_PROJECTION_COPIES = {"vllm": "W_UK_T and W_UV", "sglang": "w_kc and w_vc"}
 
 # an MTP layer's own embedding and head (DeepSeek's; GLM's MTP layer has none)
 MTP_HEAD = ("embed_tokens", "shared_head.head")
@@ -181,7 +202,7 @@ def count_weights(config: ModelConfig) -> WeightCount:
 
 
 def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False,
-                     shared_head: bool = False) -> int:
+                     shared_head: bool = False, engine: str | None = None) -> int:
     """One rank's bytes under a scenario's layout: `tp` ranks in all, attention data-parallel over `dp` groups
     of tp // dp ranks (vLLM's DP ranks, each with its own TP), the routed experts split over all `tp` ranks
     (vLLM flattens TP across DP for the MoE: FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp); the MTP
@@ -189,21 +210,24 @@ def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = F
     where the drafter frees them for the target's (`shared_head`: SGLang 0.5.23's EAGLE worker,
     speculative/eagle_worker_v2.py, set_embed_and_head, which models/deepseek_v2.py
     DeepseekV2ForCausalLM.set_embed_and_head frees with torch.cuda.empty_cache before the KV pool is
-    sized)."""
+    sized); with `engine`'s bf16 copies of the MLA up-projection (WeightCount.up_projection_copies)."""
     if tp < 1:
         raise UserError(f"needs a positive rank count, got {tp}", field="tensor_parallel")
     if dp < 1 or tp % dp:
         raise UserError(f"needs a divisor of tensor_parallel {tp}, got {dp}", field="attention_data_parallel")
     weights = count_weights(config)
     layout = {"tp": tp // dp, "expert_ranks": tp}
+    copies = weights.up_projection_copies(tp=tp // dp, engine=engine)
+    if mtp:
+        copies += weights.up_projection_copies(tp=tp // dp, engine=engine, mtp=True)
     drafter = weights.bytes_per_rank(**layout, mtp=True, shared_head=shared_head) if mtp else 0
-    return weights.bytes_per_rank(**layout) + drafter
+    return weights.bytes_per_rank(**layout) + drafter + copies
 
 
 def weights_fit(model: str, config: ModelConfig, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
-                mtp: bool = False, shared_head: bool = False) -> str | None:
+                mtp: bool = False, shared_head: bool = False, engine: str | None = None) -> str | None:
     """None when one rank's weights fit in `gpu_bytes`; else the one line that says they do not."""
-    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head)
+    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head, engine=engine)
     return fit_line(model, per_rank, tp=tp, dp=dp, gpu=gpu, gpu_bytes=gpu_bytes, mtp=mtp)
 
 

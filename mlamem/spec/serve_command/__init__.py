@@ -190,7 +190,8 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
     either is refused in one line where it exceeds the GPU."""
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
               "mtp": parsed.engine_settings.get("loads_mtp", False),
-              "shared_head": parsed.engine_settings.get("mtp_shared_head", False)}
+              "shared_head": parsed.engine_settings.get("mtp_shared_head", False),
+              "engine": parsed.engines[0]}
     gpu = {"gpu": target.name, "gpu_bytes": target.memory_mib * 1024**2}
     if override_bytes is not None:
         gib = override_gib(override_bytes)
@@ -205,6 +206,15 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
                         field="weights_per_rank")
     gib, note = counted_weights(config, **layout)
     return round(gib, 3), note  # the printed TOML's figure
+
+
+def _left_out(built: scenario.Scenario, engines: list[str]) -> list[str]:
+    """What vLLM's rank leaves out of the MoE layer (vllm_moe.moe_note), where it leaves out
+    anything: a "fits" the reader weighs against it."""
+    from mlamem.spec.engines import vllm_moe  # it imports spec.engines.vllm: a cycle
+
+    note = vllm_moe.moe_note(built) if engines == ["vllm"] else None
+    return [note] if note else []
 
 
 def _fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, target: gpus.GPU) -> None:
@@ -289,7 +299,8 @@ def from_command(command: str, *, gpu_name: str, model: str | None = None,
         raise UserError(f"{parsed.prog} {flag}: {problem}" if flag else error.message,
                         field="serve") from None
     _check_topk(built, parsed)
-    notes = [*parsed.notes, f"weights: {note}", f"gpu: {target.memory_note()}"]
+    notes = [*parsed.notes, *_left_out(built, parsed.engines), f"weights: {note}",
+             f"gpu: {target.memory_note()}"]
     return Built(built, tuple(notes), parsed.cuda_graphs)
 
 
