@@ -263,3 +263,20 @@ def test_the_dp16_glm52_command_runs_out_of_memory_in_the_profile_pass(tmp_path,
     case = json.loads(output.read_text())["cases"][0]
     assert (case["verdict"], case["phase"], case["oom_buffer"], case["oom_requested_bytes"]) == \
         ("oom", "profile", "moe.flashinfer_workspace", 28_139_694_592)
+
+
+@pytest.mark.parametrize(("command", "left_out"), [
+    ("vllm serve moonshotai/Kimi-K2-Thinking -tp 8 --max-model-len 32768", "Humming"),
+    ("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8 --enable-expert-parallel",
+     "FlashInfer's CUTLASS MoE"),
+    ("vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8", None),  # Triton's, modelled
+])
+def test_a_serve_command_says_what_its_moe_layer_leaves_out(command, left_out):
+    """A "fits" is weighed against what the rank leaves out: an int4 checkpoint's experts
+    (Humming, not modelled), FlashInfer's workspace sized from its source; Triton's says nothing."""
+    notes = [n for n in from_command(command, gpu_name="H200 SXM 141GB").notes
+             if n.startswith("the MoE layer: ")]
+    if left_out is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and left_out in notes[0]
