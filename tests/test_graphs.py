@@ -352,3 +352,20 @@ def test_the_predicted_table_says_the_target_gpu_is_modelled():
     text = render.graphs_markdown(result)
     assert "+ the target GPU's non-torch memory" in text
     assert "the host's non-torch memory" not in text
+
+
+def test_a_neighbours_free_between_two_device_reads_is_a_negative_growth_not_a_traceback():
+    """`mem_get_info` is device-wide: another process freeing 2 GiB between a capture's two reads
+    makes its growth, and the device rule's estimate, negative (seen on an H100 beside the noisy
+    neighbour). The file still validates and reads back."""
+    path = Path(__file__).parent.parent / "reports" / "graphs-h200" / "graphs-glm5-flashmla.json"
+    data = json.loads(path.read_text())
+    capture = data["paths"][0]["captures"][2]
+    capture["device_growth_bytes"] = -(2 << 30)
+    device = [c["device_growth_bytes"] for c in data["paths"][0]["captures"][:2]]
+    estimate = vllm_estimate("device", [-(2 << 30), *device[1:]], actual=-(1 << 30), graphs=51)
+    data["paths"][0]["estimates"] = [dataclasses.asdict(estimate)]
+    data["paths"][0]["device_bytes"] = -(1 << 30)
+    parsed = GraphsFile.parse(data)
+    assert parsed.paths[0].captures[2].device_growth_bytes == -(2 << 30)
+    assert parsed.paths[0].estimates[0].first_bytes == -(2 << 30)

@@ -44,6 +44,7 @@ while True:
     time.sleep(0.004)
     sys.stdout.write("."); sys.stdout.flush()
 """
+NEIGHBOUR_ROOM_BYTES = 3 * GiB  # its 2 GiB block and its CUDA context
 # The figures a neighbour moves: read device-wide (the engines' way), or times.
 DEVICE_WIDE = {"nvml_peak_bytes", "wall_time_ms", "median_ms", "device_growth_bytes",
                "device_bytes", "unexplained_device_bytes", "created", "command", "environment",
@@ -78,6 +79,16 @@ def neighbour(log_path):
         child.terminate()
         child.wait(timeout=60)
     assert log_path.read_text().count(".") > 10, "the neighbour barely cycled"
+
+
+def _room_for_the_neighbour_or_skip(target_mib: int) -> None:
+    """repro-oom caps its rank at the target GPU's memory: on a device no larger (an H100 for the
+    H100 target), the neighbour's 2 GiB and its CUDA context find no room beside it."""
+    handle = nvml.nvml_query("nvmlDeviceGetHandleByIndex", 0)
+    memory = None if handle is None else nvml.nvml_query("nvmlDeviceGetMemoryInfo", handle)
+    if memory is None or memory.total < target_mib * 2**20 + NEIGHBOUR_ROOM_BYTES:
+        pytest.skip(f"no room for the neighbour beside a {target_mib} MiB rank on this device "
+                    "(an H200 has it)")
 
 
 def _mlamem(*args: str, output) -> dict:
@@ -146,6 +157,7 @@ def test_repro_oom_beside_a_neighbour(tmp_path, record_property):
     from mlamem.runtime.memory import SimulatedMemory
     from mlamem.spec import scenario as scenarios
 
+    _room_for_the_neighbour_or_skip(scenarios.load(SCENARIO).gpu.memory_mib)
     quiet, noisy = _twice(lambda tag: _mlamem(
         "repro-oom", "-s", SCENARIO, "--paths", "workspace",
         output=tmp_path / f"repro-{tag}.json"), tmp_path)

@@ -11,9 +11,11 @@ from mlamem.results.shared import (
     Buffer,
     Bytes,
     CommandLine,
+    DeviceBytes,
     Environment,
     Kernel,
     MaybeBytes,
+    MaybeDeviceBytes,
     Scenario,
     _filled,
     _with_environment,
@@ -32,10 +34,11 @@ class Capture(Model):
     held_bytes: MaybeBytes = Field(
         description=(
             "still allocated after its outputs were released (the first capture: the graph's RNG state)"))
-    device_growth_bytes: MaybeBytes = Field(
+    device_growth_bytes: MaybeDeviceBytes = Field(
         description=(
-            "device-wide growth by `mem_get_info`, as vLLM samples it; predicted: the model's "
-            "reserved plus the host setup's non-torch memory (mlamem/non_torch.toml)"))
+            "device-wide growth by `mem_get_info`, as vLLM samples it (another process's frees "
+            "between the reads can make it negative); predicted: the model's reserved plus the "
+            "host setup's non-torch memory (mlamem/non_torch.toml)"))
     replay_equal: bool | None = Field(
         description=(
             "the replay's out and lse bit-identical to the eager warm-up call's (null when predicted)"))
@@ -53,12 +56,12 @@ class Estimate(Model):
         description=(
             "`allocator` (the rule on reserved growth; always) or `device` (on `mem_get_info` growth, "
             "as vLLM does; measured, or predicted with the host setup's non-torch memory)"))
-    first_bytes: Bytes = Field(description="the first two captures' growth by that measure")
-    second_bytes: Bytes = Field(description="the first two captures' growth by that measure")
+    first_bytes: DeviceBytes = Field(description="the first two captures' growth by that measure")
+    second_bytes: DeviceBytes = Field(description="the first two captures' growth by that measure")
     per_graph_bytes: Bytes = Field(description="max(second, 1 MiB): vLLM's charge per further graph")
     graphs: int = Field(description="N, the captures in the list")
-    estimate_bytes: Bytes = Field(description="vLLM's estimate: first + per_graph × (N − 1)")
-    actual_bytes: Bytes = Field(
+    estimate_bytes: DeviceBytes = Field(description="vLLM's estimate: first + per_graph × (N − 1)")
+    actual_bytes: DeviceBytes = Field(
         description="what the whole list took by the same measure (`pool_bytes` or `device_bytes`)")
     error_bytes: int = Field(description="estimate − actual")
     error_percent: float | None = Field(
@@ -74,7 +77,7 @@ class GraphPath(Model):
     pool_bytes: MaybeBytes = Field(
         description="reserved growth over the whole list: the pool (null if a capture failed)")
     held_bytes: MaybeBytes = Field(description="allocated after the whole list, outputs released")
-    device_bytes: MaybeBytes = Field(
+    device_bytes: MaybeDeviceBytes = Field(
         description="device-wide growth over the whole list (measured, or modelled as for captures)")
     unexplained_device_bytes: int | None = Field(
         description=(

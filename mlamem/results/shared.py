@@ -17,6 +17,10 @@ ENGINE_OF_MODE = {"decode": "vllm", "context-reuse": "trtllm-context-reuse"}  # 
 
 Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]  # a byte count, within what any device has
 MaybeBytes = Bytes | None  # a byte count, null where the call failed or nothing was measured
+# a device-wide growth (two `mem_get_info` reads): another process's frees between them can make
+# it negative
+DeviceBytes = Annotated[int, Field(ge=-MAX_BYTES, le=MAX_BYTES)]
+MaybeDeviceBytes = DeviceBytes | None
 # the command line that made a result, its secrets hidden as it is read (a file of any age)
 CommandLine = Annotated[str, AfterValidator(redacted_command_line)]
 
