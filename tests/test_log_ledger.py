@@ -280,3 +280,21 @@ def test_report_carries_the_ledger_and_its_plot(tmp_path, repro_with_log):
     ledger_pngs = sorted(p.name for p in tmp_path.glob("*ledger*.png"))
     assert len(ledger_pngs) == 1 and f"]({ledger_pngs[0]})" in text
     assert (tmp_path / ledger_pngs[0]).read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_graph_estimate_a_log_gives_as_a_share_sits_beside_mlamems(tmp_path, capsys):
+    """vLLM 0.21+ may print its CUDA-graph estimate only as the utilization it is worth
+    ("--gpu-memory-utilization=0.9200 is equivalent to ...=0.9129"): the ledger's row is that
+    share of the target's total, beside the estimate mlamem's rank sets aside (graphs on)."""
+    quoted = (ROOT / "tests" / "fixtures" / "logs" / "vllm-cuda-graph-estimate.log").read_text()
+    log = tmp_path / "server.log"
+    log.write_text(f"{quoted.splitlines()[1]}\n{SEED_OOM}\n")
+    graphs = seed_serve().removesuffix(" --enforce-eager")
+    assert main(["repro-oom", "--serve", graphs, "--gpu", "H100 SXM 80GB", "--weights-per-rank",
+                 "40GiB", "--predict", "--paths", "alloc", "--log", str(log),
+                 "--format", "json"]) == 0
+    rows = {r["component"]: r for r in json.loads(capsys.readouterr().out)["log"]["paths"][0]["rows"]}
+    estimate = rows["CUDA-graph estimate"]
+    assert (estimate["log_bytes"], estimate["log_line"]) == (round(0.0071 * 81079 * 2**20), 1)
+    assert estimate["mlamem_bytes"] > 0
+    assert estimate["difference_bytes"] == estimate["log_bytes"] - estimate["mlamem_bytes"]

@@ -241,3 +241,23 @@ def test_an_oom_message_no_gpu_can_print_is_one_line(tmp_path, asked, total, fre
     with pytest.raises(UserError, match=f"line 1: .*{fix}") as error:
         read_log(str(log))
     assert error.value.field == "log"
+
+
+def test_vllm_graph_estimate_and_the_utilization_it_is_worth():
+    """vLLM 0.21+ prints the graph estimate set aside before the KV cache, and the utilization it
+    is worth: 0.9200 less 0.9129, its share of the total."""
+    log = read_log(str(LOGS / "vllm-cuda-graph-estimate.log"))
+    got = {f.name: f for f in log.figures}
+    assert got["cuda_graphs_estimated"].value == round(0.17 * GiB)
+    assert got["utilization"].value == 0.92
+    assert got["cuda_graphs_estimated_share"].value == 0.0071
+    assert got["cuda_graphs_estimated_share"].line_number == 2
+    assert got["kv_cache"].value == round(15.72 * GiB)
+
+
+def test_vllm_graph_pool_actual_beside_the_estimate_may_be_negative():
+    """vLLM's "CUDA graph pool memory: X GiB (actual), Y GiB (estimated)": the pool can shrink
+    (a negative actual, as printed), the estimate is what the KV cache lost."""
+    got = figures("vllm-cuda-graph-pool.log")
+    assert got["cuda_graphs"] == round(-0.19 * GiB)
+    assert got["cuda_graphs_estimated"] == round(2.43 * GiB)

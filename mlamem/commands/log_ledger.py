@@ -40,6 +40,7 @@ FREE_UNDER_LIMIT = re.compile(r"with (\d+) bytes free under the limit")
 COMPONENTS = (("weights", "weights", "weights_bytes"),
               ("non-torch", "non_torch", "non_torch_bytes"),
               ("activation peak", "activation_peak", "profile_peak_bytes"),
+              ("CUDA-graph estimate", "cuda_graphs_estimated", "graph_estimate_bytes"),
               ("CUDA graphs", "cuda_graphs", "graph_pool_bytes"),
               ("KV cache", "kv_cache", "kv_cache_bytes"))
 STEP_FLAGS = {"vllm": vllm.FIELD_FLAGS["max_num_batched_tokens"],
@@ -129,7 +130,7 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
           held: int | None) -> dict:
     case = rank.case(key)
     tokens = rank.budget.max_num_batched_tokens
-    rows = _rows(log, case)
+    rows = _rows(log, case, rank.budget.gpu_memory_bytes)
     explained = {"failing_buffer": None, "failing_buffer_bytes": None, "held_bytes": None,
                  "verdict_with_log": None, "max_safe_tokens": None, "max_safe_fraction": None,
                  "fraction_knob": None, "command_that_fits": None}
@@ -141,18 +142,29 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
     return {"case": key, "rows": rows, "step_tokens": tokens, **explained}
 
 
-def _rows(log: ServerLog, case: dict) -> list[dict]:
+def _figure(log: ServerLog, name: str, total_bytes: int) -> tuple[int, int] | None:
+    """The log's figure `name` in bytes, and its line; vLLM's graph estimate, where the log
+    gives it only as a share of the total (its utilization less the equivalent without it),
+    as that share of the target's total memory."""
+    figure = log.first(name)
+    if figure is None and name == "cuda_graphs_estimated":
+        share = log.first("cuda_graphs_estimated_share")
+        return None if share is None else (round(share.value * total_bytes), share.line_number)
+    return None if figure is None else (int(figure.value), figure.line_number)
+
+
+def _rows(log: ServerLog, case: dict, total_bytes: int) -> list[dict]:
     """The components the log and mlamem both know, then the step's buffers (mlamem only)."""
     rows = []
     for component, figure_name, field in COMPONENTS:
-        figure, ours = log.first(figure_name), case.get(field)
+        figure, ours = _figure(log, figure_name, total_bytes), case.get(field)
         if figure is None and ours is None:
             continue
         rows.append({"component": component,
-                     "log_bytes": None if figure is None else int(figure.value),
-                     "log_line": None if figure is None else figure.line_number,
+                     "log_bytes": None if figure is None else figure[0],
+                     "log_line": None if figure is None else figure[1],
                      "mlamem_bytes": ours,
-                     "difference_bytes": (int(figure.value) - ours
+                     "difference_bytes": (figure[0] - ours
                                           if figure is not None and ours is not None else None),
                      "source": BOTH if figure is not None else MLAMEM_ONLY})
     for buffer in case.get("buffers", []):

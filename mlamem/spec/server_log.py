@@ -30,6 +30,7 @@ MAX_FRAMES = 40  # an OOM's traceback frames kept, innermost last
 _UNIT = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "GB": 2**30, "MB": 2**20}
 _NUM = r"([\d][\d,]*(?:\.\d+)?)"
 _SIZE = _NUM + r"\s*(GiB|MiB|KiB|GB|MB|B)\b"
+_SIGNED_SIZE = "(-?" + _NUM[1:] + r"\s*(GiB|MiB|KiB|GB|MB|B)\b"  # a growth a pool can shrink by
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ FIGURES = {
     "kv_cache_blocks": "the KV cache, in blocks",
     "max_concurrency": "requests of the longest length the KV cache holds",
     "cuda_graphs_estimated": "CUDA graphs, as estimated before KV sizing",
+    "cuda_graphs_estimated_share": "the CUDA-graph estimate as a share of the total memory",
+    "utilization": "the engine's gpu_memory_utilization",
     "cuda_graphs": "CUDA graphs, as captured",
     "total_gpu_memory": "the GPU's total memory",
     "requested_memory": "utilization x total",
@@ -127,6 +130,15 @@ _RULES = [
      [("cuda_graphs", 1, "size")]),
     (_V, "CUDA graph", rf"[Ee]stimated CUDA graph memory:?\s*{_SIZE}",
      [("cuda_graphs_estimated", 1, "size")]),
+    # vLLM 0.21-0.33 gpu_worker.py: the captured pool beside the estimate set aside before KV
+    (_V, "CUDA graph pool memory", rf"CUDA graph pool memory:\s*{_SIGNED_SIZE} \(actual\),\s*"
+     rf"{_SIGNED_SIZE} \(estimated\)", [("cuda_graphs", 1, "size"), ("cuda_graphs_estimated", 3, "size")]),
+    # vLLM 0.21-0.33 gpu_worker.py determine_available_memory: the estimate as a share of the
+    # total, "--gpu-memory-utilization=A is equivalent to ...=B without CUDA graph memory profiling"
+    (_V, "without CUDA graph memory profiling",
+     rf"--gpu-memory-utilization={_NUM} is equivalent to --gpu-memory-utilization={_NUM} "
+     rf"without CUDA graph memory profiling",
+     [("utilization", 1, "ratio"), ("cuda_graphs_estimated_share", 1, "share_drop")]),
     (_V, "kv-cache-memory", rf"--kv-cache-memory[= ]{_NUM}", [("suggested_kv_cache_memory", 1, "count")]),
     (_S, "Load weight begin", rf"Load weight begin\. avail mem={_SIZE}",
      [("avail_before_weights", 1, "size")]),
@@ -204,6 +216,8 @@ def _value(match: re.Match, group: int, kind: str) -> int | float:
         return round((float(g(group)) - float(g(group + 1))) * 2**30)
     if kind == "ratio":
         return float(g(group).replace(",", ""))
+    if kind == "share_drop":  # vLLM's utilization less its equivalent without the graph estimate
+        return round(float(g(group)) - float(g(group + 1)), 4)
     return int(g(group).replace(",", ""))
 
 
