@@ -261,3 +261,15 @@ def test_vllm_graph_pool_actual_beside_the_estimate_may_be_negative():
     got = figures("vllm-cuda-graph-pool.log")
     assert got["cuda_graphs"] == round(-0.19 * GiB)
     assert got["cuda_graphs_estimated"] == round(2.43 * GiB)
+
+
+@pytest.mark.parametrize(("given", "without"), [("92", "0.9129"), ("0.9129", "0.92")])
+def test_a_utilization_vllm_cannot_print_is_one_line(tmp_path, given, without):
+    """The estimate's utilization line with figures no vLLM prints (past 1, or more without the
+    estimate than with it) is refused in one line naming the line."""
+    log = tmp_path / "edited.log"
+    log.write_text(f"The current --gpu-memory-utilization={given} is equivalent to "
+                   f"--gpu-memory-utilization={without} without CUDA graph memory profiling.\n")
+    with pytest.raises(UserError, match="line 1: .*no utilization vLLM prints") as error:
+        read_log(str(log))
+    assert error.value.field == "log"

@@ -217,7 +217,11 @@ def _value(match: re.Match, group: int, kind: str) -> int | float:
     if kind == "ratio":
         return float(g(group).replace(",", ""))
     if kind == "share_drop":  # vLLM's utilization less its equivalent without the graph estimate
-        return round(float(g(group)) - float(g(group + 1)), 4)
+        given, without = float(g(group).replace(",", "")), float(g(group + 1).replace(",", ""))
+        if not 0 <= without <= given <= 1:
+            raise _Impossible(f"a gpu-memory-utilization of {g(group)[:24]} equivalent to "
+                              f"{g(group + 1)[:24]} is no utilization vLLM prints")
+        return round(given - without, 4)
     return int(g(group).replace(",", ""))
 
 
