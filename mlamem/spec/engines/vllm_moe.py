@@ -71,6 +71,8 @@ DEEP_GEMM_DEFAULT_FROM = (0, 11)  # envs.py VLLM_USE_DEEP_GEMM "1"
 TRITON_PREFERRED_FROM = (0, 17)  # oracle/fp8.py _get_priority_backends: "prefer Triton for TP"
 CHUNK_16K_FROM = (0, 12)  # envs.py VLLM_FUSED_MOE_CHUNK_SIZE 16 * 1024; 32768 before
 UNCHUNKED_FROM = (0, 18)  # envs.py: no VLLM_FUSED_MOE_CHUNK_SIZE
+HUMMING_PREFERRED_FROM = (0, 32)  # oracle/int_wna16.py _get_priority_backends: prioritize_humming
+# on SM90 (read in the 0.23.0-0.33.0 wheels); MARLIN first before it
 
 
 def _source(path: str, function: str) -> str:
@@ -127,7 +129,11 @@ def unmodelled_reason(scenario: Scenario) -> str | None:
         return None
     backend = moe_backend(scenario)
     if backend == HUMMING:
-        return (f"{VERSION} runs int4 MoE through Humming on Hopper ({FUSED_MOE}/oracle/"
+        version = scenario_version(scenario)
+        if engine_series(scenario) < HUMMING_PREFERRED_FROM:
+            return (f"vLLM {version} runs int4 MoE through Marlin on Hopper ({FUSED_MOE}/"
+                    f"experts/marlin_moe.py): its buffers are not modelled")
+        return (f"vLLM {version} runs int4 MoE through Humming on Hopper ({FUSED_MOE}/oracle/"
                 f"int_wna16.py, prioritize_humming): its buffers are not modelled")
     if backend is None:
         return (f"the fused-MoE backend {VERSION} picks for {scenario.model.quantization} "
