@@ -142,15 +142,19 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
     return {"case": key, "rows": rows, "step_tokens": tokens, **explained}
 
 
+# a figure some logs give only as a share of the total: vLLM's graph estimate, as its utilization
+# less the equivalent without it
+AS_SHARE = {"cuda_graphs_estimated": "cuda_graphs_estimated_share"}
+
+
 def _figure(log: ServerLog, name: str, total_bytes: int) -> tuple[int, int] | None:
-    """The log's figure `name` in bytes, and its line; vLLM's graph estimate, where the log
-    gives it only as a share of the total (its utilization less the equivalent without it),
-    as that share of the target's total memory."""
+    """The log's figure `name` in bytes, and its line; where the log gives it only as a share of
+    the total (AS_SHARE), that share of the target's total memory."""
     figure = log.first(name)
-    if figure is None and name == "cuda_graphs_estimated":
-        share = log.first("cuda_graphs_estimated_share")
-        return None if share is None else (round(share.value * total_bytes), share.line_number)
-    return None if figure is None else (int(figure.value), figure.line_number)
+    if figure is not None:
+        return int(figure.value), figure.line_number
+    share = log.first(AS_SHARE[name]) if name in AS_SHARE else None
+    return None if share is None else (round(share.value * total_bytes), share.line_number)
 
 
 def _rows(log: ServerLog, case: dict, total_bytes: int) -> list[dict]:

@@ -12,7 +12,8 @@ The fused-MoE experts vLLM picks on Hopper (`moe_backend`):
 - bf16: `oracle/unquantized.py`, `_get_priority_backends`: on SM90 FlashInfer's kernels move
   behind TRITON, so `TritonExperts` with or without expert parallelism;
 - int4 (compressed-tensors, AWQ, GPTQ): `oracle/int_wna16.py`, `_get_priority_backends`, through
-  `prioritize_humming` (Humming ahead of Marlin on SM90): HUMMING, not modelled here.
+  `prioritize_humming` (Humming ahead of Marlin on SM90 from 0.32.0; Marlin first before):
+  HUMMING or MARLIN, neither modelled here.
 
 Without attention data parallelism no token crosses ranks (`all2all_utils.py`,
 `maybe_make_prepare_finalize`: `make_moe_prepare_and_finalize_no_dp_ep`), with or without
@@ -63,7 +64,7 @@ TMA_ALIGN_BYTES = 16  # utils/deep_gemm.py, get_tma_aligned_size: 16 // element_
 
 # the backends vLLM 0.33.0 picks on Hopper (moe_backend), by the values of its Fp8MoeBackend
 # (fused_moe/oracle/fp8.py); Humming's buffers are not modelled
-TRITON, FLASHINFER_CUTLASS, HUMMING = "TRITON", "FLASHINFER_CUTLASS", "HUMMING"
+TRITON, FLASHINFER_CUTLASS, HUMMING, MARLIN = "TRITON", "FLASHINFER_CUTLASS", "HUMMING", "MARLIN"
 INT_SCHEMES = ("int-pack", "awq", "gptq")
 # by vLLM version (module docstring): the first series of each rule
 MODULAR_KERNEL_FROM = (0, 14)  # quantization/fp8.py, Fp8MoEMethod.apply: self.kernel
@@ -73,6 +74,8 @@ CHUNK_16K_FROM = (0, 12)  # envs.py VLLM_FUSED_MOE_CHUNK_SIZE 16 * 1024; 32768 b
 UNCHUNKED_FROM = (0, 18)  # envs.py: no VLLM_FUSED_MOE_CHUNK_SIZE
 HUMMING_PREFERRED_FROM = (0, 32)  # oracle/int_wna16.py _get_priority_backends: prioritize_humming
 # on SM90 (read in the 0.23.0-0.33.0 wheels); MARLIN first before it
+INT_BACKENDS = {HUMMING: ("Humming", f"{FUSED_MOE}/oracle/int_wna16.py, prioritize_humming"),
+                MARLIN: ("Marlin", f"{FUSED_MOE}/experts/marlin_moe.py")}
 
 
 def _source(path: str, function: str) -> str:
@@ -112,14 +115,15 @@ def expert_parallel_size(scenario: Scenario) -> int:
 
 def moe_backend(scenario: Scenario) -> str | None:
     """The experts vLLM 0.33.0 picks on Hopper for the checkpoint and layout (module
-    docstring); None for a scheme whose backend is not read here."""
+    docstring; int4's by the scenario's version); None for a scheme whose backend is not read
+    here."""
     scheme = scenario.model.quantization
     if scheme is None:
         return TRITON
     if scheme == "fp8-block":
         return FLASHINFER_CUTLASS if expert_parallel_size(scenario) > 1 else TRITON
     if scheme in INT_SCHEMES:
-        return HUMMING
+        return HUMMING if engine_series(scenario) >= HUMMING_PREFERRED_FROM else MARLIN
     return None
 
 
@@ -128,13 +132,10 @@ def unmodelled_reason(scenario: Scenario) -> str | None:
     if not scenario.model.has_moe:
         return None
     backend = moe_backend(scenario)
-    if backend == HUMMING:
-        version = scenario_version(scenario)
-        if engine_series(scenario) < HUMMING_PREFERRED_FROM:
-            return (f"vLLM {version} runs int4 MoE through Marlin on Hopper ({FUSED_MOE}/"
-                    f"experts/marlin_moe.py): its buffers are not modelled")
-        return (f"vLLM {version} runs int4 MoE through Humming on Hopper ({FUSED_MOE}/oracle/"
-                f"int_wna16.py, prioritize_humming): its buffers are not modelled")
+    if backend in INT_BACKENDS:
+        name, source = INT_BACKENDS[backend]
+        return (f"vLLM {scenario_version(scenario)} runs int4 MoE through {name} on Hopper "
+                f"({source}): its buffers are not modelled")
     if backend is None:
         return (f"the fused-MoE backend {VERSION} picks for {scenario.model.quantization} "
                 f"checkpoints is not modelled")
