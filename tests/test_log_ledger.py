@@ -298,3 +298,24 @@ def test_the_graph_estimate_a_log_gives_as_a_share_sits_beside_mlamems(tmp_path,
     assert (estimate["log_bytes"], estimate["log_line"]) == (round(0.0071 * 81079 * 2**20), 1)
     assert estimate["mlamem_bytes"] > 0
     assert estimate["difference_bytes"] == estimate["log_bytes"] - estimate["mlamem_bytes"]
+
+
+def test_a_report_plots_a_ledger_with_the_graph_estimate(tmp_path):
+    """The graph estimate is set aside from the KV cache, not held beside it: `mlamem report`
+    plots a ledger that has its row (a vLLM 0.21+ log), leaving it out of the stacked bars."""
+    from mlamem.render import plots
+    from mlamem.results.repro import ReproFile
+
+    log = tmp_path / "server.log"
+    log.write_text((ROOT / "tests" / "fixtures" / "logs" / "vllm-cuda-graph-estimate.log").read_text())
+    out, report = tmp_path / "repro.json", tmp_path / "report.md"
+    graphs = seed_serve().removesuffix(" --enforce-eager")
+    assert main(["repro-oom", "--serve", graphs, "--gpu", "H100 SXM 80GB", "--weights-per-rank",
+                 "40GiB", "--predict", "--paths", "alloc", "--log", str(log),
+                 "--output", str(out)]) == 0
+    ledger = ReproFile.parse(json.loads(out.read_text())).log
+    assert "CUDA-graph estimate" in {row.component for row in ledger.paths[0].rows}
+    gids = {p.get_gid() for p in plots.ledger_figure(ledger).axes[0].patches}
+    assert not any(gid.endswith("CUDA-graph estimate") for gid in gids)
+    assert main(["report", str(out), "--output", str(report)]) == 0
+    assert len(list(tmp_path.glob("*ledger*.png"))) == 1

@@ -259,6 +259,9 @@ def repro_budget(result: ReproFile) -> bytes:
 
 LEDGER_COLORS = {"weights": "#7f7f7f", "non-torch": "tab:brown", "activation peak": "tab:purple",
                  "CUDA graphs": "tab:cyan", "KV cache": "tab:green", "step buffers": "tab:orange"}
+# ledger rows not stacked: the graph estimate is set aside from the KV cache, not held beside
+# it, and vLLM 0.27+'s one figure for the weights and non-torch memory repeats two bars' sum
+NOT_STACKED = ("CUDA-graph estimate", "weights + non-torch")
 HELD_LABEL = "held by the rank beyond mlamem's model"
 NOT_IN_LOG = "hatched: mlamem's figure, not printed by the log"
 
@@ -269,7 +272,8 @@ def _ledger_bars(path: LogPath) -> dict[str, list[tuple[str, int, bool]]]:
     bars: dict[str, list[tuple[str, int, bool]]] = {"mlamem": [], "the log": []}
     step = sum(r.mlamem_bytes or 0 for r in path.rows if r.component.startswith("step buffer"))
     for row in path.rows:
-        if row.component == NOT_MODELLED or row.component.startswith("step buffer"):
+        if (row.component in (NOT_MODELLED, *NOT_STACKED)
+                or row.component.startswith("step buffer")):
             continue
         if row.mlamem_bytes is not None:
             bars["mlamem"].append((row.component, row.mlamem_bytes, True))
