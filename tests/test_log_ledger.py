@@ -319,3 +319,25 @@ def test_a_report_plots_a_ledger_with_the_graph_estimate(tmp_path):
     assert not any(gid.endswith("CUDA-graph estimate") for gid in gids)
     assert main(["report", str(out), "--output", str(report)]) == 0
     assert len(list(tmp_path.glob("*ledger*.png"))) == 1
+
+
+def test_vllm_0_27_split_sits_beside_the_sums_of_mlamems_components(tmp_path, capsys, seed_ledger):
+    """vLLM 0.27+ prints the weights with the non-torch memory, and the profile's peak with the
+    graph estimate, each as one figure: each row sits beside the sum of mlamem's two; a log
+    without them has neither row."""
+    log = tmp_path / "server.log"
+    log.write_text((ROOT / "tests" / "fixtures" / "logs" / "vllm-split-consumed-wrapped.log").read_text())
+    graphs = seed_serve().removesuffix(" --enforce-eager")
+    assert main(["repro-oom", "--serve", graphs, "--gpu", "H100 SXM 80GB", "--weights-per-rank",
+                 "40GiB", "--predict", "--paths", "alloc", "--log", str(log),
+                 "--format", "json"]) == 0
+    rows = {r["component"]: r for r in json.loads(capsys.readouterr().out)["log"]["paths"][0]["rows"]}
+    consumed = rows["weights + non-torch"]
+    assert consumed["log_bytes"] == round(106.85 * GiB)
+    assert consumed["mlamem_bytes"] == rows["weights"]["mlamem_bytes"] + rows["non-torch"]["mlamem_bytes"]
+    peak = rows["activation peak + CUDA-graph estimate"]
+    assert peak["mlamem_bytes"] == (rows["activation peak"]["mlamem_bytes"]
+                                    + rows["CUDA-graph estimate"]["mlamem_bytes"])
+    assert peak["difference_bytes"] == round(11.09 * GiB) - peak["mlamem_bytes"]
+    seed_rows = {r["component"] for r in seed_ledger["paths"][0]["rows"]}
+    assert not seed_rows & {"weights + non-torch", "activation peak + CUDA-graph estimate"}

@@ -273,3 +273,47 @@ def test_a_utilization_vllm_cannot_print_is_one_line(tmp_path, given, without):
     with pytest.raises(UserError, match="line 1: .*no utilization vLLM prints") as error:
         read_log(str(log))
     assert error.value.field == "log"
+
+
+def test_vllm_split_of_the_rank_up_to_0_26():
+    """vLLM 0.10.2-0.26's split after capturing graphs: the weights, the profile's peak, the
+    non-torch memory and the captured pool, the free memory at startup, the utilization and
+    what it asks for, the suggested --kv-cache-memory; one line, all of them."""
+    log = read_log(str(LOGS / "vllm-split-weight.log"))
+    got = {f.name: f.value for f in log.figures}
+    assert log.engine == "vllm"
+    assert got == {"free_at_startup": round(264.19 * GiB), "total_gpu_memory": round(267.69 * GiB),
+                   "utilization": 0.95, "requested_memory": round(254.3 * GiB),
+                   "weights": round(205.08 * GiB), "activation_peak": round(3.75 * GiB),
+                   "non_torch": round(1.63 * GiB), "cuda_graphs": round(0.14 * GiB),
+                   "suggested_kv_cache_memory": 46779679130}
+
+
+def test_vllm_split_from_0_27_wrapped_as_a_report_quotes_it():
+    """vLLM 0.27+ prints the weights and non-torch memory as one figure, and the profile's peak
+    with the graph estimate: read over the three lines a report wraps it on, from its first."""
+    log = read_log(str(LOGS / "vllm-split-consumed-wrapped.log"))
+    got = {f.name: f for f in log.figures}
+    assert got["weights_and_non_torch"].value == round(106.85 * GiB)
+    assert got["activation_peak_and_graph_estimate"].value == round(11.09 * GiB)
+    assert got["cuda_graphs"].value == round(9.38 * GiB)
+    assert {f.line_number for f in log.figures} == {1}
+    assert "activation_peak" not in got and "weights" not in got
+
+
+def test_vllm_free_memory_at_startup_and_the_utilization_it_asks_for():
+    """vLLM's free memory at startup and its desired utilization, each on its own line."""
+    assert figures("vllm-free-on-startup.log") == {
+        "free_at_startup": round(110.37 * GiB), "total_gpu_memory": round(121.69 * GiB),
+        "utilization": 0.87, "requested_memory": round(105.87 * GiB)}
+
+
+def test_a_split_cut_short_is_read_as_far_as_it_goes(tmp_path):
+    """A split whose lines stop before its end (a truncated log) gives no split figures and no
+    traceback; the lines after it are read as usual."""
+    quoted = (LOGS / "vllm-split-consumed-wrapped.log").read_text().splitlines()
+    log = tmp_path / "cut.log"
+    log.write_text("\n".join(quoted[:2] + ["INFO [gpu_worker.py:440] Available KV cache memory: "
+                                            "34.86 GiB"]) + "\n")
+    got = {f.name: f for f in read_log(str(log)).figures}
+    assert set(got) == {"kv_cache"} and got["kv_cache"].line_number == 3

@@ -36,11 +36,16 @@ from mlamem.spec.server_log import OutOfMemory, ServerLog
 MiB, GiB = 2**20, 2**30
 # runtime/allocator.py AllocatorOutOfMemory's message, in a predicted case's failure line
 FREE_UNDER_LIMIT = re.compile(r"with (\d+) bytes free under the limit")
-# the ledger's components: (name, the log's figure, the case's field)
+# the ledger's components: (name, the log's figure, the case's field, or the fields it sums)
 COMPONENTS = (("weights", "weights", "weights_bytes"),
               ("non-torch", "non_torch", "non_torch_bytes"),
+              # vLLM 0.27+ prints the two above as one figure, and the peak with the graph
+              # estimate as another: each such row only where the log gives it
+              ("weights + non-torch", "weights_and_non_torch", ("weights_bytes", "non_torch_bytes")),
               ("activation peak", "activation_peak", "profile_peak_bytes"),
               ("CUDA-graph estimate", "cuda_graphs_estimated", "graph_estimate_bytes"),
+              ("activation peak + CUDA-graph estimate", "activation_peak_and_graph_estimate",
+               ("profile_peak_bytes", "graph_estimate_bytes")),
               ("CUDA graphs", "cuda_graphs", "graph_pool_bytes"),
               ("KV cache", "kv_cache", "kv_cache_bytes"))
 STEP_FLAGS = {"vllm": vllm.FIELD_FLAGS["max_num_batched_tokens"],
@@ -161,8 +166,8 @@ def _rows(log: ServerLog, case: dict, total_bytes: int) -> list[dict]:
     """The components the log and mlamem both know, then the step's buffers (mlamem only)."""
     rows = []
     for component, figure_name, field in COMPONENTS:
-        figure, ours = _figure(log, figure_name, total_bytes), case.get(field)
-        if figure is None and ours is None:
+        figure, ours = _figure(log, figure_name, total_bytes), _case_bytes(case, field)
+        if figure is None and (ours is None or not isinstance(field, str)):
             continue
         rows.append({"component": component,
                      "log_bytes": None if figure is None else figure[0],
@@ -180,6 +185,14 @@ def _rows(log: ServerLog, case: dict, total_bytes: int) -> list[dict]:
                      "log_line": None, "mlamem_bytes": case["oom_requested_bytes"],
                      "difference_bytes": None, "source": MLAMEM_ONLY})
     return rows
+
+
+def _case_bytes(case: dict, field: str | tuple[str, ...]) -> int | None:
+    """The case's figure for a component: its field, or the sum of its fields where it has all."""
+    if isinstance(field, str):
+        return case.get(field)
+    parts = [case.get(name) for name in field]
+    return None if None in parts else sum(parts)
 
 
 def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory, serve: str | None,

@@ -260,8 +260,8 @@ def repro_budget(result: ReproFile) -> bytes:
 LEDGER_COLORS = {"weights": "#7f7f7f", "non-torch": "tab:brown", "activation peak": "tab:purple",
                  "CUDA graphs": "tab:cyan", "KV cache": "tab:green", "step buffers": "tab:orange"}
 # ledger rows not stacked: the graph estimate is set aside from the KV cache, not held beside
-# it, and vLLM 0.27+'s one figure for the weights and non-torch memory repeats two bars' sum
-NOT_STACKED = ("CUDA-graph estimate", "weights + non-torch")
+# it, and vLLM 0.27+'s one figure for two components repeats two bars' sum
+NOT_STACKED = ("CUDA-graph estimate", "weights + non-torch", "activation peak + CUDA-graph estimate")
 HELD_LABEL = "held by the rank beyond mlamem's model"
 NOT_IN_LOG = "hatched: mlamem's figure, not printed by the log"
 

@@ -87,12 +87,16 @@ FIGURES = {
     "kv_cache_tokens": "the KV cache, in tokens",
     "kv_cache_blocks": "the KV cache, in blocks",
     "max_concurrency": "requests of the longest length the KV cache holds",
+    "weights_and_non_torch": "the weights and non-torch memory, as one figure",
+    "activation_peak_and_graph_estimate": "the profile's peak and the CUDA-graph estimate, as one "
+                                          "figure",
     "cuda_graphs_estimated": "CUDA graphs, as estimated before KV sizing",
     "cuda_graphs_estimated_share": "the CUDA-graph estimate as a share of the total memory",
     "utilization": "the engine's gpu_memory_utilization",
     "cuda_graphs": "CUDA graphs, as captured",
     "total_gpu_memory": "the GPU's total memory",
     "requested_memory": "utilization x total",
+    "free_at_startup": "free memory on the device at startup",
     "avail_before_weights": "free memory before loading the weights",
     "avail_after_weights": "free memory after loading the weights",
     "avail_after_pool": "free memory after the KV pool",
@@ -139,6 +143,26 @@ _RULES = [
      rf"--gpu-memory-utilization={_NUM} is equivalent to --gpu-memory-utilization={_NUM} "
      rf"without CUDA graph memory profiling",
      [("utilization", 1, "ratio"), ("cuda_graphs_estimated_share", 1, "share_drop")]),
+    # vLLM 0.10.2-0.33.0 gpu_worker.py compile_or_warm_up_model, after capturing graphs: the
+    # rank's split (INFO in 0.10.2 and from 0.26.0, DEBUG between), CUDAGraph memory the pool as
+    # captured. Up to 0.26.0 "for weight ... for non-torch memory"; from 0.27.0 the free memory
+    # the profile consumed as one figure, and its "peak activation" the transient peak plus the
+    # graph estimate (determine_available_memory: transient_peak_headroom + the estimate)
+    (_V, "for peak activation", rf"Actual usage is {_SIZE} for weight,\s*{_SIGNED_SIZE} for peak "
+     rf"activation,\s*{_SIGNED_SIZE} for non-torch memory,\s*(?:and\s+)?{_SIGNED_SIZE} for CUDAGraph "
+     "memory",
+     [("weights", 1, "size"), ("activation_peak", 3, "size"), ("non_torch", 5, "size"),
+      ("cuda_graphs", 7, "size")]),
+    (_V, "for peak activation", rf"Actual usage is {_SIZE} for consumed memory \(weights \+ "
+     rf"non-torch\),\s*{_SIGNED_SIZE} for peak activation,\s*(?:and\s+)?{_SIGNED_SIZE} for "
+     "CUDAGraph memory",
+     [("weights_and_non_torch", 1, "size"), ("activation_peak_and_graph_estimate", 3, "size"),
+      ("cuda_graphs", 5, "size")]),
+    # the same line's head, and init_device's refusal that starts as it does
+    (_V, "Free memory on device", rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup",
+     [("free_at_startup", 1, "gib"), ("total_gpu_memory", 2, "gib")]),
+    (_V, "esired GPU memory utilization", rf"[Dd]esired GPU memory utilization (?:is )?\({_NUM}, "
+     rf"{_NUM} GiB\)", [("utilization", 1, "ratio"), ("requested_memory", 2, "gib")]),
     (_V, "kv-cache-memory", rf"--kv-cache-memory[= ]{_NUM}", [("suggested_kv_cache_memory", 1, "count")]),
     (_S, "Load weight begin", rf"Load weight begin\. avail mem={_SIZE}",
      [("avail_before_weights", 1, "size")]),
@@ -211,7 +235,7 @@ def _value(match: re.Match, group: int, kind: str) -> int | float:
     if kind == "kv_pair":  # SGLang's K and V pools, each a number and its unit
         return _size(g(group), g(group + 1)) + _size(g(group + 2), g(group + 3))
     if kind == "gib":
-        return round(float(g(group)) * 2**30)
+        return _size(g(group), "GiB")
     if kind == "gib_drop":  # TRT-LLM's "Model: free before / free after" (GiB)
         return round((float(g(group)) - float(g(group + 1))) * 2**30)
     if kind == "ratio":
@@ -236,20 +260,37 @@ class _Reader:
     frames: list[str] = field(default_factory=list)
     lines: int = 0
     wrapped: tuple[int, str] | None = None  # an OOM message cut at its line's end, and its line
+    split: tuple[int, str] | None = None  # vLLM's split of the rank, wrapped as reports quote it
 
     def read(self, number: int, line: str) -> None:
         self.lines = number
         if self.wrapped is not None and _continues(self.wrapped[1], line):
             self.wrapped = (self.wrapped[0], f"{self.wrapped[1]} {line.strip()}")
             return
+        if self.split is not None and _continues_split(self.split[1], line):
+            self.split = (self.split[0], f"{self.split[1]} {line.strip()}")
+            if SPLIT_END in line:
+                self.flush()
+            return
         self.flush()
+        if SPLIT_START in line and SPLIT_END not in line:
+            self.split = (number, line.strip())
+            return
         try:
             self._figures(number, line)
         except _Impossible as exc:
             raise _impossible(number, exc) from None
 
     def flush(self) -> None:
-        """The wrapped OOM message read with the lines that continue it."""
+        """The wrapped OOM message, and vLLM's wrapped split, read with the lines that go on
+        them."""
+        if self.split is not None:
+            number, text = self.split
+            self.split = None
+            try:
+                self._figures(number, text)
+            except _Impossible as exc:
+                raise _impossible(number, exc) from None
         if self.wrapped is not None:
             number, text = self.wrapped
             self.wrapped = None
@@ -317,6 +358,18 @@ def _continues(text: str, line: str) -> bool:
     if "total capacity" not in text:
         return line.startswith("GPU ") and "total capacity" in line
     return any(part in line for part in _CONTINUED)
+
+
+# vLLM's split of the rank ("Actual usage is ... for CUDAGraph memory"), which reports quote over
+# several lines: its start, and its end
+SPLIT_START, SPLIT_END = "Actual usage is", "for CUDAGraph memory"
+
+
+def _continues_split(text: str, line: str) -> bool:
+    """Whether `line` goes on vLLM's wrapped split `text`: a line of figures before its end,
+    never another split, nor past a whole message's length."""
+    return (SPLIT_START not in line and SPLIT_END not in text
+            and len(text) + len(line) <= MAX_WRAPPED_CHARS and "GiB for" in line)
 
 
 def _check_possible(oom: dict) -> None:
