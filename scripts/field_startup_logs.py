@@ -126,7 +126,7 @@ def comparison(record: dict, found: dict) -> str:
     logged = logged_tokens(record)
     if logged is None and "logged_gib" not in record:
         return "-"
-    if logged is not None:
+    if logged is not None and record.get("compare") != "gib":
         off = (tokens - logged) / logged
         what = "tokens"
     else:

@@ -148,3 +148,24 @@ def test_the_int4_glm52_miss_is_the_one_the_readme_shows(tmp_path, capsys):
         assert shown.format(case["headroom_bytes"] / GiB) in readme
     assert "mlamem: note: the MoE layer: vLLM 0.23.0 runs int4 MoE through Marlin" in \
         capsys.readouterr().err
+
+
+def _row(table: str, name: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+
+
+def test_committed_table_is_current_and_the_readme_quotes_it():
+    """startup-logs.md is what the script writes now (every record predicted again), and the
+    README's figures for the eager GLM-5.1 records and the SGLang GLM-5.2 record are the table's."""
+    import re
+
+    assert logs.main(["--check"]) == 0
+    table = logs.TABLE.read_text()
+    readme = " ".join((ROOT / "reports" / "field" / "README.md").read_text().split())
+    eager = [re.search(r"agrees: repro-oom \+(\d+\.\d\d)% GiB", _row(table, name))[1]
+             for name in ("glm51-h200-vllm-0.19-eager", "glm51-h200-vllm-0.20-eager")]
+    assert f"within {eager[0]}% and {eager[1]}%" in readme
+    sglang = _row(table, "glm52-h200-sglang-0.5.13")
+    off = re.search(r"repro-oom \+(\d+\.\d\d)% tokens; \+(\d+\.\d\d) GiB", sglang)
+    tokens = sglang.split(" | ")[8]
+    assert f"mlamem predicts {tokens} (+{off[1]}%, {off[2]} GiB more)" in readme

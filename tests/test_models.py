@@ -336,3 +336,26 @@ def test_a_deeply_nested_config_json_is_one_line_from_the_cli(tmp_path):
     config = _nested_config(tmp_path / "config.json")
     check_bad_input(["repro-oom", "--model", config], "nested deeper")
     check_bad_input(["scenarios", "--serve", f"vllm serve {tmp_path}"], "nested deeper")
+
+
+@pytest.mark.parametrize(("engine", "version", "every"), [
+    ("vllm", "0.23.0", True), ("vllm", "0.24.0", False), ("vllm", None, False),
+    ("sglang", "0.5.13", True), ("sglang", "0.5.17", True), ("sglang", "0.5.18", False),
+    ("sglang", None, False), ("trtllm", None, False)])
+def test_engines_build_an_indexer_on_every_layer_before_indexcache_reached_their_models(
+        engine, version, every):
+    """vLLM before 0.24.0 (models/deepseek_v2.py: `if self.is_v32:` builds the Indexer, then
+    marks the layer skip_topk) and SGLang before 0.5.18 (models/deepseek_v2.py `if
+    self.use_dsa: self.indexer = Indexer(...)`) hold an indexer on an IndexCache shared layer too:
+    GLM-5.2's 57 shared layers each hold one like layer 0's, replicated; GLM-5 has none shared."""
+    from mlamem.spec.models.overrides import indexers_on_every_layer
+
+    assert indexers_on_every_layer(engine, version) is every
+    config = glm52()
+    # wq_b and wk in fp8 with a scale per 128 x 128 block, weights_proj and k_norm in bf16
+    per_layer = (fp8(32 * 128, 2048) + fp8(128, 6144) + 2 * 32 * 6144 + 2 * 2 * 128)
+    extra = (weights_per_rank(config, tp=8, every_indexer=True)
+             - weights_per_rank(config, tp=8))
+    assert extra == GLM52_INDEXERS.count("shared") * per_layer == 57 * 9_571_008
+    glm5 = shipped_config("glm-5")
+    assert weights_per_rank(glm5, tp=8, every_indexer=True) == weights_per_rank(glm5, tp=8)

@@ -127,3 +127,45 @@ def test_engine_version_is_refused_for_trtllm():
     with pytest.raises(UserError, match="TensorRT-LLM"):
         from_command("trtllm-serve zai-org/GLM-5-FP8 --tp_size 8", gpu_name="H200 SXM 141GB",
                      engine_version="0.5.9")
+
+
+@pytest.mark.parametrize(("layers", "rank", "rope", "index"), [(78, 512, 64, 128), (61, 512, 64, 128)])
+def test_the_cell_before_0_5_17_counts_the_latent_as_one_byte_values(layers, rank, rope, index):
+    """Before 0.5.17 SGLang sizes the DSA pool with (kv_lora_rank + qk_rope_head_dim) x the fp8
+    element's byte a layer (pool_configurator.py _compute_cell_size, 0.5.13-0.5.16), where its
+    pool stores the latent, its scales and a bf16 RoPE part: 576 against 656 B a layer; the
+    indexer's keys (128 fp8 + a 4-byte scale) alike in both. GLM-5's and DeepSeek-V3.2's shapes."""
+    cell = {"kv_lora_rank": rank, "qk_rope_head_dim": rope, "index_head_dim": index,
+            "num_layers": layers}
+    assert sglang.dsa_fp8_cell_bytes(**cell, latent_as_stored=False) == layers * (rank + rope + 132)
+    assert sglang.dsa_fp8_cell_bytes(**cell) == layers * (rank + rank // 128 * 4 + 2 * rope + 132)
+    assert sglang.dsa_fp8_cell_bytes(**cell, latent_as_stored=False, indexer_layers=0) == \
+        layers * (rank + rope)
+
+
+@pytest.mark.parametrize(("version", "sizing"), [
+    ("0.5.3", 61 * 576), ("0.5.4", 61 * (576 + 132)), ("0.5.16", 61 * (576 + 132)),
+    ("0.5.17", None), (None, None)])
+def test_an_older_pool_is_sized_by_one_cell_and_holds_another(tmp_path, version, sizing):
+    """SGLang 0.5.3 sizes the pool without the indexer's keys (0.5.4 adds them, SGLang PR 11309),
+    and before 0.5.17 with a one-byte latent: the rank takes the tokens its version's cell gives
+    and allocates them at the cell the pool stores (61 x 788 B for DeepSeek-V3.2), more than the
+    budget that sized it; from 0.5.17 the two cells are one."""
+    import json
+
+    from mlamem.cli import main
+
+    out = tmp_path / "repro.json"
+    command = ("python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp 8 "
+               "--kv-cache-dtype fp8_e4m3")
+    args = ["repro-oom", "--predict", "--serve", command, "--gpu", "H200 SXM 141GB", "--paths",
+            "alloc", "--format", "json", "--output", str(out)]
+    assert main(args + (["--engine-version", version] if version else [])) == 0
+    case = json.loads(out.read_text())["cases"][0]
+    pool = sglang.kv_pool_bytes(case["free_after_init_bytes"], case["free_before_model_bytes"],
+                                case["mem_fraction_static"])
+    assert case.get("kv_sizing_cell_bytes") == sizing
+    assert case["kv_cell_bytes"] == 61 * (656 + 132)
+    assert case["kv_cache_tokens"] == pool // (sizing or case["kv_cell_bytes"]) // 64 * 64
+    assert case["kv_cache_bytes"] == case["kv_cache_tokens"] * case["kv_cell_bytes"]
+    assert (case["kv_cache_bytes"] > pool) is (sizing is not None)

@@ -3,6 +3,7 @@ the formula of the source it cites, at two shapes, and the emulated rank's profi
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,8 @@ GLM5_MOE = dict(intermediate_size=12288, moe_intermediate_size=2048, n_routed_ex
 DSV32_MOE = dict(intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=256,
                  num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=3,
                  quantization="fp8-block")
+
+ROOT = Path(__file__).parent.parent
 
 
 def with_moe(name: str, fields: dict, **parallel):
@@ -263,6 +266,8 @@ def test_the_dp16_glm52_command_runs_out_of_memory_in_the_profile_pass(tmp_path,
     case = json.loads(output.read_text())["cases"][0]
     assert (case["verdict"], case["phase"], case["oom_buffer"], case["oom_requested_bytes"]) == \
         ("oom", "profile", "moe.flashinfer_workspace", 28_139_694_592)
+    readme = " ".join((ROOT / "reports" / "field" / "README.md").read_text().split())
+    assert f"the weights counted at {case['weights_bytes'] / 2**30:.2f} GiB per rank" in readme
 
 
 @pytest.mark.parametrize(("command", "version", "left_out"), [

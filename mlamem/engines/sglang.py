@@ -151,6 +151,9 @@ class SGLangCase(DecodeCase):
     free_before_model_bytes: int | None = None  # what the cap left before the model
     free_after_init_bytes: int | None = None  # what it left after init, at KV sizing
     kv_cell_bytes: int | None = None  # SGLang's bytes per cached token on the rank
+    # the bytes per token SGLang divides the pool's memory by, where its version's differ from
+    # what the pool allocates (before 0.5.17: spec.engines.sglang SIZING_CELL_STORED_FROM)
+    kv_sizing_cell_bytes: int | None = None
     smi_memory_mib: float | None = None  # the GPU total SGLang's rules read (nvidia-smi's)
     smi_memory_note: str | None = None  # where the budget's total stood in for nvidia-smi's
     # the decode CUDA graphs (repro-oom --cuda-graphs on; absent from results without them)
@@ -166,6 +169,8 @@ class SGLangCase(DecodeCase):
 
     def to_dict(self) -> dict:
         data = super().to_dict()
+        if self.kv_sizing_cell_bytes is None:  # sized with the cell it allocates, as always read
+            del data["kv_sizing_cell_bytes"]
         if self.graph_list_source is None:  # graphs off: the case as it always read
             for name in [n for n in data if n.startswith("graph_")]:
                 del data[name]
@@ -290,15 +295,22 @@ class SGLang(DecodeRank):
         case.fraction_source = ("given" if rules.fraction_given
                                 else f"reserve rule: {rules.reserved_mib:g} MiB")
         case.free_after_init_bytes = case.torch_limit_bytes - memory.stats().reserved
-        case.kv_cell_bytes = dsa_fp8_cell_bytes(
-            kv_lora_rank=scenario.model.kv_lora_rank, qk_rope_head_dim=scenario.model.qk_rope_head_dim,
-            index_head_dim=settings(scenario).index_head_dim, num_layers=scenario.model.num_layers,
-            indexer_layers=indexer_layer_count(scenario, sglang_rules(settings(scenario).engine_version)),
-            draft_layers=draft_kv_layers(scenario.model, settings(scenario)))
+        version = sglang_rules(settings(scenario).engine_version)
+        cell = {"kv_lora_rank": scenario.model.kv_lora_rank,
+                "qk_rope_head_dim": scenario.model.qk_rope_head_dim,
+                "index_head_dim": settings(scenario).index_head_dim,
+                "num_layers": scenario.model.num_layers,
+                "indexer_layers": indexer_layer_count(scenario, version),
+                "draft_layers": draft_kv_layers(scenario.model, settings(scenario))}
+        case.kv_cell_bytes = dsa_fp8_cell_bytes(**cell)
+        sizing = dsa_fp8_cell_bytes(**cell | {
+            "latent_as_stored": version.sizing_cell_stored,
+            "indexer_layers": cell["indexer_layers"] if version.sizing_indexer else 0})
+        case.kv_sizing_cell_bytes = sizing if sizing != case.kv_cell_bytes else None
         pool = kv_pool_bytes(case.free_after_init_bytes, case.free_before_model_bytes,
                              rules.mem_fraction_static)
         page = scenario.serving.block_size
-        case.kv_cache_tokens = max(pool, 0) // case.kv_cell_bytes // page * page
+        case.kv_cache_tokens = max(pool, 0) // sizing // page * page
         case.kv_cache_bytes = case.kv_cache_tokens * case.kv_cell_bytes
         if case.kv_cache_tokens == 0:
             raise NoKVRoom(f"no memory left for the KV pool: {case.free_after_init_bytes} B free "

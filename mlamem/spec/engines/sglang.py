@@ -282,10 +282,13 @@ def resolve(gpu_memory_mib: float, *, tp_size: int, pp_size: int = 1, attn_dp_si
 
 def dsa_fp8_cell_bytes(*, kv_lora_rank: int, qk_rope_head_dim: int, index_head_dim: int,
                        num_layers: int, index_kpool: int = 1,
-                       indexer_layers: int | None = None, draft_layers: int = 0) -> int:
+                       indexer_layers: int | None = None, draft_layers: int = 0,
+                       latent_as_stored: bool = True) -> int:
     """Bytes per token of a DSA model's fp8 KV cache on one rank: per layer the fp8 latent, its
     fp32 scales per 128 values and the bf16 RoPE part, plus the indexer's fp8 keys with their
-    scales (uint8 storage) in `indexer_layers` of them (indexer_layer_count; None: every layer).
+    scales (uint8 storage) in `indexer_layers` of them (indexer_layer_count; None: every layer;
+    0: none). `latent_as_stored` False: the latent counted as kv_lora_rank + qk_rope_head_dim
+    one-byte values, as SGLang before 0.5.17 sizes the pool (SIZING_CELL_STORED_FROM).
     With EAGLE drafting (`draft_layers`, the draft's eagle_draft_num_layers), the target's cell
     also holds the draft pool's share (model_executor/pool_configurator.py,
     DefaultPoolConfigurator.__init__ for a DSA model): int(the latent part x draft layers /
@@ -294,7 +297,8 @@ def dsa_fp8_cell_bytes(*, kv_lora_rank: int, qk_rope_head_dim: int, index_head_d
     if kv_lora_rank % FP8_QUANT_BLOCK:
         raise UserError(f"kv_lora_rank {kv_lora_rank} is not a multiple of {FP8_QUANT_BLOCK}, as "
                         "SGLang's fp8 DSA cache needs", field="model.kv_lora_rank")
-    latent = kv_lora_rank + kv_lora_rank // FP8_QUANT_BLOCK * 4 + qk_rope_head_dim * ROPE_STORAGE_BYTES
+    latent = (kv_lora_rank + kv_lora_rank // FP8_QUANT_BLOCK * 4 + qk_rope_head_dim * ROPE_STORAGE_BYTES
+              if latent_as_stored else kv_lora_rank + qk_rope_head_dim)
     indexer = indexer_key_bytes(index_head_dim, index_kpool)
     target_kv = latent * num_layers
     cell = target_kv + indexer * (num_layers if indexer_layers is None else indexer_layers)
@@ -344,6 +348,16 @@ DSA_MODELS_FROM = (0, 5, 3)
 # only to the layers that compute their own top-k (configs/model_config.py dsa_layer_skips_topk)
 # from 0.5.18; every layer before (0.5.17's)
 INDEXER_ON_OWN_LAYERS_FROM = (0, 5, 18)
+# The cell SGLang divides the pool's memory by, where it is not the one it allocates: its
+# latent as (kv_lora_rank + qk_rope_head_dim) x the fp8 element's byte before 0.5.17, where the
+# DSA pool (mem_cache/memory_pool.py DSATokenToKVPool, kv_cache_dim) stores 656 B a layer for
+# DeepSeek's 512 + 64 (model_executor/pool_configurator.py DefaultPoolConfigurator.
+# _compute_cell_size in 0.5.13-0.5.16, model_runner.py or model_runner_kv_cache_mixin.py
+# before; 0.5.17 sizes with calculate_mla_kv_cache_dim); and without the indexer's keys in 0.5.3
+# (0.5.4 adds them, SGLang PR 11309), which the pool allocates all the same. So the pool holds more
+# than the budget it was sized from.
+SIZING_CELL_STORED_FROM = (0, 5, 17)
+SIZING_INDEXER_FROM = (0, 5, 4)
 # model_executor/cuda_graph_runner.py get_batch_sizes_to_capture before the reserve rule:
 RUNNER_BS = (1, 2, 4, 8, *range(16, 161, 8))  # then + range(160, 257, 8) on a large GPU
 
@@ -360,6 +374,8 @@ class SGLangRules:
     fraction_rule: str
     dsa_prefill_graphs: bool  # a DSA model's prefill graphs are on, and in the reserve
     indexer_on_own_layers: bool = True  # index-K only on the layers computing their top-k
+    sizing_cell_stored: bool = True  # the pool sized with the latent as stored (656 B a layer)
+    sizing_indexer: bool = True  # ... and with the indexer's keys
 
 
 def sglang_rules(version: str | None) -> SGLangRules:
@@ -375,7 +391,8 @@ def sglang_rules(version: str | None) -> SGLangRules:
     rule = ("reserve" if series >= RESERVE_RULE_FROM else
             "by-gpu" if series >= FRACTION_BY_GPU_FROM else "by-tp")
     return SGLangRules(version.strip().lstrip("v"), series, rule,
-                       series >= DSA_PREFILL_GRAPHS_FROM, series >= INDEXER_ON_OWN_LAYERS_FROM)
+                       series >= DSA_PREFILL_GRAPHS_FROM, series >= INDEXER_ON_OWN_LAYERS_FROM,
+                       series >= SIZING_CELL_STORED_FROM, series >= SIZING_INDEXER_FROM)
 
 
 def indexer_layer_count(scenario: AnyScenario, rules: SGLangRules) -> int:

@@ -379,6 +379,7 @@ class VersionRules:
     blackwell_graph_size_1024: bool = True
     large_gpu_batch_tier: bool = True  # get_batch_defaults' >= 160 GiB tier
     mtp_shares_head: bool = True  # an MTP drafter holds the target's embedding and head
+    indexers_on_every_layer: bool = False  # an IndexCache shared layer builds an indexer too
 
 
 def version_rules(version: str | None) -> VersionRules:
@@ -406,7 +407,8 @@ def version_rules(version: str | None) -> VersionRules:
         capture_uniform_decode=uniform,
         blackwell_graph_size_1024=series >= BLACKWELL_GRAPH_SIZE_FROM,
         large_gpu_batch_tier=series >= LARGE_GPU_BATCH_FROM,
-        mtp_shares_head=series >= MTP_SHARES_HEAD_FROM)
+        mtp_shares_head=series >= MTP_SHARES_HEAD_FROM,
+        indexers_on_every_layer=series < INDEXER_ON_OWN_LAYERS_FROM)
 
 
 def _series(version: str) -> tuple[int, ...]:

@@ -86,10 +86,15 @@ def scenario_from_config(data: dict, source: str) -> Scenario:
 
 
 def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool, shared_head: bool = False,
-                    engine: str | None = None, source: str = "the model's config") -> tuple[float, str]:
+                    engine: str | None = None, every_indexer: bool = False,
+                    source: str = "the model's config") -> tuple[float, str]:
     """One rank's weights in GiB (to the byte) at `tp` ranks with attention-DP `dp`, and the note
-    saying they are counted from `source` (`mtp`, `shared_head`, `engine`: weights_per_rank's)."""
-    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head, engine=engine) / 1024**3
+    saying they are counted from `source` (`mtp`, `shared_head`, `engine`, `every_indexer`:
+    weights_per_rank's)."""
+    gib = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head, engine=engine,
+                           every_indexer=every_indexer) / 1024**3
+    extra_indexers = every_indexer and any(
+        config.has_indexer and not config.layer_has_indexer(i) for i in range(config.num_hidden_layers))
     own_head = shared_head and config.mtp_embeddings
     copies = count_weights(config).up_projection_copies(tp=tp // dp, engine=engine)
     return gib, (f"counted from {source}: {gib:.3f} GiB per rank"
@@ -97,7 +102,22 @@ def counted_weights(config: ModelConfig, *, tp: int, dp: int, mtp: bool, shared_
                     if copies else "")
                  + (", MTP layers included (speculative decoding)" if mtp else "")
                  + (", their own embedding and head the target's" if mtp and own_head else "")
+                 + (f", with the indexers {engine} builds on the layers that share another's "
+                    "top-k too" if extra_indexers else "")
                  + (", the vision tower not counted" if config.vision else ""))
+
+
+def indexers_on_every_layer(engine: str, version: str | None) -> bool:
+    """Whether `engine` at `version` (None: its default) builds a DSA indexer on every layer of
+    an IndexCache model, the layers that share another's top-k included: vLLM before 0.24.0
+    (vllm.INDEXER_ON_OWN_LAYERS_FROM), SGLang before 0.5.18 (sglang.INDEXER_ON_OWN_LAYERS_FROM)."""
+    from mlamem.spec.engines import sglang, vllm  # they import spec.models: a cycle
+
+    if engine == "vllm":
+        return vllm.version_rules(version).indexers_on_every_layer
+    if engine == "sglang":
+        return not sglang.sglang_rules(version).indexer_on_own_layers
+    return False
 
 
 def loaded_weights(scenario: Scenario) -> dict[str, bool | str | None]:
@@ -105,15 +125,17 @@ def loaded_weights(scenario: Scenario) -> dict[str, bool | str | None]:
     load where vLLM's [vllm] table asks for speculative tokens or SGLang's [sglang] table for draft
     tokens; the drafter holds the target's embedding and head, not the layers' own (SGLang's,
     and vLLM's from 0.18.0: spec.engines.vllm MTP_SHARES_HEAD_FROM); the first engine's copies of
-    the up-projection."""
+    the up-projection, and its indexers on every layer where its version builds them there."""
     from mlamem.spec.engines.vllm import version_rules  # it imports spec.models: a cycle
 
     table = scenario.sections.get("vllm")
     vllm = getattr(table, "num_speculative_tokens", 0) > 0
     sglang = getattr(scenario.sections.get("sglang"), "speculative_num_draft_tokens", None) is not None
     vllm_shares = vllm and version_rules(getattr(table, "engine_version", None)).mtp_shares_head
+    engine = scenario.engines[0]
+    version = getattr(scenario.sections.get(engine), "engine_version", None)
     return {"mtp": vllm or sglang, "shared_head": (sglang and not vllm) or vllm_shares,
-            "engine": scenario.engines[0]}
+            "engine": engine, "every_indexer": indexers_on_every_layer(engine, version)}
 
 
 def apply(scenario: Scenario, *, model: str | None = None, gpu: str | None = None,

@@ -144,7 +144,7 @@ def mtp_own_head(tensor: Tensor) -> bool:
     return tensor.mtp and tensor.name.split(".", 2)[-1] in MTP_HEAD
 
 
-def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
+def _layer(config: ModelConfig, i: int, mtp: bool, every_indexer: bool = False) -> list[Tensor]:
     c, h = config, config.hidden_size
     p = f"layers.{i}."
     heads, qk = c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim
@@ -160,7 +160,7 @@ def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
                t("kv_a_layernorm", c.kv_lora_rank),
                t("kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank),
                t("o_proj", h, heads * c.v_head_dim)]
-    if c.layer_has_indexer(i):
+    if c.layer_has_indexer(i) or (every_indexer and c.has_indexer):
         tensors += [t("indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank),
                     t("indexer.wk", c.index_head_dim, h), t("indexer.k_norm", 2 * c.index_head_dim),
                     t("indexer.weights_proj", c.index_n_heads, h, quantized=False)]
@@ -180,8 +180,10 @@ def _layer(config: ModelConfig, i: int, mtp: bool) -> list[Tensor]:
         t("mlp.shared_experts.down_proj", h, shared)]
 
 
-def count_weights(config: ModelConfig) -> WeightCount:
-    """Every tensor of the checkpoint, the MTP layers' marked apart.
+def count_weights(config: ModelConfig, *, every_indexer: bool = False) -> WeightCount:
+    """Every tensor of the checkpoint, the MTP layers' marked apart; `every_indexer`: with an
+    indexer on every layer of an IndexCache model, as engines that build one on its shared layers
+    too hold them (never filled: the checkpoint has none there), at the size of the others.
 
     Experts are grouped per layer (rows = experts x rows): the fp8 blocks tile each expert alike, as every
     expert dimension is a multiple of the block.
@@ -190,7 +192,8 @@ def count_weights(config: ModelConfig) -> WeightCount:
     tensors = [Tensor("embed_tokens", v, h), Tensor("norm", h)]
     if not config.tie_word_embeddings:
         tensors.append(Tensor("lm_head", v, h))
-    tensors += [t for i in range(config.num_hidden_layers) for t in _layer(config, i, mtp=False)]
+    tensors += [t for i in range(config.num_hidden_layers)
+                for t in _layer(config, i, mtp=False, every_indexer=every_indexer)]
     for k in range(config.num_nextn_predict_layers):
         i = config.num_hidden_layers + k
         tensors += _layer(config, i, mtp=True)
@@ -202,7 +205,8 @@ def count_weights(config: ModelConfig) -> WeightCount:
 
 
 def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = False,
-                     shared_head: bool = False, engine: str | None = None) -> int:
+                     shared_head: bool = False, engine: str | None = None,
+                     every_indexer: bool = False) -> int:
     """One rank's bytes under a scenario's layout: `tp` ranks in all, attention data-parallel over `dp` groups
     of tp // dp ranks (vLLM's DP ranks, each with its own TP), the routed experts split over all `tp` ranks
     (vLLM flattens TP across DP for the MoE: FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp); the MTP
@@ -210,12 +214,13 @@ def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = F
     where the drafter frees them for the target's (`shared_head`: SGLang 0.5.23's EAGLE worker,
     speculative/eagle_worker_v2.py, set_embed_and_head, which models/deepseek_v2.py
     DeepseekV2ForCausalLM.set_embed_and_head frees with torch.cuda.empty_cache before the KV pool is
-    sized); with `engine`'s bf16 copies of the MLA up-projection (WeightCount.up_projection_copies)."""
+    sized); with `engine`'s bf16 copies of the MLA up-projection (WeightCount.up_projection_copies);
+    `every_indexer`: count_weights'."""
     if tp < 1:
         raise UserError(f"needs a positive rank count, got {tp}", field="tensor_parallel")
     if dp < 1 or tp % dp:
         raise UserError(f"needs a divisor of tensor_parallel {tp}, got {dp}", field="attention_data_parallel")
-    weights = count_weights(config)
+    weights = count_weights(config, every_indexer=every_indexer)
     layout = {"tp": tp // dp, "expert_ranks": tp}
     copies = weights.up_projection_copies(tp=tp // dp, engine=engine)
     if mtp:
@@ -225,9 +230,11 @@ def weights_per_rank(config: ModelConfig, *, tp: int, dp: int = 1, mtp: bool = F
 
 
 def weights_fit(model: str, config: ModelConfig, *, tp: int, dp: int = 1, gpu: str, gpu_bytes: int,
-                mtp: bool = False, shared_head: bool = False, engine: str | None = None) -> str | None:
+                mtp: bool = False, shared_head: bool = False, engine: str | None = None,
+                every_indexer: bool = False) -> str | None:
     """None when one rank's weights fit in `gpu_bytes`; else the one line that says they do not."""
-    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head, engine=engine)
+    per_rank = weights_per_rank(config, tp=tp, dp=dp, mtp=mtp, shared_head=shared_head, engine=engine,
+                                every_indexer=every_indexer)
     return fit_line(model, per_rank, tp=tp, dp=dp, gpu=gpu, gpu_bytes=gpu_bytes, mtp=mtp)
 
 

@@ -25,6 +25,7 @@ from mlamem.spec.models.overrides import (
     OVERRIDE_NOTE,
     config_name,
     counted_weights,
+    indexers_on_every_layer,
     model_table,
     override_gib,
     scenario_from_config,
@@ -191,7 +192,9 @@ def weights(config: hf_config.ModelConfig, name: str, parsed: Parsed, override_b
     layout = {"tp": parsed.tensor_parallel, "dp": parsed.attention_data_parallel,
               "mtp": parsed.engine_settings.get("loads_mtp", False),
               "shared_head": parsed.engine_settings.get("mtp_shared_head", False),
-              "engine": parsed.engines[0]}
+              "engine": parsed.engines[0],
+              "every_indexer": indexers_on_every_layer(
+                  parsed.engines[0], parsed.sections.get(parsed.engines[0], {}).get("engine_version"))}
     gpu = {"gpu": target.name, "gpu_bytes": target.memory_mib * 1024**2}
     if override_bytes is not None:
         gib = override_gib(override_bytes)
