@@ -81,6 +81,19 @@ DRAFT_CASES = (
                           f"--speculative-algorithm EAGLE' {H100} --weights-per-rank 40GiB"),
 )
 
+# Older engine versions' ranks of GLM-5.2: SGLang 0.5.13 sizes its pool with a one-byte latent
+# and every layer's indexer keys (55,224 B a token) and stores 61,464, so it holds more than its
+# budget (kv_sizing_cell_bytes); vLLM 0.23.0 keeps the indexer's cache on every layer too
+OLDER_CASES = (
+    ("glm52-sglang-0.5.13", "mlamem repro-oom --serve 'python -m sglang.launch_server --model-path "
+                            "zai-org/GLM-5.2-FP8 --tp 8 --kv-cache-dtype fp8_e4m3 --context-length "
+                            f"131072 --disable-cuda-graph' {H100} --weights-per-rank 40GiB "
+                            "--engine-version 0.5.13"),
+    ("glm52-vllm-0.23", "mlamem repro-oom --serve 'vllm serve zai-org/GLM-5.2-FP8 -tp 8 --kv-cache-dtype "
+                        f"fp8 --max-num-seqs 256 --max-model-len 131072 --enforce-eager' {H100} "
+                        "--weights-per-rank 40GiB --engine-version 0.23.0"),
+)
+
 
 def ncu(name: str, call: str) -> list[str]:
     """One decode call (scripts/decode_call.py, T=8192) under Nsight Compute, then its pages."""
@@ -235,6 +248,7 @@ SUITES = {
     # each on an H100's 80 GB (DeepSeek-V3.2's weights overridden to fit it)
     "rank": compared(RANK_CASES),
     "rank-drafts": compared(DRAFT_CASES),
+    "rank-older": compared(OLDER_CASES),
     "api": [f"{PYTEST} tests/test_api_gpu.py tests/test_shards_gpu.py tests/test_api.py tests/test_shards.py "
             "tests/test_pytest_plugin.py tests/test_api_readme.py tests/test_plugin_kernel.py"],
 }
