@@ -1,5 +1,5 @@
 """The rank with what it allocates beyond attention, measured on an H100 (2026-12-06,
-reports/rank-h100 and reports/rank-drafts-h100, copied into tests/fixtures): each run's own
+reports/rank-h100, rank-drafts-h100 and rank-older-h100, copied into tests/fixtures): each run's own
 command, predicted here on the CPU, gives every field the GPU measured, and each report's table
 shows its runs' figures."""
 
@@ -12,7 +12,7 @@ import pytest
 from mlamem.cli import main
 from mlamem.commands.repro import prediction_differences
 
-FOLDERS = ("rank-h100", "rank-drafts-h100")
+FOLDERS = ("rank-h100", "rank-drafts-h100", "rank-older-h100")
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 REPORTS = Path(__file__).parent.parent / "reports"
 CASES = sorted(f"{folder}/{p.stem}" for folder in FOLDERS for p in (FIXTURES / folder).glob("rank-*.json")
@@ -30,7 +30,8 @@ def test_every_case_of_the_suites_was_run():
               for name in ("glm5-sglang-eagle", "glm52-sglang", "glm52-vllm")]
     rank = [f"rank-h100/rank-{name}" for name in ("dsv32-ep-sglang", "dsv32-ep-vllm", "dsv32-sglang",
                                                  "dsv32-vllm", "glm5-sglang", "glm5-vllm")]
-    assert drafts + rank == CASES
+    older = [f"rank-older-h100/rank-{name}" for name in ("glm52-sglang-0.5.13", "glm52-vllm-0.23")]
+    assert drafts + rank + older == CASES
 
 
 @pytest.mark.parametrize("case", CASES)
