@@ -341,3 +341,57 @@ def test_vllm_0_27_split_sits_beside_the_sums_of_mlamems_components(tmp_path, ca
     assert peak["difference_bytes"] == round(11.09 * GiB) - peak["mlamem_bytes"]
     seed_rows = {r["component"] for r in seed_ledger["paths"][0]["rows"]}
     assert not seed_rows & {"weights + non-torch", "activation peak + CUDA-graph estimate"}
+
+
+def _startup_ledger(tmp_path, capsys, command: str, gpu: str, log_name: str, *extra: str) -> dict:
+    log = tmp_path / "server.log"
+    log.write_text((ROOT / "tests" / "fixtures" / "logs" / log_name).read_text())
+    assert main(["repro-oom", "--serve", command, "--gpu", gpu, "--predict", "--paths", "alloc",
+                 "--log", str(log), "--format", "json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_without_an_oom_sglangs_memory_before_the_weights_is_held_beside_the_rank(tmp_path, capsys):
+    """SGLang's "Load weight begin. avail mem=137.34 GB" at TP8 on an H200: what the device used
+    then beyond mlamem's one-process rank (its context) is held beside the rank for the whole
+    run, a row of its own from that line, and the verdict and the largest safe values follow."""
+    command = ("python3 -m sglang.launch_server --model-path zai-org/GLM-5.2-FP8 --tp-size 8 "
+               "--kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.85 --context-length 524288")
+    result = _startup_ledger(tmp_path, capsys, command, "H200 SXM 141GB",
+                             "sglang-0.5-load-weight-begin.log", "--engine-version", "0.5.13")
+    ledger = result["log"]
+    path = ledger["paths"][0]
+    total = 143155 * 2**20  # the H200's total as CUDA gives it (mlamem/spec/gpus.py)
+    setup = result["non_torch"]  # mlamem's rank before its model: its context, the host's own
+    context = setup["context_bytes"] + setup["process_bytes"]
+    assert path["held_bytes"] == total - round(137.34 * GiB) - context > GiB
+    held = path["rows"][-1]
+    assert (held["component"], held["source"]) == (NOT_MODELLED, "startup line 1")
+    assert path["verdict_with_log"] == "fits" and path["max_safe_tokens"] > 0
+    assert ledger["held_path"] is None  # the same on every path: no path derived it
+    docs = " ".join((ROOT / "docs" / "repro-oom.md").read_text().split())
+    assert f"is {path['held_bytes'] / GiB:.2f} GiB beyond mlamem's rank" in docs
+
+
+def test_without_an_oom_vllms_free_memory_at_startup_is_held_beside_the_rank(tmp_path, capsys):
+    """vLLM's split line gives the device's free memory at its init snapshot: the rest of its
+    total beyond mlamem's rank's context is held beside the rank (a B300's log, read at the
+    seed's command: the figure is what the device used, whatever its size)."""
+    result = _startup_ledger(tmp_path, capsys, seed_serve(), "H100 SXM 80GB",
+                             "vllm-split-weight.log", "--weights-per-rank", "40GiB")
+    path = result["log"]["paths"][0]
+    used = round(267.69 * GiB) - round(264.19 * GiB)
+    assert 0 < path["held_bytes"] < used and used - path["held_bytes"] < GiB
+    assert path["rows"][-1]["source"] == "startup line 1"
+    assert path["max_safe_tokens"] is not None
+
+
+def test_a_rank_that_held_no_more_than_mlamems_at_startup_adds_no_row(tmp_path, capsys):
+    """A startup reading with less used than mlamem's rank holds then: nothing held, no row."""
+    log = tmp_path / "server.log"
+    log.write_text("(Worker_TP0 pid=1) INFO [gpu_worker.py:841] Free memory on device "
+                   "(79.10/79.19 GiB) on startup. Desired GPU memory utilization is (0.9, 71.27 GiB).\n")
+    assert main([*seed_args(log), "--format", "json"]) == 0
+    path = json.loads(capsys.readouterr().out)["log"]["paths"][0]
+    assert path["held_bytes"] is None
+    assert NOT_MODELLED not in {row["component"] for row in path["rows"]}

@@ -118,11 +118,20 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -
         notes.append(f"{len(log.ooms)} different OOM messages: the first (line "
                      f"{oom.line_number}) is explained")
     ran, reason = ran_case(log, rank.engine)
-    held = None
+    held, held_source = None, None
     if oom is not None and oom.free_bytes is not None:
         free_at_request = _model_free_at(rank, ran, rank.case(ran), oom.requested_bytes)
         held = None if free_at_request is None else free_at_request - oom.free_bytes
-    paths = [_path(log, rank, key, oom, serve, held) for key in keys]
+        held_source = f"OOM line {oom.line_number}"
+    elif oom is None and (startup := _held_at_startup(log, rank)) is not None:
+        held, held_source, line = startup
+        notes.append(f"held beyond mlamem's model: the device's use at the engine's startup "
+                     f"reading (line {line}) less what mlamem's one-process rank holds then (its "
+                     f"CUDA context, {(rank.host.context_bytes + rank.host.process_bytes) / GiB:.3f}"
+                     " GiB): "
+                     "another rank's share of the host (NCCL, all-reduce buffers) or another "
+                     "process, held for the whole run")
+    paths = [_path(log, rank, key, oom, serve, held, held_source) for key in keys]
     return ServerLogLedger(
         source=log.source, engine=log.engine, version=log.version, lines=log.lines,
         figures=[dataclasses.asdict(f) for f in log.figures],
@@ -132,7 +141,7 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -
 
 
 def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None,
-          held: int | None) -> dict:
+          held: int | None, held_source: str | None) -> dict:
     case = rank.case(key)
     tokens = rank.budget.max_num_batched_tokens
     rows = _rows(log, case, rank.budget.gpu_memory_bytes)
@@ -142,9 +151,29 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
     if held is not None:
         explained.update(_explain(rank, key, case, oom, serve, held))
         rows.append({"component": NOT_MODELLED, "log_bytes": None, "log_line": None,
-                     "mlamem_bytes": None, "difference_bytes": held,
-                     "source": f"OOM line {oom.line_number}"})
+                     "mlamem_bytes": None, "difference_bytes": held, "source": held_source})
     return {"case": key, "rows": rows, "step_tokens": tokens, **explained}
+
+
+# the engines' figure of the device's free memory at startup, read before the model loads: vLLM
+# 0.11+'s init snapshot (v1/worker/gpu_worker.py init_device, after
+# init_worker_distributed_environment; its "Free memory on device (X/Y GiB) on startup"),
+# SGLang's free memory after its distributed init ("Load weight begin. avail mem=X GB",
+# model_runner.py load_model, the `pre` its pool is sized from)
+STARTUP_FREE = {"vllm": "free_at_startup", "sglang": "avail_before_weights"}
+
+
+def _held_at_startup(log: ServerLog, rank: Rank) -> tuple[int, str, int] | None:
+    """What the user's rank held at the engine's startup reading beyond what mlamem's rank holds
+    then (its context and the host's own), with the row's source and the line: None where the
+    log has no such reading for the emulated engine, or the rank held no more."""
+    free = log.first(STARTUP_FREE.get(rank.engine.name.split("-")[0], ""))
+    if free is None:
+        return None
+    total = next((f.value for f in log.figures if f.name == "total_gpu_memory"
+                  and f.line_number == free.line_number), rank.host.gpu_memory_bytes)
+    held = int(total - free.value) - rank.host.context_bytes - rank.host.process_bytes
+    return (held, f"startup line {free.line_number}", free.line_number) if held > 0 else None
 
 
 # a figure some logs give only as a share of the total: vLLM's graph estimate, as its utilization
@@ -195,12 +224,13 @@ def _case_bytes(case: dict, field: str | tuple[str, ...]) -> int | None:
     return None if None in parts else sum(parts)
 
 
-def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory, serve: str | None,
+def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory | None, serve: str | None,
              held: int) -> dict:
-    """With the memory held beyond the model beside the rank: the failing buffer, the verdict
-    and the largest safe values."""
+    """With the memory held beyond the model beside the rank: the failing buffer (where the log
+    has an OOM), the verdict and the largest safe values."""
     with_log = rank.case(key, held)
-    buffer = _buffer_of_size(case, oom.requested_bytes) or _buffer_of_size(with_log, oom.requested_bytes)
+    buffer = None if oom is None else (_buffer_of_size(case, oom.requested_bytes)
+                                       or _buffer_of_size(with_log, oom.requested_bytes))
     engine, budget = rank.engine, rank.budget
     held_host = dataclasses.replace(rank.host, process_bytes=rank.host.process_bytes + held)
 

@@ -50,8 +50,10 @@ class LedgerRow(Model):
     mlamem_bytes: Bytes | None = Field(description="mlamem's figure for this rank")
     difference_bytes: int | None = Field(description="log - mlamem, where both are known")
     source: str = Field(description="`log` (the log's figure beside mlamem's), `mlamem only` "
-                                    "(the log does not print it: mlamem's figure), or `OOM line "
-                                    "N` (the row nothing else explains, from that message)")
+                                    "(the log does not print it: mlamem's figure), `OOM line N` "
+                                    "(the row nothing else explains, from that message) or "
+                                    "`startup line N` (from the device's use at the engine's "
+                                    "startup reading, where the log has no OOM)")
 
 
 class LogPath(Model):
@@ -67,7 +69,9 @@ class LogPath(Model):
     held_bytes: int | None = Field(
         description="what the rank held beyond mlamem's model at the OOM: mlamem's free memory "
                     "at that request less the log's, on the case `held_path` names (the same on "
-                    "every case)")
+                    "every case); without an OOM, the device's use at the engine's startup "
+                    "reading (vLLM's free memory on startup, SGLang's before the weights) less "
+                    "mlamem's rank's then")
     verdict_with_log: str | None = Field(
         description="the case's verdict at the user's settings with that memory held")
     max_safe_tokens: int | None = Field(
