@@ -423,6 +423,17 @@ def pinned_version(flags: list[str]) -> str | None:
     return min(newest, key=_series) if newest else None
 
 
+# What a rank with graphs on leaves out where vLLM sets its graph estimate aside (from 0.20.0,
+# GRAPH_ESTIMATE_FROM): vLLM's estimate captures the whole model, mlamem's the attention call
+WHOLE_MODEL_GRAPHS_NOTE = (
+    "CUDA graphs: vLLM {version} sets aside its estimate of the whole model's graphs before "
+    "sizing the KV cache (v1/worker/gpu_worker.py determine_available_memory, "
+    "profile_cudagraph_memory); mlamem's estimate holds the attention call's alone, so its KV "
+    "cache is larger than vLLM's by the rest (about 10 GiB for GLM-5 at TP8 on 8 x H200 by two "
+    "public logs, reports/field) and the step's headroom smaller by what vLLM sets aside beyond "
+    "the graphs it captures")
+
+
 def version_notes(rules: VersionRules, graphs: bool, inferred_from: list[str] | None = None
                   ) -> list[str]:
     """The version taken, and where its rules differ from what mlamem's rank runs, in words."""
@@ -720,6 +731,8 @@ def parse(words: list[str], version: str | None = None):
                      f"{rules.version}'s default")
     if version is not None or inferred is not None:
         notes += version_notes(rules, graphs, inferred_from=older if inferred else None)
+    if graphs and rules.graph_estimate == "applied":
+        notes.append(WHOLE_MODEL_GRAPHS_NOTE.format(version=rules.version))
     if "block_size" not in given:
         notes.append("block_size 64: vLLM takes the attention backend's; FlashMLA's is 64")
     if given.get("enable_expert_parallel"):
