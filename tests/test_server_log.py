@@ -317,3 +317,18 @@ def test_a_split_cut_short_is_read_as_far_as_it_goes(tmp_path):
                                             "34.86 GiB"]) + "\n")
     got = {f.name: f for f in read_log(str(log)).figures}
     assert set(got) == {"kv_cache"} and got["kv_cache"].line_number == 3
+
+
+@pytest.mark.parametrize(("line", "fix"), [
+    ("Free memory on device (200.0/100.0 GiB) on startup.", "no device's reading"),
+    ("Free memory on device (0/0 GiB) on startup.", "no device's reading"),
+    ("Desired GPU memory utilization is (7.5, 125.8 GiB).", "none vLLM takes"),
+    ("Desired GPU memory utilization is (0, 125.8 GiB).", "none vLLM takes")])
+def test_a_startup_reading_no_vllm_prints_is_one_line(tmp_path, line, fix):
+    """vLLM's startup figures as no device or vLLM gives them (more free than the total, a
+    total of 0, a utilization outside (0, 1]) are refused in one line naming the line."""
+    log = tmp_path / "edited.log"
+    log.write_text(line + "\n")
+    with pytest.raises(UserError, match=f"line 1: .*{fix}") as error:
+        read_log(str(log))
+    assert error.value.field == "log"

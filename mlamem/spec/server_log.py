@@ -160,9 +160,9 @@ _RULES = [
       ("cuda_graphs", 5, "size")]),
     # the same line's head, and init_device's refusal that starts as it does
     (_V, "Free memory on device", rf"Free memory on device \({_NUM}/{_NUM} GiB\) on startup",
-     [("free_at_startup", 1, "gib"), ("total_gpu_memory", 2, "gib")]),
+     [("free_at_startup", 1, "free_of"), ("total_gpu_memory", 2, "gib")]),
     (_V, "esired GPU memory utilization", rf"[Dd]esired GPU memory utilization (?:is )?\({_NUM}, "
-     rf"{_NUM} GiB\)", [("utilization", 1, "ratio"), ("requested_memory", 2, "gib")]),
+     rf"{_NUM} GiB\)", [("utilization", 1, "fraction"), ("requested_memory", 2, "gib")]),
     (_V, "kv-cache-memory", rf"--kv-cache-memory[= ]{_NUM}", [("suggested_kv_cache_memory", 1, "count")]),
     (_S, "Load weight begin", rf"Load weight begin\. avail mem={_SIZE}",
      [("avail_before_weights", 1, "size")]),
@@ -240,6 +240,17 @@ def _value(match: re.Match, group: int, kind: str) -> int | float:
         return round((float(g(group)) - float(g(group + 1))) * 2**30)
     if kind == "ratio":
         return float(g(group).replace(",", ""))
+    if kind == "fraction":  # a utilization vLLM takes: (0, 1] (config/cache.py)
+        value = float(g(group).replace(",", ""))
+        if not 0 < value <= 1:
+            raise _Impossible(f"a gpu-memory-utilization of {g(group)[:24]} is none vLLM takes")
+        return value
+    if kind == "free_of":  # GiB free of the GiB total the next group gives
+        free, total = _size(g(group), "GiB"), _size(g(group + 1), "GiB")
+        if total == 0 or free > total:
+            raise _Impossible(f"{g(group)[:24]} GiB free of {g(group + 1)[:24]} GiB is no "
+                              "device's reading")
+        return free
     if kind == "share_drop":  # vLLM's utilization less its equivalent without the graph estimate
         given, without = float(g(group).replace(",", "")), float(g(group + 1).replace(",", ""))
         if not 0 <= without <= given <= 1:
