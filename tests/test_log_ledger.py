@@ -395,3 +395,16 @@ def test_a_rank_that_held_no_more_than_mlamems_at_startup_adds_no_row(tmp_path, 
     path = json.loads(capsys.readouterr().out)["log"]["paths"][0]
     assert path["held_bytes"] is None
     assert NOT_MODELLED not in {row["component"] for row in path["rows"]}
+
+
+def test_a_vllm_tp8_rank_held_its_communicators_at_startup(tmp_path, capsys):
+    """vLLM 0.28 at TP8 on 8 x H200 used 2.16 GiB at its init snapshot (after its NCCL setup):
+    the part beyond mlamem's one-process rank is held beside the rank, the figure the docs
+    quote."""
+    result = _startup_ledger(tmp_path, capsys, "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                             "H200 SXM 141GB", "vllm-0.28-tp8-h200-startup.log")
+    path, setup = result["log"]["paths"][0], result["non_torch"]
+    context = setup["context_bytes"] + setup["process_bytes"]
+    assert path["held_bytes"] == round(139.8 * GiB) - round(137.64 * GiB) - context
+    docs = " ".join((ROOT / "docs" / "repro-oom.md").read_text().split())
+    assert f"is {path['held_bytes'] / GiB:.2f} GiB beyond it" in docs

@@ -332,3 +332,15 @@ def test_a_startup_reading_no_vllm_prints_is_one_line(tmp_path, line, fix):
     with pytest.raises(UserError, match=f"line 1: .*{fix}") as error:
         read_log(str(log))
     assert error.value.field == "log"
+
+
+def test_a_tp8_startup_excerpt_reflowed_over_lines():
+    """A TP8 rank's startup lines as a record excerpts them (vLLM 0.28, 8 x H200): the weights,
+    the KV cache, the free memory at startup, and the split wrapped over two lines."""
+    got = figures("vllm-0.28-tp8-h200-startup.log")
+    assert got["weights"] == round(38.24 * GiB) and got["kv_cache"] == round(81.79 * GiB)
+    assert got["kv_cache_tokens"] == 7228559 and got["max_concurrency"] == 55.15
+    assert (got["free_at_startup"], got["total_gpu_memory"]) == (round(137.64 * GiB), round(139.8 * GiB))
+    assert got["weights_and_non_torch"] == round(39.98 * GiB)
+    assert got["activation_peak_and_graph_estimate"] == round(4.04 * GiB)
+    assert got["cuda_graphs"] == round(1.2 * GiB)
