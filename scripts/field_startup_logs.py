@@ -40,8 +40,9 @@ AGREES_WITHIN = 0.02  # agreement: within 2% of the logged KV cache
 
 
 def mlamem(args: list[str]) -> tuple[dict | None, list[str]]:
-    """One mlamem command's JSON result (None where it refuses) and its stderr lines."""
-    done = subprocess.run([sys.executable, "-m", "mlamem", *args, "--format", "json"],
+    """One mlamem command's JSON result (None where it refuses) and its stderr lines; `-P`: the
+    installed mlamem, never the checkout's folder of that name (a plain install's CI)."""
+    done = subprocess.run([sys.executable, "-P", "-m", "mlamem", *args, "--format", "json"],
                           capture_output=True, text=True)
     lines = done.stderr.splitlines()
     return (json.loads(done.stdout) if done.returncode == 0 else None), lines
