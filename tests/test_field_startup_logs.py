@@ -169,3 +169,18 @@ def test_committed_table_is_current_and_the_readme_quotes_it():
     off = re.search(r"repro-oom \+(\d+\.\d\d)% tokens; \+(\d+\.\d\d) GiB", sglang)
     tokens = sglang.split(" | ")[8]
     assert f"mlamem predicts {tokens} (+{off[1]}%, {off[2]} GiB more)" in readme
+
+
+def test_the_sglang_row_sizes_what_the_draft_worker_holds_after_the_pool():
+    """glm52-h200-sglang-0.5.13's `rest` sizes what 0.5.13's EAGLE worker holds after the
+    target sized its pool: the MTP layer's weights at TP8 (its embedding and head the target's)
+    and a one-layer pool of the logged tokens at the stored cell."""
+    from mlamem.spec.models import shipped_config, weights_per_rank
+
+    record = next(r for r in RECORDS if r["name"] == "glm52-h200-sglang-0.5.13")
+    config = shipped_config("glm-5.2")
+    layout = {"tp": 8, "engine": "sglang", "every_indexer": True}
+    mtp = weights_per_rank(config, mtp=True, shared_head=True, **layout) - weights_per_rank(config, **layout)
+    pool = record["logged_tokens"] * (656 + 132)
+    assert (f"the MTP layer ({mtp / GiB:.2f} GiB a rank) and a one-layer pool of the same tokens "
+            f"({pool / GiB:.2f} GiB)") in record["rest"]
