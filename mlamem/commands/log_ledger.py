@@ -11,6 +11,9 @@ rank at which it still fits (repro's `largest_fitting`) plus the request. That o
 then held, on every case, on the physical device beside the rank, outside what the engine sizes
 its KV cache from (the host setup's `process_bytes`, as memory another process or the driver
 holds), and repro's own searches give each case's largest safe step tokens and fraction.
+Without an OOM message, the engine's reading of the device's free memory at startup (vLLM's
+init snapshot, SGLang's before the weights: STARTUP_FREE) gives that figure instead: what the
+device used then beyond mlamem's one-process rank.
 """
 
 from __future__ import annotations
@@ -125,12 +128,11 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -
         held_source = f"OOM line {oom.line_number}"
     elif oom is None and (startup := _held_at_startup(log, rank)) is not None:
         held, held_source, line = startup
+        context = (rank.host.context_bytes + rank.host.process_bytes) / GiB
         notes.append(f"held beyond mlamem's model: the device's use at the engine's startup "
                      f"reading (line {line}) less what mlamem's one-process rank holds then (its "
-                     f"CUDA context, {(rank.host.context_bytes + rank.host.process_bytes) / GiB:.3f}"
-                     " GiB): "
-                     "another rank's share of the host (NCCL, all-reduce buffers) or another "
-                     "process, held for the whole run")
+                     f"CUDA context, {context:.3f} GiB): another rank's share of the host (NCCL, "
+                     "all-reduce buffers) or another process, held for the whole run")
     paths = [_path(log, rank, key, oom, serve, held, held_source) for key in keys]
     return ServerLogLedger(
         source=log.source, engine=log.engine, version=log.version, lines=log.lines,
