@@ -169,3 +169,13 @@ def test_an_older_pool_is_sized_by_one_cell_and_holds_another(tmp_path, version,
     assert case["kv_cache_tokens"] == pool // (sizing or case["kv_cell_bytes"]) // 64 * 64
     assert case["kv_cache_bytes"] == case["kv_cache_tokens"] * case["kv_cell_bytes"]
     assert (case["kv_cache_bytes"] > pool) is (sizing is not None)
+
+
+@pytest.mark.parametrize(("version", "noted"), [("0.5.3", True), ("0.5.8", True), ("0.5.9", False)])
+def test_a_glm5_command_before_sglang_knew_glm5_is_noted(version, noted):
+    """configs/model_config.py names GlmMoeDsaForCausalLM from 0.5.9 (not in 0.5.8's): before,
+    a GLM-5 command is read by the version's rules with a note that it had no such model."""
+    from mlamem.spec.serve_command import from_command
+
+    built = from_command(COMMAND, gpu_name="H200 SXM 141GB", engine_version=version)
+    assert any("has no GlmMoeDsaForCausalLM" in note for note in built.notes) is noted

@@ -344,6 +344,7 @@ DSA_PREFILL_GRAPHS_FROM = (0, 5, 15)
 # models/deepseek_v2.py DeepseekV32ForCausalLM, SGLang's first DSA model, from 0.5.3 (GLM-5's
 # GlmMoeDsaForCausalLM in configs/model_config.py from 0.5.9)
 DSA_MODELS_FROM = (0, 5, 3)
+GLM_DSA_FROM = (0, 5, 9)  # configs/model_config.py names GlmMoeDsaForCausalLM from 0.5.9 (not 0.5.8)
 # IndexCache: model_executor/pool_configurator.py _compute_dsa_indexer_cell_size gives index-K
 # only to the layers that compute their own top-k (configs/model_config.py dsa_layer_skips_topk)
 # from 0.5.18; every layer before (0.5.17's)
@@ -1048,6 +1049,9 @@ def fill_defaults(parsed: Parsed, config: hf_config.ModelConfig, gpu_name: str, 
     graphs, rules = parsed.engine_settings["graphs"], parsed.engine_settings["rules"]
     parsed.sections.setdefault("sglang", {})["index_head_dim"] = config.index_head_dim
     _speculative_defaults(parsed, config)
+    if config.architecture == "GlmMoeDsaForCausalLM" and rules.series < GLM_DSA_FROM:
+        parsed.notes.append(f"SGLang {rules.version} has no GlmMoeDsaForCausalLM (GLM-5's, from "
+                            "0.5.9): the rank follows its rules as it would a DeepSeek-V3.2")
     if gpu_name.startswith(("B", "GB")):  # overrides.py _dsa_split_backend_resolution
         parsed.notes.append(f"{gpu_name}: SGLang decodes a DSA model's fp8 cache with trtllm "
                             f"on Blackwell; mlamem runs {DSA_BACKEND}'s, as on Hopper")
