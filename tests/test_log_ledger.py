@@ -325,13 +325,10 @@ def test_vllm_0_27_split_sits_beside_the_sums_of_mlamems_components(tmp_path, ca
     """vLLM 0.27+ prints the weights with the non-torch memory, and the profile's peak with the
     graph estimate, each as one figure: each row sits beside the sum of mlamem's two; a log
     without them has neither row."""
-    log = tmp_path / "server.log"
-    log.write_text((ROOT / "tests" / "fixtures" / "logs" / "vllm-split-consumed-wrapped.log").read_text())
     graphs = seed_serve().removesuffix(" --enforce-eager")
-    assert main(["repro-oom", "--serve", graphs, "--gpu", "H100 SXM 80GB", "--weights-per-rank",
-                 "40GiB", "--predict", "--paths", "alloc", "--log", str(log),
-                 "--format", "json"]) == 0
-    rows = {r["component"]: r for r in json.loads(capsys.readouterr().out)["log"]["paths"][0]["rows"]}
+    result = _fixture_ledger(tmp_path, capsys, graphs, "H100 SXM 80GB",
+                             "vllm-split-consumed-wrapped.log", "--weights-per-rank", "40GiB")
+    rows = {r["component"]: r for r in result["log"]["paths"][0]["rows"]}
     consumed = rows["weights + non-torch"]
     assert consumed["log_bytes"] == round(106.85 * GiB)
     assert consumed["mlamem_bytes"] == rows["weights"]["mlamem_bytes"] + rows["non-torch"]["mlamem_bytes"]
@@ -343,7 +340,8 @@ def test_vllm_0_27_split_sits_beside_the_sums_of_mlamems_components(tmp_path, ca
     assert not seed_rows & {"weights + non-torch", "activation peak + CUDA-graph estimate"}
 
 
-def _startup_ledger(tmp_path, capsys, command: str, gpu: str, log_name: str, *extra: str) -> dict:
+def _fixture_ledger(tmp_path, capsys, command: str, gpu: str, log_name: str, *extra: str) -> dict:
+    """repro-oom's JSON (alloc path, predicted) for `command` with the fixture log `log_name`."""
     log = tmp_path / "server.log"
     log.write_text((ROOT / "tests" / "fixtures" / "logs" / log_name).read_text())
     assert main(["repro-oom", "--serve", command, "--gpu", gpu, "--predict", "--paths", "alloc",
@@ -357,7 +355,7 @@ def test_without_an_oom_sglangs_memory_before_the_weights_is_held_beside_the_ran
     run, a row of its own from that line, and the verdict and the largest safe values follow."""
     command = ("python3 -m sglang.launch_server --model-path zai-org/GLM-5.2-FP8 --tp-size 8 "
                "--kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.85 --context-length 524288")
-    result = _startup_ledger(tmp_path, capsys, command, "H200 SXM 141GB",
+    result = _fixture_ledger(tmp_path, capsys, command, "H200 SXM 141GB",
                              "sglang-0.5-load-weight-begin.log", "--engine-version", "0.5.13")
     ledger = result["log"]
     path = ledger["paths"][0]
@@ -377,7 +375,7 @@ def test_without_an_oom_vllms_free_memory_at_startup_is_held_beside_the_rank(tmp
     """vLLM's split line gives the device's free memory at its init snapshot: the rest of its
     total beyond mlamem's rank's context is held beside the rank (a B300's log, read at the
     seed's command: the figure is what the device used, whatever its size)."""
-    result = _startup_ledger(tmp_path, capsys, seed_serve(), "H100 SXM 80GB",
+    result = _fixture_ledger(tmp_path, capsys, seed_serve(), "H100 SXM 80GB",
                              "vllm-split-weight.log", "--weights-per-rank", "40GiB")
     path = result["log"]["paths"][0]
     used = round(267.69 * GiB) - round(264.19 * GiB)
@@ -401,7 +399,7 @@ def test_a_vllm_tp8_rank_held_its_communicators_at_startup(tmp_path, capsys):
     """vLLM 0.28 at TP8 on 8 x H200 used 2.16 GiB at its init snapshot (after its NCCL setup):
     the part beyond mlamem's one-process rank is held beside the rank, the figure the docs
     quote."""
-    result = _startup_ledger(tmp_path, capsys, "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+    result = _fixture_ledger(tmp_path, capsys, "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
                              "H200 SXM 141GB", "vllm-0.28-tp8-h200-startup.log")
     path, setup = result["log"]["paths"][0], result["non_torch"]
     context = setup["context_bytes"] + setup["process_bytes"]

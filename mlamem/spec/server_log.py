@@ -287,28 +287,24 @@ class _Reader:
         if SPLIT_START in line and SPLIT_END not in line:
             self.split = (number, line.strip())
             return
-        try:
-            self._figures(number, line)
-        except _Impossible as exc:
-            raise _impossible(number, exc) from None
+        self._read_at(number, line, self._figures)
 
     def flush(self) -> None:
         """The wrapped OOM message, and vLLM's wrapped split, read with the lines that go on
         them."""
-        if self.split is not None:
-            number, text = self.split
-            self.split = None
-            try:
-                self._figures(number, text)
-            except _Impossible as exc:
-                raise _impossible(number, exc) from None
-        if self.wrapped is not None:
-            number, text = self.wrapped
-            self.wrapped = None
-            try:
-                self._oom(number, text)
-            except _Impossible as exc:
-                raise _impossible(number, exc) from None
+        split, wrapped, self.split, self.wrapped = self.split, self.wrapped, None, None
+        if split is not None:
+            self._read_at(*split, self._figures)
+        if wrapped is not None:
+            self._read_at(*wrapped, self._oom)
+
+    @staticmethod
+    def _read_at(number: int, text: str, read) -> None:
+        """`read` of the text from line `number`: a figure no server prints is one line."""
+        try:
+            read(number, text)
+        except _Impossible as exc:
+            raise _impossible(number, exc) from None
 
     def _figures(self, number: int, line: str) -> None:
         for engine, key, pattern, fields in _COMPILED:
