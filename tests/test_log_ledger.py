@@ -406,3 +406,89 @@ def test_a_vllm_tp8_rank_held_its_communicators_at_startup(tmp_path, capsys):
     assert path["held_bytes"] == round(139.8 * GiB) - round(137.64 * GiB) - context
     docs = " ".join((ROOT / "docs" / "repro-oom.md").read_text().split())
     assert f"is {path['held_bytes'] / GiB:.2f} GiB beyond it" in docs
+
+
+def _stand_in_result(tmp_path, capsys, command: str, gpu: str, *extra: str) -> dict:
+    output = tmp_path / "stand-in.json"
+    assert main(["repro-oom", "--predict", "--serve", command, "--gpu", gpu, "--paths", "alloc",
+                 "--format", "json", "--output", str(output), *extra]) == 0
+    capsys.readouterr()
+    return json.loads(output.read_text())
+
+
+def test_without_a_log_a_tp_rank_holds_a_public_ranks_startup_memory(tmp_path, capsys):
+    """No --log at TP8: vLLM 0.28's public TP8 line (137.64 of 139.8 GiB free at its init
+    snapshot) stands in, its use beyond mlamem's one-process rank held beside the rank, the one
+    row of the ledger, and the verdict and largest safe values follow with it."""
+    result = _stand_in_result(tmp_path, capsys, "vllm serve zai-org/GLM-5-FP8 -tp 8 "
+                              "--kv-cache-dtype fp8", "H100 SXM 80GB", "--weights-per-rank", "40GiB")
+    ledger, setup = result["log"], result["non_torch"]
+    assert "vllm 0.28.1rc1.dev580+g385dce36b at TP8" in ledger["stand_in"]
+    assert "shawnawshk/model-viz" in ledger["stand_in"]
+    [path] = ledger["paths"]
+    context = setup["context_bytes"] + setup["process_bytes"]
+    assert path["held_bytes"] == round(139.8 * GiB) - round(137.64 * GiB) - context
+    assert [row["source"] for row in path["rows"]] == ["a public TP8 rank's startup line"]
+    [case] = result["cases"]
+    assert path["max_safe_tokens"] < case["max_safe_tokens"]  # the held memory costs tokens
+
+
+def test_the_user_log_and_a_single_rank_take_no_stand_in(tmp_path, capsys):
+    """A rank of TP1 sets up no communicator: no ledger; a user's own log is read instead of any
+    public one (its lines, its source)."""
+    single = _stand_in_result(tmp_path, capsys, "vllm serve zai-org/GLM-5-FP8 --kv-cache-dtype fp8",
+                              "H200 SXM 141GB", "--weights-per-rank", "40GiB")
+    assert single.get("log") is None
+    own = _stand_in_result(tmp_path, capsys, "vllm serve zai-org/GLM-5-FP8 -tp 8 --kv-cache-dtype fp8",
+                           "H200 SXM 141GB", "--weights-per-rank", "40GiB", "--log",
+                           str(ROOT / "tests" / "fixtures" / "logs" / "vllm-free-on-startup.log"))
+    assert own["log"]["stand_in"] is None and own["log"]["source"].endswith("vllm-free-on-startup.log")
+
+
+def test_the_table_names_the_stand_in_and_the_verdict_with_it(capsys):
+    """The table's ledger says no log was given, which public line stands in, and the verdict
+    and largest safe step tokens with the memory it holds."""
+    assert main(["repro-oom", "--predict", "--serve", "vllm serve zai-org/GLM-5-FP8 -tp 8 "
+                 "--kv-cache-dtype fp8", "--gpu", "H100 SXM 80GB", "--paths", "alloc",
+                 "--weights-per-rank", "40GiB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no server log (--log): a public startup log stands in, vllm 0.28.1rc1" in out
+    assert "beyond mlamem's model at startup (a public TP8 rank's startup line); with it, the " \
+           "verdict is" in out
+    assert "largest safe step tokens for this rank:" in out
+
+
+@pytest.mark.parametrize(("engine", "ranks", "address", "why"), [
+    ("vllm", 8, "shawnawshk/model-viz", "the same TP size"),
+    ("vllm", 2, "vllm/pull/48601", "the fewest ranks recorded above TP2"),
+    ("sglang", 8, "sglang/pull/11716", "the same TP size"),
+    ("sglang", 4, "sglang/pull/11716", "the fewest ranks recorded above TP4"),
+    ("sglang", 2, "sglang/pull/11716", "the fewest ranks recorded above TP2"),
+    ("vllm", 16, "shawnawshk/model-viz", "a lower bound"),
+])
+def test_the_stand_in_is_the_nearest_layouts_record(engine, ranks, address, why):
+    """Of the records of at least the rank's TP size, the engine's own where it has one, the
+    fewest ranks of them; past every record, the engine's largest, named a lower bound."""
+    from mlamem.spec.engines.rank_startup import stand_in
+
+    record, reason = stand_in(engine, ranks)
+    assert address in record.address and why in reason
+    assert stand_in(engine, 1) is None
+
+
+def test_each_record_is_a_startup_line_the_log_reader_reads():
+    """Every shipped record's line gives its engine's startup reading, and a free figure under
+    the record's GPU's total: 2.16 GiB used at TP8 on the H200 (vLLM 0.28), 1.54 at TP4 on the
+    H100, 2.46 at SGLang's TP8 on the H200."""
+    from mlamem.commands.log_ledger import STARTUP_FREE
+    from mlamem.spec.engines.rank_startup import records
+
+    used = {}
+    for record in records():
+        log = record.log()
+        assert log.engine == record.engine
+        free = log.first(STARTUP_FREE[record.engine])
+        total = log.first("total_gpu_memory")
+        total = total.value if total is not None else record.total_bytes
+        used[(record.engine, record.tensor_parallel)] = round((total - free.value) / GiB, 2)
+    assert used == {("vllm", 8): 2.16, ("vllm", 4): 1.54, ("sglang", 8): 2.46}

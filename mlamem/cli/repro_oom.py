@@ -15,6 +15,7 @@ from mlamem.commands.sweep import Request, plan
 from mlamem.kernels import DEFAULT_KERNEL
 from mlamem.runtime.paths import PATH_NAMES
 from mlamem.spec.engine_registry import SHIPPED, declared_engine, engine_spec
+from mlamem.spec.engines import rank_startup
 from mlamem.spec.errors import UserError
 from mlamem.spec.files import check_output_path, pick_format
 from mlamem.spec.scenario_names import DEFAULT_SCENARIO
@@ -126,20 +127,28 @@ def _run(chosen, part, budget, kernel, predict: bool, emulated, server_log, serv
 def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | None, advance,
               keys: list[str] | None = None):
     """The result with the server log's ledger (`--log`), each case predicted beside it; with
-    no result, the ledger of `keys`."""
+    no result, the ledger of `keys`. Without --log, a TP rank of vLLM or SGLang gets the ledger
+    of a public startup log of the nearest layout (rank_startup.stand_in): what its device holds
+    beyond mlamem's one-process rank."""
+    stand_in = None
     if server_log is None:
-        return result
+        stand_in = (rank_startup.stand_in(emulated.name, part.scenario.parallel.tensor_parallel)
+                    if emulated.name in rank_startup.ENGINES else None)
+        if stand_in is None:
+            return result
+        server_log = stand_in[0].log()
     from mlamem.commands.log_ledger import Rank, log_ledger  # torch
     from mlamem.commands.repro import host_setup, target_gpu  # torch
 
-    advance("reading the server log beside the rank")
+    advance("reading the server log beside the rank" if stand_in is None
+            else "holding a public TP rank's startup memory beside the rank")
     host = host_setup(kernel.name, predict=True, target_bytes=budget.gpu_memory_bytes,
                       target_gpu=target_gpu(part.scenario, budget))  # the target's record
     rank = Rank(emulated, part.scenario, kernel, budget, host, part.scenario.gpu.sm_count)
     if result is None:
-        return log_ledger(server_log, rank, keys, serve)
+        return log_ledger(server_log, rank, keys, serve, stand_in)
     keys = [c[emulated.case_type.key_field] for c in result.cases]
-    return result.model_copy(update={"log": log_ledger(server_log, rank, keys, serve)})
+    return result.model_copy(update={"log": log_ledger(server_log, rank, keys, serve, stand_in)})
 
 
 def ledger_for(loaded, serve: str | None, server_log, engine: str | None = None):

@@ -13,7 +13,9 @@ its KV cache from (the host setup's `process_bytes`, as memory another process o
 holds), and repro's own searches give each case's largest safe step tokens and fraction.
 Without an OOM message, the engine's reading of the device's free memory at startup (vLLM's
 init snapshot, SGLang's before the weights: STARTUP_FREE) gives that figure instead: what the
-device used then beyond mlamem's one-process rank.
+device used then beyond mlamem's one-process rank. Without a log of the user's, a public startup
+line of a TP rank of the nearest layout stands in (spec/engines/rank_startup.py), read the same
+way.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from mlamem.engines.base import Budget, Engine, Verdict
 from mlamem.results.ledger import NOT_MODELLED, ServerLogLedger
 from mlamem.runtime.non_torch import NonTorchSetup
 from mlamem.spec.engines import sglang, vllm
+from mlamem.spec.engines.rank_startup import StartupRecord
 from mlamem.spec.errors import UserError
 from mlamem.spec.scenario import Scenario
 from mlamem.spec.serve_command import with_flag
@@ -101,17 +104,20 @@ def ran_case(log: ServerLog, engine: type[Engine]) -> tuple[str, str]:
     return log.ran_path, "--log-path"
 
 
-def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -> ServerLogLedger:
+def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None,
+               stand_in: tuple[StartupRecord, str] | None = None) -> ServerLogLedger:
     """Each case of `keys` beside the log: its ledger and, where the log holds an OOM, the
     buffer that failed, the memory held beyond the model (derived once, on the case the user's
-    server ran), and with it each case's largest safe values and the command that carries them."""
+    server ran), and with it each case's largest safe values and the command that carries them.
+    `stand_in`: the public startup record read as `log`, where the user gave none, and why it
+    was chosen."""
     oom = log.ooms[0] if log.ooms else None
     total = oom.total_bytes if oom is not None and oom.total_bytes else rank.budget.gpu_memory_bytes
     rank = dataclasses.replace(rank, host=dataclasses.replace(
         rank.host, gpu_memory_bytes=total, assumed="the target GPU as the physical device"))
     notes = [f"mlamem's figures: each case predicted on the allocator model with a {total / GiB:.2f}"
              " GiB device as the physical one (the OOM message's total, else the target's)"]
-    if log.engine is not None and log.engine != rank.engine.name.split("-")[0]:
+    if stand_in is None and log.engine is not None and log.engine != rank.engine.name.split("-")[0]:
         notes.append(f"the log's lines are {log.engine}'s; mlamem emulates {rank.engine.name} "
                      "(--engine): the figures compare one engine's rank with another's")
     if log.version is not None:
@@ -126,27 +132,38 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None) -
         free_at_request = _model_free_at(rank, ran, rank.case(ran), oom.requested_bytes)
         held = None if free_at_request is None else free_at_request - oom.free_bytes
         held_source = f"OOM line {oom.line_number}"
-    elif oom is None and (startup := _held_at_startup(log, rank)) is not None:
+    elif oom is None and (startup := _held_at_startup(log, rank, stand_in)) is not None:
         held, held_source, line = startup
         context = (rank.host.context_bytes + rank.host.process_bytes) / GiB
+        reading = (f"line {line}" if stand_in is None else
+                   f"a public TP{stand_in[0].tensor_parallel} rank's, standing in for this "
+                   f"rank's: {stand_in[0].describe()}; chosen as {stand_in[1]}")
         notes.append(f"held beyond mlamem's model: the device's use at the engine's startup "
-                     f"reading (line {line}) less what mlamem's one-process rank holds then (its "
+                     f"reading ({reading}) less what mlamem's one-process rank holds then (its "
                      f"CUDA context, {context:.3f} GiB): another rank's share of the host (NCCL, "
                      "all-reduce buffers) or another process, held for the whole run")
-    paths = [_path(log, rank, key, oom, serve, held, held_source) for key in keys]
+        if stand_in is not None:
+            notes.append("no --log: give your server's log (its startup reading, or its OOM "
+                         "message) for your rank's own figure")
+    paths = [_path(log, rank, key, oom, serve, held, held_source, rows=stand_in is None)
+             for key in keys]
     return ServerLogLedger(
         source=log.source, engine=log.engine, version=log.version, lines=log.lines,
         figures=[dataclasses.asdict(f) for f in log.figures],
         ooms=[{**dataclasses.asdict(o), "frames": list(o.frames)} for o in log.ooms],
         paths=paths, notes=notes, held_path=ran if oom is not None else None,
-        held_path_reason=reason if oom is not None else None)
+        held_path_reason=reason if oom is not None else None,
+        stand_in=None if stand_in is None else stand_in[0].describe())
 
 
 def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None,
-          held: int | None, held_source: str | None) -> dict:
+          held: int | None, held_source: str | None, rows: bool = True) -> dict:
+    """One case's ledger: its rows (`rows`: the log's and mlamem's components, else only the
+    held memory's, for a stand-in log that holds no figure of the user's rank) and, with the
+    held memory, its verdict and largest safe values."""
     case = rank.case(key)
     tokens = rank.budget.max_num_batched_tokens
-    rows = _rows(log, case, rank.budget.gpu_memory_bytes)
+    rows = _rows(log, case, rank.budget.gpu_memory_bytes) if rows else []
     explained = {"failing_buffer": None, "failing_buffer_bytes": None, "held_bytes": None,
                  "verdict_with_log": None, "max_safe_tokens": None, "max_safe_fraction": None,
                  "fraction_knob": None, "command_that_fits": None}
@@ -165,17 +182,22 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
 STARTUP_FREE = {"vllm": "free_at_startup", "sglang": "avail_before_weights"}
 
 
-def _held_at_startup(log: ServerLog, rank: Rank) -> tuple[int, str, int] | None:
-    """What the user's rank held at the engine's startup reading beyond what mlamem's rank holds
-    then (its context and the host's own), with the row's source and the line: None where the
-    log has no such reading for the emulated engine, or the rank held no more."""
-    free = log.first(STARTUP_FREE.get(rank.engine.name.split("-")[0], ""))
+def _held_at_startup(log: ServerLog, rank: Rank, stand_in: tuple[StartupRecord, str] | None
+                     ) -> tuple[int, str, int] | None:
+    """What the log's rank held at its engine's startup reading (the log's engine's, else the
+    emulated one's) beyond what mlamem's rank holds then (its context and the host's own), with
+    the row's source and the line: None where the log has no such reading, or the rank held no
+    more. The total is the line's, else the stand-in record's GPU's, else the target's."""
+    free = log.first(STARTUP_FREE.get(log.engine or rank.engine.name.split("-")[0], ""))
     if free is None:
         return None
     total = next((f.value for f in log.figures if f.name == "total_gpu_memory"
-                  and f.line_number == free.line_number), rank.host.gpu_memory_bytes)
+                  and f.line_number == free.line_number),
+                 rank.host.gpu_memory_bytes if stand_in is None else stand_in[0].total_bytes)
     held = int(total - free.value) - rank.host.context_bytes - rank.host.process_bytes
-    return (held, f"startup line {free.line_number}", free.line_number) if held > 0 else None
+    source = (f"startup line {free.line_number}" if stand_in is None
+              else f"a public TP{stand_in[0].tensor_parallel} rank's startup line")
+    return (held, source, free.line_number) if held > 0 else None
 
 
 # a figure some logs give only as a share of the total: vLLM's graph estimate, as its utilization

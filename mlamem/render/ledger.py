@@ -28,7 +28,10 @@ def _cells(row) -> list[str]:
 
 
 def header_line(ledger: ServerLogLedger) -> str:
-    """Which log was read: engine, version, lines, figures and OOM messages."""
+    """Which log was read: engine, version, lines, figures and OOM messages; or, without one,
+    which public startup log stands in for it."""
+    if ledger.stand_in is not None:
+        return f"no server log (--log): a public startup log stands in, {ledger.stand_in}"
     engine = ledger.engine or "engine not named by its lines"
     version = f" {ledger.version}" if ledger.version else ""
     return (f"server log {ledger.source}: {engine}{version}, {ledger.lines} lines, "
@@ -50,9 +53,14 @@ def held_line(ledger: ServerLogLedger) -> list[str]:
 
 
 def oom_lines(path: LogPath, ledger: ServerLogLedger) -> list[str]:
-    """The OOM explained for one case, and the command that fits."""
+    """The OOM explained for one case, or, without one, the verdict with the memory held at
+    startup; and the largest safe values."""
     if not ledger.ooms:
-        return []
+        if path.held_bytes is None:
+            return []
+        return [f"{path.case}: the rank held {format_bytes(path.held_bytes)} beyond mlamem's model"
+                f" at startup ({path.rows[-1].source}); with it, the verdict is "
+                f"{path.verdict_with_log}", *_safe_lines(path)]
     oom = ledger.ooms[0]
     lines = [f"OOM (line {oom.line_number}): tried {format_bytes(oom.requested_bytes)} with "
              f"{_amount(oom.free_bytes)} free of {_amount(oom.total_bytes)}"]
@@ -64,11 +72,15 @@ def oom_lines(path: LogPath, ledger: ServerLogLedger) -> list[str]:
     lines.append(f"{path.case}: failing buffer {buffer} at {path.step_tokens} tokens; the rank "
                  f"held {format_bytes(path.held_bytes)} beyond mlamem's model{_derived_on(ledger)}"
                  f"; with it, the verdict is {path.verdict_with_log}")
-    if path.max_safe_tokens is not None:
-        lines.append(f"{path.case}: largest safe step tokens for this rank: {path.max_safe_tokens}"
-                     + (f"; largest safe {path.fraction_knob}: {path.max_safe_fraction}"
-                        if path.fraction_knob else ""))
-    return lines
+    return lines + _safe_lines(path)
+
+
+def _safe_lines(path: LogPath) -> list[str]:
+    if path.max_safe_tokens is None:
+        return []
+    return [f"{path.case}: largest safe step tokens for this rank: {path.max_safe_tokens}"
+            + (f"; largest safe {path.fraction_knob}: {path.max_safe_fraction}"
+               if path.fraction_knob else "")]
 
 
 def commands_text(ledger: ServerLogLedger) -> str:

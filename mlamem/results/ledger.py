@@ -102,3 +102,7 @@ class ServerLogLedger(Model):
                           "file written before it was recorded)")
     held_path_reason: str | None = Field(
         None, description="why that case: `--log-path`, or the engine release's rule it cites")
+    stand_in: str | None = Field(
+        None, description="where no --log was given: the public startup log of a TP rank that "
+                          "stands in for the user's (its engine, version, layout, GPU and "
+                          "address); null: the user's own log")
