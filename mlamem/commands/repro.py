@@ -424,8 +424,12 @@ def prediction_differences(measured: dict, predicted: dict) -> list[str]:
     """Every field of every case on which a predicted repro-oom result (a `ReproFile` or a saved
     file's object) differs from a measured one, as 'case: field: measured != predicted'; [] if equal.
     The fields of NOT_PREDICTED_FIELDS, NOT_PREDICTED_TOP and the scenario's
-    NOT_PREDICTED_SCENARIO are skipped."""
+    NOT_PREDICTED_SCENARIO are skipped, and the ledger (`log`, predicted in both) where the
+    measured result has none: a file measured before a public startup line stood in for a TP
+    rank's log."""
     measured, predicted = (read_result(r).file_dict() for r in (measured, predicted))
+    if measured.get("log") is None:
+        predicted.pop("log", None)
     for result in (measured, predicted):
         result["scenario"] = {k: v for k, v in result["scenario"].items()
                               if k not in NOT_PREDICTED_SCENARIO}
