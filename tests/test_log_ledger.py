@@ -492,3 +492,18 @@ def test_each_record_is_a_startup_line_the_log_reader_reads():
         total = total.value if total is not None else record.total_bytes
         used[(record.engine, record.tensor_parallel)] = round((total - free.value) / GiB, 2)
     assert used == {("vllm", 8): 2.16, ("vllm", 4): 1.54, ("sglang", 8): 2.46}
+
+
+def test_the_readme_quotes_the_stand_in_figures_of_its_first_command(capsys):
+    """The README's first repro-oom command, run as shown: the public TP8 rank's held memory and
+    each path's largest safe step with it are the figures the README quotes."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("$ mlamem repro-oom --serve")
+                and "--log" not in line)
+    assert main([*shlex.split(line)[2:], "--format", "json"]) == 0
+    ledger = json.loads(capsys.readouterr().out)["log"]
+    alloc, workspace = ledger["paths"]
+    text = " ".join(readme.split())
+    assert f"public TP8 rank's startup line ({alloc['held_bytes'] / GiB:.3f} GiB)" in text
+    assert (f"the largest safe steps are {alloc['max_safe_tokens']} and "
+            f"{workspace['max_safe_tokens']} tokens") in text
