@@ -13,7 +13,10 @@ only; absent: mlamem's default):
 - the KV cache's bytes per token on one rank (the predicted bytes over the predicted tokens),
   against the logged GiB over the logged tokens (a range: the GiB figure is rounded to 0.01);
 - the indexer cache's row width, where a log shows the cache's shape.
-The logged figure is compared with the first prediction there is (repro-oom's, else plan's):
+repro-oom's ledger of a TP rank holds a public TP rank's startup memory beside it
+(spec/engines/rank_startup.py), its KV cache with it the column after (SGLang's pool shrinks
+with it; vLLM's budget leaves it outside). The logged figure is compared with the first
+prediction there is (repro-oom's with that memory held, repro-oom's, else plan's):
 tokens where the log gives tokens (or blocks), else GiB; within 2% it agrees, else the row gives
 the gap in GiB of KV cache and the record's `rest` names what accounts for it. Where mlamem
 refuses the command, the row gives its one-line reason. --check exits 1 where the committed
@@ -77,6 +80,9 @@ def predict(record: dict) -> dict:
     if repro is not None:
         case = repro["cases"][0]
         found["repro"] = (case["kv_cache_tokens"], case["kv_cache_bytes"])
+        held = (repro.get("log") or {"paths": [{}]})["paths"][0].get("kv_cache_tokens_with_log")
+        if held is not None and case["kv_cache_tokens"]:  # a TP rank's startup memory held
+            found["repro_held"] = (held, held * case["kv_cache_bytes"] // case["kv_cache_tokens"])
     else:
         found["repro_refused"] = refusal(lines)
     if plan is not None:
@@ -122,8 +128,9 @@ def comparison(record: dict, found: dict) -> str:
     GiB of KV cache."""
     if "refused" in found:
         return f"not predicted: {found['refused']}"
-    tokens, size = found.get("repro") or found["plan"]
-    source = "repro-oom" if "repro" in found else "plan"
+    tokens, size = found.get("repro_held") or found.get("repro") or found["plan"]
+    source = ("repro-oom, TP startup held" if "repro_held" in found
+              else "repro-oom" if "repro" in found else "plan")
     logged = logged_tokens(record)
     if logged is None and "logged_gib" not in record:
         return "-"
@@ -167,11 +174,12 @@ def command_cell(record: dict) -> str:
 def prediction_cells(record: dict, found: dict) -> list[str]:
     """repro-oom's and plan's KV tokens, where the log gives a KV cache to compare them with."""
     if logged_tokens(record) is None and "logged_gib" not in record:
-        return ["-", "-"]
+        return ["-", "-", "-"]
     repro = (f"{found['repro'][0]:,}" if "repro" in found else
              f"- ({found['repro_refused']})" if "repro_refused" in found else "-")
+    held = f"{found['repro_held'][0]:,}" if "repro_held" in found else "-"
     plan = f"{found['plan'][0]:,}" if "plan" in found else "-"
-    return [repro, plan]
+    return [repro, held, plan]
 
 
 def row(record: dict) -> str:
@@ -187,9 +195,10 @@ def row(record: dict) -> str:
 
 HEADER = ("| record | engine (version mlamem reads it at) | model; GPU | command | logged | "
           "B/token, mlamem | B/token, log | indexer B/token/layer (mlamem / log) | KV tokens "
-          "(repro-oom --predict) | pool tokens (plan) | predicted vs log | what accounts for "
-          "the rest | flags mlamem does not model | address |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "(repro-oom --predict) | KV tokens, TP startup held (its ledger) | pool tokens (plan) | "
+          "predicted vs log | what accounts for the rest | flags mlamem does not model | "
+          "address |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def table() -> str:
@@ -200,6 +209,8 @@ def table() -> str:
         "prediction from the record's command alone (`mlamem repro-oom --serve COMMAND --gpu GPU "
         "--predict --paths alloc`, `mlamem plan --serve ...`), at the engine version the record "
         "gives (`--engine-version`; none: mlamem's default, vLLM 0.33.0 or SGLang 0.5.23). "
+        "repro-oom's ledger of a TP rank holds a public TP rank's startup memory beside it "
+        "(mlamem/spec/engines/rank_startup.py), and its KV cache with it is the one compared. "
         "\"agrees\": within 2% of the logged KV cache; otherwise the gap in GiB of KV cache is the "
         "predicted cache less the logged one (or the token gap at mlamem's bytes per token).", "",
         HEADER, *map(row, records), ""])

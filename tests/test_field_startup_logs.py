@@ -169,13 +169,17 @@ def test_committed_table_is_current_and_the_readme_quotes_it():
     assert logs.main(["--check"]) == 0
     table = logs.TABLE.read_text()
     readme = " ".join((ROOT / "reports" / "field" / "README.md").read_text().split())
-    eager = [re.search(r"agrees: repro-oom \+(\d+\.\d\d)% GiB", _row(table, name))[1]
+    eager = [re.search(r"agrees: repro-oom, TP startup held \+(\d+\.\d\d)% GiB", _row(table, name))[1]
              for name in ("glm51-h200-vllm-0.19-eager", "glm51-h200-vllm-0.20-eager")]
     assert f"within {eager[0]}% and {eager[1]}%" in readme
     sglang = _row(table, "glm52-h200-sglang-0.5.13")
-    off = re.search(r"repro-oom \+(\d+\.\d\d)% tokens; \+(\d+\.\d\d) GiB", sglang)
-    tokens = sglang.split(" | ")[8]
-    assert f"mlamem predicts {tokens} (+{off[1]}%, {off[2]} GiB more)" in readme
+    off = re.search(r"agrees: repro-oom, TP startup held (-\d+\.\d\d)% tokens", sglang)
+    alone, held = sglang.split(" | ")[8:10]
+    logged, tokens = 540_800, int(alone.replace(",", ""))
+    more = (tokens - logged) * 61_464 / 2**30  # at the stored cell
+    assert (f"mlamem's one-process rank gets {alone} (+{100 * (tokens - logged) / logged:.2f}%, "
+            f"{more:.2f} GiB more)") in readme
+    assert f"mlamem predicts {held} tokens ({off[1]}%): it agrees" in readme
 
 
 def test_the_sglang_row_sizes_what_the_draft_worker_holds_after_the_pool():

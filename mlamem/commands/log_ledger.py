@@ -8,9 +8,10 @@ case (decode path): the one `--log-path` names, else the one the engine's releas
 mlamem's free memory at that request less the message's "X is free": where the model runs out
 at the same request, its free memory then; where it fits, the largest memory held beside the
 rank at which it still fits (repro's `largest_fitting`) plus the request. That one figure is
-then held, on every case, on the physical device beside the rank, outside what the engine sizes
-its KV cache from (the host setup's `process_bytes`, as memory another process or the driver
-holds), and repro's own searches give each case's largest safe step tokens and fraction.
+then held, on every case, on the physical device beside the rank (the host setup's
+`held_bytes`, as memory another rank or process holds): outside vLLM's budget, which its total
+sets, and in SGLang's reading of the free memory its pool is sized from; and repro's own
+searches give each case's largest safe step tokens and fraction.
 Without an OOM message, the engine's reading of the device's free memory at startup (vLLM's
 init snapshot, SGLang's before the weights: STARTUP_FREE) gives that figure instead: what the
 device used then beyond mlamem's one-process rank. Without a log of the user's, a public startup
@@ -71,7 +72,7 @@ class Rank:
     sm_count: int
 
     def case(self, key: str, held_bytes: int = 0, budget: Budget | None = None) -> dict:
-        host = dataclasses.replace(self.host, process_bytes=self.host.process_bytes + held_bytes)
+        host = dataclasses.replace(self.host, held_bytes=self.host.held_bytes + held_bytes)
         return predict_case(self.engine, self.scenario, self.kernel, budget or self.budget, key,
                             host, self.sm_count)
 
@@ -165,7 +166,8 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
     tokens = rank.budget.max_num_batched_tokens
     rows = _rows(log, case, rank.budget.gpu_memory_bytes) if rows else []
     explained = {"failing_buffer": None, "failing_buffer_bytes": None, "held_bytes": None,
-                 "verdict_with_log": None, "max_safe_tokens": None, "max_safe_fraction": None,
+                 "verdict_with_log": None, "kv_cache_tokens_with_log": None,
+                 "max_safe_tokens": None, "max_safe_fraction": None,
                  "fraction_knob": None, "command_that_fits": None}
     if held is not None:
         explained.update(_explain(rank, key, case, oom, serve, held))
@@ -256,14 +258,15 @@ def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory | None, serve: s
     buffer = None if oom is None else (_buffer_of_size(case, oom.requested_bytes)
                                        or _buffer_of_size(with_log, oom.requested_bytes))
     engine, budget = rank.engine, rank.budget
-    held_host = dataclasses.replace(rank.host, process_bytes=rank.host.process_bytes + held)
+    held_host = dataclasses.replace(rank.host, held_bytes=rank.host.held_bytes + held)
 
     def predicted(k: str, at: Budget, host: NonTorchSetup) -> dict:
         return predict_case(engine, rank.scenario, rank.kernel, at, k, host, rank.sm_count)
 
     found = {"failing_buffer": buffer, "held_bytes": held,
              "failing_buffer_bytes": oom.requested_bytes if buffer else None,
-             "verdict_with_log": with_log["verdict"]}
+             "verdict_with_log": with_log["verdict"],
+             "kv_cache_tokens_with_log": with_log.get("kv_cache_tokens")}
     knob = engine.searched_knob
     if knob is not None:
         found["max_safe_tokens"] = largest_safe_on_target(

@@ -255,9 +255,14 @@ class SGLang(DecodeRank):
                           backend=BACKEND if key == "alloc" else WHAT_IF, measured=measured,
                           **fields)
 
+    def free_now(self) -> int:
+        """The device's free memory as SGLang reads it (utils get_available_gpu_memory,
+        cudaMemGetInfo): what the cap leaves, less what other ranks or processes hold."""
+        return (self.case.torch_limit_bytes - self.memory.stats().reserved
+                - self.memory.held_bytes())
+
     def init(self) -> None:
-        self.case.free_before_model_bytes = (self.case.torch_limit_bytes
-                                             - self.memory.stats().reserved)
+        self.case.free_before_model_bytes = self.free_now()
         super().init()
 
     def profile(self) -> None:
@@ -267,7 +272,7 @@ class SGLang(DecodeRank):
         """SGLang 0.5.23's chunked-prefill step beyond attention (spec/engines/sglang_pass.py):
         the indexer's logits budget from the GPU's total, the pool's fraction and what is free
         now (SGLang measures it at its first large prefill)."""
-        free = self.case.torch_limit_bytes - self.memory.stats().reserved
+        free = self.free_now()
         budget = mqa_logits_budget_bytes(self.budget.gpu_memory_bytes,
                                          self.rules().mem_fraction_static, free)
         return step_stages(step_shape(self.scenario, tokens), budget)
@@ -294,7 +299,7 @@ class SGLang(DecodeRank):
                                                                    self.budget.gpu_memory_bytes)
         case.fraction_source = ("given" if rules.fraction_given
                                 else f"reserve rule: {rules.reserved_mib:g} MiB")
-        case.free_after_init_bytes = case.torch_limit_bytes - memory.stats().reserved
+        case.free_after_init_bytes = self.free_now()
         version = sglang_rules(settings(scenario).engine_version)
         cell = {"kv_lora_rank": scenario.model.kv_lora_rank,
                 "qk_rope_head_dim": scenario.model.qk_rope_head_dim,

@@ -58,9 +58,11 @@ def oom_lines(path: LogPath, ledger: ServerLogLedger) -> list[str]:
     if not ledger.ooms:
         if path.held_bytes is None:
             return []
+        kv = ("" if path.kv_cache_tokens_with_log is None
+              else f" and the KV cache {path.kv_cache_tokens_with_log} tokens")
         return [f"{path.case}: the rank held {format_bytes(path.held_bytes)} beyond mlamem's model"
                 f" at startup ({path.rows[-1].source}); with it, the verdict is "
-                f"{path.verdict_with_log}", *_safe_lines(path)]
+                f"{path.verdict_with_log}{kv}", *_safe_lines(path)]
     oom = ledger.ooms[0]
     lines = [f"OOM (line {oom.line_number}): tried {format_bytes(oom.requested_bytes)} with "
              f"{_amount(oom.free_bytes)} free of {_amount(oom.total_bytes)}"]

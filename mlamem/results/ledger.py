@@ -74,6 +74,10 @@ class LogPath(Model):
                     "mlamem's rank's then")
     verdict_with_log: str | None = Field(
         description="the case's verdict at the user's settings with that memory held")
+    kv_cache_tokens_with_log: int | None = Field(
+        None, description="the case's KV cache, in tokens, with that memory held: SGLang sizes "
+                          "its pool from the free memory it reads, so the pool shrinks; vLLM's "
+                          "budget leaves memory held before its init snapshot outside it")
     max_safe_tokens: int | None = Field(
         description="the largest safe step tokens for the rank as the log shows it")
     max_safe_fraction: float | None = Field(

@@ -80,6 +80,9 @@ class NonTorch(Model):
             "near a full device, what cudaMalloc cannot hand out beyond NVML's non-torch reading "
             "(fitted)"))
     assumed: str | None = Field(description="why this record stands in for the host (null when it matches)")
+    held_bytes: Bytes = Field(
+        0, description="what other ranks or processes held on the device beyond the record's "
+                       "(a server log's figure; 0 in a result: its cases hold none)")
 
 
 def _legacy_repro(data: dict) -> dict:

@@ -130,7 +130,7 @@ class CudaMemory:
         unallocatable bytes and the modules the record charges at first launches since
         (`launch`, every op seen through a dispatch mode while this memory is entered).
         Nothing where the device is no larger than the target."""
-        if target.gpu_memory_bytes >= self.total_bytes:
+        if target.gpu_memory_bytes >= self.total_bytes and not target.held_bytes:
             return
         self.target = target
         self._watcher = _FirstLaunches(self.launch)
@@ -182,11 +182,17 @@ class CudaMemory:
         limit = self._cap
         if self.target is not None:
             limit = min(limit, self.target.gpu_memory_bytes - self._device_non_torch
-                        - self._loaded_since - self.target.unallocatable_bytes)
+                        - self._loaded_since - self.target.unallocatable_bytes
+                        - self.target.held_bytes)
         fraction = min(limit / self.total_bytes, 1.0)
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
         self._limited = True
         return int(fraction * self.total_bytes)
+
+    def held_bytes(self) -> int:
+        """What the emulated target's other ranks or processes hold (NonTorchSetup.held_bytes),
+        kept off the cap as the device would be; 0 without a target."""
+        return 0 if self.target is None else self.target.held_bytes
 
     def non_torch_reading(self) -> NonTorchReading:
         """The non-torch memory now, read both ways at one moment (`read_non_torch`)."""
@@ -530,6 +536,11 @@ class SimulatedMemory:
         self._apply_limits()
         return limit_bytes
 
+    def held_bytes(self) -> int:
+        """What other ranks or processes hold on the device (NonTorchSetup.held_bytes): an
+        engine's reading of the device's free memory sees it; 0 without a host setup."""
+        return 0 if self.non_torch is None else self.non_torch.held_bytes
+
     def non_torch_bytes(self) -> int | None:
         """The host setup's non-torch memory so far, as a measured case charges it: this
         process's own (its context and the modules loaded; the setup's process_bytes lies
@@ -558,7 +569,8 @@ class SimulatedMemory:
         limits = [self._cap]
         if self.non_torch is not None:
             limits.append(self.non_torch.gpu_memory_bytes - self.non_torch.process_bytes
-                          - self.non_torch_bytes() - self.non_torch.unallocatable_bytes)
+                          - self.held_bytes() - self.non_torch_bytes()
+                          - self.non_torch.unallocatable_bytes)
         limits = [limit for limit in limits if limit is not None]
         self.model.limit_bytes = min(limits) if limits else None
 
