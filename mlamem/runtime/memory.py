@@ -130,7 +130,7 @@ class CudaMemory:
         unallocatable bytes and the modules the record charges at first launches since
         (`launch`, every op seen through a dispatch mode while this memory is entered).
         Nothing where the device is no larger than the target."""
-        if target.gpu_memory_bytes >= self.total_bytes and not target.held_bytes:
+        if target.gpu_memory_bytes >= self.total_bytes:
             return
         self.target = target
         self._watcher = _FirstLaunches(self.launch)
@@ -182,17 +182,16 @@ class CudaMemory:
         limit = self._cap
         if self.target is not None:
             limit = min(limit, self.target.gpu_memory_bytes - self._device_non_torch
-                        - self._loaded_since - self.target.unallocatable_bytes
-                        - self.target.held_bytes)
+                        - self._loaded_since - self.target.unallocatable_bytes)
         fraction = min(limit / self.total_bytes, 1.0)
         torch.cuda.set_per_process_memory_fraction(fraction, self.device)
         self._limited = True
         return int(fraction * self.total_bytes)
 
     def held_bytes(self) -> int:
-        """What the emulated target's other ranks or processes hold (NonTorchSetup.held_bytes),
-        kept off the cap as the device would be; 0 without a target."""
-        return 0 if self.target is None else self.target.held_bytes
+        """What other ranks or processes hold beside a measured case: nothing (the memory a
+        server log says they held is held in predictions only, log_ledger's)."""
+        return 0
 
     def non_torch_reading(self) -> NonTorchReading:
         """The non-torch memory now, read both ways at one moment (`read_non_torch`)."""

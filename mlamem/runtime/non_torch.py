@@ -98,8 +98,8 @@ class NonTorchSetup:
     #                               beyond NVML's non-torch reading (driver bookkeeping)
     assumed: str | None = None  # why this setup stands in for another; None when it matches
     held_bytes: int = 0  # what other ranks or processes hold on the device beyond this setup's
-    #                      (a server log's figure, log_ledger): the physical device has that
-    #                      much less, and an engine that reads the device's free memory sees it
+    #                      (a server log's figure, log_ledger; predicted cases only): the physical
+    #                      device has that much less, and an engine reading its free memory sees it
 
     def __post_init__(self) -> None:
         modules = tuple(m if isinstance(m, LazyModule) else LazyModule(
