@@ -292,7 +292,7 @@ class SGLang(DecodeRank):
                         self.budget.mem_fraction_static, self.budget.max_num_batched_tokens)
 
     def size_kv_cache(self) -> int:
-        case, scenario, memory = self.case, self.scenario, self.memory
+        case, scenario = self.case, self.scenario
         rules = self.rules()
         case.mem_fraction_static = rules.mem_fraction_static
         case.smi_memory_mib, case.smi_memory_note = smi_memory_mib(scenario,
