@@ -507,3 +507,20 @@ def test_the_readme_quotes_the_stand_in_figures_of_its_first_command(capsys):
     assert f"public TP8 rank's startup line ({alloc['held_bytes'] / GiB:.3f} GiB)" in text
     assert (f"the largest safe steps are {alloc['max_safe_tokens']} and "
             f"{workspace['max_safe_tokens']} tokens") in text
+
+
+def test_sglangs_pool_shrinks_by_its_fraction_of_the_memory_held_before_it_reads(tmp_path, capsys):
+    """SGLang sizes its pool as free after the weights less free before them x (1 - fraction),
+    both read on the device (cudaMemGetInfo): memory another rank holds before either reading
+    takes fraction x that memory from the pool, in whole pages, and the ledger's KV cache shows
+    it (GLM-5.2 at SGLang 0.5.23: 78 x 656 B of latent and 21 x 132 B of indexer keys, the
+    layers IndexCache keeps an indexer on)."""
+    result = _stand_in_result(tmp_path, capsys, "python3 -m sglang.launch_server --model-path "
+                              "zai-org/GLM-5.2-FP8 --tp-size 8 --kv-cache-dtype fp8_e4m3 "
+                              "--mem-fraction-static 0.85", "H200 SXM 141GB")
+    [case], [path] = result["cases"], result["log"]["paths"]
+    cell, page = case["kv_cell_bytes"], 64
+    assert cell == 78 * 656 + 21 * 132
+    taken = (case["kv_cache_tokens"] - path["kv_cache_tokens_with_log"]) * cell
+    assert abs(taken - 0.85 * path["held_bytes"]) <= page * cell
+    assert path["held_bytes"] > 1.9 * GiB  # SGLang's public TP8 line: 2.46 GiB used at startup
