@@ -524,3 +524,21 @@ def test_sglangs_pool_shrinks_by_its_fraction_of_the_memory_held_before_it_reads
     taken = (case["kv_cache_tokens"] - path["kv_cache_tokens_with_log"]) * cell
     assert abs(taken - 0.85 * path["held_bytes"]) <= page * cell
     assert path["held_bytes"] > 1.9 * GiB  # SGLang's public TP8 line: 2.46 GiB used at startup
+
+
+def test_plan_of_a_tp_rank_carries_the_stand_in_ledger(tmp_path, capsys):
+    """`plan` without --log: a DSA model's TP rank gets the same stand-in ledger repro-oom
+    gives (SGLang's public TP8 line at TP8), the KV cache with its memory held among it; a
+    single rank gets none."""
+    command = ("python3 -m sglang.launch_server --model-path zai-org/GLM-5.2-FP8 --tp-size {} "
+               "--kv-cache-dtype fp8_e4m3 --mem-fraction-static 0.85")
+    assert main(["plan", "--serve", command.format(8), "--gpu", "H200 SXM 141GB",
+                 "--format", "json"]) == 0
+    ledger = json.loads(capsys.readouterr().out)["log"]
+    assert "sglang/pull/11716" in ledger["stand_in"]
+    assert all(path["kv_cache_tokens_with_log"] for path in ledger["paths"])
+    repro = _stand_in_result(tmp_path, capsys, command.format(8), "H200 SXM 141GB")
+    assert ledger["paths"][0]["held_bytes"] == repro["log"]["paths"][0]["held_bytes"]
+    assert main(["plan", "--serve", command.format(1), "--gpu", "H200 SXM 141GB",
+                 "--weights-per-rank", "40GiB", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out).get("log") is None

@@ -123,8 +123,11 @@ def _show(result, output_format: o.ReproFormat, output) -> None:
 
 
 def _with_log(result, chosen, serve: str | None, server_log, engine: str | None):
-    """The plan with the server log's ledger (`--log`) beside repro-oom's predicted rank."""
-    if server_log is None:
+    """The plan with the server log's ledger (`--log`) beside repro-oom's predicted rank;
+    without --log, a DSA model's TP rank gets the ledger of the public startup log that stands
+    in for its own (repro-oom's)."""
+    if server_log is None and not (chosen.model.index_topk
+                                   and chosen.parallel.tensor_parallel > 1):
         return result
     from mlamem.cli.repro_oom import ledger_for  # torch
 
