@@ -535,7 +535,7 @@ def test_plan_of_a_tp_rank_carries_the_stand_in_ledger(tmp_path, capsys):
     assert main(["plan", "--serve", command.format(8), "--gpu", "H200 SXM 141GB",
                  "--format", "json"]) == 0
     ledger = json.loads(capsys.readouterr().out)["log"]
-    assert "sglang/pull/11716" in ledger["stand_in"]
+    assert "SGLang PR 11716" in ledger["stand_in"] and "sglang/pull/11716" in ledger["stand_in_address"]
     assert all(path["kv_cache_tokens_with_log"] for path in ledger["paths"])
     repro = _stand_in_result(tmp_path, capsys, command.format(8), "H200 SXM 141GB")
     assert ledger["paths"][0]["held_bytes"] == repro["log"]["paths"][0]["held_bytes"]

@@ -154,7 +154,8 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None,
         ooms=[{**dataclasses.asdict(o), "frames": list(o.frames)} for o in log.ooms],
         paths=paths, notes=notes, held_path=ran if oom is not None else None,
         held_path_reason=reason if oom is not None else None,
-        stand_in=None if stand_in is None else stand_in[0].describe())
+        stand_in=None if stand_in is None else stand_in[0].describe(),
+        stand_in_address=None if stand_in is None else stand_in[0].address)
 
 
 def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None,

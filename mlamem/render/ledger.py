@@ -109,7 +109,9 @@ def ledger_table(ledger: ServerLogLedger) -> Group:
 
 def ledger_markdown(ledger: ServerLogLedger) -> str:
     """The ledger as a Markdown section: a table per case, the OOM explained, the command."""
-    lines = ["#### The server log beside mlamem", "", f"- {escaped(header_line(ledger), markdown=True)}"]
+    header = header_line(ledger) + (f" ({ledger.stand_in_address})" if ledger.stand_in_address
+                                     else "")
+    lines = ["#### The server log beside mlamem", "", f"- {escaped(header, markdown=True)}"]
     lines += [f"- {escaped(note, markdown=True)}" for note in [*held_line(ledger), *ledger.notes]]
     for path in ledger.paths:
         lines += ["", f"{escaped(path.case, markdown=True)}:", "", markdown_row(list(HEADERS)),

@@ -109,4 +109,6 @@ class ServerLogLedger(Model):
     stand_in: str | None = Field(
         None, description="where no --log was given: the public startup log of a TP rank that "
                           "stands in for the user's (its engine, version, layout, GPU and "
-                          "address); null: the user's own log")
+                          "source); null: the user's own log")
+    stand_in_address: str | None = Field(
+        None, description="that public log's address (null: the user's own log)")

@@ -34,6 +34,7 @@ class StartupRecord:
     gpu: str  # a name of spec/gpus.py
     tensor_parallel: int
     model: str
+    source: str  # the address in a few words, for a terminal's width
     address: str
     line: str  # verbatim
 
@@ -43,12 +44,12 @@ class StartupRecord:
         return gpu(self.gpu).memory_mib * MiB
 
     def log(self) -> ServerLog:
-        """The line read as a user's log is, its address as the source."""
-        return parse_lines([self.line], source=self.address)
+        """The line read as a user's log is, its source named in a few words."""
+        return parse_lines([self.line], source=self.source)
 
     def describe(self) -> str:
         return (f"{self.engine} {self.version} at TP{self.tensor_parallel} on {self.gpu} "
-                f"({self.model}; {self.address})")
+                f"({self.model}; {self.source})")
 
 
 @cache
