@@ -67,15 +67,15 @@ def stand_in(engine: str, tensor_parallel: int) -> tuple[StartupRecord, str] | N
     communicator."""
     if tensor_parallel <= 1:
         return None
-    ours = [r for r in records() if r.engine == engine] or list(records())
+    own = [r for r in records() if r.engine == engine] or list(records())
     at_least = [r for r in records() if r.tensor_parallel >= tensor_parallel]
-    pool = [r for r in at_least if r.engine == engine] or at_least
-    if pool:
-        chosen = min(pool, key=lambda r: r.tensor_parallel)
+    candidates = [r for r in at_least if r.engine == engine] or at_least
+    if candidates:
+        chosen = min(candidates, key=lambda r: r.tensor_parallel)
         size = ("the same TP size" if chosen.tensor_parallel == tensor_parallel
                 else f"the fewest ranks recorded above TP{tensor_parallel}")
         engine_note = "" if chosen.engine == engine else f"; no {engine} record of that size"
         return chosen, f"{size}{engine_note}"
-    chosen = max(ours, key=lambda r: r.tensor_parallel)
+    chosen = max(own, key=lambda r: r.tensor_parallel)
     return chosen, (f"the most ranks recorded, fewer than TP{tensor_parallel}: a lower bound "
                     "of what this rank holds")
