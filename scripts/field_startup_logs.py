@@ -80,8 +80,9 @@ def predict(record: dict) -> dict:
     if repro is not None:
         case = repro["cases"][0]
         found["repro"] = (case["kv_cache_tokens"], case["kv_cache_bytes"])
-        held = (repro.get("log") or {"paths": [{}]})["paths"][0].get("kv_cache_tokens_with_log")
-        if held is not None and case["kv_cache_tokens"]:  # a TP rank's startup memory held
+        ledger = repro.get("log")  # a TP rank's: a public TP rank's startup memory held
+        held = ledger["paths"][0]["kv_cache_tokens_with_log"] if ledger else None
+        if held is not None and case["kv_cache_tokens"]:
             found["repro_held"] = (held, held * case["kv_cache_bytes"] // case["kv_cache_tokens"])
     else:
         found["repro_refused"] = refusal(lines)

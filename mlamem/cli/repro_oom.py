@@ -136,7 +136,7 @@ def _with_log(result, server_log, emulated, part, kernel, budget, serve: str | N
                     if emulated.name in rank_startup.ENGINES else None)
         if stand_in is None:
             return result
-        server_log = stand_in[0].log()
+        server_log = stand_in.record.log()
     from mlamem.commands.log_ledger import Rank, log_ledger  # torch
     from mlamem.commands.repro import host_setup, target_gpu  # torch
 

@@ -34,7 +34,7 @@ from mlamem.engines.base import Budget, Engine, Verdict
 from mlamem.results.ledger import NOT_MODELLED, ServerLogLedger
 from mlamem.runtime.non_torch import NonTorchSetup
 from mlamem.spec.engines import sglang, vllm
-from mlamem.spec.engines.rank_startup import StartupRecord
+from mlamem.spec.engines.rank_startup import StandIn
 from mlamem.spec.errors import UserError
 from mlamem.spec.scenario import Scenario
 from mlamem.spec.serve_command import with_flag
@@ -71,10 +71,13 @@ class Rank:
     host: NonTorchSetup
     sm_count: int
 
+    def holding(self, held_bytes: int) -> NonTorchSetup:
+        """The host with `held_bytes` more held on its device by other ranks or processes."""
+        return dataclasses.replace(self.host, held_bytes=self.host.held_bytes + held_bytes)
+
     def case(self, key: str, held_bytes: int = 0, budget: Budget | None = None) -> dict:
-        host = dataclasses.replace(self.host, held_bytes=self.host.held_bytes + held_bytes)
         return predict_case(self.engine, self.scenario, self.kernel, budget or self.budget, key,
-                            host, self.sm_count)
+                            self.holding(held_bytes), self.sm_count)
 
 
 def same_size(a: int | None, b: int) -> bool:
@@ -106,7 +109,7 @@ def ran_case(log: ServerLog, engine: type[Engine]) -> tuple[str, str]:
 
 
 def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None,
-               stand_in: tuple[StartupRecord, str] | None = None) -> ServerLogLedger:
+               stand_in: StandIn | None = None) -> ServerLogLedger:
     """Each case of `keys` beside the log: its ledger and, where the log holds an OOM, the
     buffer that failed, the memory held beyond the model (derived once, on the case the user's
     server ran), and with it each case's largest safe values and the command that carries them.
@@ -137,8 +140,8 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None,
         held, held_source, line = startup
         context = (rank.host.context_bytes + rank.host.process_bytes) / GiB
         reading = (f"line {line}" if stand_in is None else
-                   f"a public TP{stand_in[0].tensor_parallel} rank's, standing in for this "
-                   f"rank's: {stand_in[0].describe()}; chosen as {stand_in[1]}")
+                   f"a public TP{stand_in.record.tensor_parallel} rank's, standing in for this "
+                   f"rank's: {stand_in.record.describe()}; chosen as {stand_in.why}")
         notes.append(f"held beyond mlamem's model: the device's use at the engine's startup "
                      f"reading ({reading}) less what mlamem's one-process rank holds then (its "
                      f"CUDA context, {context:.3f} GiB): another rank's share of the host (NCCL, "
@@ -154,8 +157,8 @@ def log_ledger(log: ServerLog, rank: Rank, keys: list[str], serve: str | None,
         ooms=[{**dataclasses.asdict(o), "frames": list(o.frames)} for o in log.ooms],
         paths=paths, notes=notes, held_path=ran if oom is not None else None,
         held_path_reason=reason if oom is not None else None,
-        stand_in=None if stand_in is None else stand_in[0].describe(),
-        stand_in_address=None if stand_in is None else stand_in[0].address)
+        stand_in=None if stand_in is None else stand_in.record.describe(),
+        stand_in_address=None if stand_in is None else stand_in.record.address)
 
 
 def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: str | None,
@@ -185,7 +188,7 @@ def _path(log: ServerLog, rank: Rank, key: str, oom: OutOfMemory | None, serve: 
 STARTUP_FREE = {"vllm": "free_at_startup", "sglang": "avail_before_weights"}
 
 
-def _held_at_startup(log: ServerLog, rank: Rank, stand_in: tuple[StartupRecord, str] | None
+def _held_at_startup(log: ServerLog, rank: Rank, stand_in: StandIn | None
                      ) -> tuple[int, str, int] | None:
     """What the log's rank held at its engine's startup reading (the log's engine's, else the
     emulated one's) beyond what mlamem's rank holds then (its context and the host's own), with
@@ -196,10 +199,10 @@ def _held_at_startup(log: ServerLog, rank: Rank, stand_in: tuple[StartupRecord, 
         return None
     total = next((f.value for f in log.figures if f.name == "total_gpu_memory"
                   and f.line_number == free.line_number),
-                 rank.host.gpu_memory_bytes if stand_in is None else stand_in[0].total_bytes)
+                 rank.host.gpu_memory_bytes if stand_in is None else stand_in.record.total_bytes)
     held = int(total - free.value) - rank.host.context_bytes - rank.host.process_bytes
     source = (f"startup line {free.line_number}" if stand_in is None
-              else f"a public TP{stand_in[0].tensor_parallel} rank's startup line")
+              else f"a public TP{stand_in.record.tensor_parallel} rank's startup line")
     return (held, source, free.line_number) if held > 0 else None
 
 
@@ -259,7 +262,7 @@ def _explain(rank: Rank, key: str, case: dict, oom: OutOfMemory | None, serve: s
     buffer = None if oom is None else (_buffer_of_size(case, oom.requested_bytes)
                                        or _buffer_of_size(with_log, oom.requested_bytes))
     engine, budget = rank.engine, rank.budget
-    held_host = dataclasses.replace(rank.host, held_bytes=rank.host.held_bytes + held)
+    held_host = rank.holding(held)
 
     def predicted(k: str, at: Budget, host: NonTorchSetup) -> dict:
         return predict_case(engine, rank.scenario, rank.kernel, at, k, host, rank.sm_count)

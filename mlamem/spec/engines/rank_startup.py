@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import NamedTuple
 
 from mlamem.spec.gpus import gpu
 from mlamem.spec.server_log import ServerLog, parse_lines
@@ -52,6 +53,13 @@ class StartupRecord:
                 f"({self.model}; {self.source})")
 
 
+class StandIn(NamedTuple):
+    """The record standing in for a rank's own log, and why it was chosen."""
+
+    record: StartupRecord
+    why: str
+
+
 @cache
 def records() -> tuple[StartupRecord, ...]:
     """Every shipped record."""
@@ -59,7 +67,7 @@ def records() -> tuple[StartupRecord, ...]:
     return tuple(StartupRecord(**record) for record in data["records"])
 
 
-def stand_in(engine: str, tensor_parallel: int) -> tuple[StartupRecord, str] | None:
+def stand_in(engine: str, tensor_parallel: int) -> StandIn | None:
     """The record that stands in for a rank of `engine` at `tensor_parallel`, and why it was
     chosen: of the records of at least that many ranks (a rank's communicators grow with its
     peers), the engine's own where it has one, the fewest ranks of them; where every record has
@@ -75,7 +83,7 @@ def stand_in(engine: str, tensor_parallel: int) -> tuple[StartupRecord, str] | N
         size = ("the same TP size" if chosen.tensor_parallel == tensor_parallel
                 else f"the fewest ranks recorded above TP{tensor_parallel}")
         engine_note = "" if chosen.engine == engine else f"; no {engine} record of that size"
-        return chosen, f"{size}{engine_note}"
+        return StandIn(chosen, f"{size}{engine_note}")
     chosen = max(own, key=lambda r: r.tensor_parallel)
-    return chosen, (f"the most ranks recorded, fewer than TP{tensor_parallel}: a lower bound "
-                    "of what this rank holds")
+    return StandIn(chosen, f"the most ranks recorded, fewer than TP{tensor_parallel}: a lower "
+                           "bound of what this rank holds")
